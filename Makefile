@@ -1,0 +1,42 @@
+# doppelchip — two commands: `make run` and `make test`. Everything else is a helper for them.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PROTOS := $(wildcard proto/doppelchip/v1/*.proto)
+
+.PHONY: run test install install-dev proto lint bench clean
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "doppelchip needs Python >= 3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Stamps re-run the install whenever pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+run: install ## serve the default fleet on 127.0.0.1:50051 (metrics on :8000)
+	$(BIN)/doppelchip serve $(ARGS)
+
+test: install-dev ## the whole suite; pytest's "no tests collected" (5) is not a failure
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+proto: install-dev ## regenerate doppelchip/v1 from proto/ (byte-stable: grpcio-tools is pinned)
+	$(BIN)/python -m doppelchip.protogen
+
+lint: install-dev
+	$(BIN)/ruff check .
+
+bench: install-dev
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
