@@ -1,0 +1,131 @@
+"""Python client library for doppelchip.v1.Inference: async (`AsyncClient`) and sync (`Client`).
+
+    async with AsyncClient("127.0.0.1:50051") as client:
+        async for chunk in client.generate("hello", max_tokens=32):
+            print(chunk.text, end="")
+
+Errors surface as `grpc.aio.AioRpcError` / `grpc.RpcError` with the server's status and message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from doppelchip.v1 import inference_pb2 as pb
+from doppelchip.v1 import inference_pb2_grpc as pb_grpc
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+_SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
+
+
+def build_request(
+    prompt: str | Sequence[int],
+    *,
+    deployment: str = "",
+    model: str = "",
+    request_id: str = "",
+    priority: int = 0,
+    return_token_times: bool = False,
+    return_prompt_token_ids: bool = False,
+    **sampling: Any,
+) -> pb.GenerateRequest:
+    """A GenerateRequest; keyword arguments named after SamplingParams fields set them."""
+    unknown = set(sampling) - _SAMPLING_FIELDS
+    if unknown:
+        raise TypeError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
+    req = pb.GenerateRequest(
+        request_id=request_id,
+        deployment=deployment,
+        model=model,
+        priority=priority,
+        return_token_times=return_token_times,
+        return_prompt_token_ids=return_prompt_token_ids,
+        sampling=pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None}),
+    )
+    if isinstance(prompt, str):
+        req.text = prompt
+    else:
+        req.token_ids.ids.extend(prompt)
+    return req
+
+
+class AsyncClient:
+    def __init__(self, target: str = DEFAULT_TARGET) -> None:
+        self.target = target
+        self.channel = grpc.aio.insecure_channel(target)
+        self.stub = pb_grpc.InferenceStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def generate(
+        self, prompt: str | Sequence[int], *, timeout: float | None = None, **kwargs: Any
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        """Stream the response chunks; the last one has `final` set."""
+        call = self.stub.Generate(build_request(prompt, **kwargs), timeout=timeout)
+        try:
+            async for chunk in call:
+                yield chunk
+        finally:
+            call.cancel()  # no-op when finished; frees the request when the caller stops early
+
+    async def list_deployments(self, timeout: float | None = 10) -> pb.ListDeploymentsResponse:
+        return await self.stub.ListDeployments(pb.ListDeploymentsRequest(), timeout=timeout)
+
+    async def get_deployment(self, name: str, timeout: float | None = 10) -> pb.Deployment:
+        return await self.stub.GetDeployment(pb.GetDeploymentRequest(name=name), timeout=timeout)
+
+    async def health(self, service: str = "", timeout: float | None = 10) -> int:
+        """The health status enum value (health_pb2.HealthCheckResponse.SERVING, ...)."""
+        req = health_pb2.HealthCheckRequest(service=service)
+        return (await self.health_stub.Check(req, timeout=timeout)).status
+
+
+class Client:
+    """The synchronous twin of AsyncClient."""
+
+    def __init__(self, target: str = DEFAULT_TARGET) -> None:
+        self.target = target
+        self.channel = grpc.insecure_channel(target)
+        self.stub = pb_grpc.InferenceStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def generate(
+        self, prompt: str | Sequence[int], *, timeout: float | None = None, **kwargs: Any
+    ) -> Iterator[pb.GenerateResponse]:
+        call = self.stub.Generate(build_request(prompt, **kwargs), timeout=timeout)
+        try:
+            yield from call
+        finally:
+            call.cancel()
+
+    def list_deployments(self, timeout: float | None = 10) -> pb.ListDeploymentsResponse:
+        return self.stub.ListDeployments(pb.ListDeploymentsRequest(), timeout=timeout)
+
+    def get_deployment(self, name: str, timeout: float | None = 10) -> pb.Deployment:
+        return self.stub.GetDeployment(pb.GetDeploymentRequest(name=name), timeout=timeout)
+
+    def health(self, service: str = "", timeout: float | None = 10) -> int:
+        req = health_pb2.HealthCheckRequest(service=service)
+        return self.health_stub.Check(req, timeout=timeout).status

@@ -1,0 +1,61 @@
+"""`doppelchip generate`: stream one request's text to the terminal, then a summary line."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+import grpc
+
+from clients.client import Client
+from doppelchip.v1 import inference_pb2 as pb
+
+
+def run_generate(
+    target: str,
+    prompt: str,
+    *,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+    timeout: float | None = None,
+    **kwargs: Any,
+) -> int:
+    """Stream text to `out`; the summary (or the error) goes to `err`. Returns the exit code."""
+    start = time.perf_counter()
+    first: float | None = None
+    tokens = 0
+    final: pb.Final | None = None
+    try:
+        with Client(target) as client:
+            for chunk in client.generate(prompt, timeout=timeout, **kwargs):
+                if chunk.token_ids and first is None:
+                    first = time.perf_counter()
+                tokens += len(chunk.token_ids)
+                out.write(chunk.text)
+                out.flush()
+                if chunk.HasField("final"):
+                    final = chunk.final
+    except grpc.RpcError as e:
+        out.write("\n")
+        err.write(f"error: {e.code().name}: {e.details()}\n")
+        return 1
+    end = time.perf_counter()
+    out.write("\n")
+    err.write(summary_line(final, tokens, start, first, end) + "\n")
+    return 0
+
+
+def summary_line(
+    final: pb.Final | None, tokens: int, start: float, first: float | None, end: float
+) -> str:
+    """One line: tokens, finish reason, TTFT and decode rate as the client measured them."""
+    reason = pb.FinishReason.Name(final.finish_reason).removeprefix("FINISH_REASON_").lower() \
+        if final else "unknown"
+    ttft = f"{(first - start) * 1e3:.1f} ms" if first is not None else "n/a"
+    rate = (tokens - 1) / (end - first) if first is not None and tokens > 1 and end > first else 0
+    where = f"[{final.deployment}] " if final and final.deployment else ""
+    return (
+        f"{where}{tokens} tokens, finish={reason}, TTFT {ttft}, {rate:.1f} tokens/s, "
+        f"total {(end - start):.2f} s"
+    )

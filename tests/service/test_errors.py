@@ -1,0 +1,111 @@
+"""Bad input gets the right status code and a message saying what is wrong; nothing is harmed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from clients.client import build_request
+from doppelchip.v1 import inference_pb2 as pb
+
+BAD_INPUTS = [
+    # (kwargs for the request, expected code, words the message must contain)
+    (dict(deployment="nope"), grpc.StatusCode.NOT_FOUND, "unknown deployment 'nope'"),
+    (dict(model="gpt-9"), grpc.StatusCode.NOT_FOUND, "no deployment serves model 'gpt-9'"),
+    (dict(deployment="fast", model="llama-2-70b"), grpc.StatusCode.NOT_FOUND, "serves"),
+    (dict(prompt=""), grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
+    (dict(prompt=[]), grpc.StatusCode.INVALID_ARGUMENT, "prompt is missing"),
+    (dict(max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be > 0"),
+    (dict(max_tokens=-5), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be > 0"),
+    (dict(prompt="x" * 300), grpc.StatusCode.INVALID_ARGUMENT, "context of 256 tokens"),
+    (dict(prompt="x" * 200, max_tokens=100), grpc.StatusCode.INVALID_ARGUMENT,
+     "exceeds deployment 'fast'"),
+    (dict(n=2), grpc.StatusCode.INVALID_ARGUMENT, "n=2 is not supported"),
+    (dict(logprobs=5), grpc.StatusCode.INVALID_ARGUMENT, "logprobs=5 is not supported"),
+    (dict(temperature=-1.0), grpc.StatusCode.INVALID_ARGUMENT, "temperature must be >= 0"),
+    (dict(top_p=0.0), grpc.StatusCode.INVALID_ARGUMENT, "top_p must be in (0, 1]"),
+    (dict(top_k=-3), grpc.StatusCode.INVALID_ARGUMENT, "top_k"),
+    (dict(min_tokens=10, max_tokens=5), grpc.StatusCode.INVALID_ARGUMENT, "min_tokens"),
+    (dict(presence_penalty=3.0), grpc.StatusCode.INVALID_ARGUMENT, "presence_penalty"),
+    (dict(stop=[""]), grpc.StatusCode.INVALID_ARGUMENT, "stop strings must not be empty"),
+    (dict(prompt=[1, 999999]), grpc.StatusCode.INVALID_ARGUMENT, "outside the vocabulary"),
+]
+
+
+def _request(kwargs: dict) -> pb.GenerateRequest:
+    kwargs = dict(kwargs)
+    prompt = kwargs.pop("prompt", "hello")
+    if prompt == []:
+        req = build_request("x", **kwargs)
+        req.ClearField("text")
+        return req
+    return build_request(prompt, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code", "words"), BAD_INPUTS, ids=[str(b[0])[:40] for b in BAD_INPUTS]
+)
+async def test_bad_input_status_and_message(client, app, kwargs, code, words):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in client.stub.Generate(_request(kwargs)):
+            pass
+    assert err.value.code() == code
+    assert words in err.value.details()
+    # nothing allocated, nothing queued, and the server still serves
+    for engine in app.fleet.engines.values():
+        status = engine.status()
+        assert status.capacity.kv_blocks_free == status.capacity.kv_blocks_total
+        assert engine.num_unfinished() == 0
+    chunks = [c async for c in client.generate("still fine", max_tokens=2, ignore_eos=True)]
+    assert chunks[-1].final.usage.completion_tokens == 2
+
+
+async def test_constraint_refused_until_supported(client):
+    req = build_request("hello")
+    req.constraint.regex = "[a-z]+"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in client.stub.Generate(req):
+            pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "constraint 'regex'" in err.value.details()
+
+
+async def test_duplicate_request_id_in_flight(client, app):
+    stream = client.generate("a", deployment="slow", max_tokens=1000, ignore_eos=True,
+                             request_id="dup")
+    first = await anext(stream)
+    assert first.request_id == "dup"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in client.generate("b", deployment="slow", request_id="dup"):
+            pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "already in flight" in err.value.details()
+    await stream.aclose()
+
+
+async def test_full_waiting_queue_is_resource_exhausted(client, app):
+    slow = app.fleet.get("slow")  # max_num_seqs=1, max_waiting=2
+    def held(i: int):
+        return client.stub.Generate(build_request(
+            "q", deployment="slow", max_tokens=1000, ignore_eos=True, request_id=f"held-{i}"))
+
+    calls = [held(0)]
+    assert (await calls[0].read()).request_id == "held-0"  # streaming: it is running
+    calls += [held(1), held(2)]
+    # initial metadata is sent right after the engine accepted the request
+    for call in calls[1:]:
+        assert dict(await call.initial_metadata())["x-request-id"].startswith("held-")
+    status = slow.status()
+    assert (status.num_running, status.num_waiting) == (1, 2)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in client.generate("one too many", deployment="slow", max_tokens=5):
+            pass
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "waiting queue is full (max_waiting=2)" in err.value.details()
+    for call in calls:
+        call.cancel()
+    await asyncio.wait_for(slow.until_idle(), 5.0)
+    assert slow.status().capacity.kv_blocks_free == 512
+    assert {"held-0", "held-1", "held-2"} <= set(slow.stats.aborted_request_ids)

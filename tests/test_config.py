@@ -1,0 +1,59 @@
+"""The fleet file: defaults, strictness, and CLI overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.config import ConfigError, load_fleet, parse_fleet
+
+
+def test_default_fleet_covers_every_system_in_the_design_notes():
+    fleet = load_fleet()
+    engines = {d.engine for d in fleet.deployments}
+    assert engines == {"vllm", "sglang", "tensorrt-llm", "llama.cpp", "mlx", "jetstream",
+                       "groq", "cerebras"}
+    assert fleet.default_deployment == "vllm-h100"
+    assert fleet.server.host == "127.0.0.1" and fleet.server.port == 50051
+    assert fleet.server.metrics_port == 8000
+
+
+def test_overrides_replace_only_given_values():
+    fleet = load_fleet().with_server(port=6000, host=None)
+    assert fleet.server.port == 6000 and fleet.server.host == "127.0.0.1"
+
+
+DEP = {"name": "a", "model": "m", "quant": "bf16", "chip": "h100-sxm", "engine": "vllm"}
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"deployments": [{**DEP, "colour": "red"}]}, "unknown key(s) colour"),
+        ({"deployments": [{k: v for k, v in DEP.items() if k != "chip"}]}, "missing key(s) chip"),
+        ({"deployments": [{**DEP, "count": "8"}]}, "count must be a int"),
+        ({"deployments": [{**DEP, "count": True}]}, "count must be a int"),
+        ({"deployments": [DEP, DEP]}, "duplicate deployment name(s) a"),
+        ({"deployments": []}, "no deployments"),
+        ({"server": {"default_deployment": "b"}, "deployments": [DEP]}, "is not one of"),
+        ({"server": {"event_loop": "trio"}, "deployments": [DEP]}, "event_loop must be"),
+        ({"fleet": {}, "deployments": [DEP]}, "unknown section(s) fleet"),
+    ],
+)
+def test_bad_fleet_files_name_the_problem(doc, message):
+    with pytest.raises(ConfigError) as err:
+        parse_fleet(doc, "f.toml")
+    assert message in str(err.value) and "f.toml" in str(err.value)
+
+
+def test_int_is_accepted_for_float():
+    fleet = parse_fleet({"server": {"time_scale": 1}, "deployments": [DEP]})
+    assert fleet.server.time_scale == 1.0 and isinstance(fleet.server.time_scale, float)
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read fleet file"):
+        load_fleet(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_fleet(bad)
