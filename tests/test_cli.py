@@ -50,7 +50,7 @@ def served(tmp_path: Path):
     )
     port = None
     for line in proc.stderr:  # the server logs its bound port once it serves
-        if m := re.search(r"serving \d+ deployments on 127\.0\.0\.1:(\d+)", line):
+        if m := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
             port = int(m.group(1))
             break
     assert port, "server did not start"

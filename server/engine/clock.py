@@ -26,6 +26,6 @@ class RealClock:
     async def sleep_until(self, t: float) -> float:
         """Sleep until emulated time `t`; return the lag (emulated seconds late, >= 0)."""
         delay = t - self.now()
-        if delay > 0:
-            await asyncio.sleep(delay * self.time_scale)
+        # Always yield: a zero-cost step must not starve the handlers sharing this loop.
+        await asyncio.sleep(max(0.0, delay * self.time_scale))
         return max(0.0, self.now() - t)
