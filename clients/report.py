@@ -1,0 +1,93 @@
+"""Per-request results and the summary every target (virtual time or gRPC) reports.
+
+Latencies of open-loop requests are measured from their *scheduled* send time, so a client or
+server that falls behind shows up as queueing instead of hiding it (coordinated omission).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """One request as a client saw it; times in seconds from the start of the run."""
+
+    request_id: str
+    scheduled_s: float
+    sent_s: float
+    token_times: tuple[float, ...]  # arrival of each output token
+    end_s: float
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+    jump_forward_tokens: int = 0
+    finish_reason: str = "length"
+    error: str | None = None  # gRPC status code name when the request failed
+    conversation_id: str = ""
+    turn: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.scheduled_s if self.token_times else None
+
+    @property
+    def e2e(self) -> float:
+        return self.end_s - self.scheduled_s
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first."""
+        n = len(self.token_times)
+        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else None
+
+    def itls(self) -> list[float]:
+        return list(np.diff(self.token_times)) if len(self.token_times) > 1 else []
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    """mean and percentiles (p50/p90/p95/p99) of `values`; zeros when there are none."""
+    if not values:
+        return {"mean": 0.0, **{f"p{p}": 0.0 for p in PERCENTILES}}
+    arr = np.asarray(values, dtype=float)
+    pct = np.percentile(arr, PERCENTILES)
+    return {"mean": float(arr.mean()), **{f"p{p}": float(v) for p, v in zip(PERCENTILES, pct,
+                                                                            strict=True)}}
+
+
+def summarize(results: list[RequestResult], **extra: Any) -> dict[str, Any]:
+    """The summary: counts, throughput, latency percentiles; `extra` keys are added as given."""
+    ok = [r for r in results if r.ok]
+    start = min((r.scheduled_s for r in results), default=0.0)
+    end = max((r.end_s for r in results), default=0.0)
+    duration = max(end - start, 1e-12)
+    out_tokens = sum(r.output_tokens for r in ok)
+    errors: dict[str, int] = {}
+    for r in results:
+        if r.error:
+            errors[r.error] = errors.get(r.error, 0) + 1
+    return {
+        "requests": len(ok),
+        "errors": errors,
+        "duration_s": duration if results else 0.0,
+        "requests_per_s": len(ok) / duration if results else 0.0,
+        "input_tokens_per_s": sum(r.prompt_tokens for r in ok) / duration if results else 0.0,
+        "output_tokens_per_s": out_tokens / duration if results else 0.0,
+        "ttft_s": stats([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_s": stats([r.tpot for r in ok if r.tpot is not None]),
+        "itl_s": stats([gap for r in ok for gap in r.itls()]),
+        "e2e_s": stats([r.e2e for r in ok]),
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "cached_prompt_tokens": sum(r.cached_tokens for r in ok),
+        "output_tokens": out_tokens,
+        **extra,
+    }

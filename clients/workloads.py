@@ -1,0 +1,133 @@
+"""Synthetic workloads: what to send and when, as plain data shared by every target.
+
+A workload is a list of `Conversation`s. A single request is a one-turn conversation; a
+multi-turn conversation sends turn k+1 only after turn k finished (plus think time), with the
+whole history — earlier prompts and the tokens the server actually generated — resent as its
+prompt, as a chat client does. The same workload drives the in-process virtual-time engine
+(`doppelchip simulate`) and a gRPC server (the load generator), so both give the same report.
+
+Prompts are token ids drawn from a seeded generator, so a workload is reproducible from its
+arguments alone and needs no tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from clients.arrivals import arrival_times
+
+# Ids below this are left to special tokens (eos, bos, ...) of any tokenizer we ship.
+FIRST_ORDINARY_ID = 16
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One user message and how much to generate for it."""
+
+    user_ids: tuple[int, ...]
+    max_tokens: int
+    think_time_s: float = 0.0  # after the previous turn finished, before this one is sent
+
+
+@dataclass(frozen=True)
+class Conversation:
+    conversation_id: str
+    start_s: float  # scheduled send time of the first turn, seconds from the start of the run
+    turns: tuple[Turn, ...]
+    ignore_eos: bool = True
+    seed: int = 0  # the sampler seed of every turn
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """The knobs every built-in workload shares (CLI flags map onto these one to one)."""
+
+    kind: str = "random"  # random | shared-prefix | multi-turn
+    num_requests: int = 100  # conversations, for multi-turn
+    isl: int = 128  # input (user message) length in tokens
+    osl: int = 128  # output length in tokens (max_tokens)
+    rate: float = float("inf")  # conversations per second; inf: all at t=0
+    arrival: str = "poisson"  # poisson | constant
+    seed: int = 0
+    ignore_eos: bool = True
+    system_prompt_len: int = 1024  # shared-prefix
+    num_prefixes: int = 4  # shared-prefix
+    users_per_prefix: int = 0  # shared-prefix: 0 = num_requests / num_prefixes
+    turns: int = 3  # multi-turn
+    think_time_s: float = 0.0  # multi-turn
+    vocab_size: int = 8192
+
+
+def _ids(rng: np.random.Generator, n: int, vocab_size: int) -> tuple[int, ...]:
+    return tuple(int(x) for x in rng.integers(FIRST_ORDINARY_ID, vocab_size, size=n))
+
+
+def build_workload(spec: WorkloadSpec) -> list[Conversation]:
+    """The conversations of a built-in workload, in order of their scheduled start."""
+    if spec.num_requests <= 0:
+        raise ValueError("num_requests must be > 0")
+    if spec.isl <= 0 or spec.osl <= 0:
+        raise ValueError("isl and osl must be > 0")
+    rng = np.random.default_rng(spec.seed)
+    starts = arrival_times(spec.num_requests, spec.rate, spec.arrival, rng)
+    builders = {
+        "random": _random,
+        "shared-prefix": _shared_prefix,
+        "multi-turn": _multi_turn,
+    }
+    if spec.kind not in builders:
+        raise ValueError(f"unknown workload {spec.kind!r}; one of {', '.join(builders)}")
+    return builders[spec.kind](spec, rng, starts)
+
+
+def _random(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
+    return [
+        Conversation(
+            f"r{i}", starts[i],
+            (Turn(_ids(rng, spec.isl, spec.vocab_size), spec.osl),),
+            spec.ignore_eos, seed=i,
+        )
+        for i in range(spec.num_requests)
+    ]
+
+
+def _shared_prefix(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
+    """Groups of users sharing one long system prompt; each asks its own question."""
+    if spec.num_prefixes <= 0:
+        raise ValueError("num_prefixes must be > 0")
+    prefixes = [_ids(rng, spec.system_prompt_len, spec.vocab_size)
+                for _ in range(spec.num_prefixes)]
+    per = spec.users_per_prefix or -(-spec.num_requests // spec.num_prefixes)
+    out = []
+    for i in range(spec.num_requests):
+        prefix = prefixes[(i // per) % spec.num_prefixes]
+        turn = Turn(prefix + _ids(rng, spec.isl, spec.vocab_size), spec.osl)
+        out.append(Conversation(f"p{i}", starts[i], (turn,), spec.ignore_eos, seed=i))
+    return out
+
+
+def _multi_turn(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
+    """Conversations of `turns` turns; each turn resends the history (see module docstring)."""
+    if spec.turns <= 0:
+        raise ValueError("turns must be > 0")
+    return [
+        Conversation(
+            f"c{i}", starts[i],
+            tuple(
+                Turn(_ids(rng, spec.isl, spec.vocab_size), spec.osl,
+                     think_time_s=spec.think_time_s if k else 0.0)
+                for k in range(spec.turns)
+            ),
+            spec.ignore_eos, seed=i,
+        )
+        for i in range(spec.num_requests)
+    ]
+
+
+def turn_prompt(
+    history: tuple[int, ...], turn: Turn
+) -> tuple[int, ...]:
+    """The prompt of a turn: the conversation so far (prompts and outputs), then the message."""
+    return history + turn.user_ids
