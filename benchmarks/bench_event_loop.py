@@ -4,8 +4,8 @@ Starts `doppelchip serve` in a subprocess with each event loop in turn (asyncio,
 alternating, several rounds), on a one-deployment fleet whose steps cost ~0, and drives it from
 this process with a fixed load: concurrent streams of N tokens each, and 32 workers making
 unary ListDeployments calls. Reports tokens/s and unary calls/s per loop and the ratio
-uvloop/asyncio (medians over rounds). The serve command's `--event-loop auto` follows the result recorded in
-benchmarks/RESULTS.md.
+uvloop/asyncio (medians over rounds). The serve command's `--event-loop auto` follows the
+result recorded in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations

@@ -1,0 +1,68 @@
+"""devices: the physics of every emulated chip and engine (pure Python + numpy).
+
+Nothing here imports asyncio, grpc, ``server`` or ``clients``; every function is pure except
+the small stateful compile strategies and the seeded jitter generator.
+
+The interface the engine calls::
+
+    from devices import (DeploymentSpec, BatchShape, place, step_cost, estimate,
+                         make_compile_strategy, make_jitter, catalog)
+
+    spec = DeploymentSpec(model="llama-3.1-8b", quant="bf16", chip="h100-sxm", engine="vllm")
+    placement = place(spec)              # raises devices.errors.PlacementError with the reason
+    placement.kv_blocks(block_size=16)   # KV capacity in blocks
+    placement.max_context, placement.chips, placement.weight_bytes, placement.max_concurrency()
+    compile = make_compile_strategy(placement, prebuilt=True)
+    compile.startup_seconds(cold=False)  # build / load time before serving
+    stall = compile.before_step(batch)   # Stall(seconds, reason) — compile stalls
+    cost = step_cost(placement, compile.padded(batch))  # StepCost: seconds, interval_s, bytes
+    jitter = make_jitter(placement, sigma=0.0, seed=0)  # by tier, flops, bound, joules, dollars
+    seconds = jitter.apply(cost.seconds)
+
+* ``catalog``: ``get_chip/get_engine/get_model/get_quant(id)`` and ``list_*()``; unknown ids
+  raise :class:`devices.errors.UnknownId` (a :class:`devices.errors.DeviceError`).
+* ``DeploymentSpec`` (frozen): model, quant, chip, engine, count, tp, pp, n_gpu_layers,
+  built_for, gpu_mem_utilisation, max_context, max_batch, max_batched_tokens, build limits,
+  host/ssd overrides.
+* ``place(spec) -> Placement``: weights per tier, chips used, KV capacity (tokens and
+  ``kv_blocks(block_size)``), max context, ``max_concurrency(context_tokens)``,
+  ``memory_bytes(kv_tokens_used)``, ``load_seconds``; precomputed cost constants in ``plan``.
+* ``BatchShape(prefill=((num_tokens, start_position), ...), decode=(context_length, ...))``.
+* ``step_cost(placement, batch) -> StepCost`` (see its docstring; cheap, call every step).
+* ``estimate(spec, prompt, output, batch=1) -> dict``: the ``doppelchip estimate`` point.
+* ``calibration.fitted_factors()``: efficiency factors per (engine, chip class), fitted from
+  the calibration points of ``reference/hardware.md`` (see ``devices/calibration.py``).
+"""
+
+from devices import catalog
+from devices.calibration import fitted_factors
+from devices.compile import CompileStrategy, Stall, make_compile_strategy
+from devices.cost import StepCost, step_cost
+from devices.deployment import BatchShape, DeploymentSpec
+from devices.errors import DeviceError, PlacementError, ShapeError, UnknownId
+from devices.estimate import estimate
+from devices.factors import Factors
+from devices.jitter import Jitter, make_jitter
+from devices.placement import Placement, place
+
+__all__ = [
+    "BatchShape",
+    "CompileStrategy",
+    "DeploymentSpec",
+    "DeviceError",
+    "Factors",
+    "Jitter",
+    "Placement",
+    "PlacementError",
+    "ShapeError",
+    "Stall",
+    "StepCost",
+    "UnknownId",
+    "catalog",
+    "estimate",
+    "fitted_factors",
+    "make_compile_strategy",
+    "make_jitter",
+    "place",
+    "step_cost",
+]

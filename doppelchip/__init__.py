@@ -1,3 +1,3 @@
-"""doppelchip: an LLM-serving stand-in with emulated accelerators (the public face: CLI + wire code)."""
+"""doppelchip: an LLM-serving stand-in with emulated accelerators (CLI + wire code)."""
 
 __version__ = "0.1.0"

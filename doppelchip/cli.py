@@ -89,12 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="deadline for the whole request")
     g.set_defaults(func=_generate)
+
+    from doppelchip import cmd_devices  # argparse only; imports devices/ when it runs
+
+    cmd_devices.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `doppelchip devices | head`: the reader left; not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

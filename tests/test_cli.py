@@ -107,7 +107,7 @@ def test_bad_config_is_a_clear_error(tmp_path: Path):
     assert "unknown key(s) time_scael" in out.stderr
 
 
-@pytest.mark.parametrize("command", ["serve", "generate"])
+@pytest.mark.parametrize("command", ["serve", "generate", "devices", "estimate"])
 def test_every_option_has_help(command):
     parser = build_parser()
     sub = next(a for a in parser._subparsers._actions if a.choices)

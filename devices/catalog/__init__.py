@@ -1,0 +1,169 @@
+"""The device catalogue: chips, host parts, engines, models and quantisations by id.
+
+The data lives beside this module in TOML files (``chips.toml``, ``engines.toml``,
+``models.toml``, ``quants.toml``); every number carries its public source there. Lookups raise
+:class:`devices.errors.UnknownId` listing the known ids.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from devices.errors import UnknownId
+from devices.specs import ChipSpec, EngineSpec, ModelSpec, QuantSpec, Tier
+
+_DIR = Path(__file__).parent
+
+
+@cache
+def _load(name: str) -> dict[str, Any]:
+    with (_DIR / f"{name}.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def pricing() -> dict[str, float]:
+    """The price rule's constants (amortisation hours, $/kWh)."""
+    return dict(_load("chips")["pricing"])
+
+
+def _usd_per_hour(raw: dict[str, Any]) -> tuple[float, str]:
+    """Apply the catalogue's one price rule (see chips.toml header)."""
+    rule = pricing()
+    if "cloud_usd_per_hour" in raw:
+        vals = raw["cloud_usd_per_hour"]
+        return math.prod(vals) ** (1 / len(vals)), "cloud on-demand (geometric mean of range)"
+    purchase = raw.get("purchase_usd", 0.0)
+    if isinstance(purchase, list):
+        purchase = math.prod(purchase) ** (1 / len(purchase))
+    amortised = purchase / rule["amortisation_hours"]
+    power = raw["busy_watts"] / 1000 * rule["usd_per_kwh"]
+    return amortised + power, "bought: price / 3 years + busy power at $0.10/kWh"
+
+
+def _chip(ident: str, raw: dict[str, Any]) -> ChipSpec:
+    usd, basis = _usd_per_hour(raw)
+    tiers = tuple(
+        Tier(t["name"], float(t["capacity"]), float(t["bandwidth"])) for t in raw["tiers"]
+    )
+    return ChipSpec(
+        id=ident,
+        name=raw["name"],
+        kind=raw["kind"],
+        vendor=raw["vendor"],
+        chip_class=raw["class"],
+        arch=raw["arch"],
+        tiers=tiers,
+        peak_flops=tuple((k, float(v)) for k, v in raw["peak"].items()),
+        link_bw_bps=float(raw["link_bw"]),
+        link_latency_s=float(raw["link_latency"]),
+        host_link_bw_bps=float(raw["host_link_bw"]),
+        matmul_tile=int(raw.get("matmul_tile", 1)),
+        usable_fraction=float(raw.get("usable_fraction", 1.0)),
+        busy_watts=float(raw["busy_watts"]),
+        idle_watts=float(raw["idle_watts"]),
+        usd_per_hour=usd,
+        price_basis=basis,
+        host=raw.get("host"),
+        ssd=raw.get("ssd"),
+        os_reserve_bytes=float(raw.get("os_reserve_bytes", 0.0)),
+        sources=(("catalogue", raw.get("source", "")),),
+    )
+
+
+@cache
+def _chips() -> dict[str, ChipSpec]:
+    data = _load("chips")
+    out: dict[str, ChipSpec] = {}
+    for section in ("chips", "hosts", "storage"):
+        for ident, raw in data.get(section, {}).items():
+            out[ident] = _chip(ident, raw)
+    return out
+
+
+@cache
+def _engines() -> dict[str, EngineSpec]:
+    out = {}
+    for ident, raw in _load("engines")["engines"].items():
+        out[ident] = EngineSpec(
+            id=ident,
+            name=raw["name"],
+            chip_classes=tuple(raw["chip_classes"]),
+            kv_layout=raw["kv_layout"],
+            batching=raw["batching"],
+            prefix_cache=raw["prefix_cache"],
+            kernels_per_layer=float(raw["kernels_per_layer"]),
+            compile=raw["compile"],
+            compute_path=tuple(raw["compute_path"].items()),
+            prefill_chunk=int(raw["prefill_chunk"]),
+            jump_forward=bool(raw["jump_forward"]),
+            deterministic=bool(raw["deterministic"]),
+            offload=bool(raw["offload"]),
+            compile_seconds=float(raw["compile_seconds"]),
+            borrow_from=tuple(raw["borrow_from"]),
+            flop_eff_scale=float(raw.get("flop_eff_scale", 1.0)),
+            quant_families=tuple(raw["quant_families"]),
+        )
+    return out
+
+
+@cache
+def _models() -> dict[str, ModelSpec]:
+    out = {}
+    for ident, raw in _load("models")["models"].items():
+        out[ident] = ModelSpec(id=ident, **raw)
+    return out
+
+
+@cache
+def _quants() -> dict[str, QuantSpec]:
+    return {ident: QuantSpec(id=ident, **raw) for ident, raw in _load("quants")["quants"].items()}
+
+
+def _get(kind: str, table: dict[str, Any], ident: str) -> Any:
+    try:
+        return table[ident]
+    except KeyError:
+        raise UnknownId(kind, ident, sorted(table)) from None
+
+
+def get_chip(ident: str) -> ChipSpec:
+    """A chip, host part or storage part by id (e.g. ``h100-sxm``, ``ddr5-dual-channel``)."""
+    return _get("chip", _chips(), ident)
+
+
+def get_engine(ident: str) -> EngineSpec:
+    return _get("engine", _engines(), ident)
+
+
+def get_model(ident: str) -> ModelSpec:
+    return _get("model", _models(), ident)
+
+
+def get_quant(ident: str) -> QuantSpec:
+    return _get("quantisation", _quants(), ident)
+
+
+def list_chips(kind: str | None = "accelerator") -> list[ChipSpec]:
+    """Chips of one kind ('accelerator', 'host', 'storage'), or all with ``kind=None``."""
+    return [c for c in _chips().values() if kind is None or c.kind == kind]
+
+
+def list_engines() -> list[EngineSpec]:
+    return list(_engines().values())
+
+
+def list_models() -> list[ModelSpec]:
+    return list(_models().values())
+
+
+def list_quants() -> list[QuantSpec]:
+    return list(_quants().values())
+
+
+def chip_classes() -> list[str]:
+    """Every chip class (the keys, with engine ids, of the efficiency factors)."""
+    return sorted({c.chip_class for c in _chips().values()})

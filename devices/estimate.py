@@ -1,0 +1,161 @@
+"""``estimate``: a llama-bench-like single point for a deployment (what ``doppelchip estimate``
+prints): prefill and decode rates, TTFT, TPOT, memory per tier, energy and dollars."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from devices.cost import StepCost, step_cost
+from devices.deployment import BatchShape, DeploymentSpec
+from devices.errors import DeviceError
+from devices.placement import FactorTable, Placement, place
+
+DECODE_SAMPLES = 8  # decode steps evaluated (evenly spread over the output) and averaged
+
+
+def _sig(x: float, digits: int = 5) -> float:
+    if x == 0 or not math.isfinite(x):
+        return x
+    return round(x, digits - 1 - math.floor(math.log10(abs(x))))
+
+
+def prefill_steps(placement: Placement, prompt: int, batch: int) -> list[BatchShape]:
+    """The prefill of ``batch`` prompts packed into steps of at most the token budget."""
+    budget = placement.spec.max_batched_tokens or placement.engine.prefill_chunk
+    steps: list[BatchShape] = []
+    cur: list[tuple[int, int]] = []
+    room = budget
+    for _ in range(batch):
+        pos = 0
+        while pos < prompt:
+            n = min(prompt - pos, room)
+            cur.append((n, pos))
+            pos += n
+            room -= n
+            if room == 0:
+                steps.append(BatchShape(prefill=tuple(cur)))
+                cur, room = [], budget
+    if cur:
+        steps.append(BatchShape(prefill=tuple(cur)))
+    return steps
+
+
+def decode_contexts(prompt: int, output: int, samples: int = DECODE_SAMPLES) -> list[int]:
+    """Context lengths at which decode is sampled (midpoints of equal slices of the output)."""
+    k = max(1, min(output, samples))
+    return [prompt + int((j + 0.5) * output / k) for j in range(k)]
+
+
+def pipelined_prefill(placement: Placement, shape: BatchShape) -> tuple[float, float]:
+    """(seconds, joules) of one prefill step; across pipeline stages it is split into ``m``
+    micro-chunks in flight (latency of one + (m − 1) × slowest stage), best ``m`` chosen."""
+    stages = sum(s.repeat for s in placement.plan.stages)
+    cost = step_cost(placement, shape)
+    best = (cost.seconds, cost.joules)
+    if stages == 1 or len(shape.prefill) != 1:
+        return best
+    n, start = shape.prefill[0]
+    m = 2
+    while m <= min(n, stages):
+        size = -(-n // m)
+        c = step_cost(placement, BatchShape(prefill=((size, start + n - size),)))
+        seconds = c.seconds + (m - 1) * c.interval_s
+        if seconds < best[0]:
+            busy = c.joules - c.seconds * placement.plan.idle_w
+            best = (seconds, m * busy + seconds * placement.plan.idle_w)
+        m *= 2
+    return best
+
+
+def decode_cycle(placement: Placement, ctx: int, batch: int) -> tuple[float, StepCost, int]:
+    """Seconds until every one of ``batch`` sequences has one more token, at context ``ctx``.
+
+    Without pipeline parallelism that is one step. With ``S`` pipeline stages the batch is
+    split into ``m = min(batch, S)`` micro-batches in flight: a sequence waits for its own
+    micro-batch to cross every stage (latency), and the stages serve ``m`` micro-batches each
+    cycle, so the cycle is ``max(latency, m × slowest stage)``.
+    """
+    stages = sum(s.repeat for s in placement.plan.stages)
+    m = min(batch, stages) if stages > 1 else 1
+    b = math.ceil(batch / m)
+    cost = step_cost(placement, BatchShape(decode=(ctx,) * b))
+    return max(cost.seconds, m * cost.interval_s), cost, m
+
+
+def estimate(
+    spec: DeploymentSpec,
+    prompt: int,
+    output: int,
+    batch: int = 1,
+    factor_table: FactorTable | None = None,
+) -> dict[str, Any]:
+    """One point: ``batch`` sequences of ``prompt`` tokens in, ``output`` tokens out.
+
+    Returns ``{"fits": False, "error": ...}`` when the deployment (or this batch) cannot be
+    placed. Rates: ``decode_tokens_per_s`` per sequence, ``output_tokens_per_s`` for the whole
+    batch; ``*_per_mtok`` per million output tokens (prefill included).
+    """
+    if prompt < 0 or output < 1 or batch < 1:
+        return {"fits": False, "error": "prompt must be >= 0, output and batch >= 1"}
+    try:
+        placement = place(spec, factor_table)
+    except DeviceError as exc:
+        return {"fits": False, "error": str(exc)}
+    need = prompt + output
+    if need > placement.max_context:
+        return {"fits": False, "error": f"prompt + output = {need} tokens exceeds the max "
+                f"context {placement.max_context} of this deployment"}
+    if batch > placement.max_concurrency(need) and batch > 1:
+        return {"fits": False, "error": f"batch {batch} of {need}-token sequences exceeds KV "
+                f"capacity ({placement.kv_tokens} tokens; at most "
+                f"{placement.max_concurrency(need)} at once)"}
+    plan = placement.plan
+    prefill_s = prefill_j = 0.0
+    for shape in prefill_steps(placement, prompt, batch):
+        seconds, joules = pipelined_prefill(placement, shape)
+        prefill_s += seconds
+        prefill_j += joules
+    cycles = []
+    joules = []
+    mid: StepCost | None = None
+    ctxs = decode_contexts(prompt, output)
+    for i, ctx in enumerate(ctxs):
+        cycle, cost, m = decode_cycle(placement, ctx, batch)
+        busy = cost.joules - cost.seconds * plan.idle_w
+        cycles.append(cycle)
+        joules.append(m * busy + cycle * plan.idle_w)
+        if i == len(ctxs) // 2:
+            mid = cost
+    tpot = sum(cycles) / len(cycles)
+    decode_s = tpot * output
+    decode_j = sum(joules) / len(joules) * output
+    out_tokens = batch * output
+    total_s = prefill_s + decode_s
+    usd = total_s * plan.usd_per_s
+    assert mid is not None
+    return {
+        "fits": True,
+        "chips": placement.chips,
+        "prefill_tokens_per_s": _sig(batch * prompt / prefill_s) if prompt else None,
+        "decode_tokens_per_s": _sig(1 / tpot),
+        "output_tokens_per_s": _sig(batch / tpot),
+        "end_to_end_tokens_per_s": _sig(out_tokens / total_s),
+        "ttft_s": _sig(prefill_s),
+        "tpot_s": _sig(tpot),
+        "bound": mid.bound,
+        "memory_bytes": {k: _sig(v) for k, v in placement.memory_bytes(batch * need).items()},
+        "joules_per_mtok": _sig((prefill_j + decode_j) / out_tokens * 1e6),
+        "usd_per_mtok": _sig(usd / out_tokens * 1e6),
+        "usd_per_hour": _sig(plan.usd_per_s * 3600),
+        "batch": batch,
+        "prompt": prompt,
+        "output": output,
+        "tp": placement.tp,
+        "pp": placement.pp,
+        "n_gpu_layers": placement.n_gpu_layers,
+        "kv_tokens": placement.kv_tokens,
+        "max_context": placement.max_context,
+        "max_concurrency": placement.max_concurrency(need),
+        "notes": list(placement.notes),
+    }

@@ -1,0 +1,155 @@
+"""`doppelchip devices` and `doppelchip estimate`: the device catalogue and a single-point estimate.
+
+``register(subparsers)`` adds both subcommands; each handler imports ``devices`` lazily and
+returns an exit code (estimate: 2 with ``{"fits": false, "error": ...}`` when the deployment
+cannot be placed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``devices`` and ``estimate`` subcommands to an argparse subparsers object."""
+    d = subparsers.add_parser(
+        "devices", help="list the emulated chips, engines, models and quantisations",
+        description="The device catalogue: chips with memory tiers, bandwidths, FLOPs, power "
+        "and price; engines; models; quantisations. Every figure has a public source in "
+        "devices/catalog/*.toml.",
+    )
+    d.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    d.set_defaults(func=cmd_devices)
+
+    e = subparsers.add_parser(
+        "estimate", help="estimate one deployment at one point (llama-bench-like)",
+        description="Prefill and decode rates, TTFT, TPOT, memory per tier, chips used, "
+        "joules and dollars per million output tokens for one deployment and batch.",
+    )
+    e.add_argument("--chip", required=True, help="chip id (see `doppelchip devices`)")
+    e.add_argument("--count", type=int, default=None,
+                   help="total chips (GPUs: tp × pp); omit for Groq/Cerebras to compute it")
+    e.add_argument("--engine", required=True, help="engine id, e.g. vllm, llama.cpp, groq")
+    e.add_argument("--model", required=True, help="model id, e.g. llama-3.1-8b")
+    e.add_argument("--quant", required=True, help="weight format id, e.g. bf16, q4_0, fp8")
+    e.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default: count)")
+    e.add_argument("--pp", type=int, default=None, help="pipeline-parallel degree (default 1)")
+    e.add_argument("--n-gpu-layers", type=int, default=None,
+                   help="llama.cpp: layers kept in VRAM (default: as many as fit)")
+    e.add_argument("--built-for", default=None,
+                   help="TensorRT-LLM: GPU architecture the engine was built for (e.g. hopper)")
+    e.add_argument("--max-context", type=int, default=None,
+                   help="context length to provision (default: model's, capped by KV)")
+    e.add_argument("--prompt", type=int, default=512, help="prompt tokens per sequence")
+    e.add_argument("--output", type=int, default=128, help="output tokens per sequence")
+    e.add_argument("--batch", type=int, default=1, help="sequences processed together")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.set_defaults(func=cmd_estimate)
+
+
+def _catalogue() -> dict[str, Any]:
+    from devices import catalog, fitted_factors
+
+    chips = []
+    for c in catalog.list_chips(None):
+        chips.append({
+            "id": c.id, "name": c.name, "kind": c.kind, "class": c.chip_class, "arch": c.arch,
+            "tiers": [{"name": t.name, "capacity_bytes": t.capacity_bytes,
+                       "bandwidth_bytes_per_s": t.bandwidth_bps} for t in c.tiers],
+            "peak_flops": dict(c.peak_flops), "link_bytes_per_s": c.link_bw_bps,
+            "busy_watts": c.busy_watts, "idle_watts": c.idle_watts,
+            "usd_per_hour": round(c.usd_per_hour, 4), "price_basis": c.price_basis,
+            "source": dict(c.sources).get("catalogue", ""),
+        })
+    factors = fitted_factors()
+    engines = [{
+        "id": e.id, "name": e.name, "chip_classes": list(e.chip_classes),
+        "kv_layout": e.kv_layout, "batching": e.batching, "prefix_cache": e.prefix_cache,
+        "compile": e.compile, "jump_forward": e.jump_forward,
+        "factors": {cls: {"bw_eff": round(f.bw_eff, 4), "flop_eff": round(f.flop_eff, 4),
+                          "kernel_s": f.kernel_s, "origin": f.origin}
+                    for (eid, cls), f in sorted(factors.items()) if eid == e.id},
+    } for e in catalog.list_engines()]
+    models = [{
+        "id": m.id, "name": m.name, "params": m.params, "active_params": m.active_params,
+        "layers": m.n_layers, "hidden": m.hidden, "heads": m.n_heads, "kv_heads": m.n_kv_heads,
+        "experts": m.n_experts, "active_experts": m.n_active_experts,
+        "max_context": m.max_context, "source": m.source,
+    } for m in catalog.list_models()]
+    quants = [{"id": q.id, "bytes_per_weight": q.bytes_per_weight, "kv_bytes": q.kv_bytes,
+               "source": q.source} for q in catalog.list_quants()]
+    return {"chips": chips, "engines": engines, "models": models, "quants": quants}
+
+
+def _si(x: float, unit: str) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.4g} {prefix}{unit}"
+    return f"{x:.4g} {unit}"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    cat = _catalogue()
+    if args.json:
+        print(json.dumps(cat, indent=2))
+        return 0
+    rows = [["chip", "class", "memory tiers", "peak FLOP/s", "busy/idle W", "$/h"]]
+    for c in cat["chips"]:
+        tiers = ", ".join(f"{t['name']} {_si(t['capacity_bytes'], 'B')} @ "
+                          f"{_si(t['bandwidth_bytes_per_s'], 'B/s')}" for t in c["tiers"])
+        peaks = " ".join(f"{k} {_si(v, '')}" for k, v in c["peak_flops"].items())
+        rows.append([c["id"], c["class"], tiers, peaks,
+                     f"{c['busy_watts']:g}/{c['idle_watts']:g}", f"{c['usd_per_hour']:.3f}"])
+    print(_table(rows))
+    print()
+    rows = [["engine", "chip classes", "kv", "batching", "prefix", "compile"]]
+    for e in cat["engines"]:
+        rows.append([e["id"], ",".join(e["chip_classes"]), e["kv_layout"], e["batching"],
+                     e["prefix_cache"], e["compile"]])
+    print(_table(rows))
+    print()
+    rows = [["model", "params", "layers", "hidden", "heads/kv", "experts", "context"]]
+    for m in cat["models"]:
+        experts = f"{m['active_experts']}/{m['experts']}" if m["experts"] else "-"
+        rows.append([m["id"], _si(m["params"], ""), str(m["layers"]), str(m["hidden"]),
+                     f"{m['heads']}/{m['kv_heads']}", experts, str(m["max_context"])])
+    print(_table(rows))
+    print()
+    rows = [["quant", "bytes/weight", "kv bytes"]]
+    rows += [[q["id"], f"{q['bytes_per_weight']:g}", f"{q['kv_bytes']:g}"] for q in cat["quants"]]
+    print(_table(rows))
+    return 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from devices import DeploymentSpec, estimate
+
+    spec = DeploymentSpec(
+        model=args.model, quant=args.quant, chip=args.chip, engine=args.engine,
+        count=args.count, tp=args.tp, pp=args.pp, n_gpu_layers=args.n_gpu_layers,
+        built_for=args.built_for, max_context=args.max_context,
+    )
+    if min(args.prompt, args.output - 1, args.batch - 1) < 0:
+        result: dict[str, Any] = {"fits": False,
+                                  "error": "--prompt must be >= 0, --output and --batch >= 1"}
+    else:
+        result = estimate(spec, args.prompt, args.output, args.batch)
+    if args.json:
+        print(json.dumps(result))
+    elif not result["fits"]:
+        print(f"does not fit: {result['error']}", file=sys.stderr)
+    else:
+        for key, value in result.items():
+            print(f"{key:24} {value}")
+    return 0 if result["fits"] else 2

@@ -1,0 +1,114 @@
+"""Placement: the default fleet places, errors are clear, functions are pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from devices import (
+    BatchShape,
+    DeploymentSpec,
+    PlacementError,
+    UnknownId,
+    catalog,
+    place,
+    step_cost,
+)
+from devices.errors import DeviceError
+
+FLEET = [
+    DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", "vllm"),
+    DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", "sglang"),
+    DeploymentSpec("llama-3.1-8b", "fp8", "h100-sxm", "tensorrt-llm", built_for="hopper"),
+    DeploymentSpec("llama-3.1-70b", "q4_k_m", "rtx-4090", "llama.cpp"),
+    DeploymentSpec("llama-3.1-8b", "mlx-4bit", "m4-max-40", "mlx"),
+    DeploymentSpec("llama-3.1-8b", "bf16", "tpu-v5e", "jetstream", count=8),
+    DeploymentSpec("llama-2-70b", "f16", "groq-lpu-v1", "groq"),
+    DeploymentSpec("llama-3.1-70b", "bf16", "groq-lpu-v1", "groq"),
+    DeploymentSpec("llama-3.1-8b", "bf16", "cerebras-cs3", "cerebras"),
+]
+
+
+@pytest.mark.parametrize("spec", FLEET, ids=lambda s: f"{s.engine}-{s.chip}-{s.model}")
+def test_default_fleet_deployments_place(spec: DeploymentSpec):
+    pl = place(spec)
+    assert pl.chips >= 1 and pl.kv_blocks() > 0 and pl.max_context >= 2048
+    assert pl.max_concurrency(1024) >= 1
+    cost = step_cost(pl, BatchShape(prefill=((100, 0),), decode=(500, 900)))
+    assert cost.seconds > 0 and cost.joules > 0 and cost.dollars > 0
+
+
+def test_llamacpp_default_offload_keeps_as_many_layers_as_fit():
+    pl = place(FLEET[3])
+    assert 30 < pl.n_gpu_layers < 80
+    tiers = dict(pl.weight_bytes)
+    assert tiers["vram"] <= 24e9 and tiers["host_dram"] > 0
+
+
+def test_llamacpp_too_many_gpu_layers_is_refused():
+    spec = DeploymentSpec("llama-3.1-70b", "q4_k_m", "rtx-4090", "llama.cpp", n_gpu_layers=80)
+    with pytest.raises(PlacementError, match="n_gpu_layers"):
+        place(spec)
+
+
+def test_jetstream_shards_over_the_slice():
+    pl = place(FLEET[5])
+    assert (pl.tp, pl.pp, pl.chips) == (8, 1, 8)
+
+
+def test_kv_blocks_and_capacity_h100():
+    pl = place(FLEET[0])
+    kv_per_token = 2 * 32 * 8 * 128 * 2
+    assert pl.kv_blocks(16) == pl.kv_tokens // 16
+    # 80 GB × 0.9 − 16 GB of weights − activations, in 128 KiB tokens
+    assert 50e9 / kv_per_token < pl.kv_tokens < 56e9 / kv_per_token
+    assert pl.max_context == 131072
+
+
+def test_groq_count_given_too_small_is_refused():
+    with pytest.raises(PlacementError, match="at least"):
+        place(DeploymentSpec("llama-2-70b", "f16", "groq-lpu-v1", "groq", count=100))
+
+
+def test_gpu_model_too_big_for_one_chip():
+    with pytest.raises(PlacementError, match="does not fit"):
+        place(DeploymentSpec("llama-3.1-70b", "bf16", "h100-sxm", "vllm"))
+    assert place(DeploymentSpec("llama-3.1-70b", "bf16", "h100-sxm", "vllm", count=4)).tp == 4
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", "mlx"), "apple"),
+        (DeploymentSpec("llama-3.1-8b", "bf16", "m4-max-40", "tensorrt-llm"), "nvidia"),
+        (DeploymentSpec("llama-3.1-8b", "q4_0", "h100-sxm", "vllm"), "does not load"),
+        (DeploymentSpec("llama-3.1-8b", "bf16", "m4-max-40", "mlx", count=2), "link"),
+        (DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", "vllm", count=4, tp=3), "tp"),
+    ],
+)
+def test_clear_placement_errors(spec: DeploymentSpec, message: str):
+    with pytest.raises(PlacementError, match=message):
+        place(spec)
+
+
+def test_unknown_ids_raise_typed_errors():
+    for getter, kind in ((catalog.get_chip, "chip"), (catalog.get_engine, "engine"),
+                         (catalog.get_model, "model"), (catalog.get_quant, "quantisation")):
+        with pytest.raises(UnknownId, match=f"unknown {kind}") as err:
+            getter("nope")
+        assert isinstance(err.value, DeviceError) and err.value.known
+    with pytest.raises(UnknownId):
+        place(DeploymentSpec("llama-9", "bf16", "h100-sxm", "vllm"))
+
+
+def test_place_and_step_cost_are_pure():
+    a, b = place(FLEET[3]), place(FLEET[3])
+    assert a == b
+    batch = BatchShape(prefill=((64, 0),), decode=(10, 20))
+    assert step_cost(a, batch) == step_cost(b, batch) == step_cost(a, batch)
+
+
+def test_memory_bytes_per_tier():
+    pl = place(FLEET[4])
+    mem = pl.memory_bytes(1000)
+    assert set(mem) == {"unified"}
+    assert mem["unified"] == pytest.approx(8.03e9 * 0.5625 + 1000 * 131072, rel=0.01)
