@@ -121,16 +121,20 @@ class PerShape(CompileStrategy):
         super().__init__(placement, prebuilt)
         self.bucketed = placement.engine.id == "jetstream"
         self.seen: set[tuple[str, int]] = set()
-        if prebuilt and self.bucketed:  # JetStream compiles its prefill buckets ahead
-            self.seen |= {("prefill", b) for b in self._prefill_buckets()}
+        if prebuilt and self.bucketed:  # JetStream compiles its buckets ahead (warm-up)
+            self.seen |= set(self._warm_keys())
 
-    def _prefill_buckets(self) -> list[int]:
+    def _warm_keys(self) -> list[tuple[str, int]]:
+        """JetStream's ahead-of-time programs: every prefill bucket (16 … max context) and
+        every power-of-two decode batch up to the deployment's batch cap."""
         top = min(MAX_BUCKET, _bucket(self.placement.max_context))
-        return [1 << i for i in range(4, int(math.log2(top)) + 1)]
+        prefill = [("prefill", 1 << i) for i in range(4, int(math.log2(top)) + 1)]
+        batch = _bucket(self.placement.spec.max_batch)
+        return prefill + [("decode", 1 << i) for i in range(int(math.log2(batch)) + 1)]
 
     def startup_seconds(self, cold: bool) -> float:
         per = self.placement.engine.compile_seconds
-        extra = len(self._prefill_buckets()) * per if cold and self.bucketed else 0.0
+        extra = len(self._warm_keys()) * per if cold and self.bucketed else 0.0
         return super().startup_seconds(cold) + extra
 
     def padded(self, batch: BatchShape) -> BatchShape:
@@ -164,10 +168,14 @@ class PerShape(CompileStrategy):
 class Static(CompileStrategy):
     kind = "static"
 
-    def __init__(self, placement: Placement, prebuilt: bool = True) -> None:
+    def __init__(self, placement: Placement, prebuilt: bool = True, hold: bool = False) -> None:
         super().__init__(placement, prebuilt)
         ctx = _bucket(placement.max_context)
-        self.shape: tuple[int, int] | None = (1, ctx) if prebuilt else None
+        # hold: the program is compiled for the scheduler's batch cap and smaller batches are
+        # padded to it (never a recompile); otherwise it follows the traffic and recompiles.
+        self.hold = hold
+        batch = placement.spec.max_batch if hold else 1
+        self.shape: tuple[int, int] | None = (batch, ctx) if prebuilt else None
 
     def startup_seconds(self, cold: bool) -> float:
         compile_s = self.placement.engine.compile_seconds if cold else 0.0
@@ -192,7 +200,9 @@ class Static(CompileStrategy):
 
     def before_step(self, batch: BatchShape) -> Stall:
         b, ctx = self.shape_of(batch)
-        if self.shape is not None and b == self.shape[0] and ctx <= self.shape[1]:
+        if self.shape is not None and ctx <= self.shape[1] and (
+            b == self.shape[0] or (self.hold and b <= self.shape[0])
+        ):
             return NO_STALL
         old = self.shape
         shape = (b, max(ctx, old[1] if old else ctx))
@@ -212,6 +222,13 @@ _KINDS: dict[str, type[CompileStrategy]] = {
 }
 
 
-def make_compile_strategy(placement: Placement, prebuilt: bool = True) -> CompileStrategy:
-    """The engine's compile strategy for this placement (``prebuilt`` False = cold start)."""
+def make_compile_strategy(
+    placement: Placement, prebuilt: bool = True, hold: bool = False
+) -> CompileStrategy:
+    """The engine's compile strategy for this placement (``prebuilt`` False = cold start).
+
+    ``hold`` (static programs only): compile once for the batch cap and pad to it, instead of
+    recompiling whenever the batch size changes."""
+    if placement.engine.compile == "static":
+        return Static(placement, prebuilt, hold)
     return _KINDS[placement.engine.compile](placement, prebuilt)

@@ -90,9 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deadline for the whole request")
     g.set_defaults(func=_generate)
 
-    from doppelchip import cmd_devices  # argparse only; imports devices/ when it runs
+    from doppelchip import cmd_devices, cmd_simulate  # argparse only; layers load when run
 
     cmd_devices.register(sub)
+    cmd_simulate.register(sub)
     return parser
 
 

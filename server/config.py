@@ -16,7 +16,7 @@ model = "llama-3.1-8b"
 quant = "bf16"
 chip = "h100-sxm"
 engine = "vllm"
-count = 1                     # optional: tensor_parallel, pipeline_parallel, max_model_len, ...
+count = 1                     # optional; every field of server.engine.build.EngineOptions
 ```
 Unknown keys are errors (a typo never silently falls back to a default).
 """
@@ -30,28 +30,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from server.engine.build import EngineOptions
+
+DeploymentConfig = EngineOptions  # a [[deployments]] table is exactly the engine's options
+
 
 class ConfigError(ValueError):
     """The fleet file is wrong; the message says where and what."""
-
-
-@dataclass(frozen=True)
-class DeploymentConfig:
-    name: str
-    model: str
-    quant: str
-    chip: str
-    engine: str
-    count: int = 1
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    max_model_len: int = 8192
-    max_num_seqs: int = 256
-    max_waiting: int = 1024
-    block_size: int = 16
-    kv_blocks: int = 8192  # placeholder engine only: the scheduler-driven engine derives it
-    decode_step_s: float = 0.02  # placeholder engine only
-    prefill_token_s: float = 1e-4  # placeholder engine only
 
 
 @dataclass(frozen=True)
@@ -86,6 +71,7 @@ _TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 
 
 def _typed(value: Any, type_name: str, where: str) -> Any:
+    type_name = type_name.removesuffix(" | None")  # TOML has no null: absent means None
     expected = _TYPES[type_name]
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -105,6 +91,26 @@ def _build(cls: type, table: dict[str, Any], where: str) -> Any:
     return cls(**{k: _typed(v, str(known[k].type), f"{where}: {k}") for k, v in table.items()})
 
 
+_CHOICES = {
+    "start": ("prebuilt", "cold"),
+    "policy": ("fcfs", "priority", "lpm"),
+    "kv_layout": ("paged", "contiguous"),
+    "batching": ("continuous", "static"),
+    "shape_policy": ("hold", "recompile"),
+}
+
+
+def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
+    for key, choices in _CHOICES.items():
+        if key in table and table[key] not in choices:
+            raise ConfigError(f"{where}: {key} must be one of {', '.join(choices)}")
+    for key in ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                "max_waiting", "block_size"):
+        if key in table and isinstance(table[key], int) and table[key] < 1:
+            raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
+    return _build(EngineOptions, table, where)
+
+
 def parse_fleet(doc: dict[str, Any], source: str = "fleet file") -> FleetConfig:
     unknown = sorted(set(doc) - {"server", "deployments"})
     if unknown:
@@ -113,7 +119,7 @@ def parse_fleet(doc: dict[str, Any], source: str = "fleet file") -> FleetConfig:
     if server.event_loop not in ("auto", "uvloop", "asyncio"):
         raise ConfigError(f"{source} [server]: event_loop must be auto, uvloop or asyncio")
     deployments = tuple(
-        _build(DeploymentConfig, d, f"{source} deployments[{i}]")
+        _deployment(d, f"{source} deployments[{i}]")
         for i, d in enumerate(doc.get("deployments", []))
     )
     names = [d.name for d in deployments]

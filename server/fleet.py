@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from server.config import DeploymentConfig, FleetConfig
+from server.engine.async_engine import AsyncEngine
 from server.engine.interface import Engine
-from server.engine.live import PlaceholderConfig
-from server.engine.placeholder import PlaceholderEngine
 
 
 class UnknownDeployment(LookupError):
@@ -13,17 +12,8 @@ class UnknownDeployment(LookupError):
 
 
 def build_engine(dep: DeploymentConfig, time_scale: float) -> Engine:
-    """The engine for one deployment (the placeholder until the scheduler-driven engine lands)."""
-    return PlaceholderEngine(
-        PlaceholderConfig(
-            name=dep.name, model=dep.model, quant=dep.quant, engine=dep.engine, chip=dep.chip,
-            chip_count=dep.count, tensor_parallel=dep.tensor_parallel,
-            pipeline_parallel=dep.pipeline_parallel, max_model_len=dep.max_model_len,
-            block_size=dep.block_size, kv_blocks=dep.kv_blocks, max_num_seqs=dep.max_num_seqs,
-            max_waiting=dep.max_waiting, decode_step_s=dep.decode_step_s,
-            prefill_token_s=dep.prefill_token_s, time_scale=time_scale,
-        )
-    )
+    """The engine of one deployment (FAILED, with the reason, if it cannot be placed)."""
+    return AsyncEngine(dep, time_scale)
 
 
 class Fleet:

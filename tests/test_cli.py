@@ -27,14 +27,14 @@ model = "llama-3.1-8b"
 quant = "bf16"
 chip = "h100-sxm"
 engine = "vllm"
+max_model_len = 1024
 
 [[deployments]]
 name = "slow"
-model = "llama-2-70b"
-quant = "f16"
-chip = "groq-lpu-v1"
-engine = "groq"
-decode_step_s = 0.4
+model = "llama-3.1-70b"
+quant = "q4_k_m"
+chip = "rtx-4090"
+engine = "llama.cpp"
 """
 
 CLI = [sys.executable, "-m", "doppelchip.cli"]
@@ -48,12 +48,13 @@ def served(tmp_path: Path):
         [*CLI, "serve", "--config", str(config), "--port", "0", "--metrics-port", "0"],
         stderr=subprocess.PIPE, text=True,
     )
-    port = None
-    for line in proc.stderr:  # the server logs its bound port once it serves
+    port, seen = None, []
+    for line in proc.stderr:  # the server prints its bound port once it serves
+        seen.append(line)
         if m := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
             port = int(m.group(1))
             break
-    assert port, "server did not start"
+    assert port, "server did not start:\n" + "".join(seen)
     drained = threading.Thread(target=proc.stderr.read, daemon=True)  # keep the pipe empty
     drained.start()
     yield proc, port

@@ -48,7 +48,8 @@ def test_per_shape_compiles_once_per_bucket_and_pads():
     assert cold.compiles == 1
     warm = make_compile_strategy(pl, prebuilt=True)
     assert warm.before_step(BatchShape(prefill=((100, 0),))).seconds == 0  # ahead of time
-    assert warm.before_step(BatchShape(decode=(5,) * 3)).seconds > 0  # new decode bucket
+    assert warm.before_step(BatchShape(decode=(5,) * 3)).seconds == 0  # warmed decode bucket
+    assert warm.before_step(BatchShape(decode=(5,) * 300)).seconds > 0  # beyond the batch cap
     padded = warm.padded(BatchShape(prefill=((100, 0),), decode=(5, 6, 7)))
     assert padded.prefill == ((128, 0),) and len(padded.decode) == 4
     assert cold.startup_seconds(cold=True) > warm.startup_seconds(cold=False)
@@ -74,6 +75,15 @@ def test_groq_static_program_recompiles_on_shape_change():
     assert c.padded(BatchShape(decode=(5,))).decode == (5, 5)  # pad to the compiled batch
     assert c.before_step(BatchShape(decode=(5,))).seconds > 0  # or recompile
     assert c.compiles == 2
+
+
+def test_groq_holding_the_compiled_batch_pads_instead_of_recompiling():
+    pl = place(DeploymentSpec("llama-2-70b", "f16", "groq-lpu-v1", "groq", max_batch=4))
+    c = make_compile_strategy(pl, hold=True)
+    for batch in ((100,), (100, 100), (5, 6, 7, 8), (9,)):
+        assert c.before_step(BatchShape(decode=batch)).seconds == 0
+        assert len(c.padded(BatchShape(decode=batch)).decode) == 4
+    assert c.compiles == 0
 
 
 def test_jitter_default_deterministic_seeded_and_zero_for_groq():

@@ -7,10 +7,12 @@ import urllib.request
 
 import grpc
 import pytest
+from conftest import assert_released
 from grpc_health.v1 import health_pb2
 
 from clients.client import AsyncClient, Client, build_request
 from doppelchip.v1 import inference_pb2 as pb
+from server.engine.tokenizer import get_tokenizer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -21,13 +23,13 @@ async def test_client_cancel_mid_stream_aborts_in_engine(client, app):
     call = client.stub.Generate(build_request(
         "cancel me", deployment="slow", max_tokens=2000, ignore_eos=True, request_id="cancel-1"))
     first = await call.read()
-    assert first.token_ids and slow.status().capacity.kv_blocks_free < 512
+    status = slow.status()
+    assert first.token_ids and status.capacity.kv_blocks_free < status.capacity.kv_blocks_total
     call.cancel()
     await asyncio.wait_for(slow.until_idle(), 5.0)
     assert "cancel-1" in slow.stats.aborted_request_ids
     assert slow.stats.finished.get("abort") == 1
-    assert slow.status().capacity.kv_blocks_free == 512
-    assert slow.num_unfinished() == 0
+    assert_released(slow)
 
 
 async def test_deadline_aborts_in_engine(client, app):
@@ -39,7 +41,7 @@ async def test_deadline_aborts_in_engine(client, app):
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     await asyncio.wait_for(slow.until_idle(), 5.0)
     assert "deadline-1" in slow.stats.aborted_request_ids
-    assert slow.status().capacity.kv_blocks_free == 512
+    assert_released(slow)
 
 
 async def test_health_serving_then_not_serving_on_drain(app):
@@ -76,7 +78,7 @@ async def test_drain_grace_expiry_aborts_what_is_left(app):
         while (msg := await call.read()) is not grpc.aio.EOF:
             rest.append(msg)
         assert rest[-1].final.finish_reason == pb.FINISH_REASON_ABORT
-    assert app.fleet.get("slow").status().capacity.kv_blocks_free == 512
+    assert_released(app.fleet.get("slow"))
 
 
 async def test_reflection_lists_services(app):
@@ -102,11 +104,14 @@ async def test_list_and_get_deployments(client):
     assert listing.default_deployment == "fast"
     fast = listing.deployments[0]
     assert fast.is_default and fast.state == pb.DEPLOYMENT_STATE_READY
-    assert fast.capacity.kv_blocks_total == 64 and fast.capacity.block_size == 16
-    assert fast.capacity.max_model_len == 256
-    assert fast.capacity.max_concurrency == 4  # 64 blocks / (256 tokens / 16 per block)
+    cap = fast.capacity
+    assert cap.block_size == 16 and cap.max_model_len == 256 and cap.max_num_seqs == 256
+    assert cap.kv_blocks_total > 10_000  # an 8B model leaves most of an H100's 80 GB to KV
+    assert cap.max_concurrency == min(256, cap.kv_blocks_total // (256 // 16))
+    assert fast.device.count == 1
     slow = await client.get_deployment("slow")
-    assert (slow.model, slow.device.chip, slow.engine) == ("llama-2-70b", "groq-lpu-v1", "groq")
+    assert (slow.model, slow.device.chip, slow.engine) == ("llama-3.1-70b", "rtx-4090",
+                                                           "llama.cpp")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.get_deployment("nope")
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
@@ -124,7 +129,8 @@ async def test_metrics_endpoint(client, app):
     labels = 'deployment="fast",engine="0",model_name="llama-3.1-8b"'
     assert f"vllm:num_requests_running{{{labels}}} 0.0" in text
     assert f"vllm:generation_tokens_total{{{labels}}} 5.0" in text
-    assert f"vllm:prompt_tokens_total{{{labels}}} 8.0" in text
+    prompt = len(get_tokenizer().encode("count me"))
+    assert f"vllm:prompt_tokens_total{{{labels}}} {float(prompt)}" in text
     success = 'deployment="fast",engine="0",finished_reason="length",model_name="llama-3.1-8b"'
     assert f"vllm:request_success_total{{{success}}} 1.0" in text
 

@@ -1,0 +1,122 @@
+"""`doppelchip simulate`: a workload through one deployment in virtual time, and its report.
+
+The front door joins the layers: the workload comes from `clients.workloads`, the engine
+core from `server.engine.build`, `run_virtual` from `server.engine.virtual`, and the records
+go back to `clients.report` — the same summary the load generator prints for a gRPC server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+
+def add_deployment_args(p: argparse.ArgumentParser) -> None:
+    """The deployment flags shared by simulate (and the load generator's sim: target)."""
+    g = p.add_argument_group("deployment (a fleet file's deployment, or flags as in estimate)")
+    g.add_argument("--config", metavar="FILE", help="fleet TOML file to take a deployment from")
+    g.add_argument("--deployment", metavar="NAME",
+                   help="deployment of --config (or of the built-in fleet) to simulate")
+    g.add_argument("--chip", help="chip id, e.g. h100-sxm (see `doppelchip devices`)")
+    g.add_argument("--engine", help="engine id, e.g. vllm, sglang, llama.cpp, groq")
+    g.add_argument("--model", help="model id, e.g. llama-3.1-8b")
+    g.add_argument("--quant", help="weight format id, e.g. bf16, fp8, q4_k_m")
+    g.add_argument("--count", type=int, help="total chips (default: tp × pp, or computed)")
+    g.add_argument("--tp", type=int, help="tensor-parallel degree")
+    g.add_argument("--pp", type=int, help="pipeline-parallel degree")
+    g.add_argument("--n-gpu-layers", type=int, help="llama.cpp: layers on the GPU")
+    g.add_argument("--built-for", help="TensorRT-LLM: GPU architecture the engine was built for")
+    g.add_argument("--max-model-len", type=int, help="context length (default: model's, capped)")
+    g.add_argument("--max-num-seqs", type=int, help="sequence cap per step (engine default)")
+    g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
+    g.add_argument("--policy", choices=["fcfs", "priority", "lpm"], help="queue policy")
+    g.add_argument("--prefix-cache", choices=["on", "off"], help="radix prefix cache on/off")
+    g.add_argument("--kv-layout", choices=["paged", "contiguous"],
+                   help="paged blocks, or the pre-vLLM contiguous max-length reservation")
+    g.add_argument("--batching", choices=["continuous", "static"], help="batching baseline")
+    g.add_argument("--output-len-mean", type=float,
+                   help="mean output length when EOS is sampled (default 128)")
+    g.add_argument("--cold", action="store_true", help="start cold: pay the build/compile time")
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", default="random", choices=["random", "shared-prefix",
+                                                            "multi-turn"], help="workload kind")
+    g.add_argument("--isl", type=int, default=128, help="input (user message) tokens")
+    g.add_argument("--osl", type=int, default=128, help="output tokens (max_tokens)")
+    g.add_argument("--num-requests", type=int, default=None,
+                   help="requests (conversations for multi-turn); default 100")
+    g.add_argument("--duration", type=float, default=None,
+                   help="seconds of arrivals at --rate (instead of --num-requests)")
+    g.add_argument("--rate", type=float, default=math.inf,
+                   help="arrivals per second (inf: all at once; the default)")
+    g.add_argument("--arrival", default="poisson", choices=["poisson", "constant"],
+                   help="arrival process for a finite --rate")
+    g.add_argument("--seed", type=int, default=0, help="workload seed")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="generate exactly --osl tokens (otherwise EOS is sampled)")
+    g.add_argument("--system-prompt-len", type=int, default=1024,
+                   help="shared-prefix: tokens of each shared system prompt")
+    g.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix: groups")
+    g.add_argument("--users-per-prefix", type=int, default=0,
+                   help="shared-prefix: users per group (0: spread evenly)")
+    g.add_argument("--turns", type=int, default=3, help="multi-turn: turns per conversation")
+    g.add_argument("--think-time", type=float, default=0.0,
+                   help="multi-turn: seconds between a reply and the next user turn")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="run a workload through one deployment in virtual time",
+        description="Simulate a workload in virtual time (no sleeping: hours of traffic in "
+        "seconds) with the server's own scheduler, KV cache and device model, and report "
+        "throughput, latency percentiles, cache hits, preemptions, compile stalls, energy "
+        "and cost.",
+    )
+    add_deployment_args(p)
+    add_workload_args(p)
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(func=cmd_simulate)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from doppelchip.simulation import SimulationError, simulate
+
+    try:
+        summary = simulate(args)
+    except SimulationError as e:
+        print(json.dumps({"error": str(e)}) if args.json else f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(format_summary(summary))
+    return 0
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    lines = [
+        f"deployment      {s['deployment']}",
+        f"requests        {s['requests']} ok, errors {s['errors'] or 'none'}",
+        f"duration        {s['duration_s']:.3f} s (emulated)",
+        f"throughput      {s['requests_per_s']:.2f} req/s, "
+        f"{s['output_tokens_per_s']:.1f} output tok/s, {s['input_tokens_per_s']:.1f} input tok/s",
+    ]
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        st = s[key]
+        lines.append(f"{key[:-2]:<15} mean {st['mean'] * 1e3:9.2f} ms  p50 {st['p50'] * 1e3:9.2f}"
+                     f"  p90 {st['p90'] * 1e3:9.2f}  p99 {st['p99'] * 1e3:9.2f}")
+    lines += [
+        f"prefix cache    {s['prefix_cache_hit_rate'] * 100:.1f}% of prompt tokens hit, "
+        f"{s['prefill_tokens']} tokens prefilled",
+        f"scheduler       {s['preemptions']} preemptions, peak {s['peak_running']} running, "
+        f"KV usage mean {s['kv_usage_mean'] * 100:.1f}% peak {s['kv_usage_peak'] * 100:.1f}%",
+        f"compile         {s['compiles']} compiles, {s['compile_stall_s']:.3f} s stalled",
+        f"energy, cost    {s['joules_per_mtok']:.4g} J and ${s['usd_per_mtok']:.4g} "
+        f"per million output tokens",
+    ]
+    return "\n".join(lines)

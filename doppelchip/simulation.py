@@ -1,0 +1,126 @@
+"""The virtual-time path of DESIGN.md: a `clients` workload through `run_virtual`, reported by
+`clients.report`. Used by `doppelchip simulate` (and, later, `doppelchip load --target sim:`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from typing import Any
+
+from clients.report import RequestResult, summarize
+from clients.workloads import Conversation, WorkloadSpec, build_workload
+from server.config import ConfigError, load_fleet
+from server.engine.build import EngineOptions, build_core
+from server.engine.tokenizer import get_tokenizer
+from server.engine.virtual import RequestRecord, VirtualSession, VirtualTurn, run_virtual
+
+
+class SimulationError(Exception):
+    """The deployment or the workload cannot be simulated; the message says why."""
+
+
+def to_sessions(conversations: list[Conversation]) -> list[VirtualSession]:
+    return [
+        VirtualSession(
+            c.conversation_id, c.start_s,
+            tuple(VirtualTurn(t.user_ids, t.max_tokens, t.think_time_s) for t in c.turns),
+            c.ignore_eos, c.seed,
+        )
+        for c in conversations
+    ]
+
+
+def to_result(r: RequestRecord) -> RequestResult:
+    return RequestResult(
+        request_id=r.request_id, scheduled_s=r.arrival_s, sent_s=r.arrival_s,
+        token_times=r.token_times, end_s=r.end_s, prompt_tokens=r.prompt_tokens,
+        output_tokens=r.output_tokens, cached_tokens=r.cached_tokens,
+        finish_reason=r.finish_reason, error=r.error, conversation_id=r.session_id, turn=r.turn,
+    )
+
+
+def simulate_options(options: EngineOptions, workload: WorkloadSpec) -> dict[str, Any]:
+    """Run `workload` on the deployment `options` in virtual time; the summary dict."""
+    try:
+        core = build_core(options)
+    except Exception as e:  # DeviceError, ValueError: the message says why
+        raise SimulationError(f"{options.name}: {e}") from e
+    workload = dataclasses.replace(workload, vocab_size=get_tokenizer().vocab_size)
+    try:
+        conversations = build_workload(workload)
+    except ValueError as e:
+        raise SimulationError(str(e)) from e
+    run = run_virtual(core, to_sessions(conversations), max_waiting=None)
+    sched, stats = core.scheduler.stats, core.stats
+    results = [to_result(r) for r in run.records]
+    out_tokens = sum(r.output_tokens for r in results if r.ok)
+    per_mtok = 1e6 / out_tokens if out_tokens else 0.0
+    return summarize(
+        results,
+        deployment=options.name,
+        chips=core.placement.chips,
+        prefix_cache_hit_rate=sched.prefix_cache_hit_rate,
+        prefill_tokens=sched.num_prefill_tokens,
+        preemptions=sched.num_preemptions,
+        peak_running=sched.peak_num_running,
+        steps=stats.steps,
+        kv_usage_mean=run.kv_usage_mean,
+        kv_usage_peak=run.kv_usage_peak,
+        compiles=stats.compiles,
+        compile_stall_s=stats.stall_s,
+        joules_per_mtok=stats.joules * per_mtok,
+        usd_per_mtok=stats.dollars * per_mtok,
+        emulated_s=run.duration_s,
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> EngineOptions:
+    if args.chip or args.model or args.engine or args.quant:
+        missing = [f for f in ("chip", "engine", "model", "quant") if not getattr(args, f)]
+        if missing:
+            raise SimulationError(f"missing --{', --'.join(missing)}")
+        base = EngineOptions(name=f"{args.model}@{args.chip}/{args.engine}", model=args.model,
+                             quant=args.quant, chip=args.chip, engine=args.engine)
+    else:
+        try:
+            fleet = load_fleet(args.config)
+        except ConfigError as e:
+            raise SimulationError(str(e)) from e
+        name = args.deployment or fleet.default_deployment
+        found = [d for d in fleet.deployments if d.name == name]
+        if not found:
+            raise SimulationError(f"unknown deployment {name!r}")
+        base = found[0]
+    overrides = {
+        "count": args.count, "tp": args.tp, "pp": args.pp, "n_gpu_layers": args.n_gpu_layers,
+        "built_for": args.built_for, "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "policy": args.policy, "kv_layout": args.kv_layout, "batching": args.batching,
+        "output_len_mean": args.output_len_mean,
+        "prefix_cache": None if args.prefix_cache is None else args.prefix_cache == "on",
+        "start": "cold" if args.cold else None,
+    }
+    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
+    n = args.num_requests
+    if n is None:
+        if args.duration is not None:
+            if math.isinf(args.rate):
+                raise SimulationError("--duration needs a finite --rate")
+            n = max(1, round(args.rate * args.duration))
+        else:
+            n = 100
+    return WorkloadSpec(
+        kind=args.workload, num_requests=n, isl=args.isl, osl=args.osl, rate=args.rate,
+        arrival=args.arrival, seed=args.seed, ignore_eos=args.ignore_eos,
+        system_prompt_len=args.system_prompt_len, num_prefixes=args.num_prefixes,
+        users_per_prefix=args.users_per_prefix, turns=args.turns,
+        think_time_s=args.think_time,
+    )
+
+
+def simulate(args: argparse.Namespace) -> dict[str, Any]:
+    return simulate_options(options_from_args(args), workload_from_args(args))

@@ -1,0 +1,172 @@
+"""Per-request block tables over the block pool, shared with the prefix cache.
+
+Contract (what the scheduler relies on):
+- ``match(req)`` looks up the request's cached prefix (block-aligned, never the whole request:
+  at least its last token is computed, to produce logits). Nothing is held until
+  ``allocate_slots`` succeeds with that match.
+- ``allocate_slots(req, n, match)`` makes room for ``n`` more computed tokens (after the
+  matched prefix, if any), evicting unlocked cache blocks if the pool is short. All or nothing:
+  on ``False`` nothing changed, and the scheduler preempts or stops admitting. Paged layout:
+  blocks on demand, ceil(tokens / block_size). Contiguous layout (pre-vLLM baseline): the first
+  call reserves ceil(max_len / block_size) blocks, later calls need nothing.
+- ``cache_blocks(req, n)`` puts the full blocks among the request's first ``n`` tokens into the
+  prefix cache and moves its lock to the deepest node. The scheduler calls it when it
+  schedules those tokens (as vLLM v1 does): a request admitted later in the same step already
+  shares them, which is sound because a forward pass writes each layer's KV for the whole
+  batch before that layer's attention reads it.
+- ``free(req, cache=...)`` drops every reference the request holds (blocks, node lock);
+  ``cache=True`` first stores its computed full blocks in the prefix cache.
+"""
+
+from __future__ import annotations
+
+from .block_pool import BlockPool
+from .radix_cache import PrefixCache, PrefixMatch
+from .request import Request
+
+NO_MATCH = PrefixMatch(0, [], None)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(
+        self, pool: BlockPool, cache: PrefixCache, *, kv_layout: str, max_model_len: int
+    ) -> None:
+        self.pool = pool
+        self.cache = cache
+        self.block_size = pool.block_size
+        self.contiguous = kv_layout == "contiguous"
+        self.max_model_len = max_model_len
+
+    # -- capacity --------------------------------------------------------------------------
+    @property
+    def num_available_blocks(self) -> int:
+        """Free blocks plus cached blocks that could be evicted now."""
+        return self.pool.num_free + self.cache.evictable_blocks
+
+    @property
+    def usage(self) -> float:
+        """KV usage as vLLM reports it: blocks neither free nor evictable, over the total."""
+        return 1.0 - self.num_available_blocks / self.pool.num_blocks
+
+    def fragmentation(self, running: list[Request]) -> float:
+        """Share of the token slots in the running requests' blocks that hold no KV: the
+        partly filled last block when paged, most of the reservation when contiguous."""
+        slots = sum(len(r.block_ids) for r in running) * self.block_size
+        used = sum(r.num_computed_tokens for r in running)
+        return 1.0 - used / slots if slots else 0.0
+
+    def blocks_needed_alone(self, req: Request) -> int:
+        """Blocks the request needs at its longest, were it alone in the pool."""
+        return cdiv(req.max_len(self.max_model_len), self.block_size)
+
+    # -- per request -----------------------------------------------------------------------
+    def match(self, req: Request) -> PrefixMatch:
+        if not self.cache.enabled or req.block_ids:
+            return NO_MATCH
+        return self.cache.match_prefix(req.token_ids[: req.num_tokens - 1])
+
+    def allocate_slots(
+        self, req: Request, num_new_tokens: int, match: PrefixMatch = NO_MATCH
+    ) -> bool:
+        num_cached_blocks = len(match.block_ids)
+        if self.contiguous:
+            target = self.blocks_needed_alone(req) if not req.block_ids else 0
+        else:
+            tokens = req.num_computed_tokens + match.num_tokens + num_new_tokens
+            target = cdiv(tokens, self.block_size)
+        need = max(0, target - len(req.block_ids) - num_cached_blocks)
+        if match.node is not None:
+            self.cache.lock(match.node)  # lock first: the matched blocks must not be evicted
+        pool = self.pool
+        if need > pool.num_free:
+            if need > pool.num_free + self.cache.evictable_blocks:
+                if match.node is not None:
+                    self.cache.unlock(match.node)
+                return False
+            self.cache.evict(need - pool.num_free)
+        if match.node is not None:
+            pool.share(match.block_ids)
+            req.block_ids = list(match.block_ids)
+            req.cache_node = match.node
+            req.num_computed_tokens = match.num_tokens
+            req._tree_len = match.num_tokens
+        if need:
+            req.block_ids.extend(pool.allocate(need))
+        return True
+
+    def cache_blocks(self, req: Request, num_tokens: int | None = None) -> None:
+        """Insert the full blocks among the first ``num_tokens`` tokens (default: the computed
+        ones) into the prefix cache."""
+        bs = self.block_size
+        n = (req.num_computed_tokens if num_tokens is None else num_tokens) // bs
+        if not self.cache.enabled or n * bs <= req._tree_len:
+            return
+        node, tree_blocks = self.cache.insert(
+            req.token_ids[: n * bs], req.block_ids[:n], start=(req.cache_node, req._tree_len)
+        )
+        blocks = req.block_ids
+        for i in range(req._tree_len // bs, n):
+            mine, theirs = blocks[i], tree_blocks[i]
+            if mine != theirs:  # computed twice concurrently: adopt the cache's copy
+                self.pool.share((theirs,))
+                self.pool.free((mine,))
+                blocks[i] = theirs
+        self.cache.lock(node)
+        self.cache.unlock(req.cache_node)
+        req.cache_node = node
+        req._tree_len = n * bs
+
+    def free(self, req: Request, *, cache: bool) -> None:
+        if cache:
+            self.cache_blocks(req)
+            self.cache.touch(req.cache_node)  # its prefix was used until now (LRU)
+        self.cache.unlock(req.cache_node)
+        req.cache_node = None
+        req._tree_len = 0
+        self.pool.free(req.block_ids)
+        req.block_ids = []
+
+    def check_integrity(self, live: list[Request]) -> None:
+        """Pool and cache invariants, plus: every pool reference is accounted for by the live
+        requests' block tables and the cache (no leaked block, no dangling reference)."""
+        self.pool.check_integrity()
+        self.cache.check_integrity()
+        expected = [0] * self.pool.num_blocks
+        for req in live:
+            for b in req.block_ids:
+                expected[b] += 1
+            if len(req.block_ids) * self.block_size < req.num_computed_tokens:
+                raise AssertionError(f"{req} computed more tokens than its blocks hold")
+            if not self.contiguous and len(req.block_ids) > cdiv(req.num_tokens, self.block_size):
+                raise AssertionError(f"{req} holds more blocks than its tokens need")
+            if req.cache_node is not None:
+                path = self.cache.path_blocks(req.cache_node)  # type: ignore[attr-defined]
+                tree_len = len(path) * self.block_size
+                if req.block_ids[: len(path)] != path or tree_len != req._tree_len:
+                    raise AssertionError(f"{req} does not use the cached blocks of its prefix")
+            elif req._tree_len:
+                raise AssertionError(f"{req} claims cached tokens without a cache node")
+        for node_blocks in _cached_blocks(self.cache):
+            for b in node_blocks:
+                expected[b] += 1
+        for b, n in enumerate(expected):
+            if self.pool.ref_count(b) != n:
+                raise AssertionError(
+                    f"block {b}: pool count {self.pool.ref_count(b)}, holders found {n}"
+                )
+
+
+def _cached_blocks(cache: PrefixCache) -> list[list[int]]:
+    root = getattr(cache, "root", None)
+    if root is None:
+        return []
+    out, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        out.append(node.block_ids)
+        stack.extend(node.children.values())
+    return out

@@ -1,0 +1,114 @@
+"""A deterministic mock language model: the next token is a pure function of (seed, context).
+
+Contract:
+- ``next_token(req)`` depends only on the model seed, the request's sampling seed and
+  ``req.token_ids`` — never on batching, cache hits, preemption or wall time. A cache bug (KV
+  reused for the wrong prefix) therefore cannot change tokens by itself, but any scheduler bug
+  that corrupts a request's token sequence shows up as different output.
+- Cost O(1) per token: the context enters through a polynomial rolling hash
+  ``h(t_1..t_n) = Σ (t_i + 1)·B^(n-i) mod P`` kept on the request and extended by the tokens
+  appended since the last call. It is a pure function of the token sequence, so a recomputed
+  request (after preemption) has the same hash, and ``rolling_hash(tokens)`` recomputes it.
+- Output lengths: unless ``ignore_eos``, EOS is drawn with the configured distribution —
+  ``geometric`` (each output position ends with probability 1/mean, so lengths, EOS included,
+  have that mean) or ``fixed`` (exactly ``mean`` tokens, the last being EOS). Other tokens are
+  drawn uniformly from ``vocab_ids`` (the tokenizer's vocabulary without special tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .request import Request
+from .scheduler_config import SchedulerOutput
+
+_P = (1 << 61) - 1  # Mersenne prime modulus
+_B = 1_000_003  # base
+_M64 = (1 << 64) - 1
+
+
+def rolling_hash(token_ids: Iterable[int], value: int = 0) -> int:
+    """Extend a rolling hash ``value`` by ``token_ids`` (start from 0 for the empty context)."""
+    for t in token_ids:
+        value = (value * _B + t + 1) % _P
+    return value
+
+
+def _mix(x: int) -> int:
+    """splitmix64 finaliser: a well-spread 64-bit value from any integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputLengths:
+    """How many tokens a request generates before EOS (when it does not ignore EOS)."""
+
+    kind: Literal["geometric", "fixed"] = "geometric"
+    mean: float = 128.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("geometric", "fixed"):
+            raise ValueError(f"unknown output length distribution {self.kind!r}")
+        if self.mean < 1:
+            raise ValueError(f"mean output length must be >= 1, got {self.mean}")
+
+
+class MockModel:
+    def __init__(
+        self,
+        vocab_ids: Sequence[int],
+        eos_token_id: int,
+        lengths: OutputLengths | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.vocab_ids = [t for t in vocab_ids if t != eos_token_id]
+        if not self.vocab_ids:
+            raise ValueError("the mock model needs at least one non-EOS token")
+        self.eos_token_id = eos_token_id
+        self.lengths = lengths or OutputLengths()
+        self.seed = seed
+        self._p_eos = int((1.0 / self.lengths.mean) * (1 << 64))
+
+    @classmethod
+    def from_tokenizer(
+        cls, tokenizer: object, lengths: OutputLengths | None = None, seed: int = 0
+    ) -> MockModel:
+        """Use ``tokenizer.normal_token_ids`` and ``tokenizer.eos_token_id``."""
+        return cls(tokenizer.normal_token_ids, tokenizer.eos_token_id, lengths, seed)  # type: ignore[attr-defined]
+
+    def context_hash(self, req: Request) -> int:
+        """The rolling hash of ``req.token_ids``, caught up incrementally."""
+        n = req.num_tokens
+        if req._hash_len > n:  # tokens were removed (never happens today): start over
+            req._hash_len, req._hash_value = 0, 0
+        if req._hash_len < n:
+            req._hash_value = rolling_hash(req.token_ids[req._hash_len :], req._hash_value)
+            req._hash_len = n
+        return req._hash_value
+
+    def next_token(self, req: Request) -> int:
+        sp = req.sampling_params
+        h = self.context_hash(req)
+        r = _mix(_mix(h ^ (self.seed * 0x100000001B3)) ^ (sp.seed & _M64))
+        if not sp.ignore_eos and req.num_output_tokens >= sp.min_tokens:
+            if self.lengths.kind == "fixed":
+                if req.num_output_tokens + 1 >= self.lengths.mean:
+                    return self.eos_token_id
+            elif _mix(r ^ 0x5EED) < self._p_eos:
+                return self.eos_token_id
+        return self.vocab_ids[r % len(self.vocab_ids)]
+
+    def next_tokens(
+        self, output: SchedulerOutput, requests: Mapping[str, Request]
+    ) -> dict[str, list[int]]:
+        """One token for each scheduled request whose chunk reached its last known token."""
+        return {
+            s.request_id: [self.next_token(requests[s.request_id])]
+            for s in output.scheduled
+            if s.samples_token and s.request_id in requests
+        }

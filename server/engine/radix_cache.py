@@ -1,0 +1,431 @@
+"""Prefix caches: SGLang's radix tree over token ids, and a no-op stand-in for the baseline.
+
+Contract of a ``PrefixCache`` (what the KV manager relies on):
+
+- ``match_prefix(tokens)`` returns the longest cached prefix of ``tokens`` that ends on a block
+  boundary, the blocks that hold its KV, and a node handle. The match is the token-granular
+  longest common prefix rounded *down* to a whole block (a 40-token overlap with 16-token blocks
+  serves 32 tokens; the request prefills the other 8 again), as vLLM and SGLang do with 16-token
+  pages. The caller ``share``s the returned blocks in the pool (the request becomes a holder)
+  and ``lock``s the node while the request runs.
+- ``lock(node)`` / ``unlock(node)`` count users of a node and of all its ancestors. A locked node
+  is never evicted.
+- ``insert(tokens, blocks)`` stores a block-aligned prefix whose KV lives in ``blocks`` (one
+  block per ``block_size`` tokens; the caller still holds its own references). The cache takes
+  a pool reference on each block it did not hold yet. It returns the node ending at that prefix
+  and the blocks the cache holds for the whole prefix: where the cache already had a block for
+  some position (another request computed the same tokens), the caller should switch to the
+  cache's block and free its duplicate.
+- ``evict(n)`` frees up to ``n`` blocks that only the cache holds, least recently used first:
+  unlocked leaves are trimmed from their tail, and a parent that becomes an unlocked leaf joins
+  the candidates (cascading upward). Returns the number of blocks returned to the pool.
+- ``evictable_blocks`` counts blocks ``evict`` could free right now.
+
+Ownership (why keys are whole blocks): a node's key is a whole number of blocks and each block
+belongs to exactly one node, so splitting a node (on a partial match) never splits a block and
+a block is never owned by two nodes. A partially filled last block of a request is never
+inserted; it is freed with the request (the next request recomputes those < block_size tokens).
+Every cached block carries exactly one pool reference for the tree; requests using it hold
+their own. Hence an unlocked node's blocks have pool reference count exactly 1 (evicting them
+really frees memory), which ``check_integrity`` verifies.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .block_pool import BlockPool
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    num_tokens: int  # block-aligned number of cached tokens
+    block_ids: list[int]  # len == num_tokens // block_size
+    node: Any  # handle for lock/unlock; None when nothing matched
+
+
+class PrefixCache(ABC):
+    """The interface shared by ``RadixCache`` and ``NoPrefixCache`` (see the module docstring)."""
+
+    enabled: bool
+
+    @abstractmethod
+    def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch: ...
+
+    @abstractmethod
+    def peek_prefix_len(self, token_ids: Sequence[int]) -> int:
+        """Like ``match_prefix(...).num_tokens`` with no side effect (no split, no LRU touch)."""
+
+    @abstractmethod
+    def lock(self, node: Any) -> None: ...
+
+    @abstractmethod
+    def unlock(self, node: Any) -> None: ...
+
+    @abstractmethod
+    def insert(
+        self,
+        token_ids: Sequence[int],
+        block_ids: Sequence[int],
+        start: tuple[Any, int] | None = None,
+    ) -> tuple[Any, list[int]]:
+        """``start=(node, n)``: the caller knows ``node`` ends at token ``n`` of this path (its
+        locked node), so the walk may begin there instead of at the root."""
+
+    @abstractmethod
+    def touch(self, node: Any) -> None:
+        """Mark ``node`` and its ancestors used now (LRU)."""
+
+    @abstractmethod
+    def evict(self, num_blocks: int) -> int: ...
+
+    @property
+    @abstractmethod
+    def evictable_blocks(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def cached_blocks(self) -> int: ...
+
+    @abstractmethod
+    def check_integrity(self) -> None: ...
+
+
+class NoPrefixCache(PrefixCache):
+    """Prefix caching off (the baseline): nothing is ever matched, stored or evicted."""
+
+    enabled = False
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+
+    def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
+        return PrefixMatch(0, [], None)
+
+    def peek_prefix_len(self, token_ids: Sequence[int]) -> int:
+        return 0
+
+    def lock(self, node: Any) -> None:
+        pass
+
+    def unlock(self, node: Any) -> None:
+        pass
+
+    def insert(
+        self,
+        token_ids: Sequence[int],
+        block_ids: Sequence[int],
+        start: tuple[Any, int] | None = None,
+    ) -> tuple[Any, list[int]]:
+        return None, list(block_ids)
+
+    def touch(self, node: Any) -> None:
+        pass
+
+    def evict(self, num_blocks: int) -> int:
+        return 0
+
+    @property
+    def evictable_blocks(self) -> int:
+        return 0
+
+    @property
+    def cached_blocks(self) -> int:
+        return 0
+
+    def check_integrity(self) -> None:
+        pass
+
+
+class RadixNode:
+    __slots__ = ("block_ids", "children", "id", "key", "last_access", "lock_ref", "parent")
+
+    def __init__(
+        self,
+        key: tuple[int, ...],
+        block_ids: list[int],
+        parent: RadixNode | None,
+        node_id: int,
+        last_access: int = 0,
+    ) -> None:
+        self.key = key  # token ids; len == len(block_ids) * block_size
+        self.block_ids = block_ids
+        self.parent = parent
+        self.children: dict[tuple[int, ...], RadixNode] = {}  # keyed by the child's first block
+        self.lock_ref = 0
+        self.last_access = last_access
+        self.id = node_id
+
+    def __repr__(self) -> str:
+        return f"RadixNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref})"
+
+
+class RadixCache(PrefixCache):
+    """SGLang-style radix tree over token ids, with block-aligned keys (see module docstring)."""
+
+    enabled = True
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self._ids = itertools.count()
+        self._clock = 0  # logical LRU clock: exact and deterministic, unlike wall time
+        self.root = RadixNode((), [], None, next(self._ids))
+        self.root.lock_ref = 1  # the root is never evicted
+        self._evictable = 0
+        self._cached = 0
+        self._num_nodes = 0
+        # Eviction candidates: a lazy min-heap of (last_access, id, node), pushed whenever a
+        # node may have become an unlocked leaf or was touched while being one; stale entries
+        # are skipped when popped, and the heap is rebuilt when stale ones dominate.
+        self._heap: list[tuple[int, int, RadixNode]] = []
+
+    def _candidate(self, node: RadixNode) -> None:
+        if not node.children and node.lock_ref == 0 and node.parent is not None:
+            heapq.heappush(self._heap, (node.last_access, node.id, node))
+
+    @staticmethod
+    def _valid(entry: tuple[int, int, RadixNode]) -> bool:
+        node = entry[2]
+        return (
+            node.parent is not None
+            and not node.children
+            and node.lock_ref == 0
+            and entry[0] == node.last_access
+        )
+
+    # -- lookup ----------------------------------------------------------------------------
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _walk(
+        self,
+        token_ids: Sequence[int],
+        *,
+        touch: bool,
+        split: bool,
+        start: tuple[RadixNode, int] | None = None,
+    ) -> tuple[RadixNode, int]:
+        """Follow ``token_ids`` whole block by whole block (from ``start`` if given, else the
+        root); returns the deepest node reached and the number of tokens matched. With
+        ``split``, a match ending inside a node splits it so the returned node ends exactly
+        at the match."""
+        bs = self.block_size
+        n = len(token_ids) - len(token_ids) % bs
+        node, pos = start if start is not None and start[0] is not None else (self.root, 0)
+        now = self._tick() if touch else 0
+        while pos < n:
+            child = node.children.get(tuple(token_ids[pos : pos + bs]))
+            if child is None:
+                break
+            key = child.key
+            i = bs
+            klen = len(key)
+            while i < klen and pos + i < n and _eq(key, i, token_ids, pos + i, bs):
+                i += bs
+            if i < klen:
+                if not split:
+                    return node, pos + i
+                child = self._split(child, i)  # only the matched upper part is touched
+            if touch:
+                child.last_access = now
+                self._candidate(child)
+            node, pos = child, pos + i
+            if i < klen:
+                break
+        return node, pos
+
+    def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
+        node, num_tokens = self._walk(token_ids, touch=True, split=True)
+        if num_tokens == 0:
+            return PrefixMatch(0, [], None)
+        return PrefixMatch(num_tokens, self.path_blocks(node), node)
+
+    def peek_prefix_len(self, token_ids: Sequence[int]) -> int:
+        return self._walk(token_ids, touch=False, split=False)[1]
+
+    @staticmethod
+    def path_blocks(node: RadixNode) -> list[int]:
+        """The blocks from the root down to ``node``, in token order."""
+        parts = []
+        while node.parent is not None:
+            parts.append(node.block_ids)
+            node = node.parent
+        return [b for part in reversed(parts) for b in part]
+
+    def _split(self, child: RadixNode, i: int) -> RadixNode:
+        """Cut ``child`` after its first ``i`` tokens (a block multiple); returns the new upper
+        node, which inherits the lock count (every lock through ``child`` passes through it)."""
+        bs = self.block_size
+        parent = child.parent
+        assert parent is not None and 0 < i < len(child.key) and i % bs == 0
+        upper = RadixNode(child.key[:i], child.block_ids[: i // bs], parent, next(self._ids))
+        upper.lock_ref = child.lock_ref
+        upper.last_access = child.last_access
+        self._num_nodes += 1
+        parent.children[child.key[:bs]] = upper
+        child.key = child.key[i:]
+        child.block_ids = child.block_ids[i // bs :]
+        child.parent = upper
+        upper.children[child.key[:bs]] = child
+        return upper
+
+    # -- locking ---------------------------------------------------------------------------
+    def lock(self, node: RadixNode | None) -> None:
+        while node is not None and node.parent is not None:
+            if node.lock_ref == 0:
+                self._evictable -= len(node.block_ids)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: RadixNode | None) -> None:
+        while node is not None and node.parent is not None:
+            if node.lock_ref <= 0:
+                raise AssertionError(f"unlock of unlocked node {node}")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._evictable += len(node.block_ids)
+                self._candidate(node)
+            node = node.parent
+
+    # -- insertion -------------------------------------------------------------------------
+    def insert(
+        self,
+        token_ids: Sequence[int],
+        block_ids: Sequence[int],
+        start: tuple[RadixNode | None, int] | None = None,
+    ) -> tuple[RadixNode | None, list[int]]:
+        bs = self.block_size
+        if len(token_ids) != len(block_ids) * bs:
+            raise ValueError(f"{len(token_ids)} tokens do not fill {len(block_ids)} blocks")
+        node, pos = self._walk(token_ids, touch=True, split=True, start=start)  # type: ignore[arg-type]
+        tree_blocks = self.path_blocks(node) if pos else []
+        if pos < len(token_ids):
+            new_blocks = list(block_ids[pos // bs :])
+            self.pool.share(new_blocks)
+            key = tuple(token_ids[pos:])
+            leaf = RadixNode(key, new_blocks, node, next(self._ids), self._clock)
+            node.children[key[:bs]] = leaf
+            self._evictable += len(new_blocks)
+            self._cached += len(new_blocks)
+            self._num_nodes += 1
+            self._candidate(leaf)
+            tree_blocks.extend(new_blocks)
+            node = leaf
+        return (node if node is not self.root else None), tree_blocks
+
+    def touch(self, node: RadixNode | None) -> None:
+        now = self._tick()
+        while node is not None and node.parent is not None:
+            node.last_access = now
+            self._candidate(node)
+            node = node.parent
+
+    # -- eviction --------------------------------------------------------------------------
+    def evict(self, num_blocks: int) -> int:
+        if num_blocks <= 0 or self._evictable == 0:
+            return 0
+        heap = self._heap
+        if len(heap) > 2 * self._num_nodes + 64:  # mostly stale: rebuild
+            heap[:] = [e for e in heap if self._valid(e)]
+            heapq.heapify(heap)
+        freed = 0
+        while freed < num_blocks and heap:
+            entry = heapq.heappop(heap)
+            if not self._valid(entry):
+                continue
+            node = entry[2]
+            take = min(num_blocks - freed, len(node.block_ids))
+            if take < len(node.block_ids):  # trim the tail; the leaf keeps its head
+                victims = node.block_ids[-take:]
+                del node.block_ids[-take:]
+                node.key = node.key[: len(node.block_ids) * self.block_size]
+                heapq.heappush(heap, entry)
+            else:
+                victims = node.block_ids
+                parent = node.parent
+                assert parent is not None
+                del parent.children[node.key[: self.block_size]]
+                node.parent = None
+                self._num_nodes -= 1
+                self._candidate(parent)
+            released = self.pool.free(victims)
+            assert released == len(victims), "an unlocked cached block had another holder"
+            freed += take
+            self._evictable -= take
+            self._cached -= take
+        return freed
+
+    @property
+    def evictable_blocks(self) -> int:
+        return self._evictable
+
+    @property
+    def cached_blocks(self) -> int:
+        return self._cached
+
+    # -- invariants ------------------------------------------------------------------------
+    def _iter_nodes(self):  # type: ignore[no-untyped-def]
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless: keys are whole blocks, parent/child links agree, lock
+        counts are ≥ 0 and a node's count ≥ the sum of its children's, no block is in two
+        nodes, every cached block is used in the pool (tree ⊆ pool), an unlocked node's blocks
+        are held by the tree alone, the evictable/cached/node counters match the tree, and
+        every unlocked leaf is queued for eviction with its current LRU time."""
+        bs = self.block_size
+        seen: set[int] = set()
+        evictable = 0
+        for node in self._iter_nodes():
+            if node.lock_ref < 0:
+                raise AssertionError(f"{node} has a negative lock count")
+            child_locks = 0
+            for first, child in node.children.items():
+                if child.parent is not node or child.key[:bs] != first:
+                    raise AssertionError(f"{child} is linked wrongly under {node}")
+                child_locks += child.lock_ref
+            if node.parent is None:
+                continue
+            if child_locks > node.lock_ref:
+                raise AssertionError(f"{node} has fewer locks than its children")
+            if not node.key or len(node.key) != len(node.block_ids) * bs:
+                raise AssertionError(f"{node} key is not a whole number of blocks")
+            for b in node.block_ids:
+                if b in seen:
+                    raise AssertionError(f"block {b} owned by two nodes")
+                seen.add(b)
+                refs = self.pool.ref_count(b)
+                if refs < 1:
+                    raise AssertionError(f"cached block {b} is free in the pool")
+                if node.lock_ref == 0 and refs != 1:
+                    raise AssertionError(f"unlocked cached block {b} has {refs} holders")
+            if node.lock_ref == 0:
+                evictable += len(node.block_ids)
+        nodes = [n for n in self._iter_nodes() if n.parent is not None]
+        if len(nodes) != self._num_nodes:
+            raise AssertionError(f"node count drifted: {self._num_nodes} vs {len(nodes)}")
+        queued = {e[2].id for e in self._heap if self._valid(e)}
+        for n in nodes:
+            if not n.children and n.lock_ref == 0 and n.id not in queued:
+                raise AssertionError(f"evictable leaf {n} is missing from the LRU heap")
+        if evictable != self._evictable or len(seen) != self._cached:
+            raise AssertionError(
+                f"counters drifted: evictable {self._evictable} vs {evictable}, "
+                f"cached {self._cached} vs {len(seen)}"
+            )
+
+
+def _eq(key: tuple[int, ...], i: int, tokens: Sequence[int], j: int, n: int) -> bool:
+    """key[i:i+n] == tokens[j:j+n] without building two slices."""
+    return key[i : i + n] == tuple(tokens[j : j + n])

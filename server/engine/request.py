@@ -1,0 +1,162 @@
+"""A request as the scheduler sees it.
+
+One mechanism for prefill and decode (vLLM v1): a request knows its token ids (prompt followed
+by the outputs sampled so far) and how many of them have KV computed (``num_computed_tokens``).
+Each step the scheduler lets ``num_computed_tokens`` catch up with ``num_tokens`` by some
+number of new tokens: many (a prefill chunk, or a recompute after preemption) or exactly one
+(a decode). When a step brings ``num_computed_tokens`` up to ``num_tokens`` the model samples
+the next token, which makes ``num_tokens`` one larger again.
+
+Lifecycle::
+
+    WAITING ──▶ RUNNING ──▶ FINISHED_{STOPPED,LENGTH,ABORTED,ERROR}
+                  │  ▲
+                  ▼  │ (re-admitted from the front of the waiting queue)
+               PREEMPTED          (its KV freed; recomputed on re-admission)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from .interface import FinishReason  # stop / length / abort / error, shared with the service
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2  # waiting again, at the front of the queue, KV freed
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return _FINISH_REASONS.get(self)
+
+    @staticmethod
+    def for_reason(reason: FinishReason) -> RequestStatus:
+        return _STATUS_FOR_REASON[reason]
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+}
+_STATUS_FOR_REASON = {reason: status for status, reason in _FINISH_REASONS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What the client asked for. ``priority``: lower values are served first (vLLM's rule)."""
+
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    priority: int = 0
+    min_tokens: int = 0  # EOS and stop tokens cannot end the request before this many
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+
+
+class Request:
+    """A generation request: its tokens, its progress, its KV block table, its status.
+
+    Written only by the scheduler (and the KV manager it owns); the engine loop and the mock
+    model read it. ``num_cached_tokens`` is the prompt prefix served from the prefix cache at
+    the request's *first* admission (what the response's usage reports); -1 until admitted.
+    """
+
+    __slots__ = (
+        "_hash_len",
+        "_hash_value",
+        "_tree_len",
+        "arrival_time",
+        "block_ids",
+        "cache_node",
+        "finish_reason",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "request_id",
+        "sampling_params",
+        "status",
+        "token_ids",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams | None = None,
+        arrival_time: float = 0.0,
+    ) -> None:
+        if not prompt_token_ids:
+            raise ValueError("a request needs at least one prompt token")
+        self.request_id = request_id
+        self.sampling_params = sampling_params or SamplingParams()
+        self.arrival_time = arrival_time
+        self.token_ids: list[int] = list(prompt_token_ids)  # prompt, then outputs
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.block_ids: list[int] = []  # block table: block i holds tokens [i*bs, (i+1)*bs)
+        self.cache_node: Any = None  # the radix node this request holds locked, if any
+        self._tree_len = 0  # tokens of this request known to be in the prefix cache
+        # Mock-model state: a rolling hash of token_ids[:_hash_len] (see mock_model.py).
+        self._hash_len = 0
+        self._hash_value = 0
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def priority(self) -> int:
+        return self.sampling_params.priority
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def max_len(self, max_model_len: int) -> int:
+        """The most tokens this request can ever hold (what a contiguous layout reserves)."""
+        return min(self.num_prompt_tokens + self.sampling_params.max_tokens, max_model_len)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
+            f"out={self.num_output_tokens}, computed={self.num_computed_tokens}, "
+            f"blocks={len(self.block_ids)})"
+        )
+

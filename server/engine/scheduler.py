@@ -1,0 +1,232 @@
+"""The scheduler (vLLM v1 style): one token budget per step, prefill and decode alike.
+
+Contract: the engine loop alternates ``schedule()`` → (device step, model sampling) →
+``update(output, sampled_tokens)``; ``add_request``, ``abort`` and ``preempt`` may come in
+between steps. The scheduler owns the requests, the waiting queue, the running list, the
+block pool and the prefix cache; it is the only writer of all of them.
+
+Each ``schedule()``: running requests first, in order (decodes and continuing prefill chunks),
+preempting by recompute when their next tokens find no KV block (the policy's victim — the
+newest under FCFS — loses its blocks, its computed full blocks stay in the prefix cache, and
+it goes back to the front of the waiting queue); then, if nobody was preempted, waiting
+requests in policy order, each continuing from its cached prefix, with chunked prefill,
+until the token budget, the sequence cap or the KV pool runs out. Static batching admits
+only when nothing runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .block_pool import BlockPool
+from .kv_manager import KVCacheManager
+from .policy import make_queue
+from .radix_cache import NoPrefixCache, PrefixCache, RadixCache
+from .request import FinishReason, Request, RequestStatus
+from .scheduler_config import ScheduledRequest, SchedulerConfig, SchedulerOutput, SchedulerStats
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, eos_token_id: int | None = None) -> None:
+        self.config = config
+        self.eos_token_id = eos_token_id
+        self.pool = BlockPool(config.num_blocks, config.block_size)
+        self.cache: PrefixCache = (
+            RadixCache(self.pool) if config.enable_prefix_caching else NoPrefixCache(self.pool)
+        )
+        self.kv = KVCacheManager(
+            self.pool, self.cache, kv_layout=config.kv_layout, max_model_len=config.max_model_len
+        )
+        self.waiting = make_queue(config.policy, config.lpm_fcfs_threshold)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
+        self.stats = SchedulerStats()
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- requests in and out ---------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue a new request. Raises ValueError if it could never run here."""
+        cfg = self.config
+        if req.request_id in self.requests:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        if req.num_prompt_tokens >= cfg.max_model_len:
+            raise ValueError(
+                f"prompt has {req.num_prompt_tokens} tokens; max_model_len is {cfg.max_model_len}"
+            )
+        if (need := self.kv.blocks_needed_alone(req)) > cfg.num_blocks:
+            raise ValueError(f"request needs {need} KV blocks; the pool has {cfg.num_blocks}")
+        req.status = RequestStatus.WAITING
+        self.requests[req.request_id] = req
+        self.waiting.add(req)
+
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> Request | None:
+        """End a waiting, preempted or running request now and free all its KV references.
+        Returns it, or None if it is unknown or already finished."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        self.kv.free(req, cache=False)
+        req.status, req.finish_reason = RequestStatus.for_reason(reason), reason
+        self.stats.num_aborted += 1
+        return req
+
+    def preempt(self, request_id: str) -> bool:
+        """Force a running request back to the waiting queue (tests, operators)."""
+        req = self.requests.get(request_id)
+        if req is None or req.status != RequestStatus.RUNNING:
+            return False
+        self._preempt(req)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req, cache=True)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.add_preempted(req)
+
+    # -- one step --------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        cfg, kv = self.config, self.kv
+        budget = cfg.max_num_batched_tokens
+        scheduled: dict[str, ScheduledRequest] = {}
+        preempted: list[str] = []
+        static_locked = cfg.batching == "static" and bool(self.running)
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            remaining = req.num_tokens - req.num_computed_tokens
+            if not cfg.enable_chunked_prefill and remaining > budget:
+                i += 1  # a whole prefill that does not fit this step waits for the next
+                continue
+            num_new = min(remaining, budget)
+            while not kv.allocate_slots(req, num_new):
+                victim = self.waiting.choose_victim(self.running)
+                if self.running.index(victim) < i:  # already scheduled this step: undo that
+                    undone = scheduled.pop(victim.request_id, None)
+                    budget += undone.num_new_tokens if undone else 0
+                    i -= 1
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            else:
+                scheduled[req.request_id] = self._entry(req, num_new)
+                kv.cache_blocks(req, req.num_computed_tokens + num_new)
+                budget -= num_new
+                i += 1
+
+        if not preempted and not static_locked:
+            self.waiting.prepare(self.cache)
+            while self.waiting and len(self.running) < cfg.max_num_seqs:
+                req = self.waiting.peek()
+                match = kv.match(req)
+                remaining = req.num_tokens - match.num_tokens
+                if not cfg.enable_chunked_prefill and remaining > budget:
+                    if cfg.batching != "static":
+                        break
+                    remaining = 0  # static: admit into the batch now, prefill in a later step
+                num_new = min(remaining, budget)
+                if num_new == 0 and cfg.batching != "static":
+                    break
+                if not kv.allocate_slots(req, num_new, match):
+                    break
+                self.waiting.pop()
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
+                if req.num_cached_tokens < 0:  # first admission: what usage reports
+                    req.num_cached_tokens = match.num_tokens
+                self.stats.prefix_cache_queries += req.num_tokens
+                self.stats.prefix_cache_hits += match.num_tokens
+                if num_new:
+                    scheduled[req.request_id] = self._entry(req, num_new)
+                    kv.cache_blocks(req, req.num_computed_tokens + num_new)
+                    budget -= num_new
+
+        self.stats.num_steps += 1
+        self.stats.peak_num_running = max(self.stats.peak_num_running, len(self.running))
+        return SchedulerOutput(tuple(scheduled.values()), tuple(preempted))
+
+    @staticmethod
+    def _entry(req: Request, num_new: int) -> ScheduledRequest:
+        start = req.num_computed_tokens
+        is_decode = num_new == 1 and start == req.num_tokens - 1 and start >= req.num_prompt_tokens
+        return ScheduledRequest(
+            req.request_id, num_new, start, not is_decode, start + num_new == req.num_tokens
+        )
+
+    def update(
+        self, output: SchedulerOutput, sampled_tokens: Mapping[str, Sequence[int]]
+    ) -> list[Request]:
+        """Account a finished step: advance computed tokens, append sampled tokens, apply stop
+        conditions, finish requests (their KV goes to the prefix cache, their references are
+        dropped). Returns the requests that finished in this step. Requests aborted since
+        ``schedule()`` are skipped."""
+        finished: list[Request] = []
+        for s in output.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue
+            req.num_computed_tokens += s.num_new_tokens
+            if s.is_prefill:
+                self.stats.num_prefill_tokens += s.num_new_tokens
+            reason = None
+            if s.samples_token:
+                for token in sampled_tokens[s.request_id]:
+                    req.token_ids.append(token)
+                    self.stats.num_generation_tokens += 1
+                    if (reason := self._stop_reason(req, token)) is not None:
+                        break
+            if reason is None:
+                continue
+            self.kv.free(req, cache=True)
+            req.status, req.finish_reason = RequestStatus.for_reason(reason), reason
+            del self.requests[req.request_id]
+            finished.append(req)
+        if finished:
+            self.running = [r for r in self.running if not r.is_finished]
+            self.stats.num_finished += len(finished)
+        return finished
+
+    def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
+        sp = req.sampling_params
+        may_stop = req.num_output_tokens > sp.min_tokens
+        if may_stop and (
+            (token == self.eos_token_id and not sp.ignore_eos) or token in sp.stop_token_ids
+        ):
+            return FinishReason.STOP
+        if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    # -- invariants ------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Pool, cache and bookkeeping invariants (AssertionError if any is broken)."""
+        self.kv.check_integrity(list(self.requests.values()))
+        waiting = list(self.waiting)
+        if len(waiting) + len(self.running) != len(self.requests):
+            raise AssertionError("a request is lost or in two places")
+        for r in waiting:
+            if r.block_ids or r.cache_node is not None or r.num_computed_tokens:
+                raise AssertionError(f"waiting {r} holds KV")
+        if any(r.status != RequestStatus.RUNNING for r in self.running):
+            raise AssertionError("a non-running request is in the running list")
+

@@ -1,0 +1,125 @@
+"""Plain data around the scheduler: its configuration, its per-step output, its counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Policy = Literal["fcfs", "priority", "lpm"]
+KVLayout = Literal["paged", "contiguous"]
+Batching = Literal["continuous", "static"]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """How one deployment schedules. Defaults follow vLLM v1 (block 16, 256 sequences, an
+    8192-token step budget, chunked prefill and prefix caching on, FCFS).
+
+    Baselines: ``enable_prefix_caching=False`` (no radix cache), ``kv_layout="contiguous"``
+    (each request reserves ceil(max_len / block_size) blocks at admission, pre-vLLM),
+    ``batching="static"`` (a batch is admitted only when nothing runs, and runs until all of
+    its requests end). ``lpm_fcfs_threshold``: the longest-prefix-match policy falls back to
+    FCFS when more requests than this wait (SGLang uses 128).
+    """
+
+    num_blocks: int = 1024
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    enable_chunked_prefill: bool = True
+    policy: Policy = "fcfs"
+    enable_prefix_caching: bool = True
+    kv_layout: KVLayout = "paged"
+    batching: Batching = "continuous"
+    lpm_fcfs_threshold: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                     "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.policy not in ("fcfs", "priority", "lpm"):
+            raise ValueError(f"unknown policy {self.policy!r} (fcfs, priority or lpm)")
+        if self.kv_layout not in ("paged", "contiguous"):
+            raise ValueError(f"unknown kv_layout {self.kv_layout!r} (paged or contiguous)")
+        if self.batching not in ("continuous", "static"):
+            raise ValueError(f"unknown batching {self.batching!r} (continuous or static)")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "without chunked prefill, max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    """One request's share of a step: compute KV for tokens
+    ``[start_position, start_position + num_new_tokens)`` of its token ids."""
+
+    request_id: str
+    num_new_tokens: int
+    start_position: int  # == tokens already computed (cached prefix included)
+    is_prefill: bool  # False only for a one-token decode of an output token
+    samples_token: bool  # the chunk reaches the last known token, so the model samples one
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """What one ``Scheduler.schedule()`` decided, as plain immutable data.
+
+    Why it exists: it is the only thing that crosses from the scheduler to the rest of the
+    step. The device cost model turns it into a batch shape (``prefill_segments`` and
+    ``decode_context_lengths``), the mock model reads it to know which requests sample, and
+    ``Scheduler.update`` takes it back with the sampled tokens. Nobody downstream touches
+    scheduler or KV state, so a step can be logged, compared in tests, or run elsewhere.
+    """
+
+    scheduled: tuple[ScheduledRequest, ...] = ()
+    preempted_request_ids: tuple[str, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def prefill_segments(self) -> list[tuple[int, int]]:
+        """``(num_tokens, start_position)`` per prefill chunk."""
+        return [(s.num_new_tokens, s.start_position) for s in self.scheduled if s.is_prefill]
+
+    @property
+    def decode_context_lengths(self) -> list[int]:
+        """Context length (tokens attended over, the new one included) per decode."""
+        return [s.start_position + 1 for s in self.scheduled if not s.is_prefill]
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if s.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(1 for s in self.scheduled if not s.is_prefill)
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Monotone counters since start (prefix-cache counts in tokens, as vLLM's metrics)."""
+
+    num_steps: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up at admission
+    prefix_cache_hits: int = 0  # of those, tokens served from the cache
+    num_prefill_tokens: int = 0  # tokens prefilled (recompute after preemption included)
+    num_generation_tokens: int = 0
+    num_finished: int = 0
+    num_aborted: int = 0
+    peak_num_running: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        queries = self.prefix_cache_queries
+        return self.prefix_cache_hits / queries if queries else 0.0

@@ -1,0 +1,130 @@
+"""Text ↔ token ids with the committed byte-level BPE (``tokenizer_data/``).
+
+The tokenizer directory is trained once by ``scripts/train_tokenizer.py`` and shipped with the
+package; this module only loads it (never trains, never downloads).
+
+Contract:
+- ``encode(text)`` → ids (no BOS added; ``apply_chat_template`` adds it), ``decode(ids)`` →
+  text with special tokens skipped. Byte-level BPE is lossless: ``decode(encode(t)) == t``.
+- ``IncrementalDetokenizer`` turns a stream of ids into text deltas whose concatenation equals
+  ``decode`` of all the ids: each id maps to its bytes, and an incremental UTF-8 decoder holds
+  back a multi-byte character split across tokens until it is complete.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+
+TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer_data"
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """The byte-level alphabet (GPT-2): printable bytes map to themselves, the others to
+    code points from 256 up, so every byte is a visible character in the vocabulary."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+class Tokenizer:
+    def __init__(self, directory: Path | str = TOKENIZER_DIR) -> None:
+        directory = Path(directory)
+        self._tok = HFTokenizer.from_file(str(directory / "tokenizer.json"))
+        self.config: dict = json.loads((directory / "tokenizer_config.json").read_text())
+        self.chat_template: str = self.config["chat_template"]
+        self.bos_token: str = self.config["bos_token"]
+        self.eos_token: str = self.config["eos_token"]
+        self.bos_token_id = self._id(self.bos_token)
+        self.eos_token_id = self._id(self.eos_token)
+        self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
+        self.special_token_ids = frozenset(
+            self._id(t.content) for t in self._tok.get_added_tokens_decoder().values()
+        )
+        # Bytes each id stands for; special tokens stand for nothing (they are skipped).
+        byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
+        self._token_bytes: list[bytes] = [b""] * self.vocab_size
+        for token, i in self._tok.get_vocab(with_added_tokens=True).items():
+            if i not in self.special_token_ids:
+                self._token_bytes[i] = bytes(byte_of[ch] for ch in token)
+
+    def _id(self, token: str) -> int:
+        i = self._tok.token_to_id(token)
+        if i is None:
+            raise ValueError(f"token {token!r} is not in the vocabulary")
+        return i
+
+    @property
+    def normal_token_ids(self) -> list[int]:
+        """Every id that is not a special token (what the mock model draws from)."""
+        return [i for i in range(self.vocab_size) if i not in self.special_token_ids]
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._token_bytes[token_id]
+
+    def apply_chat_template(
+        self, messages: Iterable[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """Render ``messages`` ({"role", "content"}) as ``chat_template`` does (written out
+        in Python: jinja2 is not a dependency)."""
+        parts = [self.bos_token]
+        for m in messages:
+            parts.append(
+                f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n"
+                f"{m['content'].strip()}<|eot_id|>"
+            )
+        if add_generation_prompt:
+            parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+        return "".join(parts)
+
+    def encode_chat(
+        self, messages: Iterable[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Chat messages to ids; the template's special tokens become their ids."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def detokenizer(self) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self)
+
+
+class IncrementalDetokenizer:
+    """Streaming text deltas: ``"".join(push(i) for i in ids) + flush() == decode(ids)``."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._bytes = tokenizer._token_bytes
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        """The text completed by this token ("" while a character is still incomplete)."""
+        return self._utf8.decode(self._bytes[token_id])
+
+    def push_many(self, token_ids: Iterable[int]) -> str:
+        return self._utf8.decode(b"".join(self._bytes[i] for i in token_ids))
+
+    def flush(self) -> str:
+        """End of stream: an incomplete trailing character becomes U+FFFD."""
+        return self._utf8.decode(b"", final=True)
+
+
+@functools.cache
+def get_tokenizer() -> Tokenizer:
+    """The packaged tokenizer, loaded once per process."""
+    return Tokenizer()
