@@ -72,6 +72,7 @@ class AsyncEngine(Engine):
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     # ---- handler side ---------------------------------------------------------------------
@@ -113,6 +114,10 @@ class AsyncEngine(Engine):
     async def until_idle(self) -> None:
         await self._idle.wait()
 
+    async def until_ready(self) -> None:
+        """Return once a cold deployment has built its engine and serves."""
+        await self._ready.wait()
+
     def status(self) -> DeploymentStatus:
         return deployment_status(self)
 
@@ -143,6 +148,7 @@ class AsyncEngine(Engine):
             self._t = self.clock.now() + startup
             await self.clock.sleep_until(self._t)
         self.state, self.state_message = DeploymentState.READY, "ready"
+        self._ready.set()
         while True:
             self._take_inbox()
             if not self.core.has_unfinished():

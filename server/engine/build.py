@@ -69,11 +69,13 @@ class EngineOptions:
     max_num_batched_tokens: int | None = None
     max_waiting: int = 1024
     block_size: int = 16
+    kv_blocks: int | None = None  # cap the KV pool (vLLM's num_gpu_blocks_override)
     policy: str | None = None  # fcfs | priority | lpm
     prefix_cache: bool | None = None
     kv_layout: str | None = None  # paged | contiguous
     batching: str | None = None  # continuous | static
-    output_len_mean: float = 128.0  # EOS length distribution (geometric), unless ignore_eos
+    output_len_mean: float = 128.0  # mean output length when EOS is sampled (not ignore_eos)
+    output_len_dist: str = "geometric"  # geometric | fixed (every request exactly the mean)
     jitter: float = 0.0  # sigma of the seeded log-normal step-time noise (0: deterministic)
     seed: int = 0
     shape_policy: str = "hold"  # hold | recompile (static-compile engines: see above)
@@ -98,8 +100,14 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
     max_num_seqs = opts.max_num_seqs or seqs or placement.spec.max_batch
     chunked = tokens is not None or opts.max_num_batched_tokens is not None
     budget = opts.max_num_batched_tokens or tokens or max_model_len
+    blocks = placement.kv_blocks(opts.block_size)
+    if opts.kv_blocks is not None:
+        if opts.kv_blocks > blocks:
+            raise ValueError(f"kv_blocks={opts.kv_blocks} exceeds the {blocks} blocks the device "
+                             "holds")
+        blocks = opts.kv_blocks
     return SchedulerConfig(
-        num_blocks=max(1, placement.kv_blocks(opts.block_size)),
+        num_blocks=max(1, blocks),
         block_size=opts.block_size,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max(budget, 1 if chunked else max_model_len),
@@ -120,11 +128,11 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     placement = place(opts.spec())
     tok = tokenizer or get_tokenizer()
     config = scheduler_config(opts, placement)
+    lengths = OutputLengths(opts.output_len_dist, opts.output_len_mean)  # type: ignore[arg-type]
     return EngineCore(
         placement=placement,
         scheduler=Scheduler(config, eos_token_id=tok.eos_token_id),
-        model=MockModel.from_tokenizer(tok, OutputLengths("geometric", opts.output_len_mean),
-                                       seed=opts.seed),
+        model=MockModel.from_tokenizer(tok, lengths, seed=opts.seed),
         compiler=make_compile_strategy(placement, prebuilt=opts.start != "cold",
                                        hold=opts.shape_policy == "hold"),
         jitter=make_jitter(placement, sigma=opts.jitter, seed=opts.seed),

@@ -1,0 +1,133 @@
+"""Real time through gRPC: the client sees the emulated timeline; cold starts; the default
+fleet; cached-prefix accounting in each response's usage."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+import time
+
+import grpc
+import pytest
+from conftest import make_fleet
+
+from clients.client import AsyncClient
+from doppelchip.v1 import inference_pb2 as pb
+from server.app import App
+from server.config import load_fleet, parse_fleet
+
+
+async def test_client_timing_matches_the_emulated_timeline():
+    """At light load on a deployment whose inter-token latency is >= 20 ms (Llama 3.1 70B Q4
+    on an RTX 4090 box with llama.cpp offload: ~0.29 s), the median TTFT and inter-token gap
+    a client measures on the wire (scaled back to emulated seconds) are within 10% of the
+    engine's emulated timeline, and the engine's lag behind its deadlines stays small."""
+    scale = 0.2
+    app = App(make_fleet({"time_scale": scale}))
+    await app.start()
+    try:
+        async with AsyncClient(f"127.0.0.1:{app.port}") as client:
+            ttfts, gaps, server_ttfts, server_gaps = [], [], [], []
+            for seed in range(3):
+                sent = time.perf_counter()
+                arrivals, times, final = [], [], None
+                async for chunk in client.generate("timing", deployment="slow", max_tokens=8,
+                                                   ignore_eos=True, seed=seed,
+                                                   return_token_times=True):
+                    now = time.perf_counter()
+                    arrivals += [now] * len(chunk.token_ids)
+                    times += list(chunk.token_times)
+                    final = chunk.final if chunk.HasField("final") else final
+                ttfts.append((arrivals[0] - sent) / scale)
+                gaps += [(b - a) / scale for a, b in itertools.pairwise(arrivals)]
+                server_ttfts.append(final.timings.ttft_s)
+                server_gaps += [b - a for a, b in itertools.pairwise(times)]
+        assert statistics.median(server_gaps) >= 0.02
+        assert statistics.median(ttfts) == pytest.approx(statistics.median(server_ttfts),
+                                                         rel=0.10)
+        assert statistics.median(gaps) == pytest.approx(statistics.median(server_gaps), rel=0.10)
+        assert app.fleet.get("slow").lag_s < 0.1 * statistics.median(server_gaps)
+    finally:
+        await app.drain(0.0)
+
+
+async def test_cold_deployment_is_unavailable_until_built():
+    cold = {"name": "cold", "model": "llama-3.1-8b", "quant": "fp8", "chip": "h100-sxm",
+            "engine": "tensorrt-llm", "built_for": "hopper", "start": "cold"}
+    fleet = parse_fleet({"server": {"port": 0, "metrics_port": 0, "time_scale": 0.0005},
+                         "deployments": [cold]})
+    app = App(fleet)
+    await app.start()
+    try:
+        async with AsyncClient(f"127.0.0.1:{app.port}") as client:
+            status = await client.get_deployment("cold")
+            assert status.state == pb.DEPLOYMENT_STATE_COMPILING
+            assert "building its engine" in status.state_message
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in client.generate("early", max_tokens=2):
+                    pass
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "compiling" in err.value.details()
+            await asyncio.wait_for(app.fleet.get("cold").until_ready(), 30)
+            assert (await client.get_deployment("cold")).state == pb.DEPLOYMENT_STATE_READY
+            chunks = [c async for c in client.generate("late", max_tokens=2, ignore_eos=True)]
+            assert chunks[-1].final.usage.completion_tokens == 2
+    finally:
+        await app.drain(0.0)
+
+
+async def test_default_fleet_places_and_serves_every_deployment():
+    fleet = load_fleet().with_server(port=0, metrics_port=0, time_scale=0.001)
+    app = App(fleet)
+    await app.start()
+    try:
+        async with AsyncClient(f"127.0.0.1:{app.port}") as client:
+            listing = await client.list_deployments()
+            states = {d.name: (d.state, d.state_message) for d in listing.deployments}
+            assert all(s == pb.DEPLOYMENT_STATE_READY for s, _ in states.values()), states
+            groq = next(d for d in listing.deployments if d.engine == "groq")
+            assert groq.device.count > 300  # a 70B model needs hundreds of LPUs
+            for name in states:
+                chunks = [c async for c in client.generate("hi", deployment=name, max_tokens=3,
+                                                           ignore_eos=True)]
+                assert chunks[-1].final.usage.completion_tokens == 3, name
+    finally:
+        await app.drain(0.0)
+
+
+async def test_unplaceable_deployment_fails_alone():
+    ok = {"name": "ok", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
+          "engine": "vllm"}
+    too_big = {"name": "too-big", "model": "llama-3.1-405b", "quant": "bf16",
+               "chip": "m4-max-40", "engine": "mlx"}
+    fleet = parse_fleet({"server": {"port": 0, "metrics_port": 0, "time_scale": 0.01},
+                         "deployments": [ok, too_big]})
+    app = App(fleet)
+    await app.start()
+    try:
+        async with AsyncClient(f"127.0.0.1:{app.port}") as client:
+            failed = await client.get_deployment("too-big")
+            assert failed.state == pb.DEPLOYMENT_STATE_FAILED
+            assert "unified" in failed.state_message or "fit" in failed.state_message
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in client.generate("x", deployment="too-big"):
+                    pass
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "could not be placed" in err.value.details()
+            chunks = [c async for c in client.generate("x", deployment="ok", max_tokens=2)]
+            assert chunks[-1].HasField("final")
+    finally:
+        await app.drain(0.0)
+
+
+async def test_usage_reports_exact_cached_prompt_tokens(client):
+    prompt = list(range(100, 200))  # 100 tokens
+    first = [c async for c in client.generate(prompt, max_tokens=2, ignore_eos=True)]
+    assert first[-1].final.usage.cached_prompt_tokens == 0
+    again = [c async for c in client.generate(prompt, max_tokens=2, ignore_eos=True)]
+    # block-aligned (16) and at least the last prompt token recomputed: 96 of 100
+    assert again[-1].final.usage.cached_prompt_tokens == 96
+    partial = prompt[:70] + list(range(500, 530))
+    third = [c async for c in client.generate(partial, max_tokens=2, ignore_eos=True)]
+    assert third[-1].final.usage.cached_prompt_tokens == 64  # 70 shared, rounded down to 64
