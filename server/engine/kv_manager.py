@@ -13,7 +13,9 @@ Contract (what the scheduler relies on):
   prefix cache and moves its lock to the deepest node. The scheduler calls it when it
   schedules those tokens (as vLLM v1 does): a request admitted later in the same step already
   shares them, which is sound because a forward pass writes each layer's KV for the whole
-  batch before that layer's attention reads it.
+  batch before that layer's attention reads it. (Edge case: if the priority policy preempts a
+  request after its chunk was scheduled in the same step, the chunk is undone but its blocks
+  stay cached; only the emulated prefill accounting of a later exact match is affected.)
 - ``free(req, cache=...)`` drops every reference the request holds (blocks, node lock);
   ``cache=True`` first stores its computed full blocks in the prefix cache.
 """
@@ -144,7 +146,7 @@ class KVCacheManager:
             if not self.contiguous and len(req.block_ids) > cdiv(req.num_tokens, self.block_size):
                 raise AssertionError(f"{req} holds more blocks than its tokens need")
             if req.cache_node is not None:
-                path = self.cache.path_blocks(req.cache_node)  # type: ignore[attr-defined]
+                path = self.cache.path_blocks(req.cache_node)
                 tree_len = len(path) * self.block_size
                 if req.block_ids[: len(path)] != path or tree_len != req._tree_len:
                     raise AssertionError(f"{req} does not use the cached blocks of its prefix")

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .request import Request
 from .scheduler_config import SchedulerOutput
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
 
 _P = (1 << 61) - 1  # Mersenne prime modulus
 _B = 1_000_003  # base
@@ -76,10 +79,10 @@ class MockModel:
 
     @classmethod
     def from_tokenizer(
-        cls, tokenizer: object, lengths: OutputLengths | None = None, seed: int = 0
+        cls, tokenizer: Tokenizer, lengths: OutputLengths | None = None, seed: int = 0
     ) -> MockModel:
-        """Use ``tokenizer.normal_token_ids`` and ``tokenizer.eos_token_id``."""
-        return cls(tokenizer.normal_token_ids, tokenizer.eos_token_id, lengths, seed)  # type: ignore[attr-defined]
+        """Draw from the tokenizer's non-special tokens; its EOS ends requests."""
+        return cls(tokenizer.normal_token_ids, tokenizer.eos_token_id, lengths, seed)
 
     def context_hash(self, req: Request) -> int:
         """The rolling hash of ``req.token_ids``, caught up incrementally."""

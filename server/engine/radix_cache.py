@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +80,10 @@ class PrefixCache(ABC):
     @abstractmethod
     def touch(self, node: Any) -> None:
         """Mark ``node`` and its ancestors used now (LRU)."""
+
+    def path_blocks(self, node: Any) -> list[int]:
+        """The blocks from the root down to ``node``, in token order."""
+        return []
 
     @abstractmethod
     def evict(self, num_blocks: int) -> int: ...
@@ -250,9 +254,7 @@ class RadixCache(PrefixCache):
     def peek_prefix_len(self, token_ids: Sequence[int]) -> int:
         return self._walk(token_ids, touch=False, split=False)[1]
 
-    @staticmethod
-    def path_blocks(node: RadixNode) -> list[int]:
-        """The blocks from the root down to ``node``, in token order."""
+    def path_blocks(self, node: RadixNode) -> list[int]:
         parts = []
         while node.parent is not None:
             parts.append(node.block_ids)
@@ -371,7 +373,7 @@ class RadixCache(PrefixCache):
         return self._cached
 
     # -- invariants ------------------------------------------------------------------------
-    def _iter_nodes(self):  # type: ignore[no-untyped-def]
+    def _iter_nodes(self) -> Iterator[RadixNode]:
         stack = [self.root]
         while stack:
             node = stack.pop()
