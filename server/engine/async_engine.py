@@ -69,6 +69,7 @@ class AsyncEngine(Engine):
         self._abort_ids: set[str] = set()
         self._live: dict[str, _Live] = {}
         self._t = 0.0  # emulated end of the last step
+        self._latest_arrival = 0.0  # of the requests moved into the scheduler so far
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -149,19 +150,24 @@ class AsyncEngine(Engine):
             await self.clock.sleep_until(self._t)
         self.state, self.state_message = DeploymentState.READY, "ready"
         self._ready.set()
+        self._resync()
         while True:
             self._take_inbox()
             if not self.core.has_unfinished():
                 self._idle.set()
                 self._wake.clear()
                 await self._wake.wait()
+                self._resync()
                 continue
-            start = max(self._t, self.clock.now())
-            self.core.account_idle(start - self._t if self._t else 0.0)
+            # Busy: the next step starts at the previous step's deadline even when the loop
+            # woke late, so Python overhead never accumulates into the emulated timeline —
+            # but never before a request it admits has arrived.
+            start = max(self._t, self._latest_arrival)
             result = self.core.step()
             if result is None:  # everything waiting is blocked; wait for an abort or arrival
                 self._wake.clear()
                 await self._wake.wait()
+                self._resync()
                 continue
             for s in result.output.scheduled:
                 if (live := self._live.get(s.request_id)) is not None:
@@ -173,9 +179,17 @@ class AsyncEngine(Engine):
             self._take_inbox()  # aborts that arrived during the step win over its tokens
             self._publish(result)
 
+    def _resync(self) -> None:
+        """After idling, the timeline resumes at the wall clock; the gap is charged as idle."""
+        now = self.clock.now()
+        if now > self._t:
+            self.core.account_idle(now - self._t)
+            self._t = now
+
     def _take_inbox(self) -> None:
         while self._inbox:
             live = self._inbox.popleft()
+            self._latest_arrival = max(self._latest_arrival, live.core_request.arrival_time)
             self.core.add_request(live.core_request)
         if not self._abort_ids:
             return
