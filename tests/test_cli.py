@@ -108,10 +108,11 @@ def test_bad_config_is_a_clear_error(tmp_path: Path):
     assert "unknown key(s) time_scael" in out.stderr
 
 
-@pytest.mark.parametrize("command", ["serve", "generate", "devices", "estimate"])
-def test_every_option_has_help(command):
+def test_every_subcommand_option_has_help():
     parser = build_parser()
     sub = next(a for a in parser._subparsers._actions if a.choices)
-    for action in sub.choices[command]._actions:
-        if action.dest != "help":
-            assert action.help, f"{command} {action.option_strings or action.dest} has no help"
+    assert {"serve", "generate", "devices", "estimate", "simulate"} <= set(sub.choices)
+    for command, subparser in sub.choices.items():
+        for action in subparser._actions:
+            if action.dest != "help":
+                assert action.help, f"{command} {action.option_strings or action.dest}: no help"
