@@ -9,6 +9,7 @@ from typing import Any
 from devices.cost import StepCost, step_cost
 from devices.deployment import BatchShape, DeploymentSpec
 from devices.errors import DeviceError
+from devices.pipeline import cycle_cost
 from devices.placement import FactorTable, Placement, place
 
 DECODE_SAMPLES = 8  # decode steps evaluated (evenly spread over the output) and averaged
@@ -69,18 +70,10 @@ def pipelined_prefill(placement: Placement, shape: BatchShape) -> tuple[float, f
 
 
 def decode_cycle(placement: Placement, ctx: int, batch: int) -> tuple[float, StepCost, int]:
-    """Seconds until every one of ``batch`` sequences has one more token, at context ``ctx``.
-
-    Without pipeline parallelism that is one step. With ``S`` pipeline stages the batch is
-    split into ``m = min(batch, S)`` micro-batches in flight: a sequence waits for its own
-    micro-batch to cross every stage (latency), and the stages serve ``m`` micro-batches each
-    cycle, so the cycle is ``max(latency, m × slowest stage)``.
-    """
-    stages = sum(s.repeat for s in placement.plan.stages)
-    m = min(batch, stages) if stages > 1 else 1
-    b = math.ceil(batch / m)
-    cost = step_cost(placement, BatchShape(decode=(ctx,) * b))
-    return max(cost.seconds, m * cost.interval_s), cost, m
+    """Seconds until every one of ``batch`` sequences has one more token, at context ``ctx``
+    (pipelined over the deployment's stages: see ``devices.pipeline``)."""
+    cycle = cycle_cost(placement, BatchShape(decode=(ctx,) * batch))
+    return cycle.seconds, cycle.micro, cycle.micro_batches
 
 
 def estimate(

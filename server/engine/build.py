@@ -12,7 +12,7 @@ overridden per deployment):
 | llama.cpp | fcfs | 4 | 2048 | llama-server's parallel slots and n_batch |
 | mlx | fcfs | 16 | 2048 | assumption: mlx-lm server's batched generation |
 | jetstream | fcfs | 128 | max_model_len | JetStream batch 128, whole (unchunked) prefills |
-| groq | fcfs | 1 | 8192 | assumption: one compiled batch; see shape_policy |
+| groq | fcfs | 16 | 8192 | assumption: the compiled batch (micro-batches fill the pipeline) |
 | cerebras | fcfs | 256 | 8192 | assumption; the KV pool caps concurrency |
 
 `shape_policy` (engines with a static whole-program compile, i.e. Groq): `hold` compiles once
@@ -23,6 +23,8 @@ pipeline idles meanwhile. The design notes ask for both to be measurable.
 Prefix caching and the KV layout / batching come from the engine's catalogue entry
 (`devices/catalog/engines.toml`): `prefix = "radix" | "hash"` turns the prefix cache on
 ("hash" is vLLM's block-hash cache, which our block-granular radix tree behaves like).
+So does jump-forward decoding of structured output (`jump_forward`, SGLang's compressed-FSM
+trick; on only for sglang), which `EngineOptions.jump_forward` overrides per deployment.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from devices import DeploymentSpec, Placement, make_compile_strategy, make_jitter, place
+from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
 from server.engine.mock_model import MockModel, OutputLengths
 from server.engine.scheduler import Scheduler
@@ -44,7 +47,7 @@ _DEFAULTS: dict[str, tuple[str, int | None, int | None]] = {
     "llama.cpp": ("fcfs", 4, 2048),
     "mlx": ("fcfs", 16, 2048),
     "jetstream": ("fcfs", 128, None),
-    "groq": ("fcfs", 1, 8192),
+    "groq": ("fcfs", 16, 8192),
     "cerebras": ("fcfs", 256, 8192),
 }
 
@@ -79,6 +82,9 @@ class EngineOptions:
     jitter: float = 0.0  # sigma of the seeded log-normal step-time noise (0: deterministic)
     seed: int = 0
     shape_policy: str = "hold"  # hold | recompile (static-compile engines: see above)
+    jump_forward: bool | None = None  # structured output: append grammar-forced tokens without
+    #                                   decoding them (default: the engine's catalogue entry)
+    max_grammar_bytes: int = 65536  # largest constraint (regex, schema, grammar) accepted
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
@@ -136,4 +142,7 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
         compiler=make_compile_strategy(placement, prebuilt=opts.start != "cold",
                                        hold=opts.shape_policy == "hold"),
         jitter=make_jitter(placement, sigma=opts.jitter, seed=opts.seed),
+        jump_forward=(opts.jump_forward if opts.jump_forward is not None
+                      else placement.engine.jump_forward),
+        constraints=compiler_for(tok),
     )

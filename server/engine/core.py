@@ -10,8 +10,13 @@ One step (`step()`):
    waiting requests, within the token budget, sequence cap and KV blocks).
 2. The batch becomes a device `BatchShape`; the compile strategy says whether it stalls (a new
    XLA bucket, a Groq recompile) and pads it to the compiled shape.
-3. `step_cost` prices the padded batch on the placement (roofline per tier, overheads, links).
-4. The mock model samples one token for each request whose prefill reached its last token.
+3. `cycle_cost` prices the padded batch on the placement (roofline per tier, overheads,
+   links; over pipeline stages, micro-batches in flight — see `devices/pipeline.py`).
+4. The mock model samples one token for each request whose prefill reached its last token
+   (only tokens its grammar allows, for a constrained request). With jump-forward on, the
+   tokens the grammar then forces are appended too: they are not decoded one step each but
+   computed as a prefill-like extension of the next step (`num_computed_tokens` lags by
+   1 + forced, so the scheduler schedules them as one chunk), and counted.
 5. `scheduler.update()` appends the tokens, applies stop rules, finishes requests and frees
    their KV (into the prefix cache).
 """
@@ -20,7 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from devices import BatchShape, CompileStrategy, Jitter, Placement, StepCost, step_cost
+from devices import BatchShape, CompileStrategy, Jitter, Placement, StepCost
+from devices.pipeline import CycleCost, cycle_cost
+from server.engine.constraints import ConstraintCompiler
 from server.engine.mock_model import MockModel
 from server.engine.request import Request
 from server.engine.scheduler import Scheduler
@@ -43,6 +50,8 @@ class StepResult:
     output: SchedulerOutput
     new_tokens: dict[str, list[int]]
     finished: list[Request] = field(default_factory=list)
+    micro_batches: int = 1  # pipeline micro-batches in flight; `cost` is one micro-batch's
+    jump_forward: dict[str, int] = field(default_factory=dict)  # id -> forced tokens appended
 
 
 @dataclass
@@ -68,12 +77,16 @@ class EngineCore:
         model: MockModel,
         compiler: CompileStrategy,
         jitter: Jitter,
+        jump_forward: bool = False,
+        constraints: ConstraintCompiler | None = None,
     ) -> None:
         self.placement = placement
         self.scheduler = scheduler
         self.model = model
         self.compiler = compiler
         self.jitter = jitter
+        self.jump_forward = jump_forward
+        self.constraints = constraints  # compiles the requests' constraints (intake, virtual)
         self.stats = CoreStats()
 
     def add_request(self, req: Request) -> None:
@@ -91,26 +104,62 @@ class EngineCore:
             prefill=tuple(output.prefill_segments), decode=tuple(output.decode_context_lengths)
         )
         stall = self.compiler.before_step(batch)
-        cost = step_cost(self.placement, self.compiler.padded(batch))
-        busy = self.jitter.apply(cost.seconds)
-        new_tokens = self.model.next_tokens(output, self.scheduler.requests)
+        cycle = cycle_cost(self.placement, self.compiler.padded(batch))
+        busy = self.jitter.apply(cycle.seconds)
+        new_tokens, by_id, before = self._sample(output)
         finished = self.scheduler.update(output, new_tokens)
-        self._account(cost, busy, stall.seconds)
-        return StepResult(busy + stall.seconds, stall.seconds, stall.reason, cost, output,
-                          new_tokens, finished)
+        jumped = self._trim(new_tokens, by_id, before)
+        self._account(cycle, busy, stall.seconds)
+        return StepResult(busy + stall.seconds, stall.seconds, stall.reason, cycle.micro,
+                          output, new_tokens, finished, cycle.micro_batches, jumped)
 
-    def _account(self, cost: StepCost, busy: float, stall: float) -> None:
+    def _sample(self, output: SchedulerOutput):
+        """The model's tokens, each followed by its grammar's forced run under jump-forward;
+        the requests and their lengths before `update` (to see what it appended)."""
+        requests = self.scheduler.requests
+        new_tokens = self.model.next_tokens(output, requests)
+        by_id = {rid: requests[rid] for rid in new_tokens}
+        before = {rid: req.num_tokens for rid, req in by_id.items()}
+        if self.jump_forward:
+            for rid, tokens in new_tokens.items():
+                if by_id[rid].constraint is not None:
+                    tokens.extend(self._forced_run(by_id[rid], tokens[-1]))
+        return new_tokens, by_id, before
+
+    def _forced_run(self, req: Request, sampled: int) -> list[int]:
+        """The tokens the grammar forces after `sampled`, within max_tokens and the context."""
+        sp = req.sampling_params
+        if sampled == self.scheduler.eos_token_id or sampled in sp.stop_token_ids:
+            return []
+        room = min(sp.max_tokens - req.num_output_tokens,
+                   self.scheduler.config.max_model_len - req.num_tokens) - 1
+        return req.constraint.forced_run(room) if room > 0 else []
+
+    def _trim(self, new_tokens: dict[str, list[int]], by_id: dict[str, Request],
+              before: dict[str, int]) -> dict[str, int]:
+        """Keep only the tokens `update` appended (a stop ends a run early); count the
+        jump-forward tokens (all but the sampled first) on the request and the scheduler."""
+        jumped: dict[str, int] = {}
+        for rid, tokens in new_tokens.items():
+            del tokens[max(by_id[rid].num_tokens - before[rid], 0):]
+            if len(tokens) > 1:
+                jumped[rid] = len(tokens) - 1
+                by_id[rid].num_jump_forward_tokens += len(tokens) - 1
+                self.scheduler.stats.num_jump_forward_tokens += len(tokens) - 1
+        return jumped
+
+    def _account(self, cycle: CycleCost, busy: float, stall: float) -> None:
         s = self.stats
         s.steps += 1
         s.busy_s += busy
         s.stall_s += stall
         s.compiles = self.compiler.compiles
-        scale = busy / cost.seconds if cost.seconds else 1.0
-        s.joules += cost.joules * scale + self.idle_watts * stall
-        s.dollars += cost.dollars * scale + self.dollars_per_s * stall
-        s.bytes += cost.bytes
-        s.flops += cost.flops
-        s.bound_s[cost.bound] = s.bound_s.get(cost.bound, 0.0) + busy
+        scale = busy / cycle.seconds if cycle.seconds else 1.0
+        s.joules += cycle.joules * scale + self.idle_watts * stall
+        s.dollars += cycle.dollars * scale + self.dollars_per_s * stall
+        s.bytes += cycle.micro.bytes * cycle.micro_batches
+        s.flops += cycle.micro.flops * cycle.micro_batches
+        s.bound_s[cycle.micro.bound] = s.bound_s.get(cycle.micro.bound, 0.0) + busy
 
     @property
     def idle_watts(self) -> float:

@@ -56,3 +56,18 @@ def test_groq_recompiles_under_varied_traffic_but_not_when_holding_its_shape():
     assert hold["compiles"] == 0 and hold["compile_stall_s"] == 0
     assert varied["compiles"] > 1 and varied["compile_stall_s"] > 0
     assert varied["e2e_s"]["p90"] > hold["e2e_s"]["p90"]
+
+
+def test_groq_pipeline_serves_more_users_at_the_same_per_user_speed():
+    """Hundreds of pipeline stages: more sequences fill more micro-batches in flight, so
+    throughput rises with the batch while each user's time per token stays the same."""
+    workload = WorkloadSpec(num_requests=32, isl=64, osl=32, ignore_eos=True)
+    runs = {
+        seqs: simulate_options(
+            EngineOptions(name="groq", model="llama-2-70b", quant="f16", chip="groq-lpu-v1",
+                          engine="groq", max_num_seqs=seqs, max_model_len=2048), workload)
+        for seqs in (1, 16)
+    }
+    assert runs[16]["tpot_s"]["p50"] == pytest.approx(runs[1]["tpot_s"]["p50"], rel=0.02)
+    assert runs[16]["output_tokens_per_s"] > 10 * runs[1]["output_tokens_per_s"]
+    assert runs[16]["usd_per_mtok"] < runs[1]["usd_per_mtok"] / 10
