@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PROTOS := $(wildcard proto/doppelchip/v1/*.proto)
 
-.PHONY: run test install install-dev proto lint bench clean
+.PHONY: run test install install-dev proto lint bench clean prometheus
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "doppelchip needs Python >= 3.11")'
@@ -26,8 +26,11 @@ install-dev: $(VENV)/.installed-dev
 run: install ## serve the default fleet on 127.0.0.1:50051 (metrics on :8000)
 	$(BIN)/doppelchip serve $(ARGS)
 
-test: install-dev ## the whole suite; pytest's "no tests collected" (5) is not a failure
+test: install-dev prometheus ## the whole suite; pytest's "no tests collected" (5) is not a failure
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+prometheus: ## Debian's prometheus + promtool into .cache/ for the observability tests
+	scripts/fetch_prometheus.sh
 
 proto: install-dev ## regenerate doppelchip/v1 from proto/ (byte-stable: grpcio-tools is pinned)
 	$(BIN)/python -m doppelchip.protogen
@@ -39,4 +42,4 @@ bench: install-dev
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .cache build *.egg-info .pytest_cache .ruff_cache

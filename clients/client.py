@@ -9,7 +9,8 @@ Errors surface as `grpc.aio.AioRpcError` / `grpc.RpcError` with the server's sta
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -32,12 +33,23 @@ def build_request(
     priority: int = 0,
     return_token_times: bool = False,
     return_prompt_token_ids: bool = False,
+    regex: str | None = None,
+    json_schema: str | Mapping[str, Any] | None = None,
+    choice: Sequence[str] | None = None,
+    grammar: str | None = None,
     **sampling: Any,
 ) -> pb.GenerateRequest:
-    """A GenerateRequest; keyword arguments named after SamplingParams fields set them."""
+    """A GenerateRequest; keyword arguments named after SamplingParams fields set them.
+
+    Structured output: at most one of `regex`, `json_schema` (a JSON Schema, as text or a
+    dict), `choice` (the output is exactly one of these strings) or `grammar` (Lark/GBNF)."""
     unknown = set(sampling) - _SAMPLING_FIELDS
     if unknown:
         raise TypeError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
+    given = {k: v for k, v in (("regex", regex), ("json_schema", json_schema),
+                               ("choice", choice), ("grammar", grammar)) if v is not None}
+    if len(given) > 1:
+        raise TypeError(f"at most one constraint, got {', '.join(given)}")
     req = pb.GenerateRequest(
         request_id=request_id,
         deployment=deployment,
@@ -51,6 +63,14 @@ def build_request(
         req.text = prompt
     else:
         req.token_ids.ids.extend(prompt)
+    for kind, value in given.items():
+        if kind == "choice":
+            req.constraint.choice.SetInParent()  # present even when the list is empty
+            req.constraint.choice.choices.extend(value)
+        elif kind == "json_schema" and not isinstance(value, str):
+            req.constraint.json_schema = json.dumps(value)
+        else:
+            setattr(req.constraint, kind, value)
     return req
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
@@ -46,6 +47,26 @@ def run_generate(
     return 0
 
 
+def read_constraint(
+    *, json_schema: str | None = None, regex: str | None = None,
+    choice: list[str] | None = None, grammar: str | None = None,
+) -> dict[str, Any]:
+    """`build_request` keyword arguments for the CLI's constraint flags; `json_schema` and
+    `grammar` name files ("-": standard input). Raises OSError if a file cannot be read."""
+    def read(path: str) -> str:
+        return sys.stdin.read() if path == "-" else Path(path).read_text()
+
+    if json_schema is not None:
+        return {"json_schema": read(json_schema)}
+    if grammar is not None:
+        return {"grammar": read(grammar)}
+    if regex is not None:
+        return {"regex": regex}
+    if choice:
+        return {"choice": list(choice)}
+    return {}
+
+
 def summary_line(
     final: pb.Final | None, tokens: int, start: float, first: float | None, end: float
 ) -> str:
@@ -55,7 +76,9 @@ def summary_line(
     ttft = f"{(first - start) * 1e3:.1f} ms" if first is not None else "n/a"
     rate = (tokens - 1) / (end - first) if first is not None and tokens > 1 and end > first else 0
     where = f"[{final.deployment}] " if final and final.deployment else ""
+    jumped = final.usage.jump_forward_tokens if final else 0
+    forced = f" ({jumped} jump-forward)" if jumped else ""
     return (
-        f"{where}{tokens} tokens, finish={reason}, TTFT {ttft}, {rate:.1f} tokens/s, "
+        f"{where}{tokens} tokens{forced}, finish={reason}, TTFT {ttft}, {rate:.1f} tokens/s, "
         f"total {(end - start):.2f} s"
     )

@@ -89,5 +89,45 @@ def summarize(results: list[RequestResult], **extra: Any) -> dict[str, Any]:
         "prompt_tokens": sum(r.prompt_tokens for r in ok),
         "cached_prompt_tokens": sum(r.cached_tokens for r in ok),
         "output_tokens": out_tokens,
+        "jump_forward_tokens": sum(r.jump_forward_tokens for r in ok),
         **extra,
     }
+
+
+SLO_METRICS = ("ttft", "tpot", "e2e")
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """`ttft=0.5,tpot=0.05` → {"ttft": 0.5, "tpot": 0.05} (seconds; ttft, tpot and e2e)."""
+    slo: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or name not in SLO_METRICS:
+            raise ValueError(f"bad SLO term {part!r}: use e.g. ttft=0.5,tpot=0.05 "
+                             f"(metrics: {', '.join(SLO_METRICS)})")
+        try:
+            slo[name] = float(value)
+        except ValueError:
+            raise ValueError(f"bad SLO value in {part!r}: not a number") from None
+    return slo
+
+
+def meets(result: RequestResult, slo: dict[str, float]) -> bool:
+    """A request meets the SLO if it succeeded and every named latency is within bounds."""
+    if not result.ok:
+        return False
+    for name, bound in slo.items():
+        value = getattr(result, name)
+        if value is not None and value > bound:
+            return False
+    return True
+
+
+def goodput(results: list[RequestResult], slo: dict[str, float]) -> dict[str, float]:
+    """Requests per second (and share of all requests) that met the SLO."""
+    if not results:
+        return {"requests_per_s": 0.0, "fraction": 0.0}
+    good = sum(meets(r, slo) for r in results)
+    start = min(r.scheduled_s for r in results)
+    end = max(r.end_s for r in results)
+    return {"requests_per_s": good / max(end - start, 1e-12), "fraction": good / len(results)}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from clients.arrivals import arrival_times
+from clients.structured import structured_constraint
 
 # Ids below this are left to special tokens (eos, bos, ...) of any tokenizer we ship.
 FIRST_ORDINARY_ID = 16
@@ -38,13 +39,14 @@ class Conversation:
     turns: tuple[Turn, ...]
     ignore_eos: bool = True
     seed: int = 0  # the sampler seed of every turn
+    constraint: tuple[str, str] | None = None  # structured output: (kind, text), every turn
 
 
 @dataclass(frozen=True)
 class WorkloadSpec:
     """The knobs every built-in workload shares (CLI flags map onto these one to one)."""
 
-    kind: str = "random"  # random | shared-prefix | multi-turn
+    kind: str = "random"  # random | shared-prefix | multi-turn | structured
     num_requests: int = 100  # conversations, for multi-turn
     isl: int = 128  # input (user message) length in tokens
     osl: int = 128  # output length in tokens (max_tokens)
@@ -76,6 +78,7 @@ def build_workload(spec: WorkloadSpec) -> list[Conversation]:
         "random": _random,
         "shared-prefix": _shared_prefix,
         "multi-turn": _multi_turn,
+        "structured": _structured,
     }
     if spec.kind not in builders:
         raise ValueError(f"unknown workload {spec.kind!r}; one of {', '.join(builders)}")
@@ -88,6 +91,19 @@ def _random(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
             f"r{i}", starts[i],
             (Turn(_ids(rng, spec.isl, spec.vocab_size), spec.osl),),
             spec.ignore_eos, seed=i,
+        )
+        for i in range(spec.num_requests)
+    ]
+
+
+def _structured(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
+    """Random prompts, each asking for JSON of `clients.structured.ORDER_SCHEMA`; the output
+    ends when the JSON is complete (EOS is never ignored), or at `osl` tokens."""
+    return [
+        Conversation(
+            f"j{i}", starts[i],
+            (Turn(_ids(rng, spec.isl, spec.vocab_size), spec.osl),),
+            ignore_eos=False, seed=i, constraint=structured_constraint(),
         )
         for i in range(spec.num_requests)
     ]

@@ -34,12 +34,18 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from clients.generate import run_generate
+    from clients.generate import read_constraint, run_generate
 
+    try:
+        constraint = read_constraint(json_schema=args.json_schema, regex=args.regex,
+                                     choice=args.choice, grammar=args.grammar)
+    except OSError as e:
+        print(f"error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
     return run_generate(
         args.target, args.prompt, timeout=args.timeout, deployment=args.deployment,
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
-        ignore_eos=args.ignore_eos, stop=args.stop or None,
+        ignore_eos=args.ignore_eos, stop=args.stop or None, **constraint,
     )
 
 
@@ -88,12 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop when the output contains TEXT (repeatable)")
     g.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="deadline for the whole request")
+    c = g.add_argument_group("structured output (at most one)").add_mutually_exclusive_group()
+    c.add_argument("--json-schema", metavar="FILE",
+                   help="the output is JSON valid against the JSON Schema in FILE (- for stdin)")
+    c.add_argument("--regex", metavar="REGEX", help="the output matches REGEX")
+    c.add_argument("--choice", action="append", metavar="TEXT",
+                   help="the output is exactly one of the TEXTs (repeatable)")
+    c.add_argument("--grammar", metavar="FILE",
+                   help="the output follows the Lark (or GBNF) grammar in FILE (- for stdin)")
     g.set_defaults(func=_generate)
 
-    from doppelchip import cmd_devices, cmd_simulate  # argparse only; layers load when run
+    from doppelchip import cmd_devices, cmd_load, cmd_simulate  # argparse only; layers load later
 
     cmd_devices.register(sub)
     cmd_simulate.register(sub)
+    cmd_load.register(sub)
     return parser
 
 

@@ -40,12 +40,16 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--output-len-mean", type=float,
                    help="mean output length when EOS is sampled (default 128)")
     g.add_argument("--cold", action="store_true", help="start cold: pay the build/compile time")
+    g.add_argument("--jump-forward", choices=["on", "off"],
+                   help="structured output: append grammar-forced tokens without decoding "
+                   "them (default: the engine's; on for sglang)")
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument("--workload", default="random", choices=["random", "shared-prefix",
-                                                            "multi-turn"], help="workload kind")
+    g.add_argument("--workload", default="random",
+                   choices=["random", "shared-prefix", "multi-turn", "structured"],
+                   help="workload kind (structured: JSON-schema output with long fixed keys)")
     g.add_argument("--isl", type=int, default=128, help="input (user message) tokens")
     g.add_argument("--osl", type=int, default=128, help="output tokens (max_tokens)")
     g.add_argument("--num-requests", type=int, default=None,
@@ -110,12 +114,23 @@ def format_summary(s: dict[str, Any]) -> str:
         st = s[key]
         lines.append(f"{key[:-2]:<15} mean {st['mean'] * 1e3:9.2f} ms  p50 {st['p50'] * 1e3:9.2f}"
                      f"  p90 {st['p90'] * 1e3:9.2f}  p99 {st['p99'] * 1e3:9.2f}")
+    if "goodput" in s:
+        slo = ", ".join(f"{k} <= {v:g} s" for k, v in s["slo"].items())
+        lines.append(f"goodput         {s['goodput']['requests_per_s']:.2f} req/s "
+                     f"({s['goodput']['fraction'] * 100:.1f}% of requests met {slo})")
+    if "prefix_cache_hit_rate" not in s:  # a gRPC target: the server's side is in /metrics
+        lines.append(f"prefix cache    {s['cached_prompt_tokens']} of {s['prompt_tokens']} "
+                     "prompt tokens served from the cache")
+        return "\n".join(lines)
     lines += [
         f"prefix cache    {s['prefix_cache_hit_rate'] * 100:.1f}% of prompt tokens hit, "
         f"{s['prefill_tokens']} tokens prefilled",
         f"scheduler       {s['preemptions']} preemptions, peak {s['peak_running']} running, "
         f"KV usage mean {s['kv_usage_mean'] * 100:.1f}% peak {s['kv_usage_peak'] * 100:.1f}%",
         f"compile         {s['compiles']} compiles, {s['compile_stall_s']:.3f} s stalled",
+        f"jump-forward    {s['jump_forward_tokens']} of {s['output_tokens']} output tokens "
+        f"forced by the grammar, not decoded (jump-forward "
+        f"{'on' if s.get('jump_forward') else 'off'})",
         f"energy, cost    {s['joules_per_mtok']:.4g} J and ${s['usd_per_mtok']:.4g} "
         f"per million output tokens",
     ]

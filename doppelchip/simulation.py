@@ -1,5 +1,5 @@
 """The virtual-time path of DESIGN.md: a `clients` workload through `run_virtual`, reported by
-`clients.report`. Used by `doppelchip simulate` (and, later, `doppelchip load --target sim:`)."""
+`clients.report`. Used by `doppelchip simulate` and `doppelchip load --target sim:`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from clients.report import RequestResult, summarize
 from clients.workloads import Conversation, WorkloadSpec, build_workload
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions, build_core
+from server.engine.interface import Constraint
 from server.engine.tokenizer import get_tokenizer
 from server.engine.virtual import RequestRecord, VirtualSession, VirtualTurn, run_virtual
 
@@ -26,9 +27,14 @@ def to_sessions(conversations: list[Conversation]) -> list[VirtualSession]:
             c.conversation_id, c.start_s,
             tuple(VirtualTurn(t.user_ids, t.max_tokens, t.think_time_s) for t in c.turns),
             c.ignore_eos, c.seed,
+            _constraint(c.constraint),
         )
         for c in conversations
     ]
+
+
+def _constraint(c: tuple[str, str] | None) -> Constraint | None:
+    return Constraint(c[0], text=c[1]) if c else None  # type: ignore[arg-type]
 
 
 def to_result(r: RequestRecord) -> RequestResult:
@@ -36,12 +42,20 @@ def to_result(r: RequestRecord) -> RequestResult:
         request_id=r.request_id, scheduled_s=r.arrival_s, sent_s=r.arrival_s,
         token_times=r.token_times, end_s=r.end_s, prompt_tokens=r.prompt_tokens,
         output_tokens=r.output_tokens, cached_tokens=r.cached_tokens,
-        finish_reason=r.finish_reason, error=r.error, conversation_id=r.session_id, turn=r.turn,
+        jump_forward_tokens=r.jump_forward_tokens, finish_reason=r.finish_reason,
+        error=r.error, conversation_id=r.session_id, turn=r.turn,
     )
 
 
 def simulate_options(options: EngineOptions, workload: WorkloadSpec) -> dict[str, Any]:
     """Run `workload` on the deployment `options` in virtual time; the summary dict."""
+    return simulate_conversations(options, workload)[0]
+
+
+def simulate_conversations(
+    options: EngineOptions, workload: WorkloadSpec
+) -> tuple[dict[str, Any], list[RequestResult]]:
+    """The summary and every request's result of `workload` on `options` in virtual time."""
     try:
         core = build_core(options)
     except Exception as e:  # DeviceError, ValueError: the message says why
@@ -51,7 +65,8 @@ def simulate_options(options: EngineOptions, workload: WorkloadSpec) -> dict[str
         conversations = build_workload(workload)
     except ValueError as e:
         raise SimulationError(str(e)) from e
-    run = run_virtual(core, to_sessions(conversations), max_waiting=None)
+    run = run_virtual(core, to_sessions(conversations), max_waiting=options.max_waiting,
+                      max_grammar_bytes=options.max_grammar_bytes)
     sched, stats = core.scheduler.stats, core.stats
     results = [to_result(r) for r in run.records]
     out_tokens = sum(r.output_tokens for r in results if r.ok)
@@ -59,6 +74,7 @@ def simulate_options(options: EngineOptions, workload: WorkloadSpec) -> dict[str
     return summarize(
         results,
         deployment=options.name,
+        target="sim",
         chips=core.placement.chips,
         prefix_cache_hit_rate=sched.prefix_cache_hit_rate,
         prefill_tokens=sched.num_prefill_tokens,
@@ -69,10 +85,11 @@ def simulate_options(options: EngineOptions, workload: WorkloadSpec) -> dict[str
         kv_usage_peak=run.kv_usage_peak,
         compiles=stats.compiles,
         compile_stall_s=stats.stall_s,
+        jump_forward=core.jump_forward,
         joules_per_mtok=stats.joules * per_mtok,
         usd_per_mtok=stats.dollars * per_mtok,
         emulated_s=run.duration_s,
-    )
+    ), results
 
 
 def options_from_args(args: argparse.Namespace) -> EngineOptions:
@@ -100,6 +117,7 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "output_len_mean": args.output_len_mean,
         "prefix_cache": None if args.prefix_cache is None else args.prefix_cache == "on",
         "start": "cold" if args.cold else None,
+        "jump_forward": {"on": True, "off": False}.get(getattr(args, "jump_forward", None)),
     }
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -6,6 +6,7 @@ import grpc
 
 from doppelchip.v1 import inference_pb2 as pb
 from server.engine.interface import (
+    Constraint,
     DeploymentState,
     DeploymentStatus,
     EngineError,
@@ -88,9 +89,6 @@ def to_engine_request(req: pb.GenerateRequest, request_id: str) -> EngineRequest
         raise InvalidRequest("prompt is empty")
     if which == "token_ids" and not req.token_ids.ids:
         raise InvalidRequest("prompt is empty (no token ids)")
-    if req.HasField("constraint") and req.constraint.WhichOneof("kind"):
-        kind = req.constraint.WhichOneof("kind")
-        raise InvalidRequest(f"constraint {kind!r} is not supported yet by this server")
     return EngineRequest(
         request_id=request_id,
         prompt_text=req.text if which == "text" else None,
@@ -99,7 +97,18 @@ def to_engine_request(req: pb.GenerateRequest, request_id: str) -> EngineRequest
         priority=req.priority,
         return_token_times=req.return_token_times,
         return_prompt_token_ids=req.return_prompt_token_ids,
+        constraint=_constraint(req.constraint) if req.HasField("constraint") else None,
     )
+
+
+def _constraint(c: pb.Constraint) -> Constraint | None:
+    """The engine's view of the constraint slot (None when no kind is set)."""
+    kind = c.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind == "choice":
+        return Constraint("choice", choices=tuple(c.choice.choices))
+    return Constraint(kind, text=getattr(c, kind))
 
 
 def to_response(chunk: TokenChunk, request_id: str, deployment: str) -> pb.GenerateResponse:

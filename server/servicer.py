@@ -59,6 +59,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 for name, e in self.fleet.engines.items()
             ],
             default_deployment=self.fleet.default_name,
+            time_scale=self.fleet.config.server.time_scale,
         )
 
     async def GetDeployment(

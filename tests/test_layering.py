@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE_MODULES = {"server.app", "server.config", "server.convert", "server.fleet",
-                   "server.metrics", "server.servicer"}
+                   "server.metrics", "server.metrics_device", "server.metrics_vllm",
+                   "server.servicer"}
 
 
 def imports(path: Path, package: str, top_level_only: bool = False) -> set[str]:
@@ -55,7 +56,8 @@ def check(paths: list[Path], forbidden: tuple[str, ...], top_level_only: bool = 
     ("folder", "forbidden"),
     [
         ("devices", ("asyncio", "grpc", "server", "clients", "doppelchip")),
-        ("server/engine", ("grpc", "clients", "doppelchip", *sorted(SERVICE_MODULES))),
+        ("server/engine", ("grpc", "clients", "doppelchip", "prometheus_client",
+                            *sorted(SERVICE_MODULES))),
         ("server", ("clients",)),
         ("clients", ("server",)),
     ],

@@ -19,6 +19,13 @@ from dataclasses import dataclass
 from devices import DeviceError
 from server.engine.build import EngineOptions, build_core
 from server.engine.clock import RealClock
+from server.engine.events import (
+    EngineObserver,
+    FinishedEvent,
+    NullObserver,
+    StepEvent,
+    TokensEvent,
+)
 from server.engine.handle import QueueHandle
 from server.engine.intake import to_core_request
 from server.engine.interface import (
@@ -58,6 +65,7 @@ class AsyncEngine(Engine):
         self.stats = EngineStats()
         self.clock = RealClock(time_scale)
         self.lag_s = 0.0
+        self.observer: EngineObserver = NullObserver()  # metrics (the service sets it)
         self.state = DeploymentState.COMPILING
         self.state_message = "starting"
         try:
@@ -148,6 +156,7 @@ class AsyncEngine(Engine):
             self.state_message = f"building its engine: {startup:.1f} s (emulated)"
             self._t = self.clock.now() + startup
             await self.clock.sleep_until(self._t)
+            self.observer.on_startup(startup, cold)
         self.state, self.state_message = DeploymentState.READY, "ready"
         self._ready.set()
         self._resync()
@@ -176,6 +185,7 @@ class AsyncEngine(Engine):
                     live.output.scheduled(start)
             self._t = start + result.seconds
             self.lag_s = await self.clock.sleep_until(self._t)
+            self.observer.on_step(StepEvent(start, self._t, result, self.lag_s))
             self._take_inbox()  # aborts that arrived during the step win over its tokens
             self._publish(result)
 
@@ -207,9 +217,13 @@ class AsyncEngine(Engine):
             if live is None:
                 continue
             self.stats.generation_tokens += len(tokens)
+            self.stats.jump_forward_tokens += result.jump_forward.get(rid, 0)
+            previous = live.output.last_token
             chunk = live.output.add(tokens, self._t)
             if chunk is not None:
                 live.handle.queue.put_nowait(chunk)
+                self.observer.on_tokens(TokensEvent(rid, len(tokens), self._t, previous,
+                                                    live.output.arrival))
             if live.output.stopped and rid not in finished:
                 self.core.scheduler.abort(rid, FinishReason.STOP)
                 self._finish(live, FinishReason.STOP)
@@ -225,8 +239,12 @@ class AsyncEngine(Engine):
             out[-1] in req.sampling_params.stop_token_ids and live.output.stop_str is None \
             else None
         chunk = live.output.final(reason, max(self._t, self.clock.now()),
-                                  max(req.num_cached_tokens, 0), stop_token)
+                                  max(req.num_cached_tokens, 0), stop_token,
+                                  req.num_jump_forward_tokens)
         live.handle.queue.put_nowait(chunk)
+        if chunk.finish is not None:
+            self.observer.on_request_finished(
+                FinishedEvent(rid, chunk.finish, live.output.request.sampling.max_tokens))
         del self._live[rid]
         self.stats.record_finish(rid, reason)
         request_log(log, rid).info("finished on %s: %s after %d tokens", self.name,

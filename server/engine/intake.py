@@ -1,5 +1,6 @@
 """Admission: turn an EngineRequest into a scheduler Request, or refuse it with a typed error
-before anything is allocated (the checks `Engine.submit` promises)."""
+before anything is allocated (the checks `Engine.submit` promises). A structured-output
+constraint is compiled here, so a bad one is refused before the request is queued."""
 
 from __future__ import annotations
 
@@ -48,6 +49,10 @@ def to_core_request(request: EngineRequest, engine: AsyncEngine, now: float) -> 
             f"deployment {engine.name!r}: waiting queue is full "
             f"(max_waiting={engine.options.max_waiting})"
         )
+    constraint = None
+    if request.constraint is not None:  # compile (or refuse) before anything is queued
+        constraint = engine.core.constraints.start(request.constraint,
+                                                   engine.options.max_grammar_bytes)
     req = Request(
         request.request_id, ids,
         SamplingParams(
@@ -63,4 +68,5 @@ def to_core_request(request: EngineRequest, engine: AsyncEngine, now: float) -> 
             f"request needs {need} KV blocks of {config.block_size} tokens; deployment "
             f"{engine.name!r} holds {config.num_blocks}"
         )
+    req.constraint = constraint
     return req

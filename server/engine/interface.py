@@ -16,9 +16,11 @@ Contract:
 from __future__ import annotations
 
 import enum
+import json
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 class EngineError(Exception):
@@ -105,6 +107,25 @@ class SamplingOptions:
             raise InvalidRequest("stop strings must not be empty")
 
 
+ConstraintKind = Literal["regex", "json_schema", "choice", "grammar"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Structured output: the generated text must match this (see `constraints.py`).
+
+    `text` is the regex, the JSON Schema document or the Lark/GBNF grammar; `choices` the
+    strings of a `choice` constraint (the output is exactly one of them)."""
+
+    kind: ConstraintKind
+    text: str = ""
+    choices: tuple[str, ...] = ()
+
+    def key_text(self) -> str:
+        """The constraint as one string: the cache key and what the size limit measures."""
+        return json.dumps(list(self.choices)) if self.kind == "choice" else self.text
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     """One generation request, as the service hands it to `Engine.submit`.
@@ -119,6 +140,7 @@ class EngineRequest:
     priority: int = 0
     return_token_times: bool = False
     return_prompt_token_ids: bool = False
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)
@@ -210,6 +232,7 @@ class EngineStats:
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    jump_forward_tokens: int = 0  # of generation_tokens, forced by a grammar and not decoded
     finished: dict[str, int] = field(default_factory=dict)  # finish reason -> count
     aborted_request_ids: list[str] = field(default_factory=list)  # most recent last, bounded
 

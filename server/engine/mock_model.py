@@ -13,6 +13,11 @@ Contract:
   ``geometric`` (each output position ends with probability 1/mean, so lengths, EOS included,
   have that mean) or ``fixed`` (exactly ``mean`` tokens, the last being EOS). Other tokens are
   drawn uniformly from ``vocab_ids`` (the tokenizer's vocabulary without special tokens).
+- Constrained requests (``req.constraint`` set) draw only tokens the grammar allows (see
+  ``constraints.ConstraintState.next_token``), from the same hash. The length distribution
+  does not apply: at each free position the model "winds down" with probability
+  ``CLOSE_P`` (free values then run about 1/CLOSE_P tokens), and always in the second half of
+  ``max_tokens``, preferring EOS (only where the grammar accepts) and closing punctuation.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ if TYPE_CHECKING:
 _P = (1 << 61) - 1  # Mersenne prime modulus
 _B = 1_000_003  # base
 _M64 = (1 << 64) - 1
+CLOSE_P = 0.25  # constrained output: chance per free token that the model winds the value up
+_P_CLOSE = int(CLOSE_P * (1 << 64))
 
 
 def rolling_hash(token_ids: Iterable[int], value: int = 0) -> int:
@@ -98,6 +105,10 @@ class MockModel:
         sp = req.sampling_params
         h = self.context_hash(req)
         r = _mix(_mix(h ^ (self.seed * 0x100000001B3)) ^ (sp.seed & _M64))
+        if req.constraint is not None:
+            closing = (_mix(r ^ 0xC105E) < _P_CLOSE
+                       or 2 * req.num_output_tokens >= sp.max_tokens)
+            return req.constraint.next_token(r, closing)
         if not sp.ignore_eos and req.num_output_tokens >= sp.min_tokens:
             if self.lengths.kind == "fixed":
                 if req.num_output_tokens + 1 >= self.lengths.mean:

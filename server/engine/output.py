@@ -4,6 +4,7 @@ vLLM's output processor in miniature. The engine loop feeds it each step's new t
 the step's emulated end time; it returns the `TokenChunk` to stream. Text that could still be
 the start of a stop string is held back until it cannot, so a client never sees text that a
 stop string later takes back. Synchronous and clock-free: it only records the times it is told.
+Several tokens from one step (jump-forward) share the step's interval (`spread_times`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,16 @@ from server.engine.interface import (
     Usage,
 )
 from server.engine.tokenizer import Tokenizer
+
+
+def spread_times(prev: float | None, t: float, n: int) -> list[float]:
+    """Times of `n` tokens that one step ending at `t` produced (a sampled token and the
+    tokens jump-forward appended after it). As SGLang records inter-token latency, the interval
+    since the previous token (`prev`) is divided evenly over them; the first tokens of a
+    request have no previous interval and all arrive at `t`."""
+    if prev is None or n <= 1:
+        return [t] * n
+    return [prev + (t - prev) * (i + 1) / n for i in range(n)]
 
 
 class RequestOutput:
@@ -57,7 +68,7 @@ class RequestOutput:
             return None
         if self.first_token is None:
             self.first_token = t
-        self.last_token = t
+        prev, self.last_token = self.last_token, t
         index = self.num_tokens
         self.num_tokens += len(token_ids)
         if self._skip_text(token_ids[-1]):
@@ -67,8 +78,8 @@ class RequestOutput:
         self._match_stop(len(token_ids))
         hold = 0 if self._stopped else self._hold
         upto = max(self._sent, len(self._text) - hold)
-        times = tuple(t - self.arrival for _ in token_ids) if self.request.return_token_times \
-            else ()
+        times = tuple(x - self.arrival for x in spread_times(prev, t, len(token_ids))) \
+            if self.request.return_token_times else ()
         chunk = TokenChunk(
             token_ids=tuple(token_ids), text=self._text[self._sent : upto], token_times=times,
             index=index, prompt_token_ids=self._prompt_once(),
@@ -108,7 +119,8 @@ class RequestOutput:
         return self._stopped
 
     def final(
-        self, reason: FinishReason, now: float, cached: int = 0, stop_token: int | None = None
+        self, reason: FinishReason, now: float, cached: int = 0, stop_token: int | None = None,
+        jump_forward: int = 0,
     ) -> TokenChunk:
         """The last chunk: the rest of the text, finish reason, usage and timings."""
         if not self._stopped:
@@ -124,7 +136,7 @@ class RequestOutput:
             decode_s=(last - first) if first is not None else 0.0,
             e2e_s=max(0.0, last - self.arrival),
         )
-        usage = Usage(len(self.prompt_ids), cached, self.num_tokens)
+        usage = Usage(len(self.prompt_ids), cached, self.num_tokens, jump_forward)
         return TokenChunk(
             text=text, index=self.num_tokens, prompt_token_ids=self._prompt_once(),
             finish=Finish(reason, usage, timings, self.stop_str, stop_token),

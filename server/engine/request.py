@@ -79,6 +79,9 @@ class Request:
     Written only by the scheduler (and the KV manager it owns); the engine loop and the mock
     model read it. ``num_cached_tokens`` is the prompt prefix served from the prefix cache at
     the request's *first* admission (what the response's usage reports); -1 until admitted.
+    ``constraint`` is the request's grammar state (``constraints.ConstraintState``) or None;
+    ``num_jump_forward_tokens`` counts output tokens the grammar forced and the engine appended
+    without a decode step (jump-forward).
     """
 
     __slots__ = (
@@ -88,9 +91,11 @@ class Request:
         "arrival_time",
         "block_ids",
         "cache_node",
+        "constraint",
         "finish_reason",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_jump_forward_tokens",
         "num_preemptions",
         "num_prompt_tokens",
         "request_id",
@@ -120,6 +125,8 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.block_ids: list[int] = []  # block table: block i holds tokens [i*bs, (i+1)*bs)
         self.cache_node: Any = None  # the radix node this request holds locked, if any
+        self.constraint: Any = None  # ConstraintState of a structured-output request
+        self.num_jump_forward_tokens = 0
         self._tree_len = 0  # tokens of this request known to be in the prefix cache
         # Mock-model state: a rolling hash of token_ids[:_hash_len] (see mock_model.py).
         self._hash_len = 0

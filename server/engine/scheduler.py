@@ -208,6 +208,8 @@ class Scheduler:
 
     def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
         sp = req.sampling_params
+        if token == self.eos_token_id and req.constraint is not None:
+            return FinishReason.STOP  # the grammar allowed EOS: it ends the output
         may_stop = req.num_output_tokens > sp.min_tokens
         if may_stop and (
             (token == self.eos_token_id and not sp.ignore_eos) or token in sp.stop_token_ids

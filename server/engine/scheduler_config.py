@@ -115,6 +115,7 @@ class SchedulerStats:
     prefix_cache_hits: int = 0  # of those, tokens served from the cache
     num_prefill_tokens: int = 0  # tokens prefilled (recompute after preemption included)
     num_generation_tokens: int = 0
+    num_jump_forward_tokens: int = 0  # of those, appended by jump-forward without a decode
     num_finished: int = 0
     num_aborted: int = 0
     peak_num_running: int = 0

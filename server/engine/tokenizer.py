@@ -76,6 +76,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
+    def to_json(self) -> str:
+        """The tokenizer as `tokenizer.json` text (what grammar engines load)."""
+        return self._tok.to_str()
+
     def token_bytes(self, token_id: int) -> bytes:
         return self._token_bytes[token_id]
 

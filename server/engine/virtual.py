@@ -7,7 +7,9 @@ would give — hours of traffic in seconds of CPU.
 
 Sessions are conversations: turn k+1 arrives `think_time_s` after turn k finished, and its
 prompt is the whole history (earlier prompts and the tokens actually generated) followed by
-the new user message, as a chat client resends it.
+the new user message, as a chat client resends it. A session's constraint (structured output)
+is compiled for each turn as the server's intake would; one that does not compile is recorded
+as an INVALID_ARGUMENT error. Tokens of one step share its interval (`spread_times`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import heapq
 from dataclasses import dataclass, field
 
 from server.engine.core import EngineCore
+from server.engine.interface import Constraint, InvalidRequest
+from server.engine.output import spread_times
 from server.engine.request import Request, SamplingParams
 
 
@@ -33,6 +37,7 @@ class VirtualSession:
     turns: tuple[VirtualTurn, ...]
     ignore_eos: bool = True
     seed: int = 0
+    constraint: Constraint | None = None  # structured output, for every turn
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class RequestRecord:
     finish_reason: str
     preemptions: int = 0
     error: str | None = None  # the status code the server would have answered
+    jump_forward_tokens: int = 0
 
 
 @dataclass
@@ -63,7 +69,8 @@ class VirtualRun:
 
 
 def run_virtual(
-    core: EngineCore, sessions: list[VirtualSession], max_waiting: int | None = None
+    core: EngineCore, sessions: list[VirtualSession], max_waiting: int | None = None,
+    max_grammar_bytes: int = 65536,
 ) -> VirtualRun:
     sched = core.scheduler
     limit = sched.config.max_model_len
@@ -82,17 +89,23 @@ def run_virtual(
         s, turn = sessions[si], sessions[si].turns[ti]
         rid = f"{s.session_id}/{ti}" if len(s.turns) > 1 else s.session_id
         prompt = history + turn.user_ids
-        error = None
+        error, constraint = None, None
         if len(prompt) + turn.max_tokens > limit:
             error = "INVALID_ARGUMENT"
         elif max_waiting is not None and sched.num_waiting >= max_waiting:
             error = "RESOURCE_EXHAUSTED"
+        elif s.constraint is not None:
+            try:
+                constraint = core.constraints.start(s.constraint, max_grammar_bytes)
+            except InvalidRequest:
+                error = "INVALID_ARGUMENT"
         if error:
             run.records.append(RequestRecord(rid, s.session_id, ti, at, None, (), at,
                                              len(prompt), 0, 0, "error", error=error))
             return
         req = Request(rid, list(prompt), SamplingParams(turn.max_tokens, s.ignore_eos, s.seed),
                       arrival_time=at)
+        req.constraint = constraint
         core.add_request(req)
         live[rid] = (req, si, ti, at)
         times[rid] = []
@@ -121,7 +134,8 @@ def run_virtual(
         run.kv_usage_peak = max(run.kv_usage_peak, usage)
         for rid, tokens in result.new_tokens.items():
             if rid in times:
-                times[rid].extend([t] * len(tokens))
+                prev = times[rid][-1] if times[rid] else None
+                times[rid].extend(spread_times(prev, t, len(tokens)))
         for req in result.finished:
             r, si, ti, at = live.pop(req.request_id)
             run.records.append(RequestRecord(
@@ -129,6 +143,7 @@ def run_virtual(
                 tuple(times.pop(req.request_id)), t, r.num_prompt_tokens,
                 max(r.num_cached_tokens, 0), r.num_output_tokens,
                 (r.finish_reason.value if r.finish_reason else "stop"), r.num_preemptions,
+                jump_forward_tokens=r.num_jump_forward_tokens,
             ))
             session = sessions[si]
             if ti + 1 < len(session.turns):

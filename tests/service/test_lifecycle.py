@@ -102,6 +102,7 @@ async def test_list_and_get_deployments(client):
     listing = await client.list_deployments()
     assert [d.name for d in listing.deployments] == ["fast", "slow"]
     assert listing.default_deployment == "fast"
+    assert listing.time_scale == 0.05
     fast = listing.deployments[0]
     assert fast.is_default and fast.state == pb.DEPLOYMENT_STATE_READY
     cap = fast.capacity

@@ -1,0 +1,122 @@
+"""The front door of `doppelchip load`: build the workload, run it against a gRPC server or
+in virtual time (`sim:`), and summarise both the same way."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from clients.report import RequestResult, goodput, parse_slo, summarize
+from clients.workloads import build_workload
+
+
+class LoadError(Exception):
+    """The load cannot run; the message says why."""
+
+
+def _sim_target(spec: str) -> tuple[str | None, str]:
+    """`sim:` → (None, ""); `sim:NAME` → (None, NAME); `sim:FILE.toml#NAME` → (FILE, NAME)."""
+    rest = spec.removeprefix("sim:")
+    if "#" in rest:
+        path, name = rest.split("#", 1)
+        return path, name
+    if rest.endswith(".toml"):
+        return rest, ""
+    return None, rest
+
+
+def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list[RequestResult]]:
+    from doppelchip.simulation import SimulationError, workload_from_args
+
+    try:
+        slo = parse_slo(args.slo)
+        spec = workload_from_args(args)
+    except (ValueError, SimulationError) as e:
+        raise LoadError(str(e)) from e
+    if args.concurrency is not None and args.concurrency < 1:
+        raise LoadError("--concurrency must be >= 1")
+    if args.target.startswith("sim:"):
+        if args.concurrency is not None:
+            raise LoadError("--concurrency (closed loop) is not supported for sim: targets yet")
+        summary, results = _run_sim(args.target, spec)
+    else:
+        summary, results = _run_grpc(args, spec)
+    if slo:
+        summary["slo"] = slo
+        summary["goodput"] = goodput(results, slo)
+    return summary, results
+
+
+def _run_sim(target: str, spec) -> tuple[dict[str, Any], list[RequestResult]]:
+    from doppelchip.simulation import SimulationError, simulate_conversations
+    from server.config import ConfigError, load_fleet
+
+    path, name = _sim_target(target)
+    try:
+        fleet = load_fleet(path)
+    except ConfigError as e:
+        raise LoadError(str(e)) from e
+    name = name or fleet.default_deployment
+    options = next((d for d in fleet.deployments if d.name == name), None)
+    if options is None:
+        raise LoadError(f"unknown deployment {name!r} in {path or 'the built-in fleet'}")
+    try:
+        return simulate_conversations(options, spec)
+    except SimulationError as e:
+        raise LoadError(str(e)) from e
+
+
+def _run_grpc(args: argparse.Namespace, spec) -> tuple[dict[str, Any], list[RequestResult]]:
+    from clients.client import Client
+    from clients.loadgen import run_load
+
+    host = args.target.rsplit(":", 1)[0]
+    if host not in ("127.0.0.1", "localhost", "[::1]"):
+        raise LoadError(f"load tests only target loopback addresses, not {host!r}")
+    try:
+        with Client(args.target) as client:
+            listing = client.list_deployments(timeout=10)
+    except grpc.RpcError as e:
+        raise LoadError(f"cannot reach {args.target}: {e.code().name}") from e
+    names = {d.name: d for d in listing.deployments}
+    name = args.deployment or listing.default_deployment
+    if name not in names:
+        raise LoadError(f"unknown deployment {name!r} on {args.target}")
+    # doppelchip ships one tokenizer: its vocabulary bounds the workload's token ids
+    spec = dataclasses.replace(spec, vocab_size=_vocab_size())
+    conversations = build_workload(spec)
+    run = asyncio.run(run_load(
+        args.target, conversations, deployment=name, concurrency=args.concurrency,
+        time_scale=listing.time_scale or 1.0, time_limit_s=args.time_limit,
+    ))
+    summary = summarize(run.results, deployment=name, target=args.target,
+                        max_in_flight=run.max_in_flight, max_send_lag_s=run.max_send_lag_s,
+                        warnings=run.warnings)
+    return summary, run.results
+
+
+def _vocab_size() -> int:
+    from server.engine.tokenizer import get_tokenizer
+
+    return get_tokenizer().vocab_size
+
+
+def write_outputs(summary: dict[str, Any], results: list[RequestResult],
+                  json_path: str | None, csv_path: str | None) -> None:
+    rows = [dataclasses.asdict(r) | {"ttft_s": r.ttft, "tpot_s": r.tpot, "e2e_s": r.e2e}
+            for r in results]
+    if json_path:
+        Path(json_path).write_text(json.dumps({"summary": summary, "requests": rows}, indent=1))
+    if csv_path:
+        with open(csv_path, "w", newline="") as f:
+            fields = [k for k in rows[0] if k != "token_times"] if rows else []
+            writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)

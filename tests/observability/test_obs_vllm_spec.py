@@ -1,0 +1,78 @@
+"""The exported vLLM metrics match vLLM's own definitions (vllm_reference.json, transcribed from
+vLLM's source at named commits), and the engine events compute vLLM's intervals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from server.config import parse_fleet
+from server.engine.events import TokensEvent
+from server.fleet import Fleet
+from server.metrics import make_registry
+from server.metrics_vllm import HISTOGRAMS, build_1_2_5_buckets
+
+REFERENCE = json.loads((Path(__file__).parent / "vllm_reference.json").read_text())
+MAX_LEN = 512
+
+
+@pytest.fixture(scope="module")
+def families():
+    fleet = Fleet(parse_fleet({
+        "server": {"port": 0, "metrics_port": 0},
+        "deployments": [{"name": "a", "model": "llama-3.1-8b", "quant": "bf16",
+                         "chip": "h100-sxm", "engine": "vllm", "max_model_len": MAX_LEN}],
+    }, "spec fleet"))
+    return {m.name: m for m in make_registry(fleet).collect()}
+
+
+def test_build_1_2_5_buckets_matches_vllm():
+    for top, buckets in REFERENCE["build_1_2_5_buckets"].items():
+        assert build_1_2_5_buckets(int(top)) == buckets
+
+
+def test_histogram_table_is_the_transcription():
+    ref = REFERENCE["histograms"]
+    assert set(HISTOGRAMS) == set(ref)
+    for name, (doc, buckets) in HISTOGRAMS.items():
+        assert doc == ref[name]["help"], name
+        expected = ref[name]["buckets"]
+        assert (buckets == "1-2-5") if expected == "1-2-5" else list(buckets) == expected, name
+
+
+def expected_labels(name: str) -> set[str]:
+    return {*REFERENCE["labelnames"], "deployment", *REFERENCE["extra_labels"].get(name, [])}
+
+
+def test_exported_names_types_labels_and_buckets(families):
+    for kind in ("gauges", "counters"):
+        for name, doc in REFERENCE[kind].items():
+            fam = families[name]
+            assert fam.type == kind[:-1], name
+            assert fam.documentation == doc, name
+            if name != "vllm:cache_config_info":  # an info gauge: its labels are the config
+                labels = {k for s in fam.samples for k in s.labels}
+                assert labels == expected_labels(name), name
+    for name, spec in REFERENCE["histograms"].items():
+        fam = families[name]
+        assert fam.type == "histogram", name
+        buckets = [float(s.labels["le"]) for s in fam.samples if s.name.endswith("_bucket")]
+        want = build_1_2_5_buckets(MAX_LEN) if spec["buckets"] == "1-2-5" else spec["buckets"]
+        assert buckets == [float(b) for b in want] + [float("inf")], name
+        labels = {k for s in fam.samples for k in s.labels} - {"le"}
+        assert labels == expected_labels(name), name
+    info = families["vllm:cache_config_info"].samples[0]
+    assert info.value == 1.0 and info.labels["engine"] == "0"
+    assert {"block_size", "num_gpu_blocks", "enable_prefix_caching"} <= set(info.labels)
+
+
+def test_inter_token_latency_follows_design_md():
+    first = TokensEvent("r", 1, t=0.5, previous_t=None, arrival=0.2)
+    assert first.ttft == pytest.approx(0.3) and first.inter_token_latencies() == []
+    later = TokensEvent("r", 1, t=0.6, previous_t=0.5, arrival=0.2)
+    assert later.ttft is None and later.inter_token_latencies() == [pytest.approx(0.1)]
+    # jump-forward: a step yielding n tokens records interval/n, n times
+    jump = TokensEvent("r", 4, t=1.0, previous_t=0.6, arrival=0.2)
+    assert jump.inter_token_latencies() == [pytest.approx(0.1)] * 4

@@ -1,0 +1,50 @@
+"""Bad constraints get INVALID_ARGUMENT naming the problem, before anything is allocated."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from conftest import assert_released
+
+from clients.client import build_request
+
+BAD_CONSTRAINTS = [
+    # (build_request kwargs, words the message must contain)
+    (dict(regex="[a-z"), "regex constraint does not compile"),
+    (dict(regex="(ab"), "regex constraint does not compile"),
+    (dict(regex=""), "regex constraint is empty"),
+    (dict(json_schema='{"type": "strin"}'), "json_schema constraint does not compile"),
+    (dict(json_schema='{"type": "object", "properties": {"a": {"$ref": "#/nope"}}}'),
+     "json_schema constraint does not compile"),
+    (dict(json_schema="{not json"), "not valid JSON"),
+    (dict(json_schema="[1, 2]"), "must be an object or a boolean"),
+    (dict(choice=[]), "choice constraint needs at least one choice"),
+    (dict(grammar="start: undefined_rule"), "grammar constraint does not compile"),
+    (dict(grammar="   "), "grammar constraint is empty"),
+    (dict(regex="a" * 70_000), "accepts at most 65536 (max_grammar_bytes)"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "words"), BAD_CONSTRAINTS,
+                         ids=[f"{next(iter(k))}:{str(next(iter(k.values())))[:20]}"
+                              for k, _ in BAD_CONSTRAINTS])
+async def test_bad_constraint_is_invalid_argument(client, app, kwargs, words):
+    engine = app.fleet.engines["fast"]
+    steps = engine.core.scheduler.stats.num_steps
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in client.stub.Generate(build_request("hello", max_tokens=8, **kwargs)):
+            pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in err.value.details()
+    # refused at submit: never queued, never stepped, no block taken
+    assert engine.core.scheduler.stats.num_steps == steps
+    assert engine.core.scheduler.stats.prefix_cache_queries == 0
+    for e in app.fleet.engines.values():
+        assert_released(e)
+    ok = [c async for c in client.generate("still fine", max_tokens=2, regex="[0-9]+")]
+    assert ok[-1].final.usage.completion_tokens >= 1
+
+
+def test_client_refuses_two_constraints():
+    with pytest.raises(TypeError, match="at most one constraint"):
+        build_request("x", regex="a", choice=["a"])

@@ -1,0 +1,117 @@
+"""Jump-forward and the constraint limits through the server: a fleet file's `jump_forward`
+and `max_grammar_bytes`, usage, token times and the engine's counters."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator
+
+import grpc
+import jsonschema
+import pytest
+from conftest import assert_released
+
+from clients.client import AsyncClient
+from clients.generate import run_generate
+from clients.structured import ORDER_SCHEMA
+from server.config import parse_fleet
+
+_DEPLOYMENT = {"model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm", "engine": "vllm",
+               "max_model_len": 512}
+FLEET = {
+    "server": {"host": "127.0.0.1", "port": 0, "metrics_port": 0, "time_scale": 0.05,
+               "default_deployment": "decode-all"},
+    "deployments": [
+        {"name": "decode-all", **_DEPLOYMENT},
+        {"name": "jump", **_DEPLOYMENT, "jump_forward": True},
+        {"name": "tiny-grammars", **_DEPLOYMENT, "max_grammar_bytes": 100},
+    ],
+}
+
+
+@pytest.fixture
+async def served() -> AsyncIterator:
+    from server.app import App
+
+    app = App(parse_fleet(FLEET, "structured test fleet"))
+    await app.start()
+    try:
+        async with AsyncClient(f"127.0.0.1:{app.port}") as c:
+            yield app, c
+    finally:
+        await app.drain(0.0)
+
+
+async def _collect(client, deployment: str, seed: int):
+    chunks = [c async for c in client.generate(
+        "Order:", deployment=deployment, json_schema=ORDER_SCHEMA, seed=seed, max_tokens=300,
+        return_token_times=True)]
+    ids = [t for c in chunks for t in c.token_ids]
+    times = [t for c in chunks for t in c.token_times]
+    return "".join(c.text for c in chunks), ids, times, chunks[-1].final
+
+
+async def test_jump_forward_deployment_same_output_counted(served):
+    app, client = served
+    total = 0
+    for seed in range(3):
+        text, ids, times, final = await _collect(client, "jump", seed)
+        text_off, ids_off, _, final_off = await _collect(client, "decode-all", seed)
+        assert (text, ids) == (text_off, ids_off)
+        jsonschema.validate(json.loads(text), ORDER_SCHEMA)
+        assert final.usage.completion_tokens == final_off.usage.completion_tokens == len(ids)
+        assert final.usage.jump_forward_tokens > len(ids) // 2
+        assert final_off.usage.jump_forward_tokens == 0
+        assert len(times) == len(ids) and times == sorted(times)  # one time per token
+        total += final.usage.jump_forward_tokens
+    jump = app.fleet.engines["jump"]
+    await jump.until_idle()
+    assert jump.stats.jump_forward_tokens == total
+    assert jump.core.scheduler.stats.num_jump_forward_tokens == total
+    assert app.fleet.engines["decode-all"].stats.jump_forward_tokens == 0
+    for engine in app.fleet.engines.values():
+        await engine.until_idle()
+        assert_released(engine)
+
+
+async def test_configured_grammar_size_limit(served):
+    app, client = served
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in client.generate("x", deployment="tiny-grammars",
+                                       json_schema=ORDER_SCHEMA):
+            pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "accepts at most 100 (max_grammar_bytes)" in err.value.details()
+    assert_released(app.fleet.engines["tiny-grammars"])
+
+
+async def test_cli_generate_with_constraint_flags(served, tmp_path):
+    app, _ = served
+    schema = tmp_path / "order.json"
+    schema.write_text(json.dumps(ORDER_SCHEMA))
+    target = f"127.0.0.1:{app.port}"
+    from clients.generate import read_constraint
+    from doppelchip.cli import build_parser
+
+    def schema_ok(t: str) -> bool:
+        jsonschema.validate(json.loads(t), ORDER_SCHEMA)
+        return True
+
+    for argv, check in [
+        (["--json-schema", str(schema)], schema_ok),
+        (["--regex", "[0-9]{4}"], lambda t: t.isdigit() and len(t) == 4),
+        (["--choice", "left", "--choice", "right"], lambda t: t in ("left", "right")),
+    ]:
+        args = build_parser().parse_args(["generate", "hi", "--deployment", "jump", *argv])
+        constraint = read_constraint(json_schema=args.json_schema, regex=args.regex,
+                                     choice=args.choice, grammar=args.grammar)
+        out, err = io.StringIO(), io.StringIO()
+        code = await asyncio.to_thread(run_generate, target, "hi", out=out, err=err,
+                                       deployment="jump", max_tokens=200, **constraint)
+        assert code == 0, err.getvalue()
+        assert check(out.getvalue().rstrip("\n")), out.getvalue()
+        assert "finish=stop" in err.getvalue()
+    with pytest.raises(SystemExit):  # at most one constraint flag
+        build_parser().parse_args(["generate", "hi", "--regex", "a", "--choice", "a"])
