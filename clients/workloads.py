@@ -12,6 +12,7 @@ arguments alone and needs no tokenizer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,12 +47,16 @@ class Conversation:
 class WorkloadSpec:
     """The knobs every built-in workload shares (CLI flags map onto these one to one)."""
 
-    kind: str = "random"  # random | shared-prefix | multi-turn | structured
+    kind: str = "random"  # random | shared-prefix | multi-turn | structured | trace
     num_requests: int = 100  # conversations, for multi-turn
     isl: int = 128  # input (user message) length in tokens
     osl: int = 128  # output length in tokens (max_tokens)
     rate: float = float("inf")  # conversations per second; inf: all at t=0
-    arrival: str = "poisson"  # poisson | constant
+    arrival: str = "poisson"  # poisson | constant | gamma
+    burstiness: float = 1.0  # gamma arrivals: shape (< 1 burstier than Poisson)
+    ramp_up_s: float = 0.0  # the rate ramps linearly from 0 over this many seconds
+    length_dist: str = "fixed"  # fixed | uniform | normal (around isl and osl)
+    length_spread: float = 0.0  # uniform: ± this fraction; normal: std as this fraction
     seed: int = 0
     ignore_eos: bool = True
     system_prompt_len: int = 1024  # shared-prefix
@@ -59,6 +64,7 @@ class WorkloadSpec:
     users_per_prefix: int = 0  # shared-prefix: 0 = num_requests / num_prefixes
     turns: int = 3  # multi-turn
     think_time_s: float = 0.0  # multi-turn
+    trace_path: str = ""  # trace: a JSONL file to replay (see clients/trace.py)
     vocab_size: int = 8192
 
 
@@ -66,14 +72,24 @@ def _ids(rng: np.random.Generator, n: int, vocab_size: int) -> tuple[int, ...]:
     return tuple(int(x) for x in rng.integers(FIRST_ORDINARY_ID, vocab_size, size=n))
 
 
-def build_workload(spec: WorkloadSpec) -> list[Conversation]:
-    """The conversations of a built-in workload, in order of their scheduled start."""
+def build_workload(
+    spec: WorkloadSpec, encode: Callable[[str], list[int]] | None = None
+) -> list[Conversation]:
+    """The conversations of a built-in workload, in order of their scheduled start.
+    `encode` tokenizes the text prompts of a trace."""
+    if spec.kind == "trace":
+        from clients.trace import load_trace
+
+        if not spec.trace_path:
+            raise ValueError("the trace workload needs a trace file")
+        return load_trace(spec.trace_path, spec.vocab_size, encode, spec.seed)
     if spec.num_requests <= 0:
         raise ValueError("num_requests must be > 0")
     if spec.isl <= 0 or spec.osl <= 0:
         raise ValueError("isl and osl must be > 0")
     rng = np.random.default_rng(spec.seed)
-    starts = arrival_times(spec.num_requests, spec.rate, spec.arrival, rng)
+    starts = arrival_times(spec.num_requests, spec.rate, spec.arrival, rng, spec.burstiness,
+                           spec.ramp_up_s)
     builders = {
         "random": _random,
         "shared-prefix": _shared_prefix,
@@ -85,28 +101,42 @@ def build_workload(spec: WorkloadSpec) -> list[Conversation]:
     return builders[spec.kind](spec, rng, starts)
 
 
+def _lengths(spec: WorkloadSpec, rng: np.random.Generator):
+    """A draw() of (input, output) lengths: fixed at isl/osl (consuming no randomness), uniform
+    within ±spread of them, or normal with a standard deviation of spread × mean (at least 1)."""
+    if spec.length_dist == "fixed":
+        return lambda: (spec.isl, spec.osl)
+    if spec.length_spread < 0:
+        raise ValueError("length_spread must be >= 0")
+    if spec.length_dist == "uniform":
+        lo = [max(1, round(m * (1 - spec.length_spread))) for m in (spec.isl, spec.osl)]
+        hi = [max(1, round(m * (1 + spec.length_spread))) for m in (spec.isl, spec.osl)]
+        return lambda: tuple(int(rng.integers(a, b + 1)) for a, b in zip(lo, hi, strict=True))
+    if spec.length_dist == "normal":
+        return lambda: tuple(max(1, round(rng.normal(m, spec.length_spread * m)))
+                             for m in (spec.isl, spec.osl))
+    raise ValueError(f"unknown length distribution {spec.length_dist!r}; fixed, uniform, normal")
+
+
 def _random(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
-    return [
-        Conversation(
-            f"r{i}", starts[i],
-            (Turn(_ids(rng, spec.isl, spec.vocab_size), spec.osl),),
-            spec.ignore_eos, seed=i,
-        )
-        for i in range(spec.num_requests)
-    ]
+    draw, out = _lengths(spec, rng), []
+    for i in range(spec.num_requests):
+        isl, osl = draw()
+        turn = Turn(_ids(rng, isl, spec.vocab_size), osl)
+        out.append(Conversation(f"r{i}", starts[i], (turn,), spec.ignore_eos, seed=i))
+    return out
 
 
 def _structured(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
     """Random prompts, each asking for JSON of `clients.structured.ORDER_SCHEMA`; the output
     ends when the JSON is complete (EOS is never ignored), or at `osl` tokens."""
-    return [
-        Conversation(
-            f"j{i}", starts[i],
-            (Turn(_ids(rng, spec.isl, spec.vocab_size), spec.osl),),
-            ignore_eos=False, seed=i, constraint=structured_constraint(),
-        )
-        for i in range(spec.num_requests)
-    ]
+    draw, out = _lengths(spec, rng), []
+    for i in range(spec.num_requests):
+        isl, osl = draw()
+        turn = Turn(_ids(rng, isl, spec.vocab_size), osl)
+        out.append(Conversation(f"j{i}", starts[i], (turn,), ignore_eos=False, seed=i,
+                                constraint=structured_constraint()))
+    return out
 
 
 def _shared_prefix(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
@@ -116,10 +146,11 @@ def _shared_prefix(spec: WorkloadSpec, rng: np.random.Generator, starts: list[fl
     prefixes = [_ids(rng, spec.system_prompt_len, spec.vocab_size)
                 for _ in range(spec.num_prefixes)]
     per = spec.users_per_prefix or -(-spec.num_requests // spec.num_prefixes)
-    out = []
+    draw, out = _lengths(spec, rng), []
     for i in range(spec.num_requests):
         prefix = prefixes[(i // per) % spec.num_prefixes]
-        turn = Turn(prefix + _ids(rng, spec.isl, spec.vocab_size), spec.osl)
+        isl, osl = draw()
+        turn = Turn(prefix + _ids(rng, isl, spec.vocab_size), osl)
         out.append(Conversation(f"p{i}", starts[i], (turn,), spec.ignore_eos, seed=i))
     return out
 
@@ -128,18 +159,15 @@ def _multi_turn(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float
     """Conversations of `turns` turns; each turn resends the history (see module docstring)."""
     if spec.turns <= 0:
         raise ValueError("turns must be > 0")
-    return [
-        Conversation(
-            f"c{i}", starts[i],
-            tuple(
-                Turn(_ids(rng, spec.isl, spec.vocab_size), spec.osl,
-                     think_time_s=spec.think_time_s if k else 0.0)
-                for k in range(spec.turns)
-            ),
-            spec.ignore_eos, seed=i,
-        )
-        for i in range(spec.num_requests)
-    ]
+    draw, out = _lengths(spec, rng), []
+    for i in range(spec.num_requests):
+        turns = []
+        for k in range(spec.turns):
+            isl, osl = draw()
+            turns.append(Turn(_ids(rng, isl, spec.vocab_size), osl,
+                              think_time_s=spec.think_time_s if k else 0.0))
+        out.append(Conversation(f"c{i}", starts[i], tuple(turns), spec.ignore_eos, seed=i))
+    return out
 
 
 def turn_prompt(

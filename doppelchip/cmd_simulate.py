@@ -48,8 +48,12 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--workload", default="random",
-                   choices=["random", "shared-prefix", "multi-turn", "structured"],
-                   help="workload kind (structured: JSON-schema output with long fixed keys)")
+                   choices=["random", "shared-prefix", "multi-turn", "structured", "trace"],
+                   help="workload kind (structured: JSON-schema output with long fixed keys; "
+                   "trace: replay --trace FILE)")
+    g.add_argument("--trace", metavar="FILE",
+                   help="JSONL trace to replay: timestamp, prompt_token_ids | prompt | "
+                   "input_length, max_tokens per line (see clients/trace.py)")
     g.add_argument("--isl", type=int, default=128, help="input (user message) tokens")
     g.add_argument("--osl", type=int, default=128, help="output tokens (max_tokens)")
     g.add_argument("--num-requests", type=int, default=None,
@@ -58,8 +62,16 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="seconds of arrivals at --rate (instead of --num-requests)")
     g.add_argument("--rate", type=float, default=math.inf,
                    help="arrivals per second (inf: all at once; the default)")
-    g.add_argument("--arrival", default="poisson", choices=["poisson", "constant"],
+    g.add_argument("--arrival", default="poisson", choices=["poisson", "constant", "gamma"],
                    help="arrival process for a finite --rate")
+    g.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma arrivals: shape of the gaps (< 1 burstier than Poisson)")
+    g.add_argument("--ramp-up", type=float, default=0.0, metavar="SECONDS",
+                   help="the rate grows linearly from 0 to --rate over this many seconds")
+    g.add_argument("--length-dist", default="fixed", choices=["fixed", "uniform", "normal"],
+                   help="input/output lengths around --isl/--osl (default fixed)")
+    g.add_argument("--length-spread", type=float, default=0.0,
+                   help="uniform: ± this fraction of the mean; normal: std as this fraction")
     g.add_argument("--seed", type=int, default=0, help="workload seed")
     g.add_argument("--ignore-eos", action="store_true",
                    help="generate exactly --osl tokens (otherwise EOS is sampled)")

@@ -91,7 +91,10 @@ def _run_grpc(args: argparse.Namespace, spec) -> tuple[dict[str, Any], list[Requ
         raise LoadError(f"unknown deployment {name!r} on {args.target}")
     # doppelchip ships one tokenizer: its vocabulary bounds the workload's token ids
     spec = dataclasses.replace(spec, vocab_size=_vocab_size())
-    conversations = build_workload(spec)
+    try:
+        conversations = build_workload(spec, encode=_encode)
+    except (ValueError, OSError) as e:
+        raise LoadError(str(e)) from e
     run = asyncio.run(run_load(
         args.target, conversations, deployment=name, concurrency=args.concurrency,
         time_scale=listing.time_scale or 1.0, time_limit_s=args.time_limit,
@@ -106,6 +109,12 @@ def _vocab_size() -> int:
     from server.engine.tokenizer import get_tokenizer
 
     return get_tokenizer().vocab_size
+
+
+def _encode(text: str) -> list[int]:
+    from server.engine.tokenizer import get_tokenizer
+
+    return get_tokenizer().encode(text)
 
 
 def write_outputs(summary: dict[str, Any], results: list[RequestResult],

@@ -62,8 +62,8 @@ def simulate_conversations(
         raise SimulationError(f"{options.name}: {e}") from e
     workload = dataclasses.replace(workload, vocab_size=get_tokenizer().vocab_size)
     try:
-        conversations = build_workload(workload)
-    except ValueError as e:
+        conversations = build_workload(workload, encode=get_tokenizer().encode)
+    except (ValueError, OSError) as e:
         raise SimulationError(str(e)) from e
     run = run_virtual(core, to_sessions(conversations), max_waiting=options.max_waiting,
                       max_grammar_bytes=options.max_grammar_bytes)
@@ -136,7 +136,9 @@ def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
         arrival=args.arrival, seed=args.seed, ignore_eos=args.ignore_eos,
         system_prompt_len=args.system_prompt_len, num_prefixes=args.num_prefixes,
         users_per_prefix=args.users_per_prefix, turns=args.turns,
-        think_time_s=args.think_time,
+        think_time_s=args.think_time, burstiness=args.burstiness, ramp_up_s=args.ramp_up,
+        length_dist=args.length_dist, length_spread=args.length_spread,
+        trace_path=args.trace or "",
     )
 
 

@@ -1,0 +1,65 @@
+"""Replay a JSONL trace: one request per line, sent at its recorded time.
+
+Each line is a JSON object with
+- `timestamp`: seconds (any origin; the first request is sent at 0, the rest keep their gaps);
+- the prompt, one of `prompt_token_ids` (a list of ids), `prompt` (text, tokenized with the
+  server's tokenizer) or `input_length` (that many seeded random ids);
+- `max_tokens` (or `output_length`): how many tokens to generate;
+- optional `ignore_eos` (default true, so the output length replays exactly) and `seed`.
+Lines are replayed in timestamp order; a malformed line is an error naming its line number.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from clients.workloads import FIRST_ORDINARY_ID, Conversation, Turn
+
+
+def load_trace(
+    path: str | Path,
+    vocab_size: int,
+    encode: Callable[[str], list[int]] | None = None,
+    seed: int = 0,
+) -> list[Conversation]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((n, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON: {e.msg}") from None
+    if not rows:
+        raise ValueError(f"{path}: the trace is empty")
+    rows.sort(key=lambda r: float(r[1].get("timestamp", 0.0)))
+    t0 = float(rows[0][1].get("timestamp", 0.0))
+    out = []
+    for i, (n, row) in enumerate(rows):
+        where = f"{path}:{n}"
+        max_tokens = row.get("max_tokens", row.get("output_length"))
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"{where}: max_tokens (or output_length) must be an integer >= 1")
+        if "prompt_token_ids" in row:
+            ids = tuple(int(t) for t in row["prompt_token_ids"])
+        elif "prompt" in row:
+            if encode is None:
+                raise ValueError(f"{where}: a text prompt needs a tokenizer")
+            ids = tuple(encode(str(row["prompt"])))
+        elif "input_length" in row:
+            ids = tuple(int(x) for x in rng.integers(FIRST_ORDINARY_ID, vocab_size,
+                                                      size=int(row["input_length"])))
+        else:
+            raise ValueError(f"{where}: needs prompt_token_ids, prompt or input_length")
+        if not ids:
+            raise ValueError(f"{where}: the prompt is empty")
+        out.append(Conversation(
+            f"t{i}", float(row.get("timestamp", 0.0)) - t0, (Turn(ids, max_tokens),),
+            ignore_eos=bool(row.get("ignore_eos", True)), seed=int(row.get("seed", i)),
+        ))
+    return out
