@@ -32,6 +32,16 @@ def register(subparsers: Any) -> None:
                    help="latency SLO for goodput, in seconds, e.g. ttft=0.5,tpot=0.05")
     p.add_argument("--time-limit", type=float, default=3600.0,
                    help="stop after this many emulated seconds (default 3600)")
+    p.add_argument("--sweep-rates", metavar="R1,R2,...|auto",
+                   help="run the load at each rate in turn (auto: double from --rate, or 1, "
+                   "until saturation); stops at saturation and reports the highest rate "
+                   "meeting --slo")
+    p.add_argument("--slo-attainment", type=float, default=0.9,
+                   help="share of requests that must meet --slo for a rate to pass (0.9)")
+    p.add_argument("--html", metavar="FILE",
+                   help="write a self-contained HTML report with plots")
+    p.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
+                   help="live progress bar on stderr (auto: when stderr is a terminal)")
     add_workload_args(p)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--output-json", metavar="FILE",
@@ -52,7 +62,37 @@ def cmd_load(args: argparse.Namespace) -> int:
         from doppelchip.loadrun import write_outputs
 
         write_outputs(summary, results, args.output_json, args.output_csv)
+    if args.html:
+        from clients.html_report import render
+
+        with open(args.html, "w") as f:
+            f.write(render(summary, results, summary.get("sweep"),
+                           title=f"doppelchip load: {summary.get('deployment', '')}"))
     for warning in summary.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
-    print(json.dumps(summary) if args.json else format_summary(summary))
+    if args.json:
+        print(json.dumps(summary))
+    elif "sweep" in summary:
+        print(format_sweep(summary))
+    else:
+        print(format_summary(summary))
     return 0
+
+
+def format_sweep(s: dict[str, Any]) -> str:
+    lines = [f"{'rate':>8} {'req/s':>8} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} "
+             f"{'E2E p50':>10} {'goodput':>8} errors"]
+    for p in s["sweep"]:
+        good = f"{p['goodput']['fraction'] * 100:.0f}%" if "goodput" in p else "-"
+        lines.append(
+            f"{p['offered_rate']:8.3g} {p['requests_per_s']:8.2f} "
+            f"{p['output_tokens_per_s']:10.1f} {p['ttft_s']['p50'] * 1e3:8.1f}ms "
+            f"{p['ttft_s']['p99'] * 1e3:8.1f}ms {p['e2e_s']['p50'] * 1e3:8.1f}ms {good:>8} "
+            f"{sum(p['errors'].values())}")
+    best = s.get("max_rate_meeting_slo")
+    lines.append(f"saturated at {s['saturated_at']:g} req/s" if s.get("saturated_at")
+                 else "not saturated by the rates tried")
+    if "slo" in s:
+        lines.append(f"highest rate meeting the SLO: {best:g} req/s" if best is not None
+                     else "no rate tried met the SLO")
+    return "\n".join(lines)

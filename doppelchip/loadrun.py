@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import dataclasses
 import json
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,13 @@ def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list[Req
         raise LoadError(str(e)) from e
     if args.concurrency is not None and args.concurrency < 1:
         raise LoadError("--concurrency must be >= 1")
+    if getattr(args, "sweep_rates", None):
+        return _sweep(args, spec, slo)
+    return _run_once(args, spec, slo)
+
+
+def _run_once(args: argparse.Namespace, spec, slo: dict[str, float]
+              ) -> tuple[dict[str, Any], list[RequestResult]]:
     if args.target.startswith("sim:"):
         if args.concurrency is not None:
             raise LoadError("--concurrency (closed loop) is not supported for sim: targets yet")
@@ -52,6 +62,48 @@ def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list[Req
         summary["slo"] = slo
         summary["goodput"] = goodput(results, slo)
     return summary, results
+
+
+SATURATION_TTFT = 3.0  # a rate saturates the target when median TTFT exceeds 3x the lightest's
+
+
+def _sweep(args: argparse.Namespace, spec, slo: dict[str, float]
+           ) -> tuple[dict[str, Any], list[RequestResult]]:
+    """Run at each rate until the target saturates (errors, or queueing: median TTFT above
+    SATURATION_TTFT × the lightest load's); report every point and the highest rate whose
+    share of requests meeting the SLO reaches --slo-attainment."""
+    if args.sweep_rates == "auto":
+        start = args.rate if args.rate != float("inf") else 1.0
+        rates = [start * 2**k for k in range(12)]
+    else:
+        try:
+            rates = [float(r) for r in args.sweep_rates.split(",") if r.strip()]
+        except ValueError:
+            raise LoadError(f"bad --sweep-rates {args.sweep_rates!r}") from None
+        if not rates or any(not r > 0 or r == float("inf") for r in rates):
+            raise LoadError("--sweep-rates needs finite rates > 0")
+    points, last_results, base_ttft, saturated = [], [], None, None
+    for rate in rates:
+        n = spec.num_requests
+        if args.duration is not None and args.num_requests is None:
+            n = max(1, round(rate * args.duration))  # the same duration at every rate
+        point_spec = dataclasses.replace(spec, rate=rate, num_requests=n)
+        summary, results = _run_once(args, point_spec, slo)
+        point = {k: v for k, v in summary.items() if k != "warnings"} | {"offered_rate": rate}
+        points.append(point)
+        last_results = results
+        ttft = summary["ttft_s"]["p50"]
+        base_ttft = ttft if base_ttft is None else base_ttft
+        if summary["errors"] or ttft > SATURATION_TTFT * max(base_ttft, 1e-9):
+            saturated = rate
+            break
+    passing = [p["offered_rate"] for p in points
+               if slo and p.get("goodput", {}).get("fraction", 0) >= args.slo_attainment]
+    out = {"deployment": points[0].get("deployment", ""), "sweep": points,
+           "saturated_at": saturated, "max_rate_meeting_slo": max(passing, default=None)}
+    if slo:
+        out["slo"] = slo
+    return out, last_results
 
 
 def _run_sim(target: str, spec) -> tuple[dict[str, Any], list[RequestResult]]:
@@ -95,14 +147,40 @@ def _run_grpc(args: argparse.Namespace, spec) -> tuple[dict[str, Any], list[Requ
         conversations = build_workload(spec, encode=_encode)
     except (ValueError, OSError) as e:
         raise LoadError(str(e)) from e
-    run = asyncio.run(run_load(
-        args.target, conversations, deployment=name, concurrency=args.concurrency,
-        time_scale=listing.time_scale or 1.0, time_limit_s=args.time_limit,
-    ))
+    with _progress(args, sum(len(c.turns) for c in conversations)) as advance:
+        run = asyncio.run(run_load(
+            args.target, conversations, deployment=name, concurrency=args.concurrency,
+            time_scale=listing.time_scale or 1.0, time_limit_s=args.time_limit,
+            on_result=advance,
+        ))
     summary = summarize(run.results, deployment=name, target=args.target,
                         max_in_flight=run.max_in_flight, max_send_lag_s=run.max_send_lag_s,
                         warnings=run.warnings)
     return summary, run.results
+
+
+@contextlib.contextmanager
+def _progress(args: argparse.Namespace, total: int) -> Iterator[Callable[[RequestResult], None]]:
+    """A rich progress bar on stderr (requests done, errors) while the load runs."""
+    show = getattr(args, "progress", "auto")
+    if show == "off" or (show == "auto" and not sys.stderr.isatty()):
+        yield lambda result: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]load"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[errors]} errors"), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task("requests", total=total, errors=0)
+        errors = 0
+
+        def advance(result: RequestResult) -> None:
+            nonlocal errors
+            errors += result.error is not None
+            bar.update(task, advance=1, errors=errors)
+
+        yield advance
 
 
 def _vocab_size() -> int:

@@ -1,0 +1,75 @@
+"""Sweeps, the HTML report and the live progress bar."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from html.parser import HTMLParser
+
+from doppelchip.cli import main
+
+WORKLOAD = ["--num-requests", "80", "--isl", "256", "--osl", "64", "--ignore-eos"]
+
+
+class _Images(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[tuple[str, bytes]] = []
+        self.headings: list[str] = []
+        self._in_h2 = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "img" and a.get("src", "").startswith("data:image/png;base64,"):
+            self.images.append((a.get("alt", ""), base64.b64decode(a["src"].split(",", 1)[1])))
+        self._in_h2 = tag == "h2"
+
+    def handle_data(self, data):
+        if self._in_h2:
+            self.headings.append(data)
+            self._in_h2 = False
+
+
+def test_sweep_finds_saturation_and_the_highest_rate_meeting_the_slo(capsys, tmp_path):
+    html_path = tmp_path / "report.html"
+    assert main(["load", "--target", "sim:", "--sweep-rates", "10,20,40,80,160,320,640",
+                 *WORKLOAD, "--slo", "ttft=0.1", "--json", "--html", str(html_path)]) == 0
+    s = json.loads(capsys.readouterr().out)
+    rates = [p["offered_rate"] for p in s["sweep"]]
+    assert rates == [10, 20, 40, 80, 160, 320, 640][: len(rates)]
+    assert s["saturated_at"] == rates[-1] and len(rates) >= 3  # it stopped at saturation
+    base = s["sweep"][0]["ttft_s"]["p50"]
+    assert s["sweep"][-1]["ttft_s"]["p50"] > 3 * base
+    assert all(p["ttft_s"]["p50"] <= 3 * base for p in s["sweep"][:-1])
+    best = s["max_rate_meeting_slo"]
+    passing = [p for p in s["sweep"] if p["goodput"]["fraction"] >= 0.9]
+    assert best == max(p["offered_rate"] for p in passing)
+    # throughput rises with the offered rate until saturation
+    tput = [p["output_tokens_per_s"] for p in s["sweep"]]
+    assert tput == sorted(tput)
+
+    parser = _Images()
+    parser.feed(html_path.read_text())
+    assert [alt for alt, _ in parser.images] == [
+        "Latency vs throughput over the sweep", "Latency distributions", "Throughput over time"]
+    assert all(png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+               for _, png in parser.images)
+    assert "Summary" in parser.headings
+
+
+def test_single_run_report_has_no_sweep_plot(capsys, tmp_path):
+    html_path = tmp_path / "one.html"
+    assert main(["load", "--target", "sim:", *WORKLOAD, "--rate", "20",
+                 "--html", str(html_path)]) == 0
+    parser = _Images()
+    parser.feed(html_path.read_text())
+    assert [alt for alt, _ in parser.images] == ["Latency distributions", "Throughput over time"]
+
+
+async def test_progress_bar_counts_every_request(app, capsys):
+    argv = ["load", "--target", f"127.0.0.1:{app.port}", "--deployment", "fast",
+            "--num-requests", "6", "--isl", "16", "--osl", "4", "--ignore-eos", "--progress", "on"]
+    assert await asyncio.to_thread(main, argv) == 0  # the server shares this test's loop
+    err = capsys.readouterr().err
+    assert "6/6" in err and "0 errors" in err
