@@ -28,6 +28,7 @@ from clients.workloads import Conversation, turn_prompt
 from doppelchip.v1 import inference_pb2 as pb
 
 SEND_LAG_WARN_S = 0.010  # wall seconds an open-loop send may start late before we warn
+CPU_WARN_SHARE = 0.9  # the load generator's own CPU use (of one core) before we warn
 LAG_WARN_FRACTION = 0.10  # client E2E this much above the server's emulated E2E: warn
 
 
@@ -150,6 +151,7 @@ async def run_load(
     if time_scale <= 0:
         raise ValueError("time_scale must be > 0")
     run = LoadRun()
+    cpu0 = time.process_time()
     async with AsyncClient(target) as client:
         await client.list_deployments()  # connect before the clock starts
         driver = _Driver(client, deployment, time_scale, run, on_result)
@@ -174,6 +176,10 @@ async def run_load(
         run.wall_s = time.perf_counter() - driver.t0
     if pending:
         run.warnings.append(f"time limit reached: {len(pending)} conversations cut short")
+    cpu_share = (time.process_time() - cpu0) / max(run.wall_s, 1e-9)
+    if cpu_share > CPU_WARN_SHARE:
+        run.warnings.append(f"this process used {cpu_share:.0%} of a core during the load: "
+                            "results may be client-bound")
     if concurrency is None and run.max_send_lag_s * time_scale > SEND_LAG_WARN_S:
         run.warnings.append(
             f"the client fell behind its schedule by up to "

@@ -53,9 +53,7 @@ def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list[Req
 def _run_once(args: argparse.Namespace, spec, slo: dict[str, float]
               ) -> tuple[dict[str, Any], list[RequestResult]]:
     if args.target.startswith("sim:"):
-        if args.concurrency is not None:
-            raise LoadError("--concurrency (closed loop) is not supported for sim: targets yet")
-        summary, results = _run_sim(args.target, spec)
+        summary, results = _run_sim(args.target, spec, args.concurrency)
     else:
         summary, results = _run_grpc(args, spec)
     if slo:
@@ -106,7 +104,8 @@ def _sweep(args: argparse.Namespace, spec, slo: dict[str, float]
     return out, last_results
 
 
-def _run_sim(target: str, spec) -> tuple[dict[str, Any], list[RequestResult]]:
+def _run_sim(target: str, spec, concurrency: int | None
+             ) -> tuple[dict[str, Any], list[RequestResult]]:
     from doppelchip.simulation import SimulationError, simulate_conversations
     from server.config import ConfigError, load_fleet
 
@@ -120,7 +119,7 @@ def _run_sim(target: str, spec) -> tuple[dict[str, Any], list[RequestResult]]:
     if options is None:
         raise LoadError(f"unknown deployment {name!r} in {path or 'the built-in fleet'}")
     try:
-        return simulate_conversations(options, spec)
+        return simulate_conversations(options, spec, concurrency)
     except SimulationError as e:
         raise LoadError(str(e)) from e
 

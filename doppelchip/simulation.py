@@ -53,9 +53,10 @@ def simulate_options(options: EngineOptions, workload: WorkloadSpec) -> dict[str
 
 
 def simulate_conversations(
-    options: EngineOptions, workload: WorkloadSpec
+    options: EngineOptions, workload: WorkloadSpec, concurrency: int | None = None
 ) -> tuple[dict[str, Any], list[RequestResult]]:
-    """The summary and every request's result of `workload` on `options` in virtual time."""
+    """The summary and every request's result of `workload` on `options` in virtual time
+    (closed loop with at most `concurrency` conversations at once, if given)."""
     try:
         core = build_core(options)
     except Exception as e:  # DeviceError, ValueError: the message says why
@@ -66,7 +67,7 @@ def simulate_conversations(
     except (ValueError, OSError) as e:
         raise SimulationError(str(e)) from e
     run = run_virtual(core, to_sessions(conversations), max_waiting=options.max_waiting,
-                      max_grammar_bytes=options.max_grammar_bytes)
+                      max_grammar_bytes=options.max_grammar_bytes, concurrency=concurrency)
     sched, stats = core.scheduler.stats, core.stats
     results = [to_result(r) for r in run.records]
     out_tokens = sum(r.output_tokens for r in results if r.ok)

@@ -36,7 +36,7 @@ def test_sim_target_is_the_simulate_path(capsys, tmp_path):
         (["--target", "10.0.0.7:50051"], "only target loopback"),
         (["--target", "sim:nope"], "unknown deployment 'nope'"),
         (["--target", "sim:", "--slo", "ttft"], "bad SLO term 'ttft'"),
-        (["--target", "sim:", "--concurrency", "4"], "not supported for sim: targets yet"),
+        (["--target", "sim:", "--concurrency", "0"], "--concurrency must be >= 1"),
         (["--target", "127.0.0.1:1"], "cannot reach 127.0.0.1:1"),
     ],
 )
@@ -57,3 +57,18 @@ def test_goodput_by_hand():
     g = goodput(rows, slo)
     assert g["fraction"] == 0.25 and g["requests_per_s"] == pytest.approx(1 / 3.0)
     assert goodput(rows, {"e2e": 1.0})["fraction"] == 0.75
+
+
+def test_sim_closed_loop_never_exceeds_its_concurrency(capsys, tmp_path):
+    out = tmp_path / "closed.json"
+    assert main(["load", "--target", "sim:", "--concurrency", "3", "--num-requests", "30",
+                 "--isl", "32", "--osl", "8", "--ignore-eos", "--output-json", str(out)]) == 0
+    capsys.readouterr()
+    records = json.loads(out.read_text())["requests"]
+    events = sorted([(r["scheduled_s"], 1) for r in records] + [(r["end_s"], -1)
+                                                                  for r in records])
+    in_flight = peak = 0
+    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):  # ends before starts at a tie
+        in_flight += delta
+        peak = max(peak, in_flight)
+    assert peak == 3 and len(records) == 30
