@@ -104,11 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the output follows the Lark (or GBNF) grammar in FILE (- for stdin)")
     g.set_defaults(func=_generate)
 
-    from doppelchip import cmd_devices, cmd_load, cmd_simulate  # argparse only; layers load later
+    # argparse only; each command imports its layers when it runs
+    from doppelchip import cmd_devices, cmd_load, cmd_simulate, cmd_whatif
 
     cmd_devices.register(sub)
     cmd_simulate.register(sub)
     cmd_load.register(sub)
+    cmd_whatif.register(sub)
     return parser
 
 

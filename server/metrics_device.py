@@ -135,11 +135,12 @@ class DeviceObserver:
         busy = max(0.0, r.seconds - r.stall_s)
         self.busy.inc(busy)
         self.ev.bound.labels(*self.labels, cost.bound).inc(busy)
-        self.flops.inc(cost.flops)
+        n = r.micro_batches  # `cost` is one pipeline micro-batch's; the step ran n of them
+        self.flops.inc(cost.flops * n)
         for tier, b in cost.bytes_by_tier:
-            self.ev.bytes.labels(*self.labels, tier).inc(b)
+            self.ev.bytes.labels(*self.labels, tier).inc(b * n)
             if tier == "ssd":
-                self.ssd.inc(b)
+                self.ssd.inc(b * n)
         if r.stall_reason is not None:
             reason = compile_reason(r.stall_reason)
             self.ev.compiles.labels(*self.labels, reason).inc()

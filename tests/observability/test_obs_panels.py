@@ -41,7 +41,7 @@ def substitute(expr: str, deployments: list[str]) -> str:
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory):
-    """(prometheus, results, t0 before the load, t1 after it)."""
+    """(prometheus, results, t0 before the load, t1 after it, each engine's CoreStats)."""
     metrics_port = free_port()
     state: dict = {}
 
@@ -53,13 +53,14 @@ def observed(tmp_path_factory):
             async with AsyncClient(f"127.0.0.1:{app.port}") as client:
                 state["results"] = await obs_load.drive(client, app)
             state["t1"] = await asyncio.to_thread(prom.wait_scraped_after, time.time())
+            state["core"] = {name: engine.core.stats for name, engine in app.fleet.engines.items()}
         finally:
             await app.drain(0.0)
 
     folder = tmp_path_factory.mktemp("prometheus")
     with running_prometheus([f"127.0.0.1:{metrics_port}"], folder) as prom:
         asyncio.run(run(prom))
-        yield prom, state["results"], state["t0"], state["t1"]
+        yield prom, state["results"], state["t0"], state["t1"], state["core"]
 
 
 def by_deployment(prom: Prometheus, expr: str, at: float) -> dict[str, float]:
@@ -67,7 +68,7 @@ def by_deployment(prom: Prometheus, expr: str, at: float) -> dict[str, float]:
 
 
 def test_every_panel_query_returns_finite_data(observed):
-    prom, _results, _t0, t1 = observed
+    prom, _results, _t0, t1, _core = observed
     gen = load_generator()
     deployments = sorted(obs_load.LOAD)
     titles, checked = set(), 0
@@ -92,7 +93,7 @@ def test_every_panel_query_returns_finite_data(observed):
 
 
 def test_load_shows_preemptions_compiles_and_ssd_page_ins(observed):
-    prom, _results, _t0, t1 = observed
+    prom, _results, _t0, t1, _core = observed
     preempt = by_deployment(prom, "sum by (deployment) (vllm:num_preemptions_total)", t1)
     assert preempt["vllm-small-kv"] > 0
     compiles = prom.query("sum by (deployment, reason) (doppelchip_compile_events_total)", t1)
@@ -109,7 +110,7 @@ def test_load_shows_preemptions_compiles_and_ssd_page_ins(observed):
 
 
 def test_token_counters_match_what_clients_received(observed):
-    prom, results, t0, t1 = observed
+    prom, results, t0, t1, _core = observed
     received, prompts = defaultdict(int), defaultdict(int)
     for r in results:
         received[r.deployment] += r.tokens
@@ -124,7 +125,7 @@ def test_token_counters_match_what_clients_received(observed):
 
 
 def test_histograms_agree_with_clients(observed):
-    prom, results, _t0, t1 = observed
+    prom, results, _t0, t1, _core = observed
     done, ttft, e2e, itl = (defaultdict(int), defaultdict(float), defaultdict(float),
                             defaultdict(int))
     for r in results:
@@ -162,3 +163,17 @@ def test_histograms_agree_with_clients(observed):
         "histogram_quantile(0.5, sum by (le) "
         f"(doppelchip_inter_token_latency_seconds_bucket{{{h100}}}))", t1)
     assert 0.001 < p50 < 0.01
+
+
+def test_device_counters_agree_with_the_core(observed):
+    prom, _results, _t0, t1, core = observed
+    for metric, field in (("doppelchip_tier_bytes_total", "bytes"),
+                          ("doppelchip_flops_total", "flops"),
+                          ("doppelchip_busy_seconds_total", "busy_s"),
+                          ("doppelchip_bound_seconds_total", "busy_s"),
+                          ("doppelchip_pipeline_idle_seconds_total", "stall_s"),
+                          ("doppelchip_energy_joules_total", "joules"),
+                          ("doppelchip_cost_dollars_total", "dollars")):
+        got = by_deployment(prom, f"sum by (deployment) ({metric})", t1)
+        for name, stats in core.items():
+            assert got[name] == pytest.approx(getattr(stats, field), rel=1e-9), (metric, name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import urllib.request
 
 from obs_prometheus import ROOT, binary, http_get
 
@@ -43,3 +44,19 @@ def test_prometheus_config_and_rules():
     rules = promtool("test", "rules", "rules_test.yml")
     assert rules.returncode == 0, rules.stdout + rules.stderr
     assert "SUCCESS" in rules.stdout
+
+
+async def test_colons_survive_an_openmetrics_accept_header(app):
+    """Prometheus asks for OpenMetrics; vLLM's names must still arrive with their ':'."""
+
+    def scrape() -> tuple[str, str]:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{app.metrics_port}/metrics",
+            headers={"Accept": "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(req, timeout=5) as r:
+            return r.headers["Content-Type"], r.read().decode()
+
+    content_type, text = await asyncio.to_thread(scrape)
+    assert content_type.startswith("text/plain; version=0.0.4")
+    assert "\nvllm:num_requests_running{" in text and "vllm_num_requests" not in text

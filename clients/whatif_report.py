@@ -1,0 +1,87 @@
+"""Plots and an HTML page for `doppelchip whatif` results (a plain dict, see
+doppelchip/whatif.py): the figures the design notes argue from."""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+import matplotlib.pyplot as plt
+
+from clients.html_report import _png
+
+
+def cost_vs_speed_plot(data: dict[str, Any]) -> str:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, points in data["curves"].items():
+        ax.plot([p["per_user_tokens_per_s"] for p in points], [p["usd_per_mtok"] for p in points],
+                marker="o", label=name)
+        for p in points:
+            ax.annotate(f"b{p['batch']}", (p["per_user_tokens_per_s"], p["usd_per_mtok"]),
+                        fontsize=7, alpha=0.6)
+    for step in data["frontier"][1:]:
+        ax.axvline(step["from_per_user_tokens_per_s"], color="grey", ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("per-user output tokens/s (1 / median TPOT)")
+    ax.set_ylabel("$ per million output tokens")
+    ax.set_title("cost vs speed across batch sizes (dotted: the cheapest option changes)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def ttft_plot(data: dict[str, Any]) -> str:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for engine, rows in data["series"].items():
+        ax.plot([r["prompt_tokens"] for r in rows], [r["ttft_s"] for r in rows], marker="o",
+                label=engine)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("time to first token (s)")
+    ax.set_title(f"long prompts on {data['chip']}: MLX vs llama.cpp")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _png(fig)
+
+
+def tiers_plot(rows: list[dict[str, Any]]) -> str:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ok = [r for r in rows if "decode_tokens_per_s" in r]
+    labels = [f"{r['model']}\n{r['quant']}" for r in ok]
+    ax.bar(range(len(ok)), [r["decode_tokens_per_s"] for r in ok])
+    ax.set_xticks(range(len(ok)), labels, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("batch-1 decode tokens/s")
+    ax.set_title("llama.cpp on an RTX 4090 box: VRAM, host RAM, SSD")
+    ax.grid(alpha=0.3, axis="y")
+    return _png(fig)
+
+
+def groq_plot(rows: list[dict[str, Any]]) -> str:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    labels = [f"{r['policy']}\n{r['traffic']}" for r in rows]
+    ax.bar(range(len(rows)), [r["compile_stall_s"] for r in rows])
+    ax.set_xticks(range(len(rows)), labels)
+    ax.set_ylabel("seconds stalled compiling")
+    ax.set_title("Groq: recompiling vs holding the compiled batch")
+    return _png(fig)
+
+
+def render(result: dict[str, Any]) -> str:
+    figures = [
+        ("Cost vs speed", cost_vs_speed_plot(result["cost_vs_speed"])),
+        ("Long prompts on Apple silicon", ttft_plot(result["long_prompt_ttft"])),
+        ("llama.cpp tiers", tiers_plot(result["llamacpp_tiers"])),
+        ("Groq compile stalls", groq_plot(result["groq_shapes"])),
+    ]
+    body = [f"<h1>doppelchip whatif: {html.escape(result['model'])}, "
+            f"{result['isl']} in / {result['osl']} out</h1>"]
+    for heading, png in figures:
+        body.append(f"<h2>{html.escape(heading)}</h2>"
+                    f'<img alt="{html.escape(heading)}" src="data:image/png;base64,{png}">')
+    body.append(f"<h2>Data</h2><pre>{html.escape(json.dumps(result, indent=1))}</pre>")
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>doppelchip whatif</title>"
+            "<style>body{font-family:sans-serif;margin:2em}img{max-width:100%}</style>"
+            f"</head><body>{''.join(body)}</body></html>")

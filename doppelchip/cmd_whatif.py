@@ -1,0 +1,77 @@
+"""`doppelchip whatif`: one workload across the chip families, and the design notes' plots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "whatif", help="compare chip families on one workload in virtual time",
+        description="Simulate one workload on one deployment per chip family (H100 with vLLM "
+        "and TensorRT-LLM, TPU v5e-8, M4 Max, Groq, Cerebras) across batch sizes, plus long "
+        "prompts on Apple silicon, llama.cpp tiers and Groq compile stalls; print the "
+        "computed crossovers and write plots.",
+    )
+    p.add_argument("--model", default="llama-3.1-8b", help="model id (default llama-3.1-8b)")
+    p.add_argument("--isl", type=int, default=512, help="input tokens per request")
+    p.add_argument("--osl", type=int, default=256, help="output tokens per request")
+    p.add_argument("--batches", default="1,4,16,64,256",
+                   help="closed-loop batch sizes to sweep (comma-separated)")
+    p.add_argument("--out", metavar="DIR",
+                   help="write whatif.json and whatif.html (plots) into DIR")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    p.set_defaults(func=cmd_whatif)
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from doppelchip.whatif import WhatIfConfig, run_whatif
+
+    try:
+        batches = tuple(int(b) for b in args.batches.split(",") if b.strip())
+    except ValueError:
+        print(f"error: bad --batches {args.batches!r}")
+        return 2
+    result = run_whatif(WhatIfConfig(model=args.model, isl=args.isl, osl=args.osl,
+                                     batches=batches))
+    if args.out:
+        from clients.whatif_report import render
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "whatif.json").write_text(json.dumps(result, indent=1))
+        (out / "whatif.html").write_text(render(result))
+    print(json.dumps(result) if args.json else describe(result))
+    return 0
+
+
+def describe(r: dict[str, Any]) -> str:
+    lines = [f"cost vs speed ({r['model']}, {r['isl']} in / {r['osl']} out):"]
+    for name, pts in r["cost_vs_speed"]["curves"].items():
+        cells = "  ".join(f"b{p['batch']}: {p['per_user_tokens_per_s']:.0f} tok/s "
+                          f"${p['usd_per_mtok']:.3g}" for p in pts)
+        lines.append(f"  {name:<18} {cells}")
+    for name, why in r["cost_vs_speed"]["failed"].items():
+        lines.append(f"  {name:<18} cannot be placed: {why}")
+    lines.append("  cheapest deployment by per-user speed:")
+    for step in r["cost_vs_speed"]["frontier"]:
+        lines.append(f"    >= {step['from_per_user_tokens_per_s']:7.0f} tok/s per user: "
+                     f"{step['deployment']} ({step['memory']}, ${step['usd_per_mtok']:.3g}/Mtok)")
+    ttft = r["long_prompt_ttft"]
+    lines.append(f"long prompts on {ttft['chip']} (TTFT s):")
+    for engine, rows in ttft["series"].items():
+        lines.append(f"  {engine:<10} " + "  ".join(f"{x['prompt_tokens']}: {x['ttft_s']:.3f}"
+                                                   for x in rows))
+    lines.append("llama.cpp on an RTX 4090 box (batch-1 decode tok/s):")
+    for row in r["llamacpp_tiers"]:
+        value = f"{row['decode_tokens_per_s']:.2f}" if "decode_tokens_per_s" in row else \
+            f"cannot run: {row['error']}"
+        lines.append(f"  {row['model']:<14} {row['quant']:<7} {value}")
+    lines.append("Groq compile stalls:")
+    for row in r["groq_shapes"]:
+        lines.append(f"  {row['policy']:<10} {row['traffic']:<8} {row['compiles']:3d} compiles, "
+                     f"{row['compile_stall_s']:.0f} s stalled, E2E p90 {row['e2e_p90_s']:.2f} s")
+    return "\n".join(lines)
