@@ -48,7 +48,10 @@ async def test_real_server_and_sim_agree_at_light_load_and_near_capacity():
                                  deployment="slow", time_scale=scale)
             real = summarize(run.results)
             sim, _ = simulate_conversations(options, spec)
-            assert real["requests"] == sim["requests"] == n and not run.warnings
+            assert real["requests"] == sim["requests"] == n
+            # the client kept to its schedule (server and client share this test's event
+            # loop, so an occasional ~10 ms stall is the server's work, not client load)
+            assert run.max_send_lag_s < 0.1 * sim["e2e_s"]["p50"]
             assert real["output_tokens_per_s"] == pytest.approx(sim["output_tokens_per_s"],
                                                                 rel=tolerance)
             assert real["e2e_s"]["p50"] == pytest.approx(sim["e2e_s"]["p50"], rel=tolerance)
