@@ -42,6 +42,8 @@ class LoadRun:
     # (client-measured, server-reported) E2E per request, both emulated seconds: far apart
     # means the host (server or client) did not keep up with the server's time_scale
     e2e_pairs: list[tuple[float, float]] = field(default_factory=list)
+    probe_before: dict[str, float] = field(default_factory=dict)  # `probe()` at the start
+    probe_after: dict[str, float] = field(default_factory=dict)  # and at the end
 
 
 class _Driver:
@@ -143,6 +145,7 @@ async def run_load(
     time_scale: float = 1.0,
     time_limit_s: float | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
+    probe: Callable[[], dict[str, float]] | None = None,
 ) -> LoadRun:
     """Run the workload against `target` (host:port, loopback); bounded by `time_limit_s`
     (emulated seconds; requests still running then are cancelled and recorded as errors)."""
@@ -154,6 +157,8 @@ async def run_load(
     cpu0 = time.process_time()
     async with AsyncClient(target) as client:
         await client.list_deployments()  # connect before the clock starts
+        if probe is not None:
+            run.probe_before = probe()  # e.g. the server's energy counters, right at t0
         driver = _Driver(client, deployment, time_scale, run, on_result)
         if concurrency is None:
             work = [driver.conversation(c, closed=False) for c in conversations]
@@ -174,6 +179,8 @@ async def run_load(
         for task in done:
             task.result()  # surface a bug in the driver itself
         run.wall_s = time.perf_counter() - driver.t0
+        if probe is not None:
+            run.probe_after = probe()
     if pending:
         run.warnings.append(f"time limit reached: {len(pending)} conversations cut short")
     cpu_share = (time.process_time() - cpu0) / max(run.wall_s, 1e-9)

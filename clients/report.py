@@ -78,6 +78,7 @@ def summarize(results: list[RequestResult], **extra: Any) -> dict[str, Any]:
     return {
         "requests": len(ok),
         "errors": errors,
+        "error_rate": (len(results) - len(ok)) / len(results) if results else 0.0,
         "duration_s": duration if results else 0.0,
         "requests_per_s": len(ok) / duration if results else 0.0,
         "input_tokens_per_s": sum(r.prompt_tokens for r in ok) / duration if results else 0.0,

@@ -117,7 +117,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"deployment      {s['deployment']}",
-        f"requests        {s['requests']} ok, errors {s['errors'] or 'none'}",
+        f"requests        {s['requests']} ok, errors {s['errors'] or 'none'}"
+        f" ({s['error_rate'] * 100:.1f}%)",
         f"duration        {s['duration_s']:.3f} s (emulated)",
         f"throughput      {s['requests_per_s']:.2f} req/s, "
         f"{s['output_tokens_per_s']:.1f} output tok/s, {s['input_tokens_per_s']:.1f} input tok/s",
@@ -133,6 +134,9 @@ def format_summary(s: dict[str, Any]) -> str:
     if "prefix_cache_hit_rate" not in s:  # a gRPC target: the server's side is in /metrics
         lines.append(f"prefix cache    {s['cached_prompt_tokens']} of {s['prompt_tokens']} "
                      "prompt tokens served from the cache")
+        if "joules_per_mtok" in s:
+            lines.append(f"energy, cost    {s['joules_per_mtok']:.4g} J and "
+                         f"${s['usd_per_mtok']:.4g} per million output tokens (server metrics)")
         return "\n".join(lines)
     lines += [
         f"prefix cache    {s['prefix_cache_hit_rate'] * 100:.1f}% of prompt tokens hit, "

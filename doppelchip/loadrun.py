@@ -146,16 +146,34 @@ def _run_grpc(args: argparse.Namespace, spec) -> tuple[dict[str, Any], list[Requ
         conversations = build_workload(spec, encode=_encode)
     except (ValueError, OSError) as e:
         raise LoadError(str(e)) from e
+    metrics_url = (f"http://{host}:{listing.metrics_port}/metrics"
+                   if listing.metrics_port else None)
     with _progress(args, sum(len(c.turns) for c in conversations)) as advance:
         run = asyncio.run(run_load(
             args.target, conversations, deployment=name, concurrency=args.concurrency,
             time_scale=listing.time_scale or 1.0, time_limit_s=args.time_limit,
-            on_result=advance,
+            on_result=advance, probe=lambda: _scrape(metrics_url, name),
         ))
+    from clients.server_metrics import per_million_tokens
+
+    out_tokens = sum(r.output_tokens for r in run.results if r.ok)
+    energy = per_million_tokens(run.probe_before, run.probe_after, out_tokens)
     summary = summarize(run.results, deployment=name, target=args.target,
                         max_in_flight=run.max_in_flight, max_send_lag_s=run.max_send_lag_s,
-                        warnings=run.warnings)
+                        warnings=run.warnings, **energy)
     return summary, run.results
+
+
+def _scrape(url: str | None, deployment: str) -> dict[str, float]:
+    """The server's energy and cost counters, or {} when it exposes none (no error)."""
+    from clients.server_metrics import scrape
+
+    if url is None:
+        return {}
+    try:
+        return scrape(url, deployment)
+    except (OSError, ValueError):
+        return {}
 
 
 @contextlib.contextmanager

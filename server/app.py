@@ -55,6 +55,7 @@ class App:
             raise OSError(f"cannot bind gRPC to {cfg.host}:{cfg.port}")
         self._metrics = start_metrics_server(self.fleet, cfg.host, cfg.metrics_port)
         self.metrics_port = self._metrics.server_port
+        self.servicer.metrics_port = self.metrics_port
         await self.fleet.start()
         await self.server.start()
         for service in ("", SERVICE_NAME):

@@ -119,8 +119,9 @@ class FleetCollector(Collector):
             for tier, bw in sorted(tier_peaks(p).items()):
                 peak_bw.add_metric([*dev, tier], bw)
             peak_fl.add_metric(dev, peak_flops(p))
-            joules.add_metric(dev, core.stats.joules)
-            dollars.add_metric(dev, core.stats.dollars)
+            spent_j, spent_usd = engine.energy_and_cost()
+            joules.add_metric(dev, spent_j)
+            dollars.add_metric(dev, spent_usd)
         yield from (running, waiting, kv, info, prompt, generation, success, preempt, queries,
                     hits, lag, chips, weights, kv_res, peak_bw, peak_fl, joules, dollars)
 

@@ -22,6 +22,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self.draining = False
+        self.metrics_port = 0  # set by the app once its metrics server listens
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -60,6 +61,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             ],
             default_deployment=self.fleet.default_name,
             time_scale=self.fleet.config.server.time_scale,
+            metrics_port=self.metrics_port,
         )
 
     async def GetDeployment(

@@ -184,14 +184,16 @@ class ListDeploymentsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListDeploymentsResponse(_message.Message):
-    __slots__ = ("deployments", "default_deployment", "time_scale")
+    __slots__ = ("deployments", "default_deployment", "time_scale", "metrics_port")
     DEPLOYMENTS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     TIME_SCALE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
     deployments: _containers.RepeatedCompositeFieldContainer[Deployment]
     default_deployment: str
     time_scale: float
-    def __init__(self, deployments: _Optional[_Iterable[_Union[Deployment, _Mapping]]] = ..., default_deployment: _Optional[str] = ..., time_scale: _Optional[float] = ...) -> None: ...
+    metrics_port: int
+    def __init__(self, deployments: _Optional[_Iterable[_Union[Deployment, _Mapping]]] = ..., default_deployment: _Optional[str] = ..., time_scale: _Optional[float] = ..., metrics_port: _Optional[int] = ...) -> None: ...
 
 class GetDeploymentRequest(_message.Message):
     __slots__ = ("name",)

@@ -116,6 +116,18 @@ class AsyncEngine(Engine):
     def num_unfinished(self) -> int:
         return len(self._live)
 
+    def energy_and_cost(self) -> tuple[float, float]:
+        """Joules and dollars so far, idle time up to now included (read-only: a scrape may
+        come while the engine idles, before the loop charges the gap on its next wake)."""
+        if self.core is None:
+            return 0.0, 0.0
+        joules, dollars = self.core.stats.joules, self.core.stats.dollars
+        if self._idle.is_set() and self.state is DeploymentState.READY:
+            gap = max(0.0, self.clock.now() - self._t)
+            joules += self.core.idle_watts * gap
+            dollars += self.core.dollars_per_s * gap
+        return joules, dollars
+
     def num_queued(self) -> int:
         """Accepted and not yet running (the admission-control count)."""
         return len(self._inbox) + (self.core.scheduler.num_waiting if self.core else 0)

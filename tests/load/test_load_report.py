@@ -7,7 +7,14 @@ import base64
 import json
 from html.parser import HTMLParser
 
+import pytest
+from conftest import make_fleet
+
+from clients.workloads import WorkloadSpec
 from doppelchip.cli import main
+from doppelchip.simulation import simulate_conversations
+from server.app import App
+from server.engine.tokenizer import get_tokenizer
 
 WORKLOAD = ["--num-requests", "80", "--isl", "256", "--osl", "64", "--ignore-eos"]
 
@@ -73,3 +80,28 @@ async def test_progress_bar_counts_every_request(app, capsys):
     assert await asyncio.to_thread(main, argv) == 0  # the server shares this test's loop
     err = capsys.readouterr().err
     assert "6/6" in err and "0 errors" in err
+
+
+async def test_grpc_load_reports_energy_and_cost_from_the_server_metrics(capsys):
+    """The server's energy and cost counters, read at the start and the end of the load, agree
+    with the same load in virtual time (the server idles between arrivals exactly as the
+    simulation does). At time_scale 0.5 the few milliseconds the two scrapes take add ~3%."""
+    app = App(make_fleet({"time_scale": 0.5}))
+    await app.start()
+    try:
+        workload = ["--num-requests", "10", "--rate", "4", "--isl", "64", "--osl", "16",
+                    "--ignore-eos", "--seed", "2"]
+        argv = ["load", "--target", f"127.0.0.1:{app.port}", "--deployment", "fast", "--json",
+                "--progress", "off", *workload]
+        assert await asyncio.to_thread(main, argv) == 0
+        real = json.loads(capsys.readouterr().out)
+    finally:
+        await app.drain(0.0)
+    # the same deployment options and workload, in virtual time
+    options = next(d for d in app.config.deployments if d.name == "fast")
+    spec = WorkloadSpec(num_requests=10, rate=4, isl=64, osl=16, ignore_eos=True, seed=2,
+                        vocab_size=get_tokenizer().vocab_size)
+    sim, _results = simulate_conversations(options, spec)
+    assert real["output_tokens"] == sim["output_tokens"] == 160
+    for key in ("joules_per_mtok", "usd_per_mtok"):
+        assert real[key] == pytest.approx(sim[key], rel=0.10), key
