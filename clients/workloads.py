@@ -13,7 +13,7 @@ arguments alone and needs no tokenizer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -47,7 +47,7 @@ class Conversation:
 class WorkloadSpec:
     """The knobs every built-in workload shares (CLI flags map onto these one to one)."""
 
-    kind: str = "random"  # random | shared-prefix | multi-turn | structured | trace
+    kind: str = "random"  # random | shared-prefix | multi-turn | structured | mix | trace
     num_requests: int = 100  # conversations, for multi-turn
     isl: int = 128  # input (user message) length in tokens
     osl: int = 128  # output length in tokens (max_tokens)
@@ -55,7 +55,9 @@ class WorkloadSpec:
     arrival: str = "poisson"  # poisson | constant | gamma
     burstiness: float = 1.0  # gamma arrivals: shape (< 1 burstier than Poisson)
     ramp_up_s: float = 0.0  # the rate ramps linearly from 0 over this many seconds
-    length_dist: str = "fixed"  # fixed | uniform | normal (around isl and osl)
+    length_dist: str = "fixed"  # fixed | uniform | normal (around isl and osl) | histogram
+    length_file: str = ""  # histogram: CSV rows "input,output,weight" (see _histogram)
+    mix: tuple[tuple[str, float], ...] = ()  # mix: (workload kind, weight) pairs
     length_spread: float = 0.0  # uniform: ± this fraction; normal: std as this fraction
     seed: int = 0
     ignore_eos: bool = True
@@ -90,12 +92,7 @@ def build_workload(
     rng = np.random.default_rng(spec.seed)
     starts = arrival_times(spec.num_requests, spec.rate, spec.arrival, rng, spec.burstiness,
                            spec.ramp_up_s)
-    builders = {
-        "random": _random,
-        "shared-prefix": _shared_prefix,
-        "multi-turn": _multi_turn,
-        "structured": _structured,
-    }
+    builders = {**_BUILDERS, "mix": _mix}
     if spec.kind not in builders:
         raise ValueError(f"unknown workload {spec.kind!r}; one of {', '.join(builders)}")
     return builders[spec.kind](spec, rng, starts)
@@ -112,10 +109,59 @@ def _lengths(spec: WorkloadSpec, rng: np.random.Generator):
         lo = [max(1, round(m * (1 - spec.length_spread))) for m in (spec.isl, spec.osl)]
         hi = [max(1, round(m * (1 + spec.length_spread))) for m in (spec.isl, spec.osl)]
         return lambda: tuple(int(rng.integers(a, b + 1)) for a, b in zip(lo, hi, strict=True))
+    if spec.length_dist == "histogram":
+        pairs, weights = _histogram(spec.length_file)
+        return lambda: pairs[int(rng.choice(len(pairs), p=weights))]
     if spec.length_dist == "normal":
         return lambda: tuple(max(1, round(rng.normal(m, spec.length_spread * m)))
                              for m in (spec.isl, spec.osl))
     raise ValueError(f"unknown length distribution {spec.length_dist!r}; fixed, uniform, normal")
+
+
+def _histogram(path: str) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """(input, output) length pairs and their probabilities from a CSV file of
+    `input,output,weight` rows (a header row and # comments are allowed)."""
+    if not path:
+        raise ValueError("the histogram length distribution needs a length file")
+    pairs, weights = [], []
+    with open(path) as f:
+        for n, line in enumerate(f, start=1):
+            line = line.split("#", 1)[0].strip()
+            if not line or line.lower().startswith("input"):
+                continue
+            try:
+                i, o, w = (float(x) for x in line.split(","))
+            except ValueError:
+                raise ValueError(f"{path}:{n}: expected input,output,weight") from None
+            if i < 1 or o < 1 or w < 0:
+                raise ValueError(f"{path}:{n}: lengths must be >= 1 and weights >= 0")
+            pairs.append((int(i), int(o)))
+            weights.append(w)
+    total = sum(weights)
+    if not pairs or total <= 0:
+        raise ValueError(f"{path}: no length with a positive weight")
+    return pairs, np.asarray(weights) / total
+
+
+def _mix(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
+    """Several workloads interleaved: each request's kind is drawn by weight, then each kind's
+    requests are built as that workload would build them, and all share one arrival stream."""
+    kinds = [k for k, _ in spec.mix]
+    if not kinds or any(k in ("mix", "trace") or k not in _BUILDERS for k in kinds):
+        raise ValueError("mix needs weights over random, shared-prefix, multi-turn, structured")
+    weights = np.asarray([w for _, w in spec.mix], dtype=float)
+    if (weights < 0).any() or weights.sum() <= 0:
+        raise ValueError("mix weights must be >= 0 and not all 0")
+    drawn = rng.choice(len(kinds), size=spec.num_requests, p=weights / weights.sum())
+    out: list[Conversation] = []
+    for k, kind in enumerate(kinds):
+        slots = [i for i in range(spec.num_requests) if drawn[i] == k]
+        if not slots:
+            continue
+        part = _BUILDERS[kind](replace(spec, kind=kind, num_requests=len(slots)), rng,
+                               [starts[i] for i in slots])
+        out += part
+    return sorted(out, key=lambda c: c.start_s)
 
 
 def _random(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
@@ -168,6 +214,14 @@ def _multi_turn(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float
                               think_time_s=spec.think_time_s if k else 0.0))
         out.append(Conversation(f"c{i}", starts[i], tuple(turns), spec.ignore_eos, seed=i))
     return out
+
+
+_BUILDERS = {
+    "random": _random,
+    "shared-prefix": _shared_prefix,
+    "multi-turn": _multi_turn,
+    "structured": _structured,
+}
 
 
 def turn_prompt(

@@ -36,6 +36,9 @@ def register(subparsers: Any) -> None:
                    help="run the load at each rate in turn (auto: double from --rate, or 1, "
                    "until saturation); stops at saturation and reports the highest rate "
                    "meeting --slo")
+    p.add_argument("--sweep-concurrency", metavar="N1,N2,...",
+                   help="closed loop at each concurrency in turn, until throughput stops "
+                   "growing; reports the highest concurrency meeting --slo")
     p.add_argument("--slo-attainment", type=float, default=0.9,
                    help="share of requests that must meet --slo for a rate to pass (0.9)")
     p.add_argument("--html", metavar="FILE",
@@ -82,17 +85,20 @@ def cmd_load(args: argparse.Namespace) -> int:
 def format_sweep(s: dict[str, Any]) -> str:
     lines = [f"{'rate':>8} {'req/s':>8} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} "
              f"{'E2E p50':>10} {'goodput':>8} errors"]
+    if "max_concurrency_meeting_slo" in s:
+        lines[0] = lines[0].replace("    rate", "    conc")
     for p in s["sweep"]:
         good = f"{p['goodput']['fraction'] * 100:.0f}%" if "goodput" in p else "-"
         lines.append(
-            f"{p['offered_rate']:8.3g} {p['requests_per_s']:8.2f} "
+            f"{p.get('offered_rate', p.get('concurrency')):8.3g} {p['requests_per_s']:8.2f} "
             f"{p['output_tokens_per_s']:10.1f} {p['ttft_s']['p50'] * 1e3:8.1f}ms "
             f"{p['ttft_s']['p99'] * 1e3:8.1f}ms {p['e2e_s']['p50'] * 1e3:8.1f}ms {good:>8} "
             f"{sum(p['errors'].values())}")
-    best = s.get("max_rate_meeting_slo")
-    lines.append(f"saturated at {s['saturated_at']:g} req/s" if s.get("saturated_at")
-                 else "not saturated by the rates tried")
+    what, unit = ("concurrency", "") if "max_concurrency_meeting_slo" in s else ("rate", " req/s")
+    best = s.get(f"max_{what}_meeting_slo")
+    lines.append(f"saturated at {what} {s['saturated_at']:g}{unit}" if s.get("saturated_at")
+                 else f"not saturated by the {what} values tried")
     if "slo" in s:
-        lines.append(f"highest rate meeting the SLO: {best:g} req/s" if best is not None
-                     else "no rate tried met the SLO")
+        lines.append(f"highest {what} meeting the SLO: {best:g}{unit}" if best is not None
+                     else f"no {what} tried met the SLO")
     return "\n".join(lines)

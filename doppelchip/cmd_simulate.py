@@ -48,9 +48,13 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--workload", default="random",
-                   choices=["random", "shared-prefix", "multi-turn", "structured", "trace"],
+                   choices=["random", "shared-prefix", "multi-turn", "structured", "mix",
+                            "trace"],
                    help="workload kind (structured: JSON-schema output with long fixed keys; "
-                   "trace: replay --trace FILE)")
+                   "mix: --mix weights; trace: replay --trace FILE)")
+    g.add_argument("--mix", default="random=1", metavar="KIND=W,...",
+                   help="mix: weights of the workloads to interleave, e.g. "
+                   "random=0.6,shared-prefix=0.3,structured=0.1")
     g.add_argument("--trace", metavar="FILE",
                    help="JSONL trace to replay: timestamp, prompt_token_ids | prompt | "
                    "input_length, max_tokens per line (see clients/trace.py)")
@@ -68,8 +72,12 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="gamma arrivals: shape of the gaps (< 1 burstier than Poisson)")
     g.add_argument("--ramp-up", type=float, default=0.0, metavar="SECONDS",
                    help="the rate grows linearly from 0 to --rate over this many seconds")
-    g.add_argument("--length-dist", default="fixed", choices=["fixed", "uniform", "normal"],
-                   help="input/output lengths around --isl/--osl (default fixed)")
+    g.add_argument("--length-dist", default="fixed",
+                   choices=["fixed", "uniform", "normal", "histogram"],
+                   help="input/output lengths around --isl/--osl (default fixed), or drawn "
+                   "from --length-file")
+    g.add_argument("--length-file", metavar="FILE",
+                   help="histogram of lengths: CSV rows input,output,weight")
     g.add_argument("--length-spread", type=float, default=0.0,
                    help="uniform: ± this fraction of the mean; normal: std as this fraction")
     g.add_argument("--seed", type=int, default=0, help="workload seed")

@@ -45,12 +45,14 @@ def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list[Req
         raise LoadError(str(e)) from e
     if args.concurrency is not None and args.concurrency < 1:
         raise LoadError("--concurrency must be >= 1")
-    if getattr(args, "sweep_rates", None):
-        return _sweep(args, spec, slo)
-    return _run_once(args, spec, slo)
+    if getattr(args, "sweep_rates", None) or getattr(args, "sweep_concurrency", None):
+        from doppelchip.sweep import sweep
+
+        return sweep(args, spec, slo)
+    return run_once(args, spec, slo)
 
 
-def _run_once(args: argparse.Namespace, spec, slo: dict[str, float]
+def run_once(args: argparse.Namespace, spec, slo: dict[str, float]
               ) -> tuple[dict[str, Any], list[RequestResult]]:
     if args.target.startswith("sim:"):
         summary, results = _run_sim(args.target, spec, args.concurrency)
@@ -60,48 +62,6 @@ def _run_once(args: argparse.Namespace, spec, slo: dict[str, float]
         summary["slo"] = slo
         summary["goodput"] = goodput(results, slo)
     return summary, results
-
-
-SATURATION_TTFT = 3.0  # a rate saturates the target when median TTFT exceeds 3x the lightest's
-
-
-def _sweep(args: argparse.Namespace, spec, slo: dict[str, float]
-           ) -> tuple[dict[str, Any], list[RequestResult]]:
-    """Run at each rate until the target saturates (errors, or queueing: median TTFT above
-    SATURATION_TTFT × the lightest load's); report every point and the highest rate whose
-    share of requests meeting the SLO reaches --slo-attainment."""
-    if args.sweep_rates == "auto":
-        start = args.rate if args.rate != float("inf") else 1.0
-        rates = [start * 2**k for k in range(12)]
-    else:
-        try:
-            rates = [float(r) for r in args.sweep_rates.split(",") if r.strip()]
-        except ValueError:
-            raise LoadError(f"bad --sweep-rates {args.sweep_rates!r}") from None
-        if not rates or any(not r > 0 or r == float("inf") for r in rates):
-            raise LoadError("--sweep-rates needs finite rates > 0")
-    points, last_results, base_ttft, saturated = [], [], None, None
-    for rate in rates:
-        n = spec.num_requests
-        if args.duration is not None and args.num_requests is None:
-            n = max(1, round(rate * args.duration))  # the same duration at every rate
-        point_spec = dataclasses.replace(spec, rate=rate, num_requests=n)
-        summary, results = _run_once(args, point_spec, slo)
-        point = {k: v for k, v in summary.items() if k != "warnings"} | {"offered_rate": rate}
-        points.append(point)
-        last_results = results
-        ttft = summary["ttft_s"]["p50"]
-        base_ttft = ttft if base_ttft is None else base_ttft
-        if summary["errors"] or ttft > SATURATION_TTFT * max(base_ttft, 1e-9):
-            saturated = rate
-            break
-    passing = [p["offered_rate"] for p in points
-               if slo and p.get("goodput", {}).get("fraction", 0) >= args.slo_attainment]
-    out = {"deployment": points[0].get("deployment", ""), "sweep": points,
-           "saturated_at": saturated, "max_rate_meeting_slo": max(passing, default=None)}
-    if slo:
-        out["slo"] = slo
-    return out, last_results
 
 
 def _run_sim(target: str, spec, concurrency: int | None

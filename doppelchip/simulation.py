@@ -139,8 +139,23 @@ def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
         users_per_prefix=args.users_per_prefix, turns=args.turns,
         think_time_s=args.think_time, burstiness=args.burstiness, ramp_up_s=args.ramp_up,
         length_dist=args.length_dist, length_spread=args.length_spread,
+        length_file=args.length_file or "", mix=_parse_mix(args.mix),
         trace_path=args.trace or "",
     )
+
+
+def _parse_mix(text: str) -> tuple[tuple[str, float], ...]:
+    """`random=0.6,shared-prefix=0.4` → (("random", 0.6), ("shared-prefix", 0.4))."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, sep, weight = part.partition("=")
+        try:
+            out.append((kind.strip(), float(weight)))
+        except ValueError:
+            raise SimulationError(f"bad --mix term {part!r}: use KIND=WEIGHT") from None
+        if not sep:
+            raise SimulationError(f"bad --mix term {part!r}: use KIND=WEIGHT")
+    return tuple(out)
 
 
 def simulate(args: argparse.Namespace) -> dict[str, Any]:

@@ -83,3 +83,52 @@ def test_bad_trace_lines_are_named(tmp_path, capsys):
     trace.write_text('{"timestamp": 0, "input_length": 4, "max_tokens": 2}\n{"timestamp": 1}\n')
     assert main(["simulate", "--workload", "trace", "--trace", str(trace), "--json"]) == 2
     assert "bad.jsonl:2: max_tokens" in capsys.readouterr().err
+
+
+def test_length_histogram_file(tmp_path):
+    hist = tmp_path / "lengths.csv"
+    hist.write_text("input,output,weight\n100,10,3\n# a comment\n400,40,1\n")
+    convs = build_workload(WorkloadSpec(num_requests=4000, length_dist="histogram",
+                                        length_file=str(hist), seed=5))
+    pairs = [(len(c.turns[0].user_ids), c.turns[0].max_tokens) for c in convs]
+    assert set(pairs) == {(100, 10), (400, 40)}
+    assert pairs.count((100, 10)) / len(pairs) == pytest.approx(0.75, abs=0.03)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("100,10\n")
+    with pytest.raises(ValueError, match=r"bad\.csv:1: expected input,output,weight"):
+        build_workload(WorkloadSpec(num_requests=2, length_dist="histogram",
+                                    length_file=str(bad)))
+
+
+def test_mix_interleaves_workloads_by_weight():
+    spec = WorkloadSpec(kind="mix", num_requests=1000, rate=50.0, isl=16, osl=4, turns=2,
+                        system_prompt_len=32,
+                        mix=(("random", 0.5), ("shared-prefix", 0.3), ("multi-turn", 0.2)))
+    convs = build_workload(spec)
+    kinds = [c.conversation_id[0] for c in convs]
+    assert kinds.count("r") / 1000 == pytest.approx(0.5, abs=0.05)
+    assert kinds.count("p") / 1000 == pytest.approx(0.3, abs=0.05)
+    assert kinds.count("c") / 1000 == pytest.approx(0.2, abs=0.05)
+    assert [c.start_s for c in convs] == sorted(c.start_s for c in convs)
+    assert len({c.start_s for c in convs}) == 1000  # one shared arrival stream
+    assert all(len(c.turns) == 2 for c in convs if c.conversation_id[0] == "c")
+    assert build_workload(spec) == convs
+    with pytest.raises(ValueError, match="mix needs weights"):
+        build_workload(WorkloadSpec(kind="mix", mix=(("trace", 1.0),)))
+
+
+def test_summary_percentiles_match_a_hand_computation():
+    from clients.report import RequestResult, summarize
+
+    # ten requests with TTFTs 0.1 … 1.0 s and E2Es 1 … 10 s
+    rows = [RequestResult(f"r{i}", 0.0, 0.0, (0.1 * i, 0.1 * i + 0.05), float(i), 8, 2)
+            for i in range(1, 11)]
+    s = summarize(rows)
+    ttfts = sorted(0.1 * i for i in range(1, 11))
+    # linear interpolation between closest ranks, as numpy's default percentile does:
+    # p50 sits halfway between the 5th and 6th values, p90 at 9.1/9 of the way, ...
+    assert s["ttft_s"]["p50"] == pytest.approx((ttfts[4] + ttfts[5]) / 2)
+    assert s["ttft_s"]["p90"] == pytest.approx(ttfts[8] + 0.1 * (ttfts[9] - ttfts[8]))
+    assert s["ttft_s"]["p99"] == pytest.approx(ttfts[8] + 0.91 * (ttfts[9] - ttfts[8]))
+    assert s["e2e_s"]["p50"] == pytest.approx(5.5) and s["e2e_s"]["mean"] == pytest.approx(5.5)
+    assert s["itl_s"]["p99"] == pytest.approx(0.05) and s["tpot_s"]["mean"] == pytest.approx(0.05)

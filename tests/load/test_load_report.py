@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 from html.parser import HTMLParser
 
@@ -105,3 +106,16 @@ async def test_grpc_load_reports_energy_and_cost_from_the_server_metrics(capsys)
     assert real["output_tokens"] == sim["output_tokens"] == 160
     for key in ("joules_per_mtok", "usd_per_mtok"):
         assert real[key] == pytest.approx(sim[key], rel=0.10), key
+
+
+def test_concurrency_sweep_stops_when_throughput_stops_growing(capsys):
+    assert main(["load", "--target", "sim:", "--sweep-concurrency", "1,4,16,64,256,1024",
+                 "--num-requests", "120", "--isl", "256", "--osl", "32", "--ignore-eos",
+                 "--slo", "ttft=0.2", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    levels = [p["concurrency"] for p in s["sweep"]]
+    tput = [p["output_tokens_per_s"] for p in s["sweep"]]
+    assert levels == [1, 4, 16, 64, 256, 1024][: len(levels)] and s["saturated_at"] == levels[-1]
+    assert all(b >= 1.05 * a for a, b in itertools.pairwise(tput[:-1]))
+    assert tput[-1] < 1.05 * tput[-2]
+    assert s["max_concurrency_meeting_slo"] in levels
