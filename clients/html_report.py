@@ -22,7 +22,7 @@ import numpy as np
 from clients.report import RequestResult
 
 
-def _png(fig: Any) -> str:
+def png_base64(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
@@ -47,7 +47,7 @@ def latency_cdfs(results: list[RequestResult]) -> str:
         ax.set_ylim(0, 1.01)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of requests")
-    return _png(fig)
+    return png_base64(fig)
 
 
 def tokens_over_time(results: list[RequestResult], bins: int = 50) -> str:
@@ -61,7 +61,7 @@ def tokens_over_time(results: list[RequestResult], bins: int = 50) -> str:
     ax.set_xlabel("s since start")
     ax.set_ylabel("tokens/s")
     ax.grid(alpha=0.3)
-    return _png(fig)
+    return png_base64(fig)
 
 
 def sweep_plot(points: list[dict[str, Any]]) -> str:
@@ -75,7 +75,22 @@ def sweep_plot(points: list[dict[str, Any]]) -> str:
         ax.set_ylabel("ms")
         ax.grid(alpha=0.3)
         ax.legend()
-    return _png(fig)
+    return png_base64(fig)
+
+
+def page(title: str, figures: list[tuple[str, str]], data_heading: str, data: Any) -> str:
+    """One self-contained HTML document: a title, (heading, base64 PNG) figures, and the data
+    they were drawn from as JSON."""
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    for heading, png in figures:
+        body.append(f"<h2>{html.escape(heading)}</h2>"
+                    f'<img alt="{html.escape(heading)}" src="data:image/png;base64,{png}">')
+    table = json.dumps(data, indent=1, default=str)
+    body.append(f"<h2>{html.escape(data_heading)}</h2><pre>{html.escape(table)}</pre>")
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
+            f"<title>{html.escape(title)}</title>"
+            "<style>body{font-family:sans-serif;margin:2em}img{max-width:100%}</style>"
+            f"</head><body>{''.join(body)}</body></html>")
 
 
 def render(summary: dict[str, Any], results: list[RequestResult],
@@ -85,13 +100,4 @@ def render(summary: dict[str, Any], results: list[RequestResult],
                ("Throughput over time", tokens_over_time(results))]
     if sweep:
         figures.insert(0, ("Latency vs throughput over the sweep", sweep_plot(sweep)))
-    body = [f"<h1>{html.escape(title)}</h1>"]
-    for heading, png in figures:
-        body.append(f"<h2>{html.escape(heading)}</h2>"
-                    f'<img alt="{html.escape(heading)}" src="data:image/png;base64,{png}">')
-    table = json.dumps(summary, indent=1, default=str)
-    body.append(f"<h2>Summary</h2><pre>{html.escape(table)}</pre>")
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            f"<title>{html.escape(title)}</title>"
-            "<style>body{font-family:sans-serif;margin:2em}img{max-width:100%}</style>"
-            f"</head><body>{''.join(body)}</body></html>")
+    return page(title, figures, "Summary", summary)

@@ -3,13 +3,11 @@ doppelchip/whatif.py): the figures the design notes argue from."""
 
 from __future__ import annotations
 
-import html
-import json
 from typing import Any
 
 import matplotlib.pyplot as plt
 
-from clients.html_report import _png
+from clients.html_report import png_base64, page
 
 
 def cost_vs_speed_plot(data: dict[str, Any]) -> str:
@@ -29,7 +27,7 @@ def cost_vs_speed_plot(data: dict[str, Any]) -> str:
     ax.set_title("cost vs speed across batch sizes (dotted: the cheapest option changes)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    return _png(fig)
+    return png_base64(fig)
 
 
 def ttft_plot(data: dict[str, Any]) -> str:
@@ -43,7 +41,7 @@ def ttft_plot(data: dict[str, Any]) -> str:
     ax.set_title(f"long prompts on {data['chip']}: MLX vs llama.cpp")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _png(fig)
+    return png_base64(fig)
 
 
 def tiers_plot(rows: list[dict[str, Any]]) -> str:
@@ -56,7 +54,7 @@ def tiers_plot(rows: list[dict[str, Any]]) -> str:
     ax.set_ylabel("batch-1 decode tokens/s")
     ax.set_title("llama.cpp on an RTX 4090 box: VRAM, host RAM, SSD")
     ax.grid(alpha=0.3, axis="y")
-    return _png(fig)
+    return png_base64(fig)
 
 
 def groq_plot(rows: list[dict[str, Any]]) -> str:
@@ -66,7 +64,7 @@ def groq_plot(rows: list[dict[str, Any]]) -> str:
     ax.set_xticks(range(len(rows)), labels)
     ax.set_ylabel("seconds stalled compiling")
     ax.set_title("Groq: recompiling vs holding the compiled batch")
-    return _png(fig)
+    return png_base64(fig)
 
 
 def render(result: dict[str, Any]) -> str:
@@ -76,12 +74,5 @@ def render(result: dict[str, Any]) -> str:
         ("llama.cpp tiers", tiers_plot(result["llamacpp_tiers"])),
         ("Groq compile stalls", groq_plot(result["groq_shapes"])),
     ]
-    body = [f"<h1>doppelchip whatif: {html.escape(result['model'])}, "
-            f"{result['isl']} in / {result['osl']} out</h1>"]
-    for heading, png in figures:
-        body.append(f"<h2>{html.escape(heading)}</h2>"
-                    f'<img alt="{html.escape(heading)}" src="data:image/png;base64,{png}">')
-    body.append(f"<h2>Data</h2><pre>{html.escape(json.dumps(result, indent=1))}</pre>")
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>doppelchip whatif</title>"
-            "<style>body{font-family:sans-serif;margin:2em}img{max-width:100%}</style>"
-            f"</head><body>{''.join(body)}</body></html>")
+    title = f"doppelchip whatif: {result['model']}, {result['isl']} in / {result['osl']} out"
+    return page(title, figures, "Data", result)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     try:
         batches = tuple(int(b) for b in args.batches.split(",") if b.strip())
     except ValueError:
-        print(f"error: bad --batches {args.batches!r}")
+        batches = ()
+    if not batches or min(batches) < 1:
+        print(f"error: --batches needs integers >= 1, got {args.batches!r}", file=sys.stderr)
         return 2
     result = run_whatif(WhatIfConfig(model=args.model, isl=args.isl, osl=args.osl,
                                      batches=batches))
