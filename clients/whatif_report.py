@@ -7,7 +7,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from clients.html_report import png_base64, page
+from clients.html_report import page, png_base64
 
 
 def cost_vs_speed_plot(data: dict[str, Any]) -> str:
