@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PROTOS := $(wildcard proto/doppelchip/v1/*.proto)
 
-.PHONY: run test install install-dev proto lint bench clean prometheus
+.PHONY: run test install install-dev proto lint bench clean prometheus gateway
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "doppelchip needs Python >= 3.11")'
@@ -25,6 +25,9 @@ install-dev: $(VENV)/.installed-dev
 
 run: install ## serve the default fleet on 127.0.0.1:50051 (metrics on :8000)
 	$(BIN)/doppelchip serve $(ARGS)
+
+gateway: install-dev ## 2 replicas of vllm-h100 behind the smg gateway: OpenAI HTTP on 127.0.0.1:30000
+	$(BIN)/doppelchip gateway $(ARGS)
 
 test: install-dev prometheus ## the whole suite; pytest's "no tests collected" (5) is not a failure
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc

@@ -20,6 +20,7 @@ def _serve(args: argparse.Namespace) -> int:
             host=args.host, port=args.port, metrics_port=args.metrics_port,
             time_scale=args.time_scale, default_deployment=args.default_deployment,
             drain_grace_s=args.drain_grace, event_loop=args.event_loop,
+            vllm_engine_deployment=args.vllm_engine_deployment,
         )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -29,6 +30,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if fleet.default_deployment not in {d.name for d in fleet.deployments}:
         print(f"error: unknown default deployment {fleet.default_deployment!r}", file=sys.stderr)
+        return 2
+    if fleet.vllm_engine_deployment not in {d.name for d in fleet.deployments}:
+        print(f"error: unknown --vllm-engine-deployment {fleet.vllm_engine_deployment!r}",
+              file=sys.stderr)
         return 2
     return run(fleet)
 
@@ -72,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on shutdown, how long in-flight streams may run before being aborted")
     p.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
                    help="event loop implementation (auto: the measured faster one)")
+    p.add_argument("--vllm-engine-deployment", metavar="NAME",
+                   help="deployment the vLLM engine gRPC service (vllm.grpc.engine.VllmEngine, "
+                   "what the smg gateway speaks) fronts on this port (default: the default "
+                   "deployment)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="logging verbosity (default info)")
     p.set_defaults(func=_serve)
@@ -105,12 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_generate)
 
     # argparse only; each command imports its layers when it runs
-    from doppelchip import cmd_devices, cmd_load, cmd_simulate, cmd_whatif
+    from doppelchip import cmd_devices, cmd_gateway, cmd_load, cmd_simulate, cmd_whatif
 
     cmd_devices.register(sub)
     cmd_simulate.register(sub)
     cmd_load.register(sub)
     cmd_whatif.register(sub)
+    cmd_gateway.register(sub)
     return parser
 
 

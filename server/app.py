@@ -22,6 +22,8 @@ from server.config import FleetConfig
 from server.fleet import Fleet
 from server.metrics import start_metrics_server
 from server.servicer import InferenceServicer
+from server.vllm_servicer import SERVICE_NAME as VLLM_SERVICE_NAME
+from server.vllm_servicer import VllmEngineServicer, add_to_server
 
 log = logging.getLogger("doppelchip.server")
 
@@ -33,21 +35,24 @@ class App:
         self.config = config
         self.fleet = Fleet(config)
         self.servicer = InferenceServicer(self.fleet)
+        self.vllm = VllmEngineServicer(self.fleet.get(config.vllm_engine_deployment))
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.metrics_port = 0
         self._metrics = None
         self._stopped = asyncio.Event()
+        self._vllm_health: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         cfg = self.config.server
         self.server = grpc.aio.server()
         pb_grpc.add_InferenceServicer_to_server(self.servicer, self.server)
+        add_to_server(self.vllm, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME),
+            (SERVICE_NAME, VLLM_SERVICE_NAME,
+             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server,
         )
         self.port = self.server.add_insecure_port(f"{cfg.host}:{cfg.port}")
@@ -60,18 +65,31 @@ class App:
         await self.server.start()
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._vllm_health = asyncio.create_task(self._serve_vllm_when_ready())
         log.info(
             "serving %d deployments on %s:%d (metrics on :%d/metrics), default %s",
             len(self.fleet.engines), cfg.host, self.port, self.metrics_port,
             self.fleet.default_name,
         )
 
+    async def _serve_vllm_when_ready(self) -> None:
+        """The standard health of the VllmEngine service follows its deployment: NOT_SERVING
+        until it is ready (a cold deployment is compiling), SERVING after."""
+        await self.health.set(VLLM_SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        until_ready = getattr(self.vllm.engine, "until_ready", None)
+        if until_ready is not None:
+            await until_ready()
+        if not self.servicer.draining:
+            await self.health.set(VLLM_SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+
     async def drain(self, grace_s: float | None = None) -> None:
         """Stop taking work, let in-flight streams finish (up to the grace), then stop."""
         if self._stopped.is_set() or self.server is None:
             return
         grace = self.config.server.drain_grace_s if grace_s is None else grace_s
-        self.servicer.draining = True
+        self.servicer.draining = self.vllm.draining = True
+        if self._vllm_health is not None:
+            self._vllm_health.cancel()
         await self.health.enter_graceful_shutdown()
         log.info("draining: %d requests in flight, grace %.1fs", self.fleet.num_unfinished(), grace)
         idle = [asyncio.create_task(e.until_idle()) for e in self.fleet.engines.values()]

@@ -9,6 +9,7 @@ default_deployment = "vllm-h100"
 time_scale = 1.0              # 0.01: emulated seconds pass 100x faster
 drain_grace_s = 10.0
 event_loop = "auto"           # auto | uvloop | asyncio
+vllm_engine_deployment = ""   # what vllm.grpc.engine.VllmEngine fronts ("": default)
 
 [[deployments]]
 name = "vllm-h100"
@@ -48,6 +49,7 @@ class ServerConfig:
     time_scale: float = 1.0
     drain_grace_s: float = 10.0
     event_loop: str = "auto"
+    vllm_engine_deployment: str = ""  # the deployment VllmEngine fronts ("": the default one)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,11 @@ class FleetConfig:
         return self.server.default_deployment or (
             self.deployments[0].name if self.deployments else ""
         )
+
+    @property
+    def vllm_engine_deployment(self) -> str:
+        """The deployment this port's vllm.grpc.engine.VllmEngine service fronts."""
+        return self.server.vllm_engine_deployment or self.default_deployment
 
     def with_server(self, **overrides: Any) -> FleetConfig:
         """A copy whose server section has the given (non-None) values replaced."""
@@ -133,6 +140,11 @@ def parse_fleet(doc: dict[str, Any], source: str = "fleet file") -> FleetConfig:
     if fleet.default_deployment not in names:
         raise ConfigError(
             f"{source}: default_deployment {fleet.default_deployment!r} is not one of {names}"
+        )
+    if fleet.vllm_engine_deployment not in names:
+        raise ConfigError(
+            f"{source}: vllm_engine_deployment {fleet.vllm_engine_deployment!r} is not one of "
+            f"{names}"
         )
     return fleet
 

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE_MODULES = {"server.app", "server.config", "server.convert", "server.fleet",
                    "server.metrics", "server.metrics_device", "server.metrics_vllm",
-                   "server.servicer"}
+                   "server.servicer", "server.vllm_convert", "server.vllm_servicer"}
 
 
 def imports(path: Path, package: str, top_level_only: bool = False) -> set[str]:
@@ -55,8 +55,8 @@ def check(paths: list[Path], forbidden: tuple[str, ...], top_level_only: bool = 
 @pytest.mark.parametrize(
     ("folder", "forbidden"),
     [
-        ("devices", ("asyncio", "grpc", "server", "clients", "doppelchip")),
-        ("server/engine", ("grpc", "clients", "doppelchip", "prometheus_client",
+        ("devices", ("asyncio", "grpc", "server", "clients", "doppelchip", "smg_grpc_proto")),
+        ("server/engine", ("grpc", "clients", "doppelchip", "prometheus_client", "smg_grpc_proto",
                             *sorted(SERVICE_MODULES))),
         ("server", ("clients",)),
         ("clients", ("server",)),

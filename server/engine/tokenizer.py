@@ -48,6 +48,8 @@ class Tokenizer:
         self.eos_token: str = self.config["eos_token"]
         self.bos_token_id = self._id(self.bos_token)
         self.eos_token_id = self._id(self.eos_token)
+        pad = self.config.get("pad_token")
+        self.pad_token_id: int | None = self._id(pad) if pad else None
         self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
         self.special_token_ids = frozenset(
             self._id(t.content) for t in self._tok.get_added_tokens_decoder().values()

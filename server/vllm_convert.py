@@ -1,0 +1,141 @@
+"""vLLM engine wire (`vllm.grpc.engine`, from smg-grpc-proto) <-> engine conversions.
+
+Pure functions, as `server/convert.py` is for doppelchip's own API. The shapes follow what
+vLLM's gRPC servicer sends (smg-grpc-servicer), which is what the smg gateway reads:
+- streaming: one `chunk` per engine chunk (delta token ids; `completion_tokens` is the delta
+  count, the gateway accumulates), and when the request finishes a `complete` carrying the
+  last delta, the finish reason, the matched stop and the prompt / cached token counts;
+- not streaming: one `complete` with every output token id.
+Proto3 leaves "unset" as zero for most sampling fields; zero means the vLLM default here as in
+vLLM's servicer (top_p 0 -> 1, top_k 0 -> off, repetition_penalty 0 -> 1).
+"""
+
+from __future__ import annotations
+
+from smg_grpc_proto import vllm_engine_pb2 as vpb
+
+from server.engine.interface import (
+    Constraint,
+    DeploymentStatus,
+    EngineRequest,
+    InvalidRequest,
+    SamplingOptions,
+    TokenChunk,
+)
+
+
+def to_sampling(sp: vpb.SamplingParams) -> SamplingOptions:
+    """The engine's sampling options; raises InvalidRequest for what the engine cannot do."""
+    if sp.n > 1:
+        raise InvalidRequest(f"n={sp.n} is not supported: one sequence per request (n=1)")
+    if sp.HasField("logprobs") or sp.HasField("prompt_logprobs"):
+        raise InvalidRequest("logprobs are not supported (the emulated model has no logits)")
+    if sp.logit_bias:
+        raise InvalidRequest("logit_bias is not supported")
+    options = SamplingOptions(
+        max_tokens=sp.max_tokens if sp.HasField("max_tokens") else None,
+        min_tokens=sp.min_tokens,
+        temperature=sp.temperature if sp.HasField("temperature") else 1.0,
+        top_p=sp.top_p if sp.top_p != 0.0 else 1.0,
+        top_k=sp.top_k if sp.top_k > 0 else -1,
+        min_p=sp.min_p,
+        repetition_penalty=sp.repetition_penalty if sp.repetition_penalty != 0.0 else 1.0,
+        presence_penalty=sp.presence_penalty,
+        frequency_penalty=sp.frequency_penalty,
+        seed=sp.seed if sp.HasField("seed") else None,
+        ignore_eos=sp.ignore_eos,
+        stop=tuple(sp.stop),
+        stop_token_ids=tuple(sp.stop_token_ids),
+        include_stop_str_in_output=sp.include_stop_str_in_output,
+        skip_special_tokens=sp.skip_special_tokens,
+    )
+    options.validate()
+    return options
+
+
+def to_constraint(sp: vpb.SamplingParams) -> Constraint | None:
+    kind = sp.WhichOneof("constraint")
+    if kind is None:
+        return None
+    if kind == "choice":
+        return Constraint("choice", choices=tuple(sp.choice.choices))
+    if kind == "json_object":
+        return Constraint("json_schema", text='{"type": "object"}') if sp.json_object else None
+    if kind == "structural_tag":
+        raise InvalidRequest("structural_tag constraints are not supported")
+    return Constraint(kind, text=getattr(sp, kind))  # json_schema, regex, grammar
+
+
+def to_engine_request(req: vpb.GenerateRequest, request_id: str) -> EngineRequest:
+    """The engine's view of a vLLM GenerateRequest; raises InvalidRequest saying what is wrong."""
+    if req.HasField("mm_inputs") or req.extra_mm_inputs or req.HasField("media_refs"):
+        raise InvalidRequest("multimodal inputs are not supported (text-only model)")
+    which = req.WhichOneof("input")
+    if which is None:
+        raise InvalidRequest("input is missing: set tokenized or text")
+    sp = req.sampling_params
+    if which == "text":
+        if not req.text:
+            raise InvalidRequest("prompt is empty")
+        return EngineRequest(request_id=request_id, prompt_text=req.text,
+                             sampling=to_sampling(sp), constraint=to_constraint(sp))
+    ids = tuple(req.tokenized.input_ids)
+    if sp.HasField("truncate_prompt_tokens") and sp.truncate_prompt_tokens > 0:
+        ids = ids[-sp.truncate_prompt_tokens :]
+    if not ids:
+        raise InvalidRequest("prompt is empty (no input_ids)")
+    return EngineRequest(request_id=request_id, prompt_token_ids=ids,
+                         sampling=to_sampling(sp), constraint=to_constraint(sp))
+
+
+def to_chunk(chunk: TokenChunk, prompt_tokens: int, cached: int) -> vpb.GenerateResponse:
+    return vpb.GenerateResponse(chunk=vpb.GenerateStreamChunk(
+        token_ids=chunk.token_ids, prompt_tokens=prompt_tokens,
+        completion_tokens=len(chunk.token_ids), cached_tokens=cached,
+    ))
+
+
+def to_complete(chunk: TokenChunk, output_ids: tuple[int, ...]) -> vpb.GenerateResponse:
+    """The `complete` message of a finished request: `output_ids` are the last delta when
+    streaming, every output token otherwise."""
+    f = chunk.finish
+    assert f is not None
+    msg = vpb.GenerateComplete(
+        output_ids=output_ids, finish_reason=f.reason.value,
+        prompt_tokens=f.usage.prompt_tokens, completion_tokens=len(output_ids),
+        cached_tokens=f.usage.cached_prompt_tokens,
+    )
+    if f.stop_str is not None:
+        msg.matched_stop_str = f.stop_str
+    elif f.stop_token_id is not None:
+        msg.matched_token_id = f.stop_token_id
+    return vpb.GenerateResponse(complete=msg)
+
+
+def to_model_info(status: DeploymentStatus, eos: int, bos: int, pad: int,
+                  vocab_size: int) -> vpb.GetModelInfoResponse:
+    c = status.capacity
+    return vpb.GetModelInfoResponse(
+        model_path=status.model, served_model_name=status.model, tokenizer_path="",
+        is_generation=True, max_context_length=c.max_model_len, max_req_input_len=c.max_model_len,
+        vocab_size=vocab_size, supports_vision=False, model_type="llama",
+        architectures=["LlamaForCausalLM"], eos_token_ids=[eos], bos_token_id=bos,
+        pad_token_id=pad,
+    )
+
+
+def to_scheduler_load(status: DeploymentStatus, gen_throughput: float,
+                      cache_hit_rate: float) -> vpb.SchedulerLoad:
+    """One data-parallel rank's load (doppelchip's deployment is one rank)."""
+    c = status.capacity
+    used_blocks = c.kv_blocks_total - c.kv_blocks_free
+    usage = used_blocks / c.kv_blocks_total if c.kv_blocks_total else 0.0
+    return vpb.SchedulerLoad(
+        dp_rank=0, num_running_reqs=status.num_running, num_waiting_reqs=status.num_waiting,
+        num_total_reqs=status.num_running + status.num_waiting,
+        num_used_tokens=used_blocks * c.block_size,
+        max_total_num_tokens=c.kv_blocks_total * c.block_size, token_usage=usage,
+        gen_throughput=gen_throughput, cache_hit_rate=cache_hit_rate,
+        utilization=status.num_running / c.max_num_seqs if c.max_num_seqs else 0.0,
+        max_running_requests=c.max_concurrency or c.max_num_seqs,
+    )

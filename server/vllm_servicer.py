@@ -1,0 +1,195 @@
+"""The vLLM engine gRPC service (`vllm.grpc.engine.VllmEngine`), so the smg gateway fronts us.
+
+One deployment per listening port (`[server] vllm_engine_deployment`, default: the fleet's
+default deployment). Thin, like `server/servicer.py`: convert (`server/vllm_convert.py`), hand
+to the engine (`submit`, `outputs`, `abort`, `status`), convert back. What smg relies on:
+- `HealthCheck` is healthy only while the deployment is READY (not compiling, failed or
+  draining);
+- `GetModelInfo` names the model, `GetTokenizer` streams a zip of the engine's tokenizer
+  directory (tokenizer.json + tokenizer_config.json with its chat template) with the sha256 of
+  the zip on the last chunk, so the gateway tokenizes and applies the chat template offline;
+- `Generate` sends initial metadata at once (the gateway times TTFT from it), then chunks;
+  stop strings are enforced by the engine; a stream that ends early aborts the request;
+- `Abort` (the gateway's only cancellation) frees the request's KV on the loop's next turn;
+- `GetLoads` / `GetServerInfo` report the engine's own numbers.
+Errors: INVALID_ARGUMENT (HTTP 400 through smg), RESOURCE_EXHAUSTED (429), UNAVAILABLE (503).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import time
+import uuid
+import zipfile
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import grpc
+from smg_grpc_proto import vllm_engine_pb2 as vpb
+from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
+from smg_grpc_proto.generated import common_pb2
+
+from server import convert, vllm_convert
+from server.engine.interface import DeploymentState, Engine, EngineError, FinishReason
+from server.engine.logs import request_log
+from server.engine.tokenizer import TOKENIZER_DIR
+
+log = logging.getLogger("doppelchip.vllm")
+
+SERVICE_NAME = vpb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+CHUNK_BYTES = 64 * 1024  # as vLLM's servicer streams the bundle
+
+
+def tokenizer_zip(directory: Path = TOKENIZER_DIR) -> tuple[bytes, str]:
+    """The tokenizer directory as a zip (fixed timestamps: the same bytes every time) and the
+    sha256 hex digest of those bytes."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in TOKENIZER_FILES:
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, (directory / name).read_bytes())
+    data = buf.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+class _Rate:
+    """Generated tokens per wall second between two polls (load-aware routing reads it)."""
+
+    def __init__(self) -> None:
+        self.t, self.count, self.rate = time.monotonic(), 0, 0.0
+
+    def update(self, count: int) -> float:
+        now = time.monotonic()
+        if now - self.t >= 0.05:
+            self.rate = (count - self.count) / (now - self.t)
+            self.t, self.count = now, count
+        return self.rate
+
+
+class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.draining = False
+        self.started = time.monotonic()
+        self.last_receive = 0.0
+        self.prompt_tokens = 0  # of the requests this service finished (cache hit rate)
+        self.cached_tokens = 0
+        self._rate = _Rate()
+        self._tokenizer: tuple[bytes, str] | None = None
+
+    def ready(self) -> bool:
+        return not self.draining and self.engine.status().state is DeploymentState.READY
+
+    async def Generate(
+        self, request: vpb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[vpb.GenerateResponse]:
+        rid = request.request_id or f"req-{uuid.uuid4().hex}"
+        rlog = request_log(log, rid)
+        self.last_receive = time.time()
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining")
+        try:
+            handle = self.engine.submit(vllm_convert.to_engine_request(request, rid))
+        except EngineError as e:
+            rlog.info("rejected: %s", e)
+            await context.abort(convert.status_code(e), str(e))
+        await context.send_initial_metadata((("x-request-id", rid),))
+        prompt_tokens = len(handle.prompt_token_ids)
+        output_ids: list[int] = []
+        finished = False
+        try:
+            async for chunk in handle.outputs():
+                output_ids.extend(chunk.token_ids)
+                finished = chunk.finish is not None
+                if request.stream and (chunk.token_ids or finished):
+                    cached = chunk.finish.usage.cached_prompt_tokens if finished else 0
+                    yield vllm_convert.to_chunk(chunk, prompt_tokens, cached)
+                if finished:
+                    self._account(chunk)
+                    ids = chunk.token_ids if request.stream else tuple(output_ids)
+                    yield vllm_convert.to_complete(chunk, ids)
+        finally:
+            if not finished:  # client cancel, deadline, or a failed write: free it at once
+                rlog.info("stream ended early; aborting in %s", self.engine.name)
+                self.engine.abort(rid)
+
+    def _account(self, chunk) -> None:
+        if chunk.finish.reason is not FinishReason.ABORT:
+            self.prompt_tokens += chunk.finish.usage.prompt_tokens
+            self.cached_tokens += chunk.finish.usage.cached_prompt_tokens
+
+    async def Abort(
+        self, request: vpb.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> vpb.AbortResponse:
+        for rid in request.request_ids:
+            request_log(log, rid).info("Abort from the client; aborting in %s", self.engine.name)
+            self.engine.abort(rid)
+        return vpb.AbortResponse()
+
+    async def HealthCheck(
+        self, request: vpb.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> vpb.HealthCheckResponse:
+        if self.draining:
+            return vpb.HealthCheckResponse(healthy=False, message="server is draining")
+        status = self.engine.status()
+        healthy = status.state is DeploymentState.READY
+        return vpb.HealthCheckResponse(
+            healthy=healthy, message=f"{status.name}: {status.state.value}: {status.state_message}"
+        )
+
+    async def GetModelInfo(
+        self, request: vpb.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> vpb.GetModelInfoResponse:
+        tok = self.engine.tokenizer  # type: ignore[attr-defined]
+        return vllm_convert.to_model_info(
+            self.engine.status(), eos=tok.eos_token_id, bos=tok.bos_token_id,
+            pad=tok.pad_token_id or 0, vocab_size=tok.vocab_size,
+        )
+
+    async def GetTokenizer(
+        self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        if self._tokenizer is None:
+            self._tokenizer = tokenizer_zip()
+        data, digest = self._tokenizer
+        for start in range(0, len(data), CHUNK_BYTES):
+            end = min(start + CHUNK_BYTES, len(data))
+            yield common_pb2.GetTokenizerChunk(data=data[start:end],
+                                               sha256=digest if end == len(data) else "")
+
+    async def GetServerInfo(
+        self, request: vpb.GetServerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> vpb.GetServerInfoResponse:
+        s = self.engine.status()
+        return vpb.GetServerInfoResponse(
+            active_requests=s.num_running + s.num_waiting, is_paused=False,
+            last_receive_timestamp=self.last_receive,
+            uptime_seconds=time.monotonic() - self.started, server_type="vllm-grpc",
+            data_parallel_size=1, kv_cache_dtype="auto", block_size=s.capacity.block_size,
+            model_dtype=s.quant, max_num_seqs=s.capacity.max_num_seqs,
+        )
+
+    async def GetLoads(
+        self, request: vpb.GetLoadsRequest, context: grpc.aio.ServicerContext
+    ) -> vpb.GetLoadsResponse:
+        if request.HasField("dp_rank") and request.dp_rank != 0:
+            return vpb.GetLoadsResponse(timestamp=_now_iso(), version="doppelchip",
+                                        dp_rank_count=0)
+        rate = self._rate.update(self.engine.stats.generation_tokens)
+        hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        load = vllm_convert.to_scheduler_load(self.engine.status(), rate, hit)
+        return vpb.GetLoadsResponse(timestamp=_now_iso(), version="doppelchip",
+                                    dp_rank_count=1, loads=[load])
+
+
+def add_to_server(servicer: VllmEngineServicer, server: grpc.aio.Server) -> None:
+    vpb_grpc.add_VllmEngineServicer_to_server(servicer, server)
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat()

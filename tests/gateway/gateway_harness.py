@@ -1,0 +1,188 @@
+"""The smg gateway in front of in-process doppelchip replicas, for the end-to-end tests.
+
+Each replica is an `App` (the test fleet, its VllmEngine service fronting one deployment) on
+an ephemeral loopback port in the test's event loop; smg runs as a subprocess bound to
+127.0.0.1 (HTTP and Prometheus), pointed at the replicas with grpc:// URLs, and is always
+killed on the way out. HTTP calls are blocking stdlib calls run in a thread, so the replicas
+keep serving meanwhile. Every wait polls a condition against a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conftest import make_fleet
+
+SMG = shutil.which("smg", path=str(Path(sys.executable).parent)) or shutil.which("smg")
+MODEL = "llama-3.1-8b"  # the served model name of the test fleet's "fast"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, body: dict | None = None,
+         timeout: float = 10.0) -> tuple[int, Any]:
+    """Status and decoded JSON body (or text) of one request."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def sse(url: str, body: dict, timeout: float = 10.0, max_events: int | None = None
+        ) -> tuple[int, list[dict]]:
+    """A streaming request's status and its `data:` events (JSON), up to `[DONE]`, or the
+    first `max_events` (then the connection is closed: a client that goes away)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    events: list[dict] = []
+    try:
+        r = urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        return e.code, [json.loads(e.read() or b"{}")]
+    with r:
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            events.append(json.loads(payload))
+            if max_events is not None and len(events) >= max_events:
+                break
+        return r.status, events
+
+
+@dataclass
+class Gateway:
+    apps: list
+    port: int
+    proc: subprocess.Popen
+    log: Path
+    urls: list[str] = field(default_factory=list)
+
+    @property
+    def model(self) -> str:
+        """The served model name (the fronted deployment's model)."""
+        return self.apps[0].vllm.engine.status().model
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def call(self, method: str, path: str, body: dict | None = None,
+                   timeout: float = 10.0) -> tuple[int, Any]:
+        return await asyncio.to_thread(http, method, self.base + path, body, timeout)
+
+    async def stream(self, path: str, body: dict, timeout: float = 10.0,
+                     max_events: int | None = None) -> tuple[int, list[dict]]:
+        return await asyncio.to_thread(sse, self.base + path, body, timeout, max_events)
+
+    def log_tail(self, n: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+    async def wait_ready(self, n: int, deadline_s: float = 30.0) -> None:
+        """Until smg is ready with `n` healthy workers (registered, tokenizer loaded)."""
+        end = time.monotonic() + deadline_s
+        body: Any = None
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"smg exited ({self.proc.returncode}):\n{self.log_tail()}")
+            with contextlib.suppress(OSError):
+                status, body = await self.call("GET", "/readiness", timeout=2.0)
+                if status == 200 and body.get("healthy_workers", 0) >= n:
+                    return
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"smg not ready with {n} workers in {deadline_s}s: {body}\n"
+                           f"{self.log_tail()}")
+
+
+def gateway_fleet(deployments: list[dict] | None = None, **server: Any):
+    """The test fleet (or the given deployments), its VllmEngine fronting `fast` unless told."""
+    fleet = make_fleet({"vllm_engine_deployment": "fast", **server})
+    if deployments is None:
+        return fleet
+    from server.config import parse_fleet
+
+    doc = {"server": {**fleet.server.__dict__, "default_deployment": deployments[0]["name"],
+                      "vllm_engine_deployment": server.get("vllm_engine_deployment",
+                                                           deployments[0]["name"])},
+           "deployments": deployments}
+    return parse_fleet(doc, "gateway test fleet")
+
+
+def start_smg(worker_urls: list[str], log: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    cmd = [SMG, "launch", "--host", "127.0.0.1", "--port", str(port),
+           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+           "--worker-urls", *worker_urls, "--policy", "round_robin",
+           "--shutdown-grace-period-secs", "1", "--log-level", "info", *extra]
+    out = log.open("wb")
+    env = {**os.environ, "NO_COLOR": "1"}
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env, start_new_session=True)
+    out.close()
+    return proc, port
+
+
+def stop_smg(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+@contextlib.asynccontextmanager
+async def gateway(tmp_path: Path, fleets: list, *smg_args: str, wait: bool = True
+                  ) -> AsyncIterator[Gateway]:
+    """Replicas (one App per fleet) behind one smg; everything stopped on the way out."""
+    from server.app import App
+
+    apps = [App(f) for f in fleets]
+    proc = None
+    try:
+        for app in apps:
+            await app.start()
+        urls = [f"grpc://127.0.0.1:{app.port}" for app in apps]
+        proc, port = start_smg(urls, tmp_path / "smg.log", *smg_args)
+        gw = Gateway(apps, port, proc, tmp_path / "smg.log", urls)
+        if wait:
+            await gw.wait_ready(len(apps))
+        yield gw
+    finally:
+        if proc is not None:
+            await asyncio.to_thread(stop_smg, proc)
+        for app in apps:
+            await app.drain(0.0)

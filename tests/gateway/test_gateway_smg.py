@@ -1,0 +1,169 @@
+"""End to end through the real smg gateway (the `smg` dev dependency) on loopback: OpenAI HTTP
+in, vllm.grpc.engine.VllmEngine to in-process doppelchip replicas, text and usage out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from conftest import assert_released
+from gateway_harness import SMG, Gateway, gateway, gateway_fleet
+from smg_grpc_proto import vllm_engine_pb2 as vpb
+from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
+
+from server.engine.tokenizer import get_tokenizer
+
+pytestmark = pytest.mark.skipif(SMG is None, reason="smg is not installed (make install-dev)")
+
+TOK = get_tokenizer()
+PROMPT = ("The quick brown fox jumps over the lazy dog and then runs far away into the dark "
+          "forest where nobody can find it again for many years to come")
+MESSAGES = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Say something about foxes."}]
+COLD = {"name": "cold", "model": "llama-3.1-8b", "quant": "fp8", "chip": "h100-sxm",
+        "engine": "tensorrt-llm", "built_for": "hopper", "start": "cold", "max_model_len": 512}
+
+
+@pytest.fixture
+async def replicas(tmp_path) -> AsyncIterator[Gateway]:
+    """Two replicas of the `fast` deployment behind smg (round robin)."""
+    async with gateway(tmp_path, [gateway_fleet(), gateway_fleet()]) as gw:
+        yield gw
+
+
+@pytest.fixture
+async def slow_gateway(tmp_path) -> AsyncIterator[Gateway]:
+    """One replica fronting `slow` (one running sequence, two waiting at most)."""
+    async with gateway(tmp_path, [gateway_fleet(vllm_engine_deployment="slow")]) as gw:
+        yield gw
+
+
+async def wait_for(cond, deadline_s: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while not cond():
+        assert loop.time() < end, "condition not met before the deadline"
+        await asyncio.sleep(0.01)
+
+
+def stream_text(events: list[dict], chat: bool) -> str:
+    if chat:
+        return "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+    return "".join(c["text"] for e in events for c in e["choices"])
+
+
+async def test_completions_and_chat_with_usage_streaming_and_not(replicas):
+    gw = replicas
+    prompt_ids = TOK.encode(PROMPT)
+    body = {"model": gw.model, "prompt": PROMPT, "max_tokens": 12, "ignore_eos": True,
+            "seed": 5}
+    status, done = await gw.call("POST", "/v1/completions", body)
+    assert status == 200, done
+    assert done["choices"][0]["text"] and done["choices"][0]["finish_reason"] == "length"
+    assert done["usage"]["prompt_tokens"] == len(prompt_ids)
+    assert done["usage"]["completion_tokens"] == 12
+    status, events = await gw.stream("/v1/completions", {
+        **body, "stream": True, "stream_options": {"include_usage": True}})
+    assert status == 200
+    assert stream_text(events, chat=False) == done["choices"][0]["text"]  # same seed, same text
+    usage = events[-1]["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(prompt_ids), 12)
+
+    chat_ids = TOK.encode_chat(MESSAGES)  # smg applies the chat template GetTokenizer shipped
+    chat = {"model": gw.model, "messages": MESSAGES, "max_tokens": 9, "ignore_eos": True,
+            "seed": 5}
+    status, done = await gw.call("POST", "/v1/chat/completions", chat)
+    assert status == 200, done
+    assert done["choices"][0]["message"]["content"]
+    assert done["usage"]["prompt_tokens"] == len(chat_ids)
+    assert done["usage"]["completion_tokens"] == 9
+    status, events = await gw.stream("/v1/chat/completions", {
+        **chat, "stream": True, "stream_options": {"include_usage": True}})
+    assert status == 200
+    assert stream_text(events, chat=True) == done["choices"][0]["message"]["content"]
+    usage = events[-1]["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(chat_ids), 9)
+
+    # A stop string ends the generation in the worker (fewer tokens, finish reason stop).
+    status, plain = await gw.call("POST", "/v1/completions", body)
+    done_text = plain["choices"][0]["text"]
+    stop = done_text[len(done_text) // 2 :][:3]
+    status, text = await gw.call("POST", "/v1/completions", {**body, "stop": [stop]})
+    assert status == 200 and text["choices"][0]["finish_reason"] == "stop"
+    assert text["usage"]["completion_tokens"] < 12 and stop not in text["choices"][0]["text"]
+
+    # By now both replicas have served this prompt (round robin), so its prefix is cached.
+    status, again = await gw.call("POST", "/v1/completions", body)
+    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == (len(prompt_ids) - 1) // 16 * 16 > 0
+    # Both replicas took traffic.
+    for app in gw.apps:
+        assert app.fleet.get("fast").stats.generation_tokens > 0
+        assert_released(app.fleet.get("fast"))
+
+
+async def test_client_disconnect_aborts_and_frees_kv(slow_gateway, caplog):
+    gw = slow_gateway
+    engine = gw.apps[0].fleet.get("slow")
+    caplog.set_level("INFO", logger="doppelchip.vllm")
+    status, events = await gw.stream("/v1/completions", {
+        "model": gw.model, "prompt": PROMPT, "max_tokens": 3000, "ignore_eos": True,
+        "stream": True}, max_events=2)
+    assert status == 200 and len(events) == 2
+    await wait_for(lambda: engine.num_unfinished() == 0)
+    assert any(rid.startswith("cmpl-") for rid in engine.stats.aborted_request_ids)
+    assert "Abort from the client" in caplog.text  # smg sent the Abort RPC
+    assert_released(engine)
+
+
+async def test_errors_map_to_http_status(slow_gateway):
+    gw = slow_gateway
+    engine = gw.apps[0].fleet.get("slow")
+    # 400: the worker refuses what the engine cannot serve (INVALID_ARGUMENT)
+    status, body = await gw.call("POST", "/v1/completions", {
+        "model": gw.model, "prompt": "hi", "max_tokens": 100_000})
+    assert status == 400 and "context" in body["error"]["message"]
+    status, body = await gw.call("POST", "/v1/completions", {
+        "model": gw.model, "prompt": "hi", "max_tokens": 2, "logprobs": 1})
+    assert status == 400 and "logprobs" in body["error"]["message"]
+    # 429: one running and two waiting (sent straight to the replica) fill `slow`; the next
+    # request through smg is RESOURCE_EXHAUSTED there
+    ids = TOK.encode(PROMPT)
+    async with grpc.aio.insecure_channel(gw.urls[0].removeprefix("grpc://")) as channel:
+        stub = vpb_grpc.VllmEngineStub(channel)
+        busy = [stub.Generate(vpb.GenerateRequest(
+            request_id=f"busy-{i}", tokenized=vpb.TokenizedInput(input_ids=ids), stream=True,
+            sampling_params=vpb.SamplingParams(max_tokens=3000, ignore_eos=True)))
+            for i in range(3)]
+        try:
+            await wait_for(lambda: engine.num_unfinished() == 3)
+            status, body = await gw.call("POST", "/v1/completions", {
+                "model": gw.model, "prompt": "one more", "max_tokens": 2})
+            assert status == 429, body
+            assert "queue is full" in body["error"]["message"]
+        finally:
+            await stub.Abort(vpb.AbortRequest(request_ids=[f"busy-{i}" for i in range(3)]))
+            for call in busy:
+                call.cancel()
+    await wait_for(lambda: engine.num_unfinished() == 0)
+    assert_released(engine)
+
+
+async def test_cold_deployment_is_503(tmp_path):
+    async with gateway(tmp_path, [gateway_fleet([COLD])], wait=False) as gw:
+        status, body = None, None
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while loop.time() < end:  # until smg has registered the worker and answers for it
+            try:
+                status, body = await gw.call("POST", "/v1/completions", {
+                    "model": "llama-3.1-8b", "prompt": "hi", "max_tokens": 2})
+            except OSError:
+                status = None
+            if status is not None and status != 404 and "tokenizer" not in str(body):
+                break
+            await asyncio.sleep(0.05)
+        assert status == 503, body
+        assert "compiling" in body["error"]["message"]
