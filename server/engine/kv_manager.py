@@ -23,7 +23,7 @@ Contract (what the scheduler relies on):
 from __future__ import annotations
 
 from .block_pool import BlockPool
-from .radix_cache import PrefixCache, PrefixMatch
+from .prefix_cache import PrefixCache, PrefixMatch
 from .request import Request
 
 NO_MATCH = PrefixMatch(0, [], None)

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
 
-from .radix_cache import PrefixCache
+from .prefix_cache import PrefixCache
 from .request import Request, RequestStatus
 
 

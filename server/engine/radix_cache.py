@@ -1,25 +1,4 @@
-"""Prefix caches: SGLang's radix tree over token ids, and a no-op stand-in for the baseline.
-
-Contract of a ``PrefixCache`` (what the KV manager relies on):
-
-- ``match_prefix(tokens)`` returns the longest cached prefix of ``tokens`` that ends on a block
-  boundary, the blocks that hold its KV, and a node handle. The match is the token-granular
-  longest common prefix rounded *down* to a whole block (a 40-token overlap with 16-token blocks
-  serves 32 tokens; the request prefills the other 8 again), as vLLM and SGLang do with 16-token
-  pages. The caller ``share``s the returned blocks in the pool (the request becomes a holder)
-  and ``lock``s the node while the request runs.
-- ``lock(node)`` / ``unlock(node)`` count users of a node and of all its ancestors. A locked node
-  is never evicted.
-- ``insert(tokens, blocks)`` stores a block-aligned prefix whose KV lives in ``blocks`` (one
-  block per ``block_size`` tokens; the caller still holds its own references). The cache takes
-  a pool reference on each block it did not hold yet. It returns the node ending at that prefix
-  and the blocks the cache holds for the whole prefix: where the cache already had a block for
-  some position (another request computed the same tokens), the caller should switch to the
-  cache's block and free its duplicate.
-- ``evict(n)`` frees up to ``n`` blocks that only the cache holds, least recently used first:
-  unlocked leaves are trimmed from their tail, and a parent that becomes an unlocked leaf joins
-  the candidates (cascading upward). Returns the number of blocks returned to the pool.
-- ``evictable_blocks`` counts blocks ``evict`` could free right now.
+"""SGLang's radix tree over token ids: the prefix cache (contract in `prefix_cache.py`).
 
 Ownership (why keys are whole blocks): a node's key is a whole number of blocks and each block
 belongs to exactly one node, so splitting a node (on a partial match) never splits a block and
@@ -34,116 +13,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from .block_pool import BlockPool
+from .prefix_cache import NoPrefixCache, PrefixCache, PrefixMatch
 
-
-@dataclass(frozen=True, slots=True)
-class PrefixMatch:
-    num_tokens: int  # block-aligned number of cached tokens
-    block_ids: list[int]  # len == num_tokens // block_size
-    node: Any  # handle for lock/unlock; None when nothing matched
-
-
-class PrefixCache(ABC):
-    """The interface shared by ``RadixCache`` and ``NoPrefixCache`` (see the module docstring)."""
-
-    enabled: bool
-
-    @abstractmethod
-    def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch: ...
-
-    @abstractmethod
-    def peek_prefix_len(self, token_ids: Sequence[int]) -> int:
-        """Like ``match_prefix(...).num_tokens`` with no side effect (no split, no LRU touch)."""
-
-    @abstractmethod
-    def lock(self, node: Any) -> None: ...
-
-    @abstractmethod
-    def unlock(self, node: Any) -> None: ...
-
-    @abstractmethod
-    def insert(
-        self,
-        token_ids: Sequence[int],
-        block_ids: Sequence[int],
-        start: tuple[Any, int] | None = None,
-    ) -> tuple[Any, list[int]]:
-        """``start=(node, n)``: the caller knows ``node`` ends at token ``n`` of this path (its
-        locked node), so the walk may begin there instead of at the root."""
-
-    @abstractmethod
-    def touch(self, node: Any) -> None:
-        """Mark ``node`` and its ancestors used now (LRU)."""
-
-    def path_blocks(self, node: Any) -> list[int]:
-        """The blocks from the root down to ``node``, in token order."""
-        return []
-
-    @abstractmethod
-    def evict(self, num_blocks: int) -> int: ...
-
-    @property
-    @abstractmethod
-    def evictable_blocks(self) -> int: ...
-
-    @property
-    @abstractmethod
-    def cached_blocks(self) -> int: ...
-
-    @abstractmethod
-    def check_integrity(self) -> None: ...
-
-
-class NoPrefixCache(PrefixCache):
-    """Prefix caching off (the baseline): nothing is ever matched, stored or evicted."""
-
-    enabled = False
-
-    def __init__(self, pool: BlockPool) -> None:
-        self.pool = pool
-
-    def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
-        return PrefixMatch(0, [], None)
-
-    def peek_prefix_len(self, token_ids: Sequence[int]) -> int:
-        return 0
-
-    def lock(self, node: Any) -> None:
-        pass
-
-    def unlock(self, node: Any) -> None:
-        pass
-
-    def insert(
-        self,
-        token_ids: Sequence[int],
-        block_ids: Sequence[int],
-        start: tuple[Any, int] | None = None,
-    ) -> tuple[Any, list[int]]:
-        return None, list(block_ids)
-
-    def touch(self, node: Any) -> None:
-        pass
-
-    def evict(self, num_blocks: int) -> int:
-        return 0
-
-    @property
-    def evictable_blocks(self) -> int:
-        return 0
-
-    @property
-    def cached_blocks(self) -> int:
-        return 0
-
-    def check_integrity(self) -> None:
-        pass
+__all__ = ["NoPrefixCache", "PrefixCache", "PrefixMatch", "RadixCache", "RadixNode"]  # re-exported
 
 
 class RadixNode:

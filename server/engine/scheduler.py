@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from .block_pool import BlockPool
 from .kv_manager import KVCacheManager
 from .policy import make_queue
-from .radix_cache import NoPrefixCache, PrefixCache, RadixCache
+from .prefix_cache import NoPrefixCache, PrefixCache
+from .radix_cache import RadixCache
 from .request import FinishReason, Request, RequestStatus
 from .scheduler_config import ScheduledRequest, SchedulerConfig, SchedulerOutput, SchedulerStats
 
