@@ -53,15 +53,8 @@ def sweep_rates(args: argparse.Namespace, spec, slo: dict[str, float]
         if summary["errors"] or ttft > SATURATION_TTFT * max(base_ttft, 1e-9):
             saturated = rate
             break
-    passing = [p["offered_rate"] for p in points
-               if slo and p.get("goodput", {}).get("fraction", 0) >= args.slo_attainment]
-    out = {"deployment": points[0].get("deployment", ""), "sweep": points,
-           "saturated_at": saturated, "max_rate_meeting_slo": max(passing, default=None)}
-    if slo:
-        out["slo"] = slo
-    return out, last_results
-
-
+    return _result(points, "offered_rate", "rate", saturated, slo, args.slo_attainment), \
+        last_results
 
 
 SATURATION_GAIN = 1.05  # a concurrency saturates when throughput gains less than 5%
@@ -89,13 +82,21 @@ def sweep_concurrency(args: argparse.Namespace, spec, slo: dict[str, float]
         if summary["errors"] or gain < SATURATION_GAIN:
             saturated = level
             break
-    passing = [p["concurrency"] for p in points
-               if slo and p.get("goodput", {}).get("fraction", 0) >= args.slo_attainment]
+    return _result(points, "concurrency", "concurrency", saturated, slo,
+                   args.slo_attainment), last_results
+
+
+def _result(points: list[dict[str, Any]], key: str, what: str, saturated: float | None,
+            slo: dict[str, float], attainment: float) -> dict[str, Any]:
+    """The sweep's summary: every point, where it saturated, and the highest `key` whose share
+    of requests meeting the SLO reaches `attainment`."""
+    passing = [p[key] for p in points
+               if slo and p.get("goodput", {}).get("fraction", 0) >= attainment]
     out = {"deployment": points[0].get("deployment", ""), "sweep": points,
-           "saturated_at": saturated, "max_concurrency_meeting_slo": max(passing, default=None)}
+           "saturated_at": saturated, f"max_{what}_meeting_slo": max(passing, default=None)}
     if slo:
         out["slo"] = slo
-    return out, last_results
+    return out
 
 
 def _with(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:

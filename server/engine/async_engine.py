@@ -116,6 +116,9 @@ class AsyncEngine(Engine):
     def num_unfinished(self) -> int:
         return len(self._live)
 
+    def is_in_flight(self, request_id: str) -> bool:
+        return request_id in self._live
+
     def energy_and_cost(self) -> tuple[float, float]:
         """Joules and dollars so far, idle time up to now included (read-only: a scrape may
         come while the engine idles, before the loop charges the gap on its next wake)."""

@@ -29,7 +29,7 @@ def prompt_ids(request: EngineRequest, vocab_size: int, encode) -> list[int]:
 def to_core_request(request: EngineRequest, engine: AsyncEngine, now: float) -> Request:
     sp = request.sampling
     sp.validate()
-    if request.request_id in engine._live:
+    if engine.is_in_flight(request.request_id):
         raise InvalidRequest(f"request id {request.request_id!r} is already in flight")
     config = engine.core.scheduler.config
     ids = prompt_ids(request, engine.tokenizer.vocab_size, engine.tokenizer.encode)

@@ -35,5 +35,5 @@ def deployment_status(engine: AsyncEngine) -> DeploymentStatus:
             max_waiting=o.max_waiting,
         ),
         num_running=sched.num_running,
-        num_waiting=sched.num_waiting + len(engine._inbox),
+        num_waiting=engine.num_queued(),
     )

@@ -186,3 +186,12 @@ async def gateway(tmp_path: Path, fleets: list, *smg_args: str, wait: bool = Tru
             await asyncio.to_thread(stop_smg, proc)
         for app in apps:
             await app.drain(0.0)
+
+
+async def wait_for(cond, deadline_s: float = 10.0) -> None:
+    """Until cond() holds (polling the loop), or fail after the deadline."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while not cond():
+        assert loop.time() < end, "condition not met before the deadline"
+        await asyncio.sleep(0.01)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from conftest import assert_released, make_fleet
+from gateway_harness import wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
@@ -69,14 +70,6 @@ async def read_rest(call) -> list[vpb.GenerateResponse]:
     while (msg := await call.read()) is not grpc.aio.EOF:
         out.append(msg)
     return out
-
-
-async def wait_for(cond, deadline_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while not cond():
-        assert loop.time() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
 
 
 async def test_streaming_generate_chunks_then_complete(stub):

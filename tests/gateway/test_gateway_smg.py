@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from conftest import assert_released
-from gateway_harness import SMG, Gateway, gateway, gateway_fleet
+from gateway_harness import SMG, Gateway, gateway, gateway_fleet, wait_for
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
@@ -38,14 +38,6 @@ async def slow_gateway(tmp_path) -> AsyncIterator[Gateway]:
     """One replica fronting `slow` (one running sequence, two waiting at most)."""
     async with gateway(tmp_path, [gateway_fleet(vllm_engine_deployment="slow")]) as gw:
         yield gw
-
-
-async def wait_for(cond, deadline_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while not cond():
-        assert loop.time() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
 
 
 def stream_text(events: list[dict], chat: bool) -> str:
