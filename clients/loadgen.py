@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from clients.client import AsyncClient
+from clients.conversation import Conversation, turn_prompt
 from clients.report import RequestResult
-from clients.workloads import Conversation, turn_prompt
 from doppelchip.v1 import inference_pb2 as pb
 
 SEND_LAG_WARN_S = 0.010  # wall seconds an open-loop send may start late before we warn

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clients.workloads import FIRST_ORDINARY_ID, Conversation, Turn
+from clients.conversation import FIRST_ORDINARY_ID, Conversation, Turn
 
 
 def load_trace(

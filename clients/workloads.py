@@ -18,29 +18,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from clients.arrivals import arrival_times
+from clients.conversation import FIRST_ORDINARY_ID, Conversation, Turn
 from clients.structured import structured_constraint
-
-# Ids below this are left to special tokens (eos, bos, ...) of any tokenizer we ship.
-FIRST_ORDINARY_ID = 16
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One user message and how much to generate for it."""
-
-    user_ids: tuple[int, ...]
-    max_tokens: int
-    think_time_s: float = 0.0  # after the previous turn finished, before this one is sent
-
-
-@dataclass(frozen=True)
-class Conversation:
-    conversation_id: str
-    start_s: float  # scheduled send time of the first turn, seconds from the start of the run
-    turns: tuple[Turn, ...]
-    ignore_eos: bool = True
-    seed: int = 0  # the sampler seed of every turn
-    constraint: tuple[str, str] | None = None  # structured output: (kind, text), every turn
 
 
 @dataclass(frozen=True)
@@ -222,10 +201,3 @@ _BUILDERS = {
     "multi-turn": _multi_turn,
     "structured": _structured,
 }
-
-
-def turn_prompt(
-    history: tuple[int, ...], turn: Turn
-) -> tuple[int, ...]:
-    """The prompt of a turn: the conversation so far (prompts and outputs), then the message."""
-    return history + turn.user_ids

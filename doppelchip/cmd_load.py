@@ -53,8 +53,28 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_load)
 
 
+def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list]:
+    """One run, or a sweep over rates or concurrencies: (summary, every request's result)."""
+    from clients.report import parse_slo
+    from doppelchip.loadrun import LoadError, run_once
+    from doppelchip.simulation import SimulationError, workload_from_args
+
+    try:
+        slo = parse_slo(args.slo)
+        spec = workload_from_args(args)
+    except (ValueError, SimulationError) as e:
+        raise LoadError(str(e)) from e
+    if args.concurrency is not None and args.concurrency < 1:
+        raise LoadError("--concurrency must be >= 1")
+    if getattr(args, "sweep_rates", None) or getattr(args, "sweep_concurrency", None):
+        from doppelchip.sweep import sweep
+
+        return sweep(args, spec, slo)
+    return run_once(args, spec, slo)
+
+
 def cmd_load(args: argparse.Namespace) -> int:
-    from doppelchip.loadrun import LoadError, run_load_command
+    from doppelchip.loadrun import LoadError
 
     try:
         summary, results = run_load_command(args)

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from clients.report import RequestResult, goodput, parse_slo, summarize
+from clients.report import RequestResult, goodput, summarize
 from clients.workloads import build_workload
 
 
@@ -33,23 +33,6 @@ def _sim_target(spec: str) -> tuple[str | None, str]:
     if rest.endswith(".toml"):
         return rest, ""
     return None, rest
-
-
-def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list[RequestResult]]:
-    from doppelchip.simulation import SimulationError, workload_from_args
-
-    try:
-        slo = parse_slo(args.slo)
-        spec = workload_from_args(args)
-    except (ValueError, SimulationError) as e:
-        raise LoadError(str(e)) from e
-    if args.concurrency is not None and args.concurrency < 1:
-        raise LoadError("--concurrency must be >= 1")
-    if getattr(args, "sweep_rates", None) or getattr(args, "sweep_concurrency", None):
-        from doppelchip.sweep import sweep
-
-        return sweep(args, spec, slo)
-    return run_once(args, spec, slo)
 
 
 def run_once(args: argparse.Namespace, spec, slo: dict[str, float]
@@ -118,6 +101,8 @@ def _run_grpc(args: argparse.Namespace, spec) -> tuple[dict[str, Any], list[Requ
 
     out_tokens = sum(r.output_tokens for r in run.results if r.ok)
     energy = per_million_tokens(run.probe_before, run.probe_after, out_tokens)
+    if energy:  # the raw readings the rates come from, for whoever wants to check them
+        energy["server_counters"] = {"before": run.probe_before, "after": run.probe_after}
     summary = summarize(run.results, deployment=name, target=args.target,
                         max_in_flight=run.max_in_flight, max_send_lag_s=run.max_send_lag_s,
                         warnings=run.warnings, **energy)

@@ -8,8 +8,9 @@ import dataclasses
 import math
 from typing import Any
 
+from clients.conversation import Conversation
 from clients.report import RequestResult, summarize
-from clients.workloads import Conversation, WorkloadSpec, build_workload
+from clients.workloads import WorkloadSpec, build_workload
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions, build_core
 from server.engine.interface import Constraint

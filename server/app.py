@@ -1,26 +1,36 @@
-"""The server's lifecycle: start the fleet and the gRPC + metrics servers; drain on a signal.
+"""One front-end process's gRPC application: the deployments' clients, the receiver of engine
+messages, the gRPC server (Inference + VllmEngine + health + reflection), and its drain.
 
-Shutdown (SIGTERM/SIGINT, or `drain()`): health flips to NOT_SERVING, new Generate calls get
-UNAVAILABLE, in-flight streams run to completion for up to `drain_grace_s`, whatever is left is
-aborted (its stream ends with finish reason abort), then the gRPC server stops.
+Health, reflection and ListDeployments are answered here from local state and the engines'
+stats files, never by waiting on a busy engine. Drain (SIGTERM from the supervisor): health
+flips to NOT_SERVING, new calls get UNAVAILABLE, in-flight streams run to completion for up
+to `drain_grace_s`, whatever is left is aborted (its stream ends with finish reason abort),
+then the gRPC server stops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-import sys
+import time
 
 import grpc
+import zmq
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from doppelchip.v1 import inference_pb2 as pb
 from doppelchip.v1 import inference_pb2_grpc as pb_grpc
 from server.config import FleetConfig
+from server.engine.clock import Timeline
+from server.engine.interface import FinishReason
+from server.engine.tokenizer import get_tokenizer
 from server.fleet import Fleet
-from server.metrics import start_metrics_server
+from server.frontend.deployment import DeploymentClient
+from server.frontend.receiver import Receiver
+from server.frontend.stats import FrontendStats
+from server.ipc.messages import DeploymentInfo
+from server.ipc.paths import RunDir
 from server.servicer import InferenceServicer
 from server.vllm_servicer import SERVICE_NAME as VLLM_SERVICE_NAME
 from server.vllm_servicer import VllmEngineServicer, add_to_server
@@ -28,25 +38,46 @@ from server.vllm_servicer import VllmEngineServicer, add_to_server
 log = logging.getLogger("doppelchip.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-class App:
-    def __init__(self, config: FleetConfig) -> None:
-        self.config = config
-        self.fleet = Fleet(config)
-        self.servicer = InferenceServicer(self.fleet)
+class FrontendApp:
+    def __init__(self, config: FleetConfig, infos: list[list[DeploymentInfo]], *, frontend: int,
+                 run_dir: RunDir, wall0: float, port: int, metrics_port: int,
+                 reuse_port: bool) -> None:
+        self.config, self.frontend = config, frontend
+        cfg = config.server
+        self.timeline = Timeline(wall0, cfg.time_scale)
+        self.now = self.timeline.now
+        self.ctx = zmq.Context()
+        self.input = self.ctx.socket(zmq.PULL)
+        self.input.setsockopt(zmq.LINGER, 0)
+        self.input.bind(run_dir.frontend_input(frontend))
+        max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
+        keys = [(d, r.rank) for d, ranks in enumerate(infos) for r in ranks]
+        self.stats = FrontendStats(run_dir.frontend_stats(frontend), keys, max(1, max_len))
+        tokenizer = get_tokenizer()
+        self.clients = [
+            DeploymentClient(d, ranks, frontend=frontend, run_dir=run_dir, ctx=self.ctx,
+                             tokenizer=tokenizer,
+                             stream_interval=dep.stream_interval or cfg.stream_interval,
+                             clock=self.timeline.now, stats=self.stats)
+            for d, (ranks, dep) in enumerate(zip(infos, config.deployments, strict=True))
+        ]
+        self.fleet = Fleet(self.clients, config.default_deployment)
+        self.receiver = Receiver(self.input, self.clients, frontend, self.stats)
+        self.servicer = InferenceServicer(self.fleet, cfg.time_scale, metrics_port)
         self.vllm = VllmEngineServicer(self.fleet.get(config.vllm_engine_deployment))
         self.health = health.aio.HealthServicer()
+        self.requested_port, self.reuse_port = port, reuse_port
         self.server: grpc.aio.Server | None = None
         self.port = 0
-        self.metrics_port = 0
-        self._metrics = None
-        self._stopped = asyncio.Event()
-        self._vllm_health: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         cfg = self.config.server
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(self.reuse_port))])
         pb_grpc.add_InferenceServicer_to_server(self.servicer, self.server)
         add_to_server(self.vllm, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -55,89 +86,48 @@ class App:
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server,
         )
-        self.port = self.server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        self.port = self.server.add_insecure_port(f"{cfg.host}:{self.requested_port}")
         if self.port == 0:
-            raise OSError(f"cannot bind gRPC to {cfg.host}:{cfg.port}")
-        self._metrics = start_metrics_server(self.fleet, cfg.host, cfg.metrics_port)
-        self.metrics_port = self._metrics.server_port
-        self.servicer.metrics_port = self.metrics_port
-        await self.fleet.start()
+            raise OSError(f"cannot bind gRPC to {cfg.host}:{self.requested_port}")
+        self.receiver.start()
         await self.server.start()
         for service in ("", SERVICE_NAME):
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        self._vllm_health = asyncio.create_task(self._serve_vllm_when_ready())
-        log.info(
-            "serving %d deployments on %s:%d (metrics on :%d/metrics), default %s",
-            len(self.fleet.engines), cfg.host, self.port, self.metrics_port,
-            self.fleet.default_name,
-        )
+            await self.health.set(service, SERVING)
+        await self.health.set(VLLM_SERVICE_NAME, NOT_SERVING)
+        self._watch = asyncio.create_task(self._follow_vllm_deployment())
 
-    async def _serve_vllm_when_ready(self) -> None:
-        """The standard health of the VllmEngine service follows its deployment: NOT_SERVING
-        until it is ready (a cold deployment is compiling), SERVING after."""
-        await self.health.set(VLLM_SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
-        until_ready = getattr(self.vllm.engine, "until_ready", None)
-        if until_ready is not None:
-            await until_ready()
-        if not self.servicer.draining:
-            await self.health.set(VLLM_SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    async def _follow_vllm_deployment(self) -> None:
+        """The standard health of the VllmEngine service follows its deployment: SERVING
+        only while it is ready (a cold deployment compiles first; a crashed one restarts)."""
+        current = NOT_SERVING
+        while True:
+            wanted = SERVING if self.vllm.ready() else NOT_SERVING
+            if wanted != current:
+                await self.health.set(VLLM_SERVICE_NAME, wanted)
+                current = wanted
+            await asyncio.sleep(0.1)
 
     async def drain(self, grace_s: float | None = None) -> None:
         """Stop taking work, let in-flight streams finish (up to the grace), then stop."""
-        if self._stopped.is_set() or self.server is None:
+        if self.server is None:
             return
         grace = self.config.server.drain_grace_s if grace_s is None else grace_s
         self.servicer.draining = self.vllm.draining = True
-        if self._vllm_health is not None:
-            self._vllm_health.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
         await self.health.enter_graceful_shutdown()
-        log.info("draining: %d requests in flight, grace %.1fs", self.fleet.num_unfinished(), grace)
-        idle = [asyncio.create_task(e.until_idle()) for e in self.fleet.engines.values()]
-        _done, pending = await asyncio.wait(idle, timeout=grace)
-        for task in pending:
-            task.cancel()
-        if pending:
+        log.info("draining: %d requests in flight, grace %.1fs", self.fleet.num_unfinished(),
+                 grace)
+        deadline = time.monotonic() + grace
+        while self.fleet.num_unfinished() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.fleet.num_unfinished():
             log.warning("grace expired: aborting %d requests", self.fleet.num_unfinished())
-        await self.fleet.stop()  # aborts what is left; those streams end with finish=abort
+            for client in self.clients:
+                for stream in list(client.streams.values()):
+                    client.abort(stream)
+                    stream.finish(FinishReason.ABORT)
         await self.server.stop(1.0)
-        if self._metrics is not None:
-            self._metrics.shutdown()
-            self._metrics.server_close()
-        self._stopped.set()
+        self.receiver.stop()
+        self.server = None
         log.info("stopped")
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
-
-async def serve(config: FleetConfig) -> int:
-    """Run until SIGTERM/SIGINT, drain, return the exit status."""
-    app = App(config)
-    await app.start()
-    host = config.server.host
-    # Always printed (whatever the log level) so scripts can find ports chosen with port 0.
-    print(f"doppelchip: listening on {host}:{app.port} (metrics on {host}:{app.metrics_port})",
-          file=sys.stderr, flush=True)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("signal received")
-    await app.drain()
-    return 0
-
-
-def run(config: FleetConfig) -> int:
-    """Serve on the configured event loop. `auto` is uvloop: benchmarks/RESULTS.md measured it
-    slightly faster than asyncio for grpc.aio streaming and unary calls here."""
-    loop_kind = config.server.event_loop
-    if loop_kind in ("auto", "uvloop"):
-        try:
-            import uvloop
-        except ImportError:
-            if loop_kind == "uvloop":
-                raise
-        else:
-            return uvloop.run(serve(config))
-    return asyncio.run(serve(config))

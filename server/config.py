@@ -8,8 +8,11 @@ metrics_port = 8000
 default_deployment = "vllm-h100"
 time_scale = 1.0              # 0.01: emulated seconds pass 100x faster
 drain_grace_s = 10.0
-event_loop = "auto"           # auto | uvloop | asyncio
+event_loop = "auto"           # auto | uvloop | asyncio (the front ends' event loop)
 vllm_engine_deployment = ""   # what vllm.grpc.engine.VllmEngine fronts ("": default)
+api_server_count = 0          # front-end processes sharing the ports (0: from the cores)
+stream_interval = 1           # send every N tokens (a deployment's stream_interval wins)
+engine_restart_backoff_s = 2.0  # a crashed engine process restarts after this (doubling)
 
 [[deployments]]
 name = "vllm-h100"
@@ -50,6 +53,9 @@ class ServerConfig:
     drain_grace_s: float = 10.0
     event_loop: str = "auto"
     vllm_engine_deployment: str = ""  # the deployment VllmEngine fronts ("": the default one)
+    api_server_count: int = 0  # front-end processes (vLLM's --api-server-count); 0: auto
+    stream_interval: int = 1  # vLLM's --stream-interval: tokens per streamed message
+    engine_restart_backoff_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,8 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
         if key in table and table[key] not in choices:
             raise ConfigError(f"{where}: {key} must be one of {', '.join(choices)}")
     for key in ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                "max_waiting", "block_size", "kv_blocks", "max_grammar_bytes"):
+                "max_waiting", "block_size", "kv_blocks", "max_grammar_bytes",
+                "stream_interval", "data_parallel_size"):
         if key in table and isinstance(table[key], int) and table[key] < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
     return _build(EngineOptions, table, where)
@@ -126,6 +133,10 @@ def parse_fleet(doc: dict[str, Any], source: str = "fleet file") -> FleetConfig:
     server = _build(ServerConfig, doc.get("server", {}), f"{source} [server]")
     if server.event_loop not in ("auto", "uvloop", "asyncio"):
         raise ConfigError(f"{source} [server]: event_loop must be auto, uvloop or asyncio")
+    for key in ("api_server_count", "stream_interval", "engine_restart_backoff_s"):
+        low = 0 if key == "api_server_count" else (1 if key == "stream_interval" else 0.0)
+        if getattr(server, key) < low:
+            raise ConfigError(f"{source} [server]: {key} must be >= {low}")
     deployments = tuple(
         _deployment(d, f"{source} deployments[{i}]")
         for i, d in enumerate(doc.get("deployments", []))

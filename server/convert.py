@@ -15,7 +15,7 @@ from server.engine.interface import (
     InvalidRequest,
     NotPlaced,
     Overloaded,
-    SamplingOptions,
+    SamplingParams,
     TokenChunk,
     Unavailable,
 )
@@ -49,17 +49,17 @@ def status_code(error: EngineError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def _sampling(sp: pb.SamplingParams) -> SamplingOptions:
+def _sampling(sp: pb.SamplingParams) -> SamplingParams:
     if sp.HasField("n") and sp.n != 1:
         raise InvalidRequest(f"n={sp.n} is not supported: one sequence per request (n=1)")
     if sp.HasField("logprobs") and sp.logprobs != 0:
         raise InvalidRequest(f"logprobs={sp.logprobs} is not supported")
-    defaults = SamplingOptions()
+    defaults = SamplingParams()
 
     def opt(name: str):  # the field's value if the client set it, else our default
         return getattr(sp, name) if sp.HasField(name) else getattr(defaults, name)
 
-    options = SamplingOptions(
+    options = SamplingParams(
         max_tokens=sp.max_tokens if sp.HasField("max_tokens") else None,
         min_tokens=opt("min_tokens"),
         temperature=opt("temperature"),
@@ -134,7 +134,7 @@ def to_response(chunk: TokenChunk, request_id: str, deployment: str) -> pb.Gener
                 ),
                 timings=pb.Timings(
                     queue_s=t.queue_s, prefill_s=t.prefill_s, ttft_s=t.ttft_s,
-                    decode_s=t.decode_s, e2e_s=t.e2e_s,
+                    decode_s=t.decode_s, e2e_s=t.e2e_s, delivery_lag_s=t.delivery_lag_s,
                 ),
                 deployment=deployment,
             )

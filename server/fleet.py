@@ -1,62 +1,44 @@
-"""The fleet: every deployment's engine, by name, and which one is the default."""
+"""A front end's fleet: every deployment's client, by name, and which one is the default."""
 
 from __future__ import annotations
 
-from server.config import DeploymentConfig, FleetConfig
-from server.engine.async_engine import AsyncEngine
-from server.engine.interface import Engine
+from server.engine.interface import DeploymentState
+from server.frontend.deployment import DeploymentClient
 
 
 class UnknownDeployment(LookupError):
     """No deployment has that name (NOT_FOUND)."""
 
 
-def build_engine(dep: DeploymentConfig, time_scale: float) -> Engine:
-    """The engine of one deployment (FAILED, with the reason, if it cannot be placed)."""
-    return AsyncEngine(dep, time_scale)
-
-
 class Fleet:
-    def __init__(self, config: FleetConfig) -> None:
-        self.config = config
-        self.default_name = config.default_deployment
-        self.engines: dict[str, Engine] = {
-            d.name: build_engine(d, config.server.time_scale) for d in config.deployments
-        }
+    def __init__(self, clients: list[DeploymentClient], default_name: str) -> None:
+        self.clients = {c.name: c for c in clients}
+        self.default_name = default_name
 
-    async def start(self) -> None:
-        for engine in self.engines.values():
-            await engine.start()
-
-    async def stop(self) -> None:
-        for engine in self.engines.values():
-            await engine.stop()
-
-    def num_unfinished(self) -> int:
-        return sum(e.num_unfinished() for e in self.engines.values())
-
-    def get(self, name: str) -> Engine:
+    def get(self, name: str) -> DeploymentClient:
         try:
-            return self.engines[name]
+            return self.clients[name]
         except KeyError:
             raise UnknownDeployment(
-                f"unknown deployment {name!r}; deployments: {', '.join(self.engines)}"
+                f"unknown deployment {name!r}; deployments: {', '.join(self.clients)}"
             ) from None
 
-    def resolve(self, deployment: str, model: str) -> Engine:
-        """The engine for a request's (deployment, model) pair, as the wire API defines it."""
+    def num_unfinished(self) -> int:
+        return sum(len(c.streams) for c in self.clients.values())
+
+    def resolve(self, deployment: str, model: str) -> DeploymentClient:
+        """The deployment for a request's (deployment, model) pair, as the wire API defines it."""
         if deployment:
-            engine = self.get(deployment)
-            status = engine.status()
-            if model and model != status.model:
+            client = self.get(deployment)
+            if model and model != client.info.model:
                 raise UnknownDeployment(
-                    f"deployment {deployment!r} serves {status.model!r}, not {model!r}"
+                    f"deployment {deployment!r} serves {client.info.model!r}, not {model!r}"
                 )
-            return engine
+            return client
         if not model:
             return self.get(self.default_name)
-        candidates = [e for e in self.engines.values() if e.status().model == model]
+        candidates = [c for c in self.clients.values() if c.info.model == model]
         if not candidates:
             raise UnknownDeployment(f"no deployment serves model {model!r}")
-        ready = [e for e in candidates if e.status().state.value == "ready"]
+        ready = [c for c in candidates if c.status().state is DeploymentState.READY]
         return (ready or candidates)[0]

@@ -1,4 +1,4 @@
-"""The doppelchip.v1.Inference servicer: convert, hand to the engine, convert back."""
+"""The doppelchip.v1.Inference servicer: convert, hand to the deployment, convert back."""
 
 from __future__ import annotations
 
@@ -14,15 +14,17 @@ from server import convert
 from server.engine.interface import EngineError
 from server.engine.logs import request_log
 from server.fleet import Fleet, UnknownDeployment
+from server.frontend.stream import StreamFailed
 
 log = logging.getLogger("doppelchip.service")
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, time_scale: float, metrics_port: int) -> None:
         self.fleet = fleet
+        self.time_scale = time_scale
+        self.metrics_port = metrics_port
         self.draining = False
-        self.metrics_port = 0  # set by the app once its metrics server listens
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -32,35 +34,38 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining")
         try:
-            engine = self.fleet.resolve(request.deployment, request.model)
-            handle = engine.submit(convert.to_engine_request(request, rid))
+            client = self.fleet.resolve(request.deployment, request.model)
+            stream = await client.submit(convert.to_engine_request(request, rid))
         except UnknownDeployment as e:
             rlog.info("rejected: %s", e)
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except EngineError as e:
             rlog.info("rejected: %s", e)
             await context.abort(convert.status_code(e), str(e))
-        await context.send_initial_metadata((("x-request-id", rid),))
         finished = False
         try:
-            async for chunk in handle.outputs():
+            await context.send_initial_metadata((("x-request-id", rid),))
+            async for chunk in stream.outputs():
                 finished = chunk.finish is not None
-                yield convert.to_response(chunk, rid, engine.name)
+                yield convert.to_response(chunk, rid, client.name)
+        except StreamFailed as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         finally:
             if not finished:  # client cancel, deadline, or a failed write: free it at once
-                rlog.info("stream ended early (cancel or deadline); aborting in %s", engine.name)
-                engine.abort(rid)
+                rlog.info("stream ended early (cancel or deadline); aborting in %s",
+                          client.name)
+                client.abort(stream)
 
     async def ListDeployments(
         self, request: pb.ListDeploymentsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListDeploymentsResponse:
         return pb.ListDeploymentsResponse(
             deployments=[
-                convert.to_deployment(e.status(), name == self.fleet.default_name)
-                for name, e in self.fleet.engines.items()
+                convert.to_deployment(c.status(), name == self.fleet.default_name)
+                for name, c in self.fleet.clients.items()
             ],
             default_deployment=self.fleet.default_name,
-            time_scale=self.fleet.config.server.time_scale,
+            time_scale=self.time_scale,
             metrics_port=self.metrics_port,
         )
 
@@ -68,7 +73,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self, request: pb.GetDeploymentRequest, context: grpc.aio.ServicerContext
     ) -> pb.Deployment:
         try:
-            engine = self.fleet.get(request.name)
+            client = self.fleet.get(request.name)
         except UnknownDeployment as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
-        return convert.to_deployment(engine.status(), request.name == self.fleet.default_name)
+        return convert.to_deployment(client.status(), request.name == self.fleet.default_name)

@@ -19,12 +19,12 @@ from server.engine.interface import (
     DeploymentStatus,
     EngineRequest,
     InvalidRequest,
-    SamplingOptions,
+    SamplingParams,
     TokenChunk,
 )
 
 
-def to_sampling(sp: vpb.SamplingParams) -> SamplingOptions:
+def to_sampling(sp: vpb.SamplingParams) -> SamplingParams:
     """The engine's sampling options; raises InvalidRequest for what the engine cannot do."""
     if sp.n > 1:
         raise InvalidRequest(f"n={sp.n} is not supported: one sequence per request (n=1)")
@@ -32,7 +32,7 @@ def to_sampling(sp: vpb.SamplingParams) -> SamplingOptions:
         raise InvalidRequest("logprobs are not supported (the emulated model has no logits)")
     if sp.logit_bias:
         raise InvalidRequest("logit_bias is not supported")
-    options = SamplingOptions(
+    options = SamplingParams(
         max_tokens=sp.max_tokens if sp.HasField("max_tokens") else None,
         min_tokens=sp.min_tokens,
         temperature=sp.temperature if sp.HasField("temperature") else 1.0,

@@ -33,9 +33,11 @@ from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 from smg_grpc_proto.generated import common_pb2
 
 from server import convert, vllm_convert
-from server.engine.interface import DeploymentState, Engine, EngineError, FinishReason
+from server.engine.interface import DeploymentState, EngineError, FinishReason
 from server.engine.logs import request_log
 from server.engine.tokenizer import TOKENIZER_DIR
+from server.frontend.deployment import DeploymentClient
+from server.frontend.stream import StreamFailed
 
 log = logging.getLogger("doppelchip.vllm")
 
@@ -72,8 +74,8 @@ class _Rate:
 
 
 class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, client: DeploymentClient) -> None:
+        self.client = client
         self.draining = False
         self.started = time.monotonic()
         self.last_receive = 0.0
@@ -83,7 +85,7 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         self._tokenizer: tuple[bytes, str] | None = None
 
     def ready(self) -> bool:
-        return not self.draining and self.engine.status().state is DeploymentState.READY
+        return not self.draining and self.client.is_ready()
 
     async def Generate(
         self, request: vpb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -94,16 +96,16 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining")
         try:
-            handle = self.engine.submit(vllm_convert.to_engine_request(request, rid))
+            stream = await self.client.submit(vllm_convert.to_engine_request(request, rid))
         except EngineError as e:
             rlog.info("rejected: %s", e)
             await context.abort(convert.status_code(e), str(e))
-        await context.send_initial_metadata((("x-request-id", rid),))
-        prompt_tokens = len(handle.prompt_token_ids)
+        prompt_tokens = len(stream.out.prompt_ids)
         output_ids: list[int] = []
         finished = False
         try:
-            async for chunk in handle.outputs():
+            await context.send_initial_metadata((("x-request-id", rid),))
+            async for chunk in stream.outputs():
                 output_ids.extend(chunk.token_ids)
                 finished = chunk.finish is not None
                 if request.stream and (chunk.token_ids or finished):
@@ -113,10 +115,12 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
                     self._account(chunk)
                     ids = chunk.token_ids if request.stream else tuple(output_ids)
                     yield vllm_convert.to_complete(chunk, ids)
+        except StreamFailed as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         finally:
             if not finished:  # client cancel, deadline, or a failed write: free it at once
-                rlog.info("stream ended early; aborting in %s", self.engine.name)
-                self.engine.abort(rid)
+                rlog.info("stream ended early; aborting in %s", self.client.name)
+                self.client.abort(stream)
 
     def _account(self, chunk) -> None:
         if chunk.finish.reason is not FinishReason.ABORT:
@@ -127,8 +131,10 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         self, request: vpb.AbortRequest, context: grpc.aio.ServicerContext
     ) -> vpb.AbortResponse:
         for rid in request.request_ids:
-            request_log(log, rid).info("Abort from the client; aborting in %s", self.engine.name)
-            self.engine.abort(rid)
+            request_log(log, rid).info("Abort from the client; aborting in %s", self.client.name)
+            for stream in self.client.find(rid):
+                self.client.abort(stream)
+                stream.finish(FinishReason.ABORT)
         return vpb.AbortResponse()
 
     async def HealthCheck(
@@ -136,7 +142,7 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
     ) -> vpb.HealthCheckResponse:
         if self.draining:
             return vpb.HealthCheckResponse(healthy=False, message="server is draining")
-        status = self.engine.status()
+        status = self.client.status()
         healthy = status.state is DeploymentState.READY
         return vpb.HealthCheckResponse(
             healthy=healthy, message=f"{status.name}: {status.state.value}: {status.state_message}"
@@ -145,9 +151,9 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
     async def GetModelInfo(
         self, request: vpb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> vpb.GetModelInfoResponse:
-        tok = self.engine.tokenizer  # type: ignore[attr-defined]
+        tok = self.client.tokenizer
         return vllm_convert.to_model_info(
-            self.engine.status(), eos=tok.eos_token_id, bos=tok.bos_token_id,
+            self.client.status(), eos=tok.eos_token_id, bos=tok.bos_token_id,
             pad=tok.pad_token_id or 0, vocab_size=tok.vocab_size,
         )
 
@@ -165,7 +171,7 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
     async def GetServerInfo(
         self, request: vpb.GetServerInfoRequest, context: grpc.aio.ServicerContext
     ) -> vpb.GetServerInfoResponse:
-        s = self.engine.status()
+        s = self.client.status()
         return vpb.GetServerInfoResponse(
             active_requests=s.num_running + s.num_waiting, is_paused=False,
             last_receive_timestamp=self.last_receive,
@@ -180,9 +186,9 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         if request.HasField("dp_rank") and request.dp_rank != 0:
             return vpb.GetLoadsResponse(timestamp=_now_iso(), version="doppelchip",
                                         dp_rank_count=0)
-        rate = self._rate.update(self.engine.stats.generation_tokens)
+        rate = self._rate.update(self.client.generated_tokens())
         hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-        load = vllm_convert.to_scheduler_load(self.engine.status(), rate, hit)
+        load = vllm_convert.to_scheduler_load(self.client.status(), rate, hit)
         return vpb.GetLoadsResponse(timestamp=_now_iso(), version="doppelchip",
                                     dp_rank_count=1, loads=[load])
 

@@ -1,17 +1,18 @@
-"""Shared fixtures: a real server on ephemeral loopback ports with a small, fast test fleet."""
+"""Shared fixtures: a real multi-process server on ephemeral loopback ports with a small, fast
+test fleet (one per test module: start-up costs a second), and a client per test."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from server_proc import ServerProcess, released
 
 from server.config import parse_fleet
 
 # time_scale 0.05: an emulated second takes 50 ms of wall time.
 TEST_FLEET = {
-    "server": {"host": "127.0.0.1", "port": 0, "metrics_port": 0, "time_scale": 0.05,
-               "default_deployment": "fast", "drain_grace_s": 5.0},
+    "server": {"time_scale": 0.05, "default_deployment": "fast", "drain_grace_s": 5.0},
     "deployments": [
         # Llama 3.1 8B on an H100 with vLLM: ~6 ms per output token (0.3 ms of wall time).
         {"name": "fast", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
@@ -25,39 +26,37 @@ TEST_FLEET = {
 }
 
 
+def fleet_doc(server: dict | None = None, deployments: list[dict] | None = None) -> dict:
+    """The test fleet's document with `server` keys overridden / other deployments."""
+    doc = {"server": {**TEST_FLEET["server"], **(server or {})},
+           "deployments": list(deployments or TEST_FLEET["deployments"])}
+    if deployments:
+        doc["server"].setdefault("default_deployment", deployments[0]["name"])
+        if doc["server"]["default_deployment"] not in {d["name"] for d in deployments}:
+            doc["server"]["default_deployment"] = deployments[0]["name"]
+    return doc
+
+
 def make_fleet(overrides: dict | None = None):
-    doc = {"server": dict(TEST_FLEET["server"]), "deployments": list(TEST_FLEET["deployments"])}
-    if overrides:
-        doc["server"].update(overrides)
-    return parse_fleet(doc, "test fleet")
+    """The test fleet as a parsed FleetConfig (for tests of configuration, not serving)."""
+    return parse_fleet(fleet_doc(overrides), "test fleet")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    """The test fleet, served once per test module."""
+    with ServerProcess(TEST_FLEET) as s:
+        yield s
 
 
 @pytest.fixture
-async def app() -> AsyncIterator:
-    from server.app import App
-
-    application = App(make_fleet())
-    await application.start()
-    try:
-        yield application
-    finally:
-        await application.drain(0.0)
-
-
-def assert_released(engine) -> None:
-    """Every KV block of `engine` is free or held only by the prefix cache; nothing in flight;
-    the pool and cache invariants hold."""
-    sched = engine.core.scheduler
-    sched.check_integrity()
-    assert engine.num_unfinished() == 0 and not sched.has_unfinished()
-    assert sched.pool.num_free + sched.cache.evictable_blocks == sched.config.num_blocks
-    status = engine.status()
-    assert status.capacity.kv_blocks_free == status.capacity.kv_blocks_total
-
-
-@pytest.fixture
-async def client(app) -> AsyncIterator:
+async def client(server) -> AsyncIterator:
     from clients.client import AsyncClient
 
-    async with AsyncClient(f"127.0.0.1:{app.port}") as c:
+    async with AsyncClient(server.target) as c:
         yield c
+
+
+async def assert_released(client, name: str) -> None:
+    """Deployment `name` holds no request and no KV block (see server_proc.released)."""
+    await released(client, name)

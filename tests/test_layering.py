@@ -1,4 +1,5 @@
-"""Imports point down the layers in DESIGN.md; the front door imports each layer lazily."""
+"""Imports point down the layers in DESIGN.md, never in a circle; the front door imports each
+layer lazily and no layer imports the front door."""
 
 from __future__ import annotations
 
@@ -10,17 +11,36 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICE_MODULES = {"server.app", "server.config", "server.convert", "server.fleet",
-                   "server.metrics", "server.metrics_device", "server.metrics_vllm",
-                   "server.servicer", "server.vllm_convert", "server.vllm_servicer"}
+PACKAGES = ("server", "devices", "clients", "doppelchip")
+# The front door: the command and the logic beside it (everything in doppelchip/ but the
+# generated wire code in doppelchip/v1/, the bottom layer every layer may import).
+FRONT_DOOR = tuple(sorted(
+    f"doppelchip.{p.stem}" for p in (ROOT / "doppelchip").glob("*.py") if p.stem != "__init__"))
+
+
+def _nodes(tree: ast.Module, top_level_only: bool) -> list[ast.AST]:
+    """Every node (or the top level only), skipping `if TYPE_CHECKING:` blocks: imports for
+    type checkers are not run."""
+    if top_level_only:
+        return list(tree.body)
+    found: list[ast.AST] = []
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        for child in ast.iter_child_nodes(node):
+            if (isinstance(child, ast.If) and isinstance(child.test, ast.Name)
+                    and child.test.id == "TYPE_CHECKING"):
+                continue
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def imports(path: Path, package: str, top_level_only: bool = False) -> set[str]:
     """Absolute module names a file of `package` imports (relative imports resolved)."""
     tree = ast.parse(path.read_text(), str(path))
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
     found: set[str] = set()
-    for node in nodes:
+    for node in _nodes(tree, top_level_only):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -32,6 +52,18 @@ def imports(path: Path, package: str, top_level_only: bool = False) -> set[str]:
             found.add(module)
             found.update(f"{module}.{alias.name}" for alias in node.names)
     return found
+
+
+def service_modules() -> list[str]:
+    """Every module of server/ outside its engine layer."""
+    return sorted(module_name(p) for p in files("server")
+                  if not p.is_relative_to(ROOT / "server" / "engine")
+                  and p != ROOT / "server" / "__init__.py")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def files(folder: str) -> list[Path]:
@@ -57,9 +89,9 @@ def check(paths: list[Path], forbidden: tuple[str, ...], top_level_only: bool = 
     [
         ("devices", ("asyncio", "grpc", "server", "clients", "doppelchip", "smg_grpc_proto")),
         ("server/engine", ("grpc", "clients", "doppelchip", "prometheus_client", "smg_grpc_proto",
-                            *sorted(SERVICE_MODULES))),
-        ("server", ("clients",)),
-        ("clients", ("server",)),
+                            "zmq", *service_modules())),
+        ("server", ("clients", *FRONT_DOOR)),
+        ("clients", ("server", *FRONT_DOOR)),
     ],
 )
 def test_imports_point_down(folder, forbidden):
@@ -87,3 +119,62 @@ def test_checker_sees_a_violation(tmp_path):
     probe.write_text("import asyncio\nfrom server.engine import interface\n")
     found = {m for _, m in check([probe], ("asyncio", "server"))}
     assert {"asyncio", "server.engine"} <= found
+
+
+def import_graph(paths: list[Path]) -> dict[str, set[str]]:
+    """module -> the project modules it imports (a package's __init__ counts as a module)."""
+    names = {module_name(p): p for p in paths}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for module in imports(path, package):
+            while module and module not in names:
+                module = module.rpartition(".")[0]
+            if module and module != name:
+                edges.add(module)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    paths = [p for pkg in PACKAGES for p in files(pkg)]
+    assert cycles(import_graph(paths)) == []
+
+
+def test_cycle_finder_sees_a_cycle(tmp_path):
+    """The cycle check itself must catch a cycle (so the test above can fail)."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]

@@ -85,6 +85,8 @@ class EngineOptions:
     jump_forward: bool | None = None  # structured output: append grammar-forced tokens without
     #                                   decoding them (default: the engine's catalogue entry)
     max_grammar_bytes: int = 65536  # largest constraint (regex, schema, grammar) accepted
+    stream_interval: int | None = None  # tokens per streamed message (None: the server's)
+    data_parallel_size: int = 1  # engine cores (ranks), each a full copy of the deployment
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,

@@ -1,31 +1,26 @@
-"""Clocks: the emulated timeline mapped onto wall time.
+"""The emulated timeline, mapped onto wall time, shared by every process of one server.
 
-`RealClock` runs the emulated timeline at `time_scale` × wall time (1.0 = true speed; 0.01 makes
-emulated seconds pass 100× faster). A step that costs `c` emulated seconds ends at the absolute
-deadline `t_start + c`, so the engine's own Python overhead does not accumulate; when the host
-cannot keep up, `lag()` says by how much the wall clock is behind the emulated timeline.
+Emulated seconds run at `1 / time_scale` × wall time (time_scale 1.0 = true speed; 0.01 makes
+emulated seconds pass 100× faster) from a common origin `wall0` (a `time.monotonic()` value,
+which is system-wide on Linux): an engine core stamps token times on it and a front end
+stamps arrivals and measures delivery lag on it, and the two agree.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 
-class RealClock:
-    def __init__(self, time_scale: float = 1.0) -> None:
+class Timeline:
+    def __init__(self, wall0: float, time_scale: float = 1.0) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
-        self.time_scale = time_scale
-        self._wall0 = time.monotonic()
+        self.wall0, self.time_scale = wall0, time_scale
 
     def now(self) -> float:
-        """Emulated seconds since the clock was created."""
-        return (time.monotonic() - self._wall0) / self.time_scale
+        """Emulated seconds since the origin."""
+        return (time.monotonic() - self.wall0) / self.time_scale
 
-    async def sleep_until(self, t: float) -> float:
-        """Sleep until emulated time `t`; return the lag (emulated seconds late, >= 0)."""
-        delay = t - self.now()
-        # Always yield: a zero-cost step must not starve the handlers sharing this loop.
-        await asyncio.sleep(max(0.0, delay * self.time_scale))
-        return max(0.0, self.now() - t)
+    def wall_until(self, t: float) -> float:
+        """Wall seconds from now until emulated time `t` (negative: `t` has passed)."""
+        return (t - self.now()) * self.time_scale

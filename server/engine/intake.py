@@ -1,19 +1,40 @@
-"""Admission: turn an EngineRequest into a scheduler Request, or refuse it with a typed error
-before anything is allocated (the checks `Engine.submit` promises). A structured-output
-constraint is compiled here, so a bad one is refused before the request is queued."""
+"""Admission: turn an `EngineRequest` into a scheduler `Request`, or refuse it with a typed
+error before anything is allocated.
+
+Two halves, because they run in two processes:
+- `check_request` (front end): tokenize and check the request against the deployment's static
+  `Limits` — vocabulary, context length, KV pool size. It needs no engine state, so a front end
+  answers INVALID_ARGUMENT without a round trip to a busy engine.
+- `admit` (engine core process): what needs the engine's live state — the waiting-queue limit
+  (RESOURCE_EXHAUSTED), a request id already in flight, and compiling the structured-output
+  constraint, whose grammar state lives with the scheduler.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+import msgspec
+
+from server.engine.constraints import ConstraintCompiler
 from server.engine.interface import EngineRequest, InvalidRequest, Overloaded
-from server.engine.request import Request, SamplingParams
-
-if TYPE_CHECKING:
-    from server.engine.async_engine import AsyncEngine
+from server.engine.request import Request
 
 
-def prompt_ids(request: EngineRequest, vocab_size: int, encode) -> list[int]:
+class Limits(msgspec.Struct, frozen=True):
+    """The static admission limits of one deployment, as its engine core was built."""
+
+    name: str
+    vocab_size: int
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    max_waiting: int
+    max_grammar_bytes: int
+
+
+def prompt_ids(request: EngineRequest, vocab_size: int,
+               encode: Callable[[str], list[int]]) -> list[int]:
     if request.prompt_token_ids is not None:
         ids = list(request.prompt_token_ids)
         bad = next((t for t in ids if not 0 <= t < vocab_size), None)
@@ -26,47 +47,52 @@ def prompt_ids(request: EngineRequest, vocab_size: int, encode) -> list[int]:
     return ids
 
 
-def to_core_request(request: EngineRequest, engine: AsyncEngine, now: float) -> Request:
+def check_request(request: EngineRequest, limits: Limits,
+                  encode: Callable[[str], list[int]]) -> tuple[list[int], int]:
+    """The prompt's token ids and the resolved max_tokens, or InvalidRequest saying why not."""
     sp = request.sampling
     sp.validate()
-    if engine.is_in_flight(request.request_id):
-        raise InvalidRequest(f"request id {request.request_id!r} is already in flight")
-    config = engine.core.scheduler.config
-    ids = prompt_ids(request, engine.tokenizer.vocab_size, engine.tokenizer.encode)
-    n, limit = len(ids), config.max_model_len
+    ids = prompt_ids(request, limits.vocab_size, encode)
+    n, limit, name = len(ids), limits.max_model_len, limits.name
     if n >= limit:
         raise InvalidRequest(
-            f"prompt is {n} tokens; deployment {engine.name!r} has a context of {limit} tokens"
+            f"prompt is {n} tokens; deployment {name!r} has a context of {limit} tokens"
+        )
+    if sp.min_tokens > limit - n:
+        raise InvalidRequest(
+            f"prompt ({n} tokens) + min_tokens ({sp.min_tokens}) exceeds deployment "
+            f"{name!r}'s context of {limit} tokens"
         )
     max_tokens = sp.max_tokens or limit - n
     if n + max_tokens > limit:
         raise InvalidRequest(
             f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds deployment "
-            f"{engine.name!r}'s context of {limit} tokens"
+            f"{name!r}'s context of {limit} tokens"
         )
-    if engine.num_queued() >= engine.options.max_waiting:
+    need = -(-(n + max_tokens) // limits.block_size)
+    if need > limits.num_blocks:
+        raise InvalidRequest(
+            f"request needs {need} KV blocks of {limits.block_size} tokens; deployment "
+            f"{name!r} holds {limits.num_blocks}"
+        )
+    return ids, max_tokens
+
+
+def admit(request: EngineRequest, ids: list[int], max_tokens: int, arrival: float, *,
+          limits: Limits, num_queued: int, in_flight: bool,
+          constraints: ConstraintCompiler | None) -> Request:
+    """The scheduler's request, or a typed error (nothing allocated) — engine side."""
+    if in_flight:
+        raise InvalidRequest(f"request id {request.request_id!r} is already in flight")
+    if num_queued >= limits.max_waiting:
         raise Overloaded(
-            f"deployment {engine.name!r}: waiting queue is full "
-            f"(max_waiting={engine.options.max_waiting})"
+            f"deployment {limits.name!r}: waiting queue is full "
+            f"(max_waiting={limits.max_waiting})"
         )
     constraint = None
-    if request.constraint is not None:  # compile (or refuse) before anything is queued
-        constraint = engine.core.constraints.start(request.constraint,
-                                                   engine.options.max_grammar_bytes)
-    req = Request(
-        request.request_id, ids,
-        SamplingParams(
-            max_tokens=max_tokens, ignore_eos=sp.ignore_eos, seed=sp.seed or 0,
-            stop_token_ids=sp.stop_token_ids, priority=request.priority,
-            min_tokens=sp.min_tokens,
-        ),
-        arrival_time=now,
-    )
-    need = engine.core.scheduler.kv.blocks_needed_alone(req)
-    if need > config.num_blocks:
-        raise InvalidRequest(
-            f"request needs {need} KV blocks of {config.block_size} tokens; deployment "
-            f"{engine.name!r} holds {config.num_blocks}"
-        )
+    if request.constraint is not None and constraints is not None:
+        constraint = constraints.start(request.constraint, limits.max_grammar_bytes)
+    req = Request(request.request_id, ids, request.sampling.resolved(max_tokens),
+                  arrival_time=arrival, priority=request.priority)
     req.constraint = constraint
     return req

@@ -1,30 +1,29 @@
-"""The engine's interface: what the service layer hands in and what streams back.
+"""The engine's vocabulary: what goes into an engine core and what comes back out of a request.
 
-Every engine (the placeholder now, the scheduler-driven engine later) implements `Engine`. The
-boundary objects are plain frozen data so the service layer can convert them to and from the
-wire without knowing anything about scheduling, and so tests can build them by hand.
+These are plain frozen `msgspec.Struct`s because they cross a process boundary: a front-end
+process builds an `EngineRequest` (with its `SamplingParams` and `Constraint`) and sends it
+over ZeroMQ to the deployment's engine-core process, which schedules it as a
+`server.engine.request.Request`. The same classes are used in virtual time (no IPC), so there
+is one name per concept on both sides. The output side (`TokenChunk`, `Finish`, `Usage`,
+`Timings`) is what a front end streams for one request; `DeploymentStatus` is what
+`ListDeployments` reports.
 
-Contract:
-- `submit(request)` validates the request against the deployment and either raises a typed
-  `EngineError` (nothing was allocated) or returns a `RequestHandle` at once; it never blocks.
-- `handle.outputs()` yields `TokenChunk`s in order; exactly the last one carries `finish`.
-- `abort(request_id)` may be called at any time, for any id, any number of times; the engine
-  loop frees the request's KV blocks and queue entry on its next turn.
-- Only the engine's own loop task mutates its state (one writer).
+Errors: admission raises one of the typed `EngineError`s below; the service maps each to one
+gRPC status (and HTTP status) and nothing has been allocated when it is raised.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+import math
 from typing import Literal
+
+import msgspec
 
 
 class EngineError(Exception):
-    """Base of the errors `submit` raises; each maps to one gRPC status in the service."""
+    """Base of the errors admission raises; each maps to one gRPC status in the service."""
 
 
 class InvalidRequest(EngineError):
@@ -36,7 +35,7 @@ class Overloaded(EngineError):
 
 
 class Unavailable(EngineError):
-    """The deployment is compiling or draining (UNAVAILABLE)."""
+    """The deployment is compiling, restarting or draining (UNAVAILABLE)."""
 
 
 class NotPlaced(EngineError):
@@ -57,11 +56,14 @@ class DeploymentState(enum.StrEnum):
     DRAINING = "draining"
 
 
-@dataclass(frozen=True)
-class SamplingOptions:
-    """Sampling parameters as the engine sees them (already range-checked by `validate`)."""
+class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """Sampling parameters of one request — the client's, and (after `resolved`) the
+    scheduler's: one class on both sides of the IPC boundary.
 
-    max_tokens: int | None = None  # None: up to the context length
+    `max_tokens` None means "up to the context"; admission resolves it (and the seed) before
+    the request reaches a scheduler, so the scheduler always sees an int."""
+
+    max_tokens: int | None = None
     min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
@@ -87,6 +89,10 @@ class SamplingOptions:
             raise InvalidRequest(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
             )
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise InvalidRequest(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0:
             raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -106,12 +112,16 @@ class SamplingOptions:
         if any(s == "" for s in self.stop):
             raise InvalidRequest("stop strings must not be empty")
 
+    def resolved(self, max_tokens: int) -> SamplingParams:
+        """The scheduler's view: `max_tokens` fixed (the context's room when unset) and the
+        seed an int (unset: 0, so identical requests stream identical tokens)."""
+        return msgspec.structs.replace(self, max_tokens=max_tokens, seed=self.seed or 0)
+
 
 ConstraintKind = Literal["regex", "json_schema", "choice", "grammar"]
 
 
-@dataclass(frozen=True)
-class Constraint:
+class Constraint(msgspec.Struct, frozen=True):
     """Structured output: the generated text must match this (see `constraints.py`).
 
     `text` is the regex, the JSON Schema document or the Lark/GBNF grammar; `choices` the
@@ -126,44 +136,45 @@ class Constraint:
         return json.dumps(list(self.choices)) if self.kind == "choice" else self.text
 
 
-@dataclass(frozen=True)
-class EngineRequest:
-    """One generation request, as the service hands it to `Engine.submit`.
+class EngineRequest(msgspec.Struct, frozen=True):
+    """One generation request, as a front end hands it to a deployment.
 
-    Exactly one of `prompt_text` / `prompt_token_ids` is set.
+    Exactly one of `prompt_text` / `prompt_token_ids` is set by the servicer; the front end
+    tokenizes before anything crosses to the engine process, which only sees token ids.
     """
 
     request_id: str
     prompt_text: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
-    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    sampling: SamplingParams = SamplingParams()
     priority: int = 0
     return_token_times: bool = False
     return_prompt_token_ids: bool = False
     constraint: Constraint | None = None
 
 
-@dataclass(frozen=True)
-class Usage:
+class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     completion_tokens: int = 0
     jump_forward_tokens: int = 0
 
 
-@dataclass(frozen=True)
-class Timings:
-    """Server-side timings of one request on the emulated timeline, in seconds."""
+class Timings(msgspec.Struct, frozen=True):
+    """Server-side timings of one request on the emulated timeline, in seconds.
+
+    `delivery_lag_s`: the largest amount by which any of the request's tokens reached the wire
+    after its emulated time (0 when the host kept up)."""
 
     queue_s: float = 0.0
     prefill_s: float = 0.0
     ttft_s: float = 0.0
     decode_s: float = 0.0
     e2e_s: float = 0.0
+    delivery_lag_s: float = 0.0
 
 
-@dataclass(frozen=True)
-class Finish:
+class Finish(msgspec.Struct, frozen=True):
     """What the last chunk of a request carries."""
 
     reason: FinishReason
@@ -173,8 +184,7 @@ class Finish:
     stop_token_id: int | None = None
 
 
-@dataclass(frozen=True)
-class TokenChunk:
+class TokenChunk(msgspec.Struct, frozen=True):
     """One or more tokens streamed to the client; the last chunk carries `finish`."""
 
     token_ids: tuple[int, ...] = ()
@@ -184,20 +194,8 @@ class TokenChunk:
     prompt_token_ids: tuple[int, ...] = ()  # first chunk only, if requested
     finish: Finish | None = None
 
-    def merge(self, later: TokenChunk) -> TokenChunk:
-        """This chunk followed by `later`, as one chunk (a slow consumer gets fewer messages)."""
-        return TokenChunk(
-            token_ids=self.token_ids + later.token_ids,
-            text=self.text + later.text,
-            token_times=self.token_times + later.token_times,
-            index=self.index,
-            prompt_token_ids=self.prompt_token_ids or later.prompt_token_ids,
-            finish=later.finish,
-        )
 
-
-@dataclass(frozen=True)
-class Capacity:
+class Capacity(msgspec.Struct, frozen=True):
     kv_blocks_total: int
     kv_blocks_free: int
     block_size: int
@@ -207,8 +205,7 @@ class Capacity:
     max_waiting: int
 
 
-@dataclass(frozen=True)
-class DeploymentStatus:
+class DeploymentStatus(msgspec.Struct, frozen=True):
     """What `ListDeployments` reports about one deployment."""
 
     name: str
@@ -224,66 +221,3 @@ class DeploymentStatus:
     capacity: Capacity
     num_running: int
     num_waiting: int
-
-
-@dataclass
-class EngineStats:
-    """Cumulative counters the engine loop updates and the metrics collector reads."""
-
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    jump_forward_tokens: int = 0  # of generation_tokens, forced by a grammar and not decoded
-    finished: dict[str, int] = field(default_factory=dict)  # finish reason -> count
-    aborted_request_ids: list[str] = field(default_factory=list)  # most recent last, bounded
-
-    def record_finish(self, request_id: str, reason: FinishReason) -> None:
-        self.finished[reason.value] = self.finished.get(reason.value, 0) + 1
-        if reason is FinishReason.ABORT:
-            self.aborted_request_ids.append(request_id)
-            del self.aborted_request_ids[:-1000]
-
-
-class RequestHandle(ABC):
-    """The caller's side of one submitted request."""
-
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-
-    @abstractmethod
-    def outputs(self) -> AsyncIterator[TokenChunk]:
-        """Chunks in order; ends after the chunk that carries `finish`."""
-
-
-class Engine(ABC):
-    """One deployment's engine: a loop task that owns the scheduler and KV state."""
-
-    name: str
-    stats: EngineStats
-
-    @abstractmethod
-    async def start(self) -> None:
-        """Start the engine loop (and, for a cold deployment, its build)."""
-
-    @abstractmethod
-    async def stop(self) -> None:
-        """Abort everything in flight, release it, and end the loop task."""
-
-    @abstractmethod
-    def submit(self, request: EngineRequest) -> RequestHandle:
-        """Validate and enqueue; raise an EngineError subclass (nothing allocated) on refusal."""
-
-    @abstractmethod
-    def abort(self, request_id: str) -> None:
-        """Ask the loop to end this request (finish reason abort) and free its resources."""
-
-    @abstractmethod
-    def status(self) -> DeploymentStatus:
-        """A snapshot for ListDeployments / GetDeployment and the metrics collector."""
-
-    @abstractmethod
-    def num_unfinished(self) -> int:
-        """Requests submitted and not yet finished (waiting + running)."""
-
-    @abstractmethod
-    async def until_idle(self) -> None:
-        """Return once no request is in flight and every KV block is released."""

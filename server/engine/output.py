@@ -1,22 +1,16 @@
-"""The output side of one request: text deltas, stop strings, timestamps, the final chunk.
+"""The output side of one request: text deltas, stop strings, token times, timings.
 
-vLLM's output processor in miniature. The engine loop feeds it each step's new tokens with
-the step's emulated end time; it returns the `TokenChunk` to stream. Text that could still be
-the start of a stop string is held back until it cannot, so a client never sees text that a
-stop string later takes back. Synchronous and clock-free: it only records the times it is told.
-Several tokens from one step (jump-forward) share the step's interval (`spread_times`).
+vLLM's output processor in miniature, used by the front end that streams the request.
+`RequestOutput.add(token_ids)` turns new tokens into the text to send now: text that could
+still be the start of a stop string is held back until it cannot, so a client never sees text
+that a stop string later takes back. Several tokens of one step (jump-forward, or a consumer
+that fell behind) share the step's interval (`spread_times`). Synchronous and clock-free: it
+only records what it is told.
 """
 
 from __future__ import annotations
 
-from server.engine.interface import (
-    EngineRequest,
-    Finish,
-    FinishReason,
-    Timings,
-    TokenChunk,
-    Usage,
-)
+from server.engine.interface import EngineRequest, Timings
 from server.engine.tokenizer import Tokenizer
 
 
@@ -31,74 +25,56 @@ def spread_times(prev: float | None, t: float, n: int) -> list[float]:
 
 
 class RequestOutput:
-    def __init__(
-        self,
-        request: EngineRequest,
-        prompt_ids: tuple[int, ...],
-        tokenizer: Tokenizer,
-        arrival: float,
-    ) -> None:
+    """Detokenization and stop strings of one request (the text it streams)."""
+
+    __slots__ = ("_detok", "_hold", "_min_tokens", "_prompt_sent", "_sent", "_special",
+                 "_stop_ids", "_stops", "_text", "include_stop", "num_tokens", "prompt_ids",
+                 "request", "stop_str", "stopped")
+
+    def __init__(self, request: EngineRequest, prompt_ids: tuple[int, ...],
+                 tokenizer: Tokenizer) -> None:
         self.request = request
         self.prompt_ids = prompt_ids
-        self.arrival = arrival
-        self.first_scheduled: float | None = None
-        self.first_token: float | None = None
-        self.last_token: float | None = None
         self.num_tokens = 0
         self.stop_str: str | None = None
+        self.stopped = False  # a stop string matched: the request ends with reason stop
         self._detok = tokenizer.detokenizer()
         self._special = tokenizer.special_token_ids
-        self._stops = request.sampling.stop
+        sp = request.sampling
+        self._stops = sp.stop
+        self._stop_ids = frozenset(sp.stop_token_ids)
+        self._min_tokens = sp.min_tokens
+        self.include_stop = sp.include_stop_str_in_output
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._text = ""
         self._sent = 0  # characters of _text already streamed
-        self._chunks = 0
-        self._stopped = False
+        self._prompt_sent = False
 
-    def scheduled(self, t: float) -> None:
-        if self.first_scheduled is None:
-            self.first_scheduled = t
+    @property
+    def has_stops(self) -> bool:
+        return bool(self._stops)
 
-    def add(self, token_ids: list[int], t: float) -> TokenChunk | None:
-        """Tokens produced by a step ending at emulated time `t`; None if nothing to send.
-
-        After a stop string matched (`stopped`), the engine finishes the request; later tokens
-        are not streamed."""
-        if self._stopped or not token_ids:
-            return None
-        if self.first_token is None:
-            self.first_token = t
-        prev, self.last_token = self.last_token, t
-        index = self.num_tokens
+    def add(self, token_ids: list[int]) -> str:
+        """The text to stream for these new tokens ("" while held back). After a stop string
+        matched (`stopped`), later tokens add nothing."""
+        if self.stopped or not token_ids:
+            return ""
         self.num_tokens += len(token_ids)
-        if self._skip_text(token_ids[-1]):
+        last = token_ids[-1]
+        if last in self._special or last in self._stop_ids:  # stop tokens add no text
             self._text += self._detok.push_many(token_ids[:-1])
         else:
             self._text += self._detok.push_many(token_ids)
-        self._match_stop(len(token_ids))
-        hold = 0 if self._stopped else self._hold
+        if self._stops:
+            self._match_stop()
+        hold = 0 if self.stopped else self._hold
         upto = max(self._sent, len(self._text) - hold)
-        times = tuple(x - self.arrival for x in spread_times(prev, t, len(token_ids))) \
-            if self.request.return_token_times else ()
-        chunk = TokenChunk(
-            token_ids=tuple(token_ids), text=self._text[self._sent : upto], token_times=times,
-            index=index, prompt_token_ids=self._prompt_once(),
-        )
+        text = self._text[self._sent : upto]
         self._sent = upto
-        return chunk
+        return text
 
-    def _skip_text(self, token: int) -> bool:
-        """Stop tokens (EOS, stop_token_ids) end the request without adding text."""
-        return token in self._special or token in self.request.sampling.stop_token_ids
-
-    def _prompt_once(self) -> tuple[int, ...]:
-        self._chunks += 1
-        if self._chunks == 1 and self.request.return_prompt_token_ids:
-            return self.prompt_ids
-        return ()
-
-    def _match_stop(self, new_tokens: int) -> None:
-        if not self._stops or self.num_tokens <= self.request.sampling.min_tokens:
+    def _match_stop(self) -> None:
+        if self.num_tokens <= self._min_tokens:
             return
         start = max(0, self._sent - self._hold - 1)
         best: tuple[int, str] | None = None
@@ -108,36 +84,40 @@ class RequestOutput:
                 best = (pos, s)
         if best is not None:
             pos, s = best
-            keep = len(s) if self.request.sampling.include_stop_str_in_output else 0
-            self._text = self._text[: pos + keep]
+            self._text = self._text[: pos + (len(s) if self.include_stop else 0)]
             self._sent = min(self._sent, len(self._text))
-            self.stop_str, self._stopped = s, True
+            self.stop_str, self.stopped = s, True
 
-    @property
-    def stopped(self) -> bool:
-        """A stop string matched: the engine must finish the request with reason stop."""
-        return self._stopped
-
-    def final(
-        self, reason: FinishReason, now: float, cached: int = 0, stop_token: int | None = None,
-        jump_forward: int = 0,
-    ) -> TokenChunk:
-        """The last chunk: the rest of the text, finish reason, usage and timings."""
-        if not self._stopped:
+    def rest(self) -> str:
+        """At the end: whatever text is still held back (an incomplete trailing character
+        becomes U+FFFD, unless a stop string cut the text)."""
+        if not self.stopped:
             self._text += self._detok.flush()
         text = self._text[self._sent :]
         self._sent = len(self._text)
-        first, last = self.first_token, self.last_token if self.last_token is not None else now
-        scheduled = self.first_scheduled if self.first_scheduled is not None else now
-        timings = Timings(
-            queue_s=max(0.0, scheduled - self.arrival),
-            prefill_s=(first - scheduled) if first is not None else 0.0,
-            ttft_s=(first - self.arrival) if first is not None else 0.0,
-            decode_s=(last - first) if first is not None else 0.0,
-            e2e_s=max(0.0, last - self.arrival),
-        )
-        usage = Usage(len(self.prompt_ids), cached, self.num_tokens, jump_forward)
-        return TokenChunk(
-            text=text, index=self.num_tokens, prompt_token_ids=self._prompt_once(),
-            finish=Finish(reason, usage, timings, self.stop_str, stop_token),
-        )
+        return text
+
+    def prompt_once(self) -> tuple[int, ...]:
+        """The prompt's ids on the first chunk, if the client asked for them."""
+        if self._prompt_sent or not self.request.return_prompt_token_ids:
+            return ()
+        self._prompt_sent = True
+        return self.prompt_ids
+
+
+def request_timings(arrival: float, first_scheduled: float | None, first_token: float | None,
+                    last_token: float | None, now: float, delivery_lag: float = 0.0) -> Timings:
+    """vLLM's intervals (docs/design/metrics.md, "Interval Calculations") on the emulated
+    timeline: queue = arrival → first scheduled, prefill = first scheduled → first token,
+    TTFT from arrival, decode = first → last token, e2e = arrival → last token (or `now` for a
+    request that produced nothing)."""
+    last = last_token if last_token is not None else now
+    scheduled = first_scheduled if first_scheduled is not None else now
+    return Timings(
+        queue_s=max(0.0, scheduled - arrival),
+        prefill_s=(first_token - scheduled) if first_token is not None else 0.0,
+        ttft_s=(first_token - arrival) if first_token is not None else 0.0,
+        decode_s=(last - first_token) if first_token is not None else 0.0,
+        e2e_s=max(0.0, last - arrival),
+        delivery_lag_s=delivery_lag,
+    )

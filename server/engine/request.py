@@ -18,10 +18,9 @@ Lifecycle::
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Any
 
-from .interface import FinishReason  # stop / length / abort / error, shared with the service
+from .interface import FinishReason, SamplingParams  # shared with the service
 
 
 class RequestStatus(enum.IntEnum):
@@ -55,24 +54,6 @@ _FINISH_REASONS = {
 _STATUS_FOR_REASON = {reason: status for status, reason in _FINISH_REASONS.items()}
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """What the client asked for. ``priority``: lower values are served first (vLLM's rule)."""
-
-    max_tokens: int = 16
-    ignore_eos: bool = False
-    seed: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-    priority: int = 0
-    min_tokens: int = 0  # EOS and stop tokens cannot end the request before this many
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
-
-
 class Request:
     """A generation request: its tokens, its progress, its KV block table, its status.
 
@@ -98,6 +79,7 @@ class Request:
         "num_jump_forward_tokens",
         "num_preemptions",
         "num_prompt_tokens",
+        "priority",
         "request_id",
         "sampling_params",
         "status",
@@ -110,11 +92,20 @@ class Request:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams | None = None,
         arrival_time: float = 0.0,
+        priority: int = 0,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("a request needs at least one prompt token")
+        sp = sampling_params or SamplingParams(max_tokens=16)
+        if sp.max_tokens is None or sp.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {sp.max_tokens}")
+        if not 0 <= sp.min_tokens <= sp.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens], got {sp.min_tokens}")
+        if sp.seed is None:
+            sp = sp.resolved(sp.max_tokens)
         self.request_id = request_id
-        self.sampling_params = sampling_params or SamplingParams()
+        self.sampling_params = sp  # resolved: max_tokens and seed are ints
+        self.priority = priority  # lower values are served first (vLLM's rule)
         self.arrival_time = arrival_time
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt, then outputs
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -147,10 +138,6 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def priority(self) -> int:
-        return self.sampling_params.priority
 
     @property
     def is_finished(self) -> bool:

@@ -133,8 +133,8 @@ class _Runner:
                                                   len(prompt), 0, 0, "error", error=error))
             self._next_session()  # the session cannot go on without this turn
             return
-        req = Request(rid, list(prompt), SamplingParams(turn.max_tokens, s.ignore_eos, s.seed),
-                      arrival_time=at)
+        params = SamplingParams(max_tokens=turn.max_tokens, ignore_eos=s.ignore_eos, seed=s.seed)
+        req = Request(rid, list(prompt), params, arrival_time=at)
         req.constraint = constraint
         self.core.add_request(req)
         self.live[rid] = (req, si, ti, at)

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from clients.arrivals import arrival_times
+from clients.conversation import FIRST_ORDINARY_ID
 from clients.report import RequestResult, stats, summarize
-from clients.workloads import FIRST_ORDINARY_ID, WorkloadSpec, build_workload
+from clients.workloads import WorkloadSpec, build_workload
 
 
 def test_random_workload_is_reproducible_and_sized():

@@ -20,8 +20,10 @@ def make(
     return sched, MockModel(VOCAB, EOS, lengths or OutputLengths("geometric", 24), model_seed)
 
 
-def request(rid: str, prompt: list[int], max_tokens: int = 64, **params: object) -> Request:
-    return Request(rid, prompt, SamplingParams(max_tokens=max_tokens, **params))  # type: ignore[arg-type]
+def request(rid: str, prompt: list[int], max_tokens: int = 64, priority: int = 0,
+            **params: object) -> Request:
+    return Request(rid, prompt, SamplingParams(max_tokens=max_tokens, **params),  # type: ignore[arg-type]
+                   priority=priority)
 
 
 def step(sched: Scheduler, model: MockModel) -> list[Request]:

@@ -96,8 +96,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     ) -> None:
         head = self.prefixes[prefix][:prefix_len] if prefix < 3 else []
         prompt = (head + suffix) or [1]
-        params = SamplingParams(max_tokens, ignore_eos, seed, tuple(stop), priority)
-        req = Request(f"r{self.next_id}", prompt, params, arrival_time=self.next_id)
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, seed=seed,
+                                stop_token_ids=tuple(stop))
+        req = Request(f"r{self.next_id}", prompt, params, arrival_time=self.next_id,
+                      priority=priority)
         self.next_id += 1
         self.sched.add_request(req)
 
@@ -108,7 +110,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(self.sched.requests)))
         twin = self.sched.requests[rid]
         req = Request(f"r{self.next_id}", twin.prompt_token_ids, twin.sampling_params,
-                      arrival_time=self.next_id)
+                      arrival_time=self.next_id, priority=twin.priority)
         self.next_id += 1
         self.sched.add_request(req)
 

@@ -1,7 +1,7 @@
-"""The smg gateway in front of in-process doppelchip replicas, for the end-to-end tests.
+"""The smg gateway in front of doppelchip replicas, for the end-to-end tests.
 
-Each replica is an `App` (the test fleet, its VllmEngine service fronting one deployment) on
-an ephemeral loopback port in the test's event loop; smg runs as a subprocess bound to
+Each replica is a real `doppelchip serve` (the test fleet, its VllmEngine service fronting one
+deployment) on an ephemeral loopback port; smg runs as a subprocess bound to
 127.0.0.1 (HTTP and Prometheus), pointed at the replicas with grpc:// URLs, and is always
 killed on the way out. HTTP calls are blocking stdlib calls run in a thread, so the replicas
 keep serving meanwhile. Every wait polls a condition against a deadline.
@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conftest import make_fleet
+from conftest import fleet_doc
+from server_proc import ServerProcess
 
 SMG = shutil.which("smg", path=str(Path(sys.executable).parent)) or shutil.which("smg")
 MODEL = "llama-3.1-8b"  # the served model name of the test fleet's "fast"
@@ -82,16 +83,13 @@ def sse(url: str, body: dict, timeout: float = 10.0, max_events: int | None = No
 
 @dataclass
 class Gateway:
-    apps: list
+    replicas: list[ServerProcess]
     port: int
     proc: subprocess.Popen
     log: Path
     urls: list[str] = field(default_factory=list)
 
-    @property
-    def model(self) -> str:
-        """The served model name (the fronted deployment's model)."""
-        return self.apps[0].vllm.engine.status().model
+    model: str = "llama-3.1-8b"  # the served model name (the fronted deployment's model)
 
     @property
     def base(self) -> str:
@@ -124,18 +122,12 @@ class Gateway:
                            f"{self.log_tail()}")
 
 
-def gateway_fleet(deployments: list[dict] | None = None, **server: Any):
-    """The test fleet (or the given deployments), its VllmEngine fronting `fast` unless told."""
-    fleet = make_fleet({"vllm_engine_deployment": "fast", **server})
+def gateway_fleet(deployments: list[dict] | None = None, **server: Any) -> dict:
+    """The test fleet (or the given deployments), its VllmEngine fronting `fast` (or the
+    first deployment) unless told."""
     if deployments is None:
-        return fleet
-    from server.config import parse_fleet
-
-    doc = {"server": {**fleet.server.__dict__, "default_deployment": deployments[0]["name"],
-                      "vllm_engine_deployment": server.get("vllm_engine_deployment",
-                                                           deployments[0]["name"])},
-           "deployments": deployments}
-    return parse_fleet(doc, "gateway test fleet")
+        return fleet_doc({"vllm_engine_deployment": "fast", **server})
+    return fleet_doc({"vllm_engine_deployment": deployments[0]["name"], **server}, deployments)
 
 
 def start_smg(worker_urls: list[str], log: Path, *extra: str) -> tuple[subprocess.Popen, int]:
@@ -165,27 +157,28 @@ def stop_smg(proc: subprocess.Popen) -> None:
 
 
 @contextlib.asynccontextmanager
-async def gateway(tmp_path: Path, fleets: list, *smg_args: str, wait: bool = True
+async def gateway(tmp_path: Path, fleets: list[dict], *smg_args: str, wait: bool = True
                   ) -> AsyncIterator[Gateway]:
-    """Replicas (one App per fleet) behind one smg; everything stopped on the way out."""
-    from server.app import App
-
-    apps = [App(f) for f in fleets]
+    """Replicas (one server per fleet document) behind one smg; everything stopped on the
+    way out."""
+    replicas = [ServerProcess(f) for f in fleets]
     proc = None
     try:
-        for app in apps:
-            await app.start()
-        urls = [f"grpc://127.0.0.1:{app.port}" for app in apps]
+        for r in replicas:
+            await asyncio.to_thread(r.start)
+        urls = [f"grpc://{r.target}" for r in replicas]
         proc, port = start_smg(urls, tmp_path / "smg.log", *smg_args)
-        gw = Gateway(apps, port, proc, tmp_path / "smg.log", urls)
+        fronted = fleets[0]["server"]["vllm_engine_deployment"]
+        model = next(d["model"] for d in fleets[0]["deployments"] if d["name"] == fronted)
+        gw = Gateway(replicas, port, proc, tmp_path / "smg.log", urls, model)
         if wait:
-            await gw.wait_ready(len(apps))
+            await gw.wait_ready(len(replicas))
         yield gw
     finally:
         if proc is not None:
             await asyncio.to_thread(stop_smg, proc)
-        for app in apps:
-            await app.drain(0.0)
+        for r in replicas:
+            await asyncio.to_thread(r.stop)
 
 
 async def wait_for(cond, deadline_s: float = 10.0) -> None:

@@ -12,16 +12,16 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from conftest import assert_released, make_fleet
-from gateway_harness import wait_for
+from conftest import assert_released, fleet_doc, make_fleet
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from server_proc import ServerProcess, until
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 from smg_grpc_proto.generated import common_pb2
 from tokenizers import Tokenizer as HFTokenizer
 
-from server.app import App
-from server.config import ConfigError, parse_fleet
+from clients.client import AsyncClient
+from server.config import ConfigError
 from server.engine.tokenizer import get_tokenizer
 from server.vllm_servicer import SERVICE_NAME
 
@@ -30,27 +30,25 @@ LONG = ("The quick brown fox jumps over the lazy dog and then runs far away into
         "forest where nobody can find it again for many years to come")
 
 
-async def started(**server) -> App:
-    app = App(make_fleet(server))
-    await app.start()
-    return app
-
-
 @pytest.fixture
-async def stub(app) -> AsyncIterator[vpb_grpc.VllmEngineStub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
+async def stub(server) -> AsyncIterator[vpb_grpc.VllmEngineStub]:
+    async with grpc.aio.insecure_channel(server.target) as channel:
         yield vpb_grpc.VllmEngineStub(channel)
 
 
-@pytest.fixture
-async def slow() -> AsyncIterator[tuple[App, vpb_grpc.VllmEngineStub]]:
+@pytest.fixture(scope="module")
+def slow_server():
     """A server whose VllmEngine fronts `slow`: one sequence at a time, two waiting at most."""
-    app = await started(vllm_engine_deployment="slow")
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
-            yield app, vpb_grpc.VllmEngineStub(channel)
-    finally:
-        await app.drain(0.0)
+    with ServerProcess(fleet_doc({"vllm_engine_deployment": "slow"})) as s:
+        yield s
+
+
+@pytest.fixture
+async def slow(slow_server) -> AsyncIterator[tuple[ServerProcess, vpb_grpc.VllmEngineStub,
+                                                    AsyncClient]]:
+    async with grpc.aio.insecure_channel(slow_server.target) as channel, \
+            AsyncClient(slow_server.target) as client:
+        yield slow_server, vpb_grpc.VllmEngineStub(channel), client
 
 
 def gen(ids, rid: str = "", stream: bool = True, **sampling) -> vpb.GenerateRequest:
@@ -102,13 +100,13 @@ async def test_non_streaming_generate_is_one_complete(stub):
     assert text[0].complete.prompt_tokens == len(ids)
 
 
-async def test_prefix_cache_hits_are_reported_as_cached_tokens(stub, app):
+async def test_prefix_cache_hits_are_reported_as_cached_tokens(stub, client):
     ids = TOK.encode(LONG)
     assert len(ids) >= 32
     first = (await responses(stub, gen(ids, stream=False, max_tokens=2)))[0].complete
     again = await responses(stub, gen(ids, max_tokens=2))
     assert first.cached_tokens == 0
-    block = app.fleet.get("fast").status().capacity.block_size
+    block = (await client.get_deployment("fast")).capacity.block_size
     assert again[-1].complete.cached_tokens == (len(ids) - 1) // block * block > 0
 
 
@@ -142,7 +140,7 @@ async def test_invalid_requests_are_invalid_argument(stub):
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, request
 
 
-async def test_health_model_info_and_server_info(stub, app):
+async def test_health_model_info_and_server_info(stub, server):
     health = await stub.HealthCheck(vpb.HealthCheckRequest())
     assert health.healthy and "ready" in health.message
     info = await stub.GetModelInfo(vpb.GetModelInfoRequest())
@@ -150,12 +148,11 @@ async def test_health_model_info_and_server_info(stub, app):
     assert info.max_context_length == 256 and info.vocab_size == TOK.vocab_size
     assert list(info.eos_token_ids) == [TOK.eos_token_id]
     assert info.bos_token_id == TOK.bos_token_id
-    server = await stub.GetServerInfo(vpb.GetServerInfoRequest())
-    assert server.server_type == "vllm-grpc" and server.data_parallel_size == 1
-    assert server.block_size == 16 and server.active_requests == 0
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
+    info = await stub.GetServerInfo(vpb.GetServerInfoRequest())
+    assert info.server_type == "vllm-grpc" and info.data_parallel_size == 1
+    assert info.block_size == 16 and info.active_requests == 0
+    async with grpc.aio.insecure_channel(server.target) as channel:
         check = health_pb2_grpc.HealthStub(channel).Check
-        await wait_for(lambda: app.fleet.get("fast").status().state.value == "ready")
         for _ in range(100):
             reply = await check(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
             if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -178,37 +175,33 @@ async def test_get_tokenizer_streams_a_zip_with_its_sha256(stub):
 
 
 async def test_abort_frees_the_kv_at_once(slow):
-    app, stub = slow
-    engine = app.fleet.get("slow")
+    server, stub, client = slow
     call = stub.Generate(gen(TOK.encode(LONG), rid="ab-1", max_tokens=3000, ignore_eos=True))
     first = await call.read()
     assert first.chunk.token_ids
-    assert engine.status().capacity.kv_blocks_free < engine.status().capacity.kv_blocks_total
+    cap = (await client.get_deployment("slow")).capacity
+    assert cap.kv_blocks_free < cap.kv_blocks_total
     await stub.Abort(vpb.AbortRequest(request_ids=["ab-1", "never-seen"]))
     rest = await read_rest(call)
     assert rest[-1].complete.finish_reason == "abort"
-    await asyncio.wait_for(engine.until_idle(), 5)
-    assert "ab-1" in engine.stats.aborted_request_ids
-    assert_released(engine)
+    server.wait_for_log(r"\[request_id=ab-1\] finished on slow: abort")
+    await assert_released(client, "slow")
 
 
 async def test_cancelled_stream_aborts_the_request(slow):
-    app, stub = slow
-    engine = app.fleet.get("slow")
+    server, stub, client = slow
     call = stub.Generate(gen(TOK.encode("hello"), rid="cx-1", max_tokens=3000, ignore_eos=True))
     await call.read()
     call.cancel()
-    await wait_for(lambda: "cx-1" in engine.stats.aborted_request_ids)
-    await asyncio.wait_for(engine.until_idle(), 5)
-    assert_released(engine)
+    server.wait_for_log(r"\[request_id=cx-1\] finished on slow: abort")
+    await assert_released(client, "slow")
 
 
 async def test_full_queue_is_resource_exhausted_and_loads_are_real(slow):
-    app, stub = slow
-    engine = app.fleet.get("slow")
+    server, stub, client = slow
     calls = [stub.Generate(gen(TOK.encode(LONG), rid=f"q-{i}", max_tokens=3000,
                                ignore_eos=True)) for i in range(3)]
-    await wait_for(lambda: engine.num_unfinished() == 3)
+    await until(client, "slow", lambda d: (d.load.num_running, d.load.num_waiting) == (1, 2))
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await responses(stub, gen(TOK.encode("one more"), max_tokens=2))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -224,19 +217,14 @@ async def test_full_queue_is_resource_exhausted_and_loads_are_real(slow):
     await stub.Abort(vpb.AbortRequest(request_ids=[f"q-{i}" for i in range(3)]))
     for call in calls:
         assert (await read_rest(call))[-1].complete.finish_reason == "abort"
-    await asyncio.wait_for(engine.until_idle(), 5)
-    assert_released(engine)
+    await assert_released(client, "slow")
 
 
 async def test_cold_deployment_is_unhealthy_and_unavailable():
     cold = {"name": "cold", "model": "llama-3.1-8b", "quant": "fp8", "chip": "h100-sxm",
             "engine": "tensorrt-llm", "built_for": "hopper", "start": "cold"}
-    fleet = parse_fleet({"server": {"port": 0, "metrics_port": 0, "time_scale": 0.05},
-                         "deployments": [cold]})
-    app = App(fleet)
-    await app.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
+    with ServerProcess(fleet_doc(deployments=[cold])) as server:
+        async with grpc.aio.insecure_channel(server.target) as channel:
             stub = vpb_grpc.VllmEngineStub(channel)
             health = await stub.HealthCheck(vpb.HealthCheckRequest())
             assert not health.healthy and "compiling" in health.message
@@ -246,8 +234,6 @@ async def test_cold_deployment_is_unhealthy_and_unavailable():
             reply = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=SERVICE_NAME))
             assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
-    finally:
-        await app.drain(0.0)
 
 
 def test_vllm_engine_deployment_must_name_a_deployment():
@@ -257,13 +243,13 @@ def test_vllm_engine_deployment_must_name_a_deployment():
     assert make_fleet({"vllm_engine_deployment": "slow"}).vllm_engine_deployment == "slow"
 
 
-async def test_reflection_lists_the_vllm_engine_service(app):
+async def test_reflection_lists_the_vllm_engine_service(server):
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
         ProtoReflectionDescriptorDatabase,
     )
 
     def services() -> tuple[list[str], list[str]]:
-        with grpc.insecure_channel(f"127.0.0.1:{app.port}") as channel:
+        with grpc.insecure_channel(server.target) as channel:
             db = ProtoReflectionDescriptorDatabase(channel)
             desc = db.FindFileContainingSymbol(SERVICE_NAME)
             return list(db.get_services()), [m.name for m in desc.service[0].method]

@@ -9,10 +9,12 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from conftest import assert_released
-from gateway_harness import SMG, Gateway, gateway, gateway_fleet, wait_for
+from gateway_harness import SMG, Gateway, gateway, gateway_fleet
+from server_proc import until
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
+from clients.client import AsyncClient
 from server.engine.tokenizer import get_tokenizer
 
 pytestmark = pytest.mark.skipif(SMG is None, reason="smg is not installed (make install-dev)")
@@ -91,28 +93,31 @@ async def test_completions_and_chat_with_usage_streaming_and_not(replicas):
     cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached == (len(prompt_ids) - 1) // 16 * 16 > 0
     # Both replicas took traffic.
-    for app in gw.apps:
-        assert app.fleet.get("fast").stats.generation_tokens > 0
-        assert_released(app.fleet.get("fast"))
+    for replica in gw.replicas:
+        text = await asyncio.to_thread(replica.scrape)
+        line = next(x for x in text.splitlines()
+                    if x.startswith("vllm:generation_tokens_total") and 'deployment="fast"' in x)
+        assert float(line.rsplit(" ", 1)[1]) > 0
+        async with AsyncClient(replica.target) as client:
+            await assert_released(client, "fast")
 
 
-async def test_client_disconnect_aborts_and_frees_kv(slow_gateway, caplog):
+async def test_client_disconnect_aborts_and_frees_kv(slow_gateway):
     gw = slow_gateway
-    engine = gw.apps[0].fleet.get("slow")
-    caplog.set_level("INFO", logger="doppelchip.vllm")
+    replica = gw.replicas[0]
     status, events = await gw.stream("/v1/completions", {
         "model": gw.model, "prompt": PROMPT, "max_tokens": 3000, "ignore_eos": True,
         "stream": True}, max_events=2)
     assert status == 200 and len(events) == 2
-    await wait_for(lambda: engine.num_unfinished() == 0)
-    assert any(rid.startswith("cmpl-") for rid in engine.stats.aborted_request_ids)
-    assert "Abort from the client" in caplog.text  # smg sent the Abort RPC
-    assert_released(engine)
+    replica.wait_for_log(r"\[request_id=cmpl-\S+\] finished on slow: abort")
+    assert "Abort from the client" in replica.log  # smg sent the Abort RPC
+    async with AsyncClient(replica.target) as client:
+        await assert_released(client, "slow")
 
 
 async def test_errors_map_to_http_status(slow_gateway):
     gw = slow_gateway
-    engine = gw.apps[0].fleet.get("slow")
+    client = AsyncClient(gw.replicas[0].target)
     # 400: the worker refuses what the engine cannot serve (INVALID_ARGUMENT)
     status, body = await gw.call("POST", "/v1/completions", {
         "model": gw.model, "prompt": "hi", "max_tokens": 100_000})
@@ -130,7 +135,8 @@ async def test_errors_map_to_http_status(slow_gateway):
             sampling_params=vpb.SamplingParams(max_tokens=3000, ignore_eos=True)))
             for i in range(3)]
         try:
-            await wait_for(lambda: engine.num_unfinished() == 3)
+            await until(client, "slow",
+                        lambda d: (d.load.num_running, d.load.num_waiting) == (1, 2))
             status, body = await gw.call("POST", "/v1/completions", {
                 "model": gw.model, "prompt": "one more", "max_tokens": 2})
             assert status == 429, body
@@ -139,8 +145,8 @@ async def test_errors_map_to_http_status(slow_gateway):
             await stub.Abort(vpb.AbortRequest(request_ids=[f"busy-{i}" for i in range(3)]))
             for call in busy:
                 call.cancel()
-    await wait_for(lambda: engine.num_unfinished() == 0)
-    assert_released(engine)
+    await assert_released(client, "slow")
+    await client.close()
 
 
 async def test_cold_deployment_is_503(tmp_path):

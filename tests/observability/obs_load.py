@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from server_proc import until
+
 from clients.client import AsyncClient
-from server.app import App
-from server.config import parse_fleet
+from doppelchip.v1 import inference_pb2 as pb
 
 TIME_SCALE = 0.002
 PREFIX = "You are a careful assistant. Answer briefly and precisely, citing the source: "
@@ -48,13 +49,12 @@ LOAD: dict[str, list[tuple[str, int]]] = {
 }
 
 
-def fleet(metrics_port: int = 0):
-    return parse_fleet({
-        "server": {"host": "127.0.0.1", "port": 0, "metrics_port": metrics_port,
-                   "time_scale": TIME_SCALE, "default_deployment": "vllm-small-kv",
+def fleet_doc() -> dict:
+    return {
+        "server": {"time_scale": TIME_SCALE, "default_deployment": "vllm-small-kv",
                    "drain_grace_s": 5.0},
         "deployments": DEPLOYMENTS,
-    }, "observability test fleet")
+    }
 
 
 @dataclass
@@ -94,10 +94,10 @@ async def staggered(client: AsyncClient, deployment: str) -> list[Result]:
     return [await first, *later]
 
 
-async def drive(client: AsyncClient, app: App) -> list[Result]:
+async def drive(client: AsyncClient) -> list[Result]:
     """Every request of LOAD at once; the first two deployments staggered (see above)."""
-    for engine in app.fleet.engines.values():  # the cold deployment must have built first
-        await engine.until_ready()
+    for d in DEPLOYMENTS:  # the cold deployment must have built first
+        await until(client, d["name"], lambda s: s.state == pb.DEPLOYMENT_STATE_READY)
     stagger = ("vllm-small-kv", "groq-recompile")
     jobs = [one(client, d, p, n) for d, reqs in LOAD.items() if d not in stagger
             for p, n in reqs]

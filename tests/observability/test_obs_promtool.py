@@ -21,13 +21,13 @@ def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProces
                           text=True, cwd=ROOT / "deploy" / "prometheus", timeout=60)
 
 
-async def test_promtool_check_metrics_after_load(app, client):
+async def test_promtool_check_metrics_after_load(server, client):
     async def one(deployment: str, n: int) -> None:
         [c async for c in client.generate("lint me", deployment=deployment, max_tokens=n,
                                           ignore_eos=True)]
 
     await asyncio.gather(*(one("fast", 8) for _ in range(4)), one("slow", 2))
-    text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{app.metrics_port}/metrics")
+    text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{server.metrics_port}/metrics")
     assert "vllm:time_to_first_token_seconds_count" in text  # the load is in the scrape
     result = await asyncio.to_thread(promtool, "check", "metrics", stdin=text)
     problems = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
@@ -46,12 +46,12 @@ def test_prometheus_config_and_rules():
     assert "SUCCESS" in rules.stdout
 
 
-async def test_colons_survive_an_openmetrics_accept_header(app):
+async def test_colons_survive_an_openmetrics_accept_header(server):
     """Prometheus asks for OpenMetrics; vLLM's names must still arrive with their ':'."""
 
     def scrape() -> tuple[str, str]:
         req = urllib.request.Request(
-            f"http://127.0.0.1:{app.metrics_port}/metrics",
+            f"http://127.0.0.1:{server.metrics_port}/metrics",
             headers={"Accept": "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"})
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(req, timeout=5) as r:

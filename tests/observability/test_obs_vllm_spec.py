@@ -1,5 +1,5 @@
 """The exported vLLM metrics match vLLM's own definitions (vllm_reference.json, transcribed from
-vLLM's source at named commits), and the engine events compute vLLM's intervals."""
+vLLM's source at named commits), as a real server's /metrics shows them."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from server_proc import ServerProcess
 
-from server.config import parse_fleet
-from server.engine.events import TokensEvent
-from server.fleet import Fleet
-from server.metrics import make_registry
-from server.metrics_vllm import HISTOGRAMS, build_1_2_5_buckets
+from server.stats.schema import HISTOGRAMS, build_1_2_5_buckets
 
 REFERENCE = json.loads((Path(__file__).parent / "vllm_reference.json").read_text())
 MAX_LEN = 512
@@ -20,12 +18,12 @@ MAX_LEN = 512
 
 @pytest.fixture(scope="module")
 def families():
-    fleet = Fleet(parse_fleet({
-        "server": {"port": 0, "metrics_port": 0},
-        "deployments": [{"name": "a", "model": "llama-3.1-8b", "quant": "bf16",
-                         "chip": "h100-sxm", "engine": "vllm", "max_model_len": MAX_LEN}],
-    }, "spec fleet"))
-    return {m.name: m for m in make_registry(fleet).collect()}
+    doc = {"server": {}, "deployments": [{"name": "a", "model": "llama-3.1-8b", "quant": "bf16",
+                                          "chip": "h100-sxm", "engine": "vllm",
+                                          "max_model_len": MAX_LEN}]}
+    with ServerProcess(doc) as server:
+        text = server.scrape()
+    return {m.name: m for m in text_string_to_metric_families(text)}
 
 
 def test_build_1_2_5_buckets_matches_vllm():
@@ -66,13 +64,3 @@ def test_exported_names_types_labels_and_buckets(families):
     info = families["vllm:cache_config_info"].samples[0]
     assert info.value == 1.0 and info.labels["engine"] == "0"
     assert {"block_size", "num_gpu_blocks", "enable_prefix_caching"} <= set(info.labels)
-
-
-def test_inter_token_latency_follows_design_md():
-    first = TokensEvent("r", 1, t=0.5, previous_t=None, arrival=0.2)
-    assert first.ttft == pytest.approx(0.3) and first.inter_token_latencies() == []
-    later = TokensEvent("r", 1, t=0.6, previous_t=0.5, arrival=0.2)
-    assert later.ttft is None and later.inter_token_latencies() == [pytest.approx(0.1)]
-    # jump-forward: a step yielding n tokens records interval/n, n times
-    jump = TokensEvent("r", 4, t=1.0, previous_t=0.6, arrival=0.2)
-    assert jump.inter_token_latencies() == [pytest.approx(0.1)] * 4

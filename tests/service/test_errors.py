@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import pytest
 from conftest import assert_released
@@ -49,15 +47,15 @@ def _request(kwargs: dict) -> pb.GenerateRequest:
 @pytest.mark.parametrize(
     ("kwargs", "code", "words"), BAD_INPUTS, ids=[str(b[0])[:40] for b in BAD_INPUTS]
 )
-async def test_bad_input_status_and_message(client, app, kwargs, code, words):
+async def test_bad_input_status_and_message(client, kwargs, code, words):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for _ in client.stub.Generate(_request(kwargs)):
             pass
     assert err.value.code() == code
     assert words in err.value.details()
     # nothing allocated, nothing queued, and the server still serves
-    for engine in app.fleet.engines.values():
-        assert_released(engine)
+    for name in ("fast", "slow"):
+        await assert_released(client, name)
     chunks = [c async for c in client.generate("still fine", max_tokens=2, ignore_eos=True)]
     assert chunks[-1].final.usage.completion_tokens == 2
 
@@ -72,7 +70,7 @@ async def test_constraint_that_does_not_compile_is_refused(client):
     assert "regex constraint does not compile" in err.value.details()
 
 
-async def test_duplicate_request_id_in_flight(client, app):
+async def test_duplicate_request_id_in_flight(client):
     stream = client.generate("a", deployment="slow", max_tokens=1000, ignore_eos=True,
                              request_id="dup")
     first = await anext(stream)
@@ -85,8 +83,8 @@ async def test_duplicate_request_id_in_flight(client, app):
     await stream.aclose()
 
 
-async def test_full_waiting_queue_is_resource_exhausted(client, app):
-    slow = app.fleet.get("slow")  # max_num_seqs=1, max_waiting=2
+async def test_full_waiting_queue_is_resource_exhausted(client, server):
+    # "slow" has max_num_seqs=1, max_waiting=2
     def held(i: int):
         return client.stub.Generate(build_request(
             "q", deployment="slow", max_tokens=1000, ignore_eos=True, request_id=f"held-{i}"))
@@ -97,8 +95,8 @@ async def test_full_waiting_queue_is_resource_exhausted(client, app):
     # initial metadata is sent right after the engine accepted the request
     for call in calls[1:]:
         assert dict(await call.initial_metadata())["x-request-id"].startswith("held-")
-    status = slow.status()
-    assert (status.num_running, status.num_waiting) == (1, 2)
+    status = await client.get_deployment("slow")
+    assert (status.load.num_running, status.load.num_waiting) == (1, 2)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for _ in client.generate("one too many", deployment="slow", max_tokens=5):
             pass
@@ -106,6 +104,6 @@ async def test_full_waiting_queue_is_resource_exhausted(client, app):
     assert "waiting queue is full (max_waiting=2)" in err.value.details()
     for call in calls:
         call.cancel()
-    await asyncio.wait_for(slow.until_idle(), 5.0)
-    assert_released(slow)
-    assert {"held-0", "held-1", "held-2"} <= set(slow.stats.aborted_request_ids)
+    await assert_released(client, "slow")
+    for i in range(3):
+        server.wait_for_log(rf"\[request_id=held-{i}\] finished on slow: abort")

@@ -15,7 +15,7 @@ async def collect(client, prompt="hello world", **kwargs) -> list[pb.GenerateRes
     return [chunk async for chunk in client.generate(prompt, **kwargs)]
 
 
-async def test_stream_order_and_final_chunk(client, app):
+async def test_stream_order_and_final_chunk(client):
     chunks = await collect(
         client, max_tokens=12, ignore_eos=True, return_token_times=True,
         return_prompt_token_ids=True, request_id="order-1",
@@ -46,8 +46,7 @@ async def test_stream_order_and_final_chunk(client, app):
     # alone on the deployment, every token is its own decode step: strictly later each time
     assert all(b > a for a, b in itertools.pairwise(times))
     assert "".join(c.text for c in chunks) != ""
-    await asyncio.wait_for(app.fleet.get("fast").until_idle(), 5)
-    assert_released(app.fleet.get("fast"))
+    await assert_released(client, "fast")
 
 
 async def test_server_assigns_request_id_and_default_deployment(client):

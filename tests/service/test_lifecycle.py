@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import urllib.request
+import signal
 
 import grpc
 import pytest
-from conftest import assert_released
+from conftest import TEST_FLEET, assert_released
 from grpc_health.v1 import health_pb2
+from server_proc import ServerProcess
 
 from clients.client import AsyncClient, Client, build_request
 from doppelchip.v1 import inference_pb2 as pb
@@ -18,76 +19,76 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-async def test_client_cancel_mid_stream_aborts_in_engine(client, app):
-    slow = app.fleet.get("slow")
+async def test_client_cancel_mid_stream_aborts_in_engine(client, server):
     call = client.stub.Generate(build_request(
         "cancel me", deployment="slow", max_tokens=2000, ignore_eos=True, request_id="cancel-1"))
     first = await call.read()
-    status = slow.status()
+    status = await client.get_deployment("slow")
     assert first.token_ids and status.capacity.kv_blocks_free < status.capacity.kv_blocks_total
     call.cancel()
-    await asyncio.wait_for(slow.until_idle(), 5.0)
-    assert "cancel-1" in slow.stats.aborted_request_ids
-    assert slow.stats.finished.get("abort") == 1
-    assert_released(slow)
+    server.wait_for_log(r"\[request_id=cancel-1\] finished on slow: abort", timeout=10)
+    await assert_released(client, "slow")
 
 
-async def test_deadline_aborts_in_engine(client, app):
-    slow = app.fleet.get("slow")
+async def test_deadline_aborts_in_engine(client, server):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for _ in client.generate("too slow", deployment="slow", max_tokens=2000,
                                        ignore_eos=True, request_id="deadline-1", timeout=0.3):
             pass
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await asyncio.wait_for(slow.until_idle(), 5.0)
-    assert "deadline-1" in slow.stats.aborted_request_ids
-    assert_released(slow)
+    server.wait_for_log(r"\[request_id=deadline-1\] finished on slow: abort", timeout=10)
+    await assert_released(client, "slow")
 
 
-async def test_health_serving_then_not_serving_on_drain(app):
-    async with AsyncClient(f"127.0.0.1:{app.port}") as c:
-        assert await c.health() == SERVING
-        assert await c.health("doppelchip.v1.Inference") == SERVING
-        watch = c.health_stub.Watch(health_pb2.HealthCheckRequest(service=""))
-        assert (await watch.read()).status == SERVING
-        # an in-flight stream (40 emulated steps of 0.4 s = 0.8 s of wall time)
-        inflight = c.stub.Generate(build_request(
-            "drain", deployment="slow", max_tokens=40, ignore_eos=True, request_id="inflight"))
-        await inflight.initial_metadata()
-        drain = asyncio.create_task(app.drain(5.0))
-        assert (await watch.read()).status == NOT_SERVING
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            async for _ in c.generate("late", max_tokens=2):
-                pass
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "draining" in err.value.details()
-        chunks = [chunk async for chunk in inflight]
-        assert chunks[-1].final.finish_reason == pb.FINISH_REASON_LENGTH
-        assert sum(len(ch.token_ids) for ch in chunks) == 40
-        watch.cancel()
-        await drain
+async def test_health_serving_then_not_serving_on_drain():
+    with ServerProcess(TEST_FLEET) as server:
+        async with AsyncClient(server.target) as c:
+            assert await c.health() == SERVING
+            assert await c.health("doppelchip.v1.Inference") == SERVING
+            watch = c.health_stub.Watch(health_pb2.HealthCheckRequest(service=""))
+            assert (await watch.read()).status == SERVING
+            # an in-flight stream (40 emulated steps of 0.4 s = 0.8 s of wall time)
+            inflight = c.stub.Generate(build_request(
+                "drain", deployment="slow", max_tokens=40, ignore_eos=True,
+                request_id="inflight"))
+            await inflight.initial_metadata()
+            server.signal(signal.SIGTERM)
+            assert (await watch.read()).status == NOT_SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in c.generate("late", max_tokens=2):
+                    pass
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "draining" in err.value.details()
+            chunks = [chunk async for chunk in inflight]
+            assert chunks[-1].final.finish_reason == pb.FINISH_REASON_LENGTH
+            assert sum(len(ch.token_ids) for ch in chunks) == 40
+            watch.cancel()
+        assert await asyncio.to_thread(server.stop) == 0
 
 
-async def test_drain_grace_expiry_aborts_what_is_left(app):
-    async with AsyncClient(f"127.0.0.1:{app.port}") as c:
-        call = c.stub.Generate(build_request(
-            "long", deployment="slow", max_tokens=3000, ignore_eos=True))
-        await call.read()
-        await app.drain(0.05)
-        rest = []
-        while (msg := await call.read()) is not grpc.aio.EOF:
-            rest.append(msg)
-        assert rest[-1].final.finish_reason == pb.FINISH_REASON_ABORT
-    assert_released(app.fleet.get("slow"))
+async def test_drain_grace_expiry_aborts_what_is_left():
+    doc = {**TEST_FLEET, "server": {**TEST_FLEET["server"], "drain_grace_s": 0.05}}
+    with ServerProcess(doc) as server:
+        async with AsyncClient(server.target) as c:
+            call = c.stub.Generate(build_request(
+                "long", deployment="slow", max_tokens=3000, ignore_eos=True))
+            await call.read()
+            server.signal(signal.SIGTERM)
+            rest = []
+            while (msg := await call.read()) is not grpc.aio.EOF:
+                rest.append(msg)
+            assert rest[-1].final.finish_reason == pb.FINISH_REASON_ABORT
+        assert await asyncio.to_thread(server.stop) == 0
+        assert "grace expired: aborting 1 requests" in server.log
 
 
-async def test_reflection_lists_services(app):
+async def test_reflection_lists_services(server):
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
         ProtoReflectionDescriptorDatabase,
     )
 
     def services() -> tuple[list[str], list[str]]:
-        with grpc.insecure_channel(f"127.0.0.1:{app.port}") as channel:
+        with grpc.insecure_channel(server.target) as channel:
             db = ProtoReflectionDescriptorDatabase(channel)
             names = list(db.get_services())
             desc = db.FindFileContainingSymbol("doppelchip.v1.Inference")
@@ -118,15 +119,11 @@ async def test_list_and_get_deployments(client):
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-async def test_metrics_endpoint(client, app):
-    [c async for c in client.generate("count me", max_tokens=5, ignore_eos=True)]
-
-    def scrape() -> str:
-        url = f"http://127.0.0.1:{app.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.read().decode()
-
-    text = await asyncio.to_thread(scrape)
+async def test_metrics_endpoint():
+    with ServerProcess(TEST_FLEET) as server:  # a fresh server: counters from zero
+        async with AsyncClient(server.target) as client:
+            [c async for c in client.generate("count me", max_tokens=5, ignore_eos=True)]
+        text = await asyncio.to_thread(server.scrape)
     labels = 'deployment="fast",engine="0",model_name="llama-3.1-8b"'
     assert f"vllm:num_requests_running{{{labels}}} 0.0" in text
     assert f"vllm:generation_tokens_total{{{labels}}} 5.0" in text
@@ -136,9 +133,9 @@ async def test_metrics_endpoint(client, app):
     assert f"vllm:request_success_total{{{success}}} 1.0" in text
 
 
-async def test_sync_client(app):
+async def test_sync_client(server):
     def run() -> tuple[list[pb.GenerateResponse], int]:
-        with Client(f"127.0.0.1:{app.port}") as c:
+        with Client(server.target) as c:
             return list(c.generate("sync", max_tokens=4, ignore_eos=True)), c.health()
 
     chunks, health = await asyncio.to_thread(run)

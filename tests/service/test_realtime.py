@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import statistics
 import time
 
 import grpc
 import pytest
-from conftest import make_fleet
+from conftest import fleet_doc
+from server_proc import ServerProcess
 
 from clients.client import AsyncClient
 from doppelchip.v1 import inference_pb2 as pb
-from server.app import App
-from server.config import load_fleet, parse_fleet
 
 
 async def test_client_timing_matches_the_emulated_timeline():
@@ -24,10 +24,8 @@ async def test_client_timing_matches_the_emulated_timeline():
     a client measures on the wire (scaled back to emulated seconds) are within 10% of the
     engine's emulated timeline, and the engine's lag behind its deadlines stays small."""
     scale = 1.0  # true speed: wall-clock overheads stay a small share of a 0.3 s TTFT
-    app = App(make_fleet({"time_scale": scale}))
-    await app.start()
-    try:
-        async with AsyncClient(f"127.0.0.1:{app.port}") as client:
+    with ServerProcess(fleet_doc({"time_scale": scale})) as server:
+        async with AsyncClient(server.target) as client:
             await client.list_deployments()  # connect first: TTFT should not include that
             ttfts, gaps, server_ttfts, server_gaps = [], [], [], []
             for seed in range(3):
@@ -44,24 +42,21 @@ async def test_client_timing_matches_the_emulated_timeline():
                 gaps += [(b - a) / scale for a, b in itertools.pairwise(arrivals)]
                 server_ttfts.append(final.timings.ttft_s)
                 server_gaps += [b - a for a, b in itertools.pairwise(times)]
+            text = await asyncio.to_thread(server.scrape)
+            lag = re.findall(r'doppelchip_realtime_lag_seconds\{[^}]*deployment="slow"[^}]*\} '
+                             r"(\S+)", text)
         assert statistics.median(server_gaps) >= 0.02
         assert statistics.median(ttfts) == pytest.approx(statistics.median(server_ttfts),
                                                          rel=0.10)
         assert statistics.median(gaps) == pytest.approx(statistics.median(server_gaps), rel=0.10)
-        assert app.fleet.get("slow").lag_s < 0.1 * statistics.median(server_gaps)
-    finally:
-        await app.drain(0.0)
+        assert lag == ["0.0"]  # idle again: the lag gauge is back to 0
 
 
 async def test_cold_deployment_is_unavailable_until_built():
     cold = {"name": "cold", "model": "llama-3.1-8b", "quant": "fp8", "chip": "h100-sxm",
             "engine": "tensorrt-llm", "built_for": "hopper", "start": "cold"}
-    fleet = parse_fleet({"server": {"port": 0, "metrics_port": 0, "time_scale": 0.0005},
-                         "deployments": [cold]})
-    app = App(fleet)
-    await app.start()
-    try:
-        async with AsyncClient(f"127.0.0.1:{app.port}") as client:
+    with ServerProcess({"server": {"time_scale": 0.0005}, "deployments": [cold]}) as server:
+        async with AsyncClient(server.target) as client:
             status = await client.get_deployment("cold")
             assert status.state == pb.DEPLOYMENT_STATE_COMPILING
             assert "building its engine" in status.state_message
@@ -70,20 +65,15 @@ async def test_cold_deployment_is_unavailable_until_built():
                     pass
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "compiling" in err.value.details()
-            await asyncio.wait_for(app.fleet.get("cold").until_ready(), 30)
-            assert (await client.get_deployment("cold")).state == pb.DEPLOYMENT_STATE_READY
+            server.wait_for_log(r"engine core of cold \(rank 0\) up")
+            await until_state(client, "cold", pb.DEPLOYMENT_STATE_READY)
             chunks = [c async for c in client.generate("late", max_tokens=2, ignore_eos=True)]
             assert chunks[-1].final.usage.completion_tokens == 2
-    finally:
-        await app.drain(0.0)
 
 
 async def test_default_fleet_places_and_serves_every_deployment():
-    fleet = load_fleet().with_server(port=0, metrics_port=0, time_scale=0.001)
-    app = App(fleet)
-    await app.start()
-    try:
-        async with AsyncClient(f"127.0.0.1:{app.port}") as client:
+    with ServerProcess(None, "--time-scale", "0.001") as server:
+        async with AsyncClient(server.target) as client:
             listing = await client.list_deployments()
             states = {d.name: (d.state, d.state_message) for d in listing.deployments}
             assert all(s == pb.DEPLOYMENT_STATE_READY for s, _ in states.values()), states
@@ -93,8 +83,6 @@ async def test_default_fleet_places_and_serves_every_deployment():
                 chunks = [c async for c in client.generate("hi", deployment=name, max_tokens=3,
                                                            ignore_eos=True)]
                 assert chunks[-1].final.usage.completion_tokens == 3, name
-    finally:
-        await app.drain(0.0)
 
 
 async def test_unplaceable_deployment_fails_alone():
@@ -102,12 +90,8 @@ async def test_unplaceable_deployment_fails_alone():
           "engine": "vllm"}
     too_big = {"name": "too-big", "model": "llama-3.1-405b", "quant": "bf16",
                "chip": "m4-max-40", "engine": "mlx"}
-    fleet = parse_fleet({"server": {"port": 0, "metrics_port": 0, "time_scale": 0.01},
-                         "deployments": [ok, too_big]})
-    app = App(fleet)
-    await app.start()
-    try:
-        async with AsyncClient(f"127.0.0.1:{app.port}") as client:
+    with ServerProcess({"server": {"time_scale": 0.01}, "deployments": [ok, too_big]}) as server:
+        async with AsyncClient(server.target) as client:
             failed = await client.get_deployment("too-big")
             assert failed.state == pb.DEPLOYMENT_STATE_FAILED
             assert "unified" in failed.state_message or "fit" in failed.state_message
@@ -118,8 +102,6 @@ async def test_unplaceable_deployment_fails_alone():
             assert "could not be placed" in err.value.details()
             chunks = [c async for c in client.generate("x", deployment="ok", max_tokens=2)]
             assert chunks[-1].HasField("final")
-    finally:
-        await app.drain(0.0)
 
 
 async def test_usage_reports_exact_cached_prompt_tokens(client):
@@ -138,14 +120,10 @@ async def test_python_overhead_never_accumulates_into_the_timeline():
     """Sub-millisecond steps (Llama 3.1 8B on a Cerebras CS-3: ~0.55 ms per token) at true
     speed: however late the loop wakes, each step starts at the previous step's deadline, so
     the emulated gaps between tokens are exactly the device's step time."""
-    fleet = parse_fleet({"server": {"port": 0, "metrics_port": 0, "time_scale": 1.0},
-                         "deployments": [{"name": "wafer", "model": "llama-3.1-8b",
-                                          "quant": "bf16", "chip": "cerebras-cs3",
-                                          "engine": "cerebras"}]})
-    app = App(fleet)
-    await app.start()
-    try:
-        async with AsyncClient(f"127.0.0.1:{app.port}") as client:
+    wafer = {"name": "wafer", "model": "llama-3.1-8b", "quant": "bf16", "chip": "cerebras-cs3",
+             "engine": "cerebras"}
+    with ServerProcess({"server": {"time_scale": 1.0}, "deployments": [wafer]}) as server:
+        async with AsyncClient(server.target) as client:
             times = []
             async for chunk in client.generate("x", max_tokens=100, ignore_eos=True,
                                                return_token_times=True):
@@ -154,5 +132,12 @@ async def test_python_overhead_never_accumulates_into_the_timeline():
         assert len(gaps) == 99 and gaps[0] < 0.002
         # only the context grows (one token a step): the spread stays far below a microsecond
         assert max(gaps) - min(gaps) < 1e-3 * min(gaps)
-    finally:
-        await app.drain(0.0)
+
+
+async def until_state(client, name: str, state: int, timeout: float = 30.0) -> None:
+    """Wait until deployment `name` reports `state` (a status query, not a sleep: the state
+    changes in another process)."""
+    deadline = time.monotonic() + timeout
+    while (d := await client.get_deployment(name)).state != state:
+        assert time.monotonic() < deadline, (d.state, d.state_message)
+        await asyncio.sleep(0.02)

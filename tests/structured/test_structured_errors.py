@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 from conftest import assert_released
+from server_proc import metric
 
 from clients.client import build_request
 
@@ -28,19 +31,19 @@ BAD_CONSTRAINTS = [
 @pytest.mark.parametrize(("kwargs", "words"), BAD_CONSTRAINTS,
                          ids=[f"{next(iter(k))}:{str(next(iter(k.values())))[:20]}"
                               for k, _ in BAD_CONSTRAINTS])
-async def test_bad_constraint_is_invalid_argument(client, app, kwargs, words):
-    engine = app.fleet.engines["fast"]
-    steps = engine.core.scheduler.stats.num_steps
+async def test_bad_constraint_is_invalid_argument(client, server, kwargs, words):
+    before = await asyncio.to_thread(server.scrape)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for _ in client.stub.Generate(build_request("hello", max_tokens=8, **kwargs)):
             pass
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert words in err.value.details()
     # refused at submit: never queued, never stepped, no block taken
-    assert engine.core.scheduler.stats.num_steps == steps
-    assert engine.core.scheduler.stats.prefix_cache_queries == 0
-    for e in app.fleet.engines.values():
-        assert_released(e)
+    after = await asyncio.to_thread(server.scrape)
+    for name in ("vllm:iteration_tokens_total_count", "vllm:prefix_cache_queries_total"):
+        assert metric(after, name, deployment="fast") == metric(before, name, deployment="fast")
+    for name in ("fast", "slow"):
+        await assert_released(client, name)
     ok = [c async for c in client.generate("still fine", max_tokens=2, regex="[0-9]+")]
     assert ok[-1].final.usage.completion_tokens >= 1
 

@@ -15,9 +15,10 @@ import pytest
 from structured_cases import CHOICES, SCHEMAS, core, run_one, schema_constraint
 
 from clients.structured import ORDER_SCHEMA
-from server.engine.interface import Constraint, EngineRequest
+from server.engine.interface import Constraint, EngineRequest, FinishReason
 from server.engine.output import RequestOutput, spread_times
 from server.engine.tokenizer import get_tokenizer
+from server.frontend.stream import RequestStream
 
 LONG_KEYS = schema_constraint(ORDER_SCHEMA)  # long fixed keys: most tokens are forced
 
@@ -72,18 +73,27 @@ def test_forced_run_is_cut_at_max_tokens():
     assert on.request.finish_reason == off.request.finish_reason == "length"
 
 
-def test_multi_token_step_divides_its_interval():
+async def test_multi_token_step_divides_its_interval():
+    """A step that brings a request several tokens (jump-forward) spreads them over the
+    interval since its previous token; the final chunk counts the forced tokens."""
     assert spread_times(None, 2.0, 3) == [2.0, 2.0, 2.0]  # first tokens: no interval yet
     assert spread_times(1.0, 2.0, 4) == [1.25, 1.5, 1.75, 2.0]
     tok = get_tokenizer()
-    out = RequestOutput(EngineRequest("r", "x", return_token_times=True), (1,), tok, 0.5)
-    first = out.add(tok.encode("a"), 1.0)
-    later = out.add(tok.encode(" b c d")[:3], 2.5)
-    assert first is not None and later is not None
+    request = EngineRequest("r", "x", return_token_times=True)
+    stream = RequestStream(request, RequestOutput(request, (1,), tok), seq=1, deployment=0,
+                           rank=0, arrival=0.5, interval=1, clock=lambda: 2.5)
+    chunks = stream.outputs()
+    stream.push(tok.encode("a"), 1.0)
+    first = await anext(chunks)
+    stream.push(tok.encode(" b c d")[:3], 2.5)
+    stream.jumped = 2
+    later = await anext(chunks)
     assert first.token_times == (0.5,)
     assert later.token_times == pytest.approx((1.0, 1.5, 2.0))
-    final = out.final("stop", 2.5, jump_forward=2)  # type: ignore[arg-type]
+    stream.finish(FinishReason.STOP)
+    final = await anext(chunks)
     assert final.finish is not None and final.finish.usage.jump_forward_tokens == 2
+    assert final.finish.usage.completion_tokens == 4
 
 
 def test_compiled_grammars_are_cached():

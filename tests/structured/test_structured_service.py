@@ -6,23 +6,22 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import jsonschema
 import pytest
 from conftest import assert_released
+from server_proc import ServerProcess, metric
 
 from clients.client import AsyncClient
 from clients.generate import run_generate
 from clients.structured import ORDER_SCHEMA
-from server.config import parse_fleet
 
 _DEPLOYMENT = {"model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm", "engine": "vllm",
                "max_model_len": 512}
 FLEET = {
-    "server": {"host": "127.0.0.1", "port": 0, "metrics_port": 0, "time_scale": 0.05,
-               "default_deployment": "decode-all"},
+    "server": {"time_scale": 0.05, "default_deployment": "decode-all"},
     "deployments": [
         {"name": "decode-all", **_DEPLOYMENT},
         {"name": "jump", **_DEPLOYMENT, "jump_forward": True},
@@ -31,17 +30,16 @@ FLEET = {
 }
 
 
-@pytest.fixture
-async def served() -> AsyncIterator:
-    from server.app import App
+@pytest.fixture(scope="module")
+def structured_server() -> Iterator[ServerProcess]:
+    with ServerProcess(FLEET) as s:
+        yield s
 
-    app = App(parse_fleet(FLEET, "structured test fleet"))
-    await app.start()
-    try:
-        async with AsyncClient(f"127.0.0.1:{app.port}") as c:
-            yield app, c
-    finally:
-        await app.drain(0.0)
+
+@pytest.fixture
+async def served(structured_server) -> AsyncIterator:
+    async with AsyncClient(structured_server.target) as c:
+        yield structured_server, c
 
 
 async def _collect(client, deployment: str, seed: int):
@@ -66,32 +64,29 @@ async def test_jump_forward_deployment_same_output_counted(served):
         assert final_off.usage.jump_forward_tokens == 0
         assert len(times) == len(ids) and times == sorted(times)  # one time per token
         total += final.usage.jump_forward_tokens
-    jump = app.fleet.engines["jump"]
-    await jump.until_idle()
-    assert jump.stats.jump_forward_tokens == total
-    assert jump.core.scheduler.stats.num_jump_forward_tokens == total
-    assert app.fleet.engines["decode-all"].stats.jump_forward_tokens == 0
-    for engine in app.fleet.engines.values():
-        await engine.until_idle()
-        assert_released(engine)
+    for name in ("jump", "decode-all", "tiny-grammars"):
+        await assert_released(client, name)
+    text = await asyncio.to_thread(app.scrape)
+    assert metric(text, "doppelchip_jump_forward_tokens_total", deployment="jump") == total
+    assert metric(text, "doppelchip_jump_forward_tokens_total", deployment="decode-all") == 0
 
 
 async def test_configured_grammar_size_limit(served):
-    app, client = served
+    _, client = served
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for _ in client.generate("x", deployment="tiny-grammars",
                                        json_schema=ORDER_SCHEMA):
             pass
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "accepts at most 100 (max_grammar_bytes)" in err.value.details()
-    assert_released(app.fleet.engines["tiny-grammars"])
+    await assert_released(client, "tiny-grammars")
 
 
 async def test_cli_generate_with_constraint_flags(served, tmp_path):
     app, _ = served
     schema = tmp_path / "order.json"
     schema.write_text(json.dumps(ORDER_SCHEMA))
-    target = f"127.0.0.1:{app.port}"
+    target = app.target
     from clients.generate import read_constraint
     from doppelchip.cli import build_parser
 

@@ -27,24 +27,22 @@ async def _generate(client, **kwargs) -> tuple[str, list[int], pb.Final]:
 
 
 @pytest.mark.parametrize("regex", REGEXES)
-async def test_regex_outputs_match(client, app, regex):
+async def test_regex_outputs_match(client, regex):
     for seed in SEEDS:
         text, _, final = await _generate(client, regex=regex, seed=seed)
         assert final.finish_reason == pb.FINISH_REASON_STOP
         assert re.fullmatch(regex, text), (regex, text)
-    await app.fleet.engines["fast"].until_idle()
-    assert_released(app.fleet.engines["fast"])
+    await assert_released(client, "fast")
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
-async def test_json_schema_outputs_validate(client, app, name):
+async def test_json_schema_outputs_validate(client, name):
     schema = SCHEMAS[name]
     for seed in SEEDS:
         text, _, final = await _generate(client, json_schema=schema, seed=seed)
         assert final.finish_reason == pb.FINISH_REASON_STOP, text
         jsonschema.validate(json.loads(text), schema)
-    await app.fleet.engines["fast"].until_idle()
-    assert_released(app.fleet.engines["fast"])
+    await assert_released(client, "fast")
 
 
 @pytest.mark.parametrize("choices", CHOICES, ids=[c[0] for c in CHOICES])
@@ -78,15 +76,14 @@ async def test_usage_counts_the_constrained_tokens(client):
     assert final.usage.jump_forward_tokens == 0  # vLLM (the `fast` deployment) decodes all
 
 
-async def test_constraint_that_cannot_finish_ends_with_length(client, app):
+async def test_constraint_that_cannot_finish_ends_with_length(client):
     chunks = [c async for c in client.generate("Answer:", max_tokens=20, regex="(xy){300}")]
     final = chunks[-1].final
     text = "".join(c.text for c in chunks)
     assert final.finish_reason == pb.FINISH_REASON_LENGTH
     assert final.usage.completion_tokens == 20
     assert re.fullmatch(r"(xy)*x?", text) and len(text) >= 20, text  # the partial output
-    await app.fleet.engines["fast"].until_idle()
-    assert_released(app.fleet.engines["fast"])
+    await assert_released(client, "fast")
 
 
 async def test_complete_grammar_ends_the_request_even_with_ignore_eos(client):

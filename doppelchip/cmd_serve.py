@@ -1,0 +1,85 @@
+"""`doppelchip serve`: parse the flags, hand the fleet to the supervisor."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve a fleet of emulated deployments over gRPC",
+        description="Serve a fleet (the built-in default unless --config) over gRPC, with "
+        "Prometheus metrics. Each deployment's engine core runs in a process of its own; "
+        "front-end processes share the public ports. SIGTERM/SIGINT drains and exits 0.")
+    p.add_argument("--config", metavar="FILE", help="fleet TOML file (default: built-in fleet)")
+    p.add_argument("--host", help="address to bind gRPC and metrics to (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="gRPC port (default 50051; 0 picks a free port)")
+    p.add_argument("--metrics-port", type=int,
+                   help="Prometheus /metrics port (default 8000; 0 picks a free port)")
+    p.add_argument("--time-scale", type=float,
+                   help="wall seconds per emulated second (1.0 true speed; 0.01 is 100x faster)")
+    p.add_argument("--default-deployment", metavar="NAME",
+                   help="deployment used when a request names none")
+    p.add_argument("--drain-grace", type=float, metavar="SECONDS",
+                   help="on shutdown, how long in-flight streams may run before being aborted")
+    p.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
+                   help="the front ends' event loop (auto: the measured faster one)")
+    p.add_argument("--vllm-engine-deployment", metavar="NAME",
+                   help="deployment the vLLM engine gRPC service (vllm.grpc.engine.VllmEngine, "
+                   "what the smg gateway speaks) fronts on this port (default: the default "
+                   "deployment)")
+    p.add_argument("--api-server-count", type=int, metavar="N",
+                   help="front-end processes sharing the ports, as vLLM's flag (default: one "
+                   "per two cores beyond the first two, at least 1)")
+    p.add_argument("--stream-interval", type=int, metavar="N",
+                   help="send every N tokens of a stream in one message, as vLLM's flag (the "
+                   "first tokens and the finish go at once; default 1; a deployment's "
+                   "stream_interval wins)")
+    p.add_argument("--engine-restart-backoff", type=float, metavar="SECONDS",
+                   help="a crashed engine process restarts after this, doubling for repeated "
+                   "crashes within a minute (default 2)")
+    p.add_argument("--check-integrity", action="store_true",
+                   help="engines check their KV pool and queue invariants each time they go "
+                   "idle (for tests: a broken invariant crashes the engine, loudly)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="logging verbosity (default info)")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from server.config import ConfigError, load_fleet
+    from server.supervisor import ServeOptions, serve
+
+    try:
+        fleet = load_fleet(args.config).with_server(
+            host=args.host, port=args.port, metrics_port=args.metrics_port,
+            time_scale=args.time_scale, default_deployment=args.default_deployment,
+            drain_grace_s=args.drain_grace, event_loop=args.event_loop,
+            vllm_engine_deployment=args.vllm_engine_deployment,
+            api_server_count=args.api_server_count, stream_interval=args.stream_interval,
+            engine_restart_backoff_s=args.engine_restart_backoff,
+        )
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    s = fleet.server
+    checks = ((s.time_scale <= 0, "--time-scale must be > 0"),
+              (s.api_server_count < 0, "--api-server-count must be >= 0"),
+              (s.stream_interval < 1, "--stream-interval must be >= 1"),
+              (s.engine_restart_backoff_s < 0, "--engine-restart-backoff must be >= 0"))
+    for bad, message in checks:
+        if bad:
+            print(f"error: {message}", file=sys.stderr)
+            return 2
+    names = {d.name for d in fleet.deployments}
+    if fleet.default_deployment not in names:
+        print(f"error: unknown default deployment {fleet.default_deployment!r}", file=sys.stderr)
+        return 2
+    if fleet.vllm_engine_deployment not in names:
+        print(f"error: unknown --vllm-engine-deployment {fleet.vllm_engine_deployment!r}",
+              file=sys.stderr)
+        return 2
+    return serve(fleet, ServeOptions(log_level=args.log_level,
+                                     check_integrity=args.check_integrity))

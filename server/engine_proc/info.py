@@ -1,0 +1,83 @@
+"""The static description of one engine core (`DeploymentInfo`), computed once where the core
+is built and sent to the supervisor and the front ends: what they need for admission checks,
+`ListDeployments` and the metrics' labels and constants."""
+
+from __future__ import annotations
+
+from devices import Placement, catalog
+from server.engine.build import EngineOptions
+from server.engine.core import EngineCore
+from server.engine.interface import Capacity
+from server.engine.tokenizer import Tokenizer
+from server.ipc.messages import DeploymentInfo
+
+
+def tier_peaks(p: Placement) -> dict[str, float]:
+    """Peak bytes/s of each memory tier the placement uses, over all chips holding it."""
+    chip = p.chip
+    parts = [(chip, p.chips)]
+    spec = p.spec
+    host_id = spec.host or chip.host
+    host = catalog.get_chip(host_id) if host_id else None
+    if host is not None:
+        parts.append((host, 1))
+    ssd_id = spec.ssd or chip.ssd or (host.ssd if host else None) or "nvme-gen4"  # as offload.py
+    parts.append((catalog.get_chip(ssd_id), 1))
+    used = {t for t, _ in p.weight_bytes}
+    for stage in p.plan.stages:
+        for seg in stage.segments:
+            used.add(seg.kv_tier)
+            used.update(t for t, _ in seg.weight_bytes)
+    peaks: dict[str, float] = {}
+    for part, count in parts:
+        for tier in part.tiers:
+            if tier.name in used and tier.name not in peaks:
+                peaks[tier.name] = tier.bandwidth_bps * count
+    return peaks
+
+
+def peak_flops(p: Placement) -> float:
+    """Dense peak FLOP/s of the deployment's chips on the engine's compute path."""
+    path = p.engine.path_for(p.chip.chip_class)
+    dtype = p.quant.compute_dtype if path == "quant" else path
+    return p.chip.flops(dtype) * p.chips
+
+
+def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
+                tokenizer: Tokenizer) -> DeploymentInfo:
+    p, cfg = core.placement, core.scheduler.config
+    peaks = tier_peaks(p)
+    resident = dict(p.weight_bytes)
+    tiers = tuple(sorted(set(peaks) | set(resident) | set(p.memory_bytes(0))))
+    per_request = -(-cfg.max_model_len // cfg.block_size)
+    capacity = Capacity(
+        kv_blocks_total=cfg.num_blocks, kv_blocks_free=cfg.num_blocks,
+        block_size=cfg.block_size, max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        max_concurrency=min(cfg.max_num_seqs, cfg.num_blocks // per_request),
+        max_waiting=opts.max_waiting,
+    )
+    return DeploymentInfo(
+        name=opts.name, rank=rank, model=opts.model, quant=opts.quant, engine=opts.engine,
+        chip=opts.chip, chip_count=p.chips, tensor_parallel=p.tp, pipeline_parallel=p.pp,
+        placed=True, failure="", capacity=capacity, vocab_size=tokenizer.vocab_size,
+        max_grammar_bytes=opts.max_grammar_bytes,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        gpu_memory_utilisation=p.spec.gpu_mem_utilisation, tiers=tiers,
+        weights_resident=tuple(resident.get(t, 0.0) for t in tiers),
+        tier_peaks=tuple(peaks.get(t, 0.0) for t in tiers), peak_flops=peak_flops(p),
+        idle_watts=core.idle_watts, usd_per_s=core.dollars_per_s,
+    )
+
+
+def failed_info(opts: EngineOptions, rank: int, why: str, vocab_size: int) -> DeploymentInfo:
+    """A deployment that could not be placed: describe what was asked for."""
+    return DeploymentInfo(
+        name=opts.name, rank=rank, model=opts.model, quant=opts.quant, engine=opts.engine,
+        chip=opts.chip, chip_count=opts.count or 0, tensor_parallel=opts.tp or 0,
+        pipeline_parallel=opts.pp or 0, placed=False, failure=why,
+        capacity=Capacity(0, 0, opts.block_size, 0, 0, 0, opts.max_waiting),
+        vocab_size=vocab_size, max_grammar_bytes=opts.max_grammar_bytes,
+        enable_prefix_caching=False, gpu_memory_utilisation=0.0, tiers=(),
+        weights_resident=(), tier_peaks=(), peak_flops=0.0, idle_watts=0.0, usd_per_s=0.0,
+    )

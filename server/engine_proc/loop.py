@@ -1,0 +1,332 @@
+"""The engine core's real-time loop, fed over ZeroMQ: the single writer of one deployment's
+scheduler and KV state.
+
+One turn:
+1. move accepted requests into the scheduler and apply aborts (`_take_inbox`);
+2. idle: block on the input socket (no busy polling) and resume the timeline at the wall
+   clock when woken, the gap charged as idle power;
+3. `core.step()`; the step ends at the absolute deadline `start + seconds`, where `start` is
+   the previous deadline (so Python overhead never accumulates into the emulated timeline)
+   but never before an admitted request arrived;
+4. wait for the deadline while answering admissions and taking aborts (`_wait_until`);
+   aborts that came meanwhile win over the step's tokens;
+5. publish one `StepOutputs` per front end with the new tokens, then write the stats array.
+
+Flow control: when the engine is behind its timeline (the host cannot keep up), each step
+asks its front ends for an `Ack`, and the engine does not run more than `MAX_UNACKED` steps
+ahead of a front end that has not absorbed them: a lagging engine then spends its CPU in step
+with what the front ends can deliver instead of flooding them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import zmq
+
+from server.engine.clock import Timeline
+from server.engine.core import EngineCore, StepResult
+from server.engine.intake import Limits, admit
+from server.engine.interface import EngineError, FinishReason, Unavailable
+from server.engine.logs import request_log
+from server.engine.request import Request
+from server.engine_proc.stats import EngineStats
+from server.ipc import messages as m
+from server.ipc.paths import RunDir
+
+log = logging.getLogger("doppelchip.engine")
+
+MAX_UNACKED = 2  # steps a lagging engine may run ahead of a front end's acknowledgement
+WARN_LAG_WALL_S = 0.02  # warn when a step ends this much wall time behind its deadline
+WARN_EVERY_S = 10.0
+
+
+@dataclass(eq=False)
+class _Live:
+    req: Request
+    frontend: int
+    seq: int
+    rid: str  # the client's request id, for logs
+    scheduled: bool = False
+
+
+class EngineLoop:
+    def __init__(self, *, deployment: int, rank: int, epoch: int, core: EngineCore,
+                 limits: Limits, stats: EngineStats, run_dir: RunDir, num_frontends: int,
+                 timeline: Timeline, cold: bool, check_integrity: bool) -> None:
+        self.deployment, self.rank, self.epoch = deployment, rank, epoch
+        self.core, self.limits, self.stats = core, limits, stats
+        self.name = limits.name
+        self.timeline, self.now = timeline, timeline.now
+        self.scale, self.cold = timeline.time_scale, cold
+        self.check_integrity = check_integrity
+        self.ctx = zmq.Context()
+        self.input = self.ctx.socket(zmq.PULL)
+        self.input.setsockopt(zmq.LINGER, 0)
+        self.input.bind(run_dir.engine_input(deployment, rank))
+        self.outputs = []
+        for i in range(num_frontends):
+            s = self.ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.RECONNECT_IVL, 10)
+            s.connect(run_dir.frontend_input(i))
+            self.outputs.append(s)
+        self.pending: list[deque[bytes]] = [deque() for _ in range(num_frontends)]
+        self.poller = zmq.Poller()
+        self.poller.register(self.input, zmq.POLLIN)
+        self.unacked: list[deque[int]] = [deque() for _ in range(num_frontends)]
+        self.step_no = 0
+        self.live: dict[str, _Live] = {}  # by the scheduler's key "frontend:seq"
+        self.by_rid: set[str] = set()
+        self.inbox: list[_Live] = []
+        self.aborts: dict[str, FinishReason] = {}
+        self.state = "compiling"
+        self.stopping = False
+        self._t = 0.0  # emulated end of the last step
+        self._latest_arrival = 0.0
+        self._lagging = False
+        self._warned = -WARN_EVERY_S
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        core = self.core
+        self._t = self.now()
+        startup = core.compiler.startup_seconds(self.cold)
+        if startup > 0:
+            self.stats.set_state("compiling", f"building its engine: {startup:.1f} s (emulated)")
+            self._wait_until(self._t + startup)
+            self._t += startup
+            self.stats.startup(startup)
+        if self.stopping:
+            return
+        self.state = "ready"
+        self.stats.set_state("ready", "ready", self._t)
+        self._resync()
+        while not self.stopping:
+            self._take_inbox()
+            if not core.has_unfinished():
+                if self.check_integrity:  # every request released: pool and cache intact
+                    core.scheduler.check_integrity()
+                self.stats.idle(core, self.num_queued(), self._t)
+                self._lagging = False
+                self._service(None)
+                self._resync()
+                continue
+            if self._lagging and any(len(q) > MAX_UNACKED for q in self.unacked):
+                self._service(None)  # wait for the front ends to absorb what was sent
+                continue
+            start = max(self._t, self._latest_arrival)
+            result = core.step()
+            if result is None:  # everything waiting is blocked: wait for an abort or arrival
+                self._service(None)
+                self._resync()
+                continue
+            self._t = start + result.seconds
+            self._wait_until(self._t)
+            lag = max(0.0, self.now() - self._t)
+            self._note_lag(lag)
+            self._take_inbox()  # aborts that arrived during the step win over its tokens
+            self._publish(result, start)
+            self.stats.step(core, result, lag, self._t, self.num_queued())
+        self._shutdown()
+
+    def num_queued(self) -> int:
+        """Accepted and not yet running (the admission-control count)."""
+        return len(self.inbox) + self.core.scheduler.num_waiting
+
+    def _resync(self) -> None:
+        """After idling, the timeline resumes at the wall clock; the gap is charged as idle."""
+        now = self.now()
+        if now > self._t:
+            self.core.account_idle(now - self._t)
+            self._t = now
+
+    def _note_lag(self, lag: float) -> None:
+        wall = lag * self.scale
+        self._lagging = wall > 0.001
+        if wall > WARN_LAG_WALL_S and time.monotonic() - self._warned > WARN_EVERY_S:
+            self._warned = time.monotonic()
+            log.warning("deployment %s is %.1f ms (wall) behind its emulated timeline: the "
+                        "host cannot keep up (%d running)", self.name, wall * 1e3,
+                        self.core.scheduler.num_running)
+
+    def _wait_until(self, t: float) -> None:
+        """Sleep until emulated time `t`, answering messages meanwhile (sub-millisecond
+        remainders by time.sleep: zmq's poll timeout is whole milliseconds)."""
+        wall_until = self.timeline.wall_until
+        while not self.stopping:
+            wall = wall_until(t)
+            if wall <= 0:
+                return
+            if wall >= 0.001:
+                self._service(int(wall * 1000))
+            else:
+                self._service(0)
+                wall = wall_until(t)
+                if wall > 0:
+                    time.sleep(wall)
+
+    # ---- messages in ------------------------------------------------------------------------
+    def _service(self, timeout_ms: int | None) -> None:
+        """Poll once (None: block until something arrives), then handle everything queued."""
+        events = dict(self.poller.poll(timeout_ms))
+        for i, sock in enumerate(self.outputs):
+            if events.get(sock, 0) & zmq.POLLOUT:
+                self._flush(i)
+        if not events.get(self.input, 0) & zmq.POLLIN:
+            return
+        replies: dict[int, list[m.Admission]] = {}
+        while True:
+            try:
+                raw = self.input.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            msg = m.to_engine(raw.buffer)
+            if isinstance(msg, m.AddRequest):
+                replies.setdefault(msg.frontend, []).append(self._add(msg))
+            elif isinstance(msg, m.Abort):
+                reason = FinishReason.STOP if msg.reason == "stop" else FinishReason.ABORT
+                for seq in msg.seqs:
+                    if (key := f"{msg.frontend}:{seq}") in self.live:
+                        self.aborts[key] = reason
+            elif isinstance(msg, m.Ack):
+                queue = self.unacked[msg.frontend]
+                while queue and queue[0] <= msg.step:
+                    queue.popleft()
+            elif isinstance(msg, m.FrontendGone):
+                for key, live in self.live.items():
+                    if live.frontend == msg.frontend:
+                        self.aborts[key] = FinishReason.ABORT
+                self.unacked[msg.frontend].clear()
+            elif isinstance(msg, m.Shutdown):
+                self.stopping = True
+        for fe, items in replies.items():
+            self._send(fe, m.encode(m.Admissions(self.deployment, self.rank, items)))
+        if replies:  # the waiting count a status query reads moves at once, not at step end
+            self.stats.queued(self.num_queued())
+
+    def _add(self, msg: m.AddRequest) -> m.Admission:
+        r = msg.request
+        try:
+            if msg.epoch != self.epoch:
+                raise Unavailable(f"deployment {self.name!r} restarted; retry")
+            if self.state != "ready":
+                raise Unavailable(f"deployment {self.name!r} is {self.state}: "
+                                  f"{'building its engine' if self.state == 'compiling' else ''}")
+            req = admit(r, list(r.prompt_token_ids or ()), msg.max_tokens, msg.arrival,
+                        limits=self.limits, num_queued=self.num_queued(),
+                        in_flight=r.request_id in self.by_rid,
+                        constraints=self.core.constraints)
+        except EngineError as e:
+            request_log(log, r.request_id).info("rejected on %s: %s", self.name, e)
+            return m.Admission(msg.seq, type(e).__name__, str(e))
+        req.request_id = f"{msg.frontend}:{msg.seq}"
+        live = _Live(req, msg.frontend, msg.seq, r.request_id)
+        self.live[req.request_id] = live
+        self.by_rid.add(r.request_id)
+        self.inbox.append(live)
+        request_log(log, r.request_id).info(
+            "queued on %s: %d prompt tokens, max_tokens=%d", self.name, req.num_prompt_tokens,
+            req.sampling_params.max_tokens)
+        return m.Admission(msg.seq)
+
+    def _take_inbox(self) -> None:
+        if self.inbox:
+            for live in self.inbox:
+                if live.req.request_id not in self.aborts:
+                    self._latest_arrival = max(self._latest_arrival, live.req.arrival_time)
+                    self.core.add_request(live.req)
+            self.inbox.clear()
+        if self.aborts:
+            aborts, self.aborts = self.aborts, {}
+            for key, reason in aborts.items():
+                if (live := self.live.get(key)) is not None:
+                    self.core.scheduler.abort(live.req.request_id, reason)
+                    self._forget(live, reason)
+
+    def _forget(self, live: _Live, reason: FinishReason) -> None:
+        del self.live[live.req.request_id]
+        self.by_rid.discard(live.rid)
+        request_log(log, live.rid).info("finished on %s: %s after %d tokens", self.name,
+                                        reason.value, live.req.num_output_tokens)
+
+    # ---- messages out -----------------------------------------------------------------------
+    def _send(self, fe: int, payload: bytes) -> None:
+        if self.pending[fe]:
+            self.pending[fe].append(payload)
+            return
+        try:
+            self.outputs[fe].send(payload, zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # the front end is slow: keep order, flush when it can take more
+            self.pending[fe].append(payload)
+            self.poller.register(self.outputs[fe], zmq.POLLOUT)
+
+    def _flush(self, fe: int) -> None:
+        queue, sock = self.pending[fe], self.outputs[fe]
+        while queue:
+            try:
+                sock.send(queue[0], zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            queue.popleft()
+        self.poller.unregister(sock)
+
+    def _publish(self, result: StepResult, start: float) -> None:
+        n = len(self.outputs)
+        seqs: list[list[int]] = [[] for _ in range(n)]
+        counts: list[list[int]] = [[] for _ in range(n)]
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        first: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        jumped: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        finished: list[list[m.Finished]] = [[] for _ in range(n)]
+        live_of = self.live.get
+        for s in result.output.scheduled:
+            live = live_of(s.request_id)
+            if live is not None and not live.scheduled:
+                live.scheduled = True
+                first[live.frontend].append((live.seq, max(live.req.num_cached_tokens, 0)))
+        for rid, toks in result.new_tokens.items():
+            live = live_of(rid)
+            if live is not None:
+                fe = live.frontend
+                seqs[fe].append(live.seq)
+                counts[fe].append(len(toks))
+                tokens[fe].extend(toks)
+        for rid, n_jumped in result.jump_forward.items():
+            if (live := live_of(rid)) is not None:
+                jumped[live.frontend].append((live.seq, n_jumped))
+        for req in result.finished:
+            live = live_of(req.request_id)
+            if live is None:
+                continue
+            reason = req.finish_reason or FinishReason.STOP
+            out, sp = req.token_ids, req.sampling_params
+            stop_token = out[-1] if (reason is FinishReason.STOP and req.num_output_tokens
+                                     and out[-1] in sp.stop_token_ids) else None
+            finished[live.frontend].append(m.Finished(live.seq, reason.value, stop_token))
+            self._forget(live, reason)
+        self.step_no += 1
+        for fe in range(n):
+            if seqs[fe] or first[fe] or finished[fe]:
+                self._send(fe, m.encode(m.StepOutputs(
+                    self.deployment, self.rank, self.epoch, self.step_no, start, self._t,
+                    seqs[fe], counts[fe], tokens[fe], first[fe], jumped[fe], finished[fe],
+                    self._lagging)))
+                if self._lagging:
+                    self.unacked[fe].append(self.step_no)
+
+    def _shutdown(self) -> None:
+        for live in list(self.live.values()):
+            self.core.scheduler.abort(live.req.request_id)
+            self._forget(live, FinishReason.ABORT)
+        s = self.core.stats  # the core's own accounting, for whoever audits the metrics
+        log.info("engine core of %s (rank %d) stopped: steps=%d busy_s=%r stall_s=%r bytes=%r "
+                 "flops=%r joules=%r dollars=%r", self.name, self.rank, s.steps, s.busy_s,
+                 s.stall_s, s.bytes, s.flops, s.joules, s.dollars)
+        self.stats.set_state("draining", "shut down")
+        for sock in (self.input, *self.outputs):
+            sock.close(linger=0)
+        self.ctx.term()

@@ -1,0 +1,102 @@
+"""The engine-core process's entry point: build the core, say hello, run the loop.
+
+A deployment that cannot be placed says so in its hello (and its stats file: state FAILED
+with the reason) and exits 0; the supervisor does not restart it. Any other exit is a crash:
+the supervisor marks the deployment FAILED, ends its requests and restarts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+from dataclasses import dataclass
+
+import zmq
+
+from devices import DeviceError
+from server.engine.build import EngineOptions, build_core
+from server.engine.clock import Timeline
+from server.engine.intake import Limits
+from server.engine.tokenizer import get_tokenizer
+from server.engine_proc.info import failed_info, placed_info
+from server.engine_proc.loop import EngineLoop
+from server.engine_proc.stats import EngineStats
+from server.ipc import messages as m
+from server.ipc.paths import RunDir
+from server.logsetup import configure_logging
+
+log = logging.getLogger("doppelchip.engine")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything an engine process needs, passed by the supervisor at spawn."""
+
+    deployment: int  # index in the fleet
+    rank: int  # data-parallel rank
+    epoch: int  # incarnation: 0 at start, +1 per restart
+    options: EngineOptions
+    run_dir: str
+    num_frontends: int
+    time_scale: float
+    wall0: float  # time.monotonic() at the shared timeline's origin
+    cold: bool  # pay the cold start (a restart rebuilds what the crash lost)
+    log_level: str
+    check_integrity: bool = False  # run the scheduler's check_integrity() whenever it idles
+
+
+def _less_timer_slack() -> None:
+    """Sub-millisecond deadlines (SRAM chips) need the kernel's timer slack below its 50 µs
+    default; best effort (Linux prctl PR_SET_TIMERSLACK)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)
+
+
+def engine_main(spec: EngineSpec) -> None:
+    opts = spec.options
+    configure_logging(spec.log_level, f"engine[{opts.name}/{spec.rank}]")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which drains
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _less_timer_slack()
+    run = RunDir(spec.run_dir)
+    tokenizer = get_tokenizer()
+    try:
+        core = build_core(opts, tokenizer)
+    except (DeviceError, ValueError) as e:
+        info = failed_info(opts, spec.rank, str(e), tokenizer.vocab_size)
+        stats = EngineStats(run.engine_stats(spec.deployment, spec.rank), info, spec.epoch,
+                            os.getpid())
+        stats.set_state("failed", f"could not be placed: {e}")
+        _hello(run, spec, info)
+        log.warning("deployment %s could not be placed: %s", opts.name, e)
+        return
+    info = placed_info(opts, spec.rank, core, tokenizer)
+    stats = EngineStats(run.engine_stats(spec.deployment, spec.rank), info, spec.epoch,
+                        os.getpid())
+    stats.set_state("compiling", "starting")
+    limits = Limits(name=opts.name, vocab_size=tokenizer.vocab_size,
+                    max_model_len=info.capacity.max_model_len,
+                    num_blocks=info.capacity.kv_blocks_total,
+                    block_size=info.capacity.block_size, max_waiting=opts.max_waiting,
+                    max_grammar_bytes=opts.max_grammar_bytes)
+    loop = EngineLoop(deployment=spec.deployment, rank=spec.rank, epoch=spec.epoch, core=core,
+                      limits=limits, stats=stats, run_dir=run,
+                      num_frontends=spec.num_frontends,
+                      timeline=Timeline(spec.wall0, spec.time_scale), cold=spec.cold,
+                      check_integrity=spec.check_integrity)
+    _hello(run, spec, info)
+    log.info("engine core of %s (rank %d) up: pid %d", opts.name, spec.rank, os.getpid())
+    loop.run()
+
+
+def _hello(run: RunDir, spec: EngineSpec, info: m.DeploymentInfo) -> None:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(run.supervisor_input())
+    sock.send(m.encode(m.EngineHello(spec.deployment, spec.rank, spec.epoch, os.getpid(),
+                                     info)))
+    sock.close()

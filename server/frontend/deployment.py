@@ -1,0 +1,235 @@
+"""A front end's handle on one deployment: its engine processes (one per data-parallel rank),
+their status, and the requests this front end has in flight on them.
+
+`submit()` checks the request against the deployment's static limits here (tokenize, context,
+KV pool: no round trip to a busy engine for a bad request), sends it to the least-loaded
+ready rank, and awaits the engine's admission (waiting-queue limit, constraint compile) —
+so a refusal is still a status code before anything streams. `abort()` is safe for any
+stream, any number of times. Status and state come from the engines' stats files: reading
+them never waits on an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Callable
+
+import msgspec
+import zmq
+
+from server.engine.intake import Limits, check_request
+from server.engine.interface import (
+    Capacity,
+    DeploymentState,
+    DeploymentStatus,
+    EngineError,
+    EngineRequest,
+    FinishReason,
+    InvalidRequest,
+    NotPlaced,
+    Overloaded,
+    Unavailable,
+)
+from server.engine.output import RequestOutput, request_timings
+from server.engine.tokenizer import Tokenizer
+from server.frontend.stats import FrontendStats
+from server.frontend.stream import RequestStream
+from server.ipc import messages as m
+from server.ipc.paths import RunDir
+from server.stats.layout import Layout
+from server.stats.schema import STATE_CODES, engine_metrics
+from server.stats.shm import StatsFile
+
+ERRORS: dict[str, type[EngineError]] = {
+    c.__name__: c for c in (InvalidRequest, Overloaded, Unavailable, NotPlaced)}
+_SEQ = itertools.count(1)  # unique per front-end process, across deployments
+
+
+class EngineView:
+    """Read side of one engine's stats file: state, epoch, load, KV."""
+
+    def __init__(self, path, info: m.DeploymentInfo) -> None:
+        self.path, self.info = path, info
+        self.layout = Layout(engine_metrics(info))
+        self._file: StatsFile | None = None
+
+    def read(self):
+        if self._file is None:
+            self._file = StatsFile(self.path, self.layout.size)
+        return self._file.snapshot()
+
+    def value(self, values, name: str) -> float:
+        return float(values[self.layout.slot(name)])
+
+
+class DeploymentClient:
+    def __init__(self, index: int, infos: list[m.DeploymentInfo], *, frontend: int,
+                 run_dir: RunDir, ctx: zmq.Context, tokenizer: Tokenizer, stream_interval: int,
+                 clock: Callable[[], float], stats: FrontendStats) -> None:
+        self.index, self.infos = index, infos
+        self.info = infos[0]
+        self.name = self.info.name
+        self.frontend, self.tokenizer = frontend, tokenizer
+        self.stream_interval, self.clock = stream_interval, clock
+        self.stats = stats  # this front end's request metrics
+        self.blocks = {i.rank: stats.blocks[(index, i.rank)] for i in infos}
+        c = self.info.capacity
+        self.limits = Limits(self.name, self.info.vocab_size, c.max_model_len,
+                             c.kv_blocks_total, c.block_size, c.max_waiting,
+                             self.info.max_grammar_bytes)
+        self.views = [EngineView(run_dir.engine_stats(index, i.rank), i) for i in infos]
+        self.sockets = []
+        for info in infos:
+            s = ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.IMMEDIATE, 1)  # never queue for an engine that is not there
+            s.setsockopt(zmq.RECONNECT_IVL, 10)
+            s.connect(run_dir.engine_input(index, info.rank))
+            self.sockets.append(s)
+        self.streams: dict[int, RequestStream] = {}
+        self.admissions: dict[int, tuple[asyncio.Future[m.Admission], RequestStream]] = {}
+
+    # ---- status -----------------------------------------------------------------------------
+    def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
+        """(state, message, epoch, load) of one rank, from its stats file."""
+        view = self.views[rank]
+        values, text = view.read()
+        state = DeploymentState(STATE_CODES[int(view.value(values, "_state"))])
+        load = view.value(values, "vllm:num_requests_running") + view.value(
+            values, "vllm:num_requests_waiting")
+        return state, text, int(view.value(values, "_epoch")), load
+
+    def status(self) -> DeploymentStatus:
+        running = waiting = free = 0
+        states = []
+        for view in self.views:
+            values, text = view.read()
+            states.append((STATE_CODES[int(view.value(values, "_state"))], text))
+            running += int(view.value(values, "vllm:num_requests_running"))
+            waiting += int(view.value(values, "vllm:num_requests_waiting"))
+            free += int(view.value(values, "_kv_free"))
+        order = ("ready", "compiling", "draining", "failed")
+        state, message = min(states, key=lambda s: order.index(s[0]))
+        i, c = self.info, self.info.capacity
+        n = len(self.views)
+        capacity = Capacity(c.kv_blocks_total * n, free, c.block_size, c.max_model_len,
+                            c.max_num_seqs, c.max_concurrency * n, c.max_waiting)
+        return DeploymentStatus(
+            name=i.name, model=i.model, quant=i.quant, engine=i.engine, chip=i.chip,
+            chip_count=i.chip_count, tensor_parallel=i.tensor_parallel,
+            pipeline_parallel=i.pipeline_parallel, state=DeploymentState(state),
+            state_message=message, capacity=capacity, num_running=running,
+            num_waiting=waiting)
+
+    def generated_tokens(self) -> int:
+        """Output tokens every rank has generated so far (all front ends)."""
+        total = 0
+        for view in self.views:
+            values, _ = view.read()
+            total += int(view.value(values, "_generated"))
+        return total
+
+    def find(self, request_id: str) -> list[RequestStream]:
+        """This front end's streams in flight with this client request id."""
+        return [s for s in self.streams.values() if s.request_id == request_id]
+
+    def is_ready(self) -> bool:
+        return any(self.rank_state(r)[0] is DeploymentState.READY for r in range(len(self.views)))
+
+    # ---- requests ---------------------------------------------------------------------------
+    def _pick_rank(self) -> tuple[int, int]:
+        """The least-loaded ready rank and its epoch, or the error a client should see."""
+        best: tuple[float, int, int] | None = None
+        worst: tuple[DeploymentState, str] | None = None
+        for rank in range(len(self.views)):
+            state, text, epoch, load = self.rank_state(rank)
+            if state is DeploymentState.READY:
+                if best is None or load < best[0]:
+                    best = (load, rank, epoch)
+            else:
+                worst = (state, text)
+        if best is not None:
+            return best[1], best[2]
+        state, text = worst or (DeploymentState.FAILED, "")
+        if not self.info.placed:
+            raise NotPlaced(f"deployment {self.name!r} could not be placed: {self.info.failure}")
+        raise Unavailable(f"deployment {self.name!r} is {state.value}: {text}")
+
+    async def submit(self, request: EngineRequest) -> RequestStream:
+        """Check, send, await admission; the stream to iterate, or a typed EngineError."""
+        rank, epoch = self._pick_rank()
+        ids, max_tokens = check_request(request, self.limits, self.tokenizer.encode)
+        arrival = self.clock()
+        seq = next(_SEQ)
+        prompt = tuple(ids)
+        stream = RequestStream(
+            request, RequestOutput(request, prompt, self.tokenizer), seq=seq,
+            deployment=self.index, rank=rank, arrival=arrival, interval=self.stream_interval,
+            clock=self.clock)
+        wire = msgspec.structs.replace(request, prompt_text=None, prompt_token_ids=prompt)
+        future: asyncio.Future[m.Admission] = asyncio.get_running_loop().create_future()
+        self.admissions[seq] = (future, stream)
+        self.streams[seq] = stream
+        try:
+            self.sockets[rank].send(m.encode(m.AddRequest(
+                self.frontend, seq, epoch, arrival, max_tokens, wire)), zmq.NOBLOCK)
+        except zmq.Again:
+            self._drop(seq)
+            raise Unavailable(f"deployment {self.name!r}: its engine process is not "
+                              "reachable") from None
+        try:
+            answer = await future
+        except asyncio.CancelledError:  # the client left while waiting: free it in the engine
+            self.abort(stream)
+            raise
+        if answer.error:
+            self._drop(seq)
+            raise ERRORS.get(answer.error, Unavailable)(answer.message)
+        return stream
+
+    def _drop(self, seq: int) -> None:
+        self.admissions.pop(seq, None)
+        self.streams.pop(seq, None)
+
+    def abort(self, stream: RequestStream) -> None:
+        """End the request in its engine (client cancel, deadline, failed write, drain) and
+        count it as aborted — unless it already ended. Safe to call any number of times."""
+        if self.streams.pop(stream.seq, None) is None:
+            return
+        self.admissions.pop(stream.seq, None)
+        self.tell_engine(stream, "abort")
+        self.record_finish(stream, FinishReason.ABORT)
+
+    def tell_engine(self, stream: RequestStream, reason: str) -> None:
+        """Ask the engine to free the request (reason "stop": a stop string matched)."""
+        with contextlib.suppress(zmq.Again):  # the engine is gone: nothing holds it there
+            self.sockets[stream.rank].send(
+                m.encode(m.Abort(self.frontend, [stream.seq], reason)), zmq.NOBLOCK)
+
+    def finished(self, stream: RequestStream, reason: FinishReason) -> None:
+        """The request ended (engine finish or stop string): stop routing it, count it."""
+        if self.streams.pop(stream.seq, None) is not None:
+            self.record_finish(stream, reason)
+
+    def record_finish(self, stream: RequestStream, reason: FinishReason) -> None:
+        tm = request_timings(stream.arrival, stream.first_scheduled, stream.first_token,
+                             stream.last_token, self.clock())
+        self.stats.begin()
+        self.blocks[stream.rank].finished(
+            reason.value, tm.e2e_s, tm.queue_s, tm.prefill_s, tm.decode_s,
+            len(stream.out.prompt_ids), stream.n_out, stream.request.sampling.max_tokens)
+        self.stats.end()
+
+    def fail_rank(self, rank: int, message: str) -> None:
+        """The engine process of `rank` died: every request on it ends with `message`."""
+        for seq, stream in list(self.streams.items()):
+            if stream.rank == rank:
+                del self.streams[seq]
+                if (pending := self.admissions.pop(seq, None)) is not None:
+                    if not pending[0].done():
+                        pending[0].set_result(m.Admission(seq, "Unavailable", message))
+                    continue
+                self.record_finish(stream, FinishReason.ERROR)
+                stream.fail(message)

@@ -1,0 +1,83 @@
+"""A front end's request-level metrics: one stats file per front-end process, one block per
+(deployment, rank), written once per engine step message — never a call per token.
+
+What vLLM v1's output processor counts, with its semantics: prompt tokens when a request's
+first token arrives, generation tokens as they are processed (tokens after a matched stop
+string are not), TTFT and inter-token latency per step (a step that brought a request n
+tokens records interval/n, n times), and at the finish the end-to-end, queue, prefill,
+decode and inference times, prompt and generation lengths, the max_tokens parameter and the
+finish reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from server.stats.layout import HistogramWriter, Layout
+from server.stats.schema import request_metrics
+from server.stats.shm import StatsFile
+
+_FINISH_HISTS = ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+                 "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+                 "vllm:request_inference_time_seconds", "vllm:request_prompt_tokens",
+                 "vllm:request_generation_tokens", "vllm:request_params_max_tokens")
+
+
+class RequestStatsBlock:
+    """The slots of one (deployment, rank) inside a front end's stats array."""
+
+    def __init__(self, array, layout: Layout, base: int) -> None:
+        view = array[base : base + layout.size]
+        self.a = view
+        self.prompt = layout.slot("vllm:prompt_tokens")
+        self.generation = layout.slot("vllm:generation_tokens")
+        self.success = {r: layout.slot("vllm:request_success", r)
+                        for r in layout.defs["vllm:request_success"].values}
+        self.ttft = HistogramWriter(view, layout, "vllm:time_to_first_token_seconds")
+        self.itl = HistogramWriter(view, layout, "vllm:inter_token_latency_seconds")
+        self.fine_itl = HistogramWriter(view, layout, "doppelchip_inter_token_latency_seconds")
+        self.finish = [HistogramWriter(view, layout, n) for n in _FINISH_HISTS]
+
+    def step(self, generation: int, prompt: int, ttfts: Sequence[float],
+             itl: Sequence[float], itl_n: Sequence[int]) -> None:
+        a = self.a
+        a[self.generation] += generation
+        a[self.prompt] += prompt
+        self.ttft.observe_many(ttfts)
+        self.itl.observe_many(itl, itl_n)
+        self.fine_itl.observe_many(itl, itl_n)
+
+    def finished(self, reason: str, e2e: float, queue: float, prefill: float, decode: float,
+                 prompt_tokens: int, generation_tokens: int, max_tokens: int | None) -> None:
+        self.a[self.success[reason]] += 1
+        values = (e2e, queue, prefill, decode, prefill + decode, prompt_tokens,
+                  generation_tokens)
+        for h, v in zip(self.finish, values, strict=False):
+            h.observe(v)
+        if max_tokens:
+            self.finish[-1].observe(max_tokens)
+
+
+class FrontendStats:
+    """The stats file of one front end: a block per (deployment, rank) in fleet order."""
+
+    def __init__(self, path: Path, keys: Sequence[tuple[int, int]], max_model_len: int) -> None:
+        self.layout = Layout(request_metrics(max_model_len))
+        self.keys = list(keys)
+        self.file = StatsFile(path, self.layout.size * len(self.keys), create=True)
+        self.blocks = {key: RequestStatsBlock(self.file.values, self.layout,
+                                              i * self.layout.size)
+                       for i, key in enumerate(self.keys)}
+        self._depth = 0
+
+    def begin(self) -> None:
+        """Open an update (nested updates publish once, when the outermost ends)."""
+        if self._depth == 0:
+            self.file.begin()
+        self._depth += 1
+
+    def end(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.file.end()

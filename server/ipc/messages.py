@@ -1,0 +1,174 @@
+"""The messages between processes, as msgspec structs encoded with msgpack.
+
+Why they exist: the engine core of each deployment runs in a process of its own (vLLM v1's
+shape), so everything that crosses between a front end, an engine core and the supervisor is
+plain data with a fixed schema. Tagged array-like structs keep each message small and its
+decoding one C call.
+
+Directions (`ipc/paths.py` says which socket carries what):
+- front end → engine (`ToEngine`): `AddRequest`, `Abort`, `Ack`;
+- supervisor → engine (`ToEngine`): `Shutdown`, `FrontendGone`;
+- engine → front end (`ToFrontend`): `Admissions` (the answer to each AddRequest, sent at
+  once), `StepOutputs` (**one per engine step per front end**: the new token ids of every
+  request of that front end, the step's emulated times, and the finishes);
+- supervisor → front end (`ToFrontend`): `EngineDown` (a front end drains on SIGTERM);
+- engine → supervisor (`ToSupervisor`): `EngineHello` (after the core is built), and
+  front end → supervisor: `FrontendHello`.
+
+Requests are named across the boundary by `(frontend, seq)`: `seq` is the front end's own
+counter, unique within it; the client's request id travels once, in `AddRequest`, for logs.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from server.engine.interface import Capacity, EngineRequest
+
+
+class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
+    """What a front end and the metrics need to know about one engine core, sent once by the
+    engine after it is built (static for the life of the deployment)."""
+
+    name: str
+    rank: int
+    model: str
+    quant: str
+    engine: str
+    chip: str
+    chip_count: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    placed: bool
+    failure: str  # why it could not be placed ("" when placed)
+    capacity: Capacity
+    vocab_size: int
+    max_grammar_bytes: int
+    enable_prefix_caching: bool
+    gpu_memory_utilisation: float
+    tiers: tuple[str, ...]  # memory tiers with metrics (weights, KV, bandwidth), fixed order
+    weights_resident: tuple[float, ...]  # bytes per tier, in `tiers` order
+    tier_peaks: tuple[float, ...]  # peak bandwidth per tier (0 where unused)
+    peak_flops: float
+    idle_watts: float
+    usd_per_s: float
+
+
+# ---- front end / supervisor → engine ---------------------------------------------------------
+class AddRequest(msgspec.Struct, frozen=True, array_like=True, tag="add"):
+    frontend: int
+    seq: int
+    epoch: int  # the engine incarnation the front end addressed (a restart bumps it)
+    arrival: float  # emulated seconds on the shared timeline
+    max_tokens: int  # resolved by the front end's check_request
+    request: EngineRequest  # prompt as token ids only
+
+
+class Abort(msgspec.Struct, frozen=True, array_like=True, tag="abort"):
+    """End these requests now. `reason` "stop": the front end matched a stop string."""
+
+    frontend: int
+    seqs: list[int]
+    reason: str = "abort"
+
+
+class Ack(msgspec.Struct, frozen=True, array_like=True, tag="ack"):
+    """The front end absorbed the engine's StepOutputs up to `step` (flow control)."""
+
+    frontend: int
+    step: int
+
+
+class Shutdown(msgspec.Struct, frozen=True, array_like=True, tag="shutdown"):
+    pass
+
+
+class FrontendGone(msgspec.Struct, frozen=True, array_like=True, tag="fe_gone"):
+    """A front-end process died: abort every request it submitted."""
+
+    frontend: int
+
+
+ToEngine = AddRequest | Abort | Ack | Shutdown | FrontendGone
+
+
+# ---- engine / supervisor → front end ---------------------------------------------------------
+class Admission(msgspec.Struct, frozen=True, array_like=True):
+    seq: int
+    error: str = ""  # "" accepted; else the EngineError class name
+    message: str = ""
+
+
+class Admissions(msgspec.Struct, frozen=True, array_like=True, tag="admit"):
+    deployment: int
+    rank: int
+    items: list[Admission]
+
+
+class Finished(msgspec.Struct, frozen=True, array_like=True):
+    """A request the engine ended (EOS, stop token, length)."""
+
+    seq: int
+    reason: str
+    stop_token_id: int | None = None
+
+
+class StepOutputs(msgspec.Struct, frozen=True, array_like=True, tag="step"):
+    """One engine step, for the requests of one front end.
+
+    `seqs[i]` produced `counts[i]` tokens, concatenated in `tokens`; they appeared at
+    `t_end` (emulated seconds; several tokens of one request share the interval since its
+    previous tokens). `first_scheduled`: (seq, prompt tokens served from the prefix cache) of
+    the requests scheduled for the first time in this step (it started at `t_start`).
+    `jumped`: (seq, tokens appended by jump-forward in this step). `want_ack`: the engine is
+    behind its timeline and waits for an Ack before running far ahead of this front end."""
+
+    deployment: int
+    rank: int
+    epoch: int
+    step: int
+    t_start: float
+    t_end: float
+    seqs: list[int]
+    counts: list[int]
+    tokens: list[int]
+    first_scheduled: list[tuple[int, int]]
+    jumped: list[tuple[int, int]]
+    finished: list[Finished]
+    want_ack: bool = False
+
+
+class EngineDown(msgspec.Struct, frozen=True, array_like=True, tag="down"):
+    """The engine process of (deployment, rank) died: end its requests with `message`."""
+
+    deployment: int
+    rank: int
+    epoch: int
+    message: str
+
+
+ToFrontend = Admissions | StepOutputs | EngineDown
+
+
+# ---- to the supervisor -----------------------------------------------------------------------
+class EngineHello(msgspec.Struct, frozen=True, array_like=True, tag="engine_hello"):
+    deployment: int
+    rank: int
+    epoch: int
+    pid: int
+    info: DeploymentInfo
+
+
+class FrontendHello(msgspec.Struct, frozen=True, array_like=True, tag="fe_hello"):
+    frontend: int
+    pid: int
+    port: int  # the gRPC port it listens on
+    error: str = ""  # "" ready; else why it could not start (e.g. the port is taken)
+
+
+ToSupervisor = EngineHello | FrontendHello
+
+encode = msgspec.msgpack.Encoder().encode
+to_engine = msgspec.msgpack.Decoder(ToEngine).decode
+to_frontend = msgspec.msgpack.Decoder(ToFrontend).decode
+to_supervisor = msgspec.msgpack.Decoder(ToSupervisor).decode

@@ -1,0 +1,66 @@
+"""Public ports: one server's front ends may share them, nobody else may.
+
+`claim(host, port)` takes an exclusive lock on host:port for this server — an abstract unix
+socket named after it, held for the server's life and released by the kernel when the process
+ends, however it ends — so a second doppelchip on the same port fails with one clear line
+instead of silently splitting traffic (gRPC sets SO_REUSEPORT by default). A port some other
+program already listens on is refused the same way. With several front ends the supervisor
+also reserves the port itself (`reserve`), so that port 0 resolves to one port all of them
+then bind with SO_REUSEPORT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+
+
+class PortInUse(OSError):
+    """The port is taken (by another doppelchip server or another program)."""
+
+
+def claim(host: str, port: int, what: str) -> socket.socket:
+    """The lock for host:port (keep it open); PortInUse if another server holds it."""
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        lock.bind(f"\0doppelchip-port-{host}-{port}")
+    except OSError as e:
+        lock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise PortInUse(f"{what} port {host}:{port} is already used by another doppelchip "
+                            "server") from None
+        raise
+    return lock
+
+
+def check_free(host: str, port: int, what: str) -> None:
+    """PortInUse if something already listens on host:port (no SO_REUSEPORT: exclusive)."""
+    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                          socket.SOCK_STREAM)
+    try:
+        probe.bind((host, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise PortInUse(f"{what} port {host}:{port} is already in use") from None
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            probe.close()
+
+
+def reserve(host: str, port: int, what: str) -> socket.socket:
+    """A bound (not listening) SO_REUSEPORT socket on host:port (port 0: a free one), kept
+    open so the port stays this server's while its front ends bind it with SO_REUSEPORT."""
+    if port:
+        check_free(host, port, what)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise PortInUse(f"{what} port {host}:{port} is already in use") from None
+        raise
+    return sock

@@ -1,0 +1,173 @@
+"""Every metric doppelchip exports: vLLM's v1 set (names, types, help strings, buckets) and
+doppelchip's device metrics, split by who writes them.
+
+- `engine_metrics(info)`: written by the engine-core process once per step (scheduler
+  gauges, prefix-cache and preemption counters, iteration tokens, device counters, energy);
+  plus internal slots (`_state`, `_epoch`, ...) that carry the deployment's status to the
+  front ends and are not exported.
+- `request_metrics(max_model_len)`: written by each front end once per engine step message
+  (vLLM v1 computes these in its front end's output processor too): token counters, finishes
+  by reason, TTFT, inter-token latency, end-to-end and phase histograms.
+
+vLLM sources (github.com/vllm-project/vllm), transcribed into
+`tests/observability/vllm_reference.json`, which `test_obs_vllm_spec.py` holds this module
+to: names, types, help strings, label names and bucket choice from `vllm/v1/metrics/loggers.py`
+at 005a810bc40faa25b8870fbc8559c3462581eee3; bucket boundaries from
+`vllm/v1/metrics/buckets.py` at 139b1c3f17720f4bb6865309f365e6b1f1607a45; the intervals from
+`docs/design/metrics.md` at 0328b592a3d35f9b4dc5549d2a3fb8d1531c8e5f ("Interval
+Calculations"). Labels: `model_name`, `engine` (the engine index: the data-parallel rank)
+and `deployment`; device metrics use `deployment` and `chip`.
+"""
+
+from __future__ import annotations
+
+from server.ipc.messages import DeploymentInfo
+from server.stats.layout import MetricDef
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+BOUNDS = ("memory", "compute", "overhead", "link")
+COMPILE_REASONS = ("cold_start", "recompile", "new_shape", "other")
+STATE_CODES = ("compiling", "ready", "failed", "draining")
+
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+TIME_TO_FIRST_TOKEN_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+INTER_TOKEN_LATENCY_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# 50 µs … 80 s: an SRAM chip's decode step (Groq, Cerebras) is well under vLLM's first 10 ms.
+FINE_ITL_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05,
+    0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)
+STEP_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 25.0, 60.0, 120.0, 300.0,
+)
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """vLLM's 1-2-5 series up to `max_value`: build_1_2_5_buckets(100) = [1, 2, 5, ..., 100]."""
+    out: list[int] = []
+    exponent = 0
+    while True:
+        for m in (1, 2, 5):
+            value = m * 10**exponent
+            if value > max_value:
+                return out
+            out.append(value)
+        exponent += 1
+
+
+# name -> (help, buckets: a tuple, or "1-2-5" for build_1_2_5_buckets(max_model_len))
+HISTOGRAMS: dict[str, tuple[str, tuple[float, ...] | str]] = {
+    "vllm:request_prompt_tokens": ("Number of prefill tokens processed.", "1-2-5"),
+    "vllm:request_generation_tokens": ("Number of generation tokens processed.", "1-2-5"),
+    "vllm:iteration_tokens_total": ("Histogram of number of tokens per engine_step.",
+                                    ITERATION_TOKENS_BUCKETS),
+    "vllm:request_params_max_tokens": ("Histogram of the max_tokens request parameter.",
+                                       "1-2-5"),
+    "vllm:time_to_first_token_seconds": ("Histogram of time to first token in seconds.",
+                                         TIME_TO_FIRST_TOKEN_BUCKETS),
+    "vllm:inter_token_latency_seconds": ("Histogram of inter-token latency in seconds.",
+                                         INTER_TOKEN_LATENCY_BUCKETS),
+    "vllm:e2e_request_latency_seconds": ("Histogram of e2e request latency in seconds.",
+                                         REQUEST_LATENCY_BUCKETS),
+    "vllm:request_queue_time_seconds": ("Histogram of time spent in WAITING phase for request.",
+                                        REQUEST_LATENCY_BUCKETS),
+    "vllm:request_inference_time_seconds": (
+        "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS),
+    "vllm:request_prefill_time_seconds": (
+        "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS),
+    "vllm:request_decode_time_seconds": (
+        "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS),
+}
+
+
+def _vllm_hist(name: str, max_model_len: int) -> MetricDef:
+    doc, buckets = HISTOGRAMS[name]
+    b = tuple(build_1_2_5_buckets(max_model_len)) if buckets == "1-2-5" else buckets
+    return MetricDef(name, "histogram", doc, tuple(float(x) for x in b))
+
+
+def request_metrics(max_model_len: int) -> list[MetricDef]:
+    """What a front end writes per (deployment, rank)."""
+    return [
+        MetricDef("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
+        MetricDef("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
+        MetricDef("vllm:request_success", "counter", "Count of successfully processed requests.",
+                  label="finished_reason", values=FINISH_REASONS),
+        *(_vllm_hist(n, max_model_len) for n in HISTOGRAMS if n != "vllm:iteration_tokens_total"),
+        MetricDef("doppelchip_inter_token_latency_seconds", "histogram",
+                  "Inter-token latency (emulated), sub-millisecond buckets.",
+                  FINE_ITL_BUCKETS),
+    ]
+
+
+def engine_metrics(info: DeploymentInfo) -> list[MetricDef]:
+    """What the engine core of one (deployment, rank) writes; `_`-names are internal."""
+    tiers = info.tiers
+    return [
+        *(MetricDef(n, "gauge", "internal") for n in (
+            "_state", "_epoch", "_pid", "_idle", "_t", "_kv_free", "_kv_used", "_steps",
+            "_generated")),
+        MetricDef("vllm:num_requests_running", "gauge",
+                  "Number of requests in model execution batches."),
+        MetricDef("vllm:num_requests_waiting", "gauge",
+                  "Number of requests waiting to be processed."),
+        MetricDef("vllm:num_preemptions", "counter",
+                  "Cumulative number of preemption from the engine."),
+        MetricDef("vllm:prefix_cache_queries", "counter",
+                  "Prefix cache queries, in terms of number of queried tokens."),
+        MetricDef("vllm:prefix_cache_hits", "counter",
+                  "Prefix cache hits, in terms of number of cached tokens."),
+        _vllm_hist("vllm:iteration_tokens_total", info.capacity.max_model_len),
+        MetricDef("doppelchip_realtime_lag_seconds", "gauge",
+                  "How far the last engine step ended behind its emulated deadline "
+                  "(emulated seconds; 0 when idle)."),
+        MetricDef("doppelchip_kv_resident_bytes", "gauge",
+                  "KV-cache bytes in use per memory tier.", label="tier", values=tiers),
+        MetricDef("doppelchip_energy_joules", "counter",
+                  "Energy drawn by the deployment's chips (busy, stalled and idle)."),
+        MetricDef("doppelchip_cost_dollars", "counter",
+                  "The deployment's price for the emulated time so far (USD)."),
+        MetricDef("doppelchip_tier_bytes", "counter", "Bytes moved per memory tier (all chips).",
+                  label="tier", values=tiers),
+        MetricDef("doppelchip_flops", "counter", "FLOPs executed (all chips)."),
+        MetricDef("doppelchip_busy_seconds", "counter",
+                  "Emulated seconds the device spent executing steps."),
+        MetricDef("doppelchip_bound_seconds", "counter",
+                  "Emulated busy seconds by what bounded the step "
+                  "(memory, compute, overhead, link).", label="bound", values=BOUNDS),
+        MetricDef("doppelchip_ssd_page_in_bytes", "counter",
+                  "Weight bytes re-read from SSD (llama.cpp mmap page cache misses)."),
+        MetricDef("doppelchip_compile_events", "counter",
+                  "Compiles (stalls) and cold-start builds, by reason.",
+                  label="reason", values=COMPILE_REASONS),
+        MetricDef("doppelchip_compile_seconds", "counter",
+                  "Emulated seconds spent compiling or building, by reason.",
+                  label="reason", values=COMPILE_REASONS),
+        MetricDef("doppelchip_pipeline_idle_seconds", "counter",
+                  "Emulated seconds the pipeline idled waiting on a compile."),
+        MetricDef("doppelchip_jump_forward_tokens", "counter",
+                  "Output tokens inserted by jump-forward decoding."),
+        MetricDef("doppelchip_step_seconds", "histogram",
+                  "Emulated duration of one engine step (compile stall included).",
+                  STEP_BUCKETS),
+    ]
+
+
+def compile_reason(stall_reason: str) -> str:
+    """A short, bounded label for a compile stall's free-text reason."""
+    if stall_reason.startswith("recompile"):
+        return "recompile"
+    if stall_reason.startswith("compiling new shape"):
+        return "new_shape"
+    return "other"

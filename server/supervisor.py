@@ -1,0 +1,288 @@
+"""`doppelchip serve`: the supervisor process — engine and front-end processes, ports, restarts,
+metrics, drain.
+
+Lifecycle:
+1. claim the public ports (an exclusive per-port lock; a port in use is a one-line error);
+2. start one engine-core process per deployment and data-parallel rank; each builds its core
+   and says hello with its `DeploymentInfo` (an unplaceable one says why and exits);
+3. start `api_server_count` front-end processes sharing the gRPC port; once all are up, serve
+   `/metrics` and print `listening on HOST:PORT` — the ports open only when every engine is up;
+4. watch the children: an engine that dies marks its deployment FAILED (its requests end with
+   an error, the others keep serving) and is restarted after the back-off, paying its cold
+   start; a front end that dies has its requests aborted in the engines and is restarted;
+5. SIGTERM/SIGINT: the front ends drain (health NOT_SERVING, new calls UNAVAILABLE, in-flight
+   streams finish or are aborted at the grace), then the engines stop; exit 0.
+
+Children are forked from a forkserver started before any thread or socket exists here, with
+the heavy modules preloaded, so starting (and restarting) one is fast and fork-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from server.config import FleetConfig
+from server.engine.tokenizer import get_tokenizer
+from server.engine_proc.info import failed_info
+from server.engine_proc.main import EngineSpec, engine_main
+from server.frontend.main import FrontendSpec, frontend_main
+from server.ipc import messages as m
+from server.ipc.paths import RunDir
+from server.metrics import make_registry, start_metrics_server
+from server.ports import PortInUse, check_free, claim, reserve
+from server.stats.collector import StatsCollector
+from server.supervisor_engines import EngineSlot, crash_message
+from server.supervisor_watch import Watcher
+
+log = logging.getLogger("doppelchip.server")
+
+START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    log_level: str = "info"
+    check_integrity: bool = False  # engines run the scheduler's check_integrity() when idle
+
+
+def default_api_server_count() -> int:
+    """One front end per two cores beyond the first two (the client and the engines need the
+    rest), at least one: 1 on 2 cores, 2 on 4, 4 on 8."""
+    return max(1, ((os.cpu_count() or 1) - 1) // 2)
+
+
+class Supervisor:
+    def __init__(self, config: FleetConfig, options: ServeOptions) -> None:
+        self.config, self.options = config, options
+        cfg = config.server
+        self.num_frontends = cfg.api_server_count or default_api_server_count()
+        self.run_dir = RunDir.create()
+        self.wall0 = time.monotonic()
+        self.mp = mp.get_context("forkserver")
+        self.mp.set_forkserver_preload(["server.preload"])
+        self.engines: dict[tuple[int, int], EngineSlot] = {}
+        self.frontends: dict[int, mp.process.BaseProcess] = {}
+        self.infos: list[list[m.DeploymentInfo | None]] = [
+            [None] * d.data_parallel_size for d in config.deployments]
+        self.stopping = False
+        self._locks: list = []
+        self.port = cfg.port
+        self.metrics_port = cfg.metrics_port
+
+    # ---- start-up ---------------------------------------------------------------------------
+    async def run(self) -> int:
+        cfg = self.config.server
+        loop = asyncio.get_running_loop()
+        try:
+            self._claim_ports()
+        except PortInUse as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return 1
+        ctx = zmq.Context()
+        inbox = ctx.socket(zmq.PULL)
+        inbox.bind(self.run_dir.supervisor_input())
+        self.inbox, self.ctx = inbox, ctx
+        self.to_frontends = []
+        for d, dep in enumerate(self.config.deployments):
+            for rank in range(dep.data_parallel_size):
+                slot = EngineSlot(d, rank, dep)
+                self.engines[(d, rank)] = slot
+                self._start_engine(slot, cold=dep.start == "cold")
+        if not await self._await_engines():
+            return 1
+        infos = [[i for i in ranks if i is not None] for ranks in self.infos]
+        self.frontend_infos = infos
+        collector = StatsCollector(infos, self.run_dir, self.num_frontends, cfg.time_scale,
+                                   self.wall0)
+        try:
+            self._metrics = start_metrics_server(make_registry(collector), cfg.host,
+                                                 self.metrics_port)
+        except OSError as e:
+            print(f"error: metrics port {cfg.host}:{self.metrics_port}: {e.strerror}",
+                  file=sys.stderr, flush=True)
+            await self._stop_all()
+            return 1
+        self.metrics_port = self._metrics.server_port
+        for i in range(self.num_frontends):
+            self._start_frontend(i)
+        if not await self._await_frontends():
+            await self._stop_all()
+            return 1
+        for i in range(self.num_frontends):
+            s = ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(self.run_dir.frontend_input(i))
+            self.to_frontends.append(s)
+        log.info("serving %d deployments on %s:%d with %d front end(s) (metrics on :%d)",
+                 len(self.config.deployments), cfg.host, self.port, self.num_frontends,
+                 self.metrics_port)
+        # Always printed (whatever the log level) so scripts can find ports chosen with 0.
+        print(f"doppelchip: listening on {cfg.host}:{self.port} "
+              f"(metrics on {cfg.host}:{self.metrics_port})", file=sys.stderr, flush=True)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        watcher = Watcher(self)
+        watcher.start()
+        await stop.wait()
+        log.info("signal received: draining")
+        self.stopping = True
+        watcher.stop()
+        await self._stop_all()
+        return 0
+
+    def _claim_ports(self) -> None:
+        cfg = self.config.server
+        if cfg.port:
+            self._locks.append(claim(cfg.host, cfg.port, "gRPC"))
+        if self.num_frontends > 1:
+            held = reserve(cfg.host, cfg.port, "gRPC")
+            self._locks.append(held)
+            self.port = held.getsockname()[1]
+            if not cfg.port:
+                self._locks.append(claim(cfg.host, self.port, "gRPC"))
+        elif cfg.port:
+            check_free(cfg.host, cfg.port, "gRPC")
+        if cfg.metrics_port:
+            self._locks.append(claim(cfg.host, cfg.metrics_port, "metrics"))
+            check_free(cfg.host, cfg.metrics_port, "metrics")
+
+    def _engine_spec(self, slot: EngineSlot, cold: bool) -> EngineSpec:
+        cfg = self.config.server
+        return EngineSpec(deployment=slot.deployment, rank=slot.rank, epoch=slot.epoch,
+                          options=slot.options, run_dir=str(self.run_dir.path),
+                          num_frontends=self.num_frontends, time_scale=cfg.time_scale,
+                          wall0=self.wall0, cold=cold, log_level=self.options.log_level,
+                          check_integrity=self.options.check_integrity)
+
+    def _start_engine(self, slot: EngineSlot, cold: bool) -> None:
+        proc = self.mp.Process(target=engine_main, args=(self._engine_spec(slot, cold),),
+                               name=f"engine-{slot.options.name}-{slot.rank}", daemon=False)
+        proc.start()
+        slot.process = proc
+
+    def _start_frontend(self, i: int) -> None:
+        spec = FrontendSpec(frontend=i, config=self.config, infos=self.frontend_infos,
+                            run_dir=str(self.run_dir.path), wall0=self.wall0,
+                            port=self.port, metrics_port=self.metrics_port,
+                            reuse_port=self.num_frontends > 1, log_level=self.options.log_level)
+        proc = self.mp.Process(target=frontend_main, args=(spec,), name=f"frontend-{i}",
+                               daemon=False)
+        proc.start()
+        self.frontends[i] = proc
+
+    async def _recv(self, timeout: float) -> object | None:
+        """The next message to the supervisor, or None after `timeout` seconds (start-up
+        only; afterwards the Watcher reads the inbox from the event loop)."""
+        def poll() -> bytes | None:
+            return self.inbox.recv() if self.inbox.poll(int(timeout * 1000)) else None
+
+        raw = await asyncio.to_thread(poll)
+        return m.to_supervisor(raw) if raw is not None else None
+
+    async def _await_engines(self) -> bool:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        waiting = set(self.engines)
+        while waiting:
+            for key in list(waiting):
+                slot = self.engines[key]
+                if slot.process is not None and not slot.process.is_alive():
+                    waiting.discard(key)
+                    self._fail_startup(slot)
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                print("error: engine processes did not start in time: "
+                      + ", ".join(self.engines[k].options.name for k in waiting),
+                      file=sys.stderr, flush=True)
+                return False
+            msg = await self._recv(0.2)
+            if isinstance(msg, m.EngineHello):
+                key = (msg.deployment, msg.rank)
+                waiting.discard(key)
+                self.infos[msg.deployment][msg.rank] = msg.info
+                self.engines[key].hello(msg)
+        return True
+
+    def _fail_startup(self, slot: EngineSlot) -> None:
+        """An engine that died before its hello: FAILED with the reason, the rest serve."""
+        why = crash_message(slot.process.exitcode if slot.process else None)
+        info = failed_info(slot.options, slot.rank, f"engine process died at start-up: {why}",
+                           get_tokenizer().vocab_size)
+        self.infos[slot.deployment][slot.rank] = info
+        slot.mark_failed(self.run_dir, info, info.failure)
+
+    async def _await_frontends(self) -> bool:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        waiting = set(self.frontends)
+        while waiting:
+            if time.monotonic() > deadline:
+                print("error: front-end processes did not start in time", file=sys.stderr)
+                return False
+            for i in list(waiting):
+                if not self.frontends[i].is_alive():
+                    print(f"error: front end {i} exited at start-up "
+                          f"({crash_message(self.frontends[i].exitcode)})", file=sys.stderr)
+                    return False
+            msg = await self._recv(0.2)
+            if isinstance(msg, m.FrontendHello):
+                if msg.error:
+                    print(f"error: {msg.error}", file=sys.stderr, flush=True)
+                    return False
+                waiting.discard(msg.frontend)
+                if self.num_frontends == 1 and not self.config.server.port:
+                    self.port = msg.port
+                    self._locks.append(claim(self.config.server.host, self.port, "gRPC"))
+            elif isinstance(msg, m.EngineHello):
+                self.engines[(msg.deployment, msg.rank)].hello(msg)
+        return True
+
+    # ---- shutdown ---------------------------------------------------------------------------
+    async def _stop_all(self) -> None:
+        self.stopping = True
+        grace = self.config.server.drain_grace_s
+        for proc in self.frontends.values():
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM)
+        await _join(list(self.frontends.values()), grace + 10.0)
+        for key, slot in self.engines.items():
+            if slot.process is not None and slot.process.is_alive():
+                sock = self.ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 1000)
+                sock.connect(self.run_dir.engine_input(*key))
+                sock.send(m.encode(m.Shutdown()))
+                sock.close()
+        await _join([s.process for s in self.engines.values() if s.process], 10.0)
+        if getattr(self, "_metrics", None) is not None:
+            self._metrics.shutdown()
+            self._metrics.server_close()
+        self.run_dir.remove()
+        log.info("stopped")
+
+
+async def _join(procs: list, timeout: float) -> None:
+    """Wait for the processes to exit; kill what is left at the timeout."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        left = max(0.0, deadline - time.monotonic())
+        await asyncio.to_thread(p.join, left)
+        if p.is_alive():
+            log.warning("%s did not stop in time: killing it", p.name)
+            p.kill()
+            await asyncio.to_thread(p.join, 5.0)
+
+
+def serve(config: FleetConfig, options: ServeOptions) -> int:
+    from server.logsetup import configure_logging
+
+    configure_logging(options.log_level, "supervisor")
+    return asyncio.run(Supervisor(config, options).run())
