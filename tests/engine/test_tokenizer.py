@@ -247,3 +247,24 @@ def test_training_on_the_committed_corpus_reproduces_the_shipped_tokenizer() -> 
                     f"this is {tokenizers.__version__}")
     shipped = (TOKENIZER_DIR / "tokenizer.json").read_text()
     assert train.build(texts, config["vocab_size"]).to_str() == shipped
+
+
+def test_constrained_sampling_picks_whole_characters(tok: Tokenizer) -> None:
+    """Inside a JSON string the grammar allows fragments too; the sampler takes them only when
+    nothing else is allowed, so constrained output is whole characters token by token."""
+    from server.engine.constraints import ConstraintCompiler
+    from server.engine.interface import Constraint
+    from server.engine.mock_model import _mix
+
+    compiler = ConstraintCompiler(tok)
+    schema = Constraint("json_schema", json.dumps(
+        {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}))
+    state = compiler.start(schema, 1 << 20)
+    while len(state.allowed()) < 1000:  # into the string, past {"note":"
+        state.next_token(0, False)
+    assert not set(state.allowed().tolist()) <= set(tok.normal_token_ids)  # fragments allowed
+    normal = set(tok.normal_token_ids) | {tok.eos_token_id}
+    for seed in range(100):
+        state = compiler.start(schema, 1 << 20)
+        tokens = [state.next_token(_mix(seed * 1000 + n), closing=n > 40) for n in range(60)]
+        assert set(tokens) <= normal
