@@ -1,33 +1,46 @@
-"""Train the engine's byte-level BPE tokenizer once; the output is committed.
+"""Train the engine's Llama-3-style byte-level BPE tokenizer once; the output is committed.
 
     .venv/bin/python scripts/train_tokenizer.py            # writes server/engine/tokenizer_data/
 
-The corpus is offline and reproducible: English prose that ships with the Python interpreter —
-its reference documentation (``pydoc_data/topics.py``) and the docstrings of the top-level
-standard-library modules (``Lib/*.py``, sorted by name) — optionally plus files given with
-``--extra``. The script records the Python version and the corpus digest in
-``tokenizer_config.json``; training twice on the same corpus gives the same ``tokenizer.json``.
+The corpus is the public-domain English prose committed in ``scripts/corpus/train/`` (how it was
+taken from Debian packages, and why these texts: ``docs/TOKENIZER.md``); each file is checked
+against ``scripts/corpus/SHA256SUMS`` before training. The tokenizer copies Llama 3's shape:
+its pre-tokenizer split regex, byte-level BPE (``tokenizers``), whole-word lookup before merges
+(``ignore_merges``), a BOS post-processor, and the same special tokens and chat template as
+before. The script writes ``tokenizer.json`` plus the Hugging Face side files
+(``tokenizer_config.json``, ``special_tokens_map.json``) so ``AutoTokenizer`` loads the
+directory offline, and records the corpus digest and library versions in
+``tokenizer_config.json``. Training twice on the same corpus gives the same ``tokenizer.json``.
 Nothing at run time trains or downloads a tokenizer: ``server/engine/tokenizer.py`` only loads
-this directory.
+the directory.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import hashlib
 import json
+import lzma
 import platform
-import pydoc_data.topics
-import sysconfig
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+import tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-OUT = Path(__file__).resolve().parent.parent / "server" / "engine" / "tokenizer_data"
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "server" / "engine" / "tokenizer_data"
+CORPUS = ROOT / "scripts" / "corpus"
 
-BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
-SPECIAL_TOKENS = [BOS, EOS, "<|start_header_id|>", "<|end_header_id|>", EOT, "<|pad|>"]
+BOS, EOS, EOT, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|pad|>"
+SPECIAL_TOKENS = [BOS, EOS, "<|start_header_id|>", "<|end_header_id|>", EOT, PAD]  # ids 0..5
+
+# Llama 3's pre-tokenizer (its tokenizer.json "Split" pattern, as llama3-tokenizer-js 1.2.0
+# ships it): contractions, letters with one leading non-letter, 1-3 digit groups, punctuation
+# runs, newlines, other whitespace.
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # Llama 3 style. Jinja filters bind tighter than '+', so only the content is trimmed.
 CHAT_TEMPLATE = (
@@ -39,65 +52,98 @@ CHAT_TEMPLATE = (
 )
 
 
-DOCUMENTED = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+def corpus_texts(corpus: Path) -> tuple[list[str], list[str]]:
+    """(names, texts) of ``corpus/train/*.txt.xz`` in name order, each checked against the
+    digest ``corpus/SHA256SUMS`` records for it."""
+    sums = {}
+    for line in (corpus / "SHA256SUMS").read_text().splitlines():  # "digest  path"
+        digest, name = line.split(maxsplit=1)
+        sums[name] = digest
+    names, texts = [], []
+    for path in sorted((corpus / "train").glob("*.txt.xz")):
+        data = lzma.decompress(path.read_bytes())
+        name = f"train/{path.name.removesuffix('.xz')}"
+        if hashlib.sha256(data).hexdigest() != sums.get(name):
+            raise SystemExit(f"{path}: not the text SHA256SUMS records for {name}")
+        names.append(name)
+        texts.append(data.decode("utf-8"))
+    if not texts:
+        raise SystemExit(f"no corpus files in {corpus / 'train'}")
+    return names, texts
 
 
-def corpus_texts(extra: list[Path]) -> list[str]:
-    topics = pydoc_data.topics.topics
-    texts = [topics[k] for k in sorted(topics)]
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, DOCUMENTED) and (doc := ast.get_docstring(node, clean=True)):
-                texts.append(doc)
-    texts += [p.read_text(encoding="utf-8") for p in extra]
-    return texts
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vocab-size", type=int, default=8192)
-    ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--extra", type=Path, nargs="*", default=[], help="more UTF-8 text files")
-    args = ap.parse_args()
-
-    texts = corpus_texts(args.extra)
-    digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
-
+def build(texts: list[str], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=args.vocab_size,
+        vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte is encodable
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    tok.model.ignore_merges = True  # as Llama 3: a word in the vocabulary is one token
+    # As Llama 3's: encoding with add_special_tokens=True (transformers' default) adds BOS.
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS}:1 $B:1",
+                                      special_tokens=[(BOS, bos_id)]),
+    ])
+    return tok
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    tok.save(str(args.out / "tokenizer.json"), pretty=False)
-    config = {
+
+def hf_config(tok: Tokenizer, names: list[str], digest: str) -> dict:
+    """``tokenizer_config.json``: what transformers' AutoTokenizer reads, plus provenance."""
+    added = {str(tok.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False,
+                                       "rstrip": False, "single_word": False, "special": True}
+             for t in SPECIAL_TOKENS}
+    return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS,
         "eos_token": EOT,
-        "pad_token": "<|pad|>",
+        "pad_token": PAD,
         "additional_special_tokens": [EOS, "<|start_header_id|>", "<|end_header_id|>"],
-        "add_bos_token": False,
+        "added_tokens_decoder": added,
+        "model_input_names": ["input_ids", "attention_mask"],
         "model_max_length": 131072,
-        "clean_up_tokenization_spaces": False,
+        "clean_up_tokenization_spaces": False,  # keeps decode lossless
         "chat_template": CHAT_TEMPLATE,
         "doppelchip_training": {
             "script": "scripts/train_tokenizer.py",
-            "corpus": "pydoc_data/topics.py + docstrings of Lib/*.py (Python stdlib)"
-            + "".join(f" + {p.name}" for p in args.extra),
-            "python": platform.python_version(),
+            "corpus": [f"scripts/corpus/{n}" for n in names],
             "corpus_sha256": digest,
             "vocab_size": tok.get_vocab_size(),
+            "python": platform.python_version(),
+            "tokenizers": tokenizers.__version__,
         },
     }
-    (args.out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vocab-size", type=int, default=32768)
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--corpus", type=Path, default=CORPUS, help="folder with train/, SHA256SUMS")
+    args = ap.parse_args()
+
+    names, texts = corpus_texts(args.corpus)
+    digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
+    tok = build(texts, args.vocab_size)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(args.out / "tokenizer.json"), pretty=False)
+    config = hf_config(tok, names, digest)
+    special_map = {k: config[k] for k in
+                   ("bos_token", "eos_token", "pad_token", "additional_special_tokens")}
+    for name, obj in [("tokenizer_config.json", config),
+                      ("special_tokens_map.json", special_map)]:
+        (args.out / name).write_text(json.dumps(obj, indent=2) + "\n")
     for f in sorted(args.out.iterdir()):
         print(f"{f}: {f.stat().st_size} bytes")
 

@@ -46,6 +46,7 @@ class _Vocab:
     eos: int
     closers: tuple[int, ...]  # single-token closers in preference order
     punct: np.ndarray  # bool per id: the token is only ASCII punctuation
+    whole: np.ndarray  # bool per id: a normal token (complete UTF-8 on its own)
 
 
 def _vocab(tok: Tokenizer) -> _Vocab:
@@ -55,7 +56,9 @@ def _vocab(tok: Tokenizer) -> _Vocab:
     for b, i in by_bytes.items():
         punct[i] = bool(b) and all(33 <= c < 127 and not chr(c).isalnum() for c in b)
     closers = tuple(by_bytes[c] for c in _CLOSERS if c in by_bytes)
-    return _Vocab(tok.eos_token_id, closers, punct)
+    whole = np.zeros(tok.vocab_size, dtype=bool)
+    whole[tok.normal_token_ids] = True
+    return _Vocab(tok.eos_token_id, closers, punct, whole)
 
 
 class ConstraintState:
@@ -96,8 +99,9 @@ class ConstraintState:
 
         ``closing`` (the mock model winding the output down) prefers EOS, then a closing
         punctuation token that leaves the grammar at a structural spot (one token of
-        lookahead), then any punctuation; otherwise a uniform pick by ``r`` (EOS only when
-        nothing else is allowed)."""
+        lookahead), then any punctuation; otherwise a uniform pick by ``r`` among the allowed
+        tokens that are whole characters (``Tokenizer.normal_token_ids``; a UTF-8 fragment only
+        when the grammar allows nothing else, EOS only when nothing at all)."""
         forced = self._forced()
         token = forced.popleft() if forced else self._choose(self.allowed(), r, closing)
         self._consume(token)
@@ -117,6 +121,9 @@ class ConstraintState:
             if punct.size:
                 return int(punct[r % punct.size])
         free = ids[ids != v.eos]
+        whole = free[v.whole[free]]  # a UTF-8 fragment only where the grammar allows no other
+        if whole.size:
+            free = whole
         return int(free[r % free.size]) if free.size else v.eos
 
     def _narrow_after(self, token: int) -> bool:

@@ -1,14 +1,21 @@
-"""Text ↔ token ids with the committed byte-level BPE (``tokenizer_data/``).
+"""Text ↔ token ids with the committed Llama-3-style byte-level BPE (``tokenizer_data/``).
 
 The tokenizer directory is trained once by ``scripts/train_tokenizer.py`` and shipped with the
-package; this module only loads it (never trains, never downloads).
+package; this module only loads it (never trains, never downloads). The same directory is a
+Hugging Face tokenizer (``transformers.AutoTokenizer.from_pretrained(TOKENIZER_DIR)`` loads it
+offline), so load tools and gateways count tokens as the engine does (docs/TOKENIZER.md).
 
 Contract:
 - ``encode(text)`` → ids (no BOS added; ``apply_chat_template`` adds it), ``decode(ids)`` →
   text with special tokens skipped. Byte-level BPE is lossless: ``decode(encode(t)) == t``.
+- ``normal_token_ids`` are the ids the mock model may generate: not special, and whose bytes
+  are complete UTF-8 on their own, so a client that decodes generated tokens one at a time
+  never sees U+FFFD. Other ids (single bytes ≥ 0x80, pieces of a multi-byte character) still
+  occur in encoded prompts and in ids a client sends.
 - ``IncrementalDetokenizer`` turns a stream of ids into text deltas whose concatenation equals
   ``decode`` of all the ids: each id maps to its bytes, and an incremental UTF-8 decoder holds
-  back a multi-byte character split across tokens until it is complete.
+  back a multi-byte character split across tokens until it is complete (as vLLM's detokenizer
+  holds back text that ends in an incomplete character).
 """
 
 from __future__ import annotations
@@ -38,7 +45,17 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
+def _complete_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return bool(b)
+
+
 class Tokenizer:
+    """The packaged tokenizer (or another directory in the same format): ids, text, bytes."""
+
     def __init__(self, directory: Path | str = TOKENIZER_DIR) -> None:
         directory = Path(directory)
         self._tok = HFTokenizer.from_file(str(directory / "tokenizer.json"))
@@ -60,6 +77,10 @@ class Tokenizer:
         for token, i in self._tok.get_vocab(with_added_tokens=True).items():
             if i not in self.special_token_ids:
                 self._token_bytes[i] = bytes(byte_of[ch] for ch in token)
+        self._normal_ids = tuple(
+            i for i, b in enumerate(self._token_bytes)
+            if i not in self.special_token_ids and _complete_utf8(b)
+        )
 
     def _id(self, token: str) -> int:
         i = self._tok.token_to_id(token)
@@ -69,8 +90,9 @@ class Tokenizer:
 
     @property
     def normal_token_ids(self) -> list[int]:
-        """Every id that is not a special token (what the mock model draws from)."""
-        return [i for i in range(self.vocab_size) if i not in self.special_token_ids]
+        """Ids the mock model draws from: not special, and their bytes are valid UTF-8 by
+        themselves (no byte-level fragment of a multi-byte character)."""
+        return list(self._normal_ids)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

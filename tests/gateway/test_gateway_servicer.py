@@ -101,7 +101,7 @@ async def test_non_streaming_generate_is_one_complete(stub):
 
 
 async def test_prefix_cache_hits_are_reported_as_cached_tokens(stub, client):
-    ids = TOK.encode(LONG)
+    ids = TOK.encode(f"{LONG} {LONG}")
     assert len(ids) >= 32
     first = (await responses(stub, gen(ids, stream=False, max_tokens=2)))[0].complete
     again = await responses(stub, gen(ids, max_tokens=2))
