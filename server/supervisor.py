@@ -192,25 +192,29 @@ class Supervisor:
     async def _await_engines(self) -> bool:
         deadline = time.monotonic() + START_TIMEOUT_S
         waiting = set(self.engines)
-        while waiting:
-            for key in list(waiting):
-                slot = self.engines[key]
-                if slot.process is not None and not slot.process.is_alive():
-                    waiting.discard(key)
-                    self._fail_startup(slot)
-            if not waiting:
-                break
-            if time.monotonic() > deadline:
-                print("error: engine processes did not start in time: "
-                      + ", ".join(self.engines[k].options.name for k in waiting),
-                      file=sys.stderr, flush=True)
-                return False
-            msg = await self._recv(0.2)
+
+        def take(msg: object) -> None:
             if isinstance(msg, m.EngineHello):
                 key = (msg.deployment, msg.rank)
                 waiting.discard(key)
                 self.infos[msg.deployment][msg.rank] = msg.info
                 self.engines[key].hello(msg)
+
+        while waiting:
+            if time.monotonic() > deadline:
+                print("error: engine processes did not start in time: "
+                      + ", ".join(self.engines[k].options.name for k in waiting),
+                      file=sys.stderr, flush=True)
+                return False
+            if (msg := await self._recv(0.2)) is not None:
+                take(msg)
+                continue
+            for key in [k for k in waiting if not self.engines[k].process.is_alive()]:
+                while key in waiting and (msg := await self._recv(0.5)) is not None:
+                    take(msg)  # a hello sent just before the process exited, in transit
+                if key in waiting:  # died before saying hello
+                    waiting.discard(key)
+                    self._fail_startup(self.engines[key])
         return True
 
     def _fail_startup(self, slot: EngineSlot) -> None:

@@ -129,8 +129,9 @@ class EngineLoop:
             lag = max(0.0, self.now() - self._t)
             self._note_lag(lag)
             self._take_inbox()  # aborts that arrived during the step win over its tokens
-            self._publish(result, start)
+            # status first: a client that sees the step's tokens sees its load and KV too
             self.stats.step(core, result, lag, self._t, self.num_queued())
+            self._publish(result, start)
         self._shutdown()
 
     def num_queued(self) -> int:
@@ -203,10 +204,10 @@ class EngineLoop:
                 self.unacked[msg.frontend].clear()
             elif isinstance(msg, m.Shutdown):
                 self.stopping = True
+        if replies:  # the waiting count a status query reads moves before the client knows
+            self.stats.queued(self.num_queued())
         for fe, items in replies.items():
             self._send(fe, m.encode(m.Admissions(self.deployment, self.rank, items)))
-        if replies:  # the waiting count a status query reads moves at once, not at step end
-            self.stats.queued(self.num_queued())
 
     def _add(self, msg: m.AddRequest) -> m.Admission:
         r = msg.request

@@ -93,10 +93,11 @@ def engine_main(spec: EngineSpec) -> None:
 
 
 def _hello(run: RunDir, spec: EngineSpec, info: m.DeploymentInfo) -> None:
-    ctx = zmq.Context.instance()
+    ctx = zmq.Context()  # its own: term() below waits until the hello is out of the process
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(run.supervisor_input())
     sock.send(m.encode(m.EngineHello(spec.deployment, spec.rank, spec.epoch, os.getpid(),
                                      info)))
     sock.close()
+    ctx.term()

@@ -70,9 +70,10 @@ async def _serve(spec: FrontendSpec) -> None:
 
 
 def _hello(run: RunDir, frontend: int, port: int, error: str) -> None:
-    ctx = zmq.Context.instance()
+    ctx = zmq.Context()  # its own: term() below waits until the hello is out of the process
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(run.supervisor_input())
     sock.send(m.encode(m.FrontendHello(frontend, os.getpid(), port, error)))
     sock.close()
+    ctx.term()

@@ -9,8 +9,10 @@ retries if the sequence was odd or changed meanwhile.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -50,16 +52,24 @@ class StatsFile:
         self._mm[self._text_at : self._text_at + TEXT_BYTES] = raw.ljust(TEXT_BYTES, b"\0")
 
     # ---- reader ---------------------------------------------------------------------------
-    def snapshot(self, tries: int = 1000) -> tuple[np.ndarray, str]:
-        """A consistent copy of the values and the text."""
-        for _ in range(tries):
+    def snapshot(self, timeout_s: float = 2.0) -> tuple[np.ndarray, str]:
+        """A consistent copy of the values and the text. An update takes microseconds, but
+        the writer may be descheduled in the middle of one: after a few quick retries, yield
+        the CPU between tries."""
+        deadline = None
+        for attempt in itertools.count():
             before = int(self._seq[0])
-            if before % 2:
-                continue
-            values = self.values.copy()
-            raw = self._mm[self._text_at : self._text_at + TEXT_BYTES]
-            if int(self._seq[0]) == before:
-                return values, raw.rstrip(b"\0").decode(errors="replace")
+            if not before % 2:
+                values = self.values.copy()
+                raw = self._mm[self._text_at : self._text_at + TEXT_BYTES]
+                if int(self._seq[0]) == before:
+                    return values, raw.rstrip(b"\0").decode(errors="replace")
+            if attempt >= 100:
+                now = time.monotonic()
+                deadline = deadline or now + timeout_s
+                if now > deadline:
+                    break
+                time.sleep(0.0002)
         raise RuntimeError(f"{self.path}: the writer never finished an update")
 
     def close(self) -> None:
