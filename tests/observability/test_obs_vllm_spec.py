@@ -64,3 +64,55 @@ def test_exported_names_types_labels_and_buckets(families):
     info = families["vllm:cache_config_info"].samples[0]
     assert info.value == 1.0 and info.labels["engine"] == "0"
     assert {"block_size", "num_gpu_blocks", "enable_prefix_caching"} <= set(info.labels)
+
+
+# --- The full vLLM 0.33.0 catalogue (REFERENCE["series"], docs/VLLM_REFERENCE.md) ---------------
+# The keys above are the subset doppelchip implements; "series" is everything vLLM registers.
+# Series listed in REFERENCE["doppelchip_pending"] are known gaps: the test below fails both when
+# an unconditional vLLM series is missing and not listed there, and when a listed one starts
+# being exported (then remove it from the list, and the checks below apply to it).
+
+SERIES = REFERENCE["series"]
+PENDING = set(REFERENCE["doppelchip_pending"]["series"])
+
+
+def family_name(name: str, kind: str) -> str:
+    """prometheus_client's family name: a counter registered as x_total is family x."""
+    return name.removesuffix("_total") if kind == "counter" else name
+
+
+def test_implemented_subset_agrees_with_the_full_catalogue():
+    for kind in ("gauges", "counters"):
+        for name, doc in REFERENCE[kind].items():
+            assert SERIES[name]["type"] == kind[:-1] and SERIES[name]["help"] == doc, name
+    for name, spec in REFERENCE["histograms"].items():
+        assert SERIES[name]["type"] == "histogram" and SERIES[name]["help"] == spec["help"], name
+        want = SERIES[name]["buckets"]
+        assert want == spec["buckets"], name
+    assert {n for n, s in SERIES.items() if s["unconditional"]} >= PENDING
+
+
+def test_unconditional_vllm_series_are_exported_or_listed_as_pending(families):
+    for name, spec in SERIES.items():
+        if not spec["unconditional"]:
+            continue
+        fam = families.get(family_name(name, spec["type"]))
+        if name in PENDING:
+            assert fam is None, f"{name} is exported now: remove it from doppelchip_pending"
+            continue
+        assert fam is not None, f"{name} (vLLM 0.33.0, {spec['source']}) is not exported"
+        assert fam.type == spec["type"] and fam.documentation == spec["help"], name
+        if name == "vllm:cache_config_info":
+            continue
+        labels = {k for s in fam.samples for k in s.labels} - {"le"}
+        assert labels == {*spec["labels"], "deployment"}, name
+        if spec["type"] == "histogram":
+            buckets = [float(s.labels["le"]) for s in fam.samples if s.name.endswith("_bucket")]
+            want = build_1_2_5_buckets(MAX_LEN) if spec["buckets"] == "1-2-5" else spec["buckets"]
+            assert buckets == [float(b) for b in want] + [float("inf")], name
+
+
+def test_finished_reasons_are_vllms(families):
+    exported = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
+    pending = set(REFERENCE["doppelchip_pending"]["finished_reasons"])
+    assert exported == set(REFERENCE["finished_reasons"]) - pending
