@@ -182,12 +182,11 @@ class QuantSpec:
 
     ``compute_dtype`` is what the matmul runs in where chip and engine allow it; on a chip
     without units for it the chip's ``flops`` fallback applies (FP4 weights dequantised to 16
-    bit). ``bits`` is the storage width the format is known by (4 for NVFP4/MXFP4/AWQ/GPTQ)."""
+    bit)."""
 
     id: str
     bytes_per_weight: float
     kv_bytes: float
     compute_dtype: str  # what the matmul can run on if the chip/engine allows ('int8', 'fp8', ...)
-    family: str  # 'float' | 'gguf' | 'mlx' | 'scaled'
-    bits: float = 16.0
+    family: str  # 'float' | 'gguf' | 'mlx' | 'scaled' | 'fp4' | 'int4'
     source: str = field(default="", compare=False)

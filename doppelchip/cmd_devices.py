@@ -99,7 +99,7 @@ def _catalogue() -> dict[str, Any]:
         "max_context": m.max_context, "source": m.source,
     } for m in catalog.list_models()]
     quants = [{"id": q.id, "bytes_per_weight": q.bytes_per_weight, "kv_bytes": q.kv_bytes,
-               "bits": q.bits, "compute_dtype": q.compute_dtype, "source": q.source}
+               "compute_dtype": q.compute_dtype, "family": q.family, "source": q.source}
               for q in catalog.list_quants()]
     return {"chips": chips, "engines": engines, "models": models, "quants": quants}
 
