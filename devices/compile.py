@@ -145,7 +145,7 @@ class PerShape(CompileStrategy):
         dec = batch.decode
         if dec:
             dec = dec + (max(dec),) * (_bucket(len(dec)) - len(dec))
-        return BatchShape(prefill=pre, decode=dec)
+        return BatchShape(prefill=pre, decode=dec, spec_tokens=batch.spec_tokens)
 
     def _keys(self, batch: BatchShape) -> list[tuple[str, int]]:
         if self.bucketed:
@@ -197,7 +197,7 @@ class Static(CompileStrategy):
             return batch
         missing = self.shape[0] - batch.num_seqs
         dec = batch.decode + (max(batch.decode, default=0),) * missing
-        return BatchShape(prefill=batch.prefill, decode=dec)
+        return BatchShape(prefill=batch.prefill, decode=dec, spec_tokens=batch.spec_tokens)
 
     def before_step(self, batch: BatchShape) -> Stall:
         b, ctx = self.shape_of(batch)

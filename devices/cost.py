@@ -161,6 +161,7 @@ def plan_cost(plan: Plan, batch: BatchShape) -> StepCost:
             for tier, b in seg.weight_bytes:
                 by_tier[tier] = by_tier.get(tier, 0.0) + b * wscale * chips
             kvb = seg.kv_bytes_per_token * (ctx_read + tokens) + seg.act_bytes_per_token * tokens
+            kvb += seg.kv_swa_bytes_per_token * (ctx_swa + tokens)
             by_tier[seg.kv_tier] = by_tier.get(seg.kv_tier, 0.0) + kvb * chips
         stage_seconds.append(t_stage)
         total += t_stage * r

@@ -66,7 +66,8 @@ class Placement:
         out = dict(self.weight_bytes)
         for stage in self.plan.stages:
             for seg in stage.segments:
-                kv = seg.kv_bytes_per_token * seg.tp * stage.repeat * kv_tokens_used
+                per = seg.kv_bytes_per_token + seg.kv_swa_bytes_per_token  # an upper bound
+                kv = per * seg.tp * stage.repeat * kv_tokens_used
                 out[seg.kv_tier] = out.get(seg.kv_tier, 0.0) + kv
         return out
 

@@ -32,7 +32,8 @@ class Segment:
     weight_bytes: tuple[tuple[str, float], ...]  # tier -> bytes per chip (incl. head share)
     expert_fraction: float  # share of those bytes that are MoE experts
     kv_tier: str
-    kv_bytes_per_token: float  # per chip, for these layers, per context token (all sequences)
+    kv_bytes_per_token: float  # per chip, full-attention layers, per context token
+    kv_swa_bytes_per_token: float  # per chip, sliding layers, per context token in the window
     act_bytes_per_token: float  # unfused intermediate traffic per chip per token
     dense_s: float  # reading the non-expert weights once
     expert_s: float  # reading every expert this chip holds once
@@ -143,7 +144,8 @@ def make_segment(
         weight_bytes=tuple((t, b) for t, b, _ in weight_reads),
         expert_fraction=ef,
         kv_tier=kv_tier,
-        kv_bytes_per_token=kv_tok + kv_swa,
+        kv_bytes_per_token=kv_tok,
+        kv_swa_bytes_per_token=kv_swa,
         act_bytes_per_token=act_tok,
         dense_s=read_s * (1 - ef),
         expert_s=read_s * ef,

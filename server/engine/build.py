@@ -124,6 +124,8 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
         ),
         kv_layout=opts.kv_layout or engine.kv_layout,  # type: ignore[arg-type]
         batching=opts.batching or engine.batching,  # type: ignore[arg-type]
+        num_speculative_tokens=(placement.spec.speculative.num_speculative_tokens
+                                if placement.spec.speculative else 0),
     )
 
 
@@ -144,4 +146,5 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
         jump_forward=(opts.jump_forward if opts.jump_forward is not None
                       else placement.engine.jump_forward),
         constraints=compiler_for(tok),
+        speculative=placement.spec.speculative,
     )
