@@ -202,6 +202,11 @@ def fit(points: tuple[Point, ...] = POINTS) -> dict[Group, Factors]:
     return table
 
 
+def _vendor(cls: str) -> str:
+    """The vendor of a chip class (the chips' own trait), to prefer a sibling class."""
+    return next((c.vendor for c in catalog.list_chips(None) if c.chip_class == cls), "")
+
+
 def _borrow(have: Fitted, engine: str, cls: str) -> tuple[float, Group | None]:
     """Rule 5: the first fitted value among borrow_from engines (same class first), the same
     engine on another class (same vendor first), then the median of fitted groups."""
@@ -212,8 +217,8 @@ def _borrow(have: Fitted, engine: str, cls: str) -> tuple[float, Group | None]:
         for (e, c), (v, _) in sorted(have.items()):
             if e == other:
                 return v, (e, c)
-    family = cls.split("-")[0]
-    for (e, c), (v, _) in sorted(have.items(), key=lambda kv: kv[0][1].split("-")[0] != family):
+    vendor = _vendor(cls)
+    for (e, c), (v, _) in sorted(have.items(), key=lambda kv: _vendor(kv[0][1]) != vendor):
         if e == engine and c != cls:
             return v, (e, c)
     if have:

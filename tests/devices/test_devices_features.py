@@ -203,3 +203,28 @@ def test_rocm_and_tpu_profiles_come_from_the_chip_class():
     with pytest.raises(PlacementError, match="runs on"):
         place(spec("llama-3.1-8b", "fp8", "mi300x", "tensorrt-llm"))
     assert place(spec("llama-3.1-70b", "bf16", "tpu-v7", "jetstream", count=2)).chips == 2
+
+
+def test_wide_expert_parallelism_across_nodes_pays_the_network():
+    """ep 16 on 8-GPU H200 boxes: the all-to-all's steps that leave the box cross InfiniBand
+    (NCCL's network step latency, 50 GB/s per GPU) instead of NVLink."""
+    node = place(spec("deepseek-v3", "fp8", "h200-sxm", count=8, ep=8))
+    wide = place(spec("deepseek-v3", "fp8", "h200-sxm", count=16, ep=16))
+    chip = wide.chip
+    assert (wide.dp, wide.ep, chip.domain_size) == (16, 16, 8)
+    seg_node = node.plan.stages[0].segments[0]
+    seg_wide = wide.plan.stages[0].segments[0]
+    per_layer = lambda seg: seg.coll_fixed_s / (2 * node.model.n_moe_layers)  # noqa: E731
+    assert per_layer(seg_node) == pytest.approx(chip.collective_base_s + 7 * chip.hop_latency_s)
+    assert per_layer(seg_wide) > per_layer(seg_node)
+    assert seg_wide.coll_tok_s * 16 > seg_node.coll_tok_s * 8  # slower bytes per rank, too
+
+
+def test_prefix_cache_hit_prefill_still_attends_over_the_cached_prefix():
+    pl = place(spec("llama-3.1-8b", "bf16", "h100-sxm"))
+    cold = step_cost(pl, BatchShape(prefill=((4096, 0),)))
+    hit = step_cost(pl, BatchShape(prefill=((96, 4000),)))  # 4,000 tokens served from cache
+    tiny = step_cost(pl, BatchShape(prefill=((96, 0),)))
+    assert hit.seconds < cold.seconds / 10
+    assert hit.flops > tiny.flops  # the new tokens attend to the cached 4,000
+    assert hit.bytes > tiny.bytes  # and read their KV
