@@ -202,25 +202,20 @@ def fit(points: tuple[Point, ...] = POINTS) -> dict[Group, Factors]:
     return table
 
 
-def _vendor(cls: str) -> str:
-    """The vendor of a chip class (the chips' own trait), to prefer a sibling class."""
-    return next((c.vendor for c in catalog.list_chips(None) if c.chip_class == cls), "")
-
-
 def _borrow(have: Fitted, engine: str, cls: str) -> tuple[float, Group | None]:
-    """Rule 5: the first fitted value among borrow_from engines (same class first), the same
-    engine on another class (same vendor first), then the median of fitted groups."""
+    """Rule 5: the first fitted value among the engine's borrow_from engines on this class,
+    then on its nearest classes (catalogue ``[classes]``), then on any class; then the same
+    engine on its nearest classes, on any other class; then the median of fitted groups."""
     eng = catalog.get_engine(engine)
-    for other in eng.borrow_from:
-        if (other, cls) in have:
-            return have[(other, cls)][0], (other, cls)
+    near = (cls, *catalog.nearest_classes(cls))
+    for other in (*eng.borrow_from, engine):
+        for c in near:
+            if (other, c) in have and (other, c) != (engine, cls):
+                return have[(other, c)][0], (other, c)
+    for other in (*eng.borrow_from, engine):
         for (e, c), (v, _) in sorted(have.items()):
-            if e == other:
+            if e == other and (e, c) != (engine, cls):
                 return v, (e, c)
-    vendor = _vendor(cls)
-    for (e, c), (v, _) in sorted(have.items(), key=lambda kv: _vendor(kv[0][1]) != vendor):
-        if e == engine and c != cls:
-            return v, (e, c)
     if have:
         return statistics.median(v for v, _ in have.values()), None
     return math.nan, None

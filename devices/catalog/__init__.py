@@ -188,6 +188,11 @@ def list_quants() -> list[QuantSpec]:
     return list(_quants().values())
 
 
+def nearest_classes(chip_class: str) -> tuple[str, ...]:
+    """The classes whose factors stand in for ``chip_class``'s missing ones, nearest first."""
+    return tuple(_load("chips").get("classes", {}).get(chip_class, ()))
+
+
 def chip_classes() -> list[str]:
     """Every chip class (the keys, with engine ids, of the efficiency factors)."""
     return sorted({c.chip_class for c in _chips().values()})

@@ -169,8 +169,8 @@ class Scheduler:
 
     def _drafts(self, req: Request, num_new: int, budget: int) -> int:
         """Draft tokens a decode verifies (speculative decoding), if the budget has room."""
-        k = self.config.num_speculative_tokens
-        if not k or req.constraint is not None or not self._is_decode(req, num_new):
+        k = min(self.config.num_speculative_tokens, self.config.max_model_len - req.num_tokens)
+        if k < 1 or req.constraint is not None or not self._is_decode(req, num_new):
             return 0
         return k if budget >= num_new + k else 0
 

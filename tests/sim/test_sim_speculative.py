@@ -122,3 +122,14 @@ def test_speculative_config_is_validated():
     dsv3 = DeploymentSpec("deepseek-v3", "fp8", "h200-sxm", "vllm", count=8, ep=8,
                           speculative=SpeculativeConfig("mtp", 1, 0.8))
     assert estimate(dsv3, 128, 16)["fits"] is True
+
+
+def test_drafts_stop_at_the_context_limit():
+    """No lookahead slot past max_model_len: a request that ends at the limit still finishes
+    with the tokens a run without speculation gives."""
+    opts = dict(BASE, max_model_len=128)
+    plain, _, _ = run(EngineOptions(**opts), n=2, max_tokens=200, ignore_eos=True)
+    spec, core, _ = run(EngineOptions(**opts, speculative_config=json.dumps(SPEC)), n=2,
+                        max_tokens=200, ignore_eos=True)
+    assert spec == plain
+    assert all(40 + 13 * i + len(spec[f"r{i}"]) == 128 for i in range(2))
