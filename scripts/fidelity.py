@@ -215,13 +215,21 @@ WEAK_SPOTS = (
     "What the misses have in common:",
     "",
     "- **Software era.** The llama.cpp rows on NVIDIA are Dec 2023 builds; the consumer-card "
-    "calibration point is a 2025 build (MMQ on INT8 tensor cores, CUDA graphs). Quantised "
-    "prefill then dequantised to FP16 and launches were eager, so 2023 rows run slower than a "
-    "2025-calibrated model predicts. No factor is refitted to them.",
+    "calibration point is a 2025 build. Quantised prefill on tensor cores (MMQ, llama.cpp PR "
+    "#7676, Jun 2024) and CUDA-graph decode (PR #6766, May 2024) came later, so 2023 rows run "
+    "slower than a 2025-calibrated model predicts — on the A100 most of all. SGLang's DeepSeek-V3 "
+    "rows are v0.4.1 (Dec 2024), days after the model's release. No factor is refitted to them.",
     "- **Closed-loop lockstep in virtual time.** Identical requests started together stay in "
     "step, so every wave's prefills share one step and TTFT at low concurrency is a whole "
     "wave's prefill. A real server's front end staggers arrivals; the simulator does not model "
     "the front end's per-request processing time.",
+    "- **Borrowed factors.** No calibration point exists for AMD Instinct, Blackwell or TPU v7: "
+    "their factors are borrowed from NVIDIA Hopper groups (each provenance says from where), so "
+    "ROCm's and FP4 kernels' own efficiency is not in the model (MI300X rows over-predicted, "
+    "dense FP4 on B200/GB200 about +40%).",
+    "- **Batch protocol for MoE under maximum load.** The throughput rows cap the batch at 256 "
+    "sequences (the calibration points' protocol); trtllm-bench runs MoE models with much larger "
+    "batches and attention-DP, which the Maverick and Qwen3-235B rows show.",
     "- **SRAM chips off their calibrated model.** Groq's per-layer stage cost and Cerebras' "
     "system-to-system hop are each set by one point; hop latencies are stated assumptions (no "
     "published figure), so small models on Groq and multi-system Cerebras remain uncertain.",
