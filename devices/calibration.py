@@ -32,62 +32,21 @@ from __future__ import annotations
 
 import math
 import statistics
-import tomllib
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cache
-from pathlib import Path
 
 from devices import catalog
 from devices.cost import step_cost
-from devices.deployment import BatchShape, DeploymentSpec
+from devices.deployment import BatchShape
 from devices.estimate import decode_contexts, estimate, prefill_steps
 from devices.factors import FACTOR_NAMES, Factors, Provenance
 from devices.placement import place
+from devices.points import POINTS, Group, Point, load_points
 
-Group = tuple[str, str]
-
-
-@dataclass(frozen=True)
-class Point:
-    """One published measurement (hardware.md, "Calibration points")."""
-
-    id: str
-    engine: str
-    chip: str
-    model: str
-    quant: str
-    kind: str  # 'decode' | 'prefill' | 'throughput'
-    value: float  # tokens per second (per user for decode/prefill; aggregate for throughput)
-    source: str
-    prompt: int = 512
-    output: int = 128
-    batch: int = 1
-    count: int | None = None
-    fit: bool = True  # False: checked, not used to set a factor
-    tolerance: float = 0.20
-
-    @property
-    def spec(self) -> DeploymentSpec:
-        return DeploymentSpec(
-            model=self.model, quant=self.quant, chip=self.chip, engine=self.engine,
-            count=self.count,
-        )
-
-    @property
-    def group(self) -> Group:
-        return (self.engine, catalog.get_chip(self.chip).chip_class)
-
-
-def load_points() -> tuple[Point, ...]:
-    """The calibration table, ``devices/catalog/calibration.toml``."""
-    path = Path(catalog.__file__).parent / "calibration.toml"
-    with path.open("rb") as f:
-        return tuple(Point(**raw) for raw in tomllib.load(f)["points"])
-
-
-POINTS: tuple[Point, ...] = load_points()
+__all__ = ["POINTS", "Group", "Point", "features", "fit", "fitted_factors", "load_points",
+           "throughput_at", "without"]
 
 
 class _Table(dict):

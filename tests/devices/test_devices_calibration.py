@@ -98,7 +98,7 @@ def test_provenance_says_what_is_borrowed():
 
 
 def test_validation_points_are_never_fitted():
-    """calibration.py opens calibration.toml only; no validation row id appears in any
+    """calibration opens calibration.toml only; no validation row id appears in any
     factor's provenance."""
     import tomllib
 
