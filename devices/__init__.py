@@ -21,40 +21,64 @@ The interface the engine calls::
 
 * ``catalog``: ``get_chip/get_engine/get_model/get_quant(id)`` and ``list_*()``; unknown ids
   raise :class:`devices.errors.UnknownId` (a :class:`devices.errors.DeviceError`).
-* ``DeploymentSpec`` (frozen): model, quant, chip, engine, count, tp, pp, n_gpu_layers,
+* ``DeploymentSpec`` (frozen): model, quant, chip, engine, count, tp, pp, ep, n_gpu_layers,
   built_for, gpu_mem_utilisation, max_context, max_batch, max_batched_tokens, build limits,
-  host/ssd overrides.
-* ``place(spec) -> Placement``: weights per tier, chips used, KV capacity (tokens and
+  host/ssd overrides, kv_cache_dtype, speculative (a ``SpeculativeConfig``).
+* ``place(spec, factor_table=None) -> Placement`` (the fitted table is bound here, at the
+  top; lower modules take it as an argument): weights per tier, chips used, KV capacity (tokens and
   ``kv_blocks(block_size)``), max context, ``max_concurrency(context_tokens)``,
   ``memory_bytes(kv_tokens_used)``, ``load_seconds``; precomputed cost constants in ``plan``.
 * ``BatchShape(prefill=((num_tokens, start_position), ...), decode=(context_length, ...))``.
 * ``step_cost(placement, batch) -> StepCost`` (see its docstring; cheap, call every step).
-* ``estimate(spec, prompt, output, batch=1) -> dict``: the ``doppelchip estimate`` point.
+* ``estimate(spec, prompt, output, batch=1, factor_table=None) -> dict``: the
+  ``doppelchip estimate`` point.
 * ``calibration.fitted_factors()``: efficiency factors per (engine, chip class), fitted from
   the calibration points of ``reference/hardware.md`` (see ``devices/calibration.py``).
 """
 
+from typing import Any
+
 from devices import catalog
+from devices import estimate as _estimate
+from devices import placement as _placement
 from devices.calibration import fitted_factors
 from devices.compile import CompileStrategy, Stall, make_compile_strategy
 from devices.cost import StepCost, step_cost
 from devices.deployment import BatchShape, DeploymentSpec
 from devices.errors import DeviceError, PlacementError, ShapeError, UnknownId
-from devices.estimate import estimate
-from devices.factors import Factors
+from devices.factors import Factors, Provenance
 from devices.jitter import Jitter, make_jitter
-from devices.placement import Placement, place
+from devices.placed import FactorTable, Placement
+from devices.speculative import SpeculativeConfig, SpeculativeConfigError
+
+
+def place(spec: DeploymentSpec, factor_table: FactorTable | None = None) -> Placement:
+    """Place ``spec`` with the fitted efficiency factors (or ``factor_table``). The one place
+    the fitted table is bound: lower modules take it as an argument."""
+    return _placement.place(spec, fitted_factors() if factor_table is None else factor_table)
+
+
+def estimate(spec: DeploymentSpec, prompt: int, output: int, batch: int = 1,
+             factor_table: FactorTable | None = None) -> dict[str, Any]:
+    """``devices.estimate.estimate`` with the fitted factors (or ``factor_table``)."""
+    table = fitted_factors() if factor_table is None else factor_table
+    return _estimate.estimate(spec, prompt, output, batch, table)
+
 
 __all__ = [
     "BatchShape",
     "CompileStrategy",
     "DeploymentSpec",
     "DeviceError",
+    "FactorTable",
     "Factors",
     "Jitter",
     "Placement",
     "PlacementError",
+    "Provenance",
     "ShapeError",
+    "SpeculativeConfig",
+    "SpeculativeConfigError",
     "Stall",
     "StepCost",
     "UnknownId",

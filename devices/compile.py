@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from devices.deployment import BatchShape
 from devices.errors import ShapeError
-from devices.placement import Placement
+from devices.placed import Placement
 
 # hardware.md, "Compile and launch behaviour": measured TensorRT-LLM builds.
 MEASURED_BUILDS = ((124e6, 41.0), (1e9, 120.0), (6e9, 300.0))  # (parameters, seconds)
@@ -90,7 +90,8 @@ class AheadOfTime(CompileStrategy):
         self.max_batch = spec.max_batch
         self.max_seq_len = spec.max_seq_len or placement.max_context
         self.max_input_len = spec.max_input_len or self.max_seq_len
-        self.max_num_tokens = spec.max_batched_tokens or placement.engine.prefill_chunk
+        sched = placement.engine.scheduler.max_num_batched_tokens
+        self.max_num_tokens = spec.max_batched_tokens or sched or self.max_seq_len
         self.build_s = build_seconds(placement.model.params)
 
     def startup_seconds(self, cold: bool) -> float:
@@ -119,7 +120,7 @@ class PerShape(CompileStrategy):
 
     def __init__(self, placement: Placement, prebuilt: bool = True) -> None:
         super().__init__(placement, prebuilt)
-        self.bucketed = placement.engine.id == "jetstream"
+        self.bucketed = placement.engine.shape_buckets == "pow2"
         self.seen: set[tuple[str, int]] = set()
         if prebuilt and self.bucketed:  # JetStream compiles its buckets ahead (warm-up)
             self.seen |= set(self._warm_keys())
@@ -144,7 +145,7 @@ class PerShape(CompileStrategy):
         dec = batch.decode
         if dec:
             dec = dec + (max(dec),) * (_bucket(len(dec)) - len(dec))
-        return BatchShape(prefill=pre, decode=dec)
+        return BatchShape(prefill=pre, decode=dec, spec_tokens=batch.spec_tokens)
 
     def _keys(self, batch: BatchShape) -> list[tuple[str, int]]:
         if self.bucketed:
@@ -196,7 +197,7 @@ class Static(CompileStrategy):
             return batch
         missing = self.shape[0] - batch.num_seqs
         dec = batch.decode + (max(batch.decode, default=0),) * missing
-        return BatchShape(prefill=batch.prefill, decode=dec)
+        return BatchShape(prefill=batch.prefill, decode=dec, spec_tokens=batch.spec_tokens)
 
     def before_step(self, batch: BatchShape) -> Stall:
         b, ctx = self.shape_of(batch)

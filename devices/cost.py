@@ -2,7 +2,15 @@
 
 ``step_cost(placement, batch)`` is pure and cheap (the per-placement constants are in
 ``placement.plan``): the engine calls it for every step, thousands of times per second of
-virtual time.
+virtual time. Per segment::
+
+    memory   = dense weights + touched experts + KV read and written + unfused activations
+    compute  = linear FLOPs (tokens padded to the MXU tile) + attention + LM head
+    device   = max(memory, compute) + kernels × kernel_s + collectives (TP, EP)
+    segment  = max(device, host launch time)          (eager engines: launch-bound if tiny)
+
+Sliding-window layers read and attend over at most the window; a speculative step adds its
+draft passes (``batch.spec_tokens`` passes of the draft plan over the decodes).
 """
 
 from __future__ import annotations
@@ -10,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from devices.deployment import BatchShape
-from devices.placement import Placement
-from devices.plan import Segment
+from devices.placed import Placement
+from devices.plan import Plan, Segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +37,8 @@ class StepCost:
     stages); ``bound`` names the largest ('memory', 'compute', 'overhead', 'link').
     ``bytes_by_tier``: bytes moved per memory tier, all chips together. ``joules``: busy
     power of the working stages plus idle power of the whole deployment for ``seconds``.
-    ``dollars``: the deployment's price for ``seconds``.
+    ``dollars``: the deployment's price for ``seconds``. ``draft_s``: of ``seconds``, the
+    speculative draft passes.
     """
 
     seconds: float
@@ -46,6 +55,7 @@ class StepCost:
     dollars: float
     tokens: int
     kernels: float
+    draft_s: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -55,27 +65,66 @@ class StepCost:
 ZERO = StepCost(0.0, 0.0, (), 0.0, 0.0, 0.0, 0.0, "overhead", (), 0.0, 0.0, 0.0, 0, 0.0)
 
 
+def _windowed(n: int, s: int, w: int) -> float:
+    """Σ_{i=1..n} min(s + i, w): context units of a chunk of n tokens from position s."""
+    below = max(0, min(n, w - s))
+    return below * s + below * (below + 1) / 2 + (n - below) * w
+
+
 def step_cost(placement: Placement, batch: BatchShape) -> StepCost:
     """Seconds, bytes, FLOPs, energy and dollars of one step of ``batch`` on ``placement``."""
     plan = placement.plan
+    cost = plan_cost(plan, batch)
+    if batch.spec_tokens and batch.decode and plan.draft is not None:
+        draft = plan_cost(plan.draft, BatchShape(decode=batch.decode))
+        cost = _with_draft(cost, draft, batch.spec_tokens)
+    return cost
+
+
+def _with_draft(cost: StepCost, draft: StepCost, k: int) -> StepCost:
+    """The verification step preceded by ``k`` sequential passes of the draft model."""
+    tiers = dict(cost.bytes_by_tier)
+    for t, b in draft.bytes_by_tier:
+        tiers[t] = tiers.get(t, 0.0) + k * b
+    extra = k * draft.seconds
+    return StepCost(
+        seconds=cost.seconds + extra, interval_s=cost.interval_s + extra,
+        stage_seconds=cost.stage_seconds, memory_s=cost.memory_s + k * draft.memory_s,
+        compute_s=cost.compute_s + k * draft.compute_s,
+        overhead_s=cost.overhead_s + k * draft.overhead_s, link_s=cost.link_s + k * draft.link_s,
+        bound=cost.bound, bytes_by_tier=tuple(tiers.items()), flops=cost.flops + k * draft.flops,
+        joules=cost.joules + k * draft.joules, dollars=cost.dollars + k * draft.dollars,
+        tokens=cost.tokens, kernels=cost.kernels + k * draft.kernels, draft_s=extra,
+    )
+
+
+def plan_cost(plan: Plan, batch: BatchShape) -> StepCost:
+    """``step_cost`` for one plan (the target model, or a speculative draft pass)."""
+    w = plan.window
+    q = 1 + batch.spec_tokens  # query tokens per decode (verification of the drafts)
     n_pre = 0
-    ctx_read = 0.0
-    attn = 0.0
+    ctx_read = ctx_swa = attn = attn_swa = 0.0
     for n, s in batch.prefill:
         n_pre += n
         ctx_read += s
         attn += n * s + n * (n + 1) / 2
+        if w:
+            ctx_swa += min(s, w)
+            attn_swa += _windowed(n, s, w)
     dec = batch.decode
     n_dec = len(dec)
-    if n_dec:
-        c = sum(dec)
+    for c in dec:
         ctx_read += c
-        attn += c + n_dec
-    tokens = n_pre + n_dec
+        attn += q * c + q * (q + 1) / 2
+        if w:
+            ctx_swa += min(c, w)
+            attn_swa += _windowed(q, c, w)
+    tokens = n_pre + n_dec * q
     if tokens == 0:
         return ZERO
-    logits = n_dec + len(batch.prefill)
-    touched = 1.0 - (1.0 - plan.moe_k_over_e) ** tokens if plan.moe else 0.0
+    logits = n_dec * q + len(batch.prefill)
+    seen = tokens / plan.expert_tokens_div
+    touched = 1.0 - (1.0 - plan.moe_k_over_e) ** seen if plan.moe else 0.0
     offload = plan.offload_min_tokens and tokens >= plan.offload_min_tokens
     mem_s = comp_s = over_s = link_s = 0.0
     flops = kernels = joules = 0.0
@@ -89,26 +138,30 @@ def step_cost(placement: Placement, batch: BatchShape) -> StepCost:
             seg: Segment = seg0.prefill_alt if (offload and seg0.prefill_alt) else seg0
             tpad = -(-tokens // seg.tile) * seg.tile
             mem = seg.dense_s + seg.expert_s * touched + seg.kv_s * (ctx_read + tokens)
-            mem += seg.act_s * tokens
-            comp = seg.flop_s * tpad + seg.attn_s * attn + seg.head_flop_s * logits
+            mem += seg.kv_swa_s * (ctx_swa + tokens) + seg.act_s * tokens
+            comp = seg.flop_s * tpad + seg.attn_s * attn + seg.attn_swa_s * attn_swa
+            comp += seg.head_flop_s * logits
             coll = seg.coll_fixed_s + seg.coll_tok_s * tokens
+            device = max(mem, comp) + seg.overhead_s + coll
+            launch_wait = max(0.0, seg.launch_s - device)  # the host cannot keep up
             if mem >= comp:
                 mem_s += mem * r
             else:
                 comp_s += comp * r
-            over_s += seg.overhead_s * r
+            over_s += (seg.overhead_s + launch_wait) * r
             link_s += coll * r
-            t_stage += (mem if mem >= comp else comp) + seg.overhead_s + coll
+            t_stage += device + launch_wait
             chips = seg.tp * r
             flops += (
-                seg.flops_per_token * tpad + seg.attn_flops_per_unit * attn
+                seg.flops_per_token * tpad + seg.attn_flops_per_unit * (attn + attn_swa)
                 + seg.head_flops_per_logit * logits
             ) * chips
             kernels += seg.kernels * r
             wscale = (1.0 - seg.expert_fraction) + seg.expert_fraction * touched
             for tier, b in seg.weight_bytes:
                 by_tier[tier] = by_tier.get(tier, 0.0) + b * wscale * chips
-            kvb = (seg.kv_bytes_per_token * (ctx_read + tokens) + seg.act_bytes_per_token * tokens)
+            kvb = seg.kv_bytes_per_token * (ctx_read + tokens) + seg.act_bytes_per_token * tokens
+            kvb += seg.kv_swa_bytes_per_token * (ctx_swa + tokens)
             by_tier[seg.kv_tier] = by_tier.get(seg.kv_tier, 0.0) + kvb * chips
         stage_seconds.append(t_stage)
         total += t_stage * r

@@ -4,18 +4,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from devices.speculative import SpeculativeConfig
+
 
 @dataclass(frozen=True)
 class DeploymentSpec:
     """Model × quantisation × chip × count × parallelism × engine (+ engine knobs).
 
-    ``count`` is the total number of chips; ``None`` means ``tp × pp`` for GPUs/TPUs and
-    "computed from the weights" for SRAM chips (Groq, Cerebras). ``tp`` defaults to ``count``.
+    Parallelism: ``count = tp × pp × dp`` chips. ``tp`` shards every layer, ``pp`` splits the
+    layers into stages, ``dp`` replicates attention (each replica holds its own sequences and
+    KV: data-parallel attention as SGLang and vLLM run DeepSeek). ``ep`` shards a MoE model's
+    experts over that many of a stage's ``tp × dp`` chips (it must divide it); ``ep`` 1 keeps
+    every expert tensor-parallel like a dense MLP. Defaults: ``count`` None means ``tp × pp``
+    (× ``ep`` when only ``ep`` is given) for GPUs/TPUs and "computed from the weights" for SRAM
+    chips (Groq, Cerebras); ``tp`` None means ``count / pp`` — or 1 when ``ep`` is given, so
+    ``count 8, ep 8`` is 8 attention replicas with experts spread over all 8 chips.
     ``n_gpu_layers`` (llama.cpp) defaults to as many as fit. ``built_for`` is the GPU
     architecture an ahead-of-time engine (TensorRT-LLM) was built for; ``None`` = this chip's.
     ``max_context`` defaults to the model's, capped by KV capacity (4096 for llama.cpp's n_ctx;
     8192 for a computed SRAM chip count). ``max_batch``/``max_input_len``/``max_seq_len`` are
-    the build limits of an ahead-of-time engine and the scheduler's sequence cap.
+    the build limits of an ahead-of-time engine and the scheduler's sequence cap (SRAM chip
+    counts are sized to hold ``max_batch`` sequences of ``max_context`` tokens).
+    ``kv_cache_dtype``: 'auto' (the quantisation's default) or 'fp8' (1 byte per element).
+    ``speculative``: speculative decoding (see ``devices.speculative``).
     """
 
     model: str
@@ -25,6 +36,7 @@ class DeploymentSpec:
     count: int | None = None
     tp: int | None = None
     pp: int | None = None
+    ep: int | None = None
     n_gpu_layers: int | None = None
     built_for: str | None = None
     gpu_mem_utilisation: float = 0.9
@@ -35,6 +47,8 @@ class DeploymentSpec:
     max_seq_len: int | None = None
     host: str | None = None
     ssd: str | None = None
+    kv_cache_dtype: str = "auto"
+    speculative: SpeculativeConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -42,15 +56,18 @@ class BatchShape:
     """One engine step: prefill chunks ``(num_tokens, start_position)`` and decode contexts.
 
     ``decode`` holds, for each sequence generating one token this step, the number of tokens
-    already in its KV cache (the context the new token attends to).
+    already in its KV cache (the context the new token attends to). ``spec_tokens`` > 0: each
+    decode is a speculative verification of 1 + spec_tokens tokens, after spec_tokens passes
+    of the draft model (its cost is part of the step).
     """
 
     prefill: tuple[tuple[int, int], ...] = ()
     decode: tuple[int, ...] = ()
+    spec_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
-        return sum(n for n, _ in self.prefill) + len(self.decode)
+        return sum(n for n, _ in self.prefill) + len(self.decode) * (1 + self.spec_tokens)
 
     @property
     def num_seqs(self) -> int:

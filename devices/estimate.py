@@ -1,18 +1,37 @@
 """``estimate``: a llama-bench-like single point for a deployment (what ``doppelchip estimate``
-prints): prefill and decode rates, TTFT, TPOT, memory per tier, energy and dollars."""
+prints): prefill and decode rates, TTFT, TPOT, memory per tier, energy and dollars.
+
+SRAM deployments (chip placement 'sram') without a chip count are sized for the question:
+enough chips for the weights plus ``batch`` sequences of ``prompt + output`` tokens. Prefill
+is packed into steps of the engine's token budget exactly as the scheduler packs it (chunks
+of ``max_num_batched_tokens``; whole prompts when the engine does not chunk). With speculative
+decoding a decode step yields 1 + Σ rateᵏ tokens on average (``SpeculativeConfig``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
+from devices import catalog
 from devices.cost import StepCost, step_cost
 from devices.deployment import BatchShape, DeploymentSpec
 from devices.errors import DeviceError
 from devices.pipeline import cycle_cost
-from devices.placement import FactorTable, Placement, place
+from devices.place_hbm import step_budget
+from devices.place_sram import chips_needed
+from devices.placed import FactorTable, Placement
+from devices.placement import place
 
 DECODE_SAMPLES = 8  # decode steps evaluated (evenly spread over the output) and averaged
+UNITS = {
+    "prefill_tokens_per_s": "tok/s", "decode_tokens_per_s": "tok/s per sequence",
+    "output_tokens_per_s": "tok/s", "end_to_end_tokens_per_s": "tok/s", "ttft_s": "s",
+    "tpot_s": "s", "joules_per_mtok": "J per 1M output tokens",
+    "usd_per_mtok": "USD per 1M output tokens", "usd_per_hour": "USD/h", "memory_bytes": "B",
+    "kv_tokens": "tokens", "max_context": "tokens", "tokens_per_step": "tokens",
+}
 
 
 def _sig(x: float, digits: int = 5) -> float:
@@ -22,12 +41,17 @@ def _sig(x: float, digits: int = 5) -> float:
 
 
 def prefill_steps(placement: Placement, prompt: int, batch: int) -> list[BatchShape]:
-    """The prefill of ``batch`` prompts packed into steps of at most the token budget."""
-    budget = placement.spec.max_batched_tokens or placement.engine.prefill_chunk
+    """The prefill of ``batch`` prompts packed into steps as the scheduler packs them: chunks
+    of at most the token budget, or whole prompts up to ``max_context`` when unchunked."""
+    chunk = step_budget(placement.spec, placement.engine, placement.chip)
+    budget = chunk or placement.max_context
     steps: list[BatchShape] = []
     cur: list[tuple[int, int]] = []
     room = budget
     for _ in range(batch):
+        if chunk is None and 0 < room < prompt and cur:  # a whole prompt waits for a step
+            steps.append(BatchShape(prefill=tuple(cur)))
+            cur, room = [], budget
         pos = 0
         while pos < prompt:
             n = min(prompt - pos, room)
@@ -70,29 +94,45 @@ def pipelined_prefill(placement: Placement, shape: BatchShape) -> tuple[float, f
 
 
 def decode_cycle(placement: Placement, ctx: int, batch: int) -> tuple[float, StepCost, int]:
-    """Seconds until every one of ``batch`` sequences has one more token, at context ``ctx``
+    """Seconds until every one of ``batch`` sequences has one more step, at context ``ctx``
     (pipelined over the deployment's stages: see ``devices.pipeline``)."""
-    cycle = cycle_cost(placement, BatchShape(decode=(ctx,) * batch))
+    sp = placement.spec.speculative
+    k = sp.num_speculative_tokens if sp else 0
+    cycle = cycle_cost(placement, BatchShape(decode=(ctx,) * batch, spec_tokens=k))
     return cycle.seconds, cycle.micro, cycle.micro_batches
+
+
+def sized_for(spec: DeploymentSpec, prompt: int, output: int, batch: int) -> DeploymentSpec:
+    """The deployment ``estimate`` prices: an SRAM chip count sized for the batch and context
+    when none is given (other deployments unchanged)."""
+    chip = catalog.get_chip(spec.chip)
+    if chip.placement != "sram" or spec.count is not None:
+        return spec
+    ctx = max(spec.max_context or 0, prompt + output)
+    model, quant = catalog.get_model(spec.model), catalog.get_quant(spec.quant)
+    n = chips_needed(spec, model, quant, chip, batch, ctx)
+    return dataclasses.replace(spec, count=n, max_context=ctx, max_batch=max(spec.max_batch,
+                                                                              batch))
 
 
 def estimate(
     spec: DeploymentSpec,
     prompt: int,
     output: int,
-    batch: int = 1,
-    factor_table: FactorTable | None = None,
+    batch: int,
+    factor_table: FactorTable,
 ) -> dict[str, Any]:
     """One point: ``batch`` sequences of ``prompt`` tokens in, ``output`` tokens out.
 
     Returns ``{"fits": False, "error": ...}`` when the deployment (or this batch) cannot be
     placed. Rates: ``decode_tokens_per_s`` per sequence, ``output_tokens_per_s`` for the whole
-    batch; ``*_per_mtok`` per million output tokens (prefill included).
+    batch; ``*_per_mtok`` per million output tokens (prefill included). ``units`` names the
+    unit of every figure.
     """
     if prompt < 0 or output < 1 or batch < 1:
         return {"fits": False, "error": "prompt must be >= 0, output and batch >= 1"}
     try:
-        placement = place(spec, factor_table)
+        placement = place(sized_for(spec, prompt, output, batch), factor_table)
     except DeviceError as exc:
         return {"fits": False, "error": str(exc)}
     need = prompt + output
@@ -109,6 +149,8 @@ def estimate(
         seconds, joules = pipelined_prefill(placement, shape)
         prefill_s += seconds
         prefill_j += joules
+    sp = placement.spec.speculative
+    per_step = sp.expected_tokens_per_step if sp else 1.0
     cycles = []
     joules = []
     mid: StepCost | None = None
@@ -116,8 +158,8 @@ def estimate(
     for i, ctx in enumerate(ctxs):
         cycle, cost, m = decode_cycle(placement, ctx, batch)
         busy = cost.joules - cost.seconds * plan.idle_w
-        cycles.append(cycle)
-        joules.append(m * busy + cycle * plan.idle_w)
+        cycles.append(cycle / per_step)
+        joules.append((m * busy + cycle * plan.idle_w) / per_step)
         if i == len(ctxs) // 2:
             mid = cost
     tpot = sum(cycles) / len(cycles)
@@ -136,6 +178,7 @@ def estimate(
         "end_to_end_tokens_per_s": _sig(out_tokens / total_s),
         "ttft_s": _sig(prefill_s),
         "tpot_s": _sig(tpot),
+        "tokens_per_step": _sig(per_step),
         "bound": mid.bound,
         "memory_bytes": {k: _sig(v) for k, v in placement.memory_bytes(batch * need).items()},
         "joules_per_mtok": _sig((prefill_j + decode_j) / out_tokens * 1e6),
@@ -146,9 +189,12 @@ def estimate(
         "output": output,
         "tp": placement.tp,
         "pp": placement.pp,
+        "dp": placement.dp,
+        "ep": placement.ep,
         "n_gpu_layers": placement.n_gpu_layers,
         "kv_tokens": placement.kv_tokens,
         "max_context": placement.max_context,
         "max_concurrency": placement.max_concurrency(need),
         "notes": list(placement.notes),
+        "units": UNITS,
     }

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from devices.placement import Placement
+from devices.placed import Placement
 
 
 class Jitter:

@@ -14,11 +14,14 @@ from devices import catalog
 from devices.deployment import DeploymentSpec
 from devices.errors import PlacementError
 from devices.pagecache import chunks_of, steady_state_miss_bytes
-from devices.placement import (
+from devices.parallel import Parallelism
+from devices.placed import (
     DEFAULT_CONTEXT_CONTIGUOUS,
     FactorTable,
     Placement,
     factors_for,
+    kv_element_bytes,
+    moe_fields,
     read_bytes,
 )
 from devices.plan import Plan, Segment, Stage, compute_rate, make_segment
@@ -35,6 +38,10 @@ def place_offload(
     engine: EngineSpec,
     table: FactorTable,
 ) -> Placement:
+    if (spec.count or 1) > 1 or (spec.tp or 1) > 1 or (spec.pp or 1) > 1 or (spec.ep or 1) > 1:
+        raise PlacementError(f"{engine.name} with offload runs on one GPU (or the CPU) here")
+    if spec.speculative is not None:
+        raise PlacementError(f"{engine.name} speculative decoding is not emulated")
     cpu_only = chip.kind == "host"
     host = catalog.get_chip(spec.host or (chip.id if cpu_only else chip.host or ""))
     ssd = catalog.get_chip(spec.ssd or chip.ssd or host.ssd or "nvme-gen4")
@@ -42,12 +49,14 @@ def place_offload(
     n_ctx = spec.max_context or min(model.max_context, DEFAULT_CONTEXT_CONTIGUOUS)
     layer_w = model.layer_params * bpw
     head_w = model.head_params * bpw
-    kv_layer = model.kv_bytes_per_token(quant.kv_bytes) / model.n_layers * n_ctx
+    kvb = kv_element_bytes(spec, quant)
+    kv_layer = model.kv_bytes_for_context(n_ctx, kvb) / model.n_layers
     if cpu_only:
         ngl = 0
     else:
         # ASSUMPTION: llama.cpp's compute buffer ≈ ubatch × (vocab + 4·hidden + 3·ffn) fp32.
-        buf = engine.prefill_chunk * (model.vocab + 4 * model.hidden + 3 * model.ffn) * 4
+        ubatch = engine.scheduler.max_num_batched_tokens or n_ctx
+        buf = ubatch * (model.vocab + 4 * model.hidden + 3 * model.ffn) * 4
         vram = chip.tier.capacity_bytes * chip.usable_fraction - buf
         per_layer = layer_w + kv_layer
         if spec.n_gpu_layers is None:
@@ -91,9 +100,9 @@ def place_offload(
             segments.append(
                 make_segment(
                     model=model, quant=quant, engine=engine, chip=chip, f=f_gpu,
-                    layers=gpu_layers, tp=1, head_share=1.0 if head_gpu else 0.0,
+                    layers=gpu_layers, head_share=1.0 if head_gpu else 0.0,
                     weight_reads=((chip.tier.name, gpu_w, gpu_bw),),
-                    kv_tier=chip.tier.name, kv_bw=gpu_bw,
+                    kv_tier=chip.tier.name, kv_bw=gpu_bw, kv_bytes=kvb,
                 )
             )
     if cpu_layers or not head_gpu:
@@ -102,22 +111,22 @@ def place_offload(
             pcie = chip.host_link_bw_bps
             alt = make_segment(
                 model=model, quant=quant, engine=engine, chip=chip, f=f_gpu, layers=cpu_layers,
-                tp=1, head_share=0.0 if head_gpu else 1.0,
+                head_share=0.0 if head_gpu else 1.0,
                 weight_reads=(
                     (host.tier.name, resident_cpu, pcie),
                     (ssd.tier.name, miss, 1 / (1 / ssd_bw + 1 / pcie)),
                 ),
-                kv_tier=host.tier.name, kv_bw=host_bw,
+                kv_tier=host.tier.name, kv_bw=host_bw, kv_bytes=kvb,
                 rate=compute_rate(engine, chip, quant, f_gpu),
             )
         segments.append(
             make_segment(
                 model=model, quant=quant, engine=engine, chip=host, f=f_cpu, layers=cpu_layers,
-                tp=1, head_share=0.0 if head_gpu else 1.0,
+                head_share=0.0 if head_gpu else 1.0,
                 weight_reads=(
                     (host.tier.name, resident_cpu, host_bw), (ssd.tier.name, miss, ssd_bw)
                 ),
-                kv_tier=host.tier.name, kv_bw=host_bw, prefill_alt=alt,
+                kv_tier=host.tier.name, kv_bw=host_bw, kv_bytes=kvb, prefill_alt=alt,
             )
         )
     box = host if cpu_only else chip
@@ -125,8 +134,8 @@ def place_offload(
         stages=(Stage(tuple(segments), 1, 1, box.busy_watts - box.idle_watts),),
         hop_fixed_s=0.0, hop_tok_s=0.0, n_hops=0, idle_w=box.idle_watts,
         usd_per_s=box.usd_per_hour / 3600, offload_min_tokens=OFFLOAD_MIN_TOKENS,
-        moe_k_over_e=model.n_active_experts / model.n_experts if model.is_moe else 0.0,
-        moe=model.is_moe,
+        window=model.sliding_window if model.sliding_layers else 0,
+        **moe_fields(model, Parallelism(1, 1, 1, 1)),  # type: ignore[arg-type]
     )
     kv_tokens = n_ctx  # llama.cpp allocates exactly n_ctx (one slot) up front
     factors = [(host.chip_class, f_cpu)] + ([] if cpu_only else [(chip.chip_class, f_gpu)])
@@ -135,5 +144,5 @@ def place_offload(
         spec=spec, model=model, quant=quant, chip=chip, engine=engine, chips=1, tp=1, pp=1,
         n_gpu_layers=ngl, weight_bytes=tuple((k, v) for k, v in weight_bytes.items() if v),
         kv_tokens=kv_tokens, max_context=n_ctx, factors=tuple(factors),
-        load_seconds=total / ssd_bw, notes=tuple(notes), plan=plan,
+        load_seconds=total / ssd_bw, notes=tuple(notes), plan=plan, kv_bytes=kvb,
     )

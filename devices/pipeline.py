@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from devices.cost import StepCost, step_cost
 from devices.deployment import BatchShape
-from devices.placement import Placement
+from devices.placed import Placement
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ def micro_batch(batch: BatchShape, m: int) -> BatchShape:
     return BatchShape(
         prefill=tuple(p for is_prefill, p in first if is_prefill),  # type: ignore[misc]
         decode=tuple(d for is_prefill, d in first if not is_prefill),  # type: ignore[misc]
+        spec_tokens=batch.spec_tokens,
     )
 
 

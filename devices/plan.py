@@ -2,15 +2,20 @@
 
 A placement is a pipeline of *stages* (separated by link hops); a stage is one or more
 *segments* run one after another (llama.cpp: GPU layers, then CPU layers); a segment is a run of
-layers on one processor group of ``tp`` chips in parallel. Each segment stores seconds per unit
-of work at the engine's fitted efficiencies, so a step is a handful of multiply-adds.
+layers on one group of ``chips`` processors working in parallel (``tp × dp``: tensor-parallel
+shards of ``dp`` attention replicas). Each segment stores seconds per unit of work at the
+engine's fitted efficiencies, per chip, so a step is a handful of multiply-adds. Units are the
+step's *global* quantities (all tokens, all sequences); the per-chip shares (1/dp of the
+sequences, 1/tp of every matrix) are folded into the constants.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from devices.collectives import link_for
 from devices.factors import Factors
+from devices.parallel import Parallelism
 from devices.specs import ChipSpec, EngineSpec, ModelSpec, QuantSpec
 
 ACT_BYTES = 2.0  # activations are 16-bit on every engine modelled
@@ -18,28 +23,32 @@ ACT_BYTES = 2.0  # activations are 16-bit on every engine modelled
 
 @dataclass(frozen=True)
 class Segment:
-    """Consecutive layers run by ``tp`` chips of one kind; all figures are per chip."""
+    """Consecutive layers run by ``chips`` processors of one kind; all figures are per chip."""
 
     chip: str
     chip_class: str
     layers: float
-    tp: int
+    tp: int  # chips working on these layers together (tp × dp)
     weight_bytes: tuple[tuple[str, float], ...]  # tier -> bytes per chip (incl. head share)
     expert_fraction: float  # share of those bytes that are MoE experts
     kv_tier: str
-    kv_bytes_per_token: float  # per chip, for these layers
-    act_bytes_per_token: float  # unfused intermediate traffic per chip
+    kv_bytes_per_token: float  # per chip, full-attention layers, per context token
+    kv_swa_bytes_per_token: float  # per chip, sliding layers, per context token in the window
+    act_bytes_per_token: float  # unfused intermediate traffic per chip per token
     dense_s: float  # reading the non-expert weights once
-    expert_s: float  # reading every expert once
-    kv_s: float  # per KV token read (all these layers)
+    expert_s: float  # reading every expert this chip holds once
+    kv_s: float  # per context token read (full-attention layers)
+    kv_swa_s: float  # per context token read inside the window (sliding layers)
     act_s: float  # per token of activation traffic
     flop_s: float  # linear-layer FLOPs per (padded) token
-    attn_s: float  # attention FLOPs per (query token × context token)
+    attn_s: float  # attention FLOPs per (query token × context token), full layers
+    attn_swa_s: float  # the same, sliding layers (context capped at the window)
     head_flop_s: float  # LM-head FLOPs per logit row
     overhead_s: float  # kernels × per-kernel overhead
+    launch_s: float  # host time to launch every kernel eagerly (0 with graphs)
     kernels: float
-    coll_fixed_s: float  # tensor-parallel all-reduce latency per step
-    coll_tok_s: float  # all-reduce transfer per token
+    coll_fixed_s: float  # collectives' latency per step (TP all-reduce, EP all-to-all)
+    coll_tok_s: float  # collectives' transfer per token
     tile: int  # matmul rows per pass (TPU MXU); tokens are padded to it
     flops_per_token: float  # for reporting, per chip
     attn_flops_per_unit: float
@@ -66,13 +75,16 @@ class Plan:
     offload_min_tokens: int  # a step with at least this many tokens uses ``prefill_alt``
     moe_k_over_e: float  # k/E for MoE, 0 for dense
     moe: bool
+    expert_tokens_div: int = 1  # an expert shard sees all tokens / this (dp without ep)
+    window: int = 0  # sliding-window size (0: none)
+    draft: Plan | None = None  # speculative decoding: one pass of the draft model
 
 
 def compute_rate(engine: EngineSpec, chip: ChipSpec, quant: QuantSpec, f: Factors) -> float:
-    """Achievable FLOP/s: the engine's compute path on this chip × fitted efficiency."""
+    """Achievable FLOP/s: the engine's compute path and kernel path on this chip × efficiency."""
     path = engine.path_for(chip.chip_class)
-    dtype = quant.compute_dtype if path == "quant" else path
-    return chip.flops(dtype) * f.flop_eff
+    key = quant.compute_dtype if path == "quant" else path
+    return chip.flops(engine.kernel_key(chip, key)) * f.flop_eff
 
 
 def make_segment(
@@ -83,54 +95,69 @@ def make_segment(
     chip: ChipSpec,
     f: Factors,
     layers: float,
-    tp: int,
     head_share: float,
     weight_reads: tuple[tuple[str, float, float], ...],
     kv_tier: str,
     kv_bw: float,
-    link_bw: float = 0.0,
-    link_latency: float = 0.0,
+    kv_bytes: float,
+    par: Parallelism | None = None,
     rate: float | None = None,
     prefill_alt: Segment | None = None,
 ) -> Segment:
     """Build a segment. ``weight_reads``: (tier, bytes per chip, effective bytes/s) triples."""
+    par = par or Parallelism(1, 1, 1, 1)
+    tp, dp, chips = par.tp, par.dp, par.stage_chips
     rate = rate if rate is not None else compute_rate(engine, chip, quant, f)
     total_w = sum(b for _, b, _ in weight_reads) or 1.0
-    expert_bytes = (
-        layers * model.mlp_params_per_layer * quant.bytes_per_weight / tp if model.is_moe else 0.0
-    )
-    ef = min(1.0, expert_bytes / total_w)
+    expert_bytes = layers * model.mlp_params_per_layer * quant.bytes_per_weight
+    expert_bytes /= par.expert_shards
+    ef = min(1.0, expert_bytes / total_w) if model.is_moe else 0.0
     read_s = sum(b / bw for _, b, bw in weight_reads if b > 0)
-    kv_split = min(tp, model.n_kv_heads)
-    kv_tok = model.kv_bytes_per_token(quant.kv_bytes) * layers / model.n_layers / kv_split
-    act_tok = engine.kernels_per_layer * 2 * model.hidden * ACT_BYTES * layers / tp
-    flops_tok = 2 * model.active_layer_params * layers / tp
-    attn_unit = 4 * model.n_heads * model.head_dim * layers / tp
-    head_logit = 2 * model.head_params * head_share / tp
+    kv_split = min(tp, model.kv_shards) * dp  # heads over tp; sequences over dp
+    per_layer_kv = model.kv_elems_per_layer * kv_bytes / kv_split
+    frac_full = model.full_layers / model.n_layers
+    kv_tok = per_layer_kv * layers * frac_full
+    kv_swa = per_layer_kv * layers * (1 - frac_full)
+    act_tok = engine.kernels_per_layer * 2 * model.hidden * ACT_BYTES * layers / chips
+    flops_tok = 2 * model.active_layer_params * layers / chips
+    attn_unit = model.attn_flops_per_unit * layers / chips
+    head_logit = 2 * model.head_params * head_share / chips
     kernels = layers * engine.kernels_per_layer
-    if tp > 1:
-        coll_fixed = 2 * layers * link_latency
-        coll_tok = 2 * layers * 2 * (tp - 1) / tp * model.hidden * ACT_BYTES / link_bw
-    else:
-        coll_fixed = coll_tok = 0.0
+    coll_fixed = coll_tok = 0.0
+    moe_share = model.n_moe_layers / model.n_layers
+    token_bytes = model.hidden * ACT_BYTES
+    if tp > 1:  # two all-reduces per layer (attention, MLP); one in a MoE layer under EP
+        fixed, per_byte = link_for(chip, tp).all_reduce_parts()
+        n_ar = layers * (2 - (moe_share if par.ep > 1 else 0.0))
+        coll_fixed += n_ar * fixed
+        coll_tok += n_ar * per_byte * token_bytes / dp  # each replica reduces its own tokens
+    if par.ep > 1:  # dispatch + combine all-to-all per MoE layer over the ep ranks
+        fixed, per_byte = link_for(chip, par.ep).all_to_all_parts()
+        n_a2a = 2 * layers * moe_share
+        coll_fixed += n_a2a * fixed
+        coll_tok += n_a2a * per_byte * token_bytes * model.n_active_experts / chips
     return Segment(
         chip=chip.id,
         chip_class=chip.chip_class,
         layers=layers,
-        tp=tp,
+        tp=chips,
         weight_bytes=tuple((t, b) for t, b, _ in weight_reads),
         expert_fraction=ef,
         kv_tier=kv_tier,
         kv_bytes_per_token=kv_tok,
+        kv_swa_bytes_per_token=kv_swa,
         act_bytes_per_token=act_tok,
         dense_s=read_s * (1 - ef),
         expert_s=read_s * ef,
         kv_s=kv_tok / kv_bw,
+        kv_swa_s=kv_swa / kv_bw,
         act_s=act_tok / kv_bw,
         flop_s=flops_tok / rate,
-        attn_s=attn_unit / rate,
+        attn_s=attn_unit * frac_full / rate,
+        attn_swa_s=attn_unit * (1 - frac_full) / rate,
         head_flop_s=head_logit / rate,
         overhead_s=kernels * f.kernel_s,
+        launch_s=kernels * chip.launch_s if engine.launch == "eager" else 0.0,
         kernels=kernels,
         coll_fixed_s=coll_fixed,
         coll_tok_s=coll_tok,

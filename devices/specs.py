@@ -1,12 +1,16 @@
-"""Frozen catalogue records: what a chip, a host part, an engine, a model and a quantisation are.
+"""Frozen catalogue records: what a chip, a host part, an engine and a quantisation are.
 
 Only data and derived properties live here; the numbers themselves (each with its public source)
-are in ``devices/catalog/*.toml``.
+are in ``devices/catalog/*.toml``. The model record is in ``devices/model.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from devices.model import ModelSpec
+
+__all__ = ["ChipSpec", "EngineSpec", "ModelSpec", "QuantSpec", "SchedulerDefaults", "Tier"]
 
 
 @dataclass(frozen=True)
@@ -18,13 +22,34 @@ class Tier:
     bandwidth_bps: float  # peak bytes per second
 
 
+# A compute key the chip lacks falls back along this chain (then to the 16-bit rate): FP4
+# weights on a chip without FP4 units are dequantised into 16-bit matmuls.
+FALLBACK: dict[str, tuple[str, ...]] = {
+    "fp4": ("fp4", "bf16", "fp16"), "fp8": ("fp8", "bf16", "fp16"),
+    "int8_mma": ("int8_mma", "int8"), "fp16acc16": ("fp16acc16", "fp16", "bf16"),
+    "int8": ("int8", "bf16", "fp16"),
+}
+
+
 @dataclass(frozen=True)
 class ChipSpec:
     """A processor with its memory (a GPU, an Apple SoC, a TPU, an LPU, a wafer, or a host CPU).
 
     ``kind`` is 'accelerator', 'host' (CPU + DRAM) or 'storage' (an SSD); ``chip_class`` keys the
-    engine efficiency factors (never the chip id). ``peak_flops`` maps a compute dtype
-    ('bf16', 'fp16', 'fp8', 'int8', 'fp32') to dense peak FLOP/s.
+    engine efficiency factors (never the chip id). ``placement`` is how weights are laid out:
+    'sharded' (device memory split over tp/ep ranks, KV from what is left), 'unified' (one pool
+    shared with the CPU: the runtime may use ``usable_fraction``; no offload), 'sram' (weights in
+    on-chip SRAM, pipelined over as many chips as they need) or 'host' (a CPU with DRAM).
+    ``peak_flops`` maps a compute key ('bf16', 'fp8', 'fp4', 'int8', 'fp16acc16', 'int8_mma', ...)
+    to dense peak FLOP/s; a key the chip lacks falls back along ``FALLBACK`` (an FP4 matmul on a
+    chip without FP4 units runs at its 16-bit rate).
+
+    Links: ``link_bw_bps`` is the scale-up fabric's bandwidth per chip, ONE direction, all links
+    together (NVLink 4: 450 GB/s of 900); ``lane_bw_bps`` one link (a pipeline hop to the next
+    chip uses one); ``collective_base_s`` + ``hop_latency_s`` per ring step is the latency model
+    of a collective (NCCL's tuning model); ``domain_size`` chips share the fabric, beyond it
+    traffic crosses ``scaleout_bw_bps`` / ``scaleout_latency_s`` (InfiniBand, Ethernet).
+    ``launch_s``: host time to launch one kernel eagerly (engines without graphs pay it).
     """
 
     id: str
@@ -33,10 +58,11 @@ class ChipSpec:
     vendor: str
     chip_class: str
     arch: str
+    placement: str
     tiers: tuple[Tier, ...]
     peak_flops: tuple[tuple[str, float], ...]
-    link_bw_bps: float  # chip-to-chip bandwidth, ONE direction
-    link_latency_s: float
+    link_bw_bps: float
+    hop_latency_s: float
     host_link_bw_bps: float  # to the host (PCIe), one direction
     matmul_tile: int  # rows a matmul pass processes at once (TPU MXU); 1 = no padding
     usable_fraction: float  # share of the first tier the runtime may use (Metal working set)
@@ -44,6 +70,12 @@ class ChipSpec:
     idle_watts: float
     usd_per_hour: float
     price_basis: str
+    lane_bw_bps: float = 0.0  # 0: same as link_bw_bps
+    collective_base_s: float = 0.0
+    domain_size: int = 1
+    scaleout_bw_bps: float = 0.0
+    scaleout_latency_s: float = 0.0
+    launch_s: float = 0.0
     host: str | None = None  # host part id for a GPU box (llama.cpp offload)
     ssd: str | None = None
     os_reserve_bytes: float = 0.0  # host RAM the OS keeps (host parts only)
@@ -54,18 +86,60 @@ class ChipSpec:
         """The chip's own (first, fastest) memory tier."""
         return self.tiers[0]
 
-    def flops(self, dtype: str) -> float:
-        """Dense peak FLOP/s for ``dtype``, falling back to the 16-bit rate if unsupported."""
+    @property
+    def pipeline_hop_bw(self) -> float:
+        """Bytes/s of the one link a pipeline stage sends its activations to the next over."""
+        return self.lane_bw_bps or self.link_bw_bps
+
+    def flops(self, key: str) -> float:
+        """Dense peak FLOP/s for compute ``key``, falling back to the 16-bit rate if absent."""
         table = dict(self.peak_flops)
-        for key in (dtype, "bf16", "fp16", "fp32"):
-            if key in table:
-                return table[key]
-        raise KeyError(dtype)
+        for k in (*FALLBACK.get(key, (key,)), "bf16", "fp16", "fp32"):
+            if k in table:
+                return table[k]
+        raise KeyError(key)
+
+    def has_units(self, key: str) -> bool:
+        """Whether the chip has matmul units for ``key`` (an FP4 rate of its own, say)."""
+        return key in dict(self.peak_flops)
+
+
+@dataclass(frozen=True)
+class SchedulerDefaults:
+    """What a user of an engine gets without flags: queue policy, sequence cap, token budget.
+
+    ``max_num_seqs`` None: the deployment's build limit (TensorRT-LLM's max_batch);
+    ``max_num_batched_tokens`` None: whole prompts, unchunked (the budget is max_model_len).
+    ``large`` overrides both on chips with at least ``large_min_bytes`` of device memory
+    (vLLM picks bigger defaults on ≥ 70 GiB GPUs)."""
+
+    policy: str = "fcfs"
+    max_num_seqs: int | None = 256
+    max_num_batched_tokens: int | None = 8192
+    large_min_bytes: float = 0.0
+    large_max_num_seqs: int | None = None
+    large_max_num_batched_tokens: int | None = None
+
+    def for_memory(self, capacity_bytes: float) -> tuple[str, int | None, int | None]:
+        if self.large_min_bytes and capacity_bytes >= self.large_min_bytes:
+            return (self.policy, self.large_max_num_seqs or self.max_num_seqs,
+                    self.large_max_num_batched_tokens or self.max_num_batched_tokens)
+        return self.policy, self.max_num_seqs, self.max_num_batched_tokens
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """How a serving engine behaves on a chip (structure only; fitted factors are separate)."""
+    """How a serving engine behaves on a chip (structure only; fitted factors are separate).
+
+    ``compute_path`` per chip class (or 'default'): 'quant' runs a matmul in the weight format's
+    compute dtype, anything else is a compute key. ``kernel_paths`` per chip arch (or class):
+    which instructions the engine's kernels reach there, as a map from generic key to the
+    chip's key (llama.cpp's MMQ kernels issue Ampere-style ``mma.sync`` on Hopper:
+    {'int8': 'int8_mma'}). ``launch``: 'graph' (decode replayed as captured CUDA/HIP graphs),
+    'eager' (each kernel launched by the host) or 'compiled' (one device program).
+    ``shape_buckets`` (per-shape compilers): 'pow2' pads to power-of-two buckets (JetStream),
+    'exact' compiles each new shape (MLX). ``offload``: may keep layers on the host CPU.
+    """
 
     id: str
     name: str
@@ -75,8 +149,8 @@ class EngineSpec:
     prefix_cache: str  # 'radix' | 'hash' | 'off'
     kernels_per_layer: float  # kernel launches (or program stages) per transformer layer
     compile: str  # 'none' | 'ahead_of_time' | 'per_shape' | 'static'
-    compute_path: tuple[tuple[str, str], ...]  # chip class -> 'quant' | 'fp16' | 'bf16'
-    prefill_chunk: int  # tokens per prefill step in a llama-bench-like estimate
+    compute_path: tuple[tuple[str, str], ...]
+    scheduler: SchedulerDefaults
     jump_forward: bool
     deterministic: bool  # no jitter (Groq)
     offload: bool  # can keep layers on the host CPU (llama.cpp)
@@ -84,96 +158,35 @@ class EngineSpec:
     borrow_from: tuple[str, ...]  # engines whose same-class factors stand in for missing ones
     quant_families: tuple[str, ...] = ("float",)  # weight formats it loads
     flop_eff_scale: float = 1.0  # stated assumption scaling a borrowed FLOP efficiency (MLX)
+    kernel_paths: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    launch: str = "graph"
+    shape_buckets: str = "exact"
+    speculative_methods: tuple[str, ...] = ()  # vLLM speculative_config methods it runs
+    expert_parallel: bool = False  # can shard MoE experts over ranks (ep > 1)
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def path_for(self, chip_class: str) -> str:
         table = dict(self.compute_path)
         return table.get(chip_class, table.get("default", "bf16"))
 
+    def kernel_key(self, chip: ChipSpec, key: str) -> str:
+        """The chip compute key this engine's kernels reach for generic ``key`` on ``chip``."""
+        paths = dict(self.kernel_paths)
+        table = dict(paths.get(chip.arch, paths.get(chip.chip_class, ())))
+        return table.get(key, key)
+
 
 @dataclass(frozen=True)
 class QuantSpec:
-    """A weight format: bytes per weight including block scales, KV bytes per element."""
+    """A weight format: bytes per weight including block scales, KV bytes per element.
+
+    ``compute_dtype`` is what the matmul runs in where chip and engine allow it; on a chip
+    without units for it the chip's ``flops`` fallback applies (FP4 weights dequantised to 16
+    bit)."""
 
     id: str
     bytes_per_weight: float
     kv_bytes: float
     compute_dtype: str  # what the matmul can run on if the chip/engine allows ('int8', 'fp8', ...)
-    family: str  # 'float' | 'gguf' | 'mlx' | 'scaled'
+    family: str  # 'float' | 'gguf' | 'mlx' | 'scaled' | 'fp4' | 'int4'
     source: str = field(default="", compare=False)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Architecture figures from the model's published config.json."""
-
-    id: str
-    name: str
-    n_layers: int
-    hidden: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    ffn: int  # dense MLP intermediate size (or per-expert size for MoE)
-    vocab: int
-    max_context: int
-    tied_embeddings: bool = False
-    n_experts: int = 0  # 0 = dense
-    n_active_experts: int = 0
-    qk_norm: bool = False
-    published_params: float = 0.0
-    source: str = field(default="", compare=False)
-
-    @property
-    def is_moe(self) -> bool:
-        return self.n_experts > 0
-
-    @property
-    def attn_params_per_layer(self) -> int:
-        q = self.hidden * self.n_heads * self.head_dim
-        kv = 2 * self.hidden * self.n_kv_heads * self.head_dim
-        o = self.n_heads * self.head_dim * self.hidden
-        norms = 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
-        router = self.hidden * self.n_experts
-        return q + kv + o + norms + router
-
-    @property
-    def expert_params(self) -> int:
-        """Parameters of one MLP (one expert for MoE): gate, up and down projections."""
-        return 3 * self.hidden * self.ffn
-
-    @property
-    def mlp_params_per_layer(self) -> int:
-        return self.expert_params * max(1, self.n_experts)
-
-    @property
-    def embed_params(self) -> int:
-        return self.vocab * self.hidden
-
-    @property
-    def head_params(self) -> int:
-        """LM head (output projection) parameters, shared with the embedding when tied."""
-        return self.vocab * self.hidden
-
-    @property
-    def layer_params(self) -> int:
-        return self.attn_params_per_layer + self.mlp_params_per_layer
-
-    @property
-    def params(self) -> int:
-        """Total parameters, derived from the architecture."""
-        head = 0 if self.tied_embeddings else self.head_params
-        return self.n_layers * self.layer_params + self.embed_params + head + self.hidden
-
-    @property
-    def active_layer_params(self) -> int:
-        """Parameters one token multiplies through in one layer (k experts for MoE)."""
-        k = self.n_active_experts if self.is_moe else 1
-        return self.attn_params_per_layer + k * self.expert_params
-
-    @property
-    def active_params(self) -> int:
-        return self.n_layers * self.active_layer_params + self.head_params
-
-    def kv_bytes_per_token(self, kv_bytes: float) -> float:
-        """K and V for every layer: 2 · layers · kv_heads · head_dim · bytes."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * kv_bytes

@@ -2,7 +2,8 @@
 
 ``register(subparsers)`` adds both subcommands; each handler imports ``devices`` lazily and
 returns an exit code (estimate: 2 with ``{"fits": false, "error": ...}`` when the deployment
-cannot be placed).
+cannot be placed). ``devices --json`` gives every fitted factor with its ``provenance``
+(fitted from which points, borrowed from which group, or an assumption).
 """
 
 from __future__ import annotations
@@ -35,8 +36,19 @@ def register(subparsers: Any) -> None:
     e.add_argument("--engine", required=True, help="engine id, e.g. vllm, llama.cpp, groq")
     e.add_argument("--model", required=True, help="model id, e.g. llama-3.1-8b")
     e.add_argument("--quant", required=True, help="weight format id, e.g. bf16, q4_0, fp8")
-    e.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default: count)")
+    e.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel degree (default: count / pp, or 1 with --ep)")
     e.add_argument("--pp", type=int, default=None, help="pipeline-parallel degree (default 1)")
+    e.add_argument("--ep", type=int, default=None,
+                   help="expert-parallel degree for MoE models: experts over ep of the "
+                   "tp × dp chips of a stage (count = tp × pp × dp; --count 8 --ep 8 = "
+                   "8 attention replicas, experts over all 8)")
+    e.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                   help="KV cache element type (auto: the quantisation's)")
+    e.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="vLLM's speculative_config JSON plus acceptance_rate, e.g. "
+                   '\'{"method": "eagle3", "num_speculative_tokens": 3, '
+                   '"acceptance_rate": 0.7}\'')
     e.add_argument("--n-gpu-layers", type=int, default=None,
                    help="llama.cpp: layers kept in VRAM (default: as many as fit)")
     e.add_argument("--built-for", default=None,
@@ -57,6 +69,7 @@ def _catalogue() -> dict[str, Any]:
     for c in catalog.list_chips(None):
         chips.append({
             "id": c.id, "name": c.name, "kind": c.kind, "class": c.chip_class, "arch": c.arch,
+            "placement": c.placement, "domain_size": c.domain_size,
             "tiers": [{"name": t.name, "capacity_bytes": t.capacity_bytes,
                        "bandwidth_bytes_per_s": t.bandwidth_bps} for t in c.tiers],
             "peak_flops": dict(c.peak_flops), "link_bytes_per_s": c.link_bw_bps,
@@ -68,19 +81,26 @@ def _catalogue() -> dict[str, Any]:
     engines = [{
         "id": e.id, "name": e.name, "chip_classes": list(e.chip_classes),
         "kv_layout": e.kv_layout, "batching": e.batching, "prefix_cache": e.prefix_cache,
-        "compile": e.compile, "jump_forward": e.jump_forward,
+        "compile": e.compile, "jump_forward": e.jump_forward, "launch": e.launch,
+        "scheduler": {"policy": e.scheduler.policy, "max_num_seqs": e.scheduler.max_num_seqs,
+                      "max_num_batched_tokens": e.scheduler.max_num_batched_tokens},
+        "expert_parallel": e.expert_parallel, "speculative_methods": list(e.speculative_methods),
         "factors": {cls: {"bw_eff": round(f.bw_eff, 4), "flop_eff": round(f.flop_eff, 4),
-                          "kernel_s": f.kernel_s, "origin": f.origin}
+                          "kernel_s": f.kernel_s, "origin": f.origin,
+                          "provenance": {n: p.as_dict() for n, p in f.provenance}}
                     for (eid, cls), f in sorted(factors.items()) if eid == e.id},
     } for e in catalog.list_engines()]
     models = [{
         "id": m.id, "name": m.name, "params": m.params, "active_params": m.active_params,
         "layers": m.n_layers, "hidden": m.hidden, "heads": m.n_heads, "kv_heads": m.n_kv_heads,
         "experts": m.n_experts, "active_experts": m.n_active_experts,
+        "attention": "mla" if m.is_mla else "gqa", "sliding_window": m.sliding_window,
+        "sliding_layers": m.sliding_layers, "kv_bytes_per_token_bf16": m.kv_bytes_per_token(2),
         "max_context": m.max_context, "source": m.source,
     } for m in catalog.list_models()]
     quants = [{"id": q.id, "bytes_per_weight": q.bytes_per_weight, "kv_bytes": q.kv_bytes,
-               "source": q.source} for q in catalog.list_quants()]
+               "compute_dtype": q.compute_dtype, "family": q.family, "source": q.source}
+              for q in catalog.list_quants()]
     return {"chips": chips, "engines": engines, "models": models, "quants": quants}
 
 
@@ -133,23 +153,42 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from devices import DeploymentSpec, estimate
+    from devices import DeploymentSpec, SpeculativeConfig, SpeculativeConfigError, estimate
 
+    result: dict[str, Any] = {}
+    try:
+        speculative = SpeculativeConfig.parse(args.speculative_config)
+    except SpeculativeConfigError as e:
+        speculative, result = None, {"fits": False, "error": str(e)}
     spec = DeploymentSpec(
         model=args.model, quant=args.quant, chip=args.chip, engine=args.engine,
-        count=args.count, tp=args.tp, pp=args.pp, n_gpu_layers=args.n_gpu_layers,
+        count=args.count, tp=args.tp, pp=args.pp, ep=args.ep, n_gpu_layers=args.n_gpu_layers,
         built_for=args.built_for, max_context=args.max_context,
+        kv_cache_dtype=args.kv_cache_dtype, speculative=speculative,
     )
-    if min(args.prompt, args.output - 1, args.batch - 1) < 0:
-        result: dict[str, Any] = {"fits": False,
-                                  "error": "--prompt must be >= 0, --output and --batch >= 1"}
-    else:
+    if not result and min(args.prompt, args.output - 1, args.batch - 1) < 0:
+        result = {"fits": False, "error": "--prompt must be >= 0, --output and --batch >= 1"}
+    if not result:
         result = estimate(spec, args.prompt, args.output, args.batch)
     if args.json:
         print(json.dumps(result))
     elif not result["fits"]:
         print(f"does not fit: {result['error']}", file=sys.stderr)
     else:
-        for key, value in result.items():
-            print(f"{key:24} {value}")
+        print(format_estimate(result))
     return 0 if result["fits"] else 2
+
+
+def format_estimate(result: dict[str, Any]) -> str:
+    """One line per figure, with its unit."""
+    units = result.get("units", {})
+    lines = []
+    for key, value in result.items():
+        if key == "units":
+            continue
+        if key == "memory_bytes":
+            value = ", ".join(f"{t} {_si(b, 'B')}" for t, b in value.items())
+        elif key in units and isinstance(value, (int, float)):
+            value = f"{value:g} {units[key]}"
+        lines.append(f"{key:24} {value}")
+    return "\n".join(lines)

@@ -27,6 +27,15 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--count", type=int, help="total chips (default: tp × pp, or computed)")
     g.add_argument("--tp", type=int, help="tensor-parallel degree")
     g.add_argument("--pp", type=int, help="pipeline-parallel degree")
+    g.add_argument("--ep", type=int,
+                   help="expert-parallel degree (MoE): experts over ep of a stage's tp × dp "
+                   "chips; without --tp, attention runs data parallel (count = tp × pp × dp)")
+    g.add_argument("--kv-cache-dtype", choices=["auto", "fp8"],
+                   help="KV cache element type (auto: the quantisation's)")
+    g.add_argument("--speculative-config", metavar="JSON",
+                   help="vLLM's speculative_config JSON plus acceptance_rate, e.g. "
+                   '\'{"method": "eagle3", "num_speculative_tokens": 3, '
+                   '"acceptance_rate": 0.7}\'')
     g.add_argument("--n-gpu-layers", type=int, help="llama.cpp: layers on the GPU")
     g.add_argument("--built-for", help="TensorRT-LLM: GPU architecture the engine was built for")
     g.add_argument("--max-model-len", type=int, help="context length (default: model's, capped)")

@@ -22,6 +22,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--osl", type=int, default=256, help="output tokens per request")
     p.add_argument("--batches", default="1,4,16,64,256",
                    help="closed-loop batch sizes to sweep (comma-separated)")
+    p.add_argument("--count", type=int, default=None,
+                   help="HBM GPU/TPU families: chips (default: the smallest power of two the "
+                   "model fits on; SRAM families are always sized for each batch)")
+    p.add_argument("--tp", type=int, default=None, help="HBM families: tensor-parallel degree")
+    p.add_argument("--pp", type=int, default=None, help="HBM families: pipeline-parallel degree")
+    p.add_argument("--ep", type=int, default=None,
+                   help="HBM families: expert-parallel degree (MoE models)")
     p.add_argument("--out", metavar="DIR",
                    help="write whatif.json and whatif.html (plots) into DIR")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
@@ -39,7 +46,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         print(f"error: --batches needs integers >= 1, got {args.batches!r}", file=sys.stderr)
         return 2
     result = run_whatif(WhatIfConfig(model=args.model, isl=args.isl, osl=args.osl,
-                                     batches=batches))
+                                     batches=batches, count=args.count, tp=args.tp,
+                                     pp=args.pp, ep=args.ep))
     if args.out:
         from clients.whatif_report import render
 
@@ -55,7 +63,7 @@ def describe(r: dict[str, Any]) -> str:
     lines = [f"cost vs speed ({r['model']}, {r['isl']} in / {r['osl']} out):"]
     for name, pts in r["cost_vs_speed"]["curves"].items():
         cells = "  ".join(f"b{p['batch']}: {p['per_user_tokens_per_s']:.0f} tok/s "
-                          f"${p['usd_per_mtok']:.3g}" for p in pts)
+                          f"${p['usd_per_mtok']:.3g} ({p['chips']} chips)" for p in pts)
         lines.append(f"  {name:<18} {cells}")
     for name, why in r["cost_vs_speed"]["failed"].items():
         lines.append(f"  {name:<18} cannot be placed: {why}")

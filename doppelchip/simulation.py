@@ -112,7 +112,10 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
             raise SimulationError(f"unknown deployment {name!r}")
         base = found[0]
     overrides = {
-        "count": args.count, "tp": args.tp, "pp": args.pp, "n_gpu_layers": args.n_gpu_layers,
+        "count": args.count, "tp": args.tp, "pp": args.pp, "ep": getattr(args, "ep", None),
+        "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
+        "speculative_config": getattr(args, "speculative_config", None),
+        "n_gpu_layers": args.n_gpu_layers,
         "built_for": args.built_for, "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
         "policy": args.policy, "kv_layout": args.kv_layout, "batching": args.batching,

@@ -5,7 +5,11 @@ server uses), never a table of expected answers:
 
 1. cost vs speed — one workload on one deployment per chip family, closed loop at growing
    batch sizes: per-user tokens/s against dollars per million output tokens. The crossover is
-   computed: for each per-user speed, the cheapest deployment that reaches it.
+   computed: for each per-user speed, the cheapest deployment that reaches it. Deployments
+   are sized for the question: an SRAM family (Groq, Cerebras) gets the chips that hold the
+   weights plus the KV of `batch` sequences of `max_model_len` tokens at each batch size; an
+   HBM family takes `count`/`tp`/`pp`/`ep` when given, or else the smallest power-of-two
+   chip count the model fits on.
 2. long prompts on Apple silicon — time to first token, MLX vs llama.cpp on the same chip.
 3. llama.cpp tiers — batch-1 decode tokens/s against model size on one RTX 4090 box (layers
    in VRAM, in host RAM, and paged from SSD when the file exceeds RAM).
@@ -19,6 +23,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from clients.workloads import WorkloadSpec
+from devices import DeviceError, catalog, place
+from devices.place_sram import chips_needed
 from doppelchip.simulation import SimulationError, simulate_conversations
 from server.engine.build import EngineOptions
 
@@ -42,13 +48,44 @@ class WhatIfConfig:
     osl: int = 256
     batches: tuple[int, ...] = (1, 4, 16, 64, 256)
     families: tuple[str, ...] = tuple(FAMILIES)
-    max_model_len: int = 2048  # enough for the workloads; keeps SRAM chip counts modest
+    max_model_len: int = 2048  # enough for the workloads; SRAM chips are sized for it
+    count: int | None = None  # HBM families: chips (None: the smallest that fits)
+    tp: int | None = None
+    pp: int | None = None
+    ep: int | None = None
 
 
-def _options(name: str, cfg: WhatIfConfig, **extra: Any) -> EngineOptions:
+AUTO_COUNTS = (1, 2, 4, 8, 16, 32, 64)  # HBM families: chip counts tried when none is given
+
+
+def _options(name: str, cfg: WhatIfConfig, batch: int | None = None,
+             **extra: Any) -> EngineOptions:
+    """The family's deployment for `cfg` (at `batch`, for sizing SRAM chips)."""
     fam = {k: v for k, v in FAMILIES[name].items() if k != "memory"}
-    return EngineOptions(name=name, model=cfg.model, max_model_len=cfg.max_model_len,
+    opts = EngineOptions(name=name, model=cfg.model, max_model_len=cfg.max_model_len,
                          max_num_seqs=max(cfg.batches), **fam, **extra)
+    chip = catalog.get_chip(opts.chip)
+    if chip.placement == "sram":
+        spec = opts.spec()
+        seqs = batch or max(cfg.batches)
+        n = chips_needed(spec, catalog.get_model(cfg.model), catalog.get_quant(opts.quant),
+                         chip, seqs, cfg.max_model_len)
+        return replace(opts, count=n)
+    if chip.placement != "sharded":
+        return opts
+    given = {k: v for k, v in (("count", cfg.count), ("tp", cfg.tp), ("pp", cfg.pp),
+                               ("ep", cfg.ep)) if v is not None}
+    if given:
+        return replace(opts, **{"count": None, "tp": None, "pp": None, **given})
+    for n in ((opts.count,) if opts.count else ()) + AUTO_COUNTS:
+        if opts.count and n < opts.count:
+            continue
+        try:
+            place(replace(opts, count=n).spec())
+        except DeviceError:
+            continue
+        return replace(opts, count=n)
+    return opts
 
 
 def cost_vs_speed(cfg: WhatIfConfig) -> dict[str, Any]:
@@ -60,7 +97,8 @@ def cost_vs_speed(cfg: WhatIfConfig) -> dict[str, Any]:
             spec = WorkloadSpec(num_requests=max(2 * batch, 8), isl=cfg.isl, osl=cfg.osl,
                                 ignore_eos=True)
             try:
-                s, _ = simulate_conversations(_options(name, cfg), spec, concurrency=batch)
+                s, _ = simulate_conversations(_options(name, cfg, batch), spec,
+                                              concurrency=batch)
             except SimulationError as e:
                 failed[name] = str(e)
                 break
@@ -127,7 +165,7 @@ def groq_shapes(cfg: WhatIfConfig, requests: int = 40) -> list[dict[str, Any]]:
                      length_spread=0.9)
     rows = []
     for policy in ("recompile", "hold"):
-        opts = _options("groq", replace(cfg, batches=(8,)), shape_policy=policy,
+        opts = _options("groq", replace(cfg, batches=(8,)), 8, shape_policy=policy,
                         batching="continuous")
         for traffic, spec in (("uniform", uniform), ("varied", varied)):
             s, _ = simulate_conversations(opts, spec)

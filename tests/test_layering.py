@@ -61,8 +61,8 @@ def service_modules() -> list[str]:
                   and p != ROOT / "server" / "__init__.py")
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -121,19 +121,33 @@ def test_checker_sees_a_violation(tmp_path):
     assert {"asyncio", "server.engine"} <= found
 
 
-def import_graph(paths: list[Path]) -> dict[str, set[str]]:
-    """module -> the project modules it imports (a package's __init__ counts as a module)."""
-    names = {module_name(p): p for p in paths}
+def import_graph(paths: list[Path], root: Path = ROOT) -> dict[str, set[str]]:
+    """module -> the project modules it imports. `from pkg import sub` depends on the
+    submodule `sub` (not on pkg's __init__, which Python has already begun to run); `from pkg
+    import name` depends on pkg's __init__."""
+    names = {module_name(p, root): p for p in paths}
+
+    def known(module: str) -> str:
+        while module and module not in names:
+            module = module.rpartition(".")[0]
+        return module
+
     graph: dict[str, set[str]] = {}
     for name, path in names.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        edges = set()
-        for module in imports(path, package):
-            while module and module not in names:
-                module = module.rpartition(".")[0]
-            if module and module != name:
-                edges.add(module)
-        graph[name] = edges
+        found: set[str] = set()
+        for node in _nodes(ast.parse(path.read_text(), str(path)), False):
+            if isinstance(node, ast.Import):
+                found.update(known(a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, node.module] if node.module else up)
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    found.add(sub if sub in names else known(base))
+        graph[name] = {m for m in found if m and m != name}
     return graph
 
 
@@ -178,3 +192,8 @@ def test_cycle_finder_sees_a_cycle(tmp_path):
     """The cycle check itself must catch a cycle (so the test above can fail)."""
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "x.py").write_text("def f():\n    from p import y\n")
+    (tmp_path / "p" / "y.py").write_text("from p.x import f\n")
+    found = import_graph([tmp_path / "p" / "x.py", tmp_path / "p" / "y.py"], root=tmp_path)
+    assert cycles(found) == [["p.x", "p.y"]]  # a lazy import inside a function counts

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.errors import UnknownId
-from devices.specs import ChipSpec, EngineSpec, ModelSpec, QuantSpec, Tier
+from devices.specs import ChipSpec, EngineSpec, ModelSpec, QuantSpec, SchedulerDefaults, Tier
 
 _DIR = Path(__file__).parent
 
@@ -56,10 +56,17 @@ def _chip(ident: str, raw: dict[str, Any]) -> ChipSpec:
         vendor=raw["vendor"],
         chip_class=raw["class"],
         arch=raw["arch"],
+        placement=raw["placement"],
         tiers=tiers,
         peak_flops=tuple((k, float(v)) for k, v in raw["peak"].items()),
         link_bw_bps=float(raw["link_bw"]),
-        link_latency_s=float(raw["link_latency"]),
+        hop_latency_s=float(raw["hop_latency"]),
+        lane_bw_bps=float(raw.get("lane_bw", 0.0)),
+        collective_base_s=float(raw.get("collective_base", 0.0)),
+        domain_size=int(raw.get("domain_size", 1)),
+        scaleout_bw_bps=float(raw.get("scaleout_bw", 0.0)),
+        scaleout_latency_s=float(raw.get("scaleout_latency", 0.0)),
+        launch_s=float(raw.get("launch", 0.0)),
         host_link_bw_bps=float(raw["host_link_bw"]),
         matmul_tile=int(raw.get("matmul_tile", 1)),
         usable_fraction=float(raw.get("usable_fraction", 1.0)),
@@ -84,6 +91,17 @@ def _chips() -> dict[str, ChipSpec]:
     return out
 
 
+def _scheduler(raw: dict[str, Any]) -> SchedulerDefaults:
+    large = raw.get("large", {})
+    return SchedulerDefaults(
+        policy=raw["policy"], max_num_seqs=raw.get("max_num_seqs"),
+        max_num_batched_tokens=raw.get("max_num_batched_tokens"),
+        large_min_bytes=float(large.get("min_memory", 0.0)),
+        large_max_num_seqs=large.get("max_num_seqs"),
+        large_max_num_batched_tokens=large.get("max_num_batched_tokens"),
+    )
+
+
 @cache
 def _engines() -> dict[str, EngineSpec]:
     out = {}
@@ -98,7 +116,13 @@ def _engines() -> dict[str, EngineSpec]:
             kernels_per_layer=float(raw["kernels_per_layer"]),
             compile=raw["compile"],
             compute_path=tuple(raw["compute_path"].items()),
-            prefill_chunk=int(raw["prefill_chunk"]),
+            scheduler=_scheduler(raw["scheduler"]),
+            kernel_paths=tuple((k, tuple(v.items()))
+                               for k, v in raw.get("kernel_paths", {}).items()),
+            launch=raw["launch"],
+            shape_buckets=raw.get("shape_buckets", "exact"),
+            speculative_methods=tuple(raw.get("speculative_methods", ())),
+            expert_parallel=bool(raw.get("expert_parallel", False)),
             jump_forward=bool(raw["jump_forward"]),
             deterministic=bool(raw["deterministic"]),
             offload=bool(raw["offload"]),
@@ -162,6 +186,11 @@ def list_models() -> list[ModelSpec]:
 
 def list_quants() -> list[QuantSpec]:
     return list(_quants().values())
+
+
+def nearest_classes(chip_class: str) -> tuple[str, ...]:
+    """The classes whose factors stand in for ``chip_class``'s missing ones, nearest first."""
+    return tuple(_load("chips").get("classes", {}).get(chip_class, ()))
 
 
 def chip_classes() -> list[str]:

@@ -2,18 +2,11 @@
 scheduler defaults of the engine being emulated.
 
 Scheduler defaults per engine (what a user of that engine gets without flags; every one can be
-overridden per deployment):
-
-| engine | policy | max_num_seqs | max_num_batched_tokens | source / choice |
-|---|---|---|---|---|
-| vllm | fcfs | 256 | 8192 | vLLM v1 engine args (chunked prefill, prefix caching on) |
-| sglang | lpm | 256 | 8192 | SGLang's cache-aware policy; chunked_prefill_size 8192 |
-| tensorrt-llm | fcfs | build max_batch | 8192 | trtllm max_num_tokens default 8192 |
-| llama.cpp | fcfs | 4 | 2048 | llama-server's parallel slots and n_batch |
-| mlx | fcfs | 16 | 2048 | assumption: mlx-lm server's batched generation |
-| jetstream | fcfs | 128 | max_model_len | JetStream batch 128, whole (unchunked) prefills |
-| groq | fcfs | 16 | 8192 | assumption: the compiled batch (micro-batches fill the pipeline) |
-| cerebras | fcfs | 256 | 8192 | assumption; the KV pool caps concurrency |
+overridden per deployment) live in ONE place, the engine's `scheduler` table in
+`devices/catalog/engines.toml` (policy, max_num_seqs, max_num_batched_tokens, each with its
+source); `devices.estimate` packs prefill with the same budget, so `estimate` and `simulate`
+chunk a prompt the same way. No budget there means whole, unchunked prefills (JetStream); no
+sequence cap means the build limit (TensorRT-LLM's max_batch).
 
 `shape_policy` (engines with a static whole-program compile, i.e. Groq): `hold` compiles once
 for the batch cap and pads smaller batches to it (no recompiles, padding costs compute);
@@ -31,7 +24,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from devices import DeploymentSpec, Placement, make_compile_strategy, make_jitter, place
+from devices import (
+    DeploymentSpec,
+    Placement,
+    SpeculativeConfig,
+    catalog,
+    make_compile_strategy,
+    make_jitter,
+    place,
+)
 from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
 from server.engine.mock_model import MockModel, OutputLengths
@@ -39,17 +40,11 @@ from server.engine.scheduler import Scheduler
 from server.engine.scheduler_config import SchedulerConfig
 from server.engine.tokenizer import Tokenizer, get_tokenizer
 
-_DEFAULTS: dict[str, tuple[str, int | None, int | None]] = {
-    # engine: (policy, max_num_seqs, max_num_batched_tokens); None = derived (see table above)
-    "vllm": ("fcfs", 256, 8192),
-    "sglang": ("lpm", 256, 8192),
-    "tensorrt-llm": ("fcfs", None, 8192),
-    "llama.cpp": ("fcfs", 4, 2048),
-    "mlx": ("fcfs", 16, 2048),
-    "jetstream": ("fcfs", 128, None),
-    "groq": ("fcfs", 16, 8192),
-    "cerebras": ("fcfs", 256, 8192),
-}
+
+def engine_defaults(engine: str, chip: str) -> tuple[str, int | None, int | None]:
+    """(policy, max_num_seqs, max_num_batched_tokens) of `engine` on `chip`, from the catalogue."""
+    eng = catalog.get_engine(engine)
+    return eng.scheduler.for_memory(catalog.get_chip(chip).tier.capacity_bytes)
 
 
 @dataclass(frozen=True)
@@ -64,6 +59,7 @@ class EngineOptions:
     count: int | None = None
     tp: int | None = None
     pp: int | None = None
+    ep: int | None = None  # expert parallelism (MoE): see devices.DeploymentSpec
     n_gpu_layers: int | None = None
     built_for: str | None = None
     start: str = "prebuilt"  # prebuilt | cold
@@ -85,24 +81,27 @@ class EngineOptions:
     jump_forward: bool | None = None  # structured output: append grammar-forced tokens without
     #                                   decoding them (default: the engine's catalogue entry)
     max_grammar_bytes: int = 65536  # largest constraint (regex, schema, grammar) accepted
+    kv_cache_dtype: str = "auto"  # auto (the quantisation's) | fp8
+    speculative_config: str | None = None  # vLLM's JSON (+ "acceptance_rate"): devices.speculative
     stream_interval: int | None = None  # tokens per streamed message (None: the server's)
     data_parallel_size: int = 1  # engine cores (ranks), each a full copy of the deployment
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
         the compiled batch for Groq)."""
-        default_seqs = _DEFAULTS.get(self.engine, ("fcfs", 256, 8192))[1]
+        default_seqs = engine_defaults(self.engine, self.chip)[1]
         return DeploymentSpec(
             model=self.model, quant=self.quant, chip=self.chip, engine=self.engine,
-            count=self.count, tp=self.tp, pp=self.pp, n_gpu_layers=self.n_gpu_layers,
+            count=self.count, tp=self.tp, pp=self.pp, ep=self.ep, n_gpu_layers=self.n_gpu_layers,
             built_for=self.built_for, max_context=self.max_model_len,
             max_batch=self.max_num_seqs or default_seqs or 256,
-            max_batched_tokens=self.max_num_batched_tokens,
+            max_batched_tokens=self.max_num_batched_tokens, kv_cache_dtype=self.kv_cache_dtype,
+            speculative=SpeculativeConfig.parse(self.speculative_config),
         )
 
 
 def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConfig:
-    policy, seqs, tokens = _DEFAULTS.get(opts.engine, ("fcfs", 256, 8192))
+    policy, seqs, tokens = engine_defaults(opts.engine, opts.chip)
     engine = placement.engine
     max_model_len = placement.max_context
     max_num_seqs = opts.max_num_seqs or seqs or placement.spec.max_batch
@@ -127,6 +126,8 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
         ),
         kv_layout=opts.kv_layout or engine.kv_layout,  # type: ignore[arg-type]
         batching=opts.batching or engine.batching,  # type: ignore[arg-type]
+        num_speculative_tokens=(placement.spec.speculative.num_speculative_tokens
+                                if placement.spec.speculative else 0),
     )
 
 
@@ -147,4 +148,5 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
         jump_forward=(opts.jump_forward if opts.jump_forward is not None
                       else placement.engine.jump_forward),
         constraints=compiler_for(tok),
+        speculative=placement.spec.speculative,
     )

@@ -19,13 +19,22 @@ One step (`step()`):
    1 + forced, so the scheduler schedules them as one chunk), and counted.
 5. `scheduler.update()` appends the tokens, applies stop rules, finishes requests and frees
    their KV (into the prefix cache).
+
+Speculative decoding (`speculative`, vLLM's speculative_config + acceptance_rate): each decode
+verifies `num_speculative_tokens` drafts (the device prices the draft passes and the wider
+verification). Draft k is accepted with probability `acceptance_rate` given the ones before it,
+drawn from a hash of (model seed, request context, position): deterministic under the seed.
+The accepted tokens ARE the model's own next tokens (exact-match verification), so outputs
+are identical to a run without speculation; only the timing changes. `stats` counts drafts as
+vLLM's spec-decode metrics do (SpecDecodingStats, vllm/v1/spec_decode/metrics.py @ 016a858).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
-from devices import BatchShape, CompileStrategy, Jitter, Placement, StepCost
+from devices import BatchShape, CompileStrategy, Jitter, Placement, SpeculativeConfig, StepCost
 from devices.pipeline import CycleCost, cycle_cost
 from server.engine.constraints import ConstraintCompiler
 from server.engine.mock_model import MockModel
@@ -67,6 +76,12 @@ class CoreStats:
     flops: float = 0.0
     steps: int = 0
     bound_s: dict[str, float] = field(default_factory=dict)  # bound -> seconds
+    # speculative decoding, as vLLM's vllm:spec_decode_* counters (one draft = one request's
+    # verification step; per-position counts how often draft position i was accepted)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
 
 class EngineCore:
@@ -79,6 +94,7 @@ class EngineCore:
         jitter: Jitter,
         jump_forward: bool = False,
         constraints: ConstraintCompiler | None = None,
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
         self.placement = placement
         self.scheduler = scheduler
@@ -87,7 +103,10 @@ class EngineCore:
         self.jitter = jitter
         self.jump_forward = jump_forward
         self.constraints = constraints  # compiles the requests' constraints (intake, virtual)
+        self.speculative = speculative
         self.stats = CoreStats()
+        if speculative is not None:
+            self.stats.spec_num_accepted_tokens_per_pos = [0] * speculative.num_speculative_tokens
 
     def add_request(self, req: Request) -> None:
         self.scheduler.add_request(req)
@@ -100,31 +119,78 @@ class EngineCore:
         output = self.scheduler.schedule()
         if output.is_empty:
             return None
-        batch = BatchShape(
-            prefill=tuple(output.prefill_segments), decode=tuple(output.decode_context_lengths)
-        )
+        batch = self._shape(output)
         stall = self.compiler.before_step(batch)
         cycle = cycle_cost(self.placement, self.compiler.padded(batch))
         busy = self.jitter.apply(cycle.seconds)
-        new_tokens, by_id, before = self._sample(output)
+        new_tokens, by_id, before, spec = self._sample(output)
         finished = self.scheduler.update(output, new_tokens)
-        jumped = self._trim(new_tokens, by_id, before)
+        jumped = self._trim(new_tokens, by_id, before, spec)
         self._account(cycle, busy, stall.seconds)
         return StepResult(busy + stall.seconds, stall.seconds, stall.reason, cycle.micro,
                           output, new_tokens, finished, cycle.micro_batches, jumped)
 
+    def _shape(self, output: SchedulerOutput) -> BatchShape:
+        """The step as the device sees it; a decode verifying drafts is priced with them (a
+        decode left without drafts by the budget is priced as a one-token chunk)."""
+        k = self.speculative.num_speculative_tokens if self.speculative else 0
+        if not k:
+            return BatchShape(prefill=tuple(output.prefill_segments),
+                              decode=tuple(output.decode_context_lengths))
+        dec = [s for s in output.scheduled if not s.is_prefill]
+        plain = tuple((1, s.start_position) for s in dec if not s.num_draft_tokens)
+        return BatchShape(prefill=tuple(output.prefill_segments) + plain,
+                          decode=tuple(s.start_position + 1 for s in dec if s.num_draft_tokens),
+                          spec_tokens=k)
+
+    def _accepted(self, req: Request, k: int) -> int:
+        """How many of `k` drafts verification accepts: a deterministic draw per position."""
+        assert self.speculative is not None
+        rate, h = self.speculative.acceptance_rate, self.model.context_hash(req)
+        n = 0
+        while n < k:
+            key = f"{self.model.seed}:{req.sampling_params.seed}:{h}:{n}".encode()
+            u = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
+            if u >= rate:
+                break
+            n += 1
+        return n
+
+    def _speculate(self, output: SchedulerOutput, new_tokens: dict[str, list[int]],
+                   by_id: dict[str, Request]) -> set[str]:
+        """Append each verified decode's accepted drafts: the model's own next tokens."""
+        spec: set[str] = set()
+        for s in output.scheduled:
+            if not s.num_draft_tokens or s.request_id not in new_tokens:
+                continue
+            req, tokens = by_id[s.request_id], new_tokens[s.request_id]
+            accepted = self._accepted(req, s.num_draft_tokens)
+            for _ in range(accepted):
+                with req.lookahead(tokens) as ahead:
+                    tokens.append(self.model.next_token(ahead))
+            st = self.stats
+            st.spec_num_drafts += 1
+            st.spec_num_draft_tokens += s.num_draft_tokens
+            st.spec_num_accepted_tokens += accepted
+            for i in range(accepted):
+                st.spec_num_accepted_tokens_per_pos[i] += 1
+            spec.add(s.request_id)
+        return spec
+
     def _sample(self, output: SchedulerOutput):
-        """The model's tokens, each followed by its grammar's forced run under jump-forward;
-        the requests and their lengths before `update` (to see what it appended)."""
+        """The model's tokens, each followed by its grammar's forced run under jump-forward
+        (or the accepted drafts under speculative decoding); the requests and their lengths
+        before `update` (to see what it appended)."""
         requests = self.scheduler.requests
         new_tokens = self.model.next_tokens(output, requests)
         by_id = {rid: requests[rid] for rid in new_tokens}
         before = {rid: req.num_tokens for rid, req in by_id.items()}
+        spec = self._speculate(output, new_tokens, by_id) if self.speculative else set()
         if self.jump_forward:
             for rid, tokens in new_tokens.items():
                 if by_id[rid].constraint is not None:
                     tokens.extend(self._forced_run(by_id[rid], tokens[-1]))
-        return new_tokens, by_id, before
+        return new_tokens, by_id, before, spec
 
     def _forced_run(self, req: Request, sampled: int) -> list[int]:
         """The tokens the grammar forces after `sampled`, within max_tokens and the context."""
@@ -136,13 +202,14 @@ class EngineCore:
         return req.constraint.forced_run(room) if room > 0 else []
 
     def _trim(self, new_tokens: dict[str, list[int]], by_id: dict[str, Request],
-              before: dict[str, int]) -> dict[str, int]:
+              before: dict[str, int], spec: set[str]) -> dict[str, int]:
         """Keep only the tokens `update` appended (a stop ends a run early); count the
-        jump-forward tokens (all but the sampled first) on the request and the scheduler."""
+        jump-forward tokens (all but the sampled first; not accepted drafts of the requests
+        in `spec`) on the request and the scheduler."""
         jumped: dict[str, int] = {}
         for rid, tokens in new_tokens.items():
             del tokens[max(by_id[rid].num_tokens - before[rid], 0):]
-            if len(tokens) > 1:
+            if len(tokens) > 1 and rid not in spec:
                 jumped[rid] = len(tokens) - 1
                 by_id[rid].num_jump_forward_tokens += len(tokens) - 1
                 self.scheduler.stats.num_jump_forward_tokens += len(tokens) - 1

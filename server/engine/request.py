@@ -18,6 +18,8 @@ Lifecycle::
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from .interface import FinishReason, SamplingParams  # shared with the service
@@ -142,6 +144,19 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @contextmanager
+    def lookahead(self, tokens: Sequence[int]) -> Iterator[Request]:
+        """This request with ``tokens`` appended for the duration (speculative decoding asks the
+        model what it would generate after accepted drafts); afterwards the token ids are as
+        before and the mock model's hash state is restored, so nothing is recomputed."""
+        n, hash_len, hash_value = len(self.token_ids), self._hash_len, self._hash_value
+        self.token_ids.extend(tokens)
+        try:
+            yield self
+        finally:
+            del self.token_ids[n:]
+            self._hash_len, self._hash_value = hash_len, hash_value
 
     def max_len(self, max_model_len: int) -> int:
         """The most tokens this request can ever hold (what a contiguous layout reserves)."""

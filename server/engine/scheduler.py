@@ -119,7 +119,8 @@ class Scheduler:
                 i += 1  # a whole prefill that does not fit this step waits for the next
                 continue
             num_new = min(remaining, budget)
-            while not kv.allocate_slots(req, num_new):
+            drafts = self._drafts(req, num_new, budget)
+            while not kv.allocate_slots(req, num_new + drafts):
                 victim = self.waiting.choose_victim(self.running)
                 if self.running.index(victim) < i:  # already scheduled this step: undo that
                     undone = scheduled.pop(victim.request_id, None)
@@ -130,9 +131,9 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                scheduled[req.request_id] = self._entry(req, num_new)
+                scheduled[req.request_id] = self._entry(req, num_new, drafts)
                 kv.cache_blocks(req, req.num_computed_tokens + num_new)
-                budget -= num_new
+                budget -= num_new + drafts
                 i += 1
 
         if not preempted and not static_locked:
@@ -166,12 +167,25 @@ class Scheduler:
         self.stats.peak_num_running = max(self.stats.peak_num_running, len(self.running))
         return SchedulerOutput(tuple(scheduled.values()), tuple(preempted))
 
+    def _drafts(self, req: Request, num_new: int, budget: int) -> int:
+        """Draft tokens a decode verifies (speculative decoding), if the budget has room."""
+        k = min(self.config.num_speculative_tokens, self.config.max_model_len - req.num_tokens)
+        if k < 1 or req.constraint is not None or not self._is_decode(req, num_new):
+            return 0
+        return k if budget >= num_new + k else 0
+
     @staticmethod
-    def _entry(req: Request, num_new: int) -> ScheduledRequest:
+    def _is_decode(req: Request, num_new: int) -> bool:
         start = req.num_computed_tokens
-        is_decode = num_new == 1 and start == req.num_tokens - 1 and start >= req.num_prompt_tokens
+        return num_new == 1 and start == req.num_tokens - 1 and start >= req.num_prompt_tokens
+
+    @staticmethod
+    def _entry(req: Request, num_new: int, drafts: int = 0) -> ScheduledRequest:
+        start = req.num_computed_tokens
+        is_decode = Scheduler._is_decode(req, num_new)
         return ScheduledRequest(
-            req.request_id, num_new, start, not is_decode, start + num_new == req.num_tokens
+            req.request_id, num_new, start, not is_decode, start + num_new == req.num_tokens,
+            drafts,
         )
 
     def update(
@@ -191,11 +205,15 @@ class Scheduler:
                 self.stats.num_prefill_tokens += s.num_new_tokens
             reason = None
             if s.samples_token:
+                appended = 0
                 for token in sampled_tokens[s.request_id]:
                     req.token_ids.append(token)
+                    appended += 1
                     self.stats.num_generation_tokens += 1
                     if (reason := self._stop_reason(req, token)) is not None:
                         break
+                if s.num_draft_tokens:  # accepted drafts had their KV computed by the verify
+                    req.num_computed_tokens += appended - 1
             if reason is None:
                 continue
             self.kv.free(req, cache=True)

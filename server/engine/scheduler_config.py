@@ -19,7 +19,9 @@ class SchedulerConfig:
     (each request reserves ceil(max_len / block_size) blocks at admission, pre-vLLM),
     ``batching="static"`` (a batch is admitted only when nothing runs, and runs until all of
     its requests end). ``lpm_fcfs_threshold``: the longest-prefix-match policy falls back to
-    FCFS when more requests than this wait (SGLang uses 128).
+    FCFS when more requests than this wait (SGLang uses 128). ``num_speculative_tokens`` > 0:
+    every decode also verifies that many draft tokens (speculative decoding): they take KV
+    slots (lookahead) and token budget, as in vLLM.
     """
 
     num_blocks: int = 1024
@@ -33,6 +35,7 @@ class SchedulerConfig:
     kv_layout: KVLayout = "paged"
     batching: Batching = "continuous"
     lpm_fcfs_threshold: int = 128
+    num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
@@ -62,6 +65,7 @@ class ScheduledRequest:
     start_position: int  # == tokens already computed (cached prefix included)
     is_prefill: bool  # False only for a one-token decode of an output token
     samples_token: bool  # the chunk reaches the last known token, so the model samples one
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified with this decode
 
 
 @dataclass(frozen=True, slots=True)

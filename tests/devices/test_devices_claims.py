@@ -87,6 +87,10 @@ def test_batch1_decode_several_times_faster_on_sram_chips(model: str):
 
 
 def _usd_at_large_batch(spec: DeploymentSpec, batch: int = 256) -> float:
+    """$/Mtok at `batch`: an SRAM deployment without a count is sized for the batch by
+    estimate; an HBM one runs as many sequences as its KV holds."""
+    if spec.chip in ("groq-lpu-v1", "cerebras-cs3"):
+        return est(spec, 512, 512, batch)["usd_per_mtok"]
     b = min(batch, place(spec).max_concurrency(1024))
     return est(spec, 512, 512, b)["usd_per_mtok"]
 
@@ -100,6 +104,16 @@ def test_h100_has_lowest_dollars_per_mtok_at_large_batch(model: str):
     )
     for chip, engine in (("groq-lpu-v1", "groq"), ("cerebras-cs3", "cerebras")):
         assert h100 < _usd_at_large_batch(DeploymentSpec(model, "bf16", chip, engine)), chip
+
+
+def test_sram_deployments_are_sized_for_the_batch():
+    """issue 17's example: Groq, Llama 3.1 70B FP8, batch 256 of 512 + 512 tokens answers
+    (it used to fail with 'exceeds KV capacity'): the chip count grows to hold the KV."""
+    spec = DeploymentSpec("llama-3.1-70b", "fp8", "groq-lpu-v1", "groq")
+    one, many = est(spec, 512, 512, 1), est(spec, 512, 512, 256)
+    assert many["usd_per_mtok"] > 0 and many["chips"] > one["chips"]
+    kv = 256 * 1024 * 80 * 2 * 8 * 128 * 1.0  # sequences × tokens × K,V per layer (FP8 KV)
+    assert (many["chips"] - one["chips"]) * 241172480 == pytest.approx(kv, rel=0.05)
 
 
 def test_large_batch_amortises_the_weight_read_on_hbm():

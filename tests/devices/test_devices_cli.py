@@ -25,6 +25,15 @@ def test_devices_json(capsys: pytest.CaptureFixture[str]):
     assert h100["tiers"][0]["bandwidth_bytes_per_s"] == 3.35e12 and h100["source"]
     assert {e["id"] for e in data["engines"]} >= {"vllm", "groq"}
     assert data["models"] and data["quants"]
+    # every fitted factor says where it came from
+    apple = next(e for e in data["engines"] if e["id"] == "llama.cpp")["factors"]["apple"]
+    prov = apple["provenance"]
+    assert set(prov) == {"bw_eff", "flop_eff", "kernel_s"}
+    assert prov["bw_eff"]["kind"] == "fitted" and prov["bw_eff"]["n_points"] == 3
+    vllm = next(e for e in data["engines"] if e["id"] == "vllm")["factors"]
+    assert vllm["nvidia-datacentre"]["provenance"]["flop_eff"] == {
+        "kind": "borrowed", "points": ["trt-h100-128", "trt-h100-2048"], "n_points": 2,
+        "from": "tensorrt-llm on nvidia-datacentre"}
 
 
 def test_devices_table(capsys: pytest.CaptureFixture[str]):

@@ -1,5 +1,9 @@
 """The throughput-under-load calibration points of hardware.md, reproduced by simulate.
 
+Not true by construction: the factors are fitted with `estimate`'s closed-form point (one
+wave of the batch), while these run the scheduler under load — requests join and leave every
+step, prefill chunks interleave with decodes — so a mismatch between the two paths fails here.
+
 TensorRT-LLM on one H100, Llama 3.1 8B FP8, max throughput (TensorRT-LLM perf-overview.md):
 28,312 output tok/s at 128 in / 128 out and 9,305 at 2048 / 2048 (±20%). JetStream on a TPU
 v5e-8, Llama 3 8B bf16, batch 128 (jetstream-pytorch benchmarks/summary.md): 8,249 output

@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
 from doppelchip.cli import main
 from doppelchip.whatif import WhatIfConfig, cost_vs_speed
 
 
-def test_cost_sign_flips_across_the_batch_sweep_while_sram_stays_faster():
-    cfg = WhatIfConfig(families=("h100-vllm", "h100-tensorrt-llm", "cerebras"),
+def test_hbm_cheapest_at_large_batch_sram_fastest_at_batch_one_sized_for_the_batch():
+    """The design notes' conclusion, computed: with Groq and Cerebras sized for each batch
+    (weights + the batch's KV), an HBM GPU gives the cheapest tokens at large batch, while the
+    SRAM chips give the fastest tokens per user at batch 1."""
+    cfg = WhatIfConfig(families=("h100-vllm", "h100-tensorrt-llm", "groq", "cerebras"),
                        batches=(1, 16, 256), isl=512, osl=64)
     result = cost_vs_speed(cfg)
-    h100, wafer = result["curves"]["h100-vllm"], result["curves"]["cerebras"]
+    curves = result["curves"]
+    h100, wafer, groq = curves["h100-vllm"], curves["cerebras"], curves["groq"]
     assert [p["batch"] for p in h100] == [p["batch"] for p in wafer] == [1, 16, 256]
-    diff = [a["usd_per_mtok"] - b["usd_per_mtok"] for a, b in zip(h100, wafer, strict=True)]
-    assert len(set(np.sign(diff))) == 2  # the cheaper of the two changes along the sweep
+    cheapest_big = min((pts[-1]["usd_per_mtok"], name) for name, pts in curves.items())
+    assert cheapest_big[1].startswith("h100")
+    fastest_b1 = max((pts[0]["per_user_tokens_per_s"], name) for name, pts in curves.items())
+    assert fastest_b1[1] in ("groq", "cerebras")
     assert all(b["per_user_tokens_per_s"] > 2 * a["per_user_tokens_per_s"]
                for a, b in zip(h100, wafer, strict=True))
+    # sized for the batch: more sequences need more SRAM chips for their KV
+    assert groq[0]["chips"] < groq[-1]["chips"]
+    # the cost per token of every deployment falls as one weight read serves a larger batch
+    assert all(pts[-1]["usd_per_mtok"] < pts[0]["usd_per_mtok"] for pts in curves.values())
     # the cheapest deployment for a per-user speed: an HBM GPU when slow tokens will do, an
     # SRAM chip once the speed needed is beyond what the GPUs reach at any batch
     frontier = result["frontier"]
@@ -27,6 +35,20 @@ def test_cost_sign_flips_across_the_batch_sweep_while_sram_stays_faster():
     fastest_gpu = max(p["per_user_tokens_per_s"] for name in ("h100-vllm", "h100-tensorrt-llm")
                       for p in result["curves"][name])
     assert frontier[-1]["from_per_user_tokens_per_s"] <= fastest_gpu
+
+
+def test_gpu_families_are_sized_for_a_big_model():
+    """whatif --model llama-3.1-70b keeps the GPU rows: each HBM family gets the smallest chip
+    count the model fits on (or the --count/--tp/--ep given)."""
+    cfg = WhatIfConfig(model="llama-3.1-70b", families=("h100-vllm", "h100-tensorrt-llm"),
+                       batches=(1,), osl=16)
+    result = cost_vs_speed(cfg)
+    assert not result["failed"]
+    assert result["curves"]["h100-vllm"][0]["chips"] == 4  # bf16 70B: 141 GB + KV
+    assert result["curves"]["h100-tensorrt-llm"][0]["chips"] == 2  # fp8
+    given = cost_vs_speed(WhatIfConfig(model="llama-3.1-70b", families=("h100-vllm",),
+                                       batches=(1,), osl=16, tp=8))
+    assert given["curves"]["h100-vllm"][0]["chips"] == 8
 
 
 def test_whatif_command_writes_its_report(capsys, tmp_path):

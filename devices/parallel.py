@@ -1,0 +1,63 @@
+"""How a deployment's chips are used: tensor, pipeline, data (attention) and expert parallelism.
+
+``count = tp × pp × dp``; ``ep`` divides a stage's ``tp × dp`` chips (see ``DeploymentSpec``).
+Experts are sharded over ``expert_shards`` chips: ``tp`` when ``ep`` is 1 (each attention
+replica keeps a tensor-parallel copy), all ``tp × dp`` chips of the stage otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from devices.deployment import DeploymentSpec
+from devices.errors import PlacementError
+from devices.specs import ChipSpec, EngineSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+
+    @property
+    def chips(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def stage_chips(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def expert_shards(self) -> int:
+        return self.tp if self.ep == 1 else self.tp * self.dp
+
+
+def resolve_parallelism(spec: DeploymentSpec, chip: ChipSpec, model: ModelSpec,
+                        engine: EngineSpec) -> Parallelism:
+    """Fill the defaults and check the relations; PlacementError says what is wrong."""
+    ep = spec.ep or 1
+    pp = spec.pp or 1
+    if spec.tp is not None:
+        tp = spec.tp
+    elif spec.ep and spec.ep > 1:
+        tp = 1  # experts parallel, attention data parallel
+    else:
+        tp = (spec.count // pp) if spec.count else 1
+    count = spec.count if spec.count is not None else tp * pp * (ep if tp == 1 else 1)
+    if min(tp, pp, ep, count) < 1 or count % (tp * pp):
+        raise PlacementError(f"count {count} is not tp {tp} × pp {pp} × dp (a whole number)")
+    dp = count // (tp * pp)
+    if ep > 1:
+        if not model.is_moe:
+            raise PlacementError(f"ep {ep}: {model.name} has no experts to shard")
+        if not engine.expert_parallel:
+            raise PlacementError(f"{engine.name} does not run expert parallelism")
+        if (tp * dp) % ep or model.n_experts % ep:
+            raise PlacementError(
+                f"ep {ep} must divide the {tp * dp} chips of a stage (tp {tp} × dp {dp}) "
+                f"and the {model.n_experts} experts")
+    if count > 1 and chip.link_bw_bps <= 0:
+        raise PlacementError(f"{chip.id} has no chip-to-chip link: use a single chip")
+    return Parallelism(tp=tp, pp=pp, dp=dp, ep=ep)
