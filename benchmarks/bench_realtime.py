@@ -213,7 +213,8 @@ def report(res: dict) -> list[str]:
         lines.append(
             f"{r['deployment']} {r['streams']} {r['interval']} | {r['tokens_per_s']:,.0f} | "
             f"{r['emulated_tokens_per_s']:,.0f} | {r['delivery_ratio']:.3f}; "
-            f"{r['delivery_ratio_median']:.3f}, {r['delivery_ratio_min']:.3f} | {r['client_gap_p50'] * 1e3:.3f} / "
+            f"{r['delivery_ratio_median']:.3f}, {r['delivery_ratio_min']:.3f} | "
+            f"{r['client_gap_p50'] * 1e3:.3f} / "
             f"{r['emulated_gap_p50'] * 1e3:.3f} | {r['client_gap_p99'] * 1e3:.2f} | "
             f"{r['tokens_per_message']:.2f}")
     d = res["d"]

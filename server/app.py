@@ -67,7 +67,7 @@ class FrontendApp:
         ]
         self.fleet = Fleet(self.clients, config.default_deployment)
         self.receiver = Receiver(self.input, self.clients, frontend, self.stats)
-        self.servicer = InferenceServicer(self.fleet, cfg.time_scale, metrics_port)
+        self.servicer = InferenceServicer(self.fleet, cfg.time_scale, metrics_port, frontend)
         self.vllm = VllmEngineServicer(self.fleet.get(config.vllm_engine_deployment))
         self.health = health.aio.HealthServicer()
         self.requested_port, self.reuse_port = port, reuse_port

@@ -20,8 +20,10 @@ log = logging.getLogger("doppelchip.service")
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):
-    def __init__(self, fleet: Fleet, time_scale: float, metrics_port: int) -> None:
+    def __init__(self, fleet: Fleet, time_scale: float, metrics_port: int,
+                 frontend: int = 0) -> None:
         self.fleet = fleet
+        self.frontend = str(frontend)  # which front-end process answered (initial metadata)
         self.time_scale = time_scale
         self.metrics_port = metrics_port
         self.draining = False
@@ -44,7 +46,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             await context.abort(convert.status_code(e), str(e))
         finished = False
         try:
-            await context.send_initial_metadata((("x-request-id", rid),))
+            await context.send_initial_metadata((("x-request-id", rid),
+                                                 ("x-doppelchip-frontend", self.frontend)))
             async for chunk in stream.outputs():
                 finished = chunk.finish is not None
                 yield convert.to_response(chunk, rid, client.name)

@@ -183,6 +183,8 @@ class EngineCore:
         before `update` (to see what it appended)."""
         requests = self.scheduler.requests
         new_tokens = self.model.next_tokens(output, requests)
+        if not (self.speculative or self.jump_forward):  # one token each: nothing to trim
+            return new_tokens, {}, {}, set()
         by_id = {rid: requests[rid] for rid in new_tokens}
         before = {rid: req.num_tokens for rid, req in by_id.items()}
         spec = self._speculate(output, new_tokens, by_id) if self.speculative else set()
@@ -207,8 +209,9 @@ class EngineCore:
         jump-forward tokens (all but the sampled first; not accepted drafts of the requests
         in `spec`) on the request and the scheduler."""
         jumped: dict[str, int] = {}
-        for rid, tokens in new_tokens.items():
-            del tokens[max(by_id[rid].num_tokens - before[rid], 0):]
+        for rid, n in before.items():
+            tokens = new_tokens[rid]
+            del tokens[max(by_id[rid].num_tokens - n, 0):]
             if len(tokens) > 1 and rid not in spec:
                 jumped[rid] = len(tokens) - 1
                 by_id[rid].num_jump_forward_tokens += len(tokens) - 1

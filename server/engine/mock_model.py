@@ -6,9 +6,12 @@ Contract:
   reused for the wrong prefix) therefore cannot change tokens by itself, but any scheduler bug
   that corrupts a request's token sequence shows up as different output.
 - Cost O(1) per token: the context enters through a polynomial rolling hash
-  ``h(t_1..t_n) = Σ (t_i + 1)·B^(n-i) mod P`` kept on the request and extended by the tokens
-  appended since the last call. It is a pure function of the token sequence, so a recomputed
-  request (after preemption) has the same hash, and ``rolling_hash(tokens)`` recomputes it.
+  ``h(t_1..t_n) = Σ (t_i + 1)·B^(n-i) mod 2^64`` kept on the request and extended by the
+  tokens appended since the last call; the draw mixes it with splitmix64. It is a pure
+  function of the token sequence, so a recomputed request (after preemption) has the same
+  hash, and ``rolling_hash(tokens)`` recomputes it. Arithmetic mod 2^64 is what NumPy's uint64
+  does, so ``next_tokens`` draws a whole batch's decodes in a handful of array operations
+  (the scalar ``next_token`` gives the same tokens, one request at a time).
 - Output lengths: unless ``ignore_eos``, EOS is drawn with the configured distribution —
   ``geometric`` (each output position ends with probability 1/mean, so lengths, EOS included,
   have that mean) or ``fixed`` (exactly ``mean`` tokens, the last being EOS). Other tokens are
@@ -26,15 +29,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from .request import Request
 from .scheduler_config import SchedulerOutput
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
-_P = (1 << 61) - 1  # Mersenne prime modulus
-_B = 1_000_003  # base
+_B = 0x100000001B3  # base: odd, so the hash is a bijection of the last token mod 2^64
 _M64 = (1 << 64) - 1
+_SEED_MIX = 0x100000001B3
 CLOSE_P = 0.25  # constrained output: chance per free token that the model winds the value up
 _P_CLOSE = int(CLOSE_P * (1 << 64))
 
@@ -42,7 +47,7 @@ _P_CLOSE = int(CLOSE_P * (1 << 64))
 def rolling_hash(token_ids: Iterable[int], value: int = 0) -> int:
     """Extend a rolling hash ``value`` by ``token_ids`` (start from 0 for the empty context)."""
     for t in token_ids:
-        value = (value * _B + t + 1) % _P
+        value = (value * _B + t + 1) & _M64
     return value
 
 
@@ -82,7 +87,8 @@ class MockModel:
         self.eos_token_id = eos_token_id
         self.lengths = lengths or OutputLengths()
         self.seed = seed
-        self._p_eos = int((1.0 / self.lengths.mean) * (1 << 64))
+        self._p_eos = min(_M64, int((1.0 / self.lengths.mean) * (1 << 64)))
+        self._vocab_np = np.asarray(self.vocab_ids, dtype=np.int64)
 
     @classmethod
     def from_tokenizer(
@@ -104,7 +110,7 @@ class MockModel:
     def next_token(self, req: Request) -> int:
         sp = req.sampling_params
         h = self.context_hash(req)
-        r = _mix(_mix(h ^ (self.seed * 0x100000001B3)) ^ (sp.seed & _M64))
+        r = _mix(_mix(h ^ ((self.seed * _SEED_MIX) & _M64)) ^ (sp.seed & _M64))
         if req.constraint is not None:
             closing = (_mix(r ^ 0xC105E) < _P_CLOSE
                        or 2 * req.num_output_tokens >= sp.max_tokens)
@@ -120,9 +126,57 @@ class MockModel:
     def next_tokens(
         self, output: SchedulerOutput, requests: Mapping[str, Request]
     ) -> dict[str, list[int]]:
-        """One token for each scheduled request whose chunk reached its last known token."""
-        return {
-            s.request_id: [self.next_token(requests[s.request_id])]
-            for s in output.scheduled
-            if s.samples_token and s.request_id in requests
-        }
+        """One token for each scheduled request whose chunk reached its last known token.
+
+        Unconstrained requests whose hash is one token behind (every decode) are drawn
+        together with NumPy; the rest (a prefill's first token, a constrained request) one by
+        one — the tokens are the same either way."""
+        out: dict[str, list[int]] = {}
+        batch: list[tuple[str, Request]] = []
+        for s in output.scheduled:
+            if not s.samples_token or (req := requests.get(s.request_id)) is None:
+                continue
+            if req.constraint is None and req._hash_len == len(req.token_ids) - 1:
+                batch.append((s.request_id, req))
+            else:
+                out[s.request_id] = [self.next_token(req)]
+        if len(batch) >= _VECTOR_MIN:
+            out.update(self._draw_batch(batch))
+        else:
+            for rid, req in batch:
+                out[rid] = [self.next_token(req)]
+        return out
+
+    def _draw_batch(self, batch: list[tuple[str, Request]]) -> dict[str, list[int]]:
+        reqs = [r for _, r in batch]
+        n = len(reqs)
+        h = np.fromiter((r._hash_value for r in reqs), np.uint64, n)
+        last = np.fromiter((r.token_ids[-1] for r in reqs), np.uint64, n)
+        seeds = np.fromiter((r.sampling_params.seed & _M64 for r in reqs), np.uint64, n)
+        with np.errstate(over="ignore"):
+            h = h * np.uint64(_B) + last + np.uint64(1)
+            r = _mix_np(_mix_np(h ^ np.uint64((self.seed * _SEED_MIX) & _M64)) ^ seeds)
+            tokens = self._vocab_np[r % np.uint64(len(self.vocab_ids))]
+            eos_ok = np.fromiter((not r.sampling_params.ignore_eos and r.num_output_tokens
+                                  >= r.sampling_params.min_tokens for r in reqs), bool, n)
+            if eos_ok.any():
+                if self.lengths.kind == "fixed":
+                    outs = np.fromiter((r.num_output_tokens for r in reqs), np.int64, n)
+                    stop = eos_ok & (outs + 1 >= self.lengths.mean)
+                else:
+                    stop = eos_ok & (_mix_np(r ^ np.uint64(0x5EED)) < np.uint64(self._p_eos))
+                tokens = np.where(stop, self.eos_token_id, tokens)
+        for req, value in zip(reqs, h.tolist(), strict=True):
+            req._hash_value, req._hash_len = value, len(req.token_ids)
+        return {rid: [t] for (rid, _), t in zip(batch, tokens.tolist(), strict=True)}
+
+
+_VECTOR_MIN = 8  # below this many decodes, the scalar path is faster than NumPy's overhead
+
+
+def _mix_np(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping multiplication, as `_mix`)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))

@@ -111,15 +111,25 @@ class Scheduler:
         preempted: list[str] = []
         static_locked = cfg.batching == "static" and bool(self.running)
 
+        bs, paged, speculates = kv.block_size, not kv.contiguous, cfg.num_speculative_tokens > 0
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            remaining = req.num_tokens - req.num_computed_tokens
+            computed = req.num_computed_tokens
+            remaining = len(req.token_ids) - computed
             if not cfg.enable_chunked_prefill and remaining > budget:
                 i += 1  # a whole prefill that does not fit this step waits for the next
                 continue
             num_new = min(remaining, budget)
-            drafts = self._drafts(req, num_new, budget)
+            drafts = self._drafts(req, num_new, budget) if speculates else 0
+            end = computed + num_new
+            if paged and end + drafts <= len(req.block_ids) * bs:  # fits the blocks it holds
+                scheduled[req.request_id] = self._entry(req, num_new, drafts)
+                if end // bs * bs > req._tree_len:  # completes a block: offer it to the cache
+                    kv.cache_blocks(req, end)
+                budget -= num_new + drafts
+                i += 1
+                continue
             while not kv.allocate_slots(req, num_new + drafts):
                 victim = self.waiting.choose_victim(self.running)
                 if self.running.index(victim) < i:  # already scheduled this step: undo that
@@ -181,12 +191,10 @@ class Scheduler:
 
     @staticmethod
     def _entry(req: Request, num_new: int, drafts: int = 0) -> ScheduledRequest:
-        start = req.num_computed_tokens
-        is_decode = Scheduler._is_decode(req, num_new)
-        return ScheduledRequest(
-            req.request_id, num_new, start, not is_decode, start + num_new == req.num_tokens,
-            drafts,
-        )
+        start, n = req.num_computed_tokens, len(req.token_ids)
+        is_decode = num_new == 1 and start == n - 1 and start >= req.num_prompt_tokens
+        return ScheduledRequest(req.request_id, num_new, start, not is_decode,
+                                start + num_new == n, drafts)
 
     def update(
         self, output: SchedulerOutput, sampled_tokens: Mapping[str, Sequence[int]]
@@ -196,24 +204,37 @@ class Scheduler:
         dropped). Returns the requests that finished in this step. Requests aborted since
         ``schedule()`` are skipped."""
         finished: list[Request] = []
+        stats, requests, running = self.stats, self.requests, RequestStatus.RUNNING
+        eos, max_len = self.eos_token_id, self.config.max_model_len
         for s in output.scheduled:
-            req = self.requests.get(s.request_id)
-            if req is None or req.status != RequestStatus.RUNNING:
+            req = requests.get(s.request_id)
+            if req is None or req.status != running:
                 continue
             req.num_computed_tokens += s.num_new_tokens
             if s.is_prefill:
-                self.stats.num_prefill_tokens += s.num_new_tokens
+                stats.num_prefill_tokens += s.num_new_tokens
             reason = None
             if s.samples_token:
-                appended = 0
-                for token in sampled_tokens[s.request_id]:
+                tokens = sampled_tokens[s.request_id]
+                if len(tokens) == 1 and not s.num_draft_tokens:  # a plain decode
+                    token = tokens[0]
                     req.token_ids.append(token)
-                    appended += 1
-                    self.stats.num_generation_tokens += 1
-                    if (reason := self._stop_reason(req, token)) is not None:
-                        break
-                if s.num_draft_tokens:  # accepted drafts had their KV computed by the verify
-                    req.num_computed_tokens += appended - 1
+                    stats.num_generation_tokens += 1
+                    sp = req.sampling_params
+                    n_out = len(req.token_ids) - req.num_prompt_tokens
+                    if (token == eos or n_out >= sp.max_tokens or len(req.token_ids) >= max_len
+                            or sp.stop_token_ids):
+                        reason = self._stop_reason(req, token)
+                else:
+                    appended = 0
+                    for token in tokens:
+                        req.token_ids.append(token)
+                        appended += 1
+                        stats.num_generation_tokens += 1
+                        if (reason := self._stop_reason(req, token)) is not None:
+                            break
+                    if s.num_draft_tokens:  # accepted drafts had their KV computed by verify
+                        req.num_computed_tokens += appended - 1
             if reason is None:
                 continue
             self.kv.free(req, cache=True)

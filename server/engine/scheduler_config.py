@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Policy = Literal["fcfs", "priority", "lpm"]
 KVLayout = Literal["paged", "contiguous"]
@@ -55,10 +55,10 @@ class SchedulerConfig:
             )
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledRequest:
+class ScheduledRequest(NamedTuple):
     """One request's share of a step: compute KV for tokens
-    ``[start_position, start_position + num_new_tokens)`` of its token ids."""
+    ``[start_position, start_position + num_new_tokens)`` of its token ids. (A NamedTuple:
+    one is made per request per step, and a tuple is the cheapest immutable record.)"""
 
     request_id: str
     num_new_tokens: int

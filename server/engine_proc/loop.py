@@ -39,7 +39,7 @@ from server.ipc.paths import RunDir
 
 log = logging.getLogger("doppelchip.engine")
 
-MAX_UNACKED = 2  # steps a lagging engine may run ahead of a front end's acknowledgement
+MAX_UNACKED = 2  # steps a lagging engine may run ahead of what a front end delivered
 WARN_LAG_WALL_S = 0.02  # warn when a step ends this much wall time behind its deadline
 WARN_EVERY_S = 10.0
 
@@ -139,11 +139,14 @@ class EngineLoop:
         return len(self.inbox) + self.core.scheduler.num_waiting
 
     def _resync(self) -> None:
-        """After idling, the timeline resumes at the wall clock; the gap is charged as idle."""
-        now = self.now()
-        if now > self._t:
-            self.core.account_idle(now - self._t)
-            self._t = now
+        """After idling, the timeline resumes at the earliest arrival that woke it (the device
+        could have started then: the IPC hop costs the client nothing on the emulated
+        timeline, and shows as lag if the host is late), else at the wall clock; the gap is
+        charged as idle."""
+        resume = min((live.req.arrival_time for live in self.inbox), default=self.now())
+        if resume > self._t:
+            self.core.account_idle(resume - self._t)
+            self._t = resume
 
     def _note_lag(self, lag: float) -> None:
         wall = lag * self.scale
@@ -182,10 +185,10 @@ class EngineLoop:
         replies: dict[int, list[m.Admission]] = {}
         while True:
             try:
-                raw = self.input.recv(zmq.NOBLOCK, copy=False)
+                raw = self.input.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            msg = m.to_engine(raw.buffer)
+            msg = m.to_engine(raw)
             if isinstance(msg, m.AddRequest):
                 replies.setdefault(msg.frontend, []).append(self._add(msg))
             elif isinstance(msg, m.Abort):
@@ -260,7 +263,7 @@ class EngineLoop:
             self.pending[fe].append(payload)
             return
         try:
-            self.outputs[fe].send(payload, zmq.NOBLOCK, copy=False)
+            self.outputs[fe].send(payload, zmq.NOBLOCK)
         except zmq.Again:  # the front end is slow: keep order, flush when it can take more
             self.pending[fe].append(payload)
             self.poller.register(self.outputs[fe], zmq.POLLOUT)
@@ -269,7 +272,7 @@ class EngineLoop:
         queue, sock = self.pending[fe], self.outputs[fe]
         while queue:
             try:
-                sock.send(queue[0], zmq.NOBLOCK, copy=False)
+                sock.send(queue[0], zmq.NOBLOCK)
             except zmq.Again:
                 return
             queue.popleft()

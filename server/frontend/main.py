@@ -65,6 +65,7 @@ async def _serve(spec: FrontendSpec) -> None:
         _hello(run, spec.frontend, 0, str(e))
         return
     _hello(run, spec.frontend, app.port, "")
+    log.info("front end %d up: pid %d", spec.frontend, os.getpid())
     await stop.wait()
     await app.drain()
 

@@ -45,11 +45,11 @@ class Receiver:
         sock = self.sock
         while True:  # ZMQ's FD is edge-triggered: drain it, then check for a late arrival
             try:
-                raw = sock.recv(zmq.NOBLOCK, copy=False)
+                raw = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
             try:
-                self._dispatch(m.to_frontend(raw.buffer))
+                self._dispatch(m.to_frontend(raw))
             except Exception:
                 log.exception("front end %d: bad message from an engine", self.frontend)
         if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN and self._loop is not None:
@@ -75,10 +75,15 @@ class Receiver:
             self._tokens(msg)
         finally:
             self.stats.end()
-        if msg.want_ack:
-            with contextlib.suppress(zmq.Again):
-                self.clients[msg.deployment].sockets[msg.rank].send(
-                    m.encode(m.Ack(self.frontend, msg.step)), zmq.NOBLOCK)
+        if msg.want_ack and self._loop is not None:
+            # after the streams this step woke have written their messages: a lagging engine
+            # is paced by what this front end delivers, not by what it absorbs
+            self._loop.call_soon(self._ack, msg.deployment, msg.rank, msg.step)
+
+    def _ack(self, deployment: int, rank: int, step: int) -> None:
+        with contextlib.suppress(zmq.Again):
+            self.clients[deployment].sockets[rank].send(
+                m.encode(m.Ack(self.frontend, step)), zmq.NOBLOCK)
 
     def _tokens(self, msg: m.StepOutputs) -> None:
         client = self.clients[msg.deployment]

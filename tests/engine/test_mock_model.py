@@ -94,3 +94,33 @@ def test_output_lengths_validation() -> None:
         OutputLengths("poisson", 3)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         OutputLengths("fixed", 0)
+
+
+@pytest.mark.parametrize("kind", ["geometric", "fixed"])
+def test_a_batch_draws_the_same_tokens_as_one_at_a_time(kind) -> None:
+    """The vectorised draw over a batch of decodes (NumPy, wrapping uint64) is exactly the
+    scalar draw, EOS decisions included (ignore_eos, min_tokens, both length laws)."""
+    model = MockModel(range(1, 5000), EOS, OutputLengths(kind, 6), seed=3)
+
+    def fleet() -> list[Request]:
+        reqs = []
+        for i in range(40):
+            params = dict(ignore_eos=i % 3 == 0, min_tokens=i % 4, seed=i * 7919)
+            req = Request(f"r{i}", [i + 1, 2 * i + 3, 9], SamplingParams(max_tokens=50, **params))
+            model.context_hash(req)
+            req.token_ids.append(100 + i)  # a decode: the hash is one token behind
+            reqs.append(req)
+        return reqs
+
+    batch, single = fleet(), fleet()
+    out = SchedulerOutput(tuple(ScheduledRequest(r.request_id, 1, r.num_tokens - 1, False, True)
+                                for r in batch))
+    for _ in range(8):  # several steps: EOS and lengths come into play
+        drawn = model.next_tokens(out, {r.request_id: r for r in batch})
+        one = {r.request_id: [model.next_token(r)] for r in single}
+        assert drawn == one
+        assert [r._hash_value for r in batch] == [r._hash_value for r in single]
+        for reqs, tokens in ((batch, drawn), (single, one)):
+            for r in reqs:
+                r.token_ids.append(tokens[r.request_id][0])
+    assert sum(EOS in t for t in drawn.values()) > 0  # some ended: EOS decisions compared
