@@ -56,6 +56,9 @@ class ServerConfig:
     api_server_count: int = 0  # front-end processes (vLLM's --api-server-count); 0: auto
     stream_interval: int = 1  # vLLM's --stream-interval: tokens per streamed message
     engine_restart_backoff_s: float = 2.0
+    # vLLM's --show-hidden-metrics-for-version: "0.10" also exports vLLM 0.11.x's deprecated
+    # names (vllm:gpu_cache_usage_perc, vllm:gpu_prefix_cache_*), as 0.11.x did
+    show_hidden_metrics_for_version: str = ""
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ class Supervisor:
         infos = [[i for i in ranks if i is not None] for ranks in self.infos]
         self.frontend_infos = infos
         collector = StatsCollector(infos, self.run_dir, self.num_frontends, cfg.time_scale,
-                                   self.wall0)
+                                   self.wall0, cfg.show_hidden_metrics_for_version == "0.10")
         try:
             self._metrics = start_metrics_server(make_registry(collector), cfg.host,
                                                  self.metrics_port)

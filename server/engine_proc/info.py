@@ -67,6 +67,9 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         weights_resident=tuple(resident.get(t, 0.0) for t in tiers),
         tier_peaks=tuple(peaks.get(t, 0.0) for t in tiers), peak_flops=peak_flops(p),
         idle_watts=core.idle_watts, usd_per_s=core.dollars_per_s,
+        kv_bytes_per_token=sum(p.memory_bytes(1).values()) - sum(p.memory_bytes(0).values()),
+        num_speculative_tokens=core.speculative.num_speculative_tokens
+        if core.speculative else 0,
     )
 
 

@@ -183,6 +183,7 @@ class EngineLoop:
         if not events.get(self.input, 0) & zmq.POLLIN:
             return
         replies: dict[int, list[m.Admission]] = {}
+        rejected = 0
         while True:
             try:
                 raw = self.input.recv(zmq.NOBLOCK)
@@ -190,7 +191,9 @@ class EngineLoop:
                 break
             msg = m.to_engine(raw)
             if isinstance(msg, m.AddRequest):
-                replies.setdefault(msg.frontend, []).append(self._add(msg))
+                answer = self._add(msg)
+                rejected += answer.error == "Overloaded"
+                replies.setdefault(msg.frontend, []).append(answer)
             elif isinstance(msg, m.Abort):
                 reason = FinishReason.STOP if msg.reason == "stop" else FinishReason.ABORT
                 for seq in msg.seqs:
@@ -208,7 +211,7 @@ class EngineLoop:
             elif isinstance(msg, m.Shutdown):
                 self.stopping = True
         if replies:  # the waiting count a status query reads moves before the client knows
-            self.stats.queued(self.num_queued())
+            self.stats.queued(self.num_queued(), rejected)
         for fe, items in replies.items():
             self._send(fe, m.encode(m.Admissions(self.deployment, self.rank, items)))
 
@@ -286,7 +289,11 @@ class EngineLoop:
         first: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         jumped: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         finished: list[list[m.Finished]] = [[] for _ in range(n)]
+        preempted: list[list[int]] = [[] for _ in range(n)]
         live_of = self.live.get
+        for rid in result.output.preempted_request_ids:
+            if (live := live_of(rid)) is not None:
+                preempted[live.frontend].append(live.seq)
         for s in result.output.scheduled:
             live = live_of(s.request_id)
             if live is not None and not live.scheduled:
@@ -314,11 +321,11 @@ class EngineLoop:
             self._forget(live, reason)
         self.step_no += 1
         for fe in range(n):
-            if seqs[fe] or first[fe] or finished[fe]:
+            if seqs[fe] or first[fe] or finished[fe] or preempted[fe]:
                 self._send(fe, m.encode(m.StepOutputs(
                     self.deployment, self.rank, self.epoch, self.step_no, start, self._t,
                     seqs[fe], counts[fe], tokens[fe], first[fe], jumped[fe], finished[fe],
-                    self._lagging)))
+                    self._lagging, preempted[fe])))
                 if self._lagging:
                     self.unacked[fe].append(self.step_no)
 

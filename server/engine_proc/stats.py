@@ -29,6 +29,8 @@ class EngineStats:
         self.step_seconds = HistogramWriter(self.a, layout, "doppelchip_step_seconds")
         self._tier_slots = {t: layout.slot("doppelchip_tier_bytes", t) for t in info.tiers}
         self._seen = (0, 0, 0)  # scheduler's preemptions, prefix queries, prefix hits
+        self._spec_seen: tuple[int, ...] = ()
+        self._per_gpu = 1.0 / max(1, info.chip_count)
         self._kv_used = -1
         f = self.file
         f.begin()
@@ -38,6 +40,8 @@ class EngineStats:
                      "doppelchip_realtime_lag_seconds", "_kv_used"):
             self.a[self.slot(name)] = 0
         self.a[self.slot("_kv_free")] = info.capacity.kv_blocks_total
+        for state in ("awake", "weights_offloaded", "discard_all"):
+            self.a[self.slot("vllm:engine_sleep_state", state)] = float(state == "awake")
         f.end()
         self.resume()
 
@@ -50,10 +54,19 @@ class EngineStats:
         f.set_text(message)
         f.end()
 
-    def queued(self, num_queued: int) -> None:
+    def queued(self, num_queued: int, rejected: int = 0) -> None:
+        """Admissions happened: the waiting count now, and the requests the waiting-queue
+        limit refused (vllm:admission_rejections, reason max_num_queued_reqs)."""
         self.file.begin()
-        self.a[self.slot("vllm:num_requests_waiting")] = num_queued
+        self._waiting(num_queued)
+        self.a[self.slot("vllm:admission_rejections", "max_num_queued_reqs")] += rejected
         self.file.end()
+
+    def _waiting(self, num_queued: int) -> None:
+        a, slot = self.a, self.slot
+        a[slot("vllm:num_requests_waiting")] = num_queued
+        a[slot("vllm:num_requests_waiting_by_reason", "capacity")] = num_queued
+        a[slot("vllm:num_requests_waiting_by_reason", "deferred")] = 0
 
     def startup(self, seconds: float) -> None:
         """A cold start's build/compile time, as a compile event."""
@@ -78,8 +91,16 @@ class EngineStats:
         for name, now, before in zip(("vllm:num_preemptions", "vllm:prefix_cache_queries",
                                       "vllm:prefix_cache_hits"), seen, self._seen, strict=True):
             a[slot(name)] += now - before
+        a[slot("vllm:prompt_tokens_cached_by_source", "device")] += seen[2] - self._seen[2]
         self._seen = seen
-        self.iteration_tokens.observe(result.output.num_batched_tokens)
+        self.iteration_tokens.observe(iteration_tokens(result, sched))
+        per_gpu = self._per_gpu
+        a[slot("vllm:estimated_flops_per_gpu")] += cost.flops * n * per_gpu
+        a[slot("vllm:estimated_read_bytes_per_gpu")] += cost.bytes * n * per_gpu
+        a[slot("vllm:estimated_write_bytes_per_gpu")] += (
+            result.output.num_batched_tokens * self.info.kv_bytes_per_token * per_gpu)
+        if self.info.num_speculative_tokens:
+            self._spec(core)
         self.step_seconds.observe(result.seconds)
         a[slot("doppelchip_busy_seconds")] += busy
         a[slot("doppelchip_bound_seconds", cost.bound)] += busy
@@ -115,10 +136,26 @@ class EngineStats:
         self.a[self.slot("doppelchip_cost_dollars")] = core.stats.dollars + self._base_dollars
         self.file.end()
 
+    def _spec(self, core: EngineCore) -> None:
+        """vLLM's spec-decode counters, from the core's own (deltas: they restart at 0)."""
+        st = core.stats
+        now = (st.spec_num_drafts, st.spec_num_draft_tokens, st.spec_num_accepted_tokens,
+               *st.spec_num_accepted_tokens_per_pos)
+        before = self._spec_seen or (0,) * len(now)
+        a, slot = self.a, self.slot
+        for name, i in (("vllm:spec_decode_num_drafts", 0),
+                        ("vllm:spec_decode_num_draft_tokens", 1),
+                        ("vllm:spec_decode_num_accepted_tokens", 2)):
+            a[slot(name)] += now[i] - before[i]
+        for pos in range(len(now) - 3):
+            a[slot("vllm:spec_decode_num_accepted_tokens_per_pos", str(pos))] += (
+                now[3 + pos] - before[3 + pos])
+        self._spec_seen = now
+
     def _gauges(self, core: EngineCore, num_queued: int, lag: float, t: float) -> None:
         a, slot, sched = self.a, self.slot, core.scheduler
         a[slot("vllm:num_requests_running")] = sched.num_running
-        a[slot("vllm:num_requests_waiting")] = num_queued
+        self._waiting(num_queued)
         a[slot("doppelchip_realtime_lag_seconds")] = lag
         a[slot("_t")] = t
         free = sched.pool.num_free + sched.cache.evictable_blocks
@@ -133,3 +170,17 @@ class EngineStats:
                 if tier in resident:
                     a[slot("doppelchip_kv_resident_bytes", tier)] = max(
                         0.0, b - resident[tier])
+
+
+def iteration_tokens(result: StepResult, sched) -> int:
+    """vLLM's vllm:iteration_tokens_total for one step: the tokens generated, plus the prompt
+    tokens computed (not served from the cache) of the requests that got their first token in
+    it — not the scheduled tokens (a chunked prefill counts at its last chunk)."""
+    generated = prompt = 0
+    done = {r.request_id: r for r in result.finished}
+    for rid, tokens in result.new_tokens.items():
+        generated += len(tokens)
+        req = sched.requests.get(rid) or done.get(rid)
+        if req is not None and req.num_output_tokens == len(tokens):
+            prompt += req.num_prompt_tokens - max(req.num_cached_tokens, 0)
+    return generated + prompt

@@ -96,7 +96,10 @@ class Receiver:
         for seq, n in msg.jumped:
             if (st := streams.get(seq)) is not None:
                 st.jumped += n
-        generation = prompt = 0
+        for seq in msg.preempted:
+            if (st := streams.get(seq)) is not None:
+                st.preemptions += 1
+        generation = prompt = cached = 0
         ttfts: list[float] = []
         itl: list[float] = []
         itl_n: list[int] = []
@@ -111,6 +114,7 @@ class Receiver:
             if prev is None:
                 ttfts.append(t - st.arrival)
                 prompt += len(st.out.prompt_ids)
+                cached += st.cached
             else:
                 itl.append((t - prev) / n)
                 itl_n.append(n)
@@ -126,4 +130,4 @@ class Receiver:
                 reason = _REASONS[f.reason]
                 client.finished(st, reason)
                 st.finish(reason, f.stop_token_id)
-        client.blocks[msg.rank].step(generation, prompt, ttfts, itl, itl_n)
+        client.blocks[msg.rank].step(generation, prompt, cached, ttfts, itl, itl_n)

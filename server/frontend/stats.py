@@ -21,7 +21,10 @@ from server.stats.shm import StatsFile
 _FINISH_HISTS = ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
                  "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
                  "vllm:request_inference_time_seconds", "vllm:request_prompt_tokens",
-                 "vllm:request_generation_tokens", "vllm:request_params_max_tokens")
+                 "vllm:request_generation_tokens", "vllm:request_max_num_generation_tokens",
+                 "vllm:request_params_n", "vllm:request_time_per_output_token_seconds",
+                 "vllm:request_num_preemptions", "vllm:request_prefill_kv_computed_tokens",
+                 "vllm:request_params_max_tokens")
 
 
 class RequestStatsBlock:
@@ -31,6 +34,9 @@ class RequestStatsBlock:
         view = array[base : base + layout.size]
         self.a = view
         self.prompt = layout.slot("vllm:prompt_tokens")
+        self.cached = layout.slot("vllm:prompt_tokens_cached")
+        self.by_source = {s: layout.slot("vllm:prompt_tokens_by_source", s)
+                          for s in layout.defs["vllm:prompt_tokens_by_source"].values}
         self.generation = layout.slot("vllm:generation_tokens")
         self.success = {r: layout.slot("vllm:request_success", r)
                         for r in layout.defs["vllm:request_success"].values}
@@ -39,20 +45,32 @@ class RequestStatsBlock:
         self.fine_itl = HistogramWriter(view, layout, "doppelchip_inter_token_latency_seconds")
         self.finish = [HistogramWriter(view, layout, n) for n in _FINISH_HISTS]
 
-    def step(self, generation: int, prompt: int, ttfts: Sequence[float],
+    def step(self, generation: int, prompt: int, cached: int, ttfts: Sequence[float],
              itl: Sequence[float], itl_n: Sequence[int]) -> None:
+        """One step message: tokens generated; for the requests that got their first token in
+        it, their prompt tokens (and how many of those came from the prefix cache)."""
         a = self.a
         a[self.generation] += generation
         a[self.prompt] += prompt
+        if prompt:
+            a[self.cached] += cached
+            a[self.by_source["local_compute"]] += prompt - cached
+            a[self.by_source["local_cache_hit"]] += cached
         self.ttft.observe_many(ttfts)
         self.itl.observe_many(itl, itl_n)
         self.fine_itl.observe_many(itl, itl_n)
 
     def finished(self, reason: str, e2e: float, queue: float, prefill: float, decode: float,
-                 prompt_tokens: int, generation_tokens: int, max_tokens: int | None) -> None:
+                 prompt_tokens: int, generation_tokens: int, max_tokens: int | None,
+                 cached: int = 0, preemptions: int = 0, n: int = 1) -> None:
+        """A request ended: vLLM's per-request histograms (with n = 1 the parent's maximum
+        generation length is this request's; time per output token is the decode time over
+        the tokens after the first, 0 with one token or none)."""
         self.a[self.success[reason]] += 1
+        tpot = decode / (generation_tokens - 1) if generation_tokens > 1 else 0.0
         values = (e2e, queue, prefill, decode, prefill + decode, prompt_tokens,
-                  generation_tokens)
+                  generation_tokens, generation_tokens, n, tpot, preemptions,
+                  prompt_tokens - cached)
         for h, v in zip(self.finish, values, strict=False):
             h.observe(v)
         if max_tokens:

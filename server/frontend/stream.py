@@ -47,6 +47,7 @@ class RequestStream:
         "pending_first",
         "pending_text",
         "pending_times",
+        "preemptions",
         "rank",
         "request",
         "request_id",
@@ -68,6 +69,7 @@ class RequestStream:
         self.first_scheduled: float | None = None
         self.cached = 0  # prompt tokens served from the prefix cache (at first scheduling)
         self.jumped = 0  # output tokens appended by jump-forward
+        self.preemptions = 0  # times the engine preempted it
         self.first_token: float | None = None
         self.last_token: float | None = None
         self.n_out = 0  # tokens received from the engine (and not cut by a stop string)

@@ -52,6 +52,8 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     peak_flops: float
     idle_watts: float
     usd_per_s: float
+    kv_bytes_per_token: float = 0.0  # all chips together (vllm:estimated_write_bytes_per_gpu)
+    num_speculative_tokens: int = 0  # speculative decoding: drafts per decode (0: off)
 
 
 # ---- front end / supervisor → engine ---------------------------------------------------------
@@ -136,6 +138,7 @@ class StepOutputs(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     jumped: list[tuple[int, int]]
     finished: list[Finished]
     want_ack: bool = False
+    preempted: list[int] = []  # requests preempted in this step (vllm:request_num_preemptions)
 
 
 class EngineDown(msgspec.Struct, frozen=True, array_like=True, tag="down"):

@@ -24,7 +24,7 @@ from prometheus_client.utils import floatToGoString
 from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.stats.layout import Layout, MetricDef
-from server.stats.schema import engine_metrics, request_metrics
+from server.stats.schema import HIDDEN_0_10, engine_metrics, request_metrics
 from server.stats.shm import StatsFile
 
 VLLM = ["model_name", "engine", "deployment"]
@@ -64,8 +64,9 @@ class _Families:
 
 class StatsCollector(Collector):
     def __init__(self, infos: list[list[DeploymentInfo]], run_dir: RunDir, num_frontends: int,
-                 time_scale: float, wall0: float) -> None:
+                 time_scale: float, wall0: float, show_hidden_metrics: bool = False) -> None:
         self.infos, self.run, self.num_frontends = infos, run_dir, num_frontends
+        self.show_hidden = show_hidden_metrics
         self.scale, self.wall0 = time_scale, wall0
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
         self.request_layout = Layout(request_metrics(max(1, max_len)))
@@ -102,6 +103,7 @@ class StatsCollector(Collector):
         fams = _Families()
         requests = self._requests()
         now = (time.monotonic() - self.wall0) / self.scale
+        unlabelled: dict[int, np.ndarray] = {}  # deployment -> its ranks' arrays, summed
         for k, key in enumerate(self.keys):
             info = self.infos[key[0]][key[1]]
             vllm = [info.model, str(info.rank), info.name]
@@ -114,6 +116,13 @@ class StatsCollector(Collector):
             if arr is None or not info.placed:
                 continue
             self._engine_series(fams, info, self.engine_layouts[key], arr, now)
+            unlabelled[key[0]] = unlabelled.get(key[0], 0) + arr
+        for d_index, arr in unlabelled.items():
+            info, layout = self.infos[d_index][0], self.engine_layouts[(d_index, 0)]
+            for d in layout.defs.values():
+                if not d.per_engine:
+                    fams.add(d, ["model_name", "deployment"], [info.model, info.name], arr,
+                             layout.offset[d.name])
         return iter(fams.by_name.values())
 
     def _engine_series(self, fams: _Families, info: DeploymentInfo, layout: Layout,
@@ -128,7 +137,12 @@ class StatsCollector(Collector):
         total = info.capacity.kv_blocks_total
         kv = MetricDef("vllm:kv_cache_usage_perc", "gauge",
                        "KV-cache usage. 1 means 100 percent usage.")
-        fams.get(kv, VLLM).add_metric(vllm, arr[layout.slot("_kv_used")] / total if total else 0)
+        usage = arr[layout.slot("_kv_used")] / total if total else 0.0
+        fams.get(kv, VLLM).add_metric(vllm, usage)
+        if self.show_hidden:  # vLLM 0.11.x's deprecated names (schema.HIDDEN_0_10)
+            for name, (kind, doc, current) in HIDDEN_0_10.items():
+                value = usage if current == kv.name else arr[layout.slot(current)]
+                fams.get(MetricDef(name, kind, doc), VLLM).add_metric(vllm, float(value))
         cfg = fams.by_name.setdefault("vllm:cache_config_info", GaugeMetricFamily(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
             labels=["engine", "deployment", "model_name", "block_size", "num_gpu_blocks",
@@ -137,7 +151,7 @@ class StatsCollector(Collector):
                         str(total), str(info.enable_prefix_caching),
                         str(info.gpu_memory_utilisation), "auto"], 1.0)
         for d in layout.defs.values():
-            if d.name.startswith("_"):
+            if d.name.startswith("_") or not d.per_engine:
                 continue
             fams.add(d, VLLM if d.name.startswith("vllm:") else DEV,
                      vllm if d.name.startswith("vllm:") else dev, arr, layout.offset[d.name])

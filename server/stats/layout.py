@@ -23,6 +23,7 @@ class MetricDef:
     buckets: tuple[float, ...] = ()  # histogram upper bounds, +Inf implied
     label: str | None = None  # one extra label (finished_reason, tier, bound, reason, ...)
     values: tuple[str, ...] = ()  # the values of that label, one slot (or histogram) each
+    per_engine: bool = True  # False: vLLM exports it without the `engine` label (summed)
 
     @property
     def width(self) -> int:

@@ -24,7 +24,14 @@ from __future__ import annotations
 from server.ipc.messages import DeploymentInfo
 from server.stats.layout import MetricDef
 
-FINISH_REASONS = ("stop", "length", "abort", "error")
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+WAITING_REASONS = ("capacity", "deferred")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHE_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 BOUNDS = ("memory", "compute", "overhead", "link")
 COMPILE_REASONS = ("cold_start", "recompile", "new_shape", "other")
 STATE_CODES = ("compiling", "ready", "failed", "draining")
@@ -89,10 +96,25 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...] | str]] = {
     "vllm:request_decode_time_seconds": (
         "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS),
 }
+# vLLM 0.33.0 (docs/VLLM_REFERENCE.md, tests/observability/vllm_reference.json "series")
+HISTOGRAMS_0_33: dict[str, tuple[str, tuple[float, ...] | str]] = {
+    "vllm:request_max_num_generation_tokens": (
+        "Histogram of maximum number of requested generation tokens.", "1-2-5"),
+    "vllm:request_params_n": ("Histogram of the n request parameter.",
+                              REQUEST_PARAMS_N_BUCKETS),
+    "vllm:request_time_per_output_token_seconds": (
+        "Histogram of time_per_output_token_seconds per request.", INTER_TOKEN_LATENCY_BUCKETS),
+    "vllm:request_num_preemptions": (
+        "Histogram of the number of times a request was preempted.",
+        REQUEST_NUM_PREEMPTIONS_BUCKETS),
+    "vllm:request_prefill_kv_computed_tokens": (
+        "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+        "1-2-5"),
+}
 
 
 def _vllm_hist(name: str, max_model_len: int) -> MetricDef:
-    doc, buckets = HISTOGRAMS[name]
+    doc, buckets = HISTOGRAMS[name] if name in HISTOGRAMS else HISTOGRAMS_0_33[name]
     b = tuple(build_1_2_5_buckets(max_model_len)) if buckets == "1-2-5" else buckets
     return MetricDef(name, "histogram", doc, tuple(float(x) for x in b))
 
@@ -104,7 +126,12 @@ def request_metrics(max_model_len: int) -> list[MetricDef]:
         MetricDef("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
         MetricDef("vllm:request_success", "counter", "Count of successfully processed requests.",
                   label="finished_reason", values=FINISH_REASONS),
+        MetricDef("vllm:prompt_tokens_by_source", "counter",
+                  "Number of prompt tokens by source.", label="source", values=PROMPT_SOURCES),
+        MetricDef("vllm:prompt_tokens_cached", "counter",
+                  "Number of cached prompt tokens (local + external)."),
         *(_vllm_hist(n, max_model_len) for n in HISTOGRAMS if n != "vllm:iteration_tokens_total"),
+        *(_vllm_hist(n, max_model_len) for n in HISTOGRAMS_0_33),
         MetricDef("doppelchip_inter_token_latency_seconds", "histogram",
                   "Inter-token latency (emulated), sub-millisecond buckets.",
                   FINE_ITL_BUCKETS),
@@ -122,6 +149,44 @@ def engine_metrics(info: DeploymentInfo) -> list[MetricDef]:
                   "Number of requests in model execution batches."),
         MetricDef("vllm:num_requests_waiting", "gauge",
                   "Number of requests waiting to be processed."),
+        MetricDef("vllm:num_requests_waiting_by_reason", "gauge",
+                  "Number of waiting requests by reason. Reason labels: 'capacity' = waiting "
+                  "for scheduling capacity; 'deferred' = deferred by transient constraints "
+                  "(LoRA budget, KV transfer, blocked status). Sum of all reasons equals "
+                  "vllm:num_requests_waiting.", label="reason", values=WAITING_REASONS),
+        MetricDef("vllm:engine_sleep_state", "gauge",
+                  "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means "
+                  "engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 "
+                  "means sleep level 2.", label="sleep_state", values=SLEEP_STATES),
+        MetricDef("vllm:external_prefix_cache_queries", "counter",
+                  "External prefix cache queries from KV connector cross-instance cache "
+                  "sharing, in terms of number of queried tokens."),
+        MetricDef("vllm:external_prefix_cache_hits", "counter",
+                  "External prefix cache hits from KV connector cross-instance cache sharing, "
+                  "in terms of number of cached tokens."),
+        MetricDef("vllm:mm_cache_queries", "counter",
+                  "Multi-modal cache queries, in terms of number of queried items."),
+        MetricDef("vllm:mm_cache_hits", "counter",
+                  "Multi-modal cache hits, in terms of number of cached items."),
+        MetricDef("vllm:prompt_tokens_cached_by_source", "counter",
+                  "Prefix-cache hit tokens by the cache tier that supplied them: device (local "
+                  "HBM), host (offloaded to DRAM), disk, p2p (transferred from another vLLM "
+                  "instance) or external_unspecified. Counted at admission; sums to "
+                  "vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
+                  label="source", values=CACHE_SOURCES),
+        MetricDef("vllm:admission_rejections", "counter",
+                  "Number of admission attempts rejected by a queue limit, by reason.",
+                  label="reason", values=ADMISSION_REASONS, per_engine=False),
+        MetricDef("vllm:estimated_flops_per_gpu", "counter",
+                  "Estimated number of floating point operations per GPU (for Model Flops "
+                  "Utilization calculations)."),
+        MetricDef("vllm:estimated_read_bytes_per_gpu", "counter",
+                  "Estimated number of bytes read from memory per GPU (for Model Flops "
+                  "Utilization calculations)."),
+        MetricDef("vllm:estimated_write_bytes_per_gpu", "counter",
+                  "Estimated number of bytes written to memory per GPU (for Model Flops "
+                  "Utilization calculations)."),
+        *_spec_decode(info.num_speculative_tokens),
         MetricDef("vllm:num_preemptions", "counter",
                   "Cumulative number of preemption from the engine."),
         MetricDef("vllm:prefix_cache_queries", "counter",
@@ -162,6 +227,37 @@ def engine_metrics(info: DeploymentInfo) -> list[MetricDef]:
                   "Emulated duration of one engine step (compile stall included).",
                   STEP_BUCKETS),
     ]
+
+
+def _spec_decode(k: int) -> list[MetricDef]:
+    """vLLM's speculative-decoding counters, registered only with a speculative config."""
+    if not k:
+        return []
+    return [
+        MetricDef("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts."),
+        MetricDef("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens."),
+        MetricDef("vllm:spec_decode_num_accepted_tokens", "counter",
+                  "Number of accepted tokens."),
+        MetricDef("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
+                  "Accepted tokens per draft position.", label="position",
+                  values=tuple(str(i) for i in range(k))),
+    ]
+
+
+# vLLM 0.11.x's deprecated names (the last release offering them, behind
+# --show-hidden-metrics-for-version=0.10; vLLM 0.33.0 no longer has them): the production-stack
+# router still reads them. name -> (type, help, the current series it mirrors)
+HIDDEN_0_10 = {
+    "vllm:gpu_cache_usage_perc": (
+        "gauge", "GPU KV-cache usage. 1 means 100 percent usage.DEPRECATED: Use "
+        "vllm:kv_cache_usage_perc instead.", "vllm:kv_cache_usage_perc"),
+    "vllm:gpu_prefix_cache_queries": (
+        "counter", "GPU prefix cache queries, in terms of number of queriedtokens. DEPRECATED: "
+        "Use vllm:prefix_cache_queries instead.", "vllm:prefix_cache_queries"),
+    "vllm:gpu_prefix_cache_hits": (
+        "counter", "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED: Use "
+        "vllm:prefix_cache_hits instead.", "vllm:prefix_cache_hits"),
+}
 
 
 def compile_reason(stall_reason: str) -> str:
