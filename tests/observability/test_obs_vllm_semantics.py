@@ -22,8 +22,13 @@ async def test_prompt_sources_rejections_and_hidden_names():
             for _ in range(2):
                 [c async for c in client.generate(prompt, max_tokens=3, ignore_eos=True)]
             # 'slow' runs one and queues two: the fourth is refused by the queue limit
-            calls = [client.stub.Generate(build_request(
-                "q", deployment="slow", max_tokens=500, ignore_eos=True)) for _ in range(3)]
+            def held():
+                return client.stub.Generate(build_request(
+                    "q", deployment="slow", max_tokens=500, ignore_eos=True))
+
+            calls = [held()]
+            await until(client, "slow", lambda d: d.load.num_running == 1)
+            calls += [held(), held()]
             await until(client, "slow",
                         lambda d: (d.load.num_running, d.load.num_waiting) == (1, 2))
             with pytest.raises(grpc.aio.AioRpcError):
