@@ -62,12 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_devices,
         cmd_gateway,
         cmd_load,
+        cmd_pods,
         cmd_serve,
         cmd_simulate,
         cmd_whatif,
     )
 
     cmd_serve.register(sub)
+    cmd_pods.register(sub)
     cmd_devices.register(sub)
     cmd_simulate.register(sub)
     cmd_load.register(sub)

@@ -1,7 +1,7 @@
 """`doppelchip gateway`: doppelchip replicas behind the smg gateway, all on loopback.
 
-Starts `--replicas` `doppelchip serve` processes (replica i on gRPC port `--port + i`, metrics
-on `--metrics-port + i`, each fronting `--deployment` with the vLLM engine gRPC service), then
+Starts `--replicas` `doppelchip serve --deployment NAME` pods (replica i on gRPC port
+`--port + i`, metrics on `--metrics-port + i`), then
 `smg launch --host 127.0.0.1 --port GATEWAY_PORT --worker-urls grpc://127.0.0.1:P ...
 --prometheus-host 127.0.0.1` (smg binds 0.0.0.0 unless told), waits until smg is ready, prints
 the OpenAI base URL, and on SIGINT/SIGTERM stops smg and drains the replicas.
@@ -14,7 +14,6 @@ import argparse
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from doppelchip.procs import listening, stop, wait_until
 
 HOST = "127.0.0.1"
 
@@ -63,7 +64,7 @@ def find_smg() -> str | None:
 def replica_cmd(args: argparse.Namespace, i: int) -> list[str]:
     cmd = [sys.executable, "-m", "doppelchip.cli", "serve", "--host", HOST,
            "--port", str(args.port + i), "--metrics-port", str(args.metrics_port + i),
-           "--vllm-engine-deployment", args.deployment, "--default-deployment", args.deployment]
+           "--deployment", args.deployment]
     if args.config:
         cmd += ["--config", args.config]
     if args.time_scale is not None:
@@ -79,12 +80,6 @@ def smg_cmd(args: argparse.Namespace, smg: str) -> list[str]:
             "--shutdown-grace-period-secs", "5", "--log-level", "warn", *args.smg_arg]
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex((HOST, port)) == 0
-
-
 def _ready(port: int, replicas: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://{HOST}:{port}/readiness", timeout=2) as r:
@@ -92,30 +87,6 @@ def _ready(port: int, replicas: int) -> bool:
     except (OSError, ValueError):
         return False
     return body.get("healthy_workers", 0) >= replicas
-
-
-def wait_until(cond, deadline: float, procs: list[subprocess.Popen]) -> bool:
-    while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
-            return False
-        if cond():
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def stop(procs: list[subprocess.Popen], timeout: float = 15.0) -> None:
-    """SIGTERM each (smg first: it is last in the list), then wait; kill what is left."""
-    for p in reversed(procs):
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for p in reversed(procs):
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -136,7 +107,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             procs.append(subprocess.Popen(replica_cmd(args, i), stdin=subprocess.DEVNULL))
         deadline = time.monotonic() + args.ready_timeout
         ports = [args.port + i for i in range(args.replicas)]
-        if not wait_until(lambda: all(_listening(p) for p in ports), deadline, procs):
+        if not wait_until(lambda: all(listening(HOST, p) for p in ports), deadline, procs):
             print("error: the replicas did not start", file=sys.stderr)
             return 1
         procs.append(subprocess.Popen(smg_cmd(args, smg), stdin=subprocess.DEVNULL))

@@ -45,6 +45,23 @@ def register(subparsers: Any) -> None:
                    "idle (for tests: a broken invariant crashes the engine, loudly)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="logging verbosity (default info)")
+    p.add_argument("--show-hidden-metrics-for-version", metavar="VERSION",
+                   help="as vLLM's flag: 0.10 also exports vLLM 0.11.x's deprecated names "
+                   "(vllm:gpu_cache_usage_perc, vllm:gpu_prefix_cache_*), which the "
+                   "production-stack router reads")
+    from doppelchip.cmd_simulate import add_deployment_args
+
+    add_deployment_args(p, verb="serve alone, as a vLLM pod", with_config=False)
+    pod = p.add_argument_group("pod mode (with --deployment or --chip/--engine/--model/--quant)")
+    pod.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                     help="the model name(s) clients send, as vLLM's flag; the first is the "
+                     "model_name label of every vllm: series (default: the catalogue model id)")
+    pod.add_argument("--data-parallel-size", type=int, metavar="N",
+                     help="N engine cores (each a full copy on its own chips), as vLLM's flag; "
+                     "the engine label is 0..N-1")
+    pod.add_argument("--enable-expert-parallel", action="store_true",
+                     help="as vLLM's flag: experts spread over every chip of a stage "
+                     "(--ep = --count / --pp, or --tp without --count)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -53,15 +70,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from server.supervisor import ServeOptions, serve
 
     try:
-        fleet = load_fleet(args.config).with_server(
+        fleet = pod_fleet(args, load_fleet(args.config)).with_server(
             host=args.host, port=args.port, metrics_port=args.metrics_port,
             time_scale=args.time_scale, default_deployment=args.default_deployment,
             drain_grace_s=args.drain_grace, event_loop=args.event_loop,
             vllm_engine_deployment=args.vllm_engine_deployment,
             api_server_count=args.api_server_count, stream_interval=args.stream_interval,
             engine_restart_backoff_s=args.engine_restart_backoff,
+            show_hidden_metrics_for_version=args.show_hidden_metrics_for_version,
         )
-    except ConfigError as e:
+    except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     s = fleet.server
@@ -83,3 +101,44 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     return serve(fleet, ServeOptions(log_level=args.log_level,
                                      check_integrity=args.check_integrity))
+
+
+POD_ONLY = ("served_model_name", "data_parallel_size", "enable_expert_parallel")
+
+
+def pod_fleet(args: argparse.Namespace, fleet):
+    """The fleet to serve: as configured, or (pod mode) the one deployment `--deployment` or
+    the catalogue flags name, with the pod's served names and data-parallel size."""
+    import dataclasses
+
+    from doppelchip.simulation import SimulationError, options_from_args
+
+    catalogue = (args.chip, args.engine, args.model, args.quant)
+    if not args.deployment and not any(catalogue):
+        used = [f"--{k.replace('_', '-')}" for k in POD_ONLY if getattr(args, k)]
+        if used:
+            raise ValueError(f"{', '.join(used)} need pod mode (--deployment NAME, or --chip "
+                             "--engine --model --quant)")
+        return fleet
+    try:
+        options = options_from_args(args)
+    except SimulationError as e:
+        raise ValueError(str(e)) from e
+    if any(catalogue) and not args.deployment:  # named after the flags
+        options = dataclasses.replace(
+            options, name=f"{options.engine}-{options.chip}-{options.model}-{options.quant}")
+    ep = options.ep
+    if args.enable_expert_parallel and ep is None:
+        if options.count:
+            ep = options.count // (options.pp or 1)
+        elif options.tp:
+            ep = options.tp
+        else:
+            raise ValueError("--enable-expert-parallel needs --count or --tp (or give --ep)")
+    options = dataclasses.replace(
+        options, ep=ep,
+        served_model_name=tuple(args.served_model_name or options.served_model_name),
+        data_parallel_size=args.data_parallel_size or options.data_parallel_size)
+    server = dataclasses.replace(fleet.server, default_deployment=options.name,
+                                 vllm_engine_deployment=options.name)
+    return dataclasses.replace(fleet, server=server, deployments=(options,))

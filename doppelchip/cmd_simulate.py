@@ -14,12 +14,16 @@ import sys
 from typing import Any
 
 
-def add_deployment_args(p: argparse.ArgumentParser) -> None:
-    """The deployment flags shared by simulate (and the load generator's sim: target)."""
+def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
+                        with_config: bool = True) -> None:
+    """The deployment flags shared by simulate, serve's pod mode (and the load generator's
+    sim: target)."""
     g = p.add_argument_group("deployment (a fleet file's deployment, or flags as in estimate)")
-    g.add_argument("--config", metavar="FILE", help="fleet TOML file to take a deployment from")
+    if with_config:
+        g.add_argument("--config", metavar="FILE",
+                       help="fleet TOML file to take a deployment from")
     g.add_argument("--deployment", metavar="NAME",
-                   help="deployment of --config (or of the built-in fleet) to simulate")
+                   help=f"deployment of --config (or of the built-in fleet) to {verb}")
     g.add_argument("--chip", help="chip id, e.g. h100-sxm (see `doppelchip devices`)")
     g.add_argument("--engine", help="engine id, e.g. vllm, sglang, llama.cpp, groq")
     g.add_argument("--model", help="model id, e.g. llama-3.1-8b")

@@ -88,6 +88,10 @@ _TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 
 def _typed(value: Any, type_name: str, where: str) -> Any:
     type_name = type_name.removesuffix(" | None")  # TOML has no null: absent means None
+    if type_name == "tuple[str, ...]":
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{where} must be a list of names, got {value!r}")
+        return tuple(value)
     expected = _TYPES[type_name]
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

@@ -112,14 +112,12 @@ def _constraint(c: pb.Constraint) -> Constraint | None:
 
 
 def to_response(chunk: TokenChunk, request_id: str, deployment: str) -> pb.GenerateResponse:
-    msg = pb.GenerateResponse(
-        request_id=request_id,
-        token_ids=chunk.token_ids,
-        text=chunk.text,
-        token_times=chunk.token_times,
-        index=chunk.index,
-        prompt_token_ids=chunk.prompt_token_ids,
-    )
+    msg = pb.GenerateResponse(request_id=request_id, token_ids=chunk.token_ids, text=chunk.text,
+                              index=chunk.index)
+    if chunk.token_times:  # only the fields a chunk has: an empty field still costs
+        msg.token_times.extend(chunk.token_times)
+    if chunk.prompt_token_ids:
+        msg.prompt_token_ids.extend(chunk.prompt_token_ids)
     f = chunk.finish
     if f is not None:
         u, t = f.usage, f.timings

@@ -30,15 +30,22 @@ class Fleet:
         """The deployment for a request's (deployment, model) pair, as the wire API defines it."""
         if deployment:
             client = self.get(deployment)
-            if model and model != client.info.model:
+            if model and not serves(client, model):
                 raise UnknownDeployment(
-                    f"deployment {deployment!r} serves {client.info.model!r}, not {model!r}"
+                    f"deployment {deployment!r} serves {client.info.model_name!r}, not {model!r}"
                 )
             return client
         if not model:
             return self.get(self.default_name)
-        candidates = [c for c in self.clients.values() if c.info.model == model]
+        candidates = [c for c in self.clients.values() if serves(c, model)]
         if not candidates:
             raise UnknownDeployment(f"no deployment serves model {model!r}")
         ready = [c for c in candidates if c.status().state is DeploymentState.READY]
         return (ready or candidates)[0]
+
+
+def serves(client: DeploymentClient, model: str) -> bool:
+    """Whether a request naming `model` may go to this deployment: one of its served names,
+    or (with none set) its catalogue model id."""
+    info = client.info
+    return model in info.served_model_names if info.served_model_names else model == info.model

@@ -184,3 +184,28 @@ def metric(text: str, name: str, **labels: str) -> float:
             found.append(float(value))
     assert len(found) == 1, f"{name} {labels}: {len(found)} samples"
     return found[0]
+
+
+def free_run(n: int, avoid: range | None = None) -> int:
+    """A port p with p .. p+n-1 all free on 127.0.0.1 (commands that count ports up)."""
+    import socket
+
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535 or (avoid is not None and (base in avoid or base + n - 1 in avoid)):
+            continue
+        probes = []
+        try:
+            for p in range(base, base + n):
+                probe = socket.socket()
+                probes.append(probe)
+                probe.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+        return base
+    raise RuntimeError(f"no {n} consecutive free ports")

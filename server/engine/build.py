@@ -85,6 +85,8 @@ class EngineOptions:
     speculative_config: str | None = None  # vLLM's JSON (+ "acceptance_rate"): devices.speculative
     stream_interval: int | None = None  # tokens per streamed message (None: the server's)
     data_parallel_size: int = 1  # engine cores (ranks), each a full copy of the deployment
+    served_model_name: tuple[str, ...] = ()  # names clients send; the first is the model_name
+    #                                          label (none: the catalogue model id)
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,

@@ -62,11 +62,11 @@ class RequestOutput:
         self.num_tokens += len(token_ids)
         last = token_ids[-1]
         if last in self._special or last in self._stop_ids:  # stop tokens add no text
-            self._text += self._detok.push_many(token_ids[:-1])
-        else:
-            self._text += self._detok.push_many(token_ids)
-        if self._stops:
-            self._match_stop()
+            token_ids = token_ids[:-1]
+        if not self._stops:  # nothing to hold back or match: the delta is the text
+            return self._detok.push_many(token_ids)
+        self._text += self._detok.push_many(token_ids)
+        self._match_stop()
         hold = 0 if self.stopped else self._hold
         upto = max(self._sent, len(self._text) - hold)
         text = self._text[self._sent : upto]
@@ -92,6 +92,8 @@ class RequestOutput:
         """At the end: whatever text is still held back (an incomplete trailing character
         becomes U+FFFD, unless a stop string cut the text)."""
         if not self.stopped:
+            if not self._stops:
+                return self._detok.flush()
             self._text += self._detok.flush()
         text = self._text[self._sent :]
         self._sent = len(self._text)

@@ -144,8 +144,10 @@ class IncrementalDetokenizer:
         """The text completed by this token ("" while a character is still incomplete)."""
         return self._utf8.decode(self._bytes[token_id])
 
-    def push_many(self, token_ids: Iterable[int]) -> str:
-        return self._utf8.decode(b"".join(self._bytes[i] for i in token_ids))
+    def push_many(self, token_ids: Sequence[int]) -> str:
+        if len(token_ids) == 1:
+            return self._utf8.decode(self._bytes[token_ids[0]])
+        return self._utf8.decode(b"".join([self._bytes[i] for i in token_ids]))
 
     def flush(self) -> str:
         """End of stream: an incomplete trailing character becomes U+FFFD."""

@@ -70,6 +70,7 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         kv_bytes_per_token=sum(p.memory_bytes(1).values()) - sum(p.memory_bytes(0).values()),
         num_speculative_tokens=core.speculative.num_speculative_tokens
         if core.speculative else 0,
+        served_model_names=opts.served_model_name,
     )
 
 
@@ -83,4 +84,5 @@ def failed_info(opts: EngineOptions, rank: int, why: str, vocab_size: int) -> De
         vocab_size=vocab_size, max_grammar_bytes=opts.max_grammar_bytes,
         enable_prefix_caching=False, gpu_memory_utilisation=0.0, tiers=(),
         weights_resident=(), tier_peaks=(), peak_flops=0.0, idle_watts=0.0, usd_per_s=0.0,
+        served_model_names=opts.served_model_name,
     )

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Callable
+from typing import NoReturn
 
 import msgspec
 import zmq
@@ -90,6 +91,7 @@ class DeploymentClient:
             self.sockets.append(s)
         self.streams: dict[int, RequestStream] = {}
         self.admissions: dict[int, tuple[asyncio.Future[m.Admission], RequestStream]] = {}
+        self._turn = 0  # round robin among equally loaded ranks
 
     # ---- status -----------------------------------------------------------------------------
     def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
@@ -140,19 +142,34 @@ class DeploymentClient:
 
     # ---- requests ---------------------------------------------------------------------------
     def _pick_rank(self) -> tuple[int, int]:
-        """The least-loaded ready rank and its epoch, or the error a client should see."""
-        best: tuple[float, int, int] | None = None
+        """The least-loaded ready rank and its epoch, or the error a client should see. Load
+        is what the rank reports (every front end's requests) plus this front end's requests
+        it has not answered yet; ties go round robin (vLLM's data-parallel balancing)."""
+        if len(self.views) == 1:
+            state, text, epoch, _ = self.rank_state(0)
+            if state is DeploymentState.READY:
+                return 0, epoch
+            self._refuse(state, text)
+        pending = [0] * len(self.views)
+        for _, stream in self.admissions.values():
+            pending[stream.rank] += 1
+        ready: list[tuple[float, int, int]] = []
         worst: tuple[DeploymentState, str] | None = None
         for rank in range(len(self.views)):
             state, text, epoch, load = self.rank_state(rank)
             if state is DeploymentState.READY:
-                if best is None or load < best[0]:
-                    best = (load, rank, epoch)
+                ready.append((load + pending[rank], rank, epoch))
             else:
                 worst = (state, text)
-        if best is not None:
-            return best[1], best[2]
-        state, text = worst or (DeploymentState.FAILED, "")
+        if ready:
+            low = min(r[0] for r in ready)
+            ties = [r for r in ready if r[0] == low]
+            self._turn += 1
+            _, rank, epoch = ties[self._turn % len(ties)]
+            return rank, epoch
+        self._refuse(*(worst or (DeploymentState.FAILED, "")))
+
+    def _refuse(self, state: DeploymentState, text: str) -> NoReturn:
         if not self.info.placed:
             raise NotPlaced(f"deployment {self.name!r} could not be placed: {self.info.failure}")
         raise Unavailable(f"deployment {self.name!r} is {state.value}: {text}")

@@ -54,6 +54,13 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     usd_per_s: float
     kv_bytes_per_token: float = 0.0  # all chips together (vllm:estimated_write_bytes_per_gpu)
     num_speculative_tokens: int = 0  # speculative decoding: drafts per decode (0: off)
+    served_model_names: tuple[str, ...] = ()  # what clients may send as `model`
+
+    @property
+    def model_name(self) -> str:
+        """vLLM's `model_name` label and the name /v1/models lists first: the first served
+        name, else the catalogue model id."""
+        return self.served_model_names[0] if self.served_model_names else self.model
 
 
 # ---- front end / supervisor → engine ---------------------------------------------------------

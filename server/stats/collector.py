@@ -106,7 +106,7 @@ class StatsCollector(Collector):
         unlabelled: dict[int, np.ndarray] = {}  # deployment -> its ranks' arrays, summed
         for k, key in enumerate(self.keys):
             info = self.infos[key[0]][key[1]]
-            vllm = [info.model, str(info.rank), info.name]
+            vllm = [info.model_name, str(info.rank), info.name]
             dev = [info.name, info.chip]
             for d in self.request_layout.defs.values():
                 is_vllm = d.name.startswith("vllm:")
@@ -121,13 +121,13 @@ class StatsCollector(Collector):
             info, layout = self.infos[d_index][0], self.engine_layouts[(d_index, 0)]
             for d in layout.defs.values():
                 if not d.per_engine:
-                    fams.add(d, ["model_name", "deployment"], [info.model, info.name], arr,
+                    fams.add(d, ["model_name", "deployment"], [info.model_name, info.name], arr,
                              layout.offset[d.name])
         return iter(fams.by_name.values())
 
     def _engine_series(self, fams: _Families, info: DeploymentInfo, layout: Layout,
                        arr: np.ndarray, now: float) -> None:
-        vllm = [info.model, str(info.rank), info.name]
+        vllm = [info.model_name, str(info.rank), info.name]
         dev = [info.name, info.chip]
         arr = arr.copy()
         if arr[layout.slot("_idle")] and now > arr[layout.slot("_t")]:  # idle since _t
@@ -147,7 +147,7 @@ class StatsCollector(Collector):
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
             labels=["engine", "deployment", "model_name", "block_size", "num_gpu_blocks",
                     "enable_prefix_caching", "gpu_memory_utilization", "cache_dtype"]))
-        cfg.add_metric([str(info.rank), info.name, info.model, str(info.capacity.block_size),
+        cfg.add_metric([str(info.rank), info.name, info.model_name, str(info.capacity.block_size),
                         str(total), str(info.enable_prefix_caching),
                         str(info.gpu_memory_utilisation), "auto"], 1.0)
         for d in layout.defs.values():

@@ -35,7 +35,7 @@ def test_commands_bind_loopback_and_front_one_deployment():
                                       "--deployment", "sglang-h100"])
     serve = replica_cmd(args, 2)
     assert serve[serve.index("--port") + 1] == "6002"
-    assert serve[serve.index("--vllm-engine-deployment") + 1] == "sglang-h100"
+    assert serve[serve.index("--deployment") + 1] == "sglang-h100"  # a pod of it alone
     assert serve[serve.index("--host") + 1] == "127.0.0.1"
     launch = smg_cmd(args, "smg")
     assert launch[launch.index("--host") + 1] == "127.0.0.1"

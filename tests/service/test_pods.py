@@ -1,0 +1,98 @@
+"""One deployment per pod, as a vLLM pod runs behind a router: `serve --deployment`, served
+model names, catalogue flags, data-parallel ranks, and `doppelchip pods`."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+
+import grpc
+import pytest
+from conftest import TEST_FLEET
+from server_proc import ROOT, ServerProcess, free_run, metric, toml_text
+
+from clients.client import AsyncClient
+
+ALIASES = ("meta-llama/Llama-3.1-8B-Instruct", "llama8b")
+
+
+async def test_a_pod_serves_one_deployment_under_its_served_names():
+    with ServerProcess(TEST_FLEET, "--deployment", "fast",
+                       "--served-model-name", *ALIASES) as server:
+        async with AsyncClient(server.target) as client:
+            listing = await client.list_deployments()
+            assert [d.name for d in listing.deployments] == ["fast"]
+            assert listing.default_deployment == "fast"
+            for model in ALIASES:
+                chunks = [c async for c in client.generate("hi", model=model, max_tokens=2,
+                                                           ignore_eos=True)]
+                assert chunks[-1].final.deployment == "fast"
+            with pytest.raises(grpc.aio.AioRpcError) as err:  # its names replace the id
+                async for _ in client.generate("hi", model="llama-3.1-8b", max_tokens=2):
+                    pass
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        text = await asyncio.to_thread(server.scrape)
+    names = set(re.findall(r'^vllm:[^{]+\{[^}]*model_name="([^"]*)"', text, re.M))
+    assert names == {ALIASES[0]}  # no vllm: series of a pod carries another model_name
+    assert metric(text, "vllm:request_success_total", finished_reason="length") == 2
+
+
+async def test_catalogue_flags_and_data_parallel_ranks():
+    flags = ["--chip", "h100-sxm", "--engine", "vllm", "--model", "llama-3.1-8b",
+             "--quant", "fp8", "--max-model-len", "512", "--data-parallel-size", "2",
+             "--time-scale", "0.05"]
+    with ServerProcess(None, *flags) as server:
+        name = "vllm-h100-sxm-llama-3.1-8b-fp8"
+        for rank in (0, 1):
+            server.engine_pid(name, rank)
+        async with AsyncClient(server.target) as client:
+            listing = await client.list_deployments()
+            assert [d.name for d in listing.deployments] == [name]
+            await asyncio.gather(*(
+                _drain(client.generate("dp", max_tokens=40, ignore_eos=True, seed=i))
+                for i in range(8)))
+        text = await asyncio.to_thread(server.scrape)
+    per_rank = [metric(text, "vllm:request_success_total", engine=str(r),
+                       finished_reason="length") for r in (0, 1)]
+    assert sum(per_rank) == 8 and min(per_rank) >= 2  # both ranks took requests
+
+
+async def _drain(stream) -> None:
+    async for _ in stream:
+        pass
+
+
+def test_pod_flags_need_pod_mode():
+    out = subprocess.run([sys.executable, "-m", "doppelchip.cli", "serve",
+                          "--served-model-name", "x"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "need pod mode" in out.stderr
+
+
+def test_pods_starts_one_pod_per_deployment(tmp_path):
+    config = tmp_path / "fleet.toml"
+    config.write_text(toml_text(TEST_FLEET))
+    port = free_run(2)
+    metrics_port = free_run(2, avoid=range(port - 1, port + 2))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "doppelchip.cli", "pods", "--config", str(config),
+         "--port", str(port), "--metrics-port", str(metrics_port)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline().split("\t") for _ in range(2)]
+        assert [row[0] for row in lines] == ["fast", "slow"]
+
+        async def check() -> None:
+            for i, name in enumerate(("fast", "slow")):
+                async with AsyncClient(f"127.0.0.1:{port + i}") as client:
+                    listing = await client.list_deployments()
+                    assert [d.name for d in listing.deployments] == [name]
+        asyncio.run(check())
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
