@@ -127,7 +127,8 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
             raise ConfigError(f"{where}: {key} must be one of {', '.join(choices)}")
     for key in ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                 "max_waiting", "block_size", "kv_blocks", "max_grammar_bytes",
-                "stream_interval", "data_parallel_size"):
+                "stream_interval", "data_parallel_size", "max_grammar_depth",
+                "max_prompt_bytes", "max_stop_strings", "max_stop_bytes"):
         if key in table and isinstance(table[key], int) and table[key] < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
     return _build(EngineOptions, table, where)

@@ -81,6 +81,10 @@ class EngineOptions:
     jump_forward: bool | None = None  # structured output: append grammar-forced tokens without
     #                                   decoding them (default: the engine's catalogue entry)
     max_grammar_bytes: int = 65536  # largest constraint (regex, schema, grammar) accepted
+    max_grammar_depth: int = 100  # deepest nesting of brackets a constraint may have
+    max_prompt_bytes: int = 2_000_000  # largest prompt text, checked before tokenizing
+    max_stop_strings: int = 256  # stop strings per request
+    max_stop_bytes: int = 1024  # longest stop string (text that long is held back)
     kv_cache_dtype: str = "auto"  # auto (the quantisation's) | fp8
     speculative_config: str | None = None  # vLLM's JSON (+ "acceptance_rate"): devices.speculative
     stream_interval: int | None = None  # tokens per streamed message (None: the server's)

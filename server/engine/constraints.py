@@ -33,6 +33,7 @@ from server.engine.interface import Constraint, InvalidRequest
 from server.engine.tokenizer import Tokenizer
 
 CACHE_SIZE = 256  # compiled grammars kept per tokenizer (LRU)
+MAX_DEPTH = 64  # default max_grammar_depth: nesting levels a constraint may have
 _ERROR_CHARS = 300  # llguidance messages can quote the whole grammar; keep the head
 _CLOSERS = (b"}", b"]", b'"', b")", b",")  # preferred, in order, when the sampler wraps up
 _JSON_OPTIONS = {"whitespace_flexible": False}
@@ -170,13 +171,17 @@ class ConstraintCompiler:
             self._vocab = _vocab(tok)
         return self._lltok, self._vocab
 
-    def start(self, spec: Constraint, max_bytes: int) -> ConstraintState:
+    def start(self, spec: Constraint, max_bytes: int,
+              max_depth: int = MAX_DEPTH) -> ConstraintState:
         """A fresh state for one request, or InvalidRequest saying what is wrong."""
         text = spec.key_text()
         size = len(text.encode())
         if size > max_bytes:
             raise InvalidRequest(f"{spec.kind} constraint is {size} bytes; this deployment "
                                  f"accepts at most {max_bytes} (max_grammar_bytes)")
+        if (depth := nesting(text, "" if spec.kind == "regex" else "\"'")) > max_depth:
+            raise InvalidRequest(f"{spec.kind} constraint nests {depth} levels deep; this "
+                                 f"deployment accepts at most {max_depth} (max_grammar_depth)")
         if spec.kind == "choice" and not spec.choices:
             raise InvalidRequest("choice constraint needs at least one choice")
         if spec.kind != "choice" and not text.strip():
@@ -200,6 +205,32 @@ class ConstraintCompiler:
         return len(self._cache)
 
 
+def nesting(text: str, quotes: str = "\"'") -> int:
+    """The deepest nesting of (), [] and {} in `text`, outside string literals (`quotes`; a
+    backslash escapes the next character) — counted without recursion, so a hostile
+    constraint is refused before a parser recurses through it."""
+    depth = deepest = 0
+    quote = ""
+    escaped = False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif quote:
+            if ch == quote:
+                quote = ""
+        elif ch in quotes:
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        elif ch in ")]}":
+            depth -= 1
+    return deepest
+
+
 def _grammar(spec: Constraint) -> str:
     """The llguidance grammar of a constraint; ValueError when it cannot even be read."""
     if spec.kind == "regex":
@@ -209,6 +240,8 @@ def _grammar(spec: Constraint) -> str:
             schema = json.loads(spec.text)
         except json.JSONDecodeError as e:
             raise ValueError(f"not valid JSON: {e}") from e
+        except RecursionError as e:  # deeper than Python's parser goes
+            raise ValueError("the schema nests too deeply") from e
         if not isinstance(schema, dict | bool):
             raise ValueError("a JSON schema must be an object or a boolean")
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)

@@ -31,6 +31,28 @@ class Limits(msgspec.Struct, frozen=True):
     block_size: int
     max_waiting: int
     max_grammar_bytes: int
+    max_grammar_depth: int = 100
+    max_prompt_bytes: int = 2_000_000
+    max_stop_strings: int = 256
+    max_stop_bytes: int = 1024
+
+
+def check_sizes(request: EngineRequest, limits: Limits) -> None:
+    """The size limits a front end checks before doing any work on a request (tokenizing a
+    huge prompt, compiling many stop strings): InvalidRequest saying which."""
+    text = request.prompt_text
+    if text is not None and len(text) * 4 > limits.max_prompt_bytes \
+            and (n := len(text.encode())) > limits.max_prompt_bytes:
+        raise InvalidRequest(f"prompt is {n} bytes; deployment {limits.name!r} accepts at most "
+                             f"{limits.max_prompt_bytes} (max_prompt_bytes)")
+    stops = request.sampling.stop
+    if len(stops) > limits.max_stop_strings:
+        raise InvalidRequest(f"{len(stops)} stop strings; deployment {limits.name!r} accepts at "
+                             f"most {limits.max_stop_strings} (max_stop_strings)")
+    longest = max((len(s.encode()) for s in stops), default=0)
+    if longest > limits.max_stop_bytes:
+        raise InvalidRequest(f"a stop string is {longest} bytes; deployment {limits.name!r} "
+                             f"accepts at most {limits.max_stop_bytes} (max_stop_bytes)")
 
 
 def prompt_ids(request: EngineRequest, vocab_size: int,
@@ -91,7 +113,8 @@ def admit(request: EngineRequest, ids: list[int], max_tokens: int, arrival: floa
         )
     constraint = None
     if request.constraint is not None and constraints is not None:
-        constraint = constraints.start(request.constraint, limits.max_grammar_bytes)
+        constraint = constraints.start(request.constraint, limits.max_grammar_bytes,
+                                       limits.max_grammar_depth)
     req = Request(request.request_id, ids, request.sampling.resolved(max_tokens),
                   arrival_time=arrival, priority=request.priority)
     req.constraint = constraint

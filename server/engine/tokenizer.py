@@ -97,6 +97,12 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_unlocked(self, text: str) -> list[int]:
+        """`encode`, releasing the GIL while the Rust tokenizer works (`tokenizers` releases
+        it in batch encoding only): what a thread runs so an event loop keeps serving while a
+        long prompt is tokenized. The same ids as `encode`."""
+        return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
+
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 

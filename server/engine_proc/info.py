@@ -7,6 +7,7 @@ from __future__ import annotations
 from devices import Placement, catalog
 from server.engine.build import EngineOptions
 from server.engine.core import EngineCore
+from server.engine.intake import Limits
 from server.engine.interface import Capacity
 from server.engine.tokenizer import Tokenizer
 from server.ipc.messages import DeploymentInfo
@@ -43,6 +44,16 @@ def peak_flops(p: Placement) -> float:
     return p.chip.flops(dtype) * p.chips
 
 
+def limits_of(opts: EngineOptions, vocab_size: int, capacity: Capacity) -> Limits:
+    """The deployment's admission limits (Limits), from its options and its KV pool."""
+    return Limits(name=opts.name, vocab_size=vocab_size, max_model_len=capacity.max_model_len,
+                  num_blocks=capacity.kv_blocks_total, block_size=capacity.block_size,
+                  max_waiting=opts.max_waiting, max_grammar_bytes=opts.max_grammar_bytes,
+                  max_grammar_depth=opts.max_grammar_depth,
+                  max_prompt_bytes=opts.max_prompt_bytes,
+                  max_stop_strings=opts.max_stop_strings, max_stop_bytes=opts.max_stop_bytes)
+
+
 def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
                 tokenizer: Tokenizer) -> DeploymentInfo:
     p, cfg = core.placement, core.scheduler.config
@@ -60,8 +71,8 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
     return DeploymentInfo(
         name=opts.name, rank=rank, model=opts.model, quant=opts.quant, engine=opts.engine,
         chip=opts.chip, chip_count=p.chips, tensor_parallel=p.tp, pipeline_parallel=p.pp,
-        placed=True, failure="", capacity=capacity, vocab_size=tokenizer.vocab_size,
-        max_grammar_bytes=opts.max_grammar_bytes,
+        placed=True, failure="", capacity=capacity,
+        limits=limits_of(opts, tokenizer.vocab_size, capacity),
         enable_prefix_caching=cfg.enable_prefix_caching,
         gpu_memory_utilisation=p.spec.gpu_mem_utilisation, tiers=tiers,
         weights_resident=tuple(resident.get(t, 0.0) for t in tiers),
@@ -80,8 +91,8 @@ def failed_info(opts: EngineOptions, rank: int, why: str, vocab_size: int) -> De
         name=opts.name, rank=rank, model=opts.model, quant=opts.quant, engine=opts.engine,
         chip=opts.chip, chip_count=opts.count or 0, tensor_parallel=opts.tp or 0,
         pipeline_parallel=opts.pp or 0, placed=False, failure=why,
-        capacity=Capacity(0, 0, opts.block_size, 0, 0, 0, opts.max_waiting),
-        vocab_size=vocab_size, max_grammar_bytes=opts.max_grammar_bytes,
+        capacity=(capacity := Capacity(0, 0, opts.block_size, 0, 0, 0, opts.max_waiting)),
+        limits=limits_of(opts, vocab_size, capacity),
         enable_prefix_caching=False, gpu_memory_utilisation=0.0, tiers=(),
         weights_resident=(), tier_peaks=(), peak_flops=0.0, idle_watts=0.0, usd_per_s=0.0,
         served_model_names=opts.served_model_name,

@@ -19,7 +19,6 @@ import zmq
 from devices import DeviceError
 from server.engine.build import EngineOptions, build_core
 from server.engine.clock import Timeline
-from server.engine.intake import Limits
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.info import failed_info, placed_info
 from server.engine_proc.loop import EngineLoop
@@ -77,13 +76,8 @@ def engine_main(spec: EngineSpec) -> None:
     stats = EngineStats(run.engine_stats(spec.deployment, spec.rank), info, spec.epoch,
                         os.getpid())
     stats.set_state("compiling", "starting")
-    limits = Limits(name=opts.name, vocab_size=tokenizer.vocab_size,
-                    max_model_len=info.capacity.max_model_len,
-                    num_blocks=info.capacity.kv_blocks_total,
-                    block_size=info.capacity.block_size, max_waiting=opts.max_waiting,
-                    max_grammar_bytes=opts.max_grammar_bytes)
     loop = EngineLoop(deployment=spec.deployment, rank=spec.rank, epoch=spec.epoch, core=core,
-                      limits=limits, stats=stats, run_dir=run,
+                      limits=info.limits, stats=stats, run_dir=run,
                       num_frontends=spec.num_frontends,
                       timeline=Timeline(spec.wall0, spec.time_scale), cold=spec.cold,
                       check_integrity=spec.check_integrity)

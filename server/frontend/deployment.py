@@ -20,7 +20,7 @@ from typing import NoReturn
 import msgspec
 import zmq
 
-from server.engine.intake import Limits, check_request
+from server.engine.intake import check_request, check_sizes
 from server.engine.interface import (
     Capacity,
     DeploymentState,
@@ -46,6 +46,7 @@ from server.stats.shm import StatsFile
 ERRORS: dict[str, type[EngineError]] = {
     c.__name__: c for c in (InvalidRequest, Overloaded, Unavailable, NotPlaced)}
 _SEQ = itertools.count(1)  # unique per front-end process, across deployments
+INLINE_TOKENIZE_CHARS = 8192  # longer prompts are tokenized in a thread, off the event loop
 
 
 class EngineView:
@@ -76,10 +77,7 @@ class DeploymentClient:
         self.stream_interval, self.clock = stream_interval, clock
         self.stats = stats  # this front end's request metrics
         self.blocks = {i.rank: stats.blocks[(index, i.rank)] for i in infos}
-        c = self.info.capacity
-        self.limits = Limits(self.name, self.info.vocab_size, c.max_model_len,
-                             c.kv_blocks_total, c.block_size, c.max_waiting,
-                             self.info.max_grammar_bytes)
+        self.limits = self.info.limits
         self.views = [EngineView(run_dir.engine_stats(index, i.rank), i) for i in infos]
         self.sockets = []
         for info in infos:
@@ -177,7 +175,16 @@ class DeploymentClient:
     async def submit(self, request: EngineRequest) -> RequestStream:
         """Check, send, await admission; the stream to iterate, or a typed EngineError."""
         rank, epoch = self._pick_rank()
-        ids, max_tokens = check_request(request, self.limits, self.tokenizer.encode)
+        check_sizes(request, self.limits)  # before any work: a huge prompt is refused at once
+        text = request.prompt_text
+        if text is not None and len(text) > INLINE_TOKENIZE_CHARS:  # off the event loop
+            tokenized = await asyncio.to_thread(self.tokenizer.encode_unlocked, text)
+
+            def encode(_: str) -> list[int]:
+                return tokenized
+        else:
+            encode = self.tokenizer.encode
+        ids, max_tokens = check_request(request, self.limits, encode)
         arrival = self.clock()
         seq = next(_SEQ)
         prompt = tuple(ids)

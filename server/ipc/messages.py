@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import msgspec
 
+from server.engine.intake import Limits
 from server.engine.interface import Capacity, EngineRequest
 
 
@@ -42,8 +43,7 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     placed: bool
     failure: str  # why it could not be placed ("" when placed)
     capacity: Capacity
-    vocab_size: int
-    max_grammar_bytes: int
+    limits: Limits  # what a front end checks before sending a request
     enable_prefix_caching: bool
     gpu_memory_utilisation: float
     tiers: tuple[str, ...]  # memory tiers with metrics (weights, KV, bandwidth), fixed order

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 from conftest import assert_released
@@ -31,6 +33,16 @@ BAD_INPUTS = [
     (dict(presence_penalty=3.0), grpc.StatusCode.INVALID_ARGUMENT, "presence_penalty"),
     (dict(stop=[""]), grpc.StatusCode.INVALID_ARGUMENT, "stop strings must not be empty"),
     (dict(prompt=[7, 999999]), grpc.StatusCode.INVALID_ARGUMENT, "outside the vocabulary"),
+    (dict(temperature=float("nan")), grpc.StatusCode.INVALID_ARGUMENT, "finite number"),
+    (dict(repetition_penalty=float("inf")), grpc.StatusCode.INVALID_ARGUMENT, "finite number"),
+    (dict(min_tokens=10_000), grpc.StatusCode.INVALID_ARGUMENT,
+     "+ min_tokens (10000) exceeds deployment 'fast'"),
+    (dict(stop=[f"s{i}" for i in range(300)]), grpc.StatusCode.INVALID_ARGUMENT,
+     "300 stop strings; deployment 'fast' accepts at most 256 (max_stop_strings)"),
+    (dict(stop=["x" * 2000]), grpc.StatusCode.INVALID_ARGUMENT,
+     "a stop string is 2000 bytes; deployment 'fast' accepts at most 1024 (max_stop_bytes)"),
+    (dict(prompt="word " * 500_000), grpc.StatusCode.INVALID_ARGUMENT,
+     "prompt is 2500000 bytes; deployment 'fast' accepts at most 2000000 (max_prompt_bytes)"),
 ]
 
 
@@ -107,3 +119,32 @@ async def test_full_waiting_queue_is_resource_exhausted(client, server):
     await assert_released(client, "slow")
     for i in range(3):
         server.wait_for_log(rf"\[request_id=held-{i}\] finished on slow: abort")
+
+
+async def test_a_long_prompt_is_tokenized_off_the_event_loop(client):
+    """Tokenizing ~1.9 MB of text takes the better part of a second; meanwhile the front end
+    answers health checks (the tokenizer runs in a thread with the GIL released): the health
+    check started after the Generate finishes before the Generate is even admitted."""
+    from grpc_health.v1 import health_pb2
+
+    call = client.stub.Generate(build_request("fox jumps. " * 170_000, max_tokens=1,
+                                              deployment="fast"))
+    order: list[str] = []
+
+    async def admitted() -> None:
+        try:
+            await call.initial_metadata()
+        finally:
+            order.append("generate")
+
+    async def health() -> None:
+        await asyncio.sleep(0.05)  # a schedule: send the health check once the Generate is in
+        await client.health_stub.Check(health_pb2.HealthCheckRequest(service=""))
+        order.append("health")
+
+    await asyncio.gather(admitted(), health())
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # 1.9 MB of text is far beyond 256 tokens
+        async for _ in call:
+            pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert order == ["health", "generate"]

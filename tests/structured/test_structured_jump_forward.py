@@ -96,10 +96,20 @@ async def test_multi_token_step_divides_its_interval():
     assert final.finish.usage.completion_tokens == 4
 
 
-def test_compiled_grammars_are_cached():
+def test_compiled_grammars_are_cached(monkeypatch):
+    """A repeated constraint is compiled once (llguidance is called once), yet every request
+    gets a state of its own."""
+    from server.engine import constraints as module
+
     eng = core()
-    eng.constraints.start(LONG_KEYS, 65536)
-    size = eng.constraints.cache_size
-    a = eng.constraints.start(LONG_KEYS, 65536)
-    b = eng.constraints.start(LONG_KEYS, 65536)
-    assert eng.constraints.cache_size == size and a.matcher is not b.matcher  # one state each
+    compiled = []
+    real = module._compile
+    monkeypatch.setattr(module, "_compile",
+                        lambda lltok, spec: compiled.append(spec) or real(lltok, spec))
+    schema = Constraint("json_schema", text=json.dumps({"type": "object", "properties": {
+        "cache_probe": {"type": "integer"}}, "required": ["cache_probe"]}))
+    a = eng.constraints.start(schema, 65536)
+    b = eng.constraints.start(schema, 65536)
+    c = eng.constraints.start(schema, 65536)
+    assert len(compiled) == 1
+    assert a.matcher is not b.matcher and b.matcher is not c.matcher  # one state each
