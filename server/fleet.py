@@ -1,4 +1,9 @@
-"""A front end's fleet: every deployment's client, by name, and which one is the default."""
+"""A front end's fleet: every deployment's client, by name, which one is the default, and the
+model names clients may ask for.
+
+`models` is the one place a served model name maps to deployments (the HTTP API's `model`,
+the wire API's `model`, `/v1/models`): today each deployment serves its catalogue model id;
+served-model-name aliases plug in here."""
 
 from __future__ import annotations
 
@@ -14,6 +19,12 @@ class Fleet:
     def __init__(self, clients: list[DeploymentClient], default_name: str) -> None:
         self.clients = {c.name: c for c in clients}
         self.default_name = default_name
+        self.models: dict[str, list[DeploymentClient]] = {}
+        for c in clients:
+            self.models.setdefault(c.info.model, []).append(c)
+
+    def model_names(self) -> list[str]:
+        return list(self.models)
 
     def get(self, name: str) -> DeploymentClient:
         try:
@@ -37,7 +48,7 @@ class Fleet:
             return client
         if not model:
             return self.get(self.default_name)
-        candidates = [c for c in self.clients.values() if c.info.model == model]
+        candidates = self.models.get(model, [])
         if not candidates:
             raise UnknownDeployment(f"no deployment serves model {model!r}")
         ready = [c for c in candidates if c.status().state is DeploymentState.READY]
