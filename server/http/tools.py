@@ -202,7 +202,7 @@ class ToolStreamer:
             self._vd += 1
         elif c in "}]" and self._vd:
             self._vd -= 1
-        elif c in ",}":  # the value ended (this is the call object's own punctuation)
+        elif c in ",}" and not self._vd:  # the value ended (the call object's punctuation)
             if self._key == "name":
                 try:
                     call.name = str(json.loads("".join(self._raw)))
