@@ -9,6 +9,7 @@ sequences are streamed one after the other: sequence 0's chunks up to and includ
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -55,9 +56,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         finished = 0
         try:
             await context.send_initial_metadata((("x-request-id", rid),))
-            async for _, chunk in parallel.in_order(streams):
-                finished += chunk.finish is not None
-                yield convert.to_response(chunk, rid, client.name)
+            async with contextlib.aclosing(parallel.in_order(streams)) as chunks:
+                async for chunk in chunks:
+                    finished += chunk.finish is not None
+                    yield convert.to_response(chunk, rid, client.name)
         except StreamFailed as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         finally:

@@ -64,11 +64,17 @@ def abort_all(client: DeploymentClient, streams: Sequence[RequestStream]) -> Non
         client.abort(stream)
 
 
-async def in_order(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, TokenChunk]]:
-    """(child index, chunk), every chunk of child 0 first, then child 1's, ..."""
-    for i, stream in enumerate(streams):
+def in_order(streams: Sequence[RequestStream]) -> AsyncIterator[TokenChunk]:
+    """Every chunk of child 0, then child 1's, ... (one stream: its own iterator, no layer)."""
+    if len(streams) == 1:
+        return streams[0].outputs()
+    return _one_after_another(streams)
+
+
+async def _one_after_another(streams: Sequence[RequestStream]) -> AsyncIterator[TokenChunk]:
+    for stream in streams:
         async for chunk in stream.outputs():
-            yield i, chunk
+            yield chunk
 
 
 async def merged(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, TokenChunk]]:

@@ -94,8 +94,9 @@ async def collect(run: Run, request: Request) -> None:
     """Every choice to its end; raises HttpError 500 if the engine died. A client that
     disconnects first cancels the collection (and the request is aborted)."""
     async def gather() -> None:
-        async for i, chunk in parallel.merged(run.streams):
-            run.choices[i].add(chunk)
+        async with contextlib.aclosing(parallel.merged(run.streams)) as chunks:
+            async for i, chunk in chunks:
+                run.choices[i].add(chunk)
 
     work = asyncio.ensure_future(gather())
     watch = asyncio.ensure_future(_disconnected(request))
@@ -134,11 +135,12 @@ async def sse(run: Run, chunks: Chunker, head: list[dict], tail: Callable[[], li
     try:
         for event in head:
             yield b"data: " + _json.encode(event) + b"\n\n"
-        async for i, chunk in parallel.merged(run.streams):
-            choice = run.choices[i]
-            choice.add(chunk)
-            for event in chunks(choice, chunk):
-                yield b"data: " + _json.encode(event) + b"\n\n"
+        async with contextlib.aclosing(parallel.merged(run.streams)) as merged:
+            async for i, chunk in merged:
+                choice = run.choices[i]
+                choice.add(chunk)
+                for event in chunks(choice, chunk):
+                    yield b"data: " + _json.encode(event) + b"\n\n"
         for event in tail():
             yield b"data: " + _json.encode(event) + b"\n\n"
     except StreamFailed as e:

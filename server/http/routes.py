@@ -111,6 +111,8 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict:
         body = await parse(request, TokenizeRequest)
+        if state.draining:
+            raise draining()
         client, _ = resolve(state, body.model)
         tok = state.tokenizer
         if body.messages is not None:
@@ -132,6 +134,8 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict:
         body = await parse(request, DetokenizeRequest)
+        if state.draining:
+            raise draining()
         resolve(state, body.model)
         size = state.tokenizer.vocab_size
         bad = next((t for t in body.tokens if not 0 <= t < size), None)
