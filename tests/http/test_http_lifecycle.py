@@ -68,8 +68,9 @@ async def until_running(client) -> None:
 
 
 async def test_grpc_n_sequences_one_after_the_other(client):
-    chunks = [c async for c in client.generate("three at once", max_tokens=8, n=3,
-                                               ignore_eos=True, seed=4)]
+    prompt = "three at once " * 12  # a few full KV blocks, which the sequences share
+    chunks = [c async for c in client.generate(prompt, max_tokens=8, n=3, ignore_eos=True,
+                                               seed=4)]
     finals = [i for i, c in enumerate(chunks) if c.HasField("final")]
     assert len(finals) == 3 and finals[-1] == len(chunks) - 1
     seqs, start = [], 0
@@ -79,8 +80,10 @@ async def test_grpc_n_sequences_one_after_the_other(client):
         seqs.append([t for c in part for t in c.token_ids])
         start = end + 1
     assert all(len(s) == 8 for s in seqs) and len({tuple(s) for s in seqs}) == 3
-    one = [t async for c in client.generate("three at once", max_tokens=8, ignore_eos=True,
-                                            seed=4) for t in c.token_ids]
+    cached = [chunks[i].final.usage.cached_prompt_tokens for i in finals]
+    assert cached[0] == 0 and min(cached[1:]) >= 16  # the prompt's blocks, computed once
+    one = [t async for c in client.generate(prompt, max_tokens=8, ignore_eos=True, seed=4)
+           for t in c.token_ids]
     assert seqs[0] == one  # sequence 0 is the request itself (seed + 0)
     await assert_released(client, "fast")
 
