@@ -6,8 +6,10 @@ drives it from this process (the client, in a process of its own) with the same 
 of the server's paths: `streams` concurrent streaming requests of `tokens` tokens each
 (`ignore_eos`), `requests` per stream in a row — over gRPC (`doppelchip.v1.Inference/Generate`,
 the project's async client) and over HTTP (`/v1/completions` with `stream: true`, SSE, aiohttp).
-Rounds alternate the protocols; the medians of requests/s and streamed tokens/s are reported
-for 64 and 256 streams, with the ratio HTTP/gRPC (target: streamed tokens/s >= 0.7).
+Rounds alternate the protocols; the medians of requests/s, streamed tokens/s and messages per
+request (gRPC responses / SSE token events: a consumer that falls behind gets several tokens in
+one) are reported for 64 and 256 streams, with the ratio HTTP/gRPC (target: streamed
+tokens/s >= 0.7).
 Results, with the machine and its load, are recorded in benchmarks/RESULTS.md.
 """
 
@@ -52,24 +54,28 @@ def start_server(config: Path) -> tuple[subprocess.Popen, int, int]:
     raise RuntimeError("server did not start")
 
 
-async def grpc_load(port: int, streams: int, requests: int, tokens: int) -> tuple[int, int]:
+async def grpc_load(port: int, streams: int, requests: int,
+                    tokens: int) -> tuple[int, int, int]:
     from clients.client import AsyncClient
 
     async with AsyncClient(f"127.0.0.1:{port}") as client:
         await client.list_deployments()  # connected before the clock starts
 
-        async def worker() -> int:
-            n = 0
+        async def worker() -> tuple[int, int]:
+            n = messages = 0
             for _ in range(requests):
                 async for chunk in client.generate("bench", max_tokens=tokens,
                                                    ignore_eos=True):
                     n += len(chunk.token_ids)
-            return n
+                    messages += 1
+            return n, messages
 
-        return streams * requests, sum(await asyncio.gather(*(worker() for _ in range(streams))))
+        done = await asyncio.gather(*(worker() for _ in range(streams)))
+        return streams * requests, sum(d[0] for d in done), sum(d[1] for d in done)
 
 
-async def http_load(port: int, streams: int, requests: int, tokens: int) -> tuple[int, int]:
+async def http_load(port: int, streams: int, requests: int,
+                    tokens: int) -> tuple[int, int, int]:
     import aiohttp
 
     body = {"prompt": "bench", "max_tokens": tokens, "ignore_eos": True, "stream": True,
@@ -79,8 +85,8 @@ async def http_load(port: int, streams: int, requests: int, tokens: int) -> tupl
         async with s.get("/health") as r:
             assert r.status == 200
 
-        async def worker() -> int:
-            n = 0
+        async def worker() -> tuple[int, int]:
+            n = messages = 0
             for _ in range(requests):
                 last = b""
                 async with s.post("/v1/completions", json=body) as r:
@@ -88,19 +94,23 @@ async def http_load(port: int, streams: int, requests: int, tokens: int) -> tupl
                     async for line in r.content:
                         if line.startswith(b"data: {"):
                             last = line
+                            messages += 1
                 usage = json.loads(last[6:])["usage"]  # the include_usage chunk
                 n += usage["completion_tokens"]
-            return n
+                messages -= 1  # the usage event carries no token
+            return n, messages
 
-        return streams * requests, sum(await asyncio.gather(*(worker() for _ in range(streams))))
+        done = await asyncio.gather(*(worker() for _ in range(streams)))
+        return streams * requests, sum(d[0] for d in done), sum(d[1] for d in done)
 
 
 def measure(load, port: int, streams: int, requests: int, tokens: int) -> dict[str, float]:
     t0 = time.perf_counter()
-    n_req, n_tok = asyncio.run(load(port, streams, requests, tokens))
+    n_req, n_tok, n_msg = asyncio.run(load(port, streams, requests, tokens))
     dt = time.perf_counter() - t0
     assert n_tok == n_req * tokens, (n_tok, n_req * tokens)
-    return {"requests_per_s": n_req / dt, "tokens_per_s": n_tok / dt}
+    return {"requests_per_s": n_req / dt, "tokens_per_s": n_tok / dt,
+            "messages_per_request": n_msg / n_req}
 
 
 def main() -> None:
@@ -112,6 +122,7 @@ def main() -> None:
     ap.add_argument("--streams", type=int, nargs="+", default=[64, 256])
     args = ap.parse_args()
     requests = max(1, args.tokens_per_stream // args.tokens)
+    before = os.getloadavg()  # other work on the machine (the benchmark itself adds ~2)
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "fleet.toml"
@@ -135,7 +146,7 @@ def main() -> None:
             proc.wait(30)
     out["setup"] = {"rounds": args.rounds, "tokens_per_request": args.tokens,
                     "requests_per_stream": requests, "cpus": os.cpu_count(),
-                    "load_average_at_end": os.getloadavg()}
+                    "load_average_before": before, "load_average_at_end": os.getloadavg()}
     print(json.dumps(out, indent=2))
 
 

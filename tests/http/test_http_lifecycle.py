@@ -141,3 +141,16 @@ def test_http_port_in_use_is_a_clear_error():
             server.start(timeout=30)
         assert f"HTTP port 127.0.0.1:{port} is already in use" in server.log
         server.stop()
+
+
+COLD = {"name": "cold", "model": "llama-3.1-8b", "quant": "fp8", "chip": "h100-sxm",
+        "engine": "tensorrt-llm", "built_for": "hopper", "start": "cold", "max_model_len": 512}
+
+
+async def test_not_ready_is_503():
+    with ServerProcess(fleet_doc(deployments=[COLD])) as server:
+        async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as h:
+            assert (await h.get("/health")).status_code == 503  # its one deployment compiles
+            r = await h.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            assert r.status_code == 503 and "compiling" in r.json()["error"]["message"]
+            assert r.json()["error"]["type"] == "Service Unavailable"
