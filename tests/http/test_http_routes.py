@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import AsyncIterator
 
@@ -195,3 +196,30 @@ async def test_concurrent_streams(http, client):
 
     assert await asyncio.gather(*(one(i) for i in range(16))) == [20] * 16
     await assert_released(client, "fast")
+
+
+async def test_http_series_are_vllms(http):
+    """Names, types, labels, help and buckets of the HTTP families as vLLM 0.33.0 exports
+    them (`tests/observability/vllm_reference.json` `http_series`)."""
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ref = json.loads((Path(__file__).resolve().parents[1]
+                      / "observability/vllm_reference.json").read_text())["http_series"]
+    await http.post("/v1/completions", json={"prompt": "spec", "max_tokens": 2})
+    await http.get("/health")
+    families = {f.name: f for f in text_string_to_metric_families(
+        (await http.get("/metrics")).text)}
+    for name, spec in ref["series"].items():
+        base = name.removesuffix("_total") if spec["type"] == "counter" else name
+        fam = families[base]
+        assert fam.type == spec["type"], name
+        assert fam.documentation.strip() == spec["help"].strip(), name  # the parser strips
+        labels = {k for s in fam.samples for k in s.labels if k not in ("le", "quantile")}
+        assert labels == set(spec["labels"]), name
+        if "buckets" in spec:
+            les = sorted({float(s.labels["le"]) for s in fam.samples if "le" in s.labels})
+            assert les == [*map(float, spec["buckets"]), math.inf], name
+    handlers = {s.labels.get("handler") for s in families["http_requests"].samples}
+    assert not handlers & set(ref["excluded_handlers"])
