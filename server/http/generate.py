@@ -24,7 +24,7 @@ from server.engine.interface import EngineError, EngineRequest, Finish, TokenChu
 from server.frontend import parallel
 from server.frontend.deployment import DeploymentClient
 from server.frontend.stream import RequestStream, StreamFailed
-from server.http.errors import engine_failed, from_engine
+from server.http.errors import bad_request, engine_failed, from_engine
 
 log = logging.getLogger("doppelchip.http")
 
@@ -92,7 +92,8 @@ async def start(client: DeploymentClient, prompts: list[EngineRequest], n: int) 
 
 async def collect(run: Run, request: Request) -> None:
     """Every choice to its end; raises HttpError 500 if the engine died. A client that
-    disconnects first cancels the collection (and the request is aborted)."""
+    disconnects first cancels the collection (the request is aborted) and gets, as vLLM
+    answers it, a 400 "Client disconnected" that nobody reads."""
     async def gather() -> None:
         async with contextlib.aclosing(parallel.merged(run.streams)) as chunks:
             async for i, chunk in chunks:
@@ -105,7 +106,7 @@ async def collect(run: Run, request: Request) -> None:
         if not work.done():
             log.info("client disconnected: aborting %d choice(s)", len(run.streams))
             work.cancel()
-            raise asyncio.CancelledError
+            raise bad_request("Client disconnected")
         try:
             work.result()
         except StreamFailed as e:
