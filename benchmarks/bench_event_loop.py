@@ -1,11 +1,11 @@
 """Does uvloop help grpc.aio here? `python -m benchmarks.bench_event_loop [--rounds N]`.
 
 Starts `doppelchip serve` in a subprocess with each event loop in turn (asyncio, uvloop,
-alternating, several rounds), on a one-deployment fleet whose steps cost ~0, and drives it from
-this process with a fixed load: concurrent streams of N tokens each, and 32 workers making
-unary ListDeployments calls. Reports tokens/s and unary calls/s per loop and the ratio
-uvloop/asyncio (medians over rounds). The serve command's `--event-loop auto` follows the
-result recorded in benchmarks/RESULTS.md.
+alternating, several rounds), on a one-deployment fleet run 1000x faster than real time (its
+steps cost ~0), and drives it from this process with a fixed load: concurrent streams of N
+tokens each, and 32 workers making unary ListDeployments calls. Reports tokens/s and unary
+calls/s per loop and the ratio uvloop/asyncio (medians over rounds). The serve command's
+`--event-loop auto` follows the result recorded in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ chip = "h100-sxm"
 engine = "vllm"
 max_model_len = 4096
 max_num_seqs = 256
-decode_step_s = 0.001
-prefill_token_s = 0.0
 """
 
 

@@ -1,7 +1,7 @@
 """`doppelchip gateway`: doppelchip replicas behind the smg gateway, all on loopback.
 
 Starts `--replicas` `doppelchip serve --deployment NAME` pods (replica i on gRPC port
-`--port + i`, metrics on `--metrics-port + i`), then
+`--port + i`, HTTP and metrics on `--http-port + i`), then
 `smg launch --host 127.0.0.1 --port GATEWAY_PORT --worker-urls grpc://127.0.0.1:P ...
 --prometheus-host 127.0.0.1` (smg binds 0.0.0.0 unless told), waits until smg is ready, prints
 the OpenAI base URL, and on SIGINT/SIGTERM stops smg and drains the replicas.
@@ -40,8 +40,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="fleet TOML file (default: built-in fleet)")
     p.add_argument("--port", type=int, default=50051,
                    help="gRPC port of the first replica; the next ones count up (default 50051)")
-    p.add_argument("--metrics-port", type=int, default=8000,
-                   help="metrics port of the first replica; the next ones count up (default 8000)")
+    p.add_argument("--http-port", "--metrics-port", dest="http_port", type=int, default=8000,
+                   help="HTTP (OpenAI API and /metrics) port of the first replica; the next ones "
+                   "count up (default 8000)")
     p.add_argument("--gateway-port", type=int, default=30000,
                    help="smg's OpenAI HTTP port (default 30000)")
     p.add_argument("--prometheus-port", type=int, default=29000,
@@ -63,7 +64,7 @@ def find_smg() -> str | None:
 
 def replica_cmd(args: argparse.Namespace, i: int) -> list[str]:
     cmd = [sys.executable, "-m", "doppelchip.cli", "serve", "--host", HOST,
-           "--port", str(args.port + i), "--metrics-port", str(args.metrics_port + i),
+           "--port", str(args.port + i), "--http-port", str(args.http_port + i),
            "--deployment", args.deployment]
     if args.config:
         cmd += ["--config", args.config]

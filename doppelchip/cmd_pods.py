@@ -1,7 +1,7 @@
 """`doppelchip pods`: one vLLM-style pod per deployment of a fleet, on successive ports, for
 testing routers on a laptop.
 
-Pod i is `doppelchip serve --deployment NAME_i --port PORT+i --metrics-port METRICS+i`
+Pod i is `doppelchip serve --deployment NAME_i --port PORT+i --http-port HTTP+i`
 (every flag of `serve` that a pod takes is passed through with `--pod-arg`); all bind 127.0.0.1.
 Ctrl-C (or SIGTERM) drains every pod; a pod that exits early stops the rest.
 """
@@ -25,16 +25,17 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "pods", help="serve each deployment of a fleet as its own pod, on successive ports",
         description="Start one `doppelchip serve --deployment NAME` pod per deployment of the "
-        "fleet (or of --deployments), pod i on gRPC port --port+i and metrics port "
-        "--metrics-port+i, all on 127.0.0.1; print where each listens; Ctrl-C stops them.")
+        "fleet (or of --deployments), pod i on gRPC port --port+i and HTTP (OpenAI API and "
+        "/metrics) port --http-port+i, all on 127.0.0.1; print where each listens; Ctrl-C stops "
+        "them.")
     p.add_argument("--config", metavar="FILE", help="fleet TOML file (default: built-in fleet)")
     p.add_argument("--deployments", metavar="A,B,...",
                    help="the deployments to start (default: every deployment of the fleet)")
     p.add_argument("--port", type=int, default=50051,
                    help="gRPC port of the first pod; the next ones count up (default 50051)")
-    p.add_argument("--metrics-port", type=int, default=8000,
-                   help="metrics (HTTP) port of the first pod; the next ones count up "
-                   "(default 8000)")
+    p.add_argument("--http-port", "--metrics-port", dest="http_port", type=int, default=8000,
+                   help="HTTP (OpenAI API and /metrics) port of the first pod; the next ones "
+                   "count up (default 8000)")
     p.add_argument("--pod-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for every pod's `serve` (repeatable), e.g. "
                    "--pod-arg=--time-scale=0.1")
@@ -45,7 +46,7 @@ def register(subparsers: Any) -> None:
 
 def pod_cmd(args: argparse.Namespace, name: str, i: int) -> list[str]:
     cmd = [sys.executable, "-m", "doppelchip.cli", "serve", "--host", HOST, "--deployment", name,
-           "--port", str(args.port + i), "--metrics-port", str(args.metrics_port + i)]
+           "--port", str(args.port + i), "--http-port", str(args.http_port + i)]
     if args.config:
         cmd += ["--config", args.config]
     return cmd + args.pod_arg
@@ -81,7 +82,7 @@ def cmd_pods(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 1
         for i, name in enumerate(chosen):
-            print(f"{name}\tgrpc {HOST}:{args.port + i}\thttp {HOST}:{args.metrics_port + i}",
+            print(f"{name}\tgrpc {HOST}:{args.port + i}\thttp {HOST}:{args.http_port + i}",
                   flush=True)
         print(f"doppelchip pods: {len(chosen)} pods up; Ctrl-C stops", file=sys.stderr,
               flush=True)

@@ -9,15 +9,18 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "serve", help="serve a fleet of emulated deployments over gRPC",
-        description="Serve a fleet (the built-in default unless --config) over gRPC, with "
-        "Prometheus metrics. Each deployment's engine core runs in a process of its own; "
-        "front-end processes share the public ports. SIGTERM/SIGINT drains and exits 0.")
+        "serve", help="serve a fleet of emulated deployments over gRPC and OpenAI HTTP",
+        description="Serve a fleet (the built-in default unless --config) over gRPC and an "
+        "OpenAI-compatible HTTP API (vLLM's routes) with Prometheus metrics on the HTTP port. "
+        "Each deployment's engine core runs in a process of its own; front-end processes "
+        "share the public ports. SIGTERM/SIGINT drains and exits 0.")
     p.add_argument("--config", metavar="FILE", help="fleet TOML file (default: built-in fleet)")
-    p.add_argument("--host", help="address to bind gRPC and metrics to (default 127.0.0.1)")
+    p.add_argument("--host", help="address to bind gRPC and HTTP to (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="gRPC port (default 50051; 0 picks a free port)")
-    p.add_argument("--metrics-port", type=int,
-                   help="Prometheus /metrics port (default 8000; 0 picks a free port)")
+    p.add_argument("--http-port", "--metrics-port", dest="http_port", type=int,
+                   help="OpenAI-compatible HTTP port, also serving Prometheus /metrics, as "
+                   "vLLM's --port (default 8000; 0 picks a free port; --metrics-port is a "
+                   "permanent alias)")
     p.add_argument("--time-scale", type=float,
                    help="wall seconds per emulated second (1.0 true speed; 0.01 is 100x faster)")
     p.add_argument("--default-deployment", metavar="NAME",
@@ -71,7 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         fleet = pod_fleet(args, load_fleet(args.config)).with_server(
-            host=args.host, port=args.port, metrics_port=args.metrics_port,
+            host=args.host, port=args.port, http_port=args.http_port,
             time_scale=args.time_scale, default_deployment=args.default_deployment,
             drain_grace_s=args.drain_grace, event_loop=args.event_loop,
             vllm_engine_deployment=args.vllm_engine_deployment,

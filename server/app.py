@@ -1,11 +1,12 @@
-"""One front-end process's gRPC application: the deployments' clients, the receiver of engine
-messages, the gRPC server (Inference + VllmEngine + health + reflection), and its drain.
+"""One front-end process's application: the deployments' clients, the receiver of engine
+messages, the gRPC server (Inference + VllmEngine + health + reflection), the OpenAI-compatible
+HTTP server with `/metrics` (`server.http`), and their drain.
 
 Health, reflection and ListDeployments are answered here from local state and the engines'
-stats files, never by waiting on a busy engine. Drain (SIGTERM from the supervisor): health
-flips to NOT_SERVING, new calls get UNAVAILABLE, in-flight streams run to completion for up
-to `drain_grace_s`, whatever is left is aborted (its stream ends with finish reason abort),
-then the gRPC server stops.
+stats files, never by waiting on a busy engine. Drain (SIGTERM from the supervisor): gRPC
+health flips to NOT_SERVING and HTTP `/health` to 503, new calls get UNAVAILABLE / 503,
+in-flight streams (both protocols) run to completion for up to `drain_grace_s`, whatever is
+left is aborted (its stream ends with finish reason abort), then both servers stop.
 """
 
 from __future__ import annotations
@@ -29,9 +30,15 @@ from server.fleet import Fleet
 from server.frontend.deployment import DeploymentClient
 from server.frontend.receiver import Receiver
 from server.frontend.stats import FrontendStats
+from server.http.app import build_app
+from server.http.metrics import enable_multiprocess
+from server.http.server import HttpServer
+from server.http.state import HttpState
 from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
+from server.metrics import MetricsView
 from server.servicer import InferenceServicer
+from server.stats.collector import StatsCollector
 from server.vllm_servicer import SERVICE_NAME as VLLM_SERVICE_NAME
 from server.vllm_servicer import VllmEngineServicer, add_to_server
 
@@ -44,8 +51,8 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 class FrontendApp:
     def __init__(self, config: FleetConfig, infos: list[list[DeploymentInfo]], *, frontend: int,
-                 run_dir: RunDir, wall0: float, port: int, metrics_port: int,
-                 reuse_port: bool) -> None:
+                 run_dir: RunDir, wall0: float, port: int, http_port: int,
+                 reuse_port: bool, num_frontends: int = 1) -> None:
         self.config, self.frontend = config, frontend
         cfg = config.server
         self.timeline = Timeline(wall0, cfg.time_scale)
@@ -67,12 +74,19 @@ class FrontendApp:
         ]
         self.fleet = Fleet(self.clients, config.default_deployment)
         self.receiver = Receiver(self.input, self.clients, frontend, self.stats)
-        self.servicer = InferenceServicer(self.fleet, cfg.time_scale, metrics_port, frontend)
+        self.servicer = InferenceServicer(self.fleet, cfg.time_scale, http_port, frontend)
         self.vllm = VllmEngineServicer(self.fleet.get(config.vllm_engine_deployment))
         self.health = health.aio.HealthServicer()
         self.requested_port, self.reuse_port = port, reuse_port
         self.server: grpc.aio.Server | None = None
         self.port = 0
+        enable_multiprocess(run_dir.prometheus_dir())
+        collector = StatsCollector(infos, run_dir, num_frontends, cfg.time_scale, wall0,
+                                   cfg.show_hidden_metrics_for_version == "0.10")
+        self.http_state = HttpState(self.fleet, tokenizer,
+                                    MetricsView(collector, run_dir.prometheus_dir()))
+        # Always SO_REUSEPORT: the supervisor holds a reserved socket on the HTTP port.
+        self.http = HttpServer(build_app(self.http_state), cfg.host, http_port, reuse_port=True)
         self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -89,6 +103,7 @@ class FrontendApp:
         self.port = self.server.add_insecure_port(f"{cfg.host}:{self.requested_port}")
         if self.port == 0:
             raise OSError(f"cannot bind gRPC to {cfg.host}:{self.requested_port}")
+        await self.http.start()
         self.receiver.start()
         await self.server.start()
         for service in ("", SERVICE_NAME):
@@ -112,7 +127,7 @@ class FrontendApp:
         if self.server is None:
             return
         grace = self.config.server.drain_grace_s if grace_s is None else grace_s
-        self.servicer.draining = self.vllm.draining = True
+        self.servicer.draining = self.vllm.draining = self.http_state.draining = True
         if self._watch is not None:
             self._watch.cancel()
         await self.health.enter_graceful_shutdown()
@@ -127,7 +142,7 @@ class FrontendApp:
                 for stream in list(client.streams.values()):
                     client.abort(stream)
                     stream.finish(FinishReason.ABORT)
-        await self.server.stop(1.0)
+        await asyncio.gather(self.server.stop(1.0), self.http.stop())
         self.receiver.stop()
         self.server = None
         log.info("stopped")

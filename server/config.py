@@ -4,7 +4,7 @@
 [server]                      # all optional; CLI flags override
 host = "127.0.0.1"
 port = 50051
-metrics_port = 8000
+http_port = 8000              # OpenAI-compatible HTTP and /metrics (alias: metrics_port)
 default_deployment = "vllm-h100"
 time_scale = 1.0              # 0.01: emulated seconds pass 100x faster
 drain_grace_s = 10.0
@@ -47,7 +47,7 @@ class ConfigError(ValueError):
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051
-    metrics_port: int = 8000
+    http_port: int = 8000  # OpenAI HTTP + /metrics, as vLLM's --port ("metrics_port": alias)
     default_deployment: str = ""
     time_scale: float = 1.0
     drain_grace_s: float = 10.0
@@ -59,6 +59,26 @@ class ServerConfig:
     # vLLM's --show-hidden-metrics-for-version: "0.10" also exports vLLM 0.11.x's deprecated
     # names (vllm:gpu_cache_usage_perc, vllm:gpu_prefix_cache_*), as 0.11.x did
     show_hidden_metrics_for_version: str = ""
+
+    @property
+    def metrics_port(self) -> int:
+        """The permanent alias of `http_port` (/metrics is served on the HTTP port)."""
+        return self.http_port
+
+
+ALIASES = {"metrics_port": "http_port"}  # [server] keys accepted under another name
+
+
+def _server_table(table: dict[str, Any], where: str) -> dict[str, Any]:
+    out = dict(table)
+    for alias, key in ALIASES.items():
+        if alias in out:
+            value = out.pop(alias)
+            if key in out and out[key] != value:
+                raise ConfigError(f"{where}: {alias} is an alias of {key}; they disagree "
+                                  f"({value} vs {out[key]})")
+            out[key] = value
+    return out
 
 
 @dataclass(frozen=True)
@@ -138,7 +158,8 @@ def parse_fleet(doc: dict[str, Any], source: str = "fleet file") -> FleetConfig:
     unknown = sorted(set(doc) - {"server", "deployments"})
     if unknown:
         raise ConfigError(f"{source}: unknown section(s) {', '.join(unknown)}")
-    server = _build(ServerConfig, doc.get("server", {}), f"{source} [server]")
+    server = _build(ServerConfig, _server_table(doc.get("server", {}), f"{source} [server]"),
+                    f"{source} [server]")
     if server.event_loop not in ("auto", "uvloop", "asyncio"):
         raise ConfigError(f"{source} [server]: event_loop must be auto, uvloop or asyncio")
     for key in ("api_server_count", "stream_interval", "engine_restart_backoff_s"):

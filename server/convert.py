@@ -19,6 +19,7 @@ from server.engine.interface import (
     TokenChunk,
     Unavailable,
 )
+from server.frontend.parallel import MAX_N
 
 _STATUS: dict[type[EngineError], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
@@ -49,9 +50,16 @@ def status_code(error: EngineError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def num_sequences(req: pb.GenerateRequest) -> int:
+    """`SamplingParams.n` (1 when unset); InvalidRequest outside [1, MAX_N]."""
+    sp = req.sampling
+    n = sp.n if sp.HasField("n") else 1
+    if not 1 <= n <= MAX_N:
+        raise InvalidRequest(f"n must be in [1, {MAX_N}], got {n}")
+    return n
+
+
 def _sampling(sp: pb.SamplingParams) -> SamplingParams:
-    if sp.HasField("n") and sp.n != 1:
-        raise InvalidRequest(f"n={sp.n} is not supported: one sequence per request (n=1)")
     if sp.HasField("logprobs") and sp.logprobs != 0:
         raise InvalidRequest(f"logprobs={sp.logprobs} is not supported")
     defaults = SamplingParams()

@@ -1,4 +1,9 @@
-"""A front end's fleet: every deployment's client, by name, and which one is the default."""
+"""A front end's fleet: every deployment's client, by name, which one is the default, and the
+model names clients may ask for.
+
+`models` is the one place a served model name maps to deployments (the HTTP API's `model`,
+the wire API's `model`, `/v1/models`): a deployment serves its `--served-model-name`s, or with
+none set its catalogue model id."""
 
 from __future__ import annotations
 
@@ -14,6 +19,13 @@ class Fleet:
     def __init__(self, clients: list[DeploymentClient], default_name: str) -> None:
         self.clients = {c.name: c for c in clients}
         self.default_name = default_name
+        self.models: dict[str, list[DeploymentClient]] = {}
+        for c in clients:
+            for name in served_names(c):
+                self.models.setdefault(name, []).append(c)
+
+    def model_names(self) -> list[str]:
+        return list(self.models)
 
     def get(self, name: str) -> DeploymentClient:
         try:
@@ -37,15 +49,19 @@ class Fleet:
             return client
         if not model:
             return self.get(self.default_name)
-        candidates = [c for c in self.clients.values() if serves(c, model)]
+        candidates = self.models.get(model, [])
         if not candidates:
             raise UnknownDeployment(f"no deployment serves model {model!r}")
         ready = [c for c in candidates if c.status().state is DeploymentState.READY]
         return (ready or candidates)[0]
 
 
-def serves(client: DeploymentClient, model: str) -> bool:
-    """Whether a request naming `model` may go to this deployment: one of its served names,
-    or (with none set) its catalogue model id."""
+def served_names(client: DeploymentClient) -> tuple[str, ...]:
+    """The model names a request may send to reach this deployment: its served names, or (with
+    none set) its catalogue model id."""
     info = client.info
-    return model in info.served_model_names if info.served_model_names else model == info.model
+    return tuple(info.served_model_names) or (info.model,)
+
+
+def serves(client: DeploymentClient, model: str) -> bool:
+    return model in served_names(client)

@@ -1,7 +1,15 @@
-"""The doppelchip.v1.Inference servicer: convert, hand to the deployment, convert back."""
+"""The doppelchip.v1.Inference servicer: convert, hand to the deployment, convert back.
+
+`SamplingParams.n` > 1 runs n sequences at once (`server.frontend.parallel`: n engine requests
+sharing the prompt's KV blocks, seeds seed + i). The response has no sequence index, so the
+sequences are streamed one after the other: sequence 0's chunks up to and including its
+`final`, then sequence 1's (its `index` starts again at 0), …; the stream ends after the n-th
+`final`. The later sequences keep generating meanwhile; their tokens wait in their streams.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -14,6 +22,7 @@ from server import convert
 from server.engine.interface import EngineError
 from server.engine.logs import request_log
 from server.fleet import Fleet, UnknownDeployment
+from server.frontend import parallel
 from server.frontend.stream import StreamFailed
 
 log = logging.getLogger("doppelchip.service")
@@ -37,27 +46,30 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining")
         try:
             client = self.fleet.resolve(request.deployment, request.model)
-            stream = await client.submit(convert.to_engine_request(request, rid))
+            n = convert.num_sequences(request)
+            children = parallel.child_requests(convert.to_engine_request(request, rid), n)
+            streams = await parallel.submit_all(client, children)
         except UnknownDeployment as e:
             rlog.info("rejected: %s", e)
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except EngineError as e:
             rlog.info("rejected: %s", e)
             await context.abort(convert.status_code(e), str(e))
-        finished = False
+        finished = 0
         try:
             await context.send_initial_metadata((("x-request-id", rid),
                                                  ("x-doppelchip-frontend", self.frontend)))
-            async for chunk in stream.outputs():
-                finished = chunk.finish is not None
-                yield convert.to_response(chunk, rid, client.name)
+            async with contextlib.aclosing(parallel.in_order(streams)) as chunks:
+                async for chunk in chunks:
+                    finished += chunk.finish is not None
+                    yield convert.to_response(chunk, rid, client.name)
         except StreamFailed as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         finally:
-            if not finished:  # client cancel, deadline, or a failed write: free it at once
+            if finished < len(streams):  # client cancel, deadline, failed write: free at once
                 rlog.info("stream ended early (cancel or deadline); aborting in %s",
                           client.name)
-                client.abort(stream)
+                parallel.abort_all(client, streams)
 
     async def ListDeployments(
         self, request: pb.ListDeploymentsRequest, context: grpc.aio.ServicerContext

@@ -1,12 +1,15 @@
 """`doppelchip serve`: the supervisor process — engine and front-end processes, ports, restarts,
-metrics, drain.
+drain.
 
 Lifecycle:
-1. claim the public ports (an exclusive per-port lock; a port in use is a one-line error);
+1. claim the public ports (an exclusive per-port lock; a port in use is a one-line error) and
+   reserve the HTTP port (port 0 becomes one concrete port every front end then binds);
 2. start one engine-core process per deployment and data-parallel rank; each builds its core
    and says hello with its `DeploymentInfo` (an unplaceable one says why and exits);
-3. start `api_server_count` front-end processes sharing the gRPC port; once all are up, serve
-   `/metrics` and print `listening on HOST:PORT` — the ports open only when every engine is up;
+3. start `api_server_count` front-end processes sharing the gRPC and HTTP ports (each serves
+   gRPC, the OpenAI-compatible HTTP API and `/metrics`); once all are up, print
+   `listening on HOST:PORT (HTTP and metrics on HOST:HTTP_PORT)` — the ports open only when
+   every engine is up;
 4. watch the children: an engine that dies marks its deployment FAILED (its requests end with
    an error, the others keep serving) and is restarted after the back-off, paying its cold
    start; a front end that dies has its requests aborted in the engines and is restarted;
@@ -37,9 +40,7 @@ from server.engine_proc.main import EngineSpec, engine_main
 from server.frontend.main import FrontendSpec, frontend_main
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
-from server.metrics import make_registry, start_metrics_server
 from server.ports import PortInUse, check_free, claim, reserve
-from server.stats.collector import StatsCollector
 from server.supervisor_engines import EngineSlot, crash_message
 from server.supervisor_watch import Watcher
 
@@ -76,7 +77,7 @@ class Supervisor:
         self.stopping = False
         self._locks: list = []
         self.port = cfg.port
-        self.metrics_port = cfg.metrics_port
+        self.http_port = cfg.http_port
 
     # ---- start-up ---------------------------------------------------------------------------
     async def run(self) -> int:
@@ -101,17 +102,6 @@ class Supervisor:
             return 1
         infos = [[i for i in ranks if i is not None] for ranks in self.infos]
         self.frontend_infos = infos
-        collector = StatsCollector(infos, self.run_dir, self.num_frontends, cfg.time_scale,
-                                   self.wall0, cfg.show_hidden_metrics_for_version == "0.10")
-        try:
-            self._metrics = start_metrics_server(make_registry(collector), cfg.host,
-                                                 self.metrics_port)
-        except OSError as e:
-            print(f"error: metrics port {cfg.host}:{self.metrics_port}: {e.strerror}",
-                  file=sys.stderr, flush=True)
-            await self._stop_all()
-            return 1
-        self.metrics_port = self._metrics.server_port
         for i in range(self.num_frontends):
             self._start_frontend(i)
         if not await self._await_frontends():
@@ -122,12 +112,12 @@ class Supervisor:
             s.setsockopt(zmq.LINGER, 0)
             s.connect(self.run_dir.frontend_input(i))
             self.to_frontends.append(s)
-        log.info("serving %d deployments on %s:%d with %d front end(s) (metrics on :%d)",
+        log.info("serving %d deployments on %s:%d with %d front end(s) (HTTP on :%d)",
                  len(self.config.deployments), cfg.host, self.port, self.num_frontends,
-                 self.metrics_port)
+                 self.http_port)
         # Always printed (whatever the log level) so scripts can find ports chosen with 0.
         print(f"doppelchip: listening on {cfg.host}:{self.port} "
-              f"(metrics on {cfg.host}:{self.metrics_port})", file=sys.stderr, flush=True)
+              f"(HTTP and metrics on {cfg.host}:{self.http_port})", file=sys.stderr, flush=True)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -152,9 +142,14 @@ class Supervisor:
                 self._locks.append(claim(cfg.host, self.port, "gRPC"))
         elif cfg.port:
             check_free(cfg.host, cfg.port, "gRPC")
-        if cfg.metrics_port:
-            self._locks.append(claim(cfg.host, cfg.metrics_port, "metrics"))
-            check_free(cfg.host, cfg.metrics_port, "metrics")
+        # HTTP: always reserved, so port 0 is one concrete port for every front end.
+        if cfg.http_port:
+            self._locks.append(claim(cfg.host, cfg.http_port, "HTTP"))
+        held = reserve(cfg.host, cfg.http_port, "HTTP")
+        self._locks.append(held)
+        self.http_port = held.getsockname()[1]
+        if not cfg.http_port:
+            self._locks.append(claim(cfg.host, self.http_port, "HTTP"))
 
     def _engine_spec(self, slot: EngineSlot, cold: bool) -> EngineSpec:
         cfg = self.config.server
@@ -173,8 +168,9 @@ class Supervisor:
     def _start_frontend(self, i: int) -> None:
         spec = FrontendSpec(frontend=i, config=self.config, infos=self.frontend_infos,
                             run_dir=str(self.run_dir.path), wall0=self.wall0,
-                            port=self.port, metrics_port=self.metrics_port,
-                            reuse_port=self.num_frontends > 1, log_level=self.options.log_level)
+                            port=self.port, http_port=self.http_port,
+                            reuse_port=self.num_frontends > 1,
+                            num_frontends=self.num_frontends, log_level=self.options.log_level)
         proc = self.mp.Process(target=frontend_main, args=(spec,), name=f"frontend-{i}",
                                daemon=False)
         proc.start()
@@ -266,9 +262,6 @@ class Supervisor:
                 sock.send(m.encode(m.Shutdown()))
                 sock.close()
         await _join([s.process for s in self.engines.values() if s.process], 10.0)
-        if getattr(self, "_metrics", None) is not None:
-            self._metrics.shutdown()
-            self._metrics.server_close()
         self.run_dir.remove()
         log.info("stopped")
 

@@ -1,7 +1,8 @@
 """A real `doppelchip serve` in its own process tree, on ephemeral loopback ports, for tests.
 
 The served path is the multi-process one (supervisor, engine-core processes, front ends), so
-service tests talk to it only as clients do: gRPC, `/metrics`, signals, and its log. Engines
+service tests talk to it only as clients do: gRPC, HTTP (the OpenAI API and `/metrics` share
+`http_port`), signals, and its log. Engines
 run with `--check-integrity` (they check their KV pool and queues each time they go idle): a
 broken invariant crashes the engine, which then shows as a FAILED deployment. `released()` is
 the status query that proves a deployment holds no request and no KV block.
@@ -48,7 +49,7 @@ class ServerProcess:
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self.proc: subprocess.Popen[str] | None = None
-        self.port = self.metrics_port = 0
+        self.port = self.http_port = 0
         self._dir = tempfile.TemporaryDirectory(prefix="doppelchip-test-")
 
     @property
@@ -62,19 +63,18 @@ class ServerProcess:
             path.write_text(toml_text(self.doc))
             cmd += ["--config", str(path)]
         if not any(a.startswith("--port") for a in self.extra):
-            cmd += ["--port", "0", "--metrics-port", "0"]
+            cmd += ["--port", "0", "--http-port", "0"]
         if self.check_integrity:
             cmd.append("--check-integrity")
         self.proc = subprocess.Popen(cmd + self.extra, cwd=ROOT, stderr=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         threading.Thread(target=self._read, daemon=True).start()
-        line = self.wait_for_log(r"listening on 127\.0\.0\.1:(\d+) \(metrics on "
-                                 r"127\.0\.0\.1:(\d+)\)", timeout)
-        found = re.search(r"listening on 127\.0\.0\.1:(\d+) \(metrics on 127\.0\.0\.1:(\d+)\)",
-                          line)
+        pattern = (r"listening on 127\.0\.0\.1:(\d+) \((?:HTTP and )?metrics on "
+                   r"127\.0\.0\.1:(\d+)\)")
+        found = re.search(pattern, self.wait_for_log(pattern, timeout))
         assert found is not None
-        self.port, self.metrics_port = int(found.group(1)), int(found.group(2))
+        self.port, self.http_port = int(found.group(1)), int(found.group(2))
         return self
 
     def _read(self) -> None:
@@ -115,8 +115,17 @@ class ServerProcess:
                                  r"pid \d+", start=start)
         return int(line.rsplit(" ", 1)[1])
 
+    @property
+    def metrics_port(self) -> int:
+        """/metrics is served on the HTTP port."""
+        return self.http_port
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
     def scrape(self) -> str:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        url = f"http://127.0.0.1:{self.http_port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as r:
             return r.read().decode()
 

@@ -15,7 +15,8 @@ Contract:
 - Output lengths: unless ``ignore_eos``, EOS is drawn with the configured distribution —
   ``geometric`` (each output position ends with probability 1/mean, so lengths, EOS included,
   have that mean) or ``fixed`` (exactly ``mean`` tokens, the last being EOS). Other tokens are
-  drawn uniformly from ``vocab_ids`` (the tokenizer's vocabulary without special tokens).
+  drawn uniformly from ``vocab_ids`` (from a tokenizer: its ``free_text_token_ids``, whole
+  " word" tokens, so the text re-tokenizes to exactly the generated ids).
 - Constrained requests (``req.constraint`` set) draw only tokens the grammar allows (see
   ``constraints.ConstraintState.next_token``), from the same hash. The length distribution
   does not apply: at each free position the model "winds down" with probability
@@ -94,8 +95,8 @@ class MockModel:
     def from_tokenizer(
         cls, tokenizer: Tokenizer, lengths: OutputLengths | None = None, seed: int = 0
     ) -> MockModel:
-        """Draw from the tokenizer's non-special tokens; its EOS ends requests."""
-        return cls(tokenizer.normal_token_ids, tokenizer.eos_token_id, lengths, seed)
+        """Draw free text from the tokenizer's " word" tokens; its EOS ends requests."""
+        return cls(tokenizer.free_text_token_ids, tokenizer.eos_token_id, lengths, seed)
 
     def context_hash(self, req: Request) -> int:
         """The rolling hash of ``req.token_ids``, caught up incrementally."""

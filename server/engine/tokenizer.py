@@ -12,6 +12,11 @@ Contract:
   are complete UTF-8 on their own, so a client that decodes generated tokens one at a time
   never sees U+FFFD. Other ids (single bytes ≥ 0x80, pieces of a multi-byte character) still
   occur in encoded prompts and in ids a client sends.
+- ``free_text_token_ids`` are the ids the mock model draws its free (unconstrained) text from:
+  a space and ASCII letters (" word"). Any concatenation of them re-tokenizes to the same ids
+  (``encode(decode(ids)) == ids``: each is one pre-token of the split regex, and the vocabulary
+  holds it whole), so a client that counts the tokens of the text it received (AIPerf without
+  server token counts) counts what the server generated.
 - ``IncrementalDetokenizer`` turns a stream of ids into text deltas whose concatenation equals
   ``decode`` of all the ids: each id maps to its bytes, and an incremental UTF-8 decoder holds
   back a multi-byte character split across tokens until it is complete (as vLLM's detokenizer
@@ -23,6 +28,7 @@ from __future__ import annotations
 import codecs
 import functools
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -81,6 +87,8 @@ class Tokenizer:
             i for i, b in enumerate(self._token_bytes)
             if i not in self.special_token_ids and _complete_utf8(b)
         )
+        self._free_ids = tuple(i for i in self._normal_ids
+                               if re.fullmatch(rb" [A-Za-z]+", self._token_bytes[i]))
 
     def _id(self, token: str) -> int:
         i = self._tok.token_to_id(token)
@@ -93,6 +101,12 @@ class Tokenizer:
         """Ids the mock model draws from: not special, and their bytes are valid UTF-8 by
         themselves (no byte-level fragment of a multi-byte character)."""
         return list(self._normal_ids)
+
+    @property
+    def free_text_token_ids(self) -> tuple[int, ...]:
+        """Ids the mock model's free text is made of: " word" tokens (a space, ASCII
+        letters), whose concatenations re-tokenize to themselves."""
+        return self._free_ids
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

@@ -1,4 +1,4 @@
-"""A front-end process's entry point: serve gRPC until SIGTERM, then drain and exit 0."""
+"""A front-end process's entry point: serve gRPC and HTTP until SIGTERM, then drain and exit 0."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ class FrontendSpec:
     run_dir: str
     wall0: float
     port: int  # the gRPC port (0: any free port, with one front end only)
-    metrics_port: int
-    reuse_port: bool  # several front ends share the port
+    http_port: int  # the HTTP (and /metrics) port, always concrete: the supervisor reserved it
+    reuse_port: bool  # several front ends share the ports
+    num_frontends: int  # all of the server's front ends (/metrics shows every one)
     log_level: str
 
 
@@ -54,8 +55,8 @@ async def _serve(spec: FrontendSpec) -> None:
 
     run = RunDir(spec.run_dir)
     app = FrontendApp(spec.config, spec.infos, frontend=spec.frontend, run_dir=run,
-                      wall0=spec.wall0, port=spec.port, metrics_port=spec.metrics_port,
-                      reuse_port=spec.reuse_port)
+                      wall0=spec.wall0, port=spec.port, http_port=spec.http_port,
+                      reuse_port=spec.reuse_port, num_frontends=spec.num_frontends)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -42,3 +42,7 @@ class RunDir:
 
     def frontend_stats(self, frontend: int) -> Path:
         return self.path / f"f{frontend}.stats"
+
+    def prometheus_dir(self) -> Path:
+        """prometheus_client's multiprocess directory: every front end's HTTP series."""
+        return self.path / "prometheus"

@@ -24,7 +24,7 @@ BAD_INPUTS = [
      "prompt is 300 tokens; deployment 'fast' has a context of 256 tokens"),
     (dict(prompt=list(range(10, 210)), max_tokens=100), grpc.StatusCode.INVALID_ARGUMENT,
      "prompt (200 tokens) + max_tokens (100) exceeds deployment 'fast'"),
-    (dict(n=2), grpc.StatusCode.INVALID_ARGUMENT, "n=2 is not supported"),
+    (dict(n=0), grpc.StatusCode.INVALID_ARGUMENT, "n must be in [1, 128], got 0"),
     (dict(logprobs=5), grpc.StatusCode.INVALID_ARGUMENT, "logprobs=5 is not supported"),
     (dict(temperature=-1.0), grpc.StatusCode.INVALID_ARGUMENT, "temperature must be >= 0"),
     (dict(top_p=0.0), grpc.StatusCode.INVALID_ARGUMENT, "top_p must be in (0, 1]"),

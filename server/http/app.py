@@ -1,0 +1,51 @@
+"""The FastAPI application of one front end: error handlers, routes, HTTP metrics.
+
+Error handlers turn every failure into vLLM's error shape: an `HttpError` as raised, a body
+that fails validation → 400 `Bad Request` naming `body.<field>` (vLLM answers 400, not
+FastAPI's 422), an unknown route → 404, anything unexpected → 500 `InternalServerError`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from server.http.errors import HttpError, error_response, validation_error
+from server.http.metrics import instrument
+from server.http.routes import add_routes
+from server.http.state import VLLM_VERSION, HttpState
+
+log = logging.getLogger("doppelchip.http")
+
+
+def build_app(state: HttpState) -> FastAPI:
+    app = FastAPI(title="doppelchip", version=VLLM_VERSION, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.http = state
+
+    @app.exception_handler(HttpError)
+    async def on_http_error(request: Request, e: HttpError) -> Response:
+        return error_response(e, request.headers.get("x-request-id"))
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, e: RequestValidationError) -> Response:
+        return error_response(validation_error(list(e.errors())))
+
+    @app.exception_handler(HTTPException)
+    async def on_starlette(request: Request, e: HTTPException) -> Response:
+        return error_response(HttpError(e.status_code, str(e.detail)))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, e: Exception) -> Response:
+        log.exception("unexpected error on %s", request.url.path)
+        return error_response(HttpError(500, f"{type(e).__name__}: {e}",
+                                        "InternalServerError"))
+
+    add_routes(app, state)
+    instrument(app)
+    return app

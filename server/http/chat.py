@@ -1,0 +1,165 @@
+"""`/v1/chat/completions`: messages → the tokenizer's chat template → engine requests, and
+vLLM 0.33.0's response and SSE chunk shapes (`vllm/entrypoints/openai/chat_completion/`).
+
+Messages are rendered by the tokenizer's own template (`Tokenizer.apply_chat_template`):
+content given as parts is joined (text parts, one per line); an assistant message's tool calls
+are written after its content as `{"name": …, "parameters": …}` JSON, as Llama 3.1's template
+writes them. `tools` and `tool_choice` are served by `server.http.tools` (the grammar writes
+schema-valid calls); `logprobs` / `top_logprobs` by `server.http.logprobs`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from server.engine.interface import EngineRequest, TokenChunk
+from server.engine.tokenizer import Tokenizer
+from server.http import sampling, tools
+from server.http.completions import stop_reason
+from server.http.errors import bad_request
+from server.http.generate import Choice, Run
+from server.http.logprobs import Logprobs, chat_logprobs
+from server.http.protocol import ChatCompletionRequest, ChatMessage
+
+
+def _content(m: ChatMessage) -> str:
+    c = m.content
+    if c is None:
+        text = ""
+    elif isinstance(c, str):
+        text = c
+    else:
+        text = "\n".join(p.get("text", "") for p in c
+                         if isinstance(p, dict) and p.get("type", "text") == "text")
+    for call in m.tool_calls or ():
+        fn = call.get("function", {}) if isinstance(call, dict) else {}
+        args = fn.get("arguments", "{}")
+        try:
+            params = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            params = args
+        text += json.dumps({"name": fn.get("name", ""), "parameters": params})
+    return text
+
+
+def render(messages: list[ChatMessage], tok: Tokenizer, add_generation_prompt: bool,
+           continue_final_message: bool = False) -> list[int]:
+    """The prompt's token ids, through the tokenizer's chat template."""
+    if add_generation_prompt and continue_final_message:
+        raise bad_request("Cannot set both `continue_final_message` and "
+                          "`add_generation_prompt` to True.", "continue_final_message")
+    plain = [{"role": m.role, "content": _content(m)} for m in messages]
+    text = tok.apply_chat_template(plain, add_generation_prompt)
+    if continue_final_message:
+        text = text.removesuffix(tok.eos_token)
+    return tok.encode(text)
+
+
+def engine_request(req: ChatCompletionRequest, request_id: str, ids: list[int],
+                   plan: tools.ToolPlan) -> tuple[EngineRequest, int]:
+    max_tokens, name = req.max_completion_tokens, "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens, name = req.max_tokens, "max_tokens"
+    n = sampling.check_common(req, max_tokens, name)
+    top = sampling.check_logprobs(req.top_logprobs, "top_logprobs")
+    if top and not req.logprobs:
+        raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.",
+                          "top_logprobs")
+    constraint = sampling.constraint(req)
+    if plan.constraint is not None:
+        if constraint is not None:
+            raise bad_request("You can only either use constraints for structured outputs "
+                              "or tools, not both.", "tool_choice")
+        constraint = plan.constraint
+    return EngineRequest(request_id=request_id, prompt_token_ids=tuple(ids),
+                         sampling=sampling.sampling_params(req, max_tokens),
+                         priority=req.priority, constraint=constraint), n
+
+
+def finish_reason(f, plan: tools.ToolPlan, called: bool) -> str | None:
+    """vLLM's `resolve_finish_reason`: "tool_calls" when the choice made calls and stopped by
+    itself, except for a forced named tool ("stop"); "length" stays visible."""
+    if f is None:
+        return None
+    reason = f.reason.value
+    if called and reason == "stop" and plan.mode == "array":
+        return "tool_calls"
+    return reason
+
+
+class ChatShapes:
+    """Builds one request's response bodies and stream events."""
+
+    def __init__(self, req: ChatCompletionRequest, run: Run, rid: str, model: str,
+                 tok: Tokenizer, plan: tools.ToolPlan) -> None:
+        self.req, self.run, self.rid, self.model, self.plan = req, run, rid, model, plan
+        self.created = int(time.time())
+        self.role = "assistant" if req.add_generation_prompt else (
+            req.messages[-1].role if req.messages else "assistant")
+        self.lps = ({c.index: Logprobs(tok, c.seed) for c in run.choices}
+                    if req.logprobs else None)
+        self.streamers = ({c.index: tools.ToolStreamer(plan) for c in run.choices}
+                          if plan.mode != "text" else None)
+        self.called = {c.index: False for c in run.choices}
+        self.usage_each = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+
+    def _base(self, obj: str) -> dict:
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
+
+    def _logprobs(self, c: Choice, ids, start: int) -> dict | None:
+        if self.lps is None:
+            return None
+        return {"content": chat_logprobs(self.lps[c.index], ids, start,
+                                         self.req.top_logprobs or 0)}
+
+    def response(self) -> dict:
+        choices = []
+        for c in self.run.choices:
+            text = "".join(c.text)
+            calls = tools.parse_calls(self.plan, text) if self.plan.mode != "text" else []
+            message = {"role": self.role, "content": "" if self.plan.mode != "text" else text,
+                       "tool_calls": calls, "reasoning": None}
+            if self.plan.mode != "text" and not calls:
+                message["content"] = ""
+            choices.append({"index": c.index, "message": message,
+                            "logprobs": self._logprobs(c, c.ids, 0),
+                            "finish_reason": finish_reason(c.finish, self.plan, bool(calls)),
+                            "stop_reason": stop_reason(c.finish)})
+        return {**self._base("chat.completion"), "choices": choices,
+                "usage": self.run.usage()}
+
+    def head(self) -> list[dict]:
+        return [{**self._base("chat.completion.chunk"), "choices": [{
+            "index": c.index, "delta": {"role": self.role, "content": ""}, "logprobs": None,
+            "finish_reason": None}]} for c in self.run.choices]
+
+    def chunks(self, c: Choice, chunk: TokenChunk) -> list[dict]:
+        f = chunk.finish
+        if self.streamers is None:
+            delta: dict = {"content": chunk.text}
+        else:
+            calls = self.streamers[c.index].feed(chunk.text)
+            if calls:
+                self.called[c.index] = True
+            delta = {"tool_calls": calls} if calls else {}
+        lp = self._logprobs(c, chunk.token_ids, chunk.index)
+        if not delta and f is None and lp is None:
+            return []
+        choice = {"index": c.index, "delta": delta, "logprobs": lp,
+                  "finish_reason": finish_reason(f, self.plan, self.called[c.index])}
+        if f is not None:
+            choice["stop_reason"] = stop_reason(f)
+        event = {**self._base("chat.completion.chunk"), "choices": [choice]}
+        if self.usage_each:
+            p, done = self.run.prompt_lens[c.prompt], len(c.ids)
+            event["usage"] = {"prompt_tokens": p, "completion_tokens": done,
+                              "total_tokens": p + done}
+        return [event]
+
+    def tail(self) -> list[dict]:
+        opts = self.req.stream_options
+        if opts is None or not opts.include_usage:
+            return []
+        return [{**self._base("chat.completion.chunk"), "choices": [],
+                 "usage": self.run.usage()}]

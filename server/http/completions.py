@@ -1,0 +1,131 @@
+"""`/v1/completions`: prompts → engine requests, and vLLM 0.33.0's response and SSE chunk shapes
+(`vllm/entrypoints/openai/completion/serving.py`).
+
+Prompts: a string, a list of strings, token ids or a list of token-id lists; each prompt gets
+`n` choices. With `add_special_tokens` (the default) a text prompt starts with BOS, as vLLM's
+tokenization of a Llama-3 prompt does. `echo` prepends the prompt's text to each choice.
+`logprobs: k` returns the emulated log-probabilities (`server.http.logprobs`) of the generated
+tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from server.engine.interface import EngineRequest, TokenChunk
+from server.engine.tokenizer import Tokenizer
+from server.http import sampling
+from server.http.errors import bad_request
+from server.http.generate import Choice, Run
+from server.http.logprobs import Logprobs, completion_logprobs
+from server.http.protocol import CompletionRequest
+
+
+def prompt_ids(req: CompletionRequest, tok: Tokenizer) -> list[list[int]]:
+    """Each prompt's token ids (a 400 for an empty prompt list)."""
+    p = req.prompt
+    if isinstance(p, str):
+        texts: Sequence[str | list[int]] = [p]
+    elif not p:
+        raise bad_request("prompt must not be empty", "prompt")
+    elif all(isinstance(x, int) for x in p):
+        texts = [list(p)]  # type: ignore[arg-type]
+    else:
+        texts = list(p)  # type: ignore[arg-type]
+    out = []
+    for t in texts:
+        if isinstance(t, str):
+            ids = tok.encode(t)
+            if req.add_special_tokens and ids:
+                ids = [tok.bos_token_id, *ids]
+            out.append(ids)
+        else:
+            out.append(list(t))
+    return out
+
+
+def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[int]]
+                    ) -> tuple[list[EngineRequest], int]:
+    """One engine request per prompt (the n choices are fanned out later) and n."""
+    n = sampling.check_common(req, req.max_tokens, "max_tokens")
+    sampling.check_logprobs(req.logprobs, "logprobs")
+    if req.suffix is not None:
+        raise bad_request("suffix is not currently supported", "suffix")
+    sp = sampling.sampling_params(req, req.max_tokens)
+    constraint = sampling.constraint(req)
+    out = []
+    for i, ids in enumerate(prompts):
+        rid = request_id if len(prompts) == 1 else f"{request_id}_{i}"
+        out.append(EngineRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp,
+                                 priority=req.priority, constraint=constraint))
+    return out, n
+
+
+class CompletionShapes:
+    """Builds one request's response bodies and stream events."""
+
+    def __init__(self, req: CompletionRequest, run: Run, rid: str, model: str,
+                 tok: Tokenizer, prompts: list[list[int]]) -> None:
+        self.req, self.run, self.rid, self.model, self.tok = req, run, rid, model, tok
+        self.created = int(time.time())
+        self.echo = [tok.decode(p) for p in prompts] if req.echo else None
+        self.lps = ({c.index: Logprobs(tok, c.seed) for c in run.choices}
+                    if req.logprobs is not None else None)
+        self.offsets = {c.index: len(self.echo[c.prompt]) if self.echo else 0
+                        for c in run.choices}
+        self.usage_each = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+
+    def _base(self) -> dict:
+        return {"id": self.rid, "object": "text_completion", "created": self.created,
+                "model": self.model}
+
+    def _logprobs(self, c: Choice, ids: Sequence[int], start: int) -> dict | None:
+        if self.lps is None:
+            return None
+        out = completion_logprobs(self.lps[c.index], ids, start, self.req.logprobs or 0,
+                                  self.offsets[c.index])
+        if out["tokens"]:
+            self.offsets[c.index] = out["text_offset"][-1] + len(out["tokens"][-1])
+        return out
+
+    def response(self) -> dict:
+        choices = []
+        for c in self.run.choices:
+            text = "".join(c.text)
+            if self.echo:
+                text = self.echo[c.prompt] + text
+            f = c.finish
+            choices.append({"index": c.index, "text": text,
+                            "logprobs": self._logprobs(c, c.ids, 0),
+                            "finish_reason": f.reason.value if f else None,
+                            "stop_reason": stop_reason(f)})
+        return {**self._base(), "choices": choices, "usage": self.run.usage()}
+
+    def chunks(self, c: Choice, chunk: TokenChunk) -> list[dict]:
+        text = chunk.text
+        if self.echo and chunk.index == 0:
+            text = self.echo[c.prompt] + text
+        f = chunk.finish
+        event = {**self._base(), "choices": [{
+            "index": c.index, "text": text,
+            "logprobs": self._logprobs(c, chunk.token_ids, chunk.index),
+            "finish_reason": f.reason.value if f else None, "stop_reason": stop_reason(f)}]}
+        if self.usage_each:
+            p, done = self.run.prompt_lens[c.prompt], len(c.ids)
+            event["usage"] = {"prompt_tokens": p, "completion_tokens": done,
+                              "total_tokens": p + done}
+        return [event]
+
+    def tail(self) -> list[dict]:
+        opts = self.req.stream_options
+        if opts is None or not opts.include_usage:
+            return []
+        return [{**self._base(), "choices": [], "usage": self.run.usage()}]
+
+
+def stop_reason(f) -> str | int | None:
+    """vLLM's `stop_reason`: the stop string or stop token id that ended the choice."""
+    if f is None:
+        return None
+    return f.stop_str if f.stop_str is not None else f.stop_token_id

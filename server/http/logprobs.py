@@ -1,0 +1,92 @@
+"""Emulated log-probabilities: the mock model has no logits, so doppelchip reports a synthetic
+distribution, deterministic and self-consistent, instead of refusing `logprobs`.
+
+The rule (docs/HTTP.md), for the token `t` generated at output position `j` of a sequence
+whose seed is `s` (the request's seed, 0 when unset, + the choice index for n > 1):
+- `r = mix(s, j, t)` (splitmix64 of the three), `u = r / 2^64` in [0, 1);
+- the generated token has probability `p0 = 0.5 + 0.5·u`, so its logprob is `ln p0` in
+  (−0.69, 0]: it is always the most likely token;
+- the k-th alternative (k = 1, 2, …) is a token drawn by `mix(r, k)` from the tokens the mock
+  model generates (never `t`, no repeats) with probability `(1 − p0)·2^−k`, so the listed
+  probabilities are in decreasing order and sum to less than 1.
+The same request therefore gets the same logprobs streamed or not, on every run; forced tokens
+of a grammar get the same synthetic values (their real probability is 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from server.engine.tokenizer import Tokenizer
+
+_M64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+class Logprobs:
+    """The synthetic distribution at each position of one sequence."""
+
+    def __init__(self, tokenizer: Tokenizer, seed: int) -> None:
+        self.tok = tokenizer
+        self.seed = seed & _M64
+        self.pool = tokenizer.free_text_token_ids
+
+    def top(self, position: int, token: int, k: int) -> list[tuple[int, float]]:
+        """The `k` most likely tokens at `position` (the generated one first) with their
+        logprobs; at least the generated token."""
+        r = _mix(_mix(_mix(self.seed) ^ position) ^ token)
+        p0 = 0.5 + 0.5 * (r / 2**64)
+        out = [(token, math.log(p0))]
+        seen = {token}
+        i = 1
+        while len(out) < k:
+            alt = self.pool[_mix(r + i) % len(self.pool)]
+            i += 1
+            if alt in seen:
+                continue
+            seen.add(alt)
+            out.append((alt, math.log((1 - p0) * 2.0 ** -(len(out)))))
+        return out
+
+    def text(self, token: int) -> str:
+        return self.tok.decode([token])
+
+
+def completion_logprobs(lp: Logprobs, ids: Sequence[int], start: int, k: int,
+                        text_offset: int) -> dict:
+    """vLLM's completions `logprobs` object for output tokens `ids` at positions `start`…:
+    `tokens`, `token_logprobs`, `top_logprobs` (k entries, the generated token's included),
+    `text_offset`."""
+    tokens, values, tops, offsets = [], [], [], []
+    offset = text_offset
+    for j, t in enumerate(ids):
+        top = lp.top(start + j, t, max(1, k))
+        text = lp.text(t)
+        tokens.append(text)
+        values.append(top[0][1])
+        tops.append({lp.text(a): v for a, v in top[: max(1, k)]})
+        offsets.append(offset)
+        offset += len(text)
+    return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens,
+            "top_logprobs": tops}
+
+
+def chat_logprobs(lp: Logprobs, ids: Sequence[int], start: int, k: int) -> list[dict]:
+    """vLLM's chat `logprobs.content` entries: token, logprob, bytes, top_logprobs (k)."""
+    content = []
+    for j, t in enumerate(ids):
+        top = lp.top(start + j, t, max(1, k))
+        text = lp.text(t)
+        content.append({
+            "token": text, "logprob": top[0][1], "bytes": list(text.encode()),
+            "top_logprobs": [{"token": (s := lp.text(a)), "logprob": v,
+                              "bytes": list(s.encode())} for a, v in top[:k]],
+        })
+    return content

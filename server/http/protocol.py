@@ -1,0 +1,149 @@
+"""Request bodies, as vLLM 0.33.0's pydantic models accept them (`CompletionRequest`,
+`ChatCompletionRequest`, `TokenizeRequest`, `DetokenizeRequest`).
+
+Unknown fields are accepted and ignored (`extra="allow"`), as vLLM does. Field types are
+checked here (a wrong type is a 400 naming `body.<field>`); ranges and combinations are
+checked in `server.http.sampling`, which names the parameter as vLLM does. Beyond vLLM 0.33.0
+(which ignores them): the `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`
+aliases constrain the output (docs/HTTP.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class OpenAIBase(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class StreamOptions(OpenAIBase):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class JsonSchemaFormat(OpenAIBase):
+    name: str
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIBase):
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(OpenAIBase):
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+
+class GenerationFields(OpenAIBase):
+    """What completions and chat share: sampling, structured output, scheduling."""
+
+    model: str | None = None
+    n: int | None = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    skip_special_tokens: bool | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    request_id: str | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+
+class CompletionRequest(GenerationFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool | None = False
+    suffix: str | None = None
+    add_special_tokens: bool = True
+
+
+class FunctionDef(OpenAIBase):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(OpenAIBase):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(OpenAIBase):
+    name: str
+
+
+class NamedToolChoice(OpenAIBase):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class ChatMessage(OpenAIBase):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class ChatCompletionRequest(GenerationFields):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False
+
+
+class TokenizeRequest(OpenAIBase):
+    """`/tokenize` takes either a prompt or chat messages (vLLM's two request forms)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(OpenAIBase):
+    model: str | None = None
+    tokens: list[int]

@@ -1,0 +1,199 @@
+"""The routes (vLLM 0.33.0's, docs/HTTP.md): thin handlers over `generate`, `completions`,
+`chat` and the fleet. A request's `model` resolves through `Fleet.resolve("", model)` — the one
+place names map to deployments; no `model` means the default deployment.
+
+`X-Request-Id`: the request's id is the header's value, else the body's `request_id`, else a
+random one; generation responses (and their errors) carry it back in `X-Request-Id`, and the
+response `id` is `cmpl-<id>` / `chatcmpl-<id>` as in vLLM. The engine sees `<that>-<8 random
+hex>` (vLLM's `assign_request_id`), so clients may reuse ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from importlib.metadata import version
+from typing import Any, TypeVar
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from server import metrics as exposition
+from server.engine.interface import DeploymentState
+from server.fleet import UnknownDeployment
+from server.frontend.deployment import DeploymentClient
+from server.http import chat, completions, generate, tools
+from server.http.errors import (
+    HttpError,
+    draining,
+    error_response,
+    unknown_model,
+    validation_error,
+)
+from server.http.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from server.http.state import VLLM_VERSION, HttpState
+
+M = TypeVar("M", bound=BaseModel)
+SSE_HEADERS = {"Cache-Control": "no-cache"}
+
+
+async def parse(request: Request, model: type[M]) -> M:
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as e:
+        raise validation_error(e.errors(include_url=False)) from None
+
+
+def resolve(state: HttpState, model: str | None) -> tuple[DeploymentClient, str]:
+    """The deployment serving `model` and the name to answer with."""
+    try:
+        client = state.fleet.resolve("", model or "")
+    except UnknownDeployment:
+        raise unknown_model(model or "", state.fleet.model_names()) from None
+    return client, model or client.info.model_name
+
+
+def request_id(request: Request, body_id: str | None) -> str:
+    return request.headers.get("x-request-id") or body_id or uuid.uuid4().hex
+
+
+def engine_id(rid: str) -> str:
+    return f"{rid}-{uuid.uuid4().hex[:8]}"
+
+
+def healthy(state: HttpState) -> bool:
+    """Serving: not draining and at least one deployment ready (one deployment per pod: that
+    one is ready)."""
+    if state.draining:
+        return False
+    return any(c.status().state is DeploymentState.READY
+               for c in state.fleet.clients.values())
+
+
+def add_routes(app: FastAPI, state: HttpState) -> None:
+    started = int(time.time())
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if healthy(state) else 503)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:
+        return Response(status_code=200 if healthy(state) else 503)
+
+    @app.get("/version")
+    async def version_() -> dict:
+        return {"version": VLLM_VERSION, "doppelchip_version": version("doppelchip")}
+
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
+    async def metrics() -> Response:
+        body = await asyncio.to_thread(state.metrics.render)
+        return Response(body, media_type=exposition.CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        cards = []
+        for name, clients in state.fleet.models.items():
+            c = clients[0]
+            cards.append({"id": name, "object": "model", "created": started,
+                          "owned_by": "doppelchip", "root": c.info.model, "parent": None,
+                          "max_model_len": c.info.capacity.max_model_len, "permission": []})
+        return {"object": "list", "data": cards}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        body = await parse(request, TokenizeRequest)
+        if state.draining:
+            raise draining()
+        client, _ = resolve(state, body.model)
+        tok = state.tokenizer
+        if body.messages is not None:
+            ids = chat.render(body.messages, tok, body.add_generation_prompt)
+        elif body.prompt is not None:
+            ids = tok.encode(body.prompt)
+            if body.add_special_tokens and ids:
+                ids = [tok.bos_token_id, *ids]
+        else:
+            raise HttpError(400, "either `prompt` or `messages` is required", "BadRequestError",
+                            "prompt")
+        out: dict[str, Any] = {"count": len(ids),
+                               "max_model_len": client.info.capacity.max_model_len,
+                               "tokens": ids}
+        if body.return_token_strs:
+            out["token_strs"] = [tok.decode([i]) for i in ids]
+        return out
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        body = await parse(request, DetokenizeRequest)
+        if state.draining:
+            raise draining()
+        resolve(state, body.model)
+        size = state.tokenizer.vocab_size
+        bad = next((t for t in body.tokens if not 0 <= t < size), None)
+        if bad is not None:
+            raise HttpError(400, f"token id {bad} is outside the vocabulary [0, {size})",
+                            "BadRequestError", "tokens")
+        return {"prompt": state.tokenizer.decode(body.tokens)}
+
+    @app.post("/v1/completions")
+    async def create_completion(request: Request) -> Response:
+        body = await parse(request, CompletionRequest)
+        rid = request_id(request, body.request_id)
+        try:
+            if state.draining:
+                raise draining()
+            client, name = resolve(state, body.model)
+            prompts = completions.prompt_ids(body, state.tokenizer)
+            reqs, n = completions.engine_requests(body, engine_id(f"cmpl-{rid}"), prompts)
+            run = await generate.admitted(client, reqs, n)
+        except HttpError as e:
+            return error_response(e, rid)
+        shapes = completions.CompletionShapes(body, run, f"cmpl-{rid}", name, state.tokenizer,
+                                              prompts)
+        return await _answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
+                             [], shapes.tail, rid)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(request: Request) -> Response:
+        body = await parse(request, ChatCompletionRequest)
+        rid = request_id(request, body.request_id)
+        try:
+            if state.draining:
+                raise draining()
+            client, name = resolve(state, body.model)
+            plan = tools.plan(body)
+            ids = chat.render(body.messages, state.tokenizer, body.add_generation_prompt,
+                              body.continue_final_message)
+            req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan)
+            run = await generate.admitted(client, [req], n)
+        except HttpError as e:
+            return error_response(e, rid)
+        shapes = chat.ChatShapes(body, run, f"chatcmpl-{rid}", name, state.tokenizer, plan)
+        head = shapes.head() if body.stream else []
+        return await _answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
+                             head, shapes.tail, rid)
+
+
+async def _answer(request: Request, run: generate.Run, stream: bool, response, chunks,
+                  head: list[dict], tail, rid: str) -> Response:
+    headers = {"X-Request-Id": rid}
+    if stream:
+        return StreamingResponse(generate.sse(run, chunks, head, tail),
+                                 media_type="text/event-stream",
+                                 headers={**SSE_HEADERS, **headers})
+    try:
+        await generate.collect(run, request)
+    except HttpError as e:
+        return error_response(e, rid)
+    return Response(generate.encode(response()), media_type="application/json",
+                    headers=headers)
+

@@ -1,0 +1,156 @@
+"""An HTTP request's fields → the engine's `SamplingParams` and `Constraint`; pure functions.
+
+Ranges and combinations are checked here with vLLM 0.33.0's rules and messages
+(`vllm/sampling_params.py`, the protocol validators) and the parameter named in `param`; what
+the engine checks again (context length, KV pool, grammar compilation) it reports itself.
+Structured output comes from exactly one of `response_format` (json_schema / json_object),
+`structured_outputs` (json / regex / choice / grammar / json_object) or — beyond vLLM 0.33.0,
+which ignores them — the `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`
+aliases.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from server.engine.interface import Constraint, SamplingParams
+from server.frontend.parallel import MAX_N
+from server.http.errors import bad_request
+from server.http.protocol import GenerationFields
+
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+JSON_OBJECT = '{"type": "object"}'  # what json_object constrains to (any JSON object)
+
+
+def check_common(req: GenerationFields, max_tokens: int | None, max_tokens_name: str) -> int:
+    """Raise a 400 naming the first bad parameter; the number of choices per prompt."""
+    n = 1 if req.n is None else req.n
+    if n < 1:
+        raise bad_request(f"n must be at least 1, got {n}.", "n")
+    if n > MAX_N:
+        raise bad_request(f"n must be at most {MAX_N}, got {n}.", "n")
+    if max_tokens is not None and max_tokens < 1:
+        raise bad_request(f"{max_tokens_name} must be at least 1, got {max_tokens}.",
+                          max_tokens_name)
+    t = req.temperature
+    if t is not None and (not math.isfinite(t) or not 0 <= t <= 2):
+        raise bad_request(f"temperature must be in [0, 2], got {t}.", "temperature")
+    if req.top_p is not None and not 0 < req.top_p <= 1:
+        raise bad_request(f"top_p must be in (0, 1], got {req.top_p}.", "top_p")
+    if req.top_k is not None and req.top_k < -1:
+        raise bad_request(f"top_k must be 0 or -1 (disable), or at least 1, got {req.top_k}.",
+                          "top_k")
+    if req.min_p is not None and not 0 <= req.min_p <= 1:
+        raise bad_request(f"min_p must be in [0, 1], got {req.min_p}.", "min_p")
+    if req.min_tokens < 0:
+        raise bad_request(f"min_tokens must be greater than or equal to 0, got "
+                          f"{req.min_tokens}.", "min_tokens")
+    if max_tokens is not None and req.min_tokens > max_tokens:
+        raise bad_request(f"min_tokens must be less than or equal to {max_tokens_name}="
+                          f"{max_tokens}, got {req.min_tokens}.", "min_tokens")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("Stream options can only be defined when `stream=True`.",
+                          "stream_options")
+    if any(t < 0 for t in req.stop_token_ids or ()):
+        raise bad_request("stop_token_ids must be non-negative token ids.", "stop_token_ids")
+    return n
+
+
+def check_logprobs(value: int | None, name: str) -> int | None:
+    if value is None:
+        return None
+    if value < 0:
+        raise bad_request(f"`{name}` must be a positive value or 0.", name)
+    if value > MAX_LOGPROBS:
+        raise bad_request(f"Requested sample logprobs of {value}, which is greater than max "
+                          f"allowed: {MAX_LOGPROBS}", name)
+    return value
+
+
+def sampling_params(req: GenerationFields, max_tokens: int | None) -> SamplingParams:
+    """The engine's sampling parameters (validated again by the engine's own rules)."""
+    d = SamplingParams()
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    stop = req.stop if isinstance(req.stop, list) else ([req.stop] if req.stop else [])
+    top_k = pick(req.top_k, -1)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        min_tokens=req.min_tokens,
+        temperature=float(pick(req.temperature, d.temperature)),
+        top_p=float(pick(req.top_p, d.top_p)),
+        top_k=-1 if top_k == 0 else top_k,
+        min_p=float(pick(req.min_p, d.min_p)),
+        repetition_penalty=float(pick(req.repetition_penalty, d.repetition_penalty)),
+        presence_penalty=float(pick(req.presence_penalty, d.presence_penalty)),
+        frequency_penalty=float(pick(req.frequency_penalty, d.frequency_penalty)),
+        seed=req.seed,
+        ignore_eos=req.ignore_eos,
+        stop=tuple(stop),
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=pick(req.skip_special_tokens, True),
+    )
+
+
+def _schema_text(schema: Any, param: str) -> str:
+    if isinstance(schema, str):
+        return schema
+    if isinstance(schema, dict | bool):
+        return json.dumps(schema)
+    raise bad_request("a JSON schema must be an object (or its JSON text)", param)
+
+
+def constraint(req: GenerationFields) -> Constraint | None:
+    """The structured-output constraint of the request, or None; a 400 when more than one
+    source or kind is given, or a kind doppelchip cannot compile."""
+    found: list[tuple[str, Constraint]] = []
+    rf = req.response_format
+    if rf is not None and rf.type != "text":
+        if rf.type == "json_object":
+            found.append(("response_format", Constraint("json_schema", JSON_OBJECT)))
+        elif rf.type == "json_schema":
+            if rf.json_schema is None:
+                raise bad_request("When response_format type is 'json_schema', the "
+                                  "'json_schema' field must be provided.", "response_format")
+            schema = rf.json_schema.json_schema
+            found.append(("response_format", Constraint(
+                "json_schema", _schema_text({} if schema is None else schema,
+                                            "response_format"))))
+        else:
+            raise bad_request("response_format type 'structural_tag' is not supported.",
+                              "response_format")
+    so = req.structured_outputs
+    if so is not None:
+        kinds = [k for k in ("json_", "regex", "choice", "grammar", "json_object",
+                             "structural_tag") if getattr(so, k) not in (None, False)]
+        if len(kinds) != 1:
+            raise bad_request("You must use exactly one kind of structured outputs constraint "
+                              "('json', 'regex', 'choice', 'grammar' or 'json_object'), got "
+                              f"{len(kinds)}.", "structured_outputs")
+        found.append(("structured_outputs", _kind(kinds[0], getattr(so, kinds[0]))))
+    for name, kind in (("guided_json", "json_"), ("guided_regex", "regex"),
+                       ("guided_choice", "choice"), ("guided_grammar", "grammar")):
+        value = getattr(req, name)
+        if value is not None:
+            found.append((name, _kind(kind, value)))
+    if len(found) > 1:
+        raise bad_request("You can only use one kind of structured output: got "
+                          f"{', '.join(name for name, _ in found)}.", found[1][0])
+    return found[0][1] if found else None
+
+
+def _kind(kind: str, value: Any) -> Constraint:
+    if kind == "json_":
+        return Constraint("json_schema", _schema_text(value, "structured_outputs.json"))
+    if kind == "json_object":
+        return Constraint("json_schema", JSON_OBJECT)
+    if kind == "choice":
+        return Constraint("choice", choices=tuple(value))
+    if kind == "structural_tag":
+        raise bad_request("structural_tag is not supported.", "structured_outputs")
+    return Constraint(kind, text=value)  # type: ignore[arg-type]  # regex | grammar

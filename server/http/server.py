@@ -1,0 +1,79 @@
+"""One front end's HTTP listener: uvicorn (httptools) on the front end's own event loop, beside
+the gRPC server.
+
+The socket is made here and handed to uvicorn: with several front ends it is bound with
+SO_REUSEPORT to the concrete port the supervisor reserved (and locked) for the server, so the
+kernel spreads connections over the front ends, as vLLM's API servers share one port. uvicorn's
+own signal handling is off: the front end's SIGTERM handler drains (`FrontendApp.drain`), then
+`stop()` closes the listener and gives open connections a moment to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+from starlette.types import ASGIApp
+
+BACKLOG = 2048
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # the front end owns its signals
+        yield
+
+
+def listen_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A listening TCP socket on host:port (SO_REUSEPORT when the port is shared)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+class HttpServer:
+    def __init__(self, app: ASGIApp, host: str, port: int, reuse_port: bool) -> None:
+        self.app, self.host, self.requested_port, self.reuse_port = app, host, port, reuse_port
+        self.port = 0
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        sock = listen_socket(self.host, self.requested_port, self.reuse_port)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, http="httptools", lifespan="off", log_level="warning",
+                                access_log=False, timeout_graceful_shutdown=2,
+                                timeout_keep_alive=30, server_header=False)
+        self._server = _Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise OSError(f"HTTP server on {self.host}:{self.port} did not start")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        """Close the listener; let open connections finish for up to 2 s, then cut them."""
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), 5.0)
+        except TimeoutError:
+            self._server.force_exit = True
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        self._server = None

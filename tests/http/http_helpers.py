@@ -1,0 +1,45 @@
+"""What the HTTP tests share: the real server's HTTP base URL, the official `openai` client and
+an httpx client on it, SSE parsing, and the tokenizer the server uses (to check usage)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+
+from server.engine.tokenizer import get_tokenizer
+
+TOK = get_tokenizer()
+
+
+def sse_events(lines: list[str]) -> list[dict | str]:
+    """The `data:` payloads of an SSE body: dicts, and the final "[DONE]"."""
+    out: list[dict | str] = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def openai_client(server) -> openai.AsyncOpenAI:
+    """The official client on the server's HTTP port (use with `async with`)."""
+    return openai.AsyncOpenAI(base_url=f"{server.http_url}/v1", api_key="none",
+                              max_retries=0, timeout=30)
+
+
+def http_client(server) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=server.http_url, timeout=30)
+
+
+async def stream_events(http: httpx.AsyncClient, path: str, body: dict,
+                        headers: dict | None = None) -> tuple[httpx.Response, list]:
+    async with http.stream("POST", path, json=body, headers=headers) as r:
+        lines = [line async for line in r.aiter_lines()]
+    return r, sse_events(lines)
+
+
+def retokenized(text: str) -> int:
+    """How many tokens a client that re-tokenizes the received text counts."""
+    return len(TOK.encode(text))
