@@ -66,7 +66,7 @@ class EngineOptions:
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    max_waiting: int = 1024
+    max_waiting: int = 1024  # accepted beyond the free batch seats (intake.queue_is_full)
     block_size: int = 16
     kv_blocks: int | None = None  # cap the KV pool (vLLM's num_gpu_blocks_override)
     policy: str | None = None  # fcfs | priority | lpm

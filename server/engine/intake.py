@@ -100,13 +100,21 @@ def check_request(request: EngineRequest, limits: Limits,
     return ids, max_tokens
 
 
+def queue_is_full(num_queued: int, free_seats: int, max_waiting: int) -> bool:
+    """Whether one more request would wait beyond `max_waiting`: of the `num_queued` requests
+    accepted and not running, the first `free_seats` take the batch's free seats at the next
+    step, so three requests arriving together at an idle `max_num_seqs = 1, max_waiting = 2`
+    deployment are all accepted, whatever the step they land in."""
+    return num_queued - free_seats >= max_waiting
+
+
 def admit(request: EngineRequest, ids: list[int], max_tokens: int, arrival: float, *,
-          limits: Limits, num_queued: int, in_flight: bool,
+          limits: Limits, num_queued: int, free_seats: int, in_flight: bool,
           constraints: ConstraintCompiler | None) -> Request:
     """The scheduler's request, or a typed error (nothing allocated) — engine side."""
     if in_flight:
         raise InvalidRequest(f"request id {request.request_id!r} is already in flight")
-    if num_queued >= limits.max_waiting:
+    if queue_is_full(num_queued, free_seats, limits.max_waiting):
         raise Overloaded(
             f"deployment {limits.name!r}: waiting queue is full "
             f"(max_waiting={limits.max_waiting})"

@@ -52,6 +52,11 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
+    @property
+    def free_seats(self) -> int:
+        """Batch seats (`max_num_seqs`) no running request holds."""
+        return max(0, self.config.max_num_seqs - len(self.running))
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 

@@ -18,6 +18,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from server.engine.core import EngineCore
+from server.engine.intake import queue_is_full
 from server.engine.interface import Constraint, InvalidRequest
 from server.engine.output import spread_times
 from server.engine.request import Request, SamplingParams
@@ -121,7 +122,8 @@ class _Runner:
         error, constraint = None, None
         if len(prompt) + turn.max_tokens > sched.config.max_model_len:
             error = "INVALID_ARGUMENT"
-        elif self.max_waiting is not None and sched.num_waiting >= self.max_waiting:
+        elif self.max_waiting is not None and queue_is_full(sched.num_waiting, sched.free_seats,
+                                                            self.max_waiting):
             error = "RESOURCE_EXHAUSTED"
         elif s.constraint is not None:
             try:

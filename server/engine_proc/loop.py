@@ -225,6 +225,7 @@ class EngineLoop:
                                   f"{'building its engine' if self.state == 'compiling' else ''}")
             req = admit(r, list(r.prompt_token_ids or ()), msg.max_tokens, msg.arrival,
                         limits=self.limits, num_queued=self.num_queued(),
+                        free_seats=self.core.scheduler.free_seats,
                         in_flight=r.request_id in self.by_rid,
                         constraints=self.core.constraints)
         except EngineError as e:
