@@ -48,7 +48,7 @@ def test_commands_bind_loopback_and_front_one_deployment():
 def test_gateway_command_serves_and_stops_cleanly(tmp_path):
     gw_port = free_port()
     cmd = [sys.executable, "-m", "doppelchip.cli", "gateway", "--replicas", "2",
-           "--port", str(free_pair()), "--metrics-port", str(free_pair()),
+           "--port", str(free_pair()), "--http-port", str(free_pair()),
            "--gateway-port", str(gw_port), "--prometheus-port", str(free_port()),
            "--time-scale", "0.05", "--ready-timeout", "30"]
     log = (tmp_path / "gateway.log").open("wb")

@@ -45,7 +45,7 @@ def observed(tmp_path_factory):
     cumulative counters as it logged them when it stopped)."""
     metrics_port = free_port()
     state: dict = {}
-    server = ServerProcess(obs_load.fleet_doc(), "--port", "0", "--metrics-port",
+    server = ServerProcess(obs_load.fleet_doc(), "--port", "0", "--http-port",
                            str(metrics_port))
 
     async def run(prom: Prometheus) -> None:

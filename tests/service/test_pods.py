@@ -79,7 +79,7 @@ def test_pods_starts_one_pod_per_deployment(tmp_path):
     metrics_port = free_run(2, avoid=range(port - 1, port + 2))
     proc = subprocess.Popen(
         [sys.executable, "-m", "doppelchip.cli", "pods", "--config", str(config),
-         "--port", str(port), "--metrics-port", str(metrics_port)],
+         "--port", str(port), "--http-port", str(metrics_port)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = [proc.stdout.readline().split("\t") for _ in range(2)]

@@ -141,11 +141,11 @@ def test_a_port_is_never_shared_with_another_server(tmp_path):
         port = other.getsockname()[1]
         taken = subprocess.run(
             [sys.executable, "-m", "doppelchip.cli", "serve", "--config", str(config),
-             "--port", "0", "--metrics-port", str(port)],
+             "--port", "0", "--http-port", str(port)],
             cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert taken.returncode == 1
         assert taken.stderr.strip().splitlines()[-1] == (
-            f"error: metrics port 127.0.0.1:{port} is already in use")
+            f"error: HTTP port 127.0.0.1:{port} is already in use")
 
 
 async def test_lag_is_reported_when_the_host_cannot_keep_up():
