@@ -118,20 +118,41 @@ def epp_objects(pool: str, epp: str) -> list[Doc]:
     ]
 
 
+def pool_of(fleet: FleetConfig) -> tuple[str, str, dict[str, str]]:
+    """The example pool: (model, pool name, pod selector). Every pod serving the default
+    deployment's model, whichever chip: the picker routes one model across them."""
+    model = next(d.model for d in fleet.deployments if d.name == fleet.default_deployment)
+    selector = {"app.kubernetes.io/component": "model-server", "llm-d.ai/model": model}
+    return model, "doppelchip-" + model.replace(".", "-"), selector
+
+
+def llm_d_values(fleet: FleetConfig) -> str:
+    """Helm values pointing llm-d-router's charts (llm-d-router-gateway or -standalone,
+    v0.10.0) at the same pods as the InferencePool: layer after llm-d's own values files."""
+    selector = pool_of(fleet)[2]
+    doc = {"router": {
+        "epp": {"image": {"tag": EPP_IMAGE.rsplit(":", 1)[1], "pullPolicy": "IfNotPresent"}},
+        "modelServers": {"type": "vllm", "protocol": "http",
+                         "targetPorts": [{"number": fleet.server.metrics_port}],
+                         "matchLabels": selector}}}
+    return dump("Helm values for llm-d's router charts (oci://ghcr.io/llm-d/charts/"
+                "llm-d-router-gateway or llm-d-router-standalone, version v0.10.0): the endpoint "
+                "picker's image at that release, and the doppelchip pods of deploy/k8s/pods as "
+                "the model servers (vLLM, HTTP on their served port). docs/ROUTERS.md has the "
+                "commands.", [(doc, {})])
+
+
 def inference_gateway(fleet: FleetConfig) -> dict[str, str]:
     """The example's files: a pool over every doppelchip pod serving the default deployment's
     model (pods of different chips serving one model: the EPP routes by their queues and KV
     use), its EPP, a Gateway and the HTTPRoute."""
-    default = next(d for d in fleet.deployments if d.name == fleet.default_deployment)
-    model = default.model
-    pool = "doppelchip-" + model.replace(".", "-")
+    model, pool, selector = pool_of(fleet)
     epp = f"{pool}-epp"
     members = sorted(d.name for d in fleet.deployments if d.model == model)
     pool_doc = {
         "apiVersion": f"{POOL_GROUP}/v1", "kind": "InferencePool", "metadata": _meta(pool),
         "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/component": "model-server",
-                                         "llm-d.ai/model": model}},
+            "selector": {"matchLabels": selector},
             "targetPorts": [{"number": fleet.server.metrics_port}],
             "appProtocol": "http",
             "endpointPickerRef": {"name": epp, "port": {"number": EXT_PROC_PORT},

@@ -12,7 +12,8 @@ them (tests/deploy runs --check). What it writes, and README.md beside it says h
   annotations, a drain that fits the grace period);
 - fleet/: the whole fleet in one pod (dashboards and demos; never behind a router);
 - monitoring/: a Prometheus Operator ServiceMonitor for every doppelchip Service;
-- inference-gateway/: an InferencePool, its endpoint picker and an HTTPRoute (gaie.py).
+- inference-gateway/: an InferencePool, its endpoint picker and an HTTPRoute (gaie.py);
+- llm-d/: Helm values pointing llm-d's router charts at the same pods (gaie.py).
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(HERE)]  # the repository's packages and the sibling modules
 
 from emit import Comments, Doc, dump  # noqa: E402
-from gaie import inference_gateway  # noqa: E402
+from gaie import inference_gateway, llm_d_values  # noqa: E402
 
 from devices import make_compile_strategy, place  # noqa: E402
 from server.config import FleetConfig, ServerConfig, load_fleet  # noqa: E402
 from server.engine.build import EngineOptions  # noqa: E402
 
 IMAGE = "doppelchip:latest"  # built by deploy/Dockerfile; load it into the cluster (README.md)
-GENERATED = ("pods", "fleet", "monitoring", "inference-gateway")
+GENERATED = ("pods", "fleet", "monitoring", "inference-gateway", "llm-d")
 NAME = "app.kubernetes.io/name"
 COMPONENT = "app.kubernetes.io/component"
 
@@ -227,6 +228,7 @@ def render(fleet: FleetConfig) -> dict[str, str]:
     gateway = inference_gateway(fleet)
     files.update({f"inference-gateway/{n}": text for n, text in gateway.items()})
     files["inference-gateway/kustomization.yaml"] = kustomization(sorted(gateway))
+    files["llm-d/values.yaml"] = llm_d_values(fleet)
     return files
 
 

@@ -143,3 +143,15 @@ def test_the_shipped_crds_are_the_upstream_files_their_readme_names():
         bundle = [v for k, v in crd["metadata"].get("annotations", {}).items()
                   if re.search(r"bundle-version|operator.prometheus.io/version", k)]
         assert bundle and any(v.lstrip("v") in row for v in bundle), path.name
+
+
+def test_the_llm_d_values_point_its_router_at_the_pools_pods():
+    (values,) = docs_of(K8S / "llm-d" / "values.yaml")
+    servers = values["router"]["modelServers"]
+    pool = one("inference-gateway/inferencepool.yaml", "InferencePool")
+    assert servers["matchLabels"] == pool["spec"]["selector"]["matchLabels"]
+    assert servers["targetPorts"] == pool["spec"]["targetPorts"]
+    assert (servers["type"], servers["protocol"]) == ("vllm", "http")
+    epp = one("inference-gateway/epp.yaml", "Deployment")
+    image = epp["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image.endswith(":" + values["router"]["epp"]["image"]["tag"])
