@@ -65,7 +65,7 @@ def probe_notes(server: ServerConfig) -> Comments:
         "readinessProbe": (
             f"Readiness: whether routers send work. /health answered in <= {MEASURED_MAX_MS} ms "
             f"under 256 streams on 2 cores, so the {r['timeoutSeconds']} s timeout is "
-            f"~{r['timeoutSeconds'] * 1000 // MEASURED_MAX_MS}x the slowest answer seen; "
+            f"~{round(r['timeoutSeconds'] * 1000 / MEASURED_MAX_MS)}x the slowest answer seen; "
             f"{r['failureThreshold']} misses in a row "
             f"({r['failureThreshold'] * r['periodSeconds']} s) take the pod out, so one slow "
             "answer does not eject a busy pod (its load would move to the others and it "
@@ -77,9 +77,9 @@ def probe_notes(server: ServerConfig) -> Comments:
             f"{li['failureThreshold'] * li['periodSeconds']} s of failures, longer than the "
             "supervisor's restart of a crashed engine (2 s back-off, doubling) and than a "
             f"drain ({PRESTOP_SLEEP_S} s + {drain:g} s); the {li['timeoutSeconds']} s timeout "
-            f"is ~{li['timeoutSeconds'] * 1000 // MEASURED_MAX_MS}x the slowest /health answer "
-            "measured under load. No CPU limit (below): CFS throttling would stall the event "
-            "loop that answers the probes."),
+            f"is ~{round(li['timeoutSeconds'] * 1000 / MEASURED_MAX_MS)}x the slowest /health "
+            "answer measured under load. No CPU limit (below): CFS throttling would stall the "
+            "event loop that answers the probes."),
         "terminationGracePeriodSeconds": (
             f"> preStop sleep ({PRESTOP_SLEEP_S} s) + drain_grace_s ({drain:g} s) + "
             f"{EXIT_MARGIN_S} s for the processes to exit: SIGTERM drains (/health 503, gRPC "
