@@ -143,5 +143,5 @@ def pod_fleet(args: argparse.Namespace, fleet):
         served_model_name=tuple(args.served_model_name or options.served_model_name),
         data_parallel_size=args.data_parallel_size or options.data_parallel_size)
     server = dataclasses.replace(fleet.server, default_deployment=options.name,
-                                 vllm_engine_deployment=options.name)
+                                 vllm_engine_deployment=options.name, pod=True)
     return dataclasses.replace(fleet, server=server, deployments=(options,))

@@ -82,7 +82,7 @@ class FrontendApp:
         self.port = 0
         enable_multiprocess(run_dir.prometheus_dir())
         collector = StatsCollector(infos, run_dir, num_frontends, cfg.time_scale, wall0,
-                                   cfg.show_hidden_metrics_for_version == "0.10")
+                                   cfg.show_hidden_metrics_for_version == "0.10", cfg.pod)
         self.http_state = HttpState(self.fleet, tokenizer,
                                     MetricsView(collector, run_dir.prometheus_dir()))
         # Always SO_REUSEPORT: the supervisor holds a reserved socket on the HTTP port.

@@ -19,22 +19,24 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.registry import Collector
+
+from server.stats.collector import StatsCollector
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 
 class MetricsView:
-    """Renders the server's exposition: the stats collector's series, then the HTTP series of
-    every front end (the multiprocess directory). Thread-safe: one render at a time."""
+    """Renders the server's exposition: the stats collector's series (its own compiled
+    renderer, `server.stats.exposition`), then the HTTP series of every front end (the
+    multiprocess directory, through prometheus_client). Thread-safe: one render at a time."""
 
-    def __init__(self, collector: Collector, multiprocess_dir: Path | None) -> None:
+    def __init__(self, collector: StatsCollector, multiprocess_dir: Path | None) -> None:
+        self.collector = collector
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(collector)
         if multiprocess_dir is not None:
             MultiProcessCollector(self.registry, path=str(multiprocess_dir))
         self._lock = threading.Lock()
 
     def render(self) -> bytes:
         with self._lock:
-            return generate_latest(self.registry)
+            return self.collector.render().encode() + generate_latest(self.registry)

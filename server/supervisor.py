@@ -157,7 +157,8 @@ class Supervisor:
                           options=slot.options, run_dir=str(self.run_dir.path),
                           num_frontends=self.num_frontends, time_scale=cfg.time_scale,
                           wall0=self.wall0, cold=cold, log_level=self.options.log_level,
-                          check_integrity=self.options.check_integrity)
+                          check_integrity=self.options.check_integrity,
+                          supervisor_pid=os.getpid())
 
     def _start_engine(self, slot: EngineSlot, cold: bool) -> None:
         proc = self.mp.Process(target=engine_main, args=(self._engine_spec(slot, cold),),
@@ -170,7 +171,8 @@ class Supervisor:
                             run_dir=str(self.run_dir.path), wall0=self.wall0,
                             port=self.port, http_port=self.http_port,
                             reuse_port=self.num_frontends > 1,
-                            num_frontends=self.num_frontends, log_level=self.options.log_level)
+                            num_frontends=self.num_frontends, log_level=self.options.log_level,
+                            supervisor_pid=os.getpid())
         proc = self.mp.Process(target=frontend_main, args=(spec,), name=f"frontend-{i}",
                                daemon=False)
         proc.start()

@@ -206,11 +206,20 @@ def service_monitor() -> str:
         "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
         "metadata": {"name": "doppelchip", "labels": {NAME: "doppelchip"}},
         "spec": {"selector": {"matchLabels": {NAME: "doppelchip"}},
-                 "endpoints": [{"port": "http", "path": "/metrics", "interval": "5s"}]},
+                 "endpoints": [{
+                     "port": "http", "path": "/metrics", "interval": "5s",
+                     # a pod's vllm: series carry vLLM's labels only; the target's `deployment`
+                     # (the Service's instance label) lets doppelchip's dashboards tell pods
+                     # apart; honorLabels keeps the fleet pod's own `deployment` labels
+                     "honorLabels": True,
+                     "relabelings": [{"sourceLabels": [
+                         "__meta_kubernetes_service_label_app_kubernetes_io_instance"],
+                         "targetLabel": "deployment"}]}]},
     }
     header = ("Scrapes every doppelchip Service (pods/ and fleet/) on its HTTP port, for clusters "
               "running the Prometheus Operator; elsewhere the pods' prometheus.io/* annotations "
-              "serve Prometheus' kubernetes_sd pod role.")
+              "serve Prometheus' kubernetes_sd pod role. Pod series get a `deployment` label "
+              "from the Service's app.kubernetes.io/instance.")
     return dump(header, [(doc, {})])
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.info import failed_info, placed_info
 from server.engine_proc.loop import EngineLoop
 from server.engine_proc.stats import EngineStats
+from server.ipc import lifeline
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
 from server.logsetup import configure_logging
@@ -45,6 +47,7 @@ class EngineSpec:
     cold: bool  # pay the cold start (a restart rebuilds what the crash lost)
     log_level: str
     check_integrity: bool = False  # run the scheduler's check_integrity() whenever it idles
+    supervisor_pid: int = 0  # exit when it is gone (server.ipc.lifeline); 0: no lifeline
 
 
 def _less_timer_slack() -> None:
@@ -57,6 +60,8 @@ def _less_timer_slack() -> None:
 def engine_main(spec: EngineSpec) -> None:
     opts = spec.options
     configure_logging(spec.log_level, f"engine[{opts.name}/{spec.rank}]")
+    if spec.supervisor_pid:
+        lifeline.exit_with(spec.supervisor_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which drains
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _less_timer_slack()
@@ -82,6 +87,8 @@ def engine_main(spec: EngineSpec) -> None:
                       timeline=Timeline(spec.wall0, spec.time_scale), cold=spec.cold,
                       check_integrity=spec.check_integrity)
     _hello(run, spec, info)
+    gc.collect()  # the core, its tables and the tokenizer leave the collector's generations
+    gc.freeze()
     log.info("engine core of %s (rank %d) up: pid %d", opts.name, spec.rank, os.getpid())
     loop.run()
 

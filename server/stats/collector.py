@@ -3,69 +3,32 @@
 At scrape time the collector copies each engine's stats array and each front end's request
 metrics (seqlocked snapshots, no IPC, no waiting on a busy engine), sums the front ends' blocks
 per (deployment, rank), and renders vLLM's series (labels `model_name`, `engine` = the rank,
-`deployment`) and doppelchip's device series (labels `deployment`, `chip`).
+and in fleet mode `deployment`; a pod's carry vLLM's labels only) and doppelchip's device
+series (label `deployment`; `doppelchip_chips` also names the `chip`, as an info metric would,
+rather than every series repeating it).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import numpy as np
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
+from server.stats.exposition import Exposition, Scrape
 from server.stats.layout import Layout, MetricDef
 from server.stats.schema import HIDDEN_0_10, engine_metrics, request_metrics
 from server.stats.shm import StatsFile
 
-VLLM = ["model_name", "engine", "deployment"]
-DEV = ["deployment", "chip"]
 
-
-class _Families:
-    """The families of one scrape, created on first use, in a stable order."""
-
-    def __init__(self) -> None:
-        self.by_name: dict[str, Metric] = {}
-
-    def get(self, d: MetricDef, labels: list[str]) -> Metric:
-        fam = self.by_name.get(d.name)
-        if fam is None:
-            names = labels + ([d.label] if d.label else [])
-            cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
-                   "histogram": HistogramMetricFamily}[d.kind]
-            fam = self.by_name[d.name] = cls(d.name, d.help, labels=names)
-        return fam
-
-    def add(self, d: MetricDef, labels: list[str], values: list[str], arr: np.ndarray,
-            at: int) -> None:
-        fam = self.get(d, labels)
-        for i, extra in enumerate(d.values or (None,)):
-            lv = values + ([extra] if extra is not None else [])
-            if d.kind == "histogram":
-                n = len(d.buckets) + 2
-                counts = np.cumsum(arr[at + i * n : at + i * n + n - 1])
-                buckets = [(floatToGoString(b), float(c))
-                           for b, c in zip(d.buckets, counts, strict=False)]
-                buckets.append(("+Inf", float(counts[-1])))
-                fam.add_metric(lv, buckets, float(arr[at + i * n + n - 1]))  # type: ignore
-            else:
-                fam.add_metric(lv, float(arr[at + i]))
-
-
-class StatsCollector(Collector):
+class StatsCollector:
     def __init__(self, infos: list[list[DeploymentInfo]], run_dir: RunDir, num_frontends: int,
-                 time_scale: float, wall0: float, show_hidden_metrics: bool = False) -> None:
+                 time_scale: float, wall0: float, show_hidden_metrics: bool = False,
+                 pod: bool = False) -> None:
         self.infos, self.run, self.num_frontends = infos, run_dir, num_frontends
+        self.pod = pod
         self.show_hidden = show_hidden_metrics
         self.scale, self.wall0 = time_scale, wall0
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
@@ -75,6 +38,7 @@ class StatsCollector(Collector):
                                for d, ranks in enumerate(infos) for r in ranks}
         self._engine_files: dict[tuple[int, int], StatsFile] = {}
         self._frontend_files: dict[int, StatsFile] = {}
+        self.plan = self._compile()
 
     def _engine(self, key: tuple[int, int]) -> np.ndarray | None:
         f = self._engine_files.get(key)
@@ -99,65 +63,93 @@ class StatsCollector(Collector):
             total += f.snapshot()[0].reshape(len(self.keys), size)
         return total
 
-    def collect(self) -> Iterator[Metric]:
-        fams = _Families()
-        requests = self._requests()
+    def render(self) -> str:
+        """The stats arrays' series in the Prometheus text format (see `exposition`)."""
         now = (time.monotonic() - self.wall0) / self.scale
-        unlabelled: dict[int, np.ndarray] = {}  # deployment -> its ranks' arrays, summed
-        for k, key in enumerate(self.keys):
+        engines: dict[tuple[int, int], np.ndarray | None] = {}
+        summed: dict[int, np.ndarray] = {}  # deployment -> its ranks' arrays, summed
+        for key in self.keys:
             info = self.infos[key[0]][key[1]]
-            vllm = [info.model_name, str(info.rank), info.name]
-            dev = [info.name, info.chip]
-            for d in self.request_layout.defs.values():
-                is_vllm = d.name.startswith("vllm:")
-                fams.add(d, VLLM if is_vllm else DEV, vllm if is_vllm else dev, requests[k],
-                         self.request_layout.offset[d.name])
             arr = self._engine(key)
             if arr is None or not info.placed:
+                engines[key] = None
                 continue
-            self._engine_series(fams, info, self.engine_layouts[key], arr, now)
-            unlabelled[key[0]] = unlabelled.get(key[0], 0) + arr
-        for d_index, arr in unlabelled.items():
-            info, layout = self.infos[d_index][0], self.engine_layouts[(d_index, 0)]
+            summed[key[0]] = summed.get(key[0], 0) + arr
+            layout = self.engine_layouts[key]
+            if arr[layout.slot("_idle")] and now > arr[layout.slot("_t")]:  # idle since _t
+                gap = now - arr[layout.slot("_t")]
+                arr = arr.copy()
+                arr[layout.slot("doppelchip_energy_joules")] += info.idle_watts * gap
+                arr[layout.slot("doppelchip_cost_dollars")] += info.usd_per_s * gap
+            engines[key] = arr
+        return self.plan.render(Scrape(self._requests(), engines, summed))
+
+    def _vllm_labels(self, info: DeploymentInfo) -> list[tuple[str, str]]:
+        labels = [("model_name", info.model_name), ("engine", str(info.rank))]
+        return labels + ([] if self.pod else [("deployment", info.name)])
+
+    def _compile(self) -> Exposition:
+        """The plan, in the order families were always rendered: per (deployment, rank) its
+        request series, then its engine's; then the series vLLM sums over ranks."""
+        plan = Exposition()
+        req_offset = self.request_layout.offset
+        for k, key in enumerate(self.keys):
+            info = self.infos[key[0]][key[1]]
+            vllm, dev = self._vllm_labels(info), [("deployment", info.name)]
+            for d in self.request_layout.defs.values():
+                plan.add_def(d, vllm if d.name.startswith("vllm:") else dev,
+                             lambda s, k=k: s.requests[k], req_offset[d.name])
+            if info.placed:
+                self._compile_engine(plan, key, info, vllm, dev)
+        for d_index, ranks in enumerate(self.infos):
+            if not ranks or not any(r.placed for r in ranks):
+                continue
+            info, layout = ranks[0], self.engine_layouts[(d_index, ranks[0].rank)]
+            labels = [("model_name", info.model_name)]
+            labels += [] if self.pod else [("deployment", info.name)]
             for d in layout.defs.values():
                 if not d.per_engine:
-                    fams.add(d, ["model_name", "deployment"], [info.model_name, info.name], arr,
-                             layout.offset[d.name])
-        return iter(fams.by_name.values())
+                    plan.add_def(d, labels, lambda s, d_index=d_index: s.summed.get(d_index),
+                                 layout.offset[d.name])
+        return plan
 
-    def _engine_series(self, fams: _Families, info: DeploymentInfo, layout: Layout,
-                       arr: np.ndarray, now: float) -> None:
-        vllm = [info.model_name, str(info.rank), info.name]
-        dev = [info.name, info.chip]
-        arr = arr.copy()
-        if arr[layout.slot("_idle")] and now > arr[layout.slot("_t")]:  # idle since _t
-            gap = now - arr[layout.slot("_t")]
-            arr[layout.slot("doppelchip_energy_joules")] += info.idle_watts * gap
-            arr[layout.slot("doppelchip_cost_dollars")] += info.usd_per_s * gap
-        total = info.capacity.kv_blocks_total
-        kv = MetricDef("vllm:kv_cache_usage_perc", "gauge",
-                       "KV-cache usage. 1 means 100 percent usage.")
-        usage = arr[layout.slot("_kv_used")] / total if total else 0.0
-        fams.get(kv, VLLM).add_metric(vllm, usage)
+    def _compile_engine(self, plan: Exposition, key: tuple[int, int], info: DeploymentInfo,
+                        vllm: list[tuple[str, str]], dev: list[tuple[str, str]]) -> None:
+        layout = self.engine_layouts[key]
+
+        def engine(s: Scrape) -> np.ndarray | None:
+            return s.engines[key]
+
+        total, used = info.capacity.kv_blocks_total, layout.slot("_kv_used")
+
+        def usage(s: Scrape) -> np.ndarray | None:
+            arr = s.engines[key]
+            return None if arr is None else np.array([arr[used] / total if total else 0.0])
+
+        kv = "vllm:kv_cache_usage_perc"
+        plan.add_value(kv, "gauge", "KV-cache usage. 1 means 100 percent usage.", vllm, usage)
         if self.show_hidden:  # vLLM 0.11.x's deprecated names (schema.HIDDEN_0_10)
             for name, (kind, doc, current) in HIDDEN_0_10.items():
-                value = usage if current == kv.name else arr[layout.slot(current)]
-                fams.get(MetricDef(name, kind, doc), VLLM).add_metric(vllm, float(value))
-        cfg = fams.by_name.setdefault("vllm:cache_config_info", GaugeMetricFamily(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-            labels=["engine", "deployment", "model_name", "block_size", "num_gpu_blocks",
-                    "enable_prefix_caching", "gpu_memory_utilization", "cache_dtype"]))
-        cfg.add_metric([str(info.rank), info.name, info.model_name, str(info.capacity.block_size),
-                        str(total), str(info.enable_prefix_caching),
-                        str(info.gpu_memory_utilisation), "auto"], 1.0)
+                if current == kv:
+                    plan.add_value(name, kind, doc, vllm, usage)
+                else:
+                    plan.add_def(MetricDef(name, kind, doc), vllm, engine, layout.slot(current))
+        config = [("engine", str(info.rank)), *([] if self.pod else [("deployment", info.name)]),
+                  ("model_name", info.model_name),
+                  ("block_size", str(info.capacity.block_size)), ("num_gpu_blocks", str(total)),
+                  ("enable_prefix_caching", str(info.enable_prefix_caching)),
+                  ("gpu_memory_utilization", str(info.gpu_memory_utilisation)),
+                  ("cache_dtype", "auto")]
+        plan.add_value("vllm:cache_config_info", "gauge",
+                       "Information of the LLMEngine CacheConfig", config, _when(engine, 1.0))
         for d in layout.defs.values():
             if d.name.startswith("_") or not d.per_engine:
                 continue
-            fams.add(d, VLLM if d.name.startswith("vllm:") else DEV,
-                     vllm if d.name.startswith("vllm:") else dev, arr, layout.offset[d.name])
+            plan.add_def(d, vllm if d.name.startswith("vllm:") else dev, engine,
+                         layout.offset[d.name])
         static = (
-            ("doppelchip_chips", "Chips the deployment is placed on.", None,
-             [(None, info.chip_count)]),
+            ("doppelchip_chips", "Chips the deployment is placed on.", "chip",
+             [(info.chip, info.chip_count)]),
             ("doppelchip_weights_resident_bytes", "Weight bytes resident per memory tier.",
              "tier", [(t, b) for t, b in zip(info.tiers, info.weights_resident, strict=True)
                       if b > 0]),
@@ -169,7 +161,14 @@ class StatsCollector(Collector):
              [(None, info.peak_flops)]),
         )
         for name, doc, label, samples in static:
-            fam = fams.by_name.setdefault(name, GaugeMetricFamily(
-                name, doc, labels=DEV + ([label] if label else [])))
+            plan.family(name, "gauge", doc)
             for value_label, value in samples:
-                fam.add_metric(dev + ([value_label] if value_label else []), float(value))
+                labels = dev + ([(label, value_label)] if label else [])
+                plan.add_value(name, "gauge", doc, labels, _when(engine, float(value)))
+
+
+def _when(array: Callable[[Scrape], np.ndarray | None], value: float
+          ) -> Callable[[Scrape], np.ndarray | None]:
+    """A constant series, present while `array` is."""
+    vector = np.array([value])
+    return lambda s: None if array(s) is None else vector

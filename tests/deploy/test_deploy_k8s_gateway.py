@@ -123,10 +123,18 @@ def test_the_service_monitor_scrapes_every_doppelchip_service():
     monitor = one("monitoring/servicemonitor.yaml", "ServiceMonitor")
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["path"] == "/metrics"
+    # pods' vllm: series have no `deployment` label: the target's comes from the Service
+    (relabel,) = endpoint["relabelings"]
+    assert relabel["targetLabel"] == "deployment" and endpoint["honorLabels"] is True
+    assert relabel["sourceLabels"] == [
+        "__meta_kubernetes_service_label_app_kubernetes_io_instance"]
     rels = [f"pods/{d.name}.yaml" for d in FLEET.deployments] + ["fleet/fleet.yaml"]
     for rel in rels:
         svc = one(rel, "Service")
         assert selects(monitor["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"])
+        if rel.startswith("pods/"):
+            assert svc["metadata"]["labels"]["app.kubernetes.io/instance"] == \
+                rel.removeprefix("pods/").removesuffix(".yaml")
         port = next(p for p in svc["spec"]["ports"] if p["name"] == endpoint["port"])
         assert port["port"] == FLEET.server.metrics_port, rel
     epp_svc = one("inference-gateway/epp.yaml", "Service")

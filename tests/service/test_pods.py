@@ -37,6 +37,10 @@ async def test_a_pod_serves_one_deployment_under_its_served_names():
         text = await asyncio.to_thread(server.scrape)
     names = set(re.findall(r'^vllm:[^{]+\{[^}]*model_name="([^"]*)"', text, re.M))
     assert names == {ALIASES[0]}  # no vllm: series of a pod carries another model_name
+    vllm_labels = {k for line in re.findall(r"^vllm:[^{]+\{([^}]*)\}", text, re.M)
+                   for k in re.findall(r'(\w+)="', line)}
+    assert "deployment" not in vllm_labels and {"model_name", "engine"} <= vllm_labels
+    assert re.search(r'^doppelchip_chips\{[^}]*deployment="fast"', text, re.M)  # ours keep it
     assert metric(text, "vllm:request_success_total", finished_reason="length") == 2
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -182,3 +184,43 @@ async def test_stream_interval_batches_tokens_into_messages():
     assert len(counts) <= 1 + 22 // 5 + 1 < len([c for c in one if c.token_ids])
     times = lambda chunks: [t for c in chunks for t in c.token_times]  # noqa: E731
     assert times(one) == pytest.approx(times(five), rel=1e-9)
+
+
+def test_a_killed_supervisor_takes_its_engines_and_front_ends_with_it():
+    """SIGKILL leaves the supervisor no time to stop anyone: every engine and front end
+    notices through its lifeline and exits, freeing the ports (no orphans)."""
+    with ServerProcess(TEST_FLEET) as server:
+        pids = [server.engine_pid("fast"), server.engine_pid("slow")]
+        server.wait_for_log(r"front end 0 up: pid \d+")  # all are up before "listening"
+        pids += [int(p) for p in re.findall(r"front end \d+ up: pid (\d+)", server.log)]
+        port = server.port
+        server.signal(signal.SIGKILL)
+        server.proc.wait(10)
+
+        def alive() -> list[int]:
+            out = []
+            for pid in pids:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    continue
+                with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        out.append(pid)
+            return out
+
+        def port_free() -> bool:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    return False
+                return True
+
+        # a process's leader shows Z while its other threads still exit (and hold its
+        # sockets): gone means no live pid *and* the gRPC port free again
+        deadline = time.monotonic() + 10
+        while alive() or not port_free():
+            assert time.monotonic() < deadline, f"still running: {alive()}, port {port}"
+            time.sleep(0.05)  # polling for exits; no other event reaches this process

@@ -1,0 +1,106 @@
+"""A pod's `/metrics` while it works: `python -m benchmarks.bench_scrape [--streams N]`.
+
+The endpoint picker of the Kubernetes inference gateway polls every pod's `/metrics` every
+50 ms and routes on what it reads, so a scrape must stay small and fast while the pod is busy.
+One pod (`serve --deployment vllm-h100`, real time) runs `--streams` gRPC streams
+(`benchmarks/realtime_client.py`, its own process: 64 prompt ids, 200 output tokens each);
+meanwhile this process scrapes `GET /metrics` every 50 ms on a new connection (as a poller
+without keep-alive would) and records each scrape's wall time and size, plus `HEAD /metrics`
+once (headers only). Targets (issue 12): body <= 50 KB, p99 < 50 ms. Results go to
+benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+POLL_S = 0.05
+
+
+def start_pod() -> tuple[subprocess.Popen, str, int]:
+    proc = subprocess.Popen([sys.executable, "-m", "doppelchip.cli", "serve", "--deployment",
+                             "vllm-h100", "--port", "0", "--http-port", "0", "--log-level",
+                             "warning"], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if m := re.search(r"listening on 127\.0\.0\.1:(\d+) \(HTTP and metrics on "
+                          r"127\.0\.0\.1:(\d+)\)", line):
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+            return proc, f"127.0.0.1:{m.group(1)}", int(m.group(2))
+    raise RuntimeError("doppelchip did not start")
+
+
+def scrape(port: int, method: str = "GET") -> tuple[float, int, dict[str, str]]:
+    t = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request(method, "/metrics")
+    r = conn.getresponse()
+    body = r.read()
+    conn.close()
+    assert r.status == 200, r.status
+    return time.perf_counter() - t, len(body), dict(r.getheaders())
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def run(streams: int, rounds: int) -> dict:
+    proc, target, port = start_pod()
+    try:
+        idle_s, idle_bytes, _ = scrape(port)
+        times, sizes, deliveries = [], [], []
+        for _ in range(rounds):
+            client = subprocess.Popen([sys.executable, "-m", "benchmarks.realtime_client",
+                                       "--target", target, "--streams", str(streams),
+                                       "--deployment", "vllm-h100"],
+                                      stdout=subprocess.PIPE, text=True)
+            time.sleep(1.0)  # let every stream start (a warm-up window, not a synchronisation)
+            while client.poll() is None:
+                s, n, _ = scrape(port)
+                times.append(s)
+                sizes.append(n)
+                time.sleep(max(0.0, POLL_S - s))
+            assert client.stdout is not None
+            deliveries.append(json.loads(client.stdout.read().strip().splitlines()[-1])
+                              ["delivery_ratio"])
+        _, head_bytes, head_headers = scrape(port, "HEAD")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"streams": streams, "scrapes": len(times), "idle_bytes": idle_bytes,
+            "idle_s": idle_s, "bytes_max": max(sizes), "p50_s": pct(times, 0.5),
+            "p99_s": pct(times, 0.99), "max_s": max(times), "head_body_bytes": head_bytes,
+            "head_content_length": head_headers.get("content-length", ""),
+            "delivery_ratios": [round(d, 3) for d in deliveries],
+            "loadavg": os.getloadavg()[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3, help="client runs, one after another")
+    args = ap.parse_args()
+    r = run(args.streams, args.rounds)
+    print(json.dumps(r))
+    size_ok, p99_ok = r["bytes_max"] <= 50_000, r["p99_s"] < 0.050
+    print(f"{'PASS' if size_ok else 'MISS'}  body {r['bytes_max']} B busy "
+          f"({r['idle_bytes']} B idle), target <= 50 KB")
+    print(f"{'PASS' if p99_ok else 'MISS'}  scrape p50 {r['p50_s'] * 1e3:.1f} ms, p99 "
+          f"{r['p99_s'] * 1e3:.1f} ms, max {r['max_s'] * 1e3:.1f} ms over {r['scrapes']} scrapes "
+          f"at {args.streams} streams (delivery {r['delivery_ratios']}), target p99 < 50 ms")
+    print(f"HEAD /metrics: {r['head_body_bytes']} body bytes, "
+          f"Content-Length {r['head_content_length']}")
+
+
+if __name__ == "__main__":
+    main()
