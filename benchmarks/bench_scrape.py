@@ -6,7 +6,9 @@ One pod (`serve --deployment vllm-h100`, real time) runs `--streams` gRPC stream
 (`benchmarks/realtime_client.py`, its own process: 64 prompt ids, 200 output tokens each);
 meanwhile this process scrapes `GET /metrics` every 50 ms on a new connection (as a poller
 without keep-alive would) and records each scrape's wall time and size, plus `HEAD /metrics`
-once (headers only). Targets (issue 12): body <= 50 KB, p99 < 50 ms. Results go to
+once (headers only). Before the load, what a router sends (completions, chat, a 400) makes
+those HTTP series exist; after it, the size once models, tokenize and detokenize have
+answered too is reported as well. Targets (issue 12): body <= 50 KB, p99 < 50 ms. Results go to
 benchmarks/RESULTS.md.
 """
 
@@ -54,9 +56,28 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+ROUTER_TRAFFIC = [("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+                  ("POST", "/v1/chat/completions",
+                   {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+                  ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 0})]  # a 400
+OTHER_ROUTES = [("GET", "/v1/models", None), ("POST", "/tokenize", {"prompt": "hi"}),
+                ("POST", "/detokenize", {"tokens": [1, 2]})]
+
+
+def touch(port: int, calls: list[tuple[str, str, dict | None]]) -> None:
+    """One request per call: each HTTP handler that has answered adds its `http_*` series."""
+    for method, path, body in calls:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request(method, path, json.dumps(body) if body else None,
+                     {"Content-Type": "application/json"})
+        conn.getresponse().read()
+        conn.close()
+
+
 def run(streams: int, rounds: int) -> dict:
     proc, target, port = start_pod()
     try:
+        touch(port, ROUTER_TRAFFIC)
         idle_s, idle_bytes, _ = scrape(port)
         times, sizes, deliveries = [], [], []
         for _ in range(rounds):
@@ -74,6 +95,8 @@ def run(streams: int, rounds: int) -> dict:
             deliveries.append(json.loads(client.stdout.read().strip().splitlines()[-1])
                               ["delivery_ratio"])
         _, head_bytes, head_headers = scrape(port, "HEAD")
+        touch(port, OTHER_ROUTES)
+        _, every_route_bytes, _ = scrape(port)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -81,6 +104,7 @@ def run(streams: int, rounds: int) -> dict:
             "idle_s": idle_s, "bytes_max": max(sizes), "p50_s": pct(times, 0.5),
             "p99_s": pct(times, 0.99), "max_s": max(times), "head_body_bytes": head_bytes,
             "head_content_length": head_headers.get("content-length", ""),
+            "every_route_bytes": every_route_bytes,
             "delivery_ratios": [round(d, 3) for d in deliveries],
             "loadavg": os.getloadavg()[0]}
 
@@ -99,7 +123,8 @@ def main() -> None:
           f"{r['p99_s'] * 1e3:.1f} ms, max {r['max_s'] * 1e3:.1f} ms over {r['scrapes']} scrapes "
           f"at {args.streams} streams (delivery {r['delivery_ratios']}), target p99 < 50 ms")
     print(f"HEAD /metrics: {r['head_body_bytes']} body bytes, "
-          f"Content-Length {r['head_content_length']}")
+          f"Content-Length {r['head_content_length']}; after every HTTP route answered: "
+          f"{r['every_route_bytes']} B")
 
 
 if __name__ == "__main__":

@@ -208,9 +208,9 @@ def service_monitor() -> str:
         "spec": {"selector": {"matchLabels": {NAME: "doppelchip"}},
                  "endpoints": [{
                      "port": "http", "path": "/metrics", "interval": "5s",
-                     # a pod's vllm: series carry vLLM's labels only; the target's `deployment`
-                     # (the Service's instance label) lets doppelchip's dashboards tell pods
-                     # apart; honorLabels keeps the fleet pod's own `deployment` labels
+                     # a pod's series carry no `deployment` label (as a vLLM pod's); the
+                     # target's (the Service's instance label) lets doppelchip's dashboards
+                     # tell pods apart; honorLabels keeps the fleet pod's own labels
                      "honorLabels": True,
                      "relabelings": [{"sourceLabels": [
                          "__meta_kubernetes_service_label_app_kubernetes_io_instance"],

@@ -3,9 +3,10 @@
 At scrape time the collector copies each engine's stats array and each front end's request
 metrics (seqlocked snapshots, no IPC, no waiting on a busy engine), sums the front ends' blocks
 per (deployment, rank), and renders vLLM's series (labels `model_name`, `engine` = the rank,
-and in fleet mode `deployment`; a pod's carry vLLM's labels only) and doppelchip's device
-series (label `deployment`; `doppelchip_chips` also names the `chip`, as an info metric would,
-rather than every series repeating it).
+and in fleet mode `deployment`) and doppelchip's device series (in fleet mode `deployment`;
+`doppelchip_chips` also names the `chip`, as an info metric would, rather than every series
+repeating it). A pod's series carry no `deployment` label: it serves one, and the scraper's
+target labels say which (deploy/k8s's ServiceMonitor sets it), as for a vLLM pod.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ class StatsCollector:
         req_offset = self.request_layout.offset
         for k, key in enumerate(self.keys):
             info = self.infos[key[0]][key[1]]
-            vllm, dev = self._vllm_labels(info), [("deployment", info.name)]
+            vllm = self._vllm_labels(info)
+            dev = [] if self.pod else [("deployment", info.name)]
             for d in self.request_layout.defs.values():
                 plan.add_def(d, vllm if d.name.startswith("vllm:") else dev,
                              lambda s, k=k: s.requests[k], req_offset[d.name])

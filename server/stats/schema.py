@@ -49,16 +49,13 @@ INTER_TOKEN_LATENCY_BUCKETS = (
     20.0, 40.0, 80.0,
 )
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-# 50 µs … 1 s: an SRAM chip's decode step (Groq, Cerebras) is well under vLLM's first 10 ms;
-# above 1 s vLLM's own inter-token histogram resolves as well (and a pod's scrape stays small).
-FINE_ITL_BUCKETS = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05,
-    0.1, 0.25, 0.5, 1.0,
-)
-STEP_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-    5.0, 10.0, 25.0, 60.0, 120.0, 300.0,
-)
+# 50 µs … 10 ms: an SRAM chip's decode step (Groq, Cerebras) and a GPU's at batch 1 are under
+# vLLM's first bucket (10 ms); from there on vLLM's own inter-token histogram resolves them
+# (and a pod's scrape stays small).
+FINE_ITL_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.0075,
+                    0.01)
+# 100 µs … 300 s in 1-5 steps: from a Cerebras decode step to a llama.cpp SSD-offload prefill
+STEP_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0)
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:

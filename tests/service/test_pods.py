@@ -39,8 +39,9 @@ async def test_a_pod_serves_one_deployment_under_its_served_names():
     assert names == {ALIASES[0]}  # no vllm: series of a pod carries another model_name
     vllm_labels = {k for line in re.findall(r"^vllm:[^{]+\{([^}]*)\}", text, re.M)
                    for k in re.findall(r'(\w+)="', line)}
-    assert "deployment" not in vllm_labels and {"model_name", "engine"} <= vllm_labels
-    assert re.search(r'^doppelchip_chips\{[^}]*deployment="fast"', text, re.M)  # ours keep it
+    assert {"model_name", "engine"} <= vllm_labels
+    assert 'deployment="' not in text  # one deployment: the scraper's target says which
+    assert re.search(r'^doppelchip_chips\{chip="h100-sxm"\} 1\.0$', text, re.M)
     assert metric(text, "vllm:request_success_total", finished_reason="length") == 2
 
 
@@ -100,3 +101,27 @@ def test_pods_starts_one_pod_per_deployment(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+async def test_a_pods_scrape_stays_under_50_kb():
+    """The endpoint picker polls /metrics every 50 ms: a default catalogue pod (its real
+    context length, so vLLM's token histograms have all their buckets) stays <= 50 KB once a
+    router's traffic (completions, chat, a 400) and gRPC streams have filled its series."""
+    import httpx
+
+    with ServerProcess(None, "--deployment", "vllm-h100", "--time-scale", "0.05") as server:
+        async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as h:
+            assert (await h.post("/v1/completions", json={
+                "prompt": "a", "max_tokens": 3})).status_code == 200
+            assert (await h.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "b"}],
+                "max_tokens": 3})).status_code == 200
+            assert (await h.post("/v1/completions", json={
+                "prompt": "c", "max_tokens": 0})).status_code == 400
+        async with AsyncClient(server.target) as client:
+            await asyncio.gather(*(_drain(client.generate(f"s{i}", max_tokens=20, seed=i))
+                                   for i in range(16)))
+        text = await asyncio.to_thread(server.scrape)
+    assert metric(text, "vllm:request_success_total", finished_reason="length") >= 1
+    assert 'handler="/v1/chat/completions"' in text  # the HTTP series are in it
+    assert len(text.encode()) <= 50_000, len(text.encode())
