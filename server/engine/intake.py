@@ -35,6 +35,7 @@ class Limits(msgspec.Struct, frozen=True):
     max_prompt_bytes: int = 2_000_000
     max_stop_strings: int = 256
     max_stop_bytes: int = 1024
+    priority_scheduling: bool = False  # policy "priority": requests may carry a priority
 
 
 def check_sizes(request: EngineRequest, limits: Limits) -> None:
@@ -74,6 +75,9 @@ def check_request(request: EngineRequest, limits: Limits,
     """The prompt's token ids and the resolved max_tokens, or InvalidRequest saying why not."""
     sp = request.sampling
     sp.validate()
+    if request.priority and not limits.priority_scheduling:  # as vLLM's input processor
+        raise InvalidRequest(f"Got priority {request.priority} but Priority scheduling is not "
+                             f"enabled (deployment {limits.name!r}: policy = \"priority\")")
     ids = prompt_ids(request, limits.vocab_size, encode)
     n, limit, name = len(ids), limits.max_model_len, limits.name
     if n >= limit:

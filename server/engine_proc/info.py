@@ -44,14 +44,17 @@ def peak_flops(p: Placement) -> float:
     return p.chip.flops(dtype) * p.chips
 
 
-def limits_of(opts: EngineOptions, vocab_size: int, capacity: Capacity) -> Limits:
-    """The deployment's admission limits (Limits), from its options and its KV pool."""
+def limits_of(opts: EngineOptions, vocab_size: int, capacity: Capacity,
+              policy: str = "fcfs") -> Limits:
+    """The deployment's admission limits (Limits), from its options, its KV pool and its
+    scheduler's queue policy."""
     return Limits(name=opts.name, vocab_size=vocab_size, max_model_len=capacity.max_model_len,
                   num_blocks=capacity.kv_blocks_total, block_size=capacity.block_size,
                   max_waiting=opts.max_waiting, max_grammar_bytes=opts.max_grammar_bytes,
                   max_grammar_depth=opts.max_grammar_depth,
                   max_prompt_bytes=opts.max_prompt_bytes,
-                  max_stop_strings=opts.max_stop_strings, max_stop_bytes=opts.max_stop_bytes)
+                  max_stop_strings=opts.max_stop_strings, max_stop_bytes=opts.max_stop_bytes,
+                  priority_scheduling=policy == "priority")
 
 
 def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
@@ -72,7 +75,7 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         name=opts.name, rank=rank, model=opts.model, quant=opts.quant, engine=opts.engine,
         chip=opts.chip, chip_count=p.chips, tensor_parallel=p.tp, pipeline_parallel=p.pp,
         placed=True, failure="", capacity=capacity,
-        limits=limits_of(opts, tokenizer.vocab_size, capacity),
+        limits=limits_of(opts, tokenizer.vocab_size, capacity, cfg.policy),
         enable_prefix_caching=cfg.enable_prefix_caching,
         gpu_memory_utilisation=p.spec.gpu_mem_utilisation, tiers=tiers,
         weights_resident=tuple(resident.get(t, 0.0) for t in tiers),
