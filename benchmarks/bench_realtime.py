@@ -6,7 +6,10 @@ token ids, 200 output tokens, `ignore_eos`, `return_token_times`, all streams st
 - client gap: each message's wall gap ÷ its token count, counted once per token, the first
   message excluded (scaled to emulated seconds); emulated gap: consecutive `token_times`;
 - delivery ratio: a stream's emulated span of token times ÷ the wall span over which the same
-  tokens arrived (median and worst over the streams);
+  tokens arrived (median and worst over the streams); the run's: all streams' token times
+  placed by their send times, so it also counts the intake;
+- intake: the wall time from sending a request to the engine's clock starting for it (its
+  first message's arrival less its emulated time to first token, scaled), p50 and max;
 Cases (issue 11): (a) the ceiling — a bare grpc.aio server on uvloop streaming one
 GenerateResponse per token with its token_times — against doppelchip with a zero-cost
 deployment (time scale 0.001, `--stream-interval 1`), 64 and 256 streams; (b) `vllm-h100` at true
@@ -208,7 +211,7 @@ def report(res: dict) -> list[str]:
     lines.append("")
     lines.append("(b, c) true speed: deployment streams interval | client tok/s | emulated "
                  "tok/s | delivery (run; stream median, min) | gap p50 client/emulated ms | "
-                 "gap p99 client ms | tok/msg")
+                 "gap p99 client ms | tok/msg | intake p50 / max ms")
     for r in res["b"] + res["c"]:
         lines.append(
             f"{r['deployment']} {r['streams']} {r['interval']} | {r['tokens_per_s']:,.0f} | "
@@ -216,7 +219,8 @@ def report(res: dict) -> list[str]:
             f"{r['delivery_ratio_median']:.3f}, {r['delivery_ratio_min']:.3f} | "
             f"{r['client_gap_p50'] * 1e3:.3f} / "
             f"{r['emulated_gap_p50'] * 1e3:.3f} | {r['client_gap_p99'] * 1e3:.2f} | "
-            f"{r['tokens_per_message']:.2f}")
+            f"{r['tokens_per_message']:.2f} | {r['intake_p50_s'] * 1e3:.0f} / "
+            f"{r['intake_max_s'] * 1e3:.0f}")
     d = res["d"]
     lines += ["", f"(d) while vllm-h100 runs 256 streams: gRPC health p50 "
               f"{d['health_p50_s'] * 1e3:.1f} ms, p99 {d['health_p99_s'] * 1e3:.1f} ms "

@@ -28,6 +28,7 @@ from server.engine.interface import FinishReason
 from server.engine.tokenizer import get_tokenizer
 from server.fleet import Fleet
 from server.frontend.deployment import DeploymentClient
+from server.frontend.pacing import LoopPacer
 from server.frontend.receiver import Receiver
 from server.frontend.stats import FrontendStats
 from server.http.app import build_app
@@ -65,11 +66,12 @@ class FrontendApp:
         keys = [(d, r.rank) for d, ranks in enumerate(infos) for r in ranks]
         self.stats = FrontendStats(run_dir.frontend_stats(frontend), keys, max(1, max_len))
         tokenizer = get_tokenizer()
+        self.pacer = LoopPacer()  # coalescing while this process's event loop is saturated
         self.clients = [
             DeploymentClient(d, ranks, frontend=frontend, run_dir=run_dir, ctx=self.ctx,
                              tokenizer=tokenizer,
                              stream_interval=dep.stream_interval or cfg.stream_interval,
-                             clock=self.timeline.now, stats=self.stats)
+                             clock=self.timeline.now, stats=self.stats, pacer=self.pacer)
             for d, (ranks, dep) in enumerate(zip(infos, config.deployments, strict=True))
         ]
         self.fleet = Fleet(self.clients, config.default_deployment)
@@ -105,6 +107,7 @@ class FrontendApp:
             raise OSError(f"cannot bind gRPC to {cfg.host}:{self.requested_port}")
         await self.http.start()
         self.receiver.start()
+        self.pacer.start()
         await self.server.start()
         for service in ("", SERVICE_NAME):
             await self.health.set(service, SERVING)
@@ -144,5 +147,6 @@ class FrontendApp:
                     stream.finish(FinishReason.ABORT)
         await asyncio.gather(self.server.stop(1.0), self.http.stop())
         self.receiver.stop()
+        self.pacer.stop()
         self.server = None
         log.info("stopped")

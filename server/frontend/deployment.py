@@ -36,6 +36,7 @@ from server.engine.interface import (
 )
 from server.engine.output import RequestOutput, request_timings
 from server.engine.tokenizer import Tokenizer
+from server.frontend.pacing import UNPACED, LoopPacer
 from server.frontend.stats import FrontendStats
 from server.frontend.stream import RequestStream
 from server.ipc import messages as m
@@ -70,12 +71,14 @@ class EngineView:
 class DeploymentClient:
     def __init__(self, index: int, infos: list[m.DeploymentInfo], *, frontend: int,
                  run_dir: RunDir, ctx: zmq.Context, tokenizer: Tokenizer, stream_interval: int,
-                 clock: Callable[[], float], stats: FrontendStats) -> None:
+                 clock: Callable[[], float], stats: FrontendStats,
+                 pacer: LoopPacer = UNPACED) -> None:
         self.index, self.infos = index, infos
         self.info = infos[0]
         self.name = self.info.name
         self.frontend, self.tokenizer = frontend, tokenizer
         self.stream_interval, self.clock = stream_interval, clock
+        self.pacer = pacer  # the front end's coalescing under overload (server.frontend.pacing)
         self.stats = stats  # this front end's request metrics
         self.blocks = {i.rank: stats.blocks[(index, i.rank)] for i in infos}
         self.limits = self.info.limits
@@ -221,7 +224,7 @@ class DeploymentClient:
         stream = RequestStream(
             request, RequestOutput(request, prompt, self.tokenizer), seq=seq,
             deployment=self.index, rank=rank, arrival=arrival, interval=self.stream_interval,
-            clock=self.clock)
+            clock=self.clock, pacer=self.pacer)
         wire = msgspec.structs.replace(request, prompt_text=None, prompt_token_ids=prompt)
         future: asyncio.Future[m.Admission] = asyncio.get_running_loop().create_future()
         self.admissions[seq] = (future, stream)

@@ -2,7 +2,8 @@
 
 The receiver `push`es each step's new tokens (cheap: a list extend and the step's time) and
 wakes the consumer when `stream_interval` tokens are pending (vLLM's `--stream-interval`:
-the first tokens and the finish go at once). The consumer (`outputs()`, iterated by a
+the first tokens and the finish go at once), times the front end's `LoopPacer` factor while
+its event loop is saturated. The consumer (`outputs()`, iterated by a
 servicer) turns everything pending into one `TokenChunk`: a consumer that falls behind gets
 what piled up in one message, not one message per token. Requests with stop strings are
 detokenized as each step arrives (`eager`), so a stop string ends them at the step it appears,
@@ -19,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 
 from server.engine.interface import EngineRequest, Finish, FinishReason, TokenChunk, Usage
 from server.engine.output import RequestOutput, request_timings, spread_times
+from server.frontend.pacing import UNPACED, LoopPacer
 
 
 class StreamFailed(Exception):
@@ -44,6 +46,7 @@ class RequestStream:
         "last_token",
         "n_out",
         "out",
+        "pacer",
         "pending",
         "pending_first",
         "pending_text",
@@ -58,13 +61,15 @@ class RequestStream:
     )
 
     def __init__(self, request: EngineRequest, out: RequestOutput, *, seq: int, deployment: int,
-                 rank: int, arrival: float, interval: int, clock: Callable[[], float]) -> None:
+                 rank: int, arrival: float, interval: int, clock: Callable[[], float],
+                 pacer: LoopPacer = UNPACED) -> None:
         self.request, self.out = request, out
         self.request_id = request.request_id
         self.client_id: str | None = None  # the id the client owns (DeploymentClient.claim)
         self.seq, self.deployment, self.rank = seq, deployment, rank
         self.arrival = arrival
         self.interval = max(1, interval)
+        self.pacer = pacer  # its factor multiplies the interval while the loop is saturated
         self.want_times = request.return_token_times
         self.eager = out.has_stops
         self._clock = clock  # emulated now, on the shared timeline
@@ -104,7 +109,7 @@ class RequestStream:
                 self._finish = (FinishReason.STOP, None)
                 self._event.set()
                 return True
-        if self.sent == 0 or len(self.pending) >= self.interval:
+        if self.sent == 0 or len(self.pending) >= self.interval * self.pacer.factor:
             self._event.set()
         return False
 
