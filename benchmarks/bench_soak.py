@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import re
 import signal
@@ -129,8 +130,10 @@ async def drive(grpc_port: int, http_port: int, pid: int, minutes: float, worker
 def per_minute(rows) -> list[tuple[int, float, float, float, int, int]]:
     """(minute, median RSS, min RSS, max RSS, max fds, requests by then) per minute."""
     out = []
-    for minute in range(int(rows[-1][0] // 60) + 1):
-        part = [r for r in rows if minute * 60 < r[0] <= (minute + 1) * 60]
+    last = max(1, math.ceil(rows[-1][0] / 60 - 0.01))  # the closing sample is the last minute's
+    for minute in range(last):
+        part = [r for r in rows if minute * 60 < r[0] <= (minute + 1) * 60
+                or (minute == last - 1 and r[0] > last * 60)]
         if part:
             rss = [r[1] for r in part]
             out.append((minute + 1, statistics.median(rss), min(rss), max(rss),

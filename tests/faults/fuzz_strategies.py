@@ -226,7 +226,8 @@ JSON_VALUE = st.one_of(st.none(), st.booleans(), SMALL_INT, FLOAT, SAFE_TEXT,
 def http_body(draw, route: str) -> dict:
     body: dict = {}
     if draw(st.integers(0, 9)):
-        body["model"] = draw(st.one_of(st.just(MODEL), st.just(MODEL), SAFE_TEXT, JSON_VALUE))
+        body["model"] = draw(st.one_of(st.just(MODEL), st.just("llama-3-8b"), SAFE_TEXT,
+                                       JSON_VALUE))
     if route == "/v1/chat/completions":
         role = st.sampled_from(("user", "system", "assistant", "tool", "nobody"))
         body["messages"] = draw(st.one_of(

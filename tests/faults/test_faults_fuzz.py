@@ -32,8 +32,8 @@ FUZZ_FLEET = {
     "deployments": [
         {"name": "fast", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
          "engine": "vllm", **LIMITS},
-        # a small queue, so concurrent cases also meet admission control
-        {"name": "tiny", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
+        # a small queue, so concurrent cases also meet admission control (HTTP: its model)
+        {"name": "tiny", "model": "llama-3-8b", "quant": "bf16", "chip": "h100-sxm",
          "engine": "sglang", "max_num_seqs": 2, "max_waiting": 3, **LIMITS},
     ],
 }
