@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from doppelchip.v1 import inference_pb2 as pb
 from server import wire
+from server.backlog import BACKLOG_OPTIONS
 from server.config import FleetConfig
 from server.engine.clock import Timeline
 from server.engine.interface import FinishReason
@@ -93,7 +94,8 @@ class FrontendApp:
 
     async def start(self) -> None:
         cfg = self.config.server
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(self.reuse_port))])
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(self.reuse_port)),
+                                               *BACKLOG_OPTIONS])
         wire.add_service(self.server, self.servicer, pb.DESCRIPTOR.services_by_name["Inference"])
         wire.add_service(self.server, self.vllm, VLLM_SERVICE)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -128,6 +128,12 @@ class Supervisor:
         self.stopping = True
         watcher.stop()
         await self._stop_all()
+        # Drained: a repeated SIGTERM (an orchestrator's, a test's) must not turn exit 0 into
+        # death by signal while the interpreter winds down (closing the loop would restore the
+        # default action).
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
         return 0
 
     def _claim_ports(self) -> None:

@@ -7,11 +7,16 @@ grpc.aio answers that with UNKNOWN and logs a traceback. Here the deserializer r
 through a wrapper added here; streaming methods (the hot path, where a wrapper would cost a
 generator layer per message) check `type(request) is Undecodable` themselves and call
 `reject`.
+
+A method of the service that the servicer does not implement (it is not a coroutine or an
+async generator: the generated base class's stub, which raises NotImplementedError and makes
+grpc.aio log a traceback) answers UNIMPLEMENTED with a message instead.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +59,19 @@ def _unary(method: Callable[..., Any]) -> Callable[..., Any]:
     return checked
 
 
+def _unimplemented(name: str, streaming: bool) -> Callable[..., Any]:
+    message = f"{name} is not served by doppelchip"
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
+        yield  # an async generator, as grpc.aio expects of a streaming method
+
+    return stream if streaming else unary
+
+
 def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescriptor) -> None:
     """Register every method of `service` on `server`, served by `servicer`'s method of the
     same name (unary-unary and unary-stream methods only: the services here have no others)."""
@@ -63,6 +81,9 @@ def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescr
         req = message_factory.GetMessageClass(m.input_type)
         resp = message_factory.GetMessageClass(m.output_type)
         behaviour = getattr(servicer, m.name)
+        if not (inspect.iscoroutinefunction(behaviour)
+                or inspect.isasyncgenfunction(behaviour)):
+            behaviour = _unimplemented(f"{service.full_name}/{m.name}", m.server_streaming)
         make = (grpc.unary_stream_rpc_method_handler if m.server_streaming
                 else grpc.unary_unary_rpc_method_handler)
         handlers[m.name] = make(behaviour if m.server_streaming else _unary(behaviour),

@@ -1,8 +1,9 @@
 """The engine-core process's entry point: build the core, say hello, run the loop.
 
 A deployment that cannot be placed says so in its hello (and its stats file: state FAILED
-with the reason) and exits 0; the supervisor does not restart it. Any other exit is a crash:
-the supervisor marks the deployment FAILED, ends its requests and restarts it.
+with the reason) and exits 0; the supervisor does not restart it. Any other exit is a crash
+(its traceback logged through this process's tagged logger, exit status 1): the supervisor
+marks the deployment FAILED, ends its requests and restarts it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 from dataclasses import dataclass
 
 import zmq
@@ -90,7 +92,11 @@ def engine_main(spec: EngineSpec) -> None:
     gc.collect()  # the core, its tables and the tokenizer leave the collector's generations
     gc.freeze()
     log.info("engine core of %s (rank %d) up: pid %d", opts.name, spec.rank, os.getpid())
-    loop.run()
+    try:
+        loop.run()
+    except Exception:  # logged tagged, once (multiprocessing would print it untagged)
+        log.exception("engine core of %s (rank %d) crashed", opts.name, spec.rank)
+        sys.exit(1)
 
 
 def _hello(run: RunDir, spec: EngineSpec, info: m.DeploymentInfo) -> None:

@@ -2,7 +2,8 @@
 
 Error handlers turn every failure into vLLM's error shape: an `HttpError` as raised, a body
 that fails validation → 400 `Bad Request` naming `body.<field>` (vLLM answers 400, not
-FastAPI's 422), an unknown route → 404, anything unexpected → 500 `InternalServerError`.
+FastAPI's 422), an unknown route → 404, anything unexpected → 500 `InternalServerError`; a
+client that hangs up while its body is read is not an error (nobody is left to answer).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from server.http.errors import HttpError, error_response, validation_error
@@ -39,6 +40,10 @@ def build_app(state: HttpState) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def on_starlette(request: Request, e: HTTPException) -> Response:
         return error_response(HttpError(e.status_code, str(e.detail)))
+
+    @app.exception_handler(ClientDisconnect)
+    async def on_gone(request: Request, e: ClientDisconnect) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, e: Exception) -> Response:

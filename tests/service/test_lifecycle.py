@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+from collections import Counter
 
 import grpc
 import pytest
-from conftest import TEST_FLEET, assert_released
+from conftest import TEST_FLEET, assert_released, fleet_doc
 from grpc_health.v1 import health_pb2
 from server_proc import ServerProcess
 
@@ -145,3 +147,70 @@ async def test_sync_client(server):
 def test_build_request_rejects_unknown_option():
     with pytest.raises(TypeError, match="max_tokenz"):
         build_request("x", max_tokenz=3)
+
+
+async def test_sigterm_under_load_ends_every_accepted_stream_with_a_final():
+    """SIGTERM with 160 streams in flight over two front ends (gRPC Inference, VllmEngine and
+    HTTP SSE) and a grace shorter than most need: every accepted stream gets its final chunk
+    (finish reason length if it made it, else abort), none ends CANCELLED; calls on an open
+    connection meanwhile get UNAVAILABLE, never DEADLINE_EXCEEDED; the server exits 0."""
+    import httpx
+    from smg_grpc_proto import vllm_engine_pb2 as vpb
+    from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
+
+    load = {"name": "load", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
+            "engine": "vllm", "max_model_len": 4096}
+    doc = fleet_doc({"drain_grace_s": 0.3, "api_server_count": 2}, [load])
+    lengths = [20 + 25 * i for i in range(160)]  # the short ones finish within the grace
+    with ServerProcess(doc) as server:
+        async with AsyncClient(server.target) as c, \
+                httpx.AsyncClient(base_url=server.http_url, timeout=30,
+                                  limits=httpx.Limits(max_connections=40)) as http:
+            vllm = vpb_grpc.VllmEngineStub(c.channel)
+            accepted = asyncio.Semaphore(0)
+
+            async def inference(n: int) -> str:
+                call = c.stub.Generate(build_request("load", max_tokens=n, ignore_eos=True))
+                await call.initial_metadata()
+                accepted.release()
+                last = [m async for m in call][-1]
+                return pb.FinishReason.Name(last.final.finish_reason)
+
+            async def vllm_engine(n: int) -> str:
+                call = vllm.Generate(vpb.GenerateRequest(
+                    tokenized=vpb.TokenizedInput(input_ids=[1, 2]), stream=True,
+                    sampling_params=vpb.SamplingParams(max_tokens=n, ignore_eos=True)))
+                await call.initial_metadata()
+                accepted.release()
+                return [m async for m in call][-1].complete.finish_reason
+
+            async def sse(n: int) -> str:
+                body = {"prompt": "load", "max_tokens": n, "ignore_eos": True, "stream": True}
+                async with http.stream("POST", "/v1/completions", json=body) as r:
+                    assert r.status_code == 200
+                    accepted.release()
+                    events = [line async for line in r.aiter_lines()
+                              if line.startswith("data: ")]
+                assert events[-1] == "data: [DONE]"
+                return json.loads(events[-2][6:])["choices"][0]["finish_reason"]
+
+            kinds = [inference] * 100 + [vllm_engine] * 30 + [sse] * 30
+            tasks = [asyncio.create_task(k(n)) for k, n in zip(kinds, lengths, strict=True)]
+            for _ in tasks:
+                await asyncio.wait_for(accepted.acquire(), 30)
+            server.signal(signal.SIGTERM)
+            late = []
+            while len(late) < 100 and (not late or late[-1] != grpc.StatusCode.UNAVAILABLE):
+                try:
+                    [m async for m in c.generate("late", max_tokens=2, timeout=5)]
+                    late.append(grpc.StatusCode.OK)
+                except grpc.aio.AioRpcError as e:
+                    late.append(e.code())
+            ends = await asyncio.gather(*tasks, return_exceptions=True)
+        assert await asyncio.to_thread(server.stop) == 0
+    assert set(late) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, late
+    finals = Counter(e if isinstance(e, str) else repr(e) for e in ends)
+    assert set(finals) <= {"length", "abort", "FINISH_REASON_LENGTH", "FINISH_REASON_ABORT"}, \
+        finals
+    assert finals["abort"] + finals["FINISH_REASON_ABORT"] > 0, finals  # the grace did expire
+    assert "grace expired" in server.log

@@ -1,0 +1,132 @@
+"""Running fuzz cases against one real server: a background event loop holding the clients
+(grpc.aio channels and an httpx client belong to the loop that made them), and one coroutine
+per case that returns what the server answered.
+
+Hypothesis drives plain (synchronous) test functions; each example is a batch of cases run
+concurrently on this loop, so thousands of cases take seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+import grpc
+import httpx
+from documented import INFERENCE, VLLM_ENGINE, allowed_grpc, allowed_http
+from fuzz_strategies import Case
+from smg_grpc_proto import vllm_engine_pb2 as vpb
+from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
+
+from doppelchip.v1 import inference_pb2_grpc as pb_grpc
+
+READ_TIMEOUT = 30.0  # a read case that takes this long is stuck: a failure
+DEADLINE = 0.05
+
+
+class LoopThread:
+    """An asyncio loop in a daemon thread; `run(coro)` blocks until it is done."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 300) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class Clients:
+    """One channel (one connection) for the gRPC cases and one httpx client, made on the
+    loop that uses them."""
+
+    def __init__(self, target: str, http_url: str) -> None:
+        options = [("grpc.max_send_message_length", -1),
+                   ("grpc.max_receive_message_length", 64 * 2**20)]
+        self.channel = grpc.aio.insecure_channel(target, options=options)
+        self.inference = pb_grpc.InferenceStub(self.channel)
+        self.vllm = vpb_grpc.VllmEngineStub(self.channel)
+        self.http = httpx.AsyncClient(base_url=http_url, timeout=READ_TIMEOUT)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self.channel.close()
+
+
+async def _finish(call, action: str) -> None:
+    """Read a streaming call as `action` says (its status raises as AioRpcError)."""
+    async for _ in call:
+        if action == "cancel":
+            call.cancel()
+            break
+    if action == "cancel":
+        await asyncio.sleep(0)  # the cancel reaches the transport
+        code = await call.code()
+        if code is not grpc.StatusCode.CANCELLED and code is not grpc.StatusCode.OK:
+            raise grpc.aio.AioRpcError(code, None, None, await call.details())
+
+
+def _timeout(action: str) -> float:
+    return DEADLINE if action == "deadline" else READ_TIMEOUT
+
+
+async def run_case(c: Clients, case: Case) -> tuple[Any, frozenset]:
+    """(what came back, what may come back) for one case."""
+    try:
+        if case.kind == "http":
+            return await _http(c, case), allowed_http()
+        allowed = allowed_grpc(VLLM_ENGINE if "VllmEngine" in _method(case) else INFERENCE,
+                               case.action)
+        timeout = _timeout(case.action)
+        if case.kind == "inference":
+            await _finish(c.inference.Generate(case.payload, timeout=timeout), case.action)
+        elif case.kind == "vllm":
+            await _finish(c.vllm.Generate(case.payload, timeout=timeout), case.action)
+        elif case.kind in ("raw", "stream_other"):
+            method, data = case.payload
+            await _finish(c.channel.unary_stream(method)(data, timeout=timeout), case.action)
+        elif case.kind == "unary":
+            method, data = case.payload
+            await c.channel.unary_unary(method)(data, timeout=READ_TIMEOUT)
+        elif case.kind == "abort":
+            await c.vllm.Abort(vpb.AbortRequest(request_ids=case.payload), timeout=READ_TIMEOUT)
+        return grpc.StatusCode.OK, allowed
+    except grpc.aio.AioRpcError as e:
+        return (e.code(), e.details()), allowed
+
+
+def _method(case: Case) -> str:
+    if case.kind in ("raw", "unary", "stream_other"):
+        return case.payload[0]
+    return "VllmEngine" if case.kind in ("vllm", "abort") else "Inference"
+
+
+async def _http(c: Clients, case: Case) -> Any:
+    method, path, body, headers = case.payload
+    if case.action == "cancel":  # leave after the first bytes of the answer
+        async with c.http.stream(method, path, content=body, headers={
+                "Content-Type": "application/json", **headers}) as r:
+            async for _ in r.aiter_bytes():
+                break
+            return r.status_code
+    r = await c.http.request(method, path, content=body,
+                             headers={"Content-Type": "application/json", **headers})
+    return r.status_code
+
+
+def status_of(answer: Any) -> Any:
+    """The status alone (a gRPC answer carries its details too)."""
+    return answer[0] if isinstance(answer, tuple) else answer
+
+
+async def run_batch(c: Clients, cases: list[Case]) -> list[tuple[Case, Any]]:
+    """Every case at once; the ones whose answer is not allowed."""
+    results = await asyncio.gather(*(run_case(c, k) for k in cases))
+    return [(k, answer) for k, (answer, allowed) in zip(cases, results, strict=True)
+            if status_of(answer) not in allowed]

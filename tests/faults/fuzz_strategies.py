@@ -1,0 +1,318 @@
+"""Hypothesis strategies for the fuzzer: one `Case` is one call to the running server.
+
+What is covered, on purpose (issue 14's findings): raw invalid UTF-8 in string fields on the
+wire (protobuf bytes written by hand and sent with no serializer), control characters and
+huge request ids, ids reused from a small pool (so concurrent cases collide), NaN and
+infinities, deep and huge JSON schemas, messages above grpc's 4 MiB limit, thousands of stop
+strings, odd sampling values, unknown deployments and models, unimplemented methods, and
+HTTP bodies that are not JSON, not UTF-8, nested 100,000 deep or of the wrong types. Rare
+expensive cases (megabytes) are drawn 1 in ~40 by an integer selector.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+from smg_grpc_proto import vllm_engine_pb2 as vpb
+
+from doppelchip.v1 import inference_pb2 as pb
+
+ID_POOL = ("dup-0", "dup-1", "dup-2", "dup-3")
+DEPLOYMENTS = ("fast", "tiny")
+MODEL = "llama-3.1-8b"
+INT32 = (-(2**31), 2**31 - 1)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call: `kind` says where (inference, vllm, raw, unary, http), `payload` what,
+    `action` how the client ends it (read everything, cancel after the first message, or a
+    50 ms deadline)."""
+
+    kind: str
+    payload: Any
+    action: str = "read"
+
+    def __repr__(self) -> str:  # short: a failing batch lists dozens of cases
+        text = repr(self.payload)
+        return f"Case({self.kind}, {self.action}, {text[:300]}{'…' if len(text) > 300 else ''})"
+
+
+# ---- building blocks ----------------------------------------------------------------------
+SAFE_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=24)
+CONTROL = st.text(st.characters(min_codepoint=0, max_codepoint=0x9F,
+                                blacklist_categories=("Cs",)), min_size=1, max_size=8)
+REQUEST_ID = st.one_of(
+    st.just(""), st.sampled_from(ID_POOL), SAFE_TEXT,
+    st.builds(lambda a, c, b: a + c + b, SAFE_TEXT, CONTROL, SAFE_TEXT),
+    st.integers(250, 270).map(lambda n: "i" * n), st.just("é" * 129), st.just("üñí©ødé-1"),
+    st.integers(0, 39).map(lambda k: "x" * (10_000 if k else 1_000_000)),
+)
+DEPLOYMENT = st.one_of(st.just(""), st.sampled_from(DEPLOYMENTS), SAFE_TEXT, CONTROL)
+FLOAT = st.one_of(st.floats(width=32), st.sampled_from(
+    (float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.0, 2.0, 1e-30, 1e30)))
+SMALL_INT = st.one_of(st.integers(-3, 300), st.sampled_from(INT32))
+
+
+def _stops() -> st.SearchStrategy[list[str]]:
+    return st.one_of(
+        st.lists(SAFE_TEXT, max_size=4),
+        st.integers(250, 3000).map(lambda n: [f"s{i}" for i in range(n)]),
+        st.integers(1000, 1100).map(lambda n: ["y" * n]),
+        st.just(["x" * 700] * 300),
+    )
+
+
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+SCHEMA_TEXT = st.one_of(
+    st.integers(1, 400).map(lambda d: json.dumps(_nested(d))),
+    st.integers(1, 3000).map(lambda n: json.dumps(
+        {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)}})),
+    st.just('{"type": "object"}'), st.just("{not json"), SAFE_TEXT,
+    st.just(json.dumps({"type": "array", "items": {"$ref": "#"}})),
+)
+
+
+def _sampling(cls: type) -> st.SearchStrategy:
+    fields = {
+        "max_tokens": st.one_of(st.integers(-3, 300), st.sampled_from((0, INT32[1]))),
+        "min_tokens": SMALL_INT, "temperature": FLOAT, "top_p": FLOAT, "top_k": SMALL_INT,
+        "min_p": FLOAT, "repetition_penalty": FLOAT, "presence_penalty": FLOAT,
+        "frequency_penalty": FLOAT, "seed": st.integers(0, 2**63 - 1),
+        "ignore_eos": st.booleans(), "stop": _stops(),
+        "stop_token_ids": st.lists(st.integers(0, 2**32 - 1), max_size=3),
+    }
+    if cls is pb.SamplingParams:
+        fields["n"] = st.integers(-1, 5)
+        fields["logprobs"] = st.integers(0, 2)
+    else:
+        fields["n"] = st.integers(0, 3)
+        fields["top_k"] = st.integers(0, 2**32 - 1)
+        fields["max_tokens"] = st.integers(0, 300)
+        fields["min_tokens"] = st.integers(0, 300)
+        fields["seed"] = st.integers(*INT32)
+    keys = sorted(fields)
+    return st.fixed_dictionaries({}, optional={k: fields[k] for k in keys}).map(
+        lambda kw: cls(**kw))
+
+
+def _with_min_max(sp):
+    """Most requests keep a small max_tokens so generations end in milliseconds."""
+    if not sp.HasField("max_tokens") and sp.max_tokens == 0:
+        sp.max_tokens = 16
+    return sp
+
+
+PROMPT_TEXT = st.one_of(SAFE_TEXT, st.just(""), st.integers(0, 39).map(
+    lambda k: "長" * (60_000 if k else 2_000_000)))
+TOKEN_IDS = st.lists(st.one_of(st.integers(0, 128_255), st.integers(0, 2**32 - 1)),
+                     max_size=20)
+
+
+@st.composite
+def inference_request(draw) -> pb.GenerateRequest:
+    req = pb.GenerateRequest(request_id=draw(REQUEST_ID), deployment=draw(DEPLOYMENT),
+                             model=draw(st.one_of(st.just(""), st.just(MODEL), SAFE_TEXT)),
+                             priority=draw(st.one_of(st.just(0), st.sampled_from(INT32))),
+                             return_token_times=draw(st.booleans()))
+    if draw(st.booleans()):
+        req.text = draw(PROMPT_TEXT)
+    else:
+        req.token_ids.ids.extend(draw(TOKEN_IDS))
+    req.sampling.CopyFrom(_with_min_max(draw(_sampling(pb.SamplingParams))))
+    kind = draw(st.sampled_from((None, None, "regex", "json_schema", "choice", "grammar")))
+    if kind == "json_schema":
+        req.constraint.json_schema = draw(SCHEMA_TEXT)
+    elif kind == "choice":
+        req.constraint.choice.SetInParent()
+        req.constraint.choice.choices.extend(draw(st.lists(SAFE_TEXT, max_size=4)))
+    elif kind is not None:
+        req.constraint.__setattr__(kind, draw(st.one_of(SAFE_TEXT, st.just("[a-z]{1,5}"),
+                                                        st.just("(" * 5000))))
+    return req
+
+
+@st.composite
+def vllm_request(draw) -> vpb.GenerateRequest:
+    sp = draw(_sampling(vpb.SamplingParams))
+    if sp.max_tokens == 0:
+        sp.max_tokens = 16
+    kind = draw(st.sampled_from((None, None, "regex", "json_schema", "grammar")))
+    if kind == "json_schema":
+        sp.json_schema = draw(SCHEMA_TEXT)
+    elif kind is not None:
+        setattr(sp, kind, draw(SAFE_TEXT))
+    req = vpb.GenerateRequest(request_id=draw(REQUEST_ID), sampling_params=sp,
+                              stream=draw(st.booleans()))
+    if draw(st.booleans()):
+        req.text = draw(PROMPT_TEXT)
+    else:
+        req.tokenized.input_ids.extend(draw(TOKEN_IDS))
+    return req
+
+
+# ---- raw bytes on the wire ----------------------------------------------------------------
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field, written by hand (no UTF-8 check on the way)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+BAD_UTF8 = st.sampled_from((b"\xff\xfe", b"\xc3\x28", b"\xed\xa0\x80", b"a\x80b",
+                            b"\xf4\x90\x80\x80", b"\xe2\x82"))
+# (method, a valid message to start from, string fields by number path)
+RAW_TARGETS = (
+    ("/doppelchip.v1.Inference/Generate", "inference", ((1,), (2,), (3,), (4,), (6, 12),
+                                                         (7, 2))),
+    ("/vllm.grpc.engine.VllmEngine/Generate", "vllm", ((1,), (3,), (4, 9), (4, 24))),
+    ("/doppelchip.v1.Inference/GetDeployment", None, ((1,),)),
+    ("/vllm.grpc.engine.VllmEngine/Abort", None, ((1,),)),
+)
+
+
+@st.composite
+def raw_case(draw) -> Case:
+    method, base, paths = draw(st.sampled_from(RAW_TARGETS))
+    start = b""
+    if base == "inference":
+        start = draw(inference_request()).SerializeToString()
+    elif base == "vllm":
+        start = draw(vllm_request()).SerializeToString()
+    path = draw(st.sampled_from(paths))
+    bad = draw(BAD_UTF8)
+    inner = field(path[-1], bad)
+    for number in reversed(path[:-1]):
+        inner = field(number, inner)
+    tail = draw(st.one_of(st.just(b""), st.binary(max_size=12)))
+    return Case("raw", (method, start + inner + tail), draw(ACTION))
+
+
+ACTION = st.sampled_from(("read", "read", "read", "cancel", "deadline"))
+UNARY = st.sampled_from((
+    "/doppelchip.v1.Inference/ListDeployments", "/doppelchip.v1.Inference/GetDeployment",
+    "/vllm.grpc.engine.VllmEngine/HealthCheck", "/vllm.grpc.engine.VllmEngine/GetModelInfo",
+    "/vllm.grpc.engine.VllmEngine/GetServerInfo", "/vllm.grpc.engine.VllmEngine/GetLoads",
+    "/vllm.grpc.engine.VllmEngine/Abort", "/vllm.grpc.engine.VllmEngine/Embed",
+    "/vllm.grpc.engine.VllmEngine/FlushCache", "/vllm.grpc.engine.VllmEngine/StartProfile",
+    "/vllm.grpc.engine.VllmEngine/StopProfile",
+))
+STREAMING_OTHER = st.sampled_from(("/vllm.grpc.engine.VllmEngine/GetTokenizer",
+                                   "/vllm.grpc.engine.VllmEngine/SubscribeKvEvents"))
+
+
+# ---- HTTP -----------------------------------------------------------------------------------
+JSON_VALUE = st.one_of(st.none(), st.booleans(), SMALL_INT, FLOAT, SAFE_TEXT,
+                       st.lists(SMALL_INT, max_size=3))
+
+
+@st.composite
+def http_body(draw, route: str) -> dict:
+    body: dict = {}
+    if draw(st.integers(0, 9)):
+        body["model"] = draw(st.one_of(st.just(MODEL), st.just("llama-3-8b"), SAFE_TEXT,
+                                       JSON_VALUE))
+    if route == "/v1/chat/completions":
+        role = st.sampled_from(("user", "system", "assistant", "tool", "nobody"))
+        body["messages"] = draw(st.one_of(
+            st.lists(st.fixed_dictionaries({"role": role, "content": SAFE_TEXT}), max_size=3),
+            JSON_VALUE))
+    elif route in ("/v1/completions", "/tokenize"):
+        body["prompt"] = draw(st.one_of(SAFE_TEXT, TOKEN_IDS, st.lists(SAFE_TEXT, max_size=3),
+                                        JSON_VALUE, PROMPT_TEXT))
+    else:
+        body["tokens"] = draw(st.one_of(TOKEN_IDS, JSON_VALUE))
+    optional = {
+        "max_tokens": st.one_of(st.integers(-3, 300), JSON_VALUE), "temperature": FLOAT,
+        "top_p": FLOAT, "top_k": SMALL_INT, "min_tokens": SMALL_INT, "n": st.integers(-1, 4),
+        "stop": st.one_of(_stops(), JSON_VALUE), "stream": st.booleans(),
+        "request_id": REQUEST_ID, "ignore_eos": st.booleans(), "seed": JSON_VALUE,
+        "presence_penalty": FLOAT, "repetition_penalty": FLOAT, "logprobs": JSON_VALUE,
+        "response_format": st.one_of(
+            SCHEMA_TEXT.map(lambda s: {"type": "json_schema", "json_schema": {
+                "name": "x", "schema": _loads(s)}}),
+            st.just({"type": "json_object"}), JSON_VALUE),
+        "priority": SMALL_INT,
+    }
+    body.update(draw(st.fixed_dictionaries({}, optional=optional)))
+    if isinstance(body.get("max_tokens"), int) and not 0 < body["max_tokens"] <= 300:
+        pass  # odd values stay: the server must refuse them
+    elif "max_tokens" not in body:
+        body["max_tokens"] = 16
+    return body
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+RAW_BODIES = st.one_of(
+    st.binary(max_size=40), BAD_UTF8.map(lambda b: b'{"prompt": "' + b + b'"}'),
+    st.integers(1000, 100_000).map(lambda n: b"[" * n), st.just(b'{"prompt": NaN}'),
+    st.integers(0, 39).map(lambda k: b'{"prompt": "' + b"z" * (5_000_000 if not k else 10)
+                           + b'"}'),
+)
+
+
+@st.composite
+def http_case(draw) -> Case:
+    pick = draw(st.integers(0, 19))
+    if pick == 0:
+        method, path = draw(st.sampled_from((("GET", "/v1/models"), ("GET", "/health"),
+                                             ("PUT", "/v1/completions"),
+                                             ("GET", "/v1/nothing-here"),
+                                             ("POST", "/v1/embeddings"))))
+        return Case("http", (method, path, None, {}), "read")
+    route = draw(st.sampled_from(ROUTES))
+    headers = {}
+    if draw(st.integers(0, 4)) == 0:
+        headers["X-Request-Id"] = draw(st.one_of(st.sampled_from(ID_POOL),
+                                                 st.text("abc-_.~", min_size=1, max_size=300)))
+    if pick == 1:
+        return Case("http", ("POST", route, draw(RAW_BODIES), headers), "read")
+    body = json.dumps(draw(http_body(route))).encode()  # NaN / Infinity literals included
+    return Case("http", ("POST", route, body, headers), draw(st.sampled_from(
+        ("read", "read", "read", "cancel"))))
+
+
+# ---- one case -------------------------------------------------------------------------------
+@st.composite
+def case(draw) -> Case:
+    pick = draw(st.integers(0, 99))
+    if pick < 30:
+        return Case("inference", draw(inference_request()), draw(ACTION))
+    if pick < 45:
+        return Case("vllm", draw(vllm_request()), draw(ACTION))
+    if pick < 58:
+        return draw(raw_case())
+    if pick < 64:
+        method = draw(UNARY)
+        return Case("unary", (method, draw(st.one_of(st.binary(max_size=16), st.just(b"")))))
+    if pick < 66:
+        return Case("stream_other", (draw(STREAMING_OTHER), b""), draw(ACTION))
+    if pick < 67:  # above grpc's 4 MiB receive limit
+        return Case("raw", ("/doppelchip.v1.Inference/Generate",
+                            field(4, b"a" * (4 * 2**20 + 10))), "read")
+    if pick < 70:
+        return Case("abort", [draw(REQUEST_ID) for _ in range(draw(st.integers(0, 3)))])
+    return draw(http_case())
