@@ -42,11 +42,26 @@ def _read(path: str, what: str) -> bytes:
         raise OSError(f"cannot read {what} {path}: {e.strerror}") from e
 
 
+def check_tls_files(cfg: ServerConfig) -> None:
+    """Raise OSError with one clear line when the files cannot serve TLS (grpc itself would
+    only log its C-core errors and fail to bind)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(cfg.ssl_certfile, cfg.ssl_keyfile)
+        if cfg.ssl_ca_certs:
+            ctx.load_verify_locations(cfg.ssl_ca_certs)
+    except ssl.SSLError as e:
+        raise OSError(f"TLS: --ssl-keyfile {cfg.ssl_keyfile} / --ssl-certfile "
+                      f"{cfg.ssl_certfile} / --ssl-ca-certs {cfg.ssl_ca_certs or '-'}: "
+                      f"{e.reason or e}") from e
+
+
 def server_credentials(cfg: ServerConfig) -> grpc.ServerCredentials:
     """TLS credentials from the key, certificate and (for client certificates) CA files."""
     key = _read(cfg.ssl_keyfile, "--ssl-keyfile")
     cert = _read(cfg.ssl_certfile, "--ssl-certfile")
     ca = _read(cfg.ssl_ca_certs, "--ssl-ca-certs") if cfg.ssl_ca_certs else None
+    check_tls_files(cfg)
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca,
         require_client_auth=cfg.ssl_cert_reqs == ssl.CERT_REQUIRED)

@@ -60,7 +60,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._in_headers = True  # between a request's first byte and its headers' end
         self._seen = False  # any byte of the current request received
-        self._header_bytes = 0
+        self._header_bytes = 0  # raw bytes received while the headers are unfinished
+        self._parsed_bytes = 0  # request line and headers, as parsed
         self._header_count = 0
         self._first_line: bytearray | None = bytearray()  # until the first request line ends
         self._refusal: bytes | None = None
@@ -101,9 +102,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().data_received(data)
         if self._refusal is None and self._in_headers:
             self._header_bytes += len(data)
-            if self._header_bytes > self.limits.max_header_bytes:
-                self._refusal = _431(f"Request line and headers exceed "
-                                     f"{self.limits.max_header_bytes} bytes.")
+            self._check_size(self._header_bytes)
         if self._refusal is not None and not self.transport.is_closing():
             self._disarm()
             self.transport.write(self._refusal)
@@ -124,21 +123,33 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 return version.startswith(b"HTTP/")
             del self._first_line[:end + 1]
 
+    def _check_size(self, size: int) -> None:
+        if self._refusal is None and size > self.limits.max_header_bytes:
+            self._refusal = _431(f"Request line and headers exceed "
+                                 f"{self.limits.max_header_bytes} bytes.")
+
     # ---- parser callbacks -----------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_headers, self._header_bytes, self._header_count = True, 0, 0
+        self._in_headers = True
+        self._header_bytes = self._parsed_bytes = self._header_count = 0
         if self._deadline is None:
             self._arm()
 
+    def on_url(self, url: bytes) -> None:
+        self._parsed_bytes += len(url)
+        self._check_size(self._parsed_bytes)
+        if self._refusal is None:
+            super().on_url(url)
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._refusal is not None:
-            return
+        self._parsed_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        self._check_size(self._parsed_bytes)
         self._header_count += 1
-        if self._header_count > self.limits.max_header_count:
+        if self._refusal is None and self._header_count > self.limits.max_header_count:
             self._refusal = _431(f"More than {self.limits.max_header_count} request headers.")
-            return
-        super().on_header(name, value)
+        if self._refusal is None:
+            super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_headers, self._seen = False, False
