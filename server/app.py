@@ -21,7 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from doppelchip.v1 import inference_pb2 as pb
-from doppelchip.v1 import inference_pb2_grpc as pb_grpc
+from server import wire
 from server.auth import ApiKeys
 from server.config import FleetConfig
 from server.engine.clock import Timeline
@@ -42,7 +42,7 @@ from server.metrics import MetricsView
 from server.servicer import InferenceServicer
 from server.stats.collector import StatsCollector
 from server.vllm_servicer import SERVICE_NAME as VLLM_SERVICE_NAME
-from server.vllm_servicer import VllmEngineServicer, add_to_server
+from server.vllm_servicer import VLLM_SERVICE, VllmEngineServicer
 
 log = logging.getLogger("doppelchip.server")
 
@@ -77,7 +77,8 @@ class FrontendApp:
         self.fleet = Fleet(self.clients, config.default_deployment)
         self.receiver = Receiver(self.input, self.clients, frontend, self.stats)
         self.servicer = InferenceServicer(self.fleet, cfg.time_scale, http_port, frontend)
-        self.vllm = VllmEngineServicer(self.fleet.get(config.vllm_engine_deployment))
+        self.vllm = VllmEngineServicer(self.fleet.get(config.vllm_engine_deployment),
+                                       api_keys=cfg.api_key)
         self.health = health.aio.HealthServicer()
         self.requested_port, self.reuse_port = port, reuse_port
         self.server: grpc.aio.Server | None = None
@@ -95,8 +96,8 @@ class FrontendApp:
     async def start(self) -> None:
         cfg = self.config.server
         self.server = build_server(cfg, self.reuse_port)
-        pb_grpc.add_InferenceServicer_to_server(self.servicer, self.server)
-        add_to_server(self.vllm, self.server)
+        wire.add_service(self.server, self.servicer, pb.DESCRIPTOR.services_by_name["Inference"])
+        wire.add_service(self.server, self.vllm, VLLM_SERVICE)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, VLLM_SERVICE_NAME,

@@ -6,6 +6,7 @@ import grpc
 
 from doppelchip.v1 import inference_pb2 as pb
 from server.engine.interface import (
+    AlreadyExists,
     Constraint,
     DeploymentState,
     DeploymentStatus,
@@ -23,6 +24,7 @@ from server.frontend.parallel import MAX_N
 
 _STATUS: dict[type[EngineError], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     NotPlaced: grpc.StatusCode.FAILED_PRECONDITION,

@@ -18,12 +18,13 @@ import grpc
 
 from doppelchip.v1 import inference_pb2 as pb
 from doppelchip.v1 import inference_pb2_grpc as pb_grpc
-from server import convert
+from server import convert, wire
 from server.engine.interface import EngineError
 from server.engine.logs import request_log
 from server.fleet import Fleet, UnknownDeployment
-from server.frontend import parallel
+from server.frontend import parallel, request_ids
 from server.frontend.stream import StreamFailed
+from server.wire import Undecodable
 
 log = logging.getLogger("doppelchip.service")
 
@@ -40,15 +41,18 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
+        if type(request) is Undecodable:
+            await wire.reject(request, context)
         rid = request.request_id or f"req-{uuid.uuid4().hex}"
         rlog = request_log(log, rid)
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining")
         try:
+            request_ids.check(rid)
             client = self.fleet.resolve(request.deployment, request.model)
             n = convert.num_sequences(request)
             children = parallel.child_requests(convert.to_engine_request(request, rid), n)
-            streams = await parallel.submit_all(client, children)
+            streams = await parallel.submit_all(client, children, rid)
         except UnknownDeployment as e:
             rlog.info("rejected: %s", e)
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
@@ -56,9 +60,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             rlog.info("rejected: %s", e)
             await context.abort(convert.status_code(e), str(e))
         finished = 0
-        try:
-            await context.send_initial_metadata((("x-request-id", rid),
-                                                 ("x-doppelchip-frontend", self.frontend)))
+        try:  # from here on every way out frees what the engine holds
+            await context.send_initial_metadata((
+                ("x-request-id", request_ids.metadata_value(rid)),
+                ("x-doppelchip-frontend", self.frontend)))
             async with contextlib.aclosing(parallel.in_order(streams)) as chunks:
                 async for chunk in chunks:
                     finished += chunk.finish is not None

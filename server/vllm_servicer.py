@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 import zipfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,16 +32,30 @@ from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 from smg_grpc_proto.generated import common_pb2
 
-from server import convert, vllm_convert
-from server.engine.interface import DeploymentState, EngineError, FinishReason
+from server import convert, vllm_convert, wire
+from server.auth import ApiKeys, has_api_key
+from server.engine.interface import (
+    DeploymentState,
+    EngineError,
+    Finish,
+    FinishReason,
+    Timings,
+    TokenChunk,
+    Usage,
+)
 from server.engine.logs import request_log
 from server.engine.tokenizer import TOKENIZER_DIR
+from server.frontend import parallel, request_ids
 from server.frontend.deployment import DeploymentClient
 from server.frontend.stream import StreamFailed
+from server.wire import Undecodable
 
 log = logging.getLogger("doppelchip.vllm")
 
-SERVICE_NAME = vpb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
+# the last chunk of a request whose Abort came before it (nothing ran)
+ABORTED = TokenChunk(finish=Finish(FinishReason.ABORT, Usage(), Timings()))
+VLLM_SERVICE = vpb.DESCRIPTOR.services_by_name["VllmEngine"]
+SERVICE_NAME = VLLM_SERVICE.full_name
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 CHUNK_BYTES = 64 * 1024  # as vLLM's servicer streams the bundle
 
@@ -74,8 +88,11 @@ class _Rate:
 
 
 class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
-    def __init__(self, client: DeploymentClient) -> None:
+    def __init__(self, client: DeploymentClient, api_keys: Sequence[str] = ()) -> None:
         self.client = client
+        self.api_keys = ApiKeys(api_keys)  # a caller with one may abort any request
+        self.aborts = request_ids.AbortBook()
+        self.peers: dict[int, str] = {}  # stream seq -> the connection that started it
         self.draining = False
         self.started = time.monotonic()
         self.last_receive = 0.0
@@ -90,21 +107,35 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
     async def Generate(
         self, request: vpb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[vpb.GenerateResponse]:
+        if type(request) is Undecodable:
+            await wire.reject(request, context)
         rid = request.request_id or f"req-{uuid.uuid4().hex}"
         rlog = request_log(log, rid)
+        peer = context.peer()
         self.last_receive = time.time()
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining")
         try:
-            stream = await self.client.submit(vllm_convert.to_engine_request(request, rid))
+            request_ids.check(rid)
+            engine_request = vllm_convert.to_engine_request(request, rid)
+            early_abort = self.aborts.take_early_abort(peer, rid)
+            if not early_abort:
+                (stream,) = await parallel.submit_all(self.client, [engine_request], rid)
         except EngineError as e:
             rlog.info("rejected: %s", e)
             await context.abort(convert.status_code(e), str(e))
+        if early_abort:  # its Abort overtook it: it ends at once, aborted, having run nothing
+            rlog.info("aborted before it arrived (Abort from the client came first)")
+            self.aborts.finished(peer, rid)
+            yield vllm_convert.to_complete(ABORTED, ())
+            return
+        self.peers[stream.seq] = peer
         prompt_tokens = len(stream.out.prompt_ids)
         output_ids: list[int] = []
         finished = False
-        try:
-            await context.send_initial_metadata((("x-request-id", rid),))
+        try:  # from here on every way out frees what the engine holds
+            await context.send_initial_metadata(
+                (("x-request-id", request_ids.metadata_value(rid)),))
             async for chunk in stream.outputs():
                 output_ids.extend(chunk.token_ids)
                 finished = chunk.finish is not None
@@ -118,6 +149,8 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         except StreamFailed as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         finally:
+            self.peers.pop(stream.seq, None)
+            self.aborts.finished(peer, rid)
             if not finished:  # client cancel, deadline, or a failed write: free it at once
                 rlog.info("stream ended early; aborting in %s", self.client.name)
                 self.client.abort(stream)
@@ -130,12 +163,26 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
     async def Abort(
         self, request: vpb.AbortRequest, context: grpc.aio.ServicerContext
     ) -> vpb.AbortResponse:
+        """Aborts are owned (`request_ids.AbortBook`): a request ends only for an Abort from
+        the connection that started it, or from a caller holding the API key; anyone else's
+        Abort answers OK and does nothing. An Abort for an id not yet here is remembered."""
+        peer = context.peer()
+        admin = self._has_api_key(context)
         for rid in request.request_ids:
+            mine = [s for s in self.client.find(rid)
+                    if admin or self.peers.get(s.seq) == peer]
+            if not mine:
+                if not any(self.peers.get(s.seq) for s in self.client.find(rid)):
+                    self.aborts.abort_unknown(peer, rid)  # its Generate may still come
+                continue
             request_log(log, rid).info("Abort from the client; aborting in %s", self.client.name)
-            for stream in self.client.find(rid):
+            for stream in mine:
                 self.client.abort(stream)
                 stream.finish(FinishReason.ABORT)
         return vpb.AbortResponse()
+
+    def _has_api_key(self, context: grpc.aio.ServicerContext) -> bool:
+        return has_api_key(self.api_keys, context)
 
     async def HealthCheck(
         self, request: vpb.HealthCheckRequest, context: grpc.aio.ServicerContext
@@ -192,10 +239,6 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         load = vllm_convert.to_scheduler_load(self.client.status(), rate, hit)
         return vpb.GetLoadsResponse(timestamp=_now_iso(), version="doppelchip",
                                     dp_rank_count=1, loads=[load])
-
-
-def add_to_server(servicer: VllmEngineServicer, server: grpc.aio.Server) -> None:
-    vpb_grpc.add_VllmEngineServicer_to_server(servicer, server)
 
 
 def _now_iso() -> str:

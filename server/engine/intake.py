@@ -17,7 +17,7 @@ from collections.abc import Callable
 import msgspec
 
 from server.engine.constraints import ConstraintCompiler
-from server.engine.interface import EngineRequest, InvalidRequest, Overloaded
+from server.engine.interface import AlreadyExists, EngineRequest, InvalidRequest, Overloaded
 from server.engine.request import Request
 
 
@@ -117,7 +117,8 @@ def admit(request: EngineRequest, ids: list[int], max_tokens: int, arrival: floa
           constraints: ConstraintCompiler | None) -> Request:
     """The scheduler's request, or a typed error (nothing allocated) — engine side."""
     if in_flight:
-        raise InvalidRequest(f"request id {request.request_id!r} is already in flight")
+        raise AlreadyExists(f"request id {request.request_id!r} is already in flight on "
+                            f"deployment {limits.name!r}")
     if queue_is_full(num_queued, free_seats, limits.max_waiting):
         raise Overloaded(
             f"deployment {limits.name!r}: waiting queue is full "

@@ -30,6 +30,10 @@ class InvalidRequest(EngineError):
     """The request itself is wrong (INVALID_ARGUMENT)."""
 
 
+class AlreadyExists(EngineError):
+    """A request with this id is already in flight on the deployment (ALREADY_EXISTS, 409)."""
+
+
 class Overloaded(EngineError):
     """Admission control refused the request (RESOURCE_EXHAUSTED)."""
 

@@ -22,6 +22,7 @@ import zmq
 
 from server.engine.intake import check_request, check_sizes
 from server.engine.interface import (
+    AlreadyExists,
     Capacity,
     DeploymentState,
     DeploymentStatus,
@@ -44,7 +45,7 @@ from server.stats.schema import STATE_CODES, engine_metrics
 from server.stats.shm import StatsFile
 
 ERRORS: dict[str, type[EngineError]] = {
-    c.__name__: c for c in (InvalidRequest, Overloaded, Unavailable, NotPlaced)}
+    c.__name__: c for c in (InvalidRequest, AlreadyExists, Overloaded, Unavailable, NotPlaced)}
 _SEQ = itertools.count(1)  # unique per front-end process, across deployments
 INLINE_TOKENIZE_CHARS = 8192  # longer prompts are tokenized in a thread, off the event loop
 
@@ -88,6 +89,7 @@ class DeploymentClient:
             s.connect(run_dir.engine_input(index, info.rank))
             self.sockets.append(s)
         self.streams: dict[int, RequestStream] = {}
+        self._ids: dict[str, int] = {}  # client request id -> its streams in flight here
         self.admissions: dict[int, tuple[asyncio.Future[m.Admission], RequestStream]] = {}
         self._turn = 0  # round robin among equally loaded ranks
 
@@ -131,6 +133,32 @@ class DeploymentClient:
             total += int(view.value(values, "_generated"))
         return total
 
+    def claim(self, client_id: str) -> None:
+        """Reserve a client's request id for one request (its n streams, `submit(...,
+        client_id=)`), or AlreadyExists while a request under that id is in flight here. The
+        id is free again when its last stream ends, or at `unclaim_if_idle` if none began."""
+        if client_id in self._ids:
+            raise AlreadyExists(f"request id {client_id!r} is already in flight on deployment "
+                                f"{self.name!r}")
+        self._ids[client_id] = 0
+
+    def unclaim_if_idle(self, client_id: str) -> None:
+        if self._ids.get(client_id) == 0:
+            del self._ids[client_id]
+
+    def _forget(self, seq: int) -> RequestStream | None:
+        """Stop routing `seq` (however it ended); its client id is released with its last
+        stream. The stream, or None if it had already ended."""
+        stream = self.streams.pop(seq, None)
+        self.admissions.pop(seq, None)
+        if stream is not None and (cid := stream.client_id) is not None:
+            left = self._ids.get(cid, 1) - 1
+            if left > 0:
+                self._ids[cid] = left
+            else:
+                self._ids.pop(cid, None)
+        return stream
+
     def find(self, request_id: str) -> list[RequestStream]:
         """This front end's streams in flight with this client request id."""
         return [s for s in self.streams.values() if s.request_id == request_id]
@@ -172,8 +200,10 @@ class DeploymentClient:
             raise NotPlaced(f"deployment {self.name!r} could not be placed: {self.info.failure}")
         raise Unavailable(f"deployment {self.name!r} is {state.value}: {text}")
 
-    async def submit(self, request: EngineRequest) -> RequestStream:
-        """Check, send, await admission; the stream to iterate, or a typed EngineError."""
+    async def submit(self, request: EngineRequest, client_id: str | None = None
+                     ) -> RequestStream:
+        """Check, send, await admission; the stream to iterate, or a typed EngineError.
+        `client_id`: the id `claim()` reserved, held until this stream ends."""
         rank, epoch = self._pick_rank()
         check_sizes(request, self.limits)  # before any work: a huge prompt is refused at once
         text = request.prompt_text
@@ -196,6 +226,9 @@ class DeploymentClient:
         future: asyncio.Future[m.Admission] = asyncio.get_running_loop().create_future()
         self.admissions[seq] = (future, stream)
         self.streams[seq] = stream
+        if client_id is not None:
+            stream.client_id = client_id
+            self._ids[client_id] = self._ids.get(client_id, 0) + 1
         try:
             self.sockets[rank].send(m.encode(m.AddRequest(
                 self.frontend, seq, epoch, arrival, max_tokens, wire)), zmq.NOBLOCK)
@@ -214,15 +247,13 @@ class DeploymentClient:
         return stream
 
     def _drop(self, seq: int) -> None:
-        self.admissions.pop(seq, None)
-        self.streams.pop(seq, None)
+        self._forget(seq)
 
     def abort(self, stream: RequestStream) -> None:
         """End the request in its engine (client cancel, deadline, failed write, drain) and
         count it as aborted — unless it already ended. Safe to call any number of times."""
-        if self.streams.pop(stream.seq, None) is None:
+        if self._forget(stream.seq) is None:
             return
-        self.admissions.pop(stream.seq, None)
         self.tell_engine(stream, "abort")
         self.record_finish(stream, FinishReason.ABORT)
 
@@ -234,7 +265,7 @@ class DeploymentClient:
 
     def finished(self, stream: RequestStream, reason: FinishReason) -> None:
         """The request ended (engine finish or stop string): stop routing it, count it."""
-        if self.streams.pop(stream.seq, None) is not None:
+        if self._forget(stream.seq) is not None:
             self.record_finish(stream, reason)
 
     def record_finish(self, stream: RequestStream, reason: FinishReason) -> None:
@@ -251,8 +282,9 @@ class DeploymentClient:
         """The engine process of `rank` died: every request on it ends with `message`."""
         for seq, stream in list(self.streams.items()):
             if stream.rank == rank:
-                del self.streams[seq]
-                if (pending := self.admissions.pop(seq, None)) is not None:
+                pending = self.admissions.get(seq)
+                self._forget(seq)
+                if pending is not None:
                     if not pending[0].done():
                         pending[0].set_result(m.Admission(seq, "Unavailable", message))
                     continue

@@ -43,20 +43,27 @@ def child_requests(request: EngineRequest, n: int) -> list[EngineRequest]:
     ]
 
 
-async def submit_all(client: DeploymentClient,
-                     requests: Sequence[EngineRequest]) -> list[RequestStream]:
+async def submit_all(client: DeploymentClient, requests: Sequence[EngineRequest],
+                     client_id: str | None = None) -> list[RequestStream]:
     """Admit every request (concurrently) or none: the first refusal is raised after the
-    admitted ones are aborted."""
-    if len(requests) == 1:
-        return [await client.submit(requests[0])]
-    results = await asyncio.gather(*(client.submit(r) for r in requests),
-                                   return_exceptions=True)
-    streams = [r for r in results if isinstance(r, RequestStream)]
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        abort_all(client, streams)
-        raise errors[0]
-    return streams
+    admitted ones are aborted. `client_id`: the client's id for the whole request, claimed
+    on the deployment (AlreadyExists while another request holds it) until its streams end."""
+    if client_id is not None:
+        client.claim(client_id)
+    try:
+        if len(requests) == 1:
+            return [await client.submit(requests[0], client_id)]
+        results = await asyncio.gather(*(client.submit(r, client_id) for r in requests),
+                                       return_exceptions=True)
+        streams = [r for r in results if isinstance(r, RequestStream)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            abort_all(client, streams)
+            raise errors[0]
+        return streams
+    finally:
+        if client_id is not None:
+            client.unclaim_if_idle(client_id)
 
 
 def abort_all(client: DeploymentClient, streams: Sequence[RequestStream]) -> None:

@@ -33,6 +33,7 @@ class RequestStream:
         "_finish",
         "arrival",
         "cached",
+        "client_id",
         "deployment",
         "eager",
         "first_scheduled",
@@ -60,6 +61,7 @@ class RequestStream:
                  rank: int, arrival: float, interval: int, clock: Callable[[], float]) -> None:
         self.request, self.out = request, out
         self.request_id = request.request_id
+        self.client_id: str | None = None  # the id the client owns (DeploymentClient.claim)
         self.seq, self.deployment, self.rank = seq, deployment, rank
         self.arrival = arrival
         self.interval = max(1, interval)

@@ -16,6 +16,7 @@ import msgspec
 from starlette.responses import Response
 
 from server.engine.interface import (
+    AlreadyExists,
     EngineError,
     InvalidRequest,
     NotPlaced,
@@ -23,6 +24,7 @@ from server.engine.interface import (
     Unavailable,
 )
 from server.fleet import UnknownDeployment
+from server.frontend import request_ids
 
 
 class HttpError(Exception):
@@ -59,6 +61,8 @@ def from_engine(e: EngineError | UnknownDeployment) -> HttpError:
     """The HTTP answer to an admission error (nothing was allocated for the request)."""
     if isinstance(e, InvalidRequest):
         return bad_request(str(e), _param_of(str(e)))
+    if isinstance(e, AlreadyExists):
+        return HttpError(409, str(e), "ConflictError", "request_id")
     if isinstance(e, Overloaded):
         return HttpError(429, str(e))
     if isinstance(e, Unavailable):
@@ -91,7 +95,7 @@ def _param_of(message: str) -> str | None:
 
 def error_response(e: HttpError, request_id: str | None = None) -> Response:
     """The JSON error answer (with `X-Request-Id` when the request has one)."""
-    headers = {"X-Request-Id": request_id} if request_id else None
+    headers = {"X-Request-Id": request_ids.metadata_value(request_id)} if request_id else None
     return Response(e.json(), status_code=e.status, media_type="application/json",
                     headers=headers)
 

@@ -78,14 +78,16 @@ class Run:
         return len(self.choices) // max(1, len(self.prompt_lens))
 
 
-async def start(client: DeploymentClient, prompts: list[EngineRequest], n: int) -> Run:
-    """Admit n choices per prompt (all or none); raises the engine's typed error."""
+async def start(client: DeploymentClient, prompts: list[EngineRequest], n: int,
+                client_id: str | None = None) -> Run:
+    """Admit n choices per prompt (all or none), under the client's request id (a duplicate
+    in flight is AlreadyExists); raises the engine's typed error."""
     requests, choices = [], []
     for p, request in enumerate(prompts):
         for j, child in enumerate(parallel.child_requests(request, n)):
             requests.append(child)
             choices.append(Choice(p * n + j, p, child.sampling.seed or 0))
-    streams = await parallel.submit_all(client, requests)
+    streams = await parallel.submit_all(client, requests, client_id)
     lens = [len(streams[p * n].out.prompt_ids) for p in range(len(prompts))]
     return Run(client, streams, choices, lens)
 
@@ -151,10 +153,11 @@ async def sse(run: Run, chunks: Chunker, head: list[dict], tail: Callable[[], li
     yield b"data: [DONE]\n\n"
 
 
-async def admitted(client: DeploymentClient, prompts: list[EngineRequest], n: int) -> Run:
+async def admitted(client: DeploymentClient, prompts: list[EngineRequest], n: int,
+                   client_id: str | None = None) -> Run:
     """`start`, with an admission refusal turned into its HTTP answer."""
     try:
-        return await start(client, prompts, n)
+        return await start(client, prompts, n, client_id)
     except EngineError as e:
         raise from_engine(e) from None
 

@@ -22,8 +22,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from server import metrics as exposition
-from server.engine.interface import DeploymentState
+from server.engine.interface import DeploymentState, InvalidRequest
 from server.fleet import UnknownDeployment
+from server.frontend import request_ids
 from server.frontend.deployment import DeploymentClient
 from server.http import chat, completions, generate, tools
 from server.http.errors import (
@@ -63,6 +64,14 @@ def resolve(state: HttpState, model: str | None) -> tuple[DeploymentClient, str]
 
 def request_id(request: Request, body_id: str | None) -> str:
     return request.headers.get("x-request-id") or body_id or uuid.uuid4().hex
+
+
+def checked_id(rid: str) -> None:
+    """The client's id, as every front door checks it (`request_ids.check`), or a 400."""
+    try:
+        request_ids.check(rid)
+    except InvalidRequest as e:
+        raise HttpError(400, str(e), "BadRequestError", "request_id") from None
 
 
 def engine_id(rid: str) -> str:
@@ -149,12 +158,13 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
         body = await parse(request, CompletionRequest)
         rid = request_id(request, body.request_id)
         try:
+            checked_id(rid)
             if state.draining:
                 raise draining()
             client, name = resolve(state, body.model)
             prompts = completions.prompt_ids(body, state.tokenizer)
             reqs, n = completions.engine_requests(body, engine_id(f"cmpl-{rid}"), prompts)
-            run = await generate.admitted(client, reqs, n)
+            run = await generate.admitted(client, reqs, n, rid)
         except HttpError as e:
             return error_response(e, rid)
         shapes = completions.CompletionShapes(body, run, f"cmpl-{rid}", name, state.tokenizer,
@@ -167,6 +177,7 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
         body = await parse(request, ChatCompletionRequest)
         rid = request_id(request, body.request_id)
         try:
+            checked_id(rid)
             if state.draining:
                 raise draining()
             client, name = resolve(state, body.model)
@@ -174,7 +185,7 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
             ids = chat.render(body.messages, state.tokenizer, body.add_generation_prompt,
                               body.continue_final_message)
             req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan)
-            run = await generate.admitted(client, [req], n)
+            run = await generate.admitted(client, [req], n, rid)
         except HttpError as e:
             return error_response(e, rid)
         shapes = chat.ChatShapes(body, run, f"chatcmpl-{rid}", name, state.tokenizer, plan)
@@ -185,7 +196,7 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
 
 async def _answer(request: Request, run: generate.Run, stream: bool, response, chunks,
                   head: list[dict], tail, rid: str) -> Response:
-    headers = {"X-Request-Id": rid}
+    headers = {"X-Request-Id": request_ids.metadata_value(rid)}
     if stream:
         return StreamingResponse(generate.sse(run, chunks, head, tail),
                                  media_type="text/event-stream",

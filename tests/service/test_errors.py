@@ -90,7 +90,7 @@ async def test_duplicate_request_id_in_flight(client):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for _ in client.generate("b", deployment="slow", request_id="dup"):
             pass
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
     assert "already in flight" in err.value.details()
     await stream.aclose()
 
