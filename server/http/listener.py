@@ -15,8 +15,14 @@ parser only, not to httptools. Here, per connection:
   own (60 s);
 - more than `max_header_bytes` of request line and headers, or more than `max_header_count`
   headers: 431 and close;
-- a first request line with no `HTTP/x.y` (HTTP/0.9): 400 and close at once, where httptools
-  would wait for headers that never come.
+- a request line with no `HTTP/x.y` (HTTP/0.9): 400 and close at once, where httptools
+  would wait for headers that never come;
+- a method httptools does not know (`FOO /metrics HTTP/1.1`), which its parser refuses before
+  the app sees it (uvicorn answers a bare 400): 405 with `Allow` listing the methods of the
+  routes at that path (the same answer the app gives a known method the route does not take),
+  or 404 when no route has that path — in vLLM's JSON error shape, and close. The request line
+  is awaited (under the deadline) when the parser fails before the path has arrived. A request
+  pipelined behind another in one read is not located: uvicorn's 400 then.
 
 Everything else is uvicorn's own protocol, unchanged.
 """
@@ -24,9 +30,15 @@ Everything else is uvicorn's own protocol, unchanged.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from server.http.errors import HttpError
 
 
 @dataclass(frozen=True)
@@ -49,21 +61,59 @@ def _431(message: str) -> bytes:
             + body)
 
 
+def _json_error(status: int, phrase: str, allow: Sequence[str] | None) -> bytes:
+    body = HttpError(status, phrase).json()
+    head = (f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n")
+    if allow is not None:
+        head += f"allow: {', '.join(allow)}\r\n"
+    return (head + "\r\n").encode() + body
+
+
+def _path(target: bytes) -> str:
+    """The decoded path of a request target (origin or absolute form)."""
+    return unquote(urlsplit(target.decode("latin-1")).path or "/")
+
+
+class _Parser:
+    """httptools' parser, noting when it refused a request's method (uvicorn catches every
+    parser error alike)."""
+
+    def __init__(self, parser: Any, protocol: GuardedHttpToolsProtocol) -> None:
+        self._parser, self._protocol = parser, protocol
+
+    def feed_data(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserInvalidMethodError:
+            self._protocol._bad_method = True
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """One HTTP/1.1 connection (see the module docstring). `limits` is set on the subclass that
     `guarded_protocol` makes for a listener."""
 
     limits: HeaderLimits = HeaderLimits()
+    # the methods the app's routes at a path accept (empty: no route has that path)
+    allowed: Callable[[str], Sequence[str]] = staticmethod(lambda path: ())
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.parser = _Parser(self.parser, self)  # type: ignore[assignment]
+        self._between = True  # no request in progress: the next byte starts one
+        self._bad_method = False  # the parser refused the current request's method
         self._deadline: asyncio.TimerHandle | None = None
         self._in_headers = True  # between a request's first byte and its headers' end
         self._seen = False  # any byte of the current request received
         self._header_bytes = 0  # raw bytes received while the headers are unfinished
         self._parsed_bytes = 0  # request line and headers, as parsed
         self._header_count = 0
-        self._first_line: bytearray | None = bytearray()  # until the first request line ends
+        self._line: bytearray | None = None  # the current request's bytes until its line ends
+        self._request_line: bytes | None = None  # once it has
         self._refusal: bytes | None = None
 
     # ---- the deadline ---------------------------------------------------------------------
@@ -94,10 +144,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # ---- bytes in -------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        if self._first_line is not None and not self._check_first_line(data):
-            self._disarm()
-            self.send_400_response("HTTP/0.9 requests are not supported.")
+        if self._bad_method:  # refused: only its request line is still awaited
+            self._collect_line(data)
+            self._answer_bad_method()
             return
+        if self._between:  # this read starts a request: follow it until its line ends
+            self._line, self._request_line = bytearray(), None
+        if self._line is not None:
+            self._collect_line(data)
+            line = self._request_line
+            if line is not None and not line.rpartition(b" ")[2].startswith(b"HTTP/"):
+                self._disarm()
+                self.send_400_response("HTTP/0.9 requests are not supported.")
+                return
         self._seen = True
         super().data_received(data)
         if self._refusal is None and self._in_headers:
@@ -108,20 +167,43 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.write(self._refusal)
             self.transport.close()
 
-    def _check_first_line(self, data: bytes) -> bool:
-        """False when the connection's first request line has no HTTP version (HTTP/0.9)."""
-        assert self._first_line is not None
-        self._first_line += data
-        while True:
-            end = self._first_line.find(b"\n")
-            if end < 0:
-                return True  # not ended yet (the size limit bounds it)
-            line = bytes(self._first_line[:end]).rstrip(b"\r")
-            if line:  # blank lines before a request line are allowed (RFC 9112 2.2)
-                self._first_line = None
-                version = line.rpartition(b" ")[2]
-                return version.startswith(b"HTTP/")
-            del self._first_line[:end + 1]
+    def _collect_line(self, data: bytes) -> None:
+        """Add `data` to the current request's bytes until its request line (the first
+        non-blank line: RFC 9112 2.2 allows blank lines before it) has ended."""
+        if self._line is None:
+            return
+        self._line += data
+        while (end := self._line.find(b"\n")) >= 0:
+            line = bytes(self._line[:end]).rstrip(b"\r")
+            if line:
+                self._request_line, self._line = line, None
+                return
+            del self._line[:end + 1]
+        self._check_size(len(self._line))
+        if self._refusal is not None and self._bad_method:
+            self._bad_method = False  # the size refusal wins
+            self.transport.write(self._refusal)
+            self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to any parser error; an unknown method gets 405 / 404 instead."""
+        if not self._bad_method:
+            super().send_400_response(msg)
+        elif self._request_line is None and self._line is None:
+            self._bad_method = False  # pipelined behind another request: not located
+            super().send_400_response(msg)
+        else:
+            self._answer_bad_method()
+
+    def _answer_bad_method(self) -> None:
+        if self._request_line is None or self.transport.is_closing():
+            return  # its line has not ended yet (the deadline and the size limit bound it)
+        self._disarm()
+        parts = self._request_line.split(b" ")
+        allow = self.allowed(_path(parts[1])) if len(parts) == 3 else ()
+        self.transport.write(_json_error(405, "Method Not Allowed", allow) if allow
+                             else _json_error(404, "Not Found", None))
+        self.transport.close()
 
     def _check_size(self, size: int) -> None:
         if self._refusal is None and size > self.limits.max_header_bytes:
@@ -131,7 +213,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # ---- parser callbacks -----------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_headers = True
+        self._in_headers, self._between = True, False
         self._header_bytes = self._parsed_bytes = self._header_count = 0
         if self._deadline is None:
             self._arm()
@@ -162,10 +244,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._between, self._line, self._request_line = True, None, None
         if self._refusal is None:
             super().on_message_complete()
 
 
-def guarded_protocol(limits: HeaderLimits) -> type[GuardedHttpToolsProtocol]:
-    """The protocol class for one listener (uvicorn instantiates it per connection)."""
-    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
+def guarded_protocol(limits: HeaderLimits, allowed: Callable[[str], Sequence[str]] | None = None
+                     ) -> type[GuardedHttpToolsProtocol]:
+    """The protocol class for one listener (uvicorn instantiates it per connection);
+    `allowed(path)`: the methods the app's routes at `path` accept."""
+    attrs: dict[str, Any] = {"limits": limits}
+    if allowed is not None:
+        attrs["allowed"] = staticmethod(allowed)
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), attrs)

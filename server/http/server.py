@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -76,6 +76,19 @@ class ListenerOptions:
                 "ssl_ca_certs": self.ssl_ca_certs or None, "ssl_cert_reqs": self.ssl_cert_reqs}
 
 
+def route_methods(app: ASGIApp) -> Callable[[str], tuple[str, ...]]:
+    """`allowed(path)` for the listener: the methods of every route of `app` whose path
+    pattern matches (read at call time, so routes added later count)."""
+    def allowed(path: str) -> tuple[str, ...]:
+        methods: set[str] = set()
+        for route in getattr(getattr(app, "router", None), "routes", ()):
+            regex, accepted = getattr(route, "path_regex", None), getattr(route, "methods", None)
+            if regex is not None and accepted and regex.match(path):
+                methods |= accepted
+        return tuple(sorted(methods))
+    return allowed
+
+
 class HttpServer:
     def __init__(self, app: ASGIApp, host: str, port: int, reuse_port: bool,
                  options: ListenerOptions | None = None) -> None:
@@ -90,7 +103,8 @@ class HttpServer:
         self.port = sock.getsockname()[1]
         opts = self.options
         try:
-            config = uvicorn.Config(self.app, http=guarded_protocol(opts.limits),
+            protocol = guarded_protocol(opts.limits, route_methods(self.app))
+            config = uvicorn.Config(self.app, http=protocol,
                                     lifespan="off", log_level="warning", access_log=False,
                                     timeout_graceful_shutdown=2, server_header=False,
                                     timeout_keep_alive=opts.timeout_keep_alive_s,  # type: ignore

@@ -1,13 +1,14 @@
 """The listeners' limits, over raw sockets and real clients: the HTTP header deadline against a
 slowloris (scrapes and health checks keep answering; the slow connections are closed by the
-server with 408), header size and count (431), methods (405 with Allow; a method httptools
-does not know: 400), HTTP/0.9 (400 at once), keep-alive; gRPC's message size
-(RESOURCE_EXHAUSTED) and concurrent streams per connection."""
+server with 408), header size and count (431), methods (405 with Allow, for a method the route
+does not take and for one httptools does not know), HTTP/0.9 (400 at once), keep-alive;
+gRPC's message size (RESOURCE_EXHAUSTED) and concurrent streams per connection."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -17,7 +18,9 @@ import pytest
 from conftest import fleet_doc
 from server_proc import ServerProcess
 
-from clients.client import AsyncClient
+from clients.client import AsyncClient, build_request
+from doppelchip.v1 import inference_pb2 as pb
+from doppelchip.v1 import inference_pb2_grpc as pb_grpc
 
 HEADER_TIMEOUT_S = 1.0
 KEEP_ALIVE_S = 1.0
@@ -61,9 +64,14 @@ ATTACK_S = 4.0
 BYTE_EVERY_S = 0.25
 
 
-async def slow_client(server, stop: asyncio.Event, closed: list[bytes]) -> None:
+SCRAPE_BOUND_S = 5.0  # generous: an unloaded scrape takes milliseconds
+
+
+async def slow_client(server, stop: asyncio.Event, closed: list[bytes],
+                      holding: asyncio.Event) -> None:
     """Open a connection and send a request's headers a byte at a time, for ever; when the
-    server closes it, note what it said and open another, until `stop`."""
+    server closes it, note what it said and open another, until `stop`. `holding` is set once
+    the first connection has started its request."""
     request = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 10_000
     while not stop.is_set():
         reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
@@ -71,6 +79,8 @@ async def slow_client(server, stop: asyncio.Event, closed: list[bytes]) -> None:
         try:
             for byte in request:
                 writer.write(bytes([byte]))
+                await writer.drain()
+                holding.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(reply), BYTE_EVERY_S)
                 if reply.done() or stop.is_set():
@@ -86,21 +96,25 @@ async def slow_client(server, stop: asyncio.Event, closed: list[bytes]) -> None:
 
 async def test_a_slowloris_does_not_starve_scrapes_and_is_cut_off(server):
     stop, closed = asyncio.Event(), []
-    attack = [asyncio.create_task(slow_client(server, stop, closed)) for _ in range(ATTACKERS)]
-    scrapes = 0
+    holding = [asyncio.Event() for _ in range(ATTACKERS)]
+    attack = [asyncio.create_task(slow_client(server, stop, closed, h)) for h in holding]
+    scrapes, slowest = 0, 0.0
     try:
-        await asyncio.sleep(0.5)  # every attacker holds a half-sent request
+        # every attacker holds a half-sent request before the scrapes start
+        await asyncio.wait_for(asyncio.gather(*(h.wait() for h in holding)), 30)
         deadline = time.monotonic() + ATTACK_S
         async with httpx.AsyncClient(base_url=server.http_url, timeout=20) as http:
             while time.monotonic() < deadline:
+                started = time.monotonic()
                 r = await http.get("/metrics", headers={"Connection": "close"})
                 assert r.status_code == 200 and "vllm:num_requests_running" in r.text
                 assert (await http.get("/health")).status_code == 200
+                slowest = max(slowest, time.monotonic() - started)
                 scrapes += 1
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*attack), 30)
-    assert scrapes >= 3
+    assert scrapes >= 3 and slowest < SCRAPE_BOUND_S, (scrapes, slowest)
     # The server cut the slow connections off at its header deadline: each attacker saw at
     # least one of its connections closed with 408 (a request trickling for ever otherwise).
     timed_out = [c for c in closed if c.startswith(b"HTTP/1.1 408")]
@@ -153,11 +167,51 @@ async def test_a_known_route_with_another_method_is_405_with_allow(server):
         assert r.status_code == 405 and r.headers["allow"] == "POST"
 
 
-async def test_an_unknown_method_is_400(server):
-    """httptools (as in vLLM's stack) does not parse a method it does not know: 400."""
-    for path in ("/metrics", "/v1/completions"):
-        reply = await exchange(server, request([], method="FOO", path=path))
-        assert status(reply) == 400
+async def test_an_unknown_method_is_405_with_allow(server):
+    """httptools refuses a method it does not know before the app sees it (uvicorn alone
+    answers a bare 400): the listener answers as the app does for a known method, 405 with the
+    route's `Allow`, in vLLM's JSON shape; 404 where no route has the path."""
+    for method, path, allow in (("FOO", "/metrics", {"GET", "HEAD"}),
+                                ("BREW", "/v1/completions?x=1", {"POST"}),
+                                ("FOO", "/health", {"GET"})):
+        reply = await exchange(server, request([], method=method, path=path))
+        assert status(reply) == 405, reply
+        head, _, body = reply.partition(b"\r\n\r\n")
+        allowed = next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"allow:"))
+        assert set(allowed.decode().replace(" ", "").split(",")) == allow
+        assert json.loads(body)["error"]["code"] == 405
+    reply = await exchange(server, request([], method="FOO", path="/no/such/route"))
+    assert status(reply) == 404 and json.loads(reply.partition(b"\r\n\r\n")[2])
+
+
+async def test_an_unknown_method_sent_a_byte_at_a_time(server):
+    """The parser fails at the method's first wrong byte, before the path has come: the
+    listener waits for the request line (within the header deadline), then answers."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+    try:
+        for byte in b"FOO /metrics HTTP/1.1\r\n":  # the line only: the answer closes
+            writer.write(bytes([byte]))
+            await writer.drain()
+        assert status(await asyncio.wait_for(reader.read(), 10)) == 405
+    finally:
+        writer.close()
+
+
+async def test_an_unknown_method_after_a_kept_alive_request(server):
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert status(head) == 200
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        await reader.readexactly(length)
+        writer.write(b"FOO /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = await asyncio.wait_for(reader.read(), 10)
+        assert status(reply) == 405 and b"allow: GET" in reply
+    finally:
+        writer.close()
 
 
 async def test_http_0_9_is_refused_at_once(server):
@@ -187,25 +241,32 @@ async def test_an_oversized_grpc_message_is_resource_exhausted(client):
 async def test_streams_per_connection(server, client):
     """With MAX_STREAMS calls open on a connection, a further call on it waits (the client
     queues it until a stream frees); another connection is served meanwhile."""
-    async def hold() -> None:
-        async for _ in client.generate("hold", deployment="slow", max_tokens=200,
-                                       ignore_eos=True, timeout=30):
-            pass
+    streaming = [asyncio.Event() for _ in range(MAX_STREAMS)]
 
-    holds = [asyncio.create_task(hold()) for _ in range(MAX_STREAMS)]
+    async def hold(accepted: asyncio.Event) -> None:
+        call = client.stub.Generate(build_request("hold", deployment="slow", max_tokens=1000,
+                                                  ignore_eos=True), timeout=30)
+        try:
+            await call.initial_metadata()  # the server has taken the stream
+            accepted.set()
+            async for _ in call:
+                pass
+        finally:
+            call.cancel()
+
+    holds = [asyncio.create_task(hold(e)) for e in streaming]
     try:
-        await asyncio.sleep(0.5)  # both streams open
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streaming)), 20)
         assert not any(h.done() for h in holds)
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await client.get_deployment("fast", timeout=1.0)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         # a connection of its own (no shared subchannel) is not held up
-        async with AsyncClient(server.target) as other:
-            other.channel = grpc.aio.insecure_channel(
-                server.target, options=[("grpc.use_local_subchannel_pool", 1)])
-            other.stub = type(other.stub)(other.channel)
-            assert (await other.get_deployment("fast", timeout=5)).name == "fast"
-            await other.channel.close()
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        async with grpc.aio.insecure_channel(server.target, options=options) as channel:
+            reply = await pb_grpc.InferenceStub(channel).GetDeployment(
+                pb.GetDeploymentRequest(name="fast"), timeout=5)
+            assert reply.name == "fast"
     finally:
         for h in holds:
             h.cancel()
