@@ -1,6 +1,12 @@
-"""`--api-key`: every gRPC method but health and reflection, and every HTTP route but /health,
-/ping, /version and /metrics, refuse a caller without one of the keys (UNAUTHENTICATED / 401
-`{"error": "Unauthorized"}`, vLLM's body) and serve one with it."""
+"""`--api-key` in fleet mode behind two front-end processes: every method of every registered
+gRPC service but health and reflection, and every HTTP route but /health, /ping, /version and
+/metrics, refuse a caller without one of the keys (UNAUTHENTICATED / 401 `{"error":
+"Unauthorized"}`, vLLM's body) and serve one with it.
+
+The lists are derived, not written out: the gRPC services from the server's reflection, the
+HTTP routes from the app's route table. Each has a table of successful calls here, and a test
+fails when a service, method or route has no entry — so a new one is covered the day it lands.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +15,32 @@ from collections.abc import AsyncIterator
 import grpc
 import httpx
 import pytest
-from conftest import TEST_FLEET
+from conftest import fleet_doc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from server_proc import ServerProcess
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 from smg_grpc_proto.generated import common_pb2
-from starlette.testclient import TestClient
 
-from clients.client import AsyncClient
-from doppelchip.cmd_serve import with_env_api_key
 from doppelchip.v1 import inference_pb2 as pb
-from server.auth import ApiKeys
-from server.config import parse_fleet
+from doppelchip.v1 import inference_pb2_grpc as pb_grpc
+from server.auth import OPEN_GRPC_SERVICES
 from server.engine.tokenizer import get_tokenizer
-from server.http.app import build_app
+from server.http.app import PUBLIC_PATHS, build_app
 
 KEYS = ("key-one", "key-two")
 TOK = get_tokenizer()
-SERVICES = [pb.DESCRIPTOR.services_by_name["Inference"],
-            vpb.DESCRIPTOR.services_by_name["VllmEngine"]]
-METHODS = [(s.full_name, m) for s in SERVICES for m in s.methods]
+FRONT_ENDS = 2
+SERVICES = {s.full_name: s for s in (pb.DESCRIPTOR.services_by_name["Inference"],
+                                     vpb.DESCRIPTOR.services_by_name["VllmEngine"])}
+METHODS = [(s.full_name, m) for s in SERVICES.values() for m in s.methods]
 
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess(TEST_FLEET, "--api-key", *KEYS) as s:
+    doc = fleet_doc({"api_server_count": FRONT_ENDS})
+    with ServerProcess(doc, "--api-key", *KEYS) as s:
         yield s
 
 
@@ -59,6 +64,15 @@ async def raw_call(channel: grpc.aio.Channel, service: str, method, metadata=Non
         await channel.unary_unary(path)(b"", metadata=metadata, timeout=10)
 
 
+# ---- gRPC --------------------------------------------------------------------------------
+async def test_the_registered_services_are_the_guarded_ones_and_the_open_ones(channel):
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    answers = [a async for a in stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]))]
+    names = {s.name for s in answers[0].list_services_response.service}
+    assert names - set(OPEN_GRPC_SERVICES) == set(SERVICES)
+
+
 @pytest.mark.parametrize(("service", "method"), METHODS, ids=[m.name for _, m in METHODS])
 @pytest.mark.parametrize("metadata", [None, bearer("wrong"), (("authorization", "key-one"),),
                                       (("authorization", "Basic key-one"),)],
@@ -70,66 +84,112 @@ async def test_every_grpc_method_refuses_without_a_key(channel, service, method,
     assert "API key" in e.value.details()
 
 
-@pytest.mark.parametrize(("service", "method"), METHODS, ids=[m.name for _, m in METHODS])
-async def test_every_grpc_method_passes_the_guard_with_a_key(channel, service, method):
-    """With a key the call reaches its handler: whatever it answers to an empty request, it is
-    not UNAUTHENTICATED."""
-    try:
-        await raw_call(channel, service, method, bearer(KEYS[1]))
-    except grpc.aio.AioRpcError as e:
-        assert e.code() != grpc.StatusCode.UNAUTHENTICATED, e.details()
+async def _inference(channel, md) -> dict[str, object]:
+    s = pb_grpc.InferenceStub(channel)
+    listing = await s.ListDeployments(pb.ListDeploymentsRequest(), metadata=md, timeout=10)
+    one = await s.GetDeployment(pb.GetDeploymentRequest(name="fast"), metadata=md, timeout=10)
+    req = pb.GenerateRequest(text="hello", deployment="fast",
+                             sampling=pb.SamplingParams(max_tokens=4, ignore_eos=True))
+    chunks = [c async for c in s.Generate(req, metadata=md, timeout=10)]
+    return {"ListDeployments": {d.name for d in listing.deployments} == {"fast", "slow"},
+            "GetDeployment": one.name == "fast",
+            "Generate": chunks[-1].final.usage.completion_tokens == 4}
 
 
-async def test_inference_rpcs_succeed_with_either_key(server):
-    for key in KEYS:
-        async with AsyncClient(server.target, api_key=key) as client:
-            names = {d.name for d in (await client.list_deployments()).deployments}
-            assert names == {"fast", "slow"}
-            assert (await client.get_deployment("fast")).name == "fast"
-            chunks = [c async for c in client.generate("hello", max_tokens=4, ignore_eos=True)]
-            assert chunks[-1].HasField("final")
-            assert sum(len(c.token_ids) for c in chunks) == 4
-    async with AsyncClient(server.target, api_key="nope") as client:
-        with pytest.raises(grpc.aio.AioRpcError) as e:
-            await client.list_deployments()
-        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
-
-
-async def test_vllm_engine_rpcs_succeed_with_a_key(channel):
-    stub, md = vpb_grpc.VllmEngineStub(channel), bearer(KEYS[0])
-    assert (await stub.HealthCheck(vpb.HealthCheckRequest(), metadata=md)).healthy
-    info = await stub.GetModelInfo(vpb.GetModelInfoRequest(), metadata=md)
-    assert info.vocab_size == TOK.vocab_size
-    assert (await stub.GetServerInfo(vpb.GetServerInfoRequest(), metadata=md)).server_type
-    assert (await stub.GetLoads(vpb.GetLoadsRequest(), metadata=md)).dp_rank_count == 1
-    await stub.Abort(vpb.AbortRequest(request_ids=["nothing"]), metadata=md)
-    tokenizer = [c async for c in stub.GetTokenizer(common_pb2.GetTokenizerRequest(),
-                                                    metadata=md)]
-    assert tokenizer and tokenizer[-1].sha256
+async def _vllm_engine(channel, md) -> dict[str, object]:
+    s = vpb_grpc.VllmEngineStub(channel)
+    tokenizer = [c async for c in s.GetTokenizer(common_pb2.GetTokenizerRequest(), metadata=md)]
     req = vpb.GenerateRequest(tokenized=vpb.TokenizedInput(input_ids=TOK.encode("hi")),
                               sampling_params=vpb.SamplingParams(max_tokens=3), stream=True)
-    out = [r async for r in stub.Generate(req, metadata=md)]
-    assert out[-1].HasField("complete")
+    out = [r async for r in s.Generate(req, metadata=md)]
+    await s.Abort(vpb.AbortRequest(request_ids=["nothing"]), metadata=md)
+    served = {
+        "HealthCheck": (await s.HealthCheck(vpb.HealthCheckRequest(), metadata=md)).healthy,
+        "GetModelInfo": (await s.GetModelInfo(vpb.GetModelInfoRequest(),
+                                              metadata=md)).vocab_size == TOK.vocab_size,
+        "GetServerInfo": bool((await s.GetServerInfo(vpb.GetServerInfoRequest(),
+                                                     metadata=md)).server_type),
+        "GetLoads": (await s.GetLoads(vpb.GetLoadsRequest(), metadata=md)).dp_rank_count == 1,
+        "Abort": True,  # answered OK (raised otherwise)
+        "GetTokenizer": bool(tokenizer and tokenizer[-1].sha256),
+        "Generate": out[-1].HasField("complete"),
+    }
+    # methods the servicer does not implement: with the key they reach it and it says so
+    for name in sorted(UNIMPLEMENTED):
+        method = SERVICES["vllm.grpc.engine.VllmEngine"].methods_by_name[name]
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await raw_call(channel, "vllm.grpc.engine.VllmEngine", method, md)
+        served[name] = e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    return served
+
+
+UNIMPLEMENTED = {"Embed", "FlushCache", "StartProfile", "StopProfile", "SubscribeKvEvents"}
+
+
+CALLS = {"doppelchip.v1.Inference": _inference, "vllm.grpc.engine.VllmEngine": _vllm_engine}
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("service", sorted(SERVICES))
+async def test_every_grpc_method_succeeds_with_a_key(channel, service, key):
+    results = await CALLS[service](channel, bearer(key))
+    assert set(results) == {m.name for m in SERVICES[service].methods}  # every method called
+    assert all(results.values()), results
 
 
 async def test_health_and_reflection_stay_open(channel):
     health = health_pb2_grpc.HealthStub(channel)
     reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
-    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-    answers = [a async for a in stub.ServerReflectionInfo(
-        iter([reflection_pb2.ServerReflectionRequest(list_services="")]))]
-    names = {s.name for s in answers[0].list_services_response.service}
-    assert {"doppelchip.v1.Inference", "vllm.grpc.engine.VllmEngine"} <= names
 
 
-GUARDED = [("GET", "/v1/models", None),
-           ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2}),
-           ("POST", "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
-           ("POST", "/tokenize", {"prompt": "hi"}),
-           ("POST", "/detokenize", {"tokens": [1, 2]})]
-OPEN = ["/health", "/ping", "/version", "/metrics"]
+async def test_every_front_end_checks_the_key(server):
+    """Connections spread over the front ends (SO_REUSEPORT): each one seen refuses a call
+    without the key and serves one with it; both are seen (a fresh connection each time,
+    bounded)."""
+    seen: set[str] = set()
+    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own per channel
+    request = pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(max_tokens=1))
+    for _ in range(64):
+        async with grpc.aio.insecure_channel(server.target, options=own) as channel:
+            stub = pb_grpc.InferenceStub(channel)
+            call = stub.Generate(request, timeout=10)
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                async for _ in call:
+                    pass
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            call = stub.Generate(request, metadata=bearer(KEYS[0]), timeout=10)
+            seen.add(dict(await call.initial_metadata())["x-doppelchip-frontend"])
+            assert [c async for c in call][-1].HasField("final")
+        if len(seen) == FRONT_ENDS:
+            break
+    assert seen == {str(i) for i in range(FRONT_ENDS)}
+
+
+# ---- HTTP --------------------------------------------------------------------------------
+BODIES = {("GET", "/v1/models"): None,
+          ("POST", "/v1/completions"): {"prompt": "hi", "max_tokens": 2},
+          ("POST", "/v1/chat/completions"): {"messages": [{"role": "user", "content": "hi"}],
+                                             "max_tokens": 2},
+          ("POST", "/tokenize"): {"prompt": "hi"},
+          ("POST", "/detokenize"): {"tokens": [1, 2]}}
+
+
+def route_table() -> list[tuple[str, str]]:
+    """(method, path) of every route the server's app registers (HEAD aside: GET's twin)."""
+    app = build_app(None)  # type: ignore[arg-type]  # routes only; nothing is served
+    return sorted((m, r.path) for r in app.router.routes
+                  for m in getattr(r, "methods", None) or () if m != "HEAD")
+
+
+ROUTES = route_table()
+GUARDED = [r for r in ROUTES if r[1] not in PUBLIC_PATHS]
+OPEN = [r for r in ROUTES if r[1] in PUBLIC_PATHS]
+
+
+def test_every_guarded_route_has_a_call_here():
+    assert set(GUARDED) == set(BODIES)
+    assert {p for _, p in OPEN} == set(PUBLIC_PATHS)
 
 
 @pytest.fixture
@@ -138,8 +198,9 @@ async def http(server) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-@pytest.mark.parametrize(("method", "path", "body"), GUARDED, ids=[g[1] for g in GUARDED])
-async def test_guarded_http_routes(http, method, path, body):
+@pytest.mark.parametrize(("method", "path"), GUARDED, ids=[f"{m} {p}" for m, p in GUARDED])
+async def test_guarded_http_routes(http, method, path):
+    body = BODIES[(method, path)]
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEYS[0]},
                     {"Authorization": f"Basic {KEYS[0]}"}):
         r = await http.request(method, path, json=body, headers=headers)
@@ -151,9 +212,9 @@ async def test_guarded_http_routes(http, method, path, body):
         assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize("path", OPEN)
-async def test_open_http_routes(http, path):
-    assert (await http.get(path)).status_code == 200
+@pytest.mark.parametrize(("method", "path"), OPEN, ids=[f"{m} {p}" for m, p in OPEN])
+async def test_open_http_routes(http, method, path):
+    assert (await http.request(method, path)).status_code == 200
 
 
 async def test_unknown_paths_and_preflight_are_not_guarded(http):
@@ -171,40 +232,3 @@ async def test_the_openai_client_is_refused_and_served(server):
     async with openai.AsyncOpenAI(base_url=f"{server.http_url}/v1", api_key=KEYS[1],
                                   max_retries=0) as good:
         assert [m.id async for m in good.models.list()]
-
-
-def test_a_route_added_later_is_guarded():
-    """The guard is derived from the route table (as vLLM's after 0.33.0): a route registered
-    after the app was built, e.g. /sleep, needs the key; public ones do not."""
-    app = build_app(None, ApiKeys(["k"]))  # type: ignore[arg-type]
-
-    @app.post("/sleep")
-    async def sleep() -> dict:
-        return {"slept": True}
-
-    @app.get("/health/extra")
-    async def extra() -> dict:
-        return {}
-
-    with TestClient(app) as c:
-        assert c.post("/sleep").status_code == 401
-        assert c.post("/sleep", headers={"Authorization": "Bearer k"}).json() == {"slept": True}
-        assert c.get("/health/extra").status_code == 200
-
-
-def test_api_key_check():
-    keys = ApiKeys(["a", "bcd"])
-    assert keys.verify("Bearer a") and keys.verify("BEARER bcd") and keys.verify(b"bearer a")
-    for bad in (None, "", "a", "Bearer", "Bearer ", "Bearer b", "Bearer  a", "Token a",
-                "Bearer a "):
-        assert not keys.verify(bad), bad
-    assert not ApiKeys() and ApiKeys().verify(None)  # no keys: authentication is off
-    assert not ApiKeys([""])  # an empty key is no key, as vLLM filters them
-
-
-def test_vllm_api_key_env_is_the_fallback():
-    base = parse_fleet(TEST_FLEET)
-    assert with_env_api_key(base, {"VLLM_API_KEY": "e"}).server.api_key == ("e",)
-    assert with_env_api_key(base, {}).server.api_key == ()
-    given = base.with_server(api_key=("flag",))
-    assert with_env_api_key(given, {"VLLM_API_KEY": "e"}).server.api_key == ("flag",)
