@@ -1,10 +1,11 @@
 """API keys (`--api-key`, as vLLM's flag): one check for both protocols, and the gRPC half.
 
 `ApiKeys` holds the server's keys as SHA-256 digests and checks an `Authorization` value the
-way vLLM 0.33.0's `AuthenticationMiddleware` does (`vllm/entrypoints/serve/middleware/
-authenticate.py`): the scheme before the first space must be `Bearer` (any case), the rest is
-the key, compared against every configured key with `hmac.compare_digest` on the digests — the
-time taken says nothing about how much of a key matched, nor which key.
+way vLLM's `AuthenticationMiddleware` does (0.33.0, read at commit baaf6e9:
+`vllm/entrypoints/serve/middleware/authenticate.py`): the scheme before the first space must
+be `Bearer` (any case), the rest is the key, compared against every configured key with
+`hmac.compare_digest` on the digests — the time taken says nothing about how much of a key
+matched, nor which key.
 
 gRPC: `ApiKeyInterceptor` requires metadata `authorization: Bearer KEY` on every method except
 those of the open services (standard health and reflection, which probes and `grpcurl` use

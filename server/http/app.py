@@ -9,11 +9,12 @@ is not an error (nobody is left to answer).
 `--api-key` (`ApiKeyMiddleware`): as vLLM's `AuthenticationMiddleware`, a request to a guarded
 path without `Authorization: Bearer <one of the keys>` gets 401 `{"error": "Unauthorized"}`
 (vLLM's exact body) before any route runs; OPTIONS is never guarded. Which paths: every route
-of the app except vLLM's public endpoints (`/health`, `/ping`, `/version`, `/metrics`, as
-vLLM's `PUBLIC_ENDPOINTS` after 0.33.0, which derive the guard from the route table), with
-`/v1` always guarded — so a route added later (`/sleep`, `/wake_up`, LoRA loading) is guarded
-without a change here. vLLM 0.33.0 itself guarded only the `/v1`, `/v2`, `/inference` and
-`/cohere` prefixes, leaving `/tokenize` open; docs/OPERATIONS.md records the choice.
+of the app except the probes' (`/health`, `/ping`, `/version`, `/metrics`), with `/v1` always
+guarded — the guard is derived from the route table, so a route added later (`/sleep`,
+`/wake_up`, `/v1/load_lora_adapter`) is guarded without a change here. vLLM (commit baaf6e9,
+`vllm/entrypoints/serve/middleware/authenticate.py`) guards only the `/v1`, `/v2`,
+`/inference` and `/cohere` prefixes, leaving `/tokenize`, `/sleep` and `/wake_up` open;
+issue 14 asks for them guarded, and docs/OPERATIONS.md records the difference.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ added after start-up being guarded, and the key check itself."""
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import httpx
 import pytest
@@ -132,3 +134,21 @@ def test_vllm_api_key_env_is_the_fallback():
     assert with_env_api_key(base, {}).server.api_key == ()
     given = base.with_server(api_key=("flag",))
     assert with_env_api_key(given, {"VLLM_API_KEY": "e"}).server.api_key == ("flag",)
+
+
+def test_the_cli_clients_send_the_key(realtime, capsys, monkeypatch):
+    """`doppelchip generate` and `doppelchip load` send `--api-key` (or $VLLM_API_KEY)."""
+    from doppelchip.cli import main
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    target = ["--target", realtime.target]
+    assert main(["generate", "hi", "--max-tokens", "2", "--ignore-eos", *target,
+                 "--api-key", KEY]) == 0
+    assert "2 tokens" in capsys.readouterr().err
+    assert main(["generate", "hi", "--max-tokens", "2", *target]) == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    assert main(["load", *target, "--num-requests", "2", "--isl", "8", "--osl", "2",
+                 "--ignore-eos", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["requests"] == 2 and not summary["errors"]

@@ -6,6 +6,7 @@ CA signed gets through."""
 
 from __future__ import annotations
 
+import json
 import ssl
 
 import grpc
@@ -150,3 +151,24 @@ def test_bad_tls_files_are_a_one_line_error(certs, tmp_path, case):
     assert code != 0 and "Traceback" not in proc.log
     assert any(line.startswith("error: ") and str(cert) in line and said in line
                for line in proc.lines), proc.log
+
+
+def test_the_cli_clients_speak_mutual_tls(mtls_server, certs, capsys):
+    """`doppelchip generate` and `doppelchip load` take the CA and a client certificate."""
+    from doppelchip.cli import main
+
+    trust = ["--target", mtls_server.target, "--ssl-ca-certs", str(certs.ca)]
+    mine = [*trust, "--ssl-certfile", str(certs.client_cert),
+            "--ssl-keyfile", str(certs.client_key)]
+    assert main(["generate", "hi", "--max-tokens", "3", "--ignore-eos", *mine]) == 0
+    assert "3 tokens" in capsys.readouterr().err
+    assert main(["generate", "hi", "--max-tokens", "3", *trust]) == 1  # no client certificate
+    assert "UNAVAILABLE" in capsys.readouterr().err
+    assert main(["load", *mine, "--num-requests", "3", "--isl", "8", "--osl", "4",
+                 "--ignore-eos", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["requests"] == 3 and not summary["errors"]
+    assert main(["load", *trust, "--num-requests", "1", "--json"]) == 2
+    assert "cannot reach" in capsys.readouterr().err
+    assert main(["generate", "hi", "--ssl-certfile", str(certs.client_cert), *trust]) == 2
+    assert "go together" in capsys.readouterr().err
