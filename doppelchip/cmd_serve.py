@@ -137,6 +137,14 @@ def add_security_args(p: argparse.ArgumentParser) -> None:
                    "more: 431")
     g.add_argument("--h11-max-header-count", type=int, metavar="N",
                    help="most headers per HTTP request (default 256); more: 431")
+    g.add_argument("--http-header-timeout", type=float, metavar="SECONDS",
+                   dest="http_header_timeout_s",
+                   help="an HTTP request line and headers must arrive within this (default "
+                   "10); else 408 and the connection closes (slowloris)")
+    g.add_argument("--http-timeout-keep-alive", type=float, metavar="SECONDS",
+                   dest="http_timeout_keep_alive_s",
+                   help="an idle kept-alive HTTP connection closes after this (default 5, "
+                   "vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE)")
     g.add_argument("--grpc-max-receive-message-length", type=int, metavar="BYTES",
                    help="largest gRPC request message (default 4194304, grpc's); larger: "
                    "RESOURCE_EXHAUSTED")
@@ -147,6 +155,7 @@ def add_security_args(p: argparse.ArgumentParser) -> None:
 
 SECURITY = ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs",
             "h11_max_incomplete_event_size", "h11_max_header_count",
+            "http_header_timeout_s", "http_timeout_keep_alive_s",
             "grpc_max_receive_message_length", "grpc_max_concurrent_streams")
 
 

@@ -135,3 +135,20 @@ def test_pod_flags_set_the_limits():
                                      "--max-stop-strings", "0"])
     with pytest.raises(ValueError, match="--max-stop-strings must be >= 1"):
         pod_fleet(bad, load_fleet(None))
+
+
+def test_serve_flags_set_the_listener_limits():
+    from doppelchip.cmd_serve import security_overrides
+
+    flags = {"--grpc-max-receive-message-length": ("grpc_max_receive_message_length", 1024),
+             "--grpc-max-concurrent-streams": ("grpc_max_concurrent_streams", 8),
+             "--h11-max-incomplete-event-size": ("h11_max_incomplete_event_size", 2048),
+             "--h11-max-header-count": ("h11_max_header_count", 16),
+             "--http-header-timeout": ("http_header_timeout_s", 2.5),
+             "--http-timeout-keep-alive": ("http_timeout_keep_alive_s", 1.5)}
+    args = build_parser().parse_args(
+        ["serve", *(f"{flag}={value}" for flag, (_, value) in flags.items())])
+    server = load_fleet(None).with_server(**security_overrides(args)).server
+    assert {key: getattr(server, key) for key, _ in flags.values()} == dict(flags.values())
+    defaults = load_fleet(None).server
+    assert defaults.grpc_max_receive_message_length == 4 * 1024 * 1024  # grpc's, documented
