@@ -18,6 +18,7 @@ import pytest
 from conftest import fleet_doc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from ready import wait_ready
 from server_proc import ServerProcess
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
@@ -41,6 +42,7 @@ METHODS = [(s.full_name, m) for s in SERVICES.values() for m in s.methods]
 def server():
     doc = fleet_doc({"api_server_count": FRONT_ENDS})
     with ServerProcess(doc, "--api-key", *KEYS) as s:
+        wait_ready(s.target, api_key=KEYS[0])
         yield s
 
 

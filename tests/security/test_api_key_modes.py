@@ -10,14 +10,14 @@ import grpc
 import httpx
 import pytest
 from conftest import TEST_FLEET, fleet_doc
-from server_proc import ServerProcess, until
+from ready import wait_ready
+from server_proc import ServerProcess
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 from starlette.testclient import TestClient
 
 from clients.client import AsyncClient
 from doppelchip.cmd_serve import with_env_api_key
-from doppelchip.v1 import inference_pb2 as pb
 from server.auth import ApiKeys
 from server.config import parse_fleet
 from server.engine.tokenizer import get_tokenizer
@@ -33,6 +33,7 @@ def pod():
     mp.setenv("VLLM_API_KEY", KEY)  # the child inherits it; no --api-key flag
     try:
         with ServerProcess(TEST_FLEET, "--deployment", "fast") as s:
+            wait_ready(s.target, api_key=KEY)
             yield s
     finally:
         mp.undo()
@@ -44,7 +45,6 @@ async def test_a_pod_takes_its_key_from_vllm_api_key(pod):
             await bare.list_deployments()
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     async with AsyncClient(pod.target, api_key=KEY) as keyed:
-        await until(keyed, "fast", lambda d: d.state == pb.DEPLOYMENT_STATE_READY, 60)
         assert [d.name for d in (await keyed.list_deployments()).deployments] == ["fast"]
         chunks = [c async for c in keyed.generate("hi", max_tokens=2, ignore_eos=True)]
         assert chunks[-1].final.usage.completion_tokens == 2
@@ -63,6 +63,7 @@ def realtime():
     fast = next(d for d in TEST_FLEET["deployments"] if d["name"] == "fast")
     long = {**fast, "name": "long", "max_model_len": 8192}
     with ServerProcess(fleet_doc(None, [long]), "--api-key", KEY) as s:
+        wait_ready(s.target, api_key=KEY)
         yield s
 
 
@@ -75,8 +76,6 @@ async def test_a_key_holder_aborts_from_another_connection(realtime):
                               tokenized=vpb.TokenizedInput(input_ids=TOK.encode("hi")),
                               sampling_params=vpb.SamplingParams(max_tokens=8000,
                                                                  ignore_eos=True))
-    async with AsyncClient(realtime.target, api_key=KEY) as client:
-        await until(client, "long", lambda d: d.state == pb.DEPLOYMENT_STATE_READY, 60)
     async with grpc.aio.insecure_channel(realtime.target, options=own) as a, \
             grpc.aio.insecure_channel(realtime.target, options=own) as b:
         call = vpb_grpc.VllmEngineStub(a).Generate(req, metadata=md, timeout=60)

@@ -16,6 +16,7 @@ import grpc
 import httpx
 import pytest
 from conftest import fleet_doc
+from ready import wait_ready
 from server_proc import ServerProcess
 
 from clients.client import AsyncClient, build_request
@@ -39,6 +40,7 @@ def server():
                      "grpc_max_receive_message_length": MAX_MESSAGE,
                      "grpc_max_concurrent_streams": MAX_STREAMS})
     with ServerProcess(doc) as s:
+        wait_ready(s.target)
         yield s
 
 

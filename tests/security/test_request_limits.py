@@ -12,6 +12,7 @@ import grpc
 import httpx
 import pytest
 from conftest import fleet_doc
+from ready import wait_ready
 from server_proc import ServerProcess, released
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
@@ -52,6 +53,7 @@ IDS = [c[2] for c in CASES]
 @pytest.fixture(scope="module")
 def server():
     with ServerProcess(fleet_doc({"vllm_engine_deployment": "tight"}, [TIGHT])) as s:
+        wait_ready(s.target)
         yield s
 
 

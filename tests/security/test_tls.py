@@ -14,6 +14,7 @@ import httpx
 import pytest
 from certs import Certs, make_certs
 from conftest import TEST_FLEET
+from ready import wait_ready
 from server_proc import ServerProcess
 
 from clients.client import AsyncClient
@@ -34,6 +35,7 @@ def tls_args(certs: Certs, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def tls_server(certs):
     with ServerProcess(TEST_FLEET, *tls_args(certs)) as s:
+        wait_ready(s.target, root_certificates=certs.read("ca"))
         yield s
 
 
@@ -41,6 +43,9 @@ def tls_server(certs):
 def mtls_server(certs):
     with ServerProcess(TEST_FLEET, *tls_args(certs, "--ssl-ca-certs", str(certs.ca),
                                              "--ssl-cert-reqs", "2")) as s:
+        wait_ready(s.target, root_certificates=certs.read("ca"),
+                   private_key=certs.read("client_key"),
+                   certificate_chain=certs.read("client_cert"))
         yield s
 
 
