@@ -5,12 +5,19 @@
             print(chunk.text, end="")
 
 Errors surface as `grpc.aio.AioRpcError` / `grpc.RpcError` with the server's status and message.
+
+Against a server started with TLS / `--api-key` (docs/OPERATIONS.md):
+
+    AsyncClient(target, root_certificates=open("ca.pem", "rb").read(),   # TLS
+                private_key=..., certificate_chain=...,                  # mutual TLS
+                api_key="KEY")                                           # authorization metadata
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -74,10 +81,39 @@ def build_request(
     return req
 
 
+@dataclass(frozen=True)
+class Security:
+    """How a client connects: TLS when `tls` or any certificate is given (the system's roots
+    unless `root_certificates`), a client certificate for mutual TLS, and the API key sent as
+    `authorization: Bearer KEY` on every call."""
+
+    tls: bool = False
+    root_certificates: bytes | None = None  # PEM of the CA the server's certificate chains to
+    private_key: bytes | None = None  # PEM, with certificate_chain: mutual TLS
+    certificate_chain: bytes | None = None
+    api_key: str | None = None
+
+    @property
+    def secure(self) -> bool:
+        return self.tls or any((self.root_certificates, self.private_key,
+                                self.certificate_chain))
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(self.root_certificates, self.private_key,
+                                            self.certificate_chain)
+
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else None
+
+
 class AsyncClient:
-    def __init__(self, target: str = DEFAULT_TARGET) -> None:
-        self.target = target
-        self.channel = grpc.aio.insecure_channel(target)
+    def __init__(self, target: str = DEFAULT_TARGET, **security: Any) -> None:
+        """`security`: the fields of `Security` (tls, root_certificates, private_key,
+        certificate_chain, api_key)."""
+        self.target, self.security = target, Security(**security)
+        self.metadata = self.security.metadata()
+        self.channel = (grpc.aio.secure_channel(target, self.security.credentials())
+                        if self.security.secure else grpc.aio.insecure_channel(target))
         self.stub = pb_grpc.InferenceStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
 
@@ -94,7 +130,8 @@ class AsyncClient:
         self, prompt: str | Sequence[int], *, timeout: float | None = None, **kwargs: Any
     ) -> AsyncIterator[pb.GenerateResponse]:
         """Stream the response chunks; the last one has `final` set."""
-        call = self.stub.Generate(build_request(prompt, **kwargs), timeout=timeout)
+        call = self.stub.Generate(build_request(prompt, **kwargs), timeout=timeout,
+                                  metadata=self.metadata)
         try:
             async for chunk in call:
                 yield chunk
@@ -102,10 +139,12 @@ class AsyncClient:
             call.cancel()  # no-op when finished; frees the request when the caller stops early
 
     async def list_deployments(self, timeout: float | None = 10) -> pb.ListDeploymentsResponse:
-        return await self.stub.ListDeployments(pb.ListDeploymentsRequest(), timeout=timeout)
+        return await self.stub.ListDeployments(pb.ListDeploymentsRequest(), timeout=timeout,
+                                               metadata=self.metadata)
 
     async def get_deployment(self, name: str, timeout: float | None = 10) -> pb.Deployment:
-        return await self.stub.GetDeployment(pb.GetDeploymentRequest(name=name), timeout=timeout)
+        return await self.stub.GetDeployment(pb.GetDeploymentRequest(name=name), timeout=timeout,
+                                             metadata=self.metadata)
 
     async def health(self, service: str = "", timeout: float | None = 10) -> int:
         """The health status enum value (health_pb2.HealthCheckResponse.SERVING, ...)."""
@@ -116,9 +155,11 @@ class AsyncClient:
 class Client:
     """The synchronous twin of AsyncClient."""
 
-    def __init__(self, target: str = DEFAULT_TARGET) -> None:
-        self.target = target
-        self.channel = grpc.insecure_channel(target)
+    def __init__(self, target: str = DEFAULT_TARGET, **security: Any) -> None:
+        self.target, self.security = target, Security(**security)
+        self.metadata = self.security.metadata()
+        self.channel = (grpc.secure_channel(target, self.security.credentials())
+                        if self.security.secure else grpc.insecure_channel(target))
         self.stub = pb_grpc.InferenceStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
 
@@ -134,17 +175,20 @@ class Client:
     def generate(
         self, prompt: str | Sequence[int], *, timeout: float | None = None, **kwargs: Any
     ) -> Iterator[pb.GenerateResponse]:
-        call = self.stub.Generate(build_request(prompt, **kwargs), timeout=timeout)
+        call = self.stub.Generate(build_request(prompt, **kwargs), timeout=timeout,
+                                  metadata=self.metadata)
         try:
             yield from call
         finally:
             call.cancel()
 
     def list_deployments(self, timeout: float | None = 10) -> pb.ListDeploymentsResponse:
-        return self.stub.ListDeployments(pb.ListDeploymentsRequest(), timeout=timeout)
+        return self.stub.ListDeployments(pb.ListDeploymentsRequest(), timeout=timeout,
+                                         metadata=self.metadata)
 
     def get_deployment(self, name: str, timeout: float | None = 10) -> pb.Deployment:
-        return self.stub.GetDeployment(pb.GetDeploymentRequest(name=name), timeout=timeout)
+        return self.stub.GetDeployment(pb.GetDeploymentRequest(name=name), timeout=timeout,
+                                       metadata=self.metadata)
 
     def health(self, service: str = "", timeout: float | None = 10) -> int:
         req = health_pb2.HealthCheckRequest(service=service)

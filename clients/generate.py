@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -17,18 +18,22 @@ def run_generate(
     target: str,
     prompt: str,
     *,
-    out: TextIO = sys.stdout,
-    err: TextIO = sys.stderr,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
     timeout: float | None = None,
+    security: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> int:
-    """Stream text to `out`; the summary (or the error) goes to `err`. Returns the exit code."""
+    """Stream text to `out`; the summary (or the error) goes to `err`. Returns the exit code.
+    `security`: `Client`'s TLS and API-key arguments. `out`/`err` default to the streams
+    `sys` has when called (not when imported)."""
+    out, err = out or sys.stdout, err or sys.stderr
     start = time.perf_counter()
     first: float | None = None
     tokens = 0
     final: pb.Final | None = None
     try:
-        with Client(target) as client:
+        with Client(target, **(security or {})) as client:
             for chunk in client.generate(prompt, timeout=timeout, **kwargs):
                 if chunk.token_ids and first is None:
                     first = time.perf_counter()

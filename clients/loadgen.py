@@ -17,8 +17,9 @@ import asyncio
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -146,16 +147,18 @@ async def run_load(
     time_limit_s: float | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
     probe: Callable[[], dict[str, float]] | None = None,
+    security: Mapping[str, Any] | None = None,
 ) -> LoadRun:
     """Run the workload against `target` (host:port, loopback); bounded by `time_limit_s`
-    (emulated seconds; requests still running then are cancelled and recorded as errors)."""
+    (emulated seconds; requests still running then are cancelled and recorded as errors);
+    `security`: `AsyncClient`'s TLS and API-key arguments."""
     if concurrency is not None and concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     if time_scale <= 0:
         raise ValueError("time_scale must be > 0")
     run = LoadRun()
     cpu0 = time.process_time()
-    async with AsyncClient(target) as client:
+    async with AsyncClient(target, **(security or {})) as client:
         await client.list_deployments()  # connect before the clock starts
         if probe is not None:
             run.probe_before = probe()  # e.g. the server's energy counters, right at t0

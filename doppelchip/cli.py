@@ -8,15 +8,21 @@ import sys
 
 def _generate(args: argparse.Namespace) -> int:
     from clients.generate import read_constraint, run_generate
+    from doppelchip.client_flags import client_security
 
     try:
         constraint = read_constraint(json_schema=args.json_schema, regex=args.regex,
                                      choice=args.choice, grammar=args.grammar)
+        security = client_security(args)
     except OSError as e:
         print(f"error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
         return 2
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return run_generate(
-        args.target, args.prompt, timeout=args.timeout, deployment=args.deployment,
+        args.target, args.prompt, timeout=args.timeout, security=security,
+        deployment=args.deployment,
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
         ignore_eos=args.ignore_eos, stop=args.stop or None, **constraint,
     )
@@ -55,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the output is exactly one of the TEXTs (repeatable)")
     c.add_argument("--grammar", metavar="FILE",
                    help="the output follows the Lark (or GBNF) grammar in FILE (- for stdin)")
+    from doppelchip.client_flags import add_client_security_args
+
+    add_client_security_args(g)
     g.set_defaults(func=_generate)
 
     # argparse only; each command imports its layers when it runs

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from doppelchip.client_flags import add_client_security_args
 from doppelchip.cmd_simulate import add_workload_args, format_summary
 
 
@@ -46,6 +47,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
                    help="live progress bar on stderr (auto: when stderr is a terminal)")
     add_workload_args(p)
+    add_client_security_args(p)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--output-json", metavar="FILE",
                    help="write the summary and every request's record as JSON")

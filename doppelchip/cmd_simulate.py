@@ -56,6 +56,18 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--jump-forward", choices=["on", "off"],
                    help="structured output: append grammar-forced tokens without decoding "
                    "them (default: the engine's; on for sglang)")
+    # ---- request limits (issue 14; docs/OPERATIONS.md) -------------------------------------
+    g.add_argument("--max-prompt-bytes", type=int, metavar="BYTES",
+                   help="largest prompt text, checked before tokenizing (default 2000000)")
+    g.add_argument("--max-stop-strings", type=int, metavar="N",
+                   help="stop strings per request (default 256)")
+    g.add_argument("--max-stop-bytes", type=int, metavar="BYTES",
+                   help="longest stop string (default 1024)")
+    g.add_argument("--max-grammar-bytes", type=int, metavar="BYTES",
+                   help="largest constraint: regex, JSON schema or grammar (default 65536)")
+    g.add_argument("--max-grammar-depth", type=int, metavar="N",
+                   help="deepest nesting a constraint may have (default 100)")
+    # ---- end request limits ----------------------------------------------------------------
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:

@@ -74,11 +74,17 @@ def _run_grpc(args: argparse.Namespace, spec) -> tuple[dict[str, Any], list[Requ
     host = args.target.rsplit(":", 1)[0]
     if host not in ("127.0.0.1", "localhost", "[::1]"):
         raise LoadError(f"load tests only target loopback addresses, not {host!r}")
+    from doppelchip.client_flags import client_security
+
     try:
-        with Client(args.target) as client:
+        security = client_security(args)
+    except ValueError as e:
+        raise LoadError(str(e)) from e
+    try:
+        with Client(args.target, **security) as client:
             listing = client.list_deployments(timeout=10)
     except grpc.RpcError as e:
-        raise LoadError(f"cannot reach {args.target}: {e.code().name}") from e
+        raise LoadError(f"cannot reach {args.target}: {e.code().name}: {e.details()}") from e
     names = {d.name: d for d in listing.deployments}
     name = args.deployment or listing.default_deployment
     if name not in names:
@@ -95,7 +101,7 @@ def _run_grpc(args: argparse.Namespace, spec) -> tuple[dict[str, Any], list[Requ
         run = asyncio.run(run_load(
             args.target, conversations, deployment=name, concurrency=args.concurrency,
             time_scale=listing.time_scale or 1.0, time_limit_s=args.time_limit,
-            on_result=advance, probe=lambda: _scrape(metrics_url, name),
+            on_result=advance, probe=lambda: _scrape(metrics_url, name), security=security,
         ))
     from clients.server_metrics import per_million_tokens
 

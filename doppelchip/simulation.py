@@ -94,6 +94,11 @@ def simulate_conversations(
     ), results
 
 
+# deployment limits a flag can set (`--max-prompt-bytes` ...): EngineOptions fields
+REQUEST_LIMITS = ("max_prompt_bytes", "max_stop_strings", "max_stop_bytes", "max_grammar_bytes",
+                  "max_grammar_depth")
+
+
 def options_from_args(args: argparse.Namespace) -> EngineOptions:
     if args.chip or args.model or args.engine or args.quant:
         missing = [f for f in ("chip", "engine", "model", "quant") if not getattr(args, f)]
@@ -123,7 +128,13 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "prefix_cache": None if args.prefix_cache is None else args.prefix_cache == "on",
         "start": "cold" if args.cold else None,
         "jump_forward": {"on": True, "off": False}.get(getattr(args, "jump_forward", None)),
+        # ---- request limits (issue 14) ----
+        **{k: getattr(args, k, None) for k in REQUEST_LIMITS},
+        # ---- end request limits ----
     }
+    for key in REQUEST_LIMITS:  # ---- request limits (issue 14) ----
+        if overrides[key] is not None and overrides[key] < 1:
+            raise SimulationError(f"--{key.replace('_', '-')} must be >= 1")
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 

@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from doppelchip.v1 import inference_pb2 as pb
 from server import wire
-from server.backlog import BACKLOG_OPTIONS
+from server.auth import ApiKeys
 from server.config import FleetConfig
 from server.engine.clock import Timeline
 from server.engine.interface import FinishReason
@@ -32,9 +32,10 @@ from server.frontend.deployment import DeploymentClient
 from server.frontend.pacing import LoopPacer
 from server.frontend.receiver import Receiver
 from server.frontend.stats import FrontendStats
+from server.grpc_server import add_port, build_server
 from server.http.app import build_app
 from server.http.metrics import enable_multiprocess
-from server.http.server import HttpServer
+from server.http.server import HttpServer, ListenerOptions
 from server.http.state import HttpState
 from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
@@ -78,7 +79,8 @@ class FrontendApp:
         self.fleet = Fleet(self.clients, config.default_deployment)
         self.receiver = Receiver(self.input, self.clients, frontend, self.stats)
         self.servicer = InferenceServicer(self.fleet, cfg.time_scale, http_port, frontend)
-        self.vllm = VllmEngineServicer(self.fleet.get(config.vllm_engine_deployment))
+        self.vllm = VllmEngineServicer(self.fleet.get(config.vllm_engine_deployment),
+                                       api_keys=cfg.api_key)
         self.health = health.aio.HealthServicer()
         self.requested_port, self.reuse_port = port, reuse_port
         self.server: grpc.aio.Server | None = None
@@ -89,13 +91,13 @@ class FrontendApp:
         self.http_state = HttpState(self.fleet, tokenizer,
                                     MetricsView(collector, run_dir.prometheus_dir()))
         # Always SO_REUSEPORT: the supervisor holds a reserved socket on the HTTP port.
-        self.http = HttpServer(build_app(self.http_state), cfg.host, http_port, reuse_port=True)
+        self.http = HttpServer(build_app(self.http_state, ApiKeys(cfg.api_key)), cfg.host,
+                               http_port, reuse_port=True, options=ListenerOptions.of(cfg))
         self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         cfg = self.config.server
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(self.reuse_port)),
-                                               *BACKLOG_OPTIONS])
+        self.server = build_server(cfg, self.reuse_port)
         wire.add_service(self.server, self.servicer, pb.DESCRIPTOR.services_by_name["Inference"])
         wire.add_service(self.server, self.vllm, VLLM_SERVICE)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -104,7 +106,7 @@ class FrontendApp:
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server,
         )
-        self.port = self.server.add_insecure_port(f"{cfg.host}:{self.requested_port}")
+        self.port = add_port(self.server, cfg, self.requested_port)
         if self.port == 0:
             raise OSError(f"cannot bind gRPC to {cfg.host}:{self.requested_port}")
         await self.http.start()

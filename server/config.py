@@ -13,6 +13,7 @@ vllm_engine_deployment = ""   # what vllm.grpc.engine.VllmEngine fronts ("": def
 api_server_count = 0          # front-end processes sharing the ports (0: from the cores)
 stream_interval = 1           # send every N tokens (a deployment's stream_interval wins)
 engine_restart_backoff_s = 2.0  # a crashed engine process restarts after this (doubling)
+# security and listener limits: docs/OPERATIONS.md (api_key, ssl_*, grpc_*, http_*, h11_*)
 
 [[deployments]]
 name = "vllm-h100"
@@ -62,6 +63,24 @@ class ServerConfig:
     # One deployment per pod (`serve --deployment`/catalogue flags): the vllm: series carry
     # vLLM's own labels only (model_name, engine), no `deployment` label, as a vLLM pod's
     pod: bool = False
+    # ---- security (vLLM's flags; all off by default: loopback) -----------------------------
+    api_key: tuple[str, ...] = ()  # --api-key: Bearer keys, HTTP and gRPC (OPERATIONS.md)
+    ssl_keyfile: str = ""  # TLS for both ports when ssl_keyfile and ssl_certfile are set
+    ssl_certfile: str = ""
+    ssl_ca_certs: str = ""  # CA bundle that client certificates are verified against
+    ssl_cert_reqs: int = 0  # ssl.CERT_NONE 0 / CERT_OPTIONAL 1 / CERT_REQUIRED 2 (mTLS)
+    # ---- listener limits (one gRPC server and one HTTP listener serve every deployment) ----
+    grpc_max_receive_message_length: int = 4 * 1024 * 1024  # grpc's default, 4 MiB
+    grpc_max_concurrent_streams: int = 0  # per HTTP/2 connection; 0: grpc's default (none)
+    http_timeout_keep_alive_s: float = 5.0  # an idle HTTP connection closes (vLLM: 5 s)
+    http_header_timeout_s: float = 10.0  # request line + headers must arrive within this
+    h11_max_incomplete_event_size: int = 4 * 1024 * 1024  # request line + headers, bytes
+    h11_max_header_count: int = 256  # headers per request (vLLM's flag and default)
+
+    @property
+    def tls(self) -> bool:
+        """Both ports speak TLS (a key and a certificate are configured)."""
+        return bool(self.ssl_keyfile and self.ssl_certfile)
 
     @property
     def metrics_port(self) -> int:
@@ -157,6 +176,30 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     return _build(EngineOptions, table, where)
 
 
+def server_problem(s: ServerConfig) -> str:
+    """What is wrong with the security and listener settings ("" when nothing), checked again
+    after the CLI flags are applied."""
+    if bool(s.ssl_keyfile) != bool(s.ssl_certfile):
+        return "ssl_keyfile and ssl_certfile go together (TLS needs a key and its certificate)"
+    if s.ssl_cert_reqs not in (0, 1, 2):
+        return ("ssl_cert_reqs must be 0 (ssl.CERT_NONE), 1 (CERT_OPTIONAL) or 2 "
+                f"(CERT_REQUIRED), got {s.ssl_cert_reqs}")
+    if (s.ssl_ca_certs or s.ssl_cert_reqs) and not s.tls:
+        return "ssl_ca_certs and ssl_cert_reqs need TLS (ssl_keyfile and ssl_certfile)"
+    if s.ssl_cert_reqs and not s.ssl_ca_certs:
+        return "ssl_cert_reqs 1 or 2 needs ssl_ca_certs (the CA client certificates chain to)"
+    for key in ("grpc_max_receive_message_length", "h11_max_incomplete_event_size",
+                "h11_max_header_count"):
+        if getattr(s, key) < 1:
+            return f"{key} must be >= 1"
+    if s.grpc_max_concurrent_streams < 0:
+        return "grpc_max_concurrent_streams must be >= 0 (0: grpc's default)"
+    for key in ("http_timeout_keep_alive_s", "http_header_timeout_s"):
+        if not getattr(s, key) > 0:
+            return f"{key} must be > 0"
+    return ""
+
+
 def parse_fleet(doc: dict[str, Any], source: str = "fleet file") -> FleetConfig:
     unknown = sorted(set(doc) - {"server", "deployments"})
     if unknown:
@@ -169,6 +212,9 @@ def parse_fleet(doc: dict[str, Any], source: str = "fleet file") -> FleetConfig:
         low = 0 if key == "api_server_count" else (1 if key == "stream_interval" else 0.0)
         if getattr(server, key) < low:
             raise ConfigError(f"{source} [server]: {key} must be >= {low}")
+    problem = server_problem(server)
+    if problem:
+        raise ConfigError(f"{source} [server]: {problem}")
     deployments = tuple(
         _deployment(d, f"{source} deployments[{i}]")
         for i, d in enumerate(doc.get("deployments", []))

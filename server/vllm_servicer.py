@@ -18,7 +18,6 @@ Errors: INVALID_ARGUMENT (HTTP 400 through smg), RESOURCE_EXHAUSTED (429), UNAVA
 from __future__ import annotations
 
 import hashlib
-import hmac
 import io
 import logging
 import time
@@ -34,6 +33,7 @@ from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 from smg_grpc_proto.generated import common_pb2
 
 from server import convert, vllm_convert, wire
+from server.auth import ApiKeys, has_api_key
 from server.engine.interface import (
     DeploymentState,
     EngineError,
@@ -90,7 +90,7 @@ class _Rate:
 class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
     def __init__(self, client: DeploymentClient, api_keys: Sequence[str] = ()) -> None:
         self.client = client
-        self.api_keys = tuple(api_keys)  # a caller with one may abort any request
+        self.api_keys = ApiKeys(api_keys)  # a caller with one may abort any request
         self.aborts = request_ids.AbortBook()
         self.peers: dict[int, str] = {}  # stream seq -> the connection that started it
         self.draining = False
@@ -182,10 +182,7 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         return vpb.AbortResponse()
 
     def _has_api_key(self, context: grpc.aio.ServicerContext) -> bool:
-        if not self.api_keys:
-            return False
-        sent = dict(context.invocation_metadata() or ()).get("authorization", "")
-        return any(hmac.compare_digest(sent, f"Bearer {key}") for key in self.api_keys)
+        return has_api_key(self.api_keys, context)
 
     async def HealthCheck(
         self, request: vpb.HealthCheckRequest, context: grpc.aio.ServicerContext

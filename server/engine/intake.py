@@ -38,14 +38,20 @@ class Limits(msgspec.Struct, frozen=True):
     priority_scheduling: bool = False  # policy "priority": requests may carry a priority
 
 
-def check_sizes(request: EngineRequest, limits: Limits) -> None:
-    """The size limits a front end checks before doing any work on a request (tokenizing a
-    huge prompt, compiling many stop strings): InvalidRequest saying which."""
-    text = request.prompt_text
-    if text is not None and len(text) * 4 > limits.max_prompt_bytes \
+def check_prompt_bytes(text: str, limits: Limits) -> None:
+    """InvalidRequest if prompt text is over `max_prompt_bytes` (UTF-8), checked before it is
+    tokenized (a text of few characters is not even encoded to count)."""
+    if len(text) * 4 > limits.max_prompt_bytes \
             and (n := len(text.encode())) > limits.max_prompt_bytes:
         raise InvalidRequest(f"prompt is {n} bytes; deployment {limits.name!r} accepts at most "
                              f"{limits.max_prompt_bytes} (max_prompt_bytes)")
+
+
+def check_sizes(request: EngineRequest, limits: Limits) -> None:
+    """The size limits a front end checks before doing any work on a request (tokenizing a
+    huge prompt, compiling many stop strings): InvalidRequest saying which."""
+    if request.prompt_text is not None:
+        check_prompt_bytes(request.prompt_text, limits)
     stops = request.sampling.stop
     if len(stops) > limits.max_stop_strings:
         raise InvalidRequest(f"{len(stops)} stop strings; deployment {limits.name!r} accepts at "

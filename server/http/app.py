@@ -2,20 +2,34 @@
 
 Error handlers turn every failure into vLLM's error shape: an `HttpError` as raised, a body
 that fails validation → 400 `Bad Request` naming `body.<field>` (vLLM answers 400, not
-FastAPI's 422), an unknown route → 404, anything unexpected → 500 `InternalServerError`; a
-client that hangs up while its body is read is not an error (nobody is left to answer).
+FastAPI's 422), an unknown route → 404, a known route with another method → 405 with `Allow`,
+anything unexpected → 500 `InternalServerError`; a client that hangs up while its body is read
+is not an error (nobody is left to answer).
+
+`--api-key` (`ApiKeyMiddleware`): as vLLM's `AuthenticationMiddleware`, a request to a guarded
+path without `Authorization: Bearer <one of the keys>` gets 401 `{"error": "Unauthorized"}`
+(vLLM's exact body) before any route runs; OPTIONS is never guarded. Which paths: every route
+of the app except the probes' (`/health`, `/ping`, `/version`, `/metrics`), with `/v1` always
+guarded — the guard is derived from the route table, so a route added later (`/sleep`,
+`/wake_up`, `/v1/load_lora_adapter`) is guarded without a change here. vLLM (commit baaf6e9,
+`vllm/entrypoints/serve/middleware/authenticate.py`) guards only the `/v1`, `/v2`,
+`/inference` and `/cohere` prefixes, leaving `/tokenize`, `/sleep` and `/wake_up` open;
+issue 14 asks for them guarded, and docs/OPERATIONS.md records the difference.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from server.auth import ApiKeys
 from server.http.errors import HttpError, error_response, validation_error
 from server.http.metrics import instrument
 from server.http.routes import add_routes
@@ -24,7 +38,53 @@ from server.http.state import VLLM_VERSION, HttpState
 log = logging.getLogger("doppelchip.http")
 
 
-def build_app(state: HttpState) -> FastAPI:
+# vLLM's PUBLIC_ENDPOINTS that exist here: open whatever the keys; `/v1` is always guarded.
+PUBLIC_PATHS = ("/health", "/ping", "/version", "/metrics")
+GUARDED_FLOOR = ("/v1",)
+
+
+def _public(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in PUBLIC_PATHS)
+
+
+def guarded_prefixes(routes: Sequence[object]) -> tuple[str, ...]:
+    """The path prefixes `--api-key` guards: `/v1`, and the static part of every route that
+    is not public (a template `/v1/x/{id}` guards `/v1/x/`)."""
+    out = set(GUARDED_FLOOR)
+    for route in routes:
+        path = getattr(route, "path", None)
+        if isinstance(path, str) and not _public(path):
+            out.add(path.split("{", 1)[0] or "/")
+    return tuple(sorted(out))
+
+
+class ApiKeyMiddleware:
+    """401 for a guarded path without a valid `Authorization: Bearer KEY` (pure ASGI, so a
+    refused request costs no routing, parsing or metrics beyond its count)."""
+
+    def __init__(self, app: ASGIApp, keys: ApiKeys,
+                 routes: Callable[[], Sequence[object]]) -> None:
+        self.app, self.keys, self.routes = app, keys, routes
+        self._guarded: tuple[str, ...] = ()
+        self._known = -1  # how many routes the guard was derived from
+
+    def guarded(self, path: str) -> bool:
+        routes = self.routes()
+        if len(routes) != self._known:  # routes are only ever added
+            self._guarded, self._known = guarded_prefixes(routes), len(routes)
+        return path.startswith(self._guarded) and not _public(path)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" \
+                and self.guarded(scope["path"]):
+            authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+            if not self.keys.verify(authorization):
+                await JSONResponse({"error": "Unauthorized"}, 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
     app = FastAPI(title="doppelchip", version=VLLM_VERSION, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.http = state
@@ -39,7 +99,9 @@ def build_app(state: HttpState) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def on_starlette(request: Request, e: HTTPException) -> Response:
-        return error_response(HttpError(e.status_code, str(e.detail)))
+        response = error_response(HttpError(e.status_code, str(e.detail)))
+        response.headers.update(e.headers or {})  # 405's Allow
+        return response
 
     @app.exception_handler(ClientDisconnect)
     async def on_gone(request: Request, e: ClientDisconnect) -> Response:
@@ -52,5 +114,7 @@ def build_app(state: HttpState) -> FastAPI:
                                         "InternalServerError"))
 
     add_routes(app, state)
+    if keys:  # inside the metrics middleware: refused requests are counted (status 4xx)
+        app.add_middleware(ApiKeyMiddleware, keys=keys, routes=lambda: app.router.routes)
     instrument(app)
     return app

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 from server.engine.interface import EngineRequest, TokenChunk
 from server.engine.tokenizer import Tokenizer
@@ -43,8 +44,14 @@ def _content(m: ChatMessage) -> str:
     return text
 
 
+def message_text(messages: list[ChatMessage]) -> str:
+    """The messages' contents (what max_prompt_bytes counts for a chat request)."""
+    return "".join(_content(m) for m in messages)
+
+
 def render(messages: list[ChatMessage], tok: Tokenizer, add_generation_prompt: bool,
-           continue_final_message: bool = False) -> list[int]:
+           continue_final_message: bool = False,
+           encode: Callable[[str], list[int]] | None = None) -> list[int]:
     """The prompt's token ids, through the tokenizer's chat template."""
     if add_generation_prompt and continue_final_message:
         raise bad_request("Cannot set both `continue_final_message` and "
@@ -53,7 +60,7 @@ def render(messages: list[ChatMessage], tok: Tokenizer, add_generation_prompt: b
     text = tok.apply_chat_template(plain, add_generation_prompt)
     if continue_final_message:
         text = text.removesuffix(tok.eos_token)
-    return tok.encode(text)
+    return (encode or tok.encode)(text)
 
 
 def engine_request(req: ChatCompletionRequest, request_id: str, ids: list[int],

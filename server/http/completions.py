@@ -11,7 +11,7 @@ tokens.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from server.engine.interface import EngineRequest, TokenChunk
 from server.engine.tokenizer import Tokenizer
@@ -22,8 +22,11 @@ from server.http.logprobs import Logprobs, completion_logprobs
 from server.http.protocol import CompletionRequest
 
 
-def prompt_ids(req: CompletionRequest, tok: Tokenizer) -> list[list[int]]:
-    """Each prompt's token ids (a 400 for an empty prompt list)."""
+def prompt_ids(req: CompletionRequest, tok: Tokenizer,
+               encode: Callable[[str], list[int]] | None = None) -> list[list[int]]:
+    """Each prompt's token ids (a 400 for an empty prompt list); `encode`: the tokenizer's
+    (`encode_unlocked` in a thread)."""
+    encode = encode or tok.encode
     p = req.prompt
     if isinstance(p, str):
         texts: Sequence[str | list[int]] = [p]
@@ -36,13 +39,19 @@ def prompt_ids(req: CompletionRequest, tok: Tokenizer) -> list[list[int]]:
     out = []
     for t in texts:
         if isinstance(t, str):
-            ids = tok.encode(t)
+            ids = encode(t)
             if req.add_special_tokens and ids:
                 ids = [tok.bos_token_id, *ids]
             out.append(ids)
         else:
             out.append(list(t))
     return out
+
+
+def prompt_texts(req: CompletionRequest) -> list[str]:
+    """The text prompts of a request (what max_prompt_bytes counts)."""
+    p = req.prompt
+    return [p] if isinstance(p, str) else [t for t in p or () if isinstance(t, str)]
 
 
 def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[int]]

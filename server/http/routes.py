@@ -26,7 +26,7 @@ from server.engine.interface import DeploymentState, InvalidRequest
 from server.fleet import UnknownDeployment
 from server.frontend import request_ids
 from server.frontend.deployment import DeploymentClient
-from server.http import chat, completions, generate, tools
+from server.http import chat, completions, generate, prompts, tools
 from server.http.errors import (
     HttpError,
     draining,
@@ -124,10 +124,11 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
             raise draining()
         client, _ = resolve(state, body.model)
         tok = state.tokenizer
+        limits = client.limits
         if body.messages is not None:
-            ids = chat.render(body.messages, tok, body.add_generation_prompt)
+            ids = await prompts.chat_prompt(body.messages, tok, limits, body.add_generation_prompt)
         elif body.prompt is not None:
-            ids = tok.encode(body.prompt)
+            ids = await prompts.text_prompt(body.prompt, tok, limits)
             if body.add_special_tokens and ids:
                 ids = [tok.bos_token_id, *ids]
         else:
@@ -162,13 +163,13 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
             if state.draining:
                 raise draining()
             client, name = resolve(state, body.model)
-            prompts = completions.prompt_ids(body, state.tokenizer)
-            reqs, n = completions.engine_requests(body, engine_id(f"cmpl-{rid}"), prompts)
+            ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
+            reqs, n = completions.engine_requests(body, engine_id(f"cmpl-{rid}"), ids)
             run = await generate.admitted(client, reqs, n, rid)
         except HttpError as e:
             return error_response(e, rid)
         shapes = completions.CompletionShapes(body, run, f"cmpl-{rid}", name, state.tokenizer,
-                                              prompts)
+                                              ids)
         return await _answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
                              [], shapes.tail, rid)
 
@@ -182,8 +183,9 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
                 raise draining()
             client, name = resolve(state, body.model)
             plan = tools.plan(body)
-            ids = chat.render(body.messages, state.tokenizer, body.add_generation_prompt,
-                              body.continue_final_message)
+            ids = await prompts.chat_prompt(body.messages, state.tokenizer, client.limits,
+                                            body.add_generation_prompt,
+                                            body.continue_final_message)
             req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan)
             run = await generate.admitted(client, [req], n, rid)
         except HttpError as e:
