@@ -15,8 +15,8 @@ from server.engine.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    KvEventLog,
     KVEventBatch,
+    KvEventLog,
     encode_batch,
 )
 from tests.engine.engine_drive import make, request, run
