@@ -52,7 +52,7 @@ def fleet(events: bool) -> dict:
 
 
 def prefix(i: int) -> str:
-    """~130 tokens shared by the requests of group i (8 full blocks)."""
+    """171-195 tokens shared by the requests of group i (10-12 full blocks)."""
     return f"Group {i} system prompt: " + " ".join(
         WORDS[(i * 7 + j * 3) % len(WORDS)] + str(j % 10) for j in range(60)) + "."
 
