@@ -56,6 +56,15 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--jump-forward", choices=["on", "off"],
                    help="structured output: append grammar-forced tokens without decoding "
                    "them (default: the engine's; on for sglang)")
+    # --- KV events (issue 13) ---
+    g.add_argument("--kv-events-config", metavar="JSON",
+                   help="vLLM's KV-cache events config, e.g. "
+                   '\'{"enable_kv_cache_events": true, "publisher": "zmq", '
+                   '"replay_endpoint": "tcp://*:5558"}\' (ZeroMQ on 127.0.0.1:5557 by '
+                   "default; docs/KV_EVENTS.md)")
+    g.add_argument("--prefix-caching-hash-algo", choices=["sha256", "sha256_cbor"],
+                   help="vLLM's block hash of the prefix cache and its KV events "
+                   "(default sha256)")
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:

@@ -123,6 +123,9 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "prefix_cache": None if args.prefix_cache is None else args.prefix_cache == "on",
         "start": "cold" if args.cold else None,
         "jump_forward": {"on": True, "off": False}.get(getattr(args, "jump_forward", None)),
+        # --- KV events (issue 13) ---
+        "kv_events_config": getattr(args, "kv_events_config", None),
+        "prefix_caching_hash_algo": getattr(args, "prefix_caching_hash_algo", None),
     }
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -34,7 +34,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from server.engine.block_hash import hash_function
 from server.engine.build import EngineOptions
+from server.engine.kv_events_config import KVEventsConfig
 
 DeploymentConfig = EngineOptions  # a [[deployments]] table is exactly the engine's options
 
@@ -154,6 +156,15 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
                 "max_prompt_bytes", "max_stop_strings", "max_stop_bytes"):
         if key in table and isinstance(table[key], int) and table[key] < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
+    # --- KV events (issue 13) ---
+    if "kv_events_port_offset" in table:
+        raise ConfigError(f"{where}: kv_events_port_offset is set by the server, not the file")
+    try:
+        KVEventsConfig.parse(table.get("kv_events_config"))
+        hash_function(table.get("prefix_caching_hash_algo", "sha256"))
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from e
+    # --- end KV events ---
     return _build(EngineOptions, table, where)
 
 

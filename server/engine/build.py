@@ -33,9 +33,13 @@ from devices import (
     make_jitter,
     place,
 )
+from server.engine.block_hash import BlockHasher
 from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
+from server.engine.kv_events import KvEventLog
+from server.engine.kv_events_config import KVEventsConfig
 from server.engine.mock_model import MockModel, OutputLengths
+from server.engine.radix_cache import RadixCache
 from server.engine.scheduler import Scheduler
 from server.engine.scheduler_config import SchedulerConfig
 from server.engine.tokenizer import Tokenizer, get_tokenizer
@@ -91,6 +95,10 @@ class EngineOptions:
     data_parallel_size: int = 1  # engine cores (ranks), each a full copy of the deployment
     served_model_name: tuple[str, ...] = ()  # names clients send; the first is the model_name
     #                                          label (none: the catalogue model id)
+    # --- KV events (issue 13): server/engine/kv_events_config.py, docs/KV_EVENTS.md ---
+    kv_events_config: str | None = None  # vLLM's --kv-events-config JSON
+    prefix_caching_hash_algo: str = "sha256"  # vLLM's --prefix-caching-hash-algo
+    kv_events_port_offset: int = 0  # set by the supervisor in fleet mode, never by users
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
@@ -144,7 +152,7 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     tok = tokenizer or get_tokenizer()
     config = scheduler_config(opts, placement)
     lengths = OutputLengths(opts.output_len_dist, opts.output_len_mean)  # type: ignore[arg-type]
-    return EngineCore(
+    core = EngineCore(
         placement=placement,
         scheduler=Scheduler(config, eos_token_id=tok.eos_token_id),
         model=MockModel.from_tokenizer(tok, lengths, seed=opts.seed),
@@ -156,3 +164,12 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
         constraints=compiler_for(tok),
         speculative=placement.spec.speculative,
     )
+    # --- KV events (issue 13) ---
+    events = KVEventsConfig.parse(opts.kv_events_config)
+    hasher = BlockHasher.from_env(opts.prefix_caching_hash_algo)  # also checks the algorithm
+    if events.enabled:
+        if not isinstance(core.scheduler.cache, RadixCache):
+            raise ValueError("kv_events_config: KV events need the prefix cache on")
+        core.scheduler.cache.attach_events(KvEventLog(hasher, config.block_size))
+    # --- end KV events ---
+    return core

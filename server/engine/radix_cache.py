@@ -16,13 +16,15 @@ import itertools
 from collections.abc import Iterator, Sequence
 
 from .block_pool import BlockPool
+from .kv_events import KvEventLog
 from .prefix_cache import NoPrefixCache, PrefixCache, PrefixMatch
 
 __all__ = ["NoPrefixCache", "PrefixCache", "PrefixMatch", "RadixCache", "RadixNode"]  # re-exported
 
 
 class RadixNode:
-    __slots__ = ("block_ids", "children", "id", "key", "last_access", "lock_ref", "parent")
+    __slots__ = ("block_ids", "children", "hashes", "id", "key", "last_access", "lock_ref",
+                 "parent")
 
     def __init__(
         self,
@@ -39,6 +41,7 @@ class RadixNode:
         self.lock_ref = 0
         self.last_access = last_access
         self.id = node_id
+        self.hashes: list[bytes] = []  # vLLM's block hashes, parallel to block_ids (KV events)
 
     def __repr__(self) -> str:
         return f"RadixNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref})"
@@ -63,6 +66,33 @@ class RadixCache(PrefixCache):
         # node may have become an unlocked leaf or was touched while being one; stale entries
         # are skipped when popped, and the heap is rebuilt when stale ones dominate.
         self._heap: list[tuple[int, int, RadixNode]] = []
+        self.events: KvEventLog | None = None  # KV events (issue 13): see attach_events
+
+    # --- KV events (issue 13) ---
+    def attach_events(self, log: KvEventLog) -> None:
+        """Report every store, eviction and reset to ``log`` from now on, with vLLM's block
+        hashes (kept per node, so an evicted block is named without rehashing its path)."""
+        if self._cached:
+            raise ValueError("attach KV events before anything is cached")
+        self.events = log
+
+    def reset(self) -> bool:
+        """Empty the cache, as vLLM's ``reset_prefix_cache``: refused (False) while any request
+        holds a block; on success the log gets one ``AllBlocksCleared``, no per-block removal."""
+        pool = self.pool
+        if pool.num_free + self._cached != pool.num_blocks or any(
+                c.lock_ref for c in self.root.children.values()):
+            return False
+        for node in self._iter_nodes():
+            if node.parent is not None:
+                pool.free(node.block_ids)
+        self.root.children.clear()
+        self._heap.clear()
+        self._evictable = self._cached = self._num_nodes = 0
+        if self.events is not None:
+            self.events.cleared()
+        return True
+    # --- end KV events ---
 
     def _candidate(self, node: RadixNode) -> None:
         if not node.children and node.lock_ref == 0 and node.parent is not None:
@@ -145,6 +175,8 @@ class RadixCache(PrefixCache):
         upper = RadixNode(child.key[:i], child.block_ids[: i // bs], parent, next(self._ids))
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
+        if child.hashes:
+            upper.hashes, child.hashes = child.hashes[: i // bs], child.hashes[i // bs :]
         self._num_nodes += 1
         parent.children[child.key[:bs]] = upper
         child.key = child.key[i:]
@@ -188,6 +220,10 @@ class RadixCache(PrefixCache):
             self.pool.share(new_blocks)
             key = tuple(token_ids[pos:])
             leaf = RadixNode(key, new_blocks, node, next(self._ids), self._clock)
+            if self.events is not None:
+                parent = node.hashes[-1] if node.hashes else None
+                leaf.hashes = self.events.hashes(parent, key)
+                self.events.stored(parent, leaf.hashes, key)
             node.children[key[:bs]] = leaf
             self._evictable += len(new_blocks)
             self._cached += len(new_blocks)
@@ -222,10 +258,15 @@ class RadixCache(PrefixCache):
             if take < len(node.block_ids):  # trim the tail; the leaf keeps its head
                 victims = node.block_ids[-take:]
                 del node.block_ids[-take:]
+                if self.events is not None:
+                    self.events.removed(node.hashes[-1 : -take - 1 : -1])
+                    del node.hashes[-take:]
                 node.key = node.key[: len(node.block_ids) * self.block_size]
                 heapq.heappush(heap, entry)
             else:
                 victims = node.block_ids
+                if self.events is not None:
+                    self.events.removed(node.hashes[::-1])
                 parent = node.parent
                 assert parent is not None
                 del parent.children[node.key[: self.block_size]]
@@ -289,6 +330,9 @@ class RadixCache(PrefixCache):
                     raise AssertionError(f"unlocked cached block {b} has {refs} holders")
             if node.lock_ref == 0:
                 evictable += len(node.block_ids)
+            if self.events is not None and len(node.hashes) != len(node.block_ids):
+                raise AssertionError(f"{node} has {len(node.hashes)} hashes for "
+                                     f"{len(node.block_ids)} blocks")
         nodes = [n for n in self._iter_nodes() if n.parent is not None]
         if len(nodes) != self._num_nodes:
             raise AssertionError(f"node count drifted: {self._num_nodes} vs {len(nodes)}")

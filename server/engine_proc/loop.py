@@ -31,11 +31,13 @@ from server.engine.clock import Timeline
 from server.engine.core import EngineCore, StepResult
 from server.engine.intake import Limits, admit
 from server.engine.interface import EngineError, FinishReason, Unavailable
+from server.engine.kv_events_config import KVEventsConfig
 from server.engine.logs import request_log
 from server.engine.request import Request
 from server.engine_proc.stats import EngineStats
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
+from server.kv_events.publisher import KvEventPublisher
 
 log = logging.getLogger("doppelchip.engine")
 
@@ -56,7 +58,8 @@ class _Live:
 class EngineLoop:
     def __init__(self, *, deployment: int, rank: int, epoch: int, core: EngineCore,
                  limits: Limits, stats: EngineStats, run_dir: RunDir, num_frontends: int,
-                 timeline: Timeline, cold: bool, check_integrity: bool) -> None:
+                 timeline: Timeline, cold: bool, check_integrity: bool,
+                 kv_events: KVEventsConfig | None = None, kv_offset: int = 0) -> None:
         self.deployment, self.rank, self.epoch = deployment, rank, epoch
         self.core, self.limits, self.stats = core, limits, stats
         self.name = limits.name
@@ -89,6 +92,14 @@ class EngineLoop:
         self._latest_arrival = 0.0
         self._lagging = False
         self._warned = -WARN_EVERY_S
+        # --- KV events (issue 13): the cache's log, published once per step from here ---
+        self.kv_log = getattr(core.scheduler.cache, "events", None)
+        self.kv_pub: KvEventPublisher | None = None
+        if kv_events is not None and kv_events.enabled and self.kv_log is not None:
+            self.kv_pub = KvEventPublisher(self.ctx, kv_events, rank=rank,
+                                           offset=kv_offset + rank)
+            if self.kv_pub.replay is not None:
+                self.poller.register(self.kv_pub.replay, zmq.POLLIN)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -110,6 +121,7 @@ class EngineLoop:
             if not core.has_unfinished():
                 if self.check_integrity:  # every request released: pool and cache intact
                     core.scheduler.check_integrity()
+                self._publish_kv_events()  # what aborts and finishes stored or evicted
                 self.stats.idle(core, self.num_queued(), self._t)
                 self._lagging = False
                 self._service(None)
@@ -131,6 +143,7 @@ class EngineLoop:
             self._take_inbox()  # aborts that arrived during the step win over its tokens
             # status first: a client that sees the step's tokens sees its load and KV too
             self.stats.step(core, result, lag, self._t, self.num_queued())
+            self._publish_kv_events()
             self._publish(result, start)
         self._shutdown()
 
@@ -180,6 +193,8 @@ class EngineLoop:
         for i, sock in enumerate(self.outputs):
             if events.get(sock, 0) & zmq.POLLOUT:
                 self._flush(i)
+        if self.kv_pub is not None and self.kv_pub.replay in events:
+            self.kv_pub.service_replay()
         if not events.get(self.input, 0) & zmq.POLLIN:
             return
         replies: dict[int, list[m.Admission]] = {}
@@ -210,6 +225,8 @@ class EngineLoop:
                 self.unacked[msg.frontend].clear()
             elif isinstance(msg, m.Shutdown):
                 self.stopping = True
+            elif isinstance(msg, m.ResetPrefixCache):  # KV events (issue 13)
+                self._reset_prefix_cache(msg)
         if replies:  # the waiting count a status query reads moves before the client knows
             self.stats.queued(self.num_queued(), rejected)
         for fe, items in replies.items():
@@ -330,6 +347,24 @@ class EngineLoop:
                 if self._lagging:
                     self.unacked[fe].append(self.step_no)
 
+    # --- KV events (issue 13) ---
+    def _publish_kv_events(self) -> None:
+        """One batch of what the cache did since the last one (none when it did nothing)."""
+        if self.kv_log is not None and self.kv_log.events:
+            events = self.kv_log.take()
+            if self.kv_pub is not None:
+                self.kv_pub.publish(events)
+
+    def _reset_prefix_cache(self, msg: m.ResetPrefixCache) -> None:
+        reset = getattr(self.core.scheduler.cache, "reset", None)
+        ok = bool(reset()) if reset is not None and not self.core.has_unfinished() else False
+        log.info("prefix cache reset on %s (rank %d): %s", self.name, self.rank,
+                 "done" if ok else "refused, requests hold blocks")
+        self._publish_kv_events()
+        self._send(msg.frontend, m.encode(m.CacheReset(self.deployment, self.rank, msg.token,
+                                                       ok)))
+    # --- end KV events ---
+
     def _shutdown(self) -> None:
         for live in list(self.live.values()):
             self.core.scheduler.abort(live.req.request_id)
@@ -339,6 +374,8 @@ class EngineLoop:
                  "flops=%r joules=%r dollars=%r", self.name, self.rank, s.steps, s.busy_s,
                  s.stall_s, s.bytes, s.flops, s.joules, s.dollars)
         self.stats.set_state("draining", "shut down")
+        if self.kv_pub is not None:
+            self.kv_pub.close()
         for sock in (self.input, *self.outputs):
             sock.close(linger=0)
         self.ctx.term()

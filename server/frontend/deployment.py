@@ -95,6 +95,8 @@ class DeploymentClient:
         self._ids: dict[str, int] = {}  # client request id -> its streams in flight here
         self.admissions: dict[int, tuple[asyncio.Future[m.Admission], RequestStream]] = {}
         self._turn = 0  # round robin among equally loaded ranks
+        self.resets: dict[int, asyncio.Future[bool]] = {}  # KV events (issue 13)
+        self._reset_token = 0
 
     # ---- status -----------------------------------------------------------------------------
     def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
@@ -168,6 +170,30 @@ class DeploymentClient:
 
     def is_ready(self) -> bool:
         return any(self.rank_state(r)[0] is DeploymentState.READY for r in range(len(self.views)))
+
+    # --- KV events (issue 13) ---
+    async def reset_prefix_cache(self, timeout_s: float = 10.0) -> bool:
+        """vLLM's reset_prefix_cache on every rank: True when every rank emptied its cache
+        (refused where requests hold blocks; a rank not answering counts as refused)."""
+        loop = asyncio.get_running_loop()
+        waits = []
+        for sock in self.sockets:
+            self._reset_token += 1
+            fut: asyncio.Future[bool] = loop.create_future()
+            self.resets[self._reset_token] = fut
+            waits.append(fut)
+            try:
+                sock.send(m.encode(m.ResetPrefixCache(self.frontend, self._reset_token)),
+                          zmq.NOBLOCK)
+            except zmq.Again:
+                fut.set_result(False)
+        try:
+            return all(await asyncio.wait_for(asyncio.gather(*waits), timeout_s))
+        except TimeoutError:
+            return False
+        finally:
+            for token in [t for t, f in self.resets.items() if f in waits]:
+                del self.resets[token]
 
     # ---- requests ---------------------------------------------------------------------------
     def _pick_rank(self) -> tuple[int, int]:

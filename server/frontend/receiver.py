@@ -64,6 +64,10 @@ class Receiver:
                 pending = client.admissions.pop(a.seq, None)
                 if pending is not None and not pending[0].done():
                     pending[0].set_result(a)
+        elif isinstance(msg, m.CacheReset):  # KV events (issue 13)
+            fut = self.clients[msg.deployment].resets.get(msg.token)
+            if fut is not None and not fut.done():
+                fut.set_result(msg.ok)
         elif isinstance(msg, m.EngineDown):
             log.warning("deployment %s rank %d: %s", self.clients[msg.deployment].name,
                         msg.rank, msg.message)

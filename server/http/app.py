@@ -17,6 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from server.http.errors import HttpError, error_response, validation_error
+from server.http.kv_events import add_kv_event_routes
 from server.http.metrics import instrument
 from server.http.routes import add_routes
 from server.http.state import VLLM_VERSION, HttpState
@@ -52,5 +53,6 @@ def build_app(state: HttpState) -> FastAPI:
                                         "InternalServerError"))
 
     add_routes(app, state)
+    add_kv_event_routes(app, state)  # KV events (issue 13)
     instrument(app)
     return app

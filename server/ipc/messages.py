@@ -55,6 +55,10 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     kv_bytes_per_token: float = 0.0  # all chips together (vllm:estimated_write_bytes_per_gpu)
     num_speculative_tokens: int = 0  # speculative decoding: drafts per decode (0: off)
     served_model_names: tuple[str, ...] = ()  # what clients may send as `model`
+    # --- KV events (issue 13) --- where this rank publishes ("" when it does not)
+    kv_events_endpoint: str = ""
+    kv_events_replay_endpoint: str = ""
+    kv_events_topic: str = ""
 
     @property
     def model_name(self) -> str:
@@ -98,7 +102,16 @@ class FrontendGone(msgspec.Struct, frozen=True, array_like=True, tag="fe_gone"):
     frontend: int
 
 
-ToEngine = AddRequest | Abort | Ack | Shutdown | FrontendGone
+# --- KV events (issue 13) ---
+class ResetPrefixCache(msgspec.Struct, frozen=True, array_like=True, tag="reset_cache"):
+    """Empty the prefix cache (vLLM's reset_prefix_cache; smg's FlushCache); `token` names
+    the answer, a `CacheReset`."""
+
+    frontend: int
+    token: int
+
+
+ToEngine = AddRequest | Abort | Ack | Shutdown | FrontendGone | ResetPrefixCache
 
 
 # ---- engine / supervisor → front end ---------------------------------------------------------
@@ -157,7 +170,16 @@ class EngineDown(msgspec.Struct, frozen=True, array_like=True, tag="down"):
     message: str
 
 
-ToFrontend = Admissions | StepOutputs | EngineDown
+class CacheReset(msgspec.Struct, frozen=True, array_like=True, tag="cache_reset"):
+    """The answer to a ResetPrefixCache: refused (ok False) while requests hold blocks."""
+
+    deployment: int
+    rank: int
+    token: int
+    ok: bool
+
+
+ToFrontend = Admissions | StepOutputs | EngineDown | CacheReset
 
 
 # ---- to the supervisor -----------------------------------------------------------------------
