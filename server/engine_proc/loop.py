@@ -227,7 +227,7 @@ class EngineLoop:
                         limits=self.limits, num_queued=self.num_queued(),
                         free_seats=self.core.scheduler.free_seats,
                         in_flight=r.request_id in self.by_rid,
-                        constraints=self.core.constraints)
+                        constraints=self.core.constraints, lora=self.core.lora)
         except EngineError as e:
             request_log(log, r.request_id).info("rejected on %s: %s", self.name, e)
             return m.Admission(msg.seq, type(e).__name__, str(e))
