@@ -123,6 +123,13 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "prefix_cache": None if args.prefix_cache is None else args.prefix_cache == "on",
         "start": "cold" if args.cold else None,
         "jump_forward": {"on": True, "off": False}.get(getattr(args, "jump_forward", None)),
+        # --- LoRA (issue 13) ---
+        "enable_lora": getattr(args, "enable_lora", None),
+        "max_loras": getattr(args, "max_loras", None),
+        "max_lora_rank": getattr(args, "max_lora_rank", None),
+        "max_cpu_loras": getattr(args, "max_cpu_loras", None),
+        "lora_modules": tuple(args.lora_modules) if getattr(args, "lora_modules", None)
+        else None,
     }
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -33,6 +33,7 @@ from server.engine.intake import Limits, admit
 from server.engine.interface import EngineError, FinishReason, Unavailable
 from server.engine.logs import request_log
 from server.engine.request import Request
+from server.engine_proc.lora import LoraPublisher, lora_file
 from server.engine_proc.stats import EngineStats
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
@@ -89,6 +90,9 @@ class EngineLoop:
         self._latest_arrival = 0.0
         self._lagging = False
         self._warned = -WARN_EVERY_S
+        # --- LoRA (issue 13) ---
+        self.lora = (LoraPublisher(core, lora_file(run_dir.engine_stats(deployment, rank)))
+                     if core.lora is not None else None)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -131,6 +135,8 @@ class EngineLoop:
             self._take_inbox()  # aborts that arrived during the step win over its tokens
             # status first: a client that sees the step's tokens sees its load and KV too
             self.stats.step(core, result, lag, self._t, self.num_queued())
+            if self.lora is not None:  # --- LoRA (issue 13) ---
+                self.lora.step([live.req for live in self.inbox])
             self._publish(result, start)
         self._shutdown()
 
@@ -210,6 +216,12 @@ class EngineLoop:
                 self.unacked[msg.frontend].clear()
             elif isinstance(msg, m.Shutdown):
                 self.stopping = True
+            elif isinstance(msg, m.LoraOp):  # --- LoRA (issue 13) ---
+                answer = (self.lora.handle(msg, self.deployment, self.rank) if self.lora else
+                          m.LoraAnswer(self.deployment, self.rank, msg.op, 400,
+                                       "BadRequestError", f"LoRA is not enabled on deployment "
+                                       f"{self.name!r} (--enable-lora)"))
+                self._send(msg.frontend, m.encode(answer))
         if replies:  # the waiting count a status query reads moves before the client knows
             self.stats.queued(self.num_queued(), rejected)
         for fe, items in replies.items():

@@ -30,12 +30,14 @@ from server.engine.interface import (
     EngineRequest,
     FinishReason,
     InvalidRequest,
+    LoraAdapterStatus,
     NotPlaced,
     Overloaded,
     Unavailable,
 )
 from server.engine.output import RequestOutput, request_timings
 from server.engine.tokenizer import Tokenizer
+from server.frontend.lora import LoraView
 from server.frontend.stats import FrontendStats
 from server.frontend.stream import RequestStream
 from server.ipc import messages as m
@@ -92,6 +94,9 @@ class DeploymentClient:
         self._ids: dict[str, int] = {}  # client request id -> its streams in flight here
         self.admissions: dict[int, tuple[asyncio.Future[m.Admission], RequestStream]] = {}
         self._turn = 0  # round robin among equally loaded ranks
+        # --- LoRA (issue 13) ---
+        self.lora = LoraView([run_dir.engine_stats(index, i.rank) for i in infos],
+                             self.info.max_loras, frontend)
 
     # ---- status -----------------------------------------------------------------------------
     def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
@@ -123,7 +128,9 @@ class DeploymentClient:
             chip_count=i.chip_count, tensor_parallel=i.tensor_parallel,
             pipeline_parallel=i.pipeline_parallel, state=DeploymentState(state),
             state_message=message, capacity=capacity, num_running=running,
-            num_waiting=waiting)
+            num_waiting=waiting, adapters=tuple(  # --- LoRA (issue 13) ---
+                LoraAdapterStatus(a.name, a.id, a.path, a.base_model_name, a.rank)
+                for a in self.lora.adapters()))
 
     def generated_tokens(self) -> int:
         """Output tokens every rank has generated so far (all front ends)."""

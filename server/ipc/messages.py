@@ -55,6 +55,8 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     kv_bytes_per_token: float = 0.0  # all chips together (vllm:estimated_write_bytes_per_gpu)
     num_speculative_tokens: int = 0  # speculative decoding: drafts per decode (0: off)
     served_model_names: tuple[str, ...] = ()  # what clients may send as `model`
+    # --- LoRA (issue 13) ---
+    max_loras: int = 0  # --enable-lora: adapters one step may run (0: LoRA off)
 
     @property
     def model_name(self) -> str:
@@ -98,7 +100,20 @@ class FrontendGone(msgspec.Struct, frozen=True, array_like=True, tag="fe_gone"):
     frontend: int
 
 
-ToEngine = AddRequest | Abort | Ack | Shutdown | FrontendGone
+# --- LoRA (issue 13) ---
+class LoraOp(msgspec.Struct, frozen=True, array_like=True, tag="lora_op"):
+    """Load (`kind` "load") or unload an adapter at run time; answered by one `LoraAnswer`."""
+
+    frontend: int
+    op: int  # the front end's counter
+    kind: str
+    name: str
+    path: str = ""
+    rank: int | None = None
+    base_model_name: str = ""
+
+
+ToEngine = AddRequest | Abort | Ack | Shutdown | FrontendGone | LoraOp
 
 
 # ---- engine / supervisor → front end ---------------------------------------------------------
@@ -157,7 +172,19 @@ class EngineDown(msgspec.Struct, frozen=True, array_like=True, tag="down"):
     message: str
 
 
-ToFrontend = Admissions | StepOutputs | EngineDown
+# --- LoRA (issue 13) ---
+class LoraAnswer(msgspec.Struct, frozen=True, array_like=True, tag="lora_ans"):
+    """The engine's answer to a `LoraOp`: status 200, or vLLM's error status and type."""
+
+    deployment: int
+    rank: int
+    op: int
+    status: int
+    kind: str = ""
+    message: str = ""
+
+
+ToFrontend = Admissions | StepOutputs | EngineDown | LoraAnswer
 
 
 # ---- to the supervisor -----------------------------------------------------------------------
