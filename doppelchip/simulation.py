@@ -131,7 +131,12 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "lora_modules": tuple(args.lora_modules) if getattr(args, "lora_modules", None)
         else None,
     }
-    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    options = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    try:  # --- LoRA (issue 13): bad LoRA flags are a start-up error, as in vLLM ---
+        options.lora_config()
+    except ValueError as e:
+        raise SimulationError(str(e)) from e
+    return options
 
 
 def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
