@@ -145,3 +145,16 @@ def test_lora_modules_forms() -> None:
     for bad in ("x", '{"name": "x"}', '{"name": "x", "path": "/a", "rank": 32}'):
         with pytest.raises(LoraError):
             parse_module(bad, 16)
+
+
+def test_fleet_file_lora_keys_are_checked() -> None:
+    from server.config import ConfigError, parse_fleet
+
+    table = {"name": "l", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
+             "engine": "vllm", "enable_lora": True, "lora_modules": ["a=/p/a"]}
+    fleet = parse_fleet({"deployments": [table]})
+    assert fleet.deployments[0].lora_config().modules == ("a=/p/a",)
+    with pytest.raises(ConfigError, match="max_lora_rank"):
+        parse_fleet({"deployments": [{**table, "max_lora_rank": 12}]})
+    with pytest.raises(ConfigError, match="enable_lora"):
+        parse_fleet({"deployments": [{**table, "enable_lora": False}]})
