@@ -12,13 +12,13 @@ the body, all optional: `rank` (the adapter's rank; no adapter_config.json is re
 from __future__ import annotations
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from server.fleet import UnknownDeployment
 from server.frontend.deployment import DeploymentClient
-from server.http.errors import HttpError, error_response
+from server.http.errors import HttpError, error_response, validation_error
 from server.http.state import HttpState
 
 
@@ -55,9 +55,15 @@ async def _answer(client: DeploymentClient, kind: str, **fields) -> Response:
     return Response(answer.message, status_code=200)
 
 
-def add_lora_routes(app: FastAPI, state: HttpState) -> None:
-    from server.http.routes import parse  # the routes' body parser (vLLM's 400 on bad JSON)
+async def parse(request: Request, model: type[BaseModel]):
+    """The body, or vLLM's 400 for a malformed one (as `routes.parse`)."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as e:
+        raise validation_error(e.errors(include_url=False)) from None
 
+
+def add_lora_routes(app: FastAPI, state: HttpState) -> None:
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> Response:
         body = await parse(request, LoadLoRAAdapterRequest)
