@@ -123,3 +123,27 @@ async def test_max_loras_2_runs_both_adapters_at_once():
             assert f_b1.timings.queue_s < f_b1.timings.e2e_s / 2
             await a1
             await assert_released(client, "lora")
+
+
+async def test_adapter_cost_in_token_times():
+    """The emulated token times a client gets: a rank-16 adapter decodes slower than a rank-8
+    one, which decodes slower than the base model; the first request of an adapter also pays
+    its copy onto the device (a longer first token than the next request of it)."""
+    with ServerProcess(fleet_doc({"time_scale": 0.05}, [LORA])) as server:
+        async with AsyncClient(server.target) as client:
+            async def times(model: str) -> list[float]:
+                out: list[float] = []
+                async for chunk in client.generate("same prompt", model=model, max_tokens=8,
+                                                   ignore_eos=True, return_token_times=True,
+                                                   timeout=60):
+                    out.extend(chunk.token_times)
+                return out
+
+            base = await times("llama-3.1-8b")
+            # (a prompt shorter than one KV block: no prefix-cache hit makes a rerun faster)
+            b_first, b_again = await times("b"), await times("b")  # rank 8
+            a_first = await times("a")  # rank 16
+            gap = [t[-1] - t[1] for t in (base, b_again, a_first)]
+            assert gap[0] < gap[1] < gap[2]
+            assert b_first[0] > b_again[0]  # the copy over PCIe, once
+            await assert_released(client, "lora")
