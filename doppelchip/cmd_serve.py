@@ -106,7 +106,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                      check_integrity=args.check_integrity))
 
 
-POD_ONLY = ("served_model_name", "data_parallel_size", "enable_expert_parallel")
+POD_ONLY = ("served_model_name", "data_parallel_size", "enable_expert_parallel",
+            "enable_lora", "lora_modules")  # (LoRA: issue 13; in fleet mode: the fleet keys)
 
 
 def pod_fleet(args: argparse.Namespace, fleet):

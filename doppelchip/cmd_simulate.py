@@ -65,6 +65,17 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--prefix-caching-hash-algo", choices=["sha256", "sha256_cbor"],
                    help="vLLM's block hash of the prefix cache and its KV events "
                    "(default sha256)")
+    # --- LoRA (issue 13): vLLM's flags (docs/LORA.md) ---
+    g.add_argument("--enable-lora", action="store_true", default=None,
+                   help="serve LoRA adapters (selected by a request's model name)")
+    g.add_argument("--max-loras", type=int, help="LoRA adapters one batch may run (default 1)")
+    g.add_argument("--max-lora-rank", type=int,
+                   help="largest adapter rank (default 16; 1, 8, 16, 32, 64, 128, 256, 320, 512)")
+    g.add_argument("--max-cpu-loras", type=int,
+                   help="adapters kept in host memory, LRU (default: --max-loras)")
+    g.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH|JSON",
+                   help='adapters at start-up: name=path or \'{"name": ..., "path": ..., '
+                   '"base_model_name": ..., "rank": ...}\' (the path is recorded, not read)')
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:

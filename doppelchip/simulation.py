@@ -126,8 +126,20 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         # --- KV events (issue 13) ---
         "kv_events_config": getattr(args, "kv_events_config", None),
         "prefix_caching_hash_algo": getattr(args, "prefix_caching_hash_algo", None),
+        # --- LoRA (issue 13) ---
+        "enable_lora": getattr(args, "enable_lora", None),
+        "max_loras": getattr(args, "max_loras", None),
+        "max_lora_rank": getattr(args, "max_lora_rank", None),
+        "max_cpu_loras": getattr(args, "max_cpu_loras", None),
+        "lora_modules": tuple(args.lora_modules) if getattr(args, "lora_modules", None)
+        else None,
     }
-    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    options = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    try:  # --- LoRA (issue 13): bad LoRA flags are a start-up error, as in vLLM ---
+        options.lora_config()
+    except ValueError as e:
+        raise SimulationError(str(e)) from e
+    return options
 
 
 def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:

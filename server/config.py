@@ -153,7 +153,8 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     for key in ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                 "max_waiting", "block_size", "kv_blocks", "max_grammar_bytes",
                 "stream_interval", "data_parallel_size", "max_grammar_depth",
-                "max_prompt_bytes", "max_stop_strings", "max_stop_bytes"):
+                "max_prompt_bytes", "max_stop_strings", "max_stop_bytes",
+                "max_loras", "max_lora_rank", "max_cpu_loras"):  # (LoRA: issue 13)
         if key in table and isinstance(table[key], int) and table[key] < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
     # --- KV events (issue 13) ---
@@ -165,7 +166,12 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from e
     # --- end KV events ---
-    return _build(EngineOptions, table, where)
+    opts = _build(EngineOptions, table, where)
+    try:  # --- LoRA (issue 13): the LoRA options checked as vLLM checks them ---
+        opts.lora_config()
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return opts
 
 
 def parse_fleet(doc: dict[str, Any], source: str = "fleet file") -> FleetConfig:

@@ -172,4 +172,7 @@ def to_deployment(s: DeploymentStatus, is_default: bool) -> pb.Deployment:
         ),
         load=pb.Load(num_running=s.num_running, num_waiting=s.num_waiting),
         is_default=is_default,
+        adapters=[pb.LoraAdapter(name=a.name, id=a.id, path=a.path,  # LoRA (issue 13)
+                                 base_model_name=a.base_model_name, rank=a.rank)
+                  for a in s.adapters],
     )

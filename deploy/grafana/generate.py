@@ -141,6 +141,18 @@ def serving() -> dict:
               "non-zero means the host cannot keep up with the emulated device.", [
             (f"max by (deployment) (doppelchip_realtime_lag_seconds{{{SEL}}})",
              "{{deployment}}")], "s"),
+        # --- LoRA (issue 13) ---
+        panel("LoRA adapters running / waiting", "vllm:lora_requests_info: the newest sample "
+              "(its value is the Unix time it was last current) names the adapters running "
+              "and waiting; max_lora = --max-loras.", [
+            (f"topk by (deployment) (1, vllm:lora_requests_info{{{SEL}}})",
+             "running [{{running_lora_adapters}}] waiting [{{waiting_lora_adapters}}] "
+             "{{deployment}}")], "dateTimeAsIso", kind="table"),
+        panel("Requests deferred by max_loras", "Waiting requests the scheduler skipped "
+              "because their adapter would exceed --max-loras in the batch "
+              "(vllm:num_requests_waiting_by_reason{reason=\"deferred\"}).", [
+            (f"sum by (deployment) (vllm:num_requests_waiting_by_reason"
+             f"{{{SEL},reason=\"deferred\"}})", "{{deployment}}")], "short"),
     ])
 
 

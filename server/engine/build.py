@@ -38,6 +38,7 @@ from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
 from server.engine.kv_events import KvEventLog
 from server.engine.kv_events_config import KVEventsConfig
+from server.engine.lora import LoraConfig, LoraRegistry
 from server.engine.mock_model import MockModel, OutputLengths
 from server.engine.radix_cache import RadixCache
 from server.engine.scheduler import Scheduler
@@ -99,6 +100,17 @@ class EngineOptions:
     kv_events_config: str | None = None  # vLLM's --kv-events-config JSON
     prefix_caching_hash_algo: str = "sha256"  # vLLM's --prefix-caching-hash-algo
     kv_events_port_offset: int = 0  # set by the supervisor in fleet mode, never by users
+    # --- LoRA (issue 13): vLLM's flags (server/engine/lora.py, docs/LORA.md) ---
+    enable_lora: bool = False
+    max_loras: int = 1  # distinct adapters one batch (step) may run
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # adapters kept in host memory (default: max_loras)
+    lora_modules: tuple[str, ...] = ()  # NAME=PATH or vLLM's JSON {"name", "path", ...}
+
+    def lora_config(self) -> LoraConfig:
+        """The LoRA options, checked (LoraError, a ValueError, when one is wrong)."""
+        return LoraConfig(self.enable_lora, self.max_loras, self.max_lora_rank,
+                          self.max_cpu_loras, self.lora_modules)
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
@@ -142,12 +154,14 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
         batching=opts.batching or engine.batching,  # type: ignore[arg-type]
         num_speculative_tokens=(placement.spec.speculative.num_speculative_tokens
                                 if placement.spec.speculative else 0),
+        max_loras=opts.max_loras if opts.enable_lora else 0,  # --- LoRA (issue 13) ---
     )
 
 
 def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> EngineCore:
     """Place the deployment and assemble its core. Raises devices.DeviceError (with the
     reason) when it cannot be placed, ValueError when an option is out of range."""
+    lora = opts.lora_config()  # checked before placing: a bad flag is a clear error
     placement = place(opts.spec())
     tok = tokenizer or get_tokenizer()
     config = scheduler_config(opts, placement)
@@ -163,6 +177,8 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
                       else placement.engine.jump_forward),
         constraints=compiler_for(tok),
         speculative=placement.spec.speculative,
+        lora=LoraRegistry(lora, opts.served_model_name or (opts.model,)) if lora.enabled
+        else None,
     )
     # --- KV events (issue 13) ---
     events = KVEventsConfig.parse(opts.kv_events_config)

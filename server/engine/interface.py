@@ -155,6 +155,8 @@ class EngineRequest(msgspec.Struct, frozen=True):
     return_token_times: bool = False
     return_prompt_token_ids: bool = False
     constraint: Constraint | None = None
+    # --- LoRA (issue 13) ---
+    lora_name: str | None = None  # the adapter the request's `model` named (None: the base)
 
 
 class Usage(msgspec.Struct, frozen=True):
@@ -209,6 +211,16 @@ class Capacity(msgspec.Struct, frozen=True):
     max_waiting: int
 
 
+class LoraAdapterStatus(msgspec.Struct, frozen=True):
+    """One LoRA adapter a deployment serves (ListDeployments)."""
+
+    name: str
+    id: int
+    path: str
+    base_model_name: str
+    rank: int
+
+
 class DeploymentStatus(msgspec.Struct, frozen=True):
     """What `ListDeployments` reports about one deployment."""
 
@@ -225,3 +237,5 @@ class DeploymentStatus(msgspec.Struct, frozen=True):
     capacity: Capacity
     num_running: int
     num_waiting: int
+    # --- LoRA (issue 13) ---
+    adapters: tuple[LoraAdapterStatus, ...] = ()

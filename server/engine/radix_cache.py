@@ -59,6 +59,10 @@ class RadixCache(PrefixCache):
         self._clock = 0  # logical LRU clock: exact and deterministic, unlike wall time
         self.root = RadixNode((), [], None, next(self._ids))
         self.root.lock_ref = 1  # the root is never evicted
+        # --- LoRA (issue 13): one tree per adapter (0: the base model), so two adapters never
+        # share a block and one adapter shares its own, as vLLM's block hashes keyed by the
+        # LoRA name (extra_keys) do
+        self.roots: dict[int, RadixNode] = {0: self.root}
         self._evictable = 0
         self._cached = 0
         self._num_nodes = 0
@@ -109,6 +113,13 @@ class RadixCache(PrefixCache):
         )
 
     # -- lookup ----------------------------------------------------------------------------
+    def _root(self, lora: int, create: bool) -> RadixNode | None:
+        root = self.roots.get(lora)
+        if root is None and create:
+            root = self.roots[lora] = RadixNode((), [], None, next(self._ids))
+            root.lock_ref = 1
+        return root
+
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
@@ -120,6 +131,7 @@ class RadixCache(PrefixCache):
         touch: bool,
         split: bool,
         start: tuple[RadixNode, int] | None = None,
+        lora: int = 0,
     ) -> tuple[RadixNode, int]:
         """Follow ``token_ids`` whole block by whole block (from ``start`` if given, else the
         root); returns the deepest node reached and the number of tokens matched. With
@@ -127,7 +139,13 @@ class RadixCache(PrefixCache):
         at the match."""
         bs = self.block_size
         n = len(token_ids) - len(token_ids) % bs
-        node, pos = start if start is not None and start[0] is not None else (self.root, 0)
+        if start is not None and start[0] is not None:
+            node, pos = start
+        else:
+            root = self._root(lora, create=split)
+            if root is None:
+                return self.root, 0  # nothing cached for this adapter
+            node, pos = root, 0
         now = self._tick() if touch else 0
         while pos < n:
             child = node.children.get(tuple(token_ids[pos : pos + bs]))
@@ -150,14 +168,14 @@ class RadixCache(PrefixCache):
                 break
         return node, pos
 
-    def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
-        node, num_tokens = self._walk(token_ids, touch=True, split=True)
+    def match_prefix(self, token_ids: Sequence[int], lora: int = 0) -> PrefixMatch:
+        node, num_tokens = self._walk(token_ids, touch=True, split=True, lora=lora)
         if num_tokens == 0:
             return PrefixMatch(0, [], None)
         return PrefixMatch(num_tokens, self.path_blocks(node), node)
 
-    def peek_prefix_len(self, token_ids: Sequence[int]) -> int:
-        return self._walk(token_ids, touch=False, split=False)[1]
+    def peek_prefix_len(self, token_ids: Sequence[int], lora: int = 0) -> int:
+        return self._walk(token_ids, touch=False, split=False, lora=lora)[1]
 
     def path_blocks(self, node: RadixNode) -> list[int]:
         parts = []
@@ -209,11 +227,13 @@ class RadixCache(PrefixCache):
         token_ids: Sequence[int],
         block_ids: Sequence[int],
         start: tuple[RadixNode | None, int] | None = None,
+        lora: int = 0,
     ) -> tuple[RadixNode | None, list[int]]:
         bs = self.block_size
         if len(token_ids) != len(block_ids) * bs:
             raise ValueError(f"{len(token_ids)} tokens do not fill {len(block_ids)} blocks")
-        node, pos = self._walk(token_ids, touch=True, split=True, start=start)  # type: ignore[arg-type]
+        node, pos = self._walk(token_ids, touch=True, split=True, start=start,  # type: ignore[arg-type]
+                               lora=lora)
         tree_blocks = self.path_blocks(node) if pos else []
         if pos < len(token_ids):
             new_blocks = list(block_ids[pos // bs :])
@@ -231,7 +251,7 @@ class RadixCache(PrefixCache):
             self._candidate(leaf)
             tree_blocks.extend(new_blocks)
             node = leaf
-        return (node if node is not self.root else None), tree_blocks
+        return (node if node.parent is not None else None), tree_blocks
 
     def touch(self, node: RadixNode | None) -> None:
         now = self._tick()
@@ -290,7 +310,7 @@ class RadixCache(PrefixCache):
 
     # -- invariants ------------------------------------------------------------------------
     def _iter_nodes(self) -> Iterator[RadixNode]:
-        stack = [self.root]
+        stack = list(self.roots.values())
         while stack:
             node = stack.pop()
             yield node

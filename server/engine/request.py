@@ -76,6 +76,7 @@ class Request:
         "cache_node",
         "constraint",
         "finish_reason",
+        "lora_id",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_jump_forward_tokens",
@@ -120,6 +121,7 @@ class Request:
         self.cache_node: Any = None  # the radix node this request holds locked, if any
         self.constraint: Any = None  # ConstraintState of a structured-output request
         self.num_jump_forward_tokens = 0
+        self.lora_id = 0  # the LoRA adapter it runs with (0: the base model; server/engine/lora.py)
         self._tree_len = 0  # tokens of this request known to be in the prefix cache
         # Mock-model state: a rolling hash of token_ids[:_hash_len] (see mock_model.py).
         self._hash_len = 0

@@ -27,6 +27,34 @@ from .request import FinishReason, Request, RequestStatus
 from .scheduler_config import ScheduledRequest, SchedulerConfig, SchedulerOutput, SchedulerStats
 
 
+class LoraBudget:
+    """The adapters one step runs, as vLLM v1's scheduler counts them
+    (vllm/v1/core/sched/scheduler.py `scheduled_loras`): the running requests scheduled this
+    step fix the first ones; a waiting request whose adapter would make more than `max_loras`
+    distinct adapters is skipped (it keeps its place, later requests may be admitted);
+    base-model requests (id 0) never count."""
+
+    __slots__ = ("ids", "max_loras")
+
+    def __init__(self, max_loras: int, ids: set[int]) -> None:
+        self.max_loras, self.ids = max_loras, ids
+
+    def admits(self, lora_id: int) -> bool:
+        return lora_id == 0 or lora_id in self.ids or len(self.ids) < self.max_loras
+
+    def add(self, lora_id: int) -> None:
+        if lora_id:
+            self.ids.add(lora_id)
+
+
+def lora_budget(max_loras: int, running: list[Request],
+                scheduled: dict[str, ScheduledRequest]) -> LoraBudget | None:
+    if max_loras <= 0:
+        return None
+    return LoraBudget(max_loras, {r.lora_id for r in running
+                                  if r.lora_id and r.request_id in scheduled})
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_id: int | None = None) -> None:
         self.config = config
@@ -115,6 +143,7 @@ class Scheduler:
         scheduled: dict[str, ScheduledRequest] = {}
         preempted: list[str] = []
         static_locked = cfg.batching == "static" and bool(self.running)
+        self.stats.num_lora_deferred = 0
 
         bs, paged, speculates = kv.block_size, not kv.contiguous, cfg.num_speculative_tokens > 0
         i = 0
@@ -153,8 +182,14 @@ class Scheduler:
 
         if not preempted and not static_locked:
             self.waiting.prepare(self.cache)
+            # --- LoRA (issue 13): vLLM v1's max_loras rule (see lora_budget) ---
+            loras = lora_budget(cfg.max_loras, self.running, scheduled)
+            skipped: list[Request] = []
             while self.waiting and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting.peek()
+                if loras is not None and not loras.admits(req.lora_id):
+                    skipped.append(self.waiting.pop())  # waits; later requests may go
+                    continue
                 match = kv.match(req)
                 remaining = req.num_tokens - match.num_tokens
                 if not cfg.enable_chunked_prefill and remaining > budget:
@@ -177,6 +212,11 @@ class Scheduler:
                     scheduled[req.request_id] = self._entry(req, num_new)
                     kv.cache_blocks(req, req.num_computed_tokens + num_new)
                     budget -= num_new
+                if loras is not None:
+                    loras.add(req.lora_id)
+            for req in reversed(skipped):  # back at the head, in their order
+                self.waiting.add_preempted(req)
+            self.stats.num_lora_deferred = len(skipped)
 
         self.stats.num_steps += 1
         self.stats.peak_num_running = max(self.stats.peak_num_running, len(self.running))

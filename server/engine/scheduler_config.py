@@ -36,6 +36,8 @@ class SchedulerConfig:
     batching: Batching = "continuous"
     lpm_fcfs_threshold: int = 128
     num_speculative_tokens: int = 0
+    # --- LoRA (issue 13) ---
+    max_loras: int = 0  # distinct LoRA adapters one step may run (0: LoRA off)
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
@@ -123,6 +125,8 @@ class SchedulerStats:
     num_finished: int = 0
     num_aborted: int = 0
     peak_num_running: int = 0
+    # --- LoRA (issue 13) ---
+    num_lora_deferred: int = 0  # a gauge: waiting requests the last step skipped for max_loras
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -85,6 +85,7 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         num_speculative_tokens=core.speculative.num_speculative_tokens
         if core.speculative else 0,
         served_model_names=opts.served_model_name,
+        max_loras=opts.max_loras if opts.enable_lora else 0,  # --- LoRA (issue 13) ---
     )
 
 

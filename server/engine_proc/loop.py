@@ -34,6 +34,7 @@ from server.engine.interface import EngineError, FinishReason, Unavailable
 from server.engine.kv_events_config import KVEventsConfig
 from server.engine.logs import request_log
 from server.engine.request import Request
+from server.engine_proc.lora import LoraPublisher, lora_file
 from server.engine_proc.stats import EngineStats
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
@@ -100,6 +101,9 @@ class EngineLoop:
                                            offset=kv_offset + rank)
             if self.kv_pub.replay is not None:
                 self.poller.register(self.kv_pub.replay, zmq.POLLIN)
+        # --- LoRA (issue 13) ---
+        self.lora = (LoraPublisher(core, lora_file(run_dir.engine_stats(deployment, rank)))
+                     if core.lora is not None else None)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -144,6 +148,8 @@ class EngineLoop:
             # status first: a client that sees the step's tokens sees its load and KV too
             self.stats.step(core, result, lag, self._t, self.num_queued())
             self._publish_kv_events()
+            if self.lora is not None:  # --- LoRA (issue 13) ---
+                self.lora.step([live.req for live in self.inbox])
             self._publish(result, start)
         self._shutdown()
 
@@ -227,6 +233,12 @@ class EngineLoop:
                 self.stopping = True
             elif isinstance(msg, m.ResetPrefixCache):  # KV events (issue 13)
                 self._reset_prefix_cache(msg)
+            elif isinstance(msg, m.LoraOp):  # --- LoRA (issue 13) ---
+                answer = (self.lora.handle(msg, self.deployment, self.rank) if self.lora else
+                          m.LoraAnswer(self.deployment, self.rank, msg.op, 400,
+                                       "BadRequestError", f"LoRA is not enabled on deployment "
+                                       f"{self.name!r} (--enable-lora)"))
+                self._send(msg.frontend, m.encode(answer))
         if replies:  # the waiting count a status query reads moves before the client knows
             self.stats.queued(self.num_queued(), rejected)
         for fe, items in replies.items():
@@ -244,7 +256,7 @@ class EngineLoop:
                         limits=self.limits, num_queued=self.num_queued(),
                         free_seats=self.core.scheduler.free_seats,
                         in_flight=r.request_id in self.by_rid,
-                        constraints=self.core.constraints)
+                        constraints=self.core.constraints, lora=self.core.lora)
         except EngineError as e:
             request_log(log, r.request_id).info("rejected on %s: %s", self.name, e)
             return m.Admission(msg.seq, type(e).__name__, str(e))

@@ -62,11 +62,12 @@ class EngineStats:
         self.a[self.slot("vllm:admission_rejections", "max_num_queued_reqs")] += rejected
         self.file.end()
 
-    def _waiting(self, num_queued: int) -> None:
+    def _waiting(self, num_queued: int, deferred: int = 0) -> None:
         a, slot = self.a, self.slot
+        deferred = min(deferred, num_queued)  # --- LoRA (issue 13): skipped for max_loras ---
         a[slot("vllm:num_requests_waiting")] = num_queued
-        a[slot("vllm:num_requests_waiting_by_reason", "capacity")] = num_queued
-        a[slot("vllm:num_requests_waiting_by_reason", "deferred")] = 0
+        a[slot("vllm:num_requests_waiting_by_reason", "capacity")] = num_queued - deferred
+        a[slot("vllm:num_requests_waiting_by_reason", "deferred")] = deferred
 
     def startup(self, seconds: float) -> None:
         """A cold start's build/compile time, as a compile event."""
@@ -155,7 +156,7 @@ class EngineStats:
     def _gauges(self, core: EngineCore, num_queued: int, lag: float, t: float) -> None:
         a, slot, sched = self.a, self.slot, core.scheduler
         a[slot("vllm:num_requests_running")] = sched.num_running
-        self._waiting(num_queued)
+        self._waiting(num_queued, sched.stats.num_lora_deferred)
         a[slot("doppelchip_realtime_lag_seconds")] = lag
         a[slot("_t")] = t
         free = sched.pool.num_free + sched.cache.evictable_blocks

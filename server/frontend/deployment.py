@@ -30,6 +30,7 @@ from server.engine.interface import (
     EngineRequest,
     FinishReason,
     InvalidRequest,
+    LoraAdapterStatus,
     NotPlaced,
     Overloaded,
     Unavailable,
@@ -37,6 +38,7 @@ from server.engine.interface import (
 from server.engine.output import RequestOutput, request_timings
 from server.engine.tokenizer import Tokenizer
 from server.frontend.pacing import UNPACED, LoopPacer
+from server.frontend.lora import LoraView
 from server.frontend.stats import FrontendStats
 from server.frontend.stream import RequestStream
 from server.ipc import messages as m
@@ -97,6 +99,9 @@ class DeploymentClient:
         self._turn = 0  # round robin among equally loaded ranks
         self.resets: dict[int, asyncio.Future[bool]] = {}  # KV events (issue 13)
         self._reset_token = 0
+        # --- LoRA (issue 13) ---
+        self.lora = LoraView([run_dir.engine_stats(index, i.rank) for i in infos],
+                             self.info.max_loras, frontend)
 
     # ---- status -----------------------------------------------------------------------------
     def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
@@ -128,7 +133,9 @@ class DeploymentClient:
             chip_count=i.chip_count, tensor_parallel=i.tensor_parallel,
             pipeline_parallel=i.pipeline_parallel, state=DeploymentState(state),
             state_message=message, capacity=capacity, num_running=running,
-            num_waiting=waiting)
+            num_waiting=waiting, adapters=tuple(  # --- LoRA (issue 13) ---
+                LoraAdapterStatus(a.name, a.id, a.path, a.base_model_name, a.rank)
+                for a in self.lora.adapters()))
 
     def generated_tokens(self) -> int:
         """Output tokens every rank has generated so far (all front ends)."""

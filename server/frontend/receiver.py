@@ -72,6 +72,8 @@ class Receiver:
             log.warning("deployment %s rank %d: %s", self.clients[msg.deployment].name,
                         msg.rank, msg.message)
             self.clients[msg.deployment].fail_rank(msg.rank, msg.message)
+        elif isinstance(msg, m.LoraAnswer):  # --- LoRA (issue 13) ---
+            self.clients[msg.deployment].lora.answered(msg)
 
     def _step(self, msg: m.StepOutputs) -> None:
         self.stats.begin()

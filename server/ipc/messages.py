@@ -59,6 +59,8 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     kv_events_endpoint: str = ""
     kv_events_replay_endpoint: str = ""
     kv_events_topic: str = ""
+    # --- LoRA (issue 13) ---
+    max_loras: int = 0  # --enable-lora: adapters one step may run (0: LoRA off)
 
     @property
     def model_name(self) -> str:
@@ -111,7 +113,20 @@ class ResetPrefixCache(msgspec.Struct, frozen=True, array_like=True, tag="reset_
     token: int
 
 
-ToEngine = AddRequest | Abort | Ack | Shutdown | FrontendGone | ResetPrefixCache
+# --- LoRA (issue 13) ---
+class LoraOp(msgspec.Struct, frozen=True, array_like=True, tag="lora_op"):
+    """Load (`kind` "load") or unload an adapter at run time; answered by one `LoraAnswer`."""
+
+    frontend: int
+    op: int  # the front end's counter
+    kind: str
+    name: str
+    path: str = ""
+    rank: int | None = None
+    base_model_name: str = ""
+
+
+ToEngine = AddRequest | Abort | Ack | Shutdown | FrontendGone | ResetPrefixCache | LoraOp
 
 
 # ---- engine / supervisor → front end ---------------------------------------------------------
@@ -179,7 +194,19 @@ class CacheReset(msgspec.Struct, frozen=True, array_like=True, tag="cache_reset"
     ok: bool
 
 
-ToFrontend = Admissions | StepOutputs | EngineDown | CacheReset
+# --- LoRA (issue 13) ---
+class LoraAnswer(msgspec.Struct, frozen=True, array_like=True, tag="lora_ans"):
+    """The engine's answer to a `LoraOp`: status 200, or vLLM's error status and type."""
+
+    deployment: int
+    rank: int
+    op: int
+    status: int
+    kind: str = ""
+    message: str = ""
+
+
+ToFrontend = Admissions | StepOutputs | EngineDown | CacheReset | LoraAnswer
 
 
 # ---- to the supervisor -----------------------------------------------------------------------

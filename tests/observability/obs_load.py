@@ -28,7 +28,8 @@ PREFIX = "You are a careful assistant. Answer briefly and precisely, citing the 
 
 DEPLOYMENTS = [
     {"name": "vllm-small-kv", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
-     "engine": "vllm", "max_model_len": 512, "kv_blocks": 40},
+     "engine": "vllm", "max_model_len": 512, "kv_blocks": 40,
+     "enable_lora": True},  # LoRA on, unused: vllm:lora_requests_info for the dashboard
     {"name": "mlx-m4max", "model": "llama-3.1-8b", "quant": "mlx-4bit", "chip": "m4-max-40",
      "engine": "mlx", "max_model_len": 512, "start": "cold"},
     {"name": "groq-recompile", "model": "llama-2-70b", "quant": "f16", "chip": "groq-lpu-v1",
