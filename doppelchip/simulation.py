@@ -123,6 +123,9 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "prefix_cache": None if args.prefix_cache is None else args.prefix_cache == "on",
         "start": "cold" if args.cold else None,
         "jump_forward": {"on": True, "off": False}.get(getattr(args, "jump_forward", None)),
+        # --- P/D and sleep mode (issue 13) ---
+        "kv_transfer_config": getattr(args, "kv_transfer_config", None),
+        "enable_sleep_mode": getattr(args, "enable_sleep_mode", None) or None,
     }
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -35,6 +35,7 @@ from devices import (
 )
 from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
+from server.engine.kv_transfer import KvTransferConfig
 from server.engine.mock_model import MockModel, OutputLengths
 from server.engine.scheduler import Scheduler
 from server.engine.scheduler_config import SchedulerConfig
@@ -91,6 +92,9 @@ class EngineOptions:
     data_parallel_size: int = 1  # engine cores (ranks), each a full copy of the deployment
     served_model_name: tuple[str, ...] = ()  # names clients send; the first is the model_name
     #                                          label (none: the catalogue model id)
+    # --- P/D and sleep mode (issue 13) ---
+    kv_transfer_config: str | None = None  # vLLM's JSON (server/engine/kv_transfer.py)
+    enable_sleep_mode: bool = False  # vLLM's flag, accepted; sleep mode is always available
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
@@ -141,6 +145,7 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     """Place the deployment and assemble its core. Raises devices.DeviceError (with the
     reason) when it cannot be placed, ValueError when an option is out of range."""
     placement = place(opts.spec())
+    KvTransferConfig.parse(opts.kv_transfer_config)  # P/D (issue 13): refuse a bad config
     tok = tokenizer or get_tokenizer()
     config = scheduler_config(opts, placement)
     lengths = OutputLengths(opts.output_len_dist, opts.output_len_mean)  # type: ignore[arg-type]

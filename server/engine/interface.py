@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -155,6 +155,8 @@ class EngineRequest(msgspec.Struct, frozen=True):
     return_token_times: bool = False
     return_prompt_token_ids: bool = False
     constraint: Constraint | None = None
+    # --- P/D (issue 13): vLLM's kv_transfer_params (NIXL connector), as the client sent it
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class Usage(msgspec.Struct, frozen=True):
@@ -186,6 +188,8 @@ class Finish(msgspec.Struct, frozen=True):
     timings: Timings
     stop_str: str | None = None
     stop_token_id: int | None = None
+    # --- P/D (issue 13): what a prefill returns for its decode side (vLLM's response field)
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class TokenChunk(msgspec.Struct, frozen=True):

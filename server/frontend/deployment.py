@@ -92,6 +92,7 @@ class DeploymentClient:
         self._ids: dict[str, int] = {}  # client request id -> its streams in flight here
         self.admissions: dict[int, tuple[asyncio.Future[m.Admission], RequestStream]] = {}
         self._turn = 0  # round robin among equally loaded ranks
+        self.controls: dict[int, asyncio.Future[m.Admission]] = {}  # sleep mode (issue 13)
 
     # ---- status -----------------------------------------------------------------------------
     def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
@@ -290,3 +291,32 @@ class DeploymentClient:
                     continue
                 self.record_finish(stream, FinishReason.ERROR)
                 stream.fail(message)
+
+    # ---- sleep mode (issue 13) --------------------------------------------------------------
+    async def control(self, make: Callable[[int, int], m.Sleep | m.WakeUp]) -> None:
+        """Send a sleep-mode command to every rank and wait for each engine's answer (an
+        `Admissions` item for its seq); raises the engine's typed error if one refused."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for sock in self.sockets:
+            seq = next(_SEQ)
+            future: asyncio.Future[m.Admission] = loop.create_future()
+            self.controls[seq] = future
+            try:
+                sock.send(m.encode(make(self.frontend, seq)), zmq.NOBLOCK)
+            except zmq.Again:
+                self.controls.pop(seq, None)
+                raise Unavailable(f"deployment {self.name!r}: its engine process is not "
+                                  "reachable") from None
+            futures.append(future)
+        for answer in await asyncio.gather(*futures):
+            if answer.error:
+                raise ERRORS.get(answer.error, Unavailable)(answer.message)
+
+    def is_sleeping(self) -> bool:
+        """Whether any rank is asleep (vllm:engine_sleep_state{sleep_state="awake"} == 0)."""
+        for view in self.views:
+            values, _ = view.read()
+            if not values[view.layout.slot("vllm:engine_sleep_state", "awake")]:
+                return True
+        return False

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from server.http.errors import HttpError, error_response, validation_error
 from server.http.metrics import instrument
 from server.http.routes import add_routes
+from server.http.sleep import add_sleep_routes
 from server.http.state import VLLM_VERSION, HttpState
 
 log = logging.getLogger("doppelchip.http")
@@ -47,5 +48,6 @@ def build_app(state: HttpState) -> FastAPI:
                                         "InternalServerError"))
 
     add_routes(app, state)
+    add_sleep_routes(app, state)  # sleep mode (issue 13)
     instrument(app)
     return app
