@@ -442,6 +442,7 @@ class EngineLoop:
         wake-up whose weights take emulated time to come back)."""
         if isinstance(msg, m.WakeUp):
             seconds = self.sleep.wake(msg.tags, self.core.placement)
+            self.stats.pd_sleep(self.core, self.sleep, self.connector)  # before the answer
             if seconds <= 0:
                 return m.Admission(msg.seq)
             self._t = max(self._t, self.now()) + seconds  # no step before the weights are back
