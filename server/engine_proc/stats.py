@@ -30,6 +30,7 @@ class EngineStats:
         self._tier_slots = {t: layout.slot("doppelchip_tier_bytes", t) for t in info.tiers}
         self._seen = (0, 0, 0)  # scheduler's preemptions, prefix queries, prefix hits
         self._pd_seen = (0, 0)  # scheduler's external prefix queries, hits (P/D)
+        self._conn_seen: tuple[float, ...] = (0.0,) * 5  # wake s, transfers ok/failed, B, s
         self._spec_seen: tuple[int, ...] = ()
         self._per_gpu = 1.0 / max(1, info.chip_count)
         self._kv_used = -1
@@ -150,14 +151,17 @@ class EngineStats:
         a[slot("vllm:external_prefix_cache_hits")] += seen[1] - self._pd_seen[1]
         a[slot("vllm:prompt_tokens_cached_by_source", "p2p")] += seen[1] - self._pd_seen[1]
         self._pd_seen = seen
-        a[slot("doppelchip_wake_seconds")] = sleep.wake_seconds_total
         a[slot("doppelchip_kv_held_blocks")] = sum(len(b) for b, _ in
                                                    core.scheduler.held.values())
-        if connector is not None:
-            a[slot("doppelchip_kv_transfers", "ok")] = connector.transfers
-            a[slot("doppelchip_kv_transfers", "failed")] = connector.failures
-            a[slot("doppelchip_kv_transfer_bytes")] = connector.bytes
-            a[slot("doppelchip_kv_transfer_seconds")] = connector.seconds
+        now = (sleep.wake_seconds_total, *((connector.transfers, connector.failures,
+                                            connector.bytes, connector.seconds)
+                                           if connector is not None else (0, 0, 0.0, 0.0)))
+        for (name, value), n, before in zip(
+                (("doppelchip_wake_seconds", None), ("doppelchip_kv_transfers", "ok"),
+                 ("doppelchip_kv_transfers", "failed"), ("doppelchip_kv_transfer_bytes", None),
+                 ("doppelchip_kv_transfer_seconds", None)), now, self._conn_seen, strict=True):
+            a[slot(name, value)] += n - before  # counters continue across engine restarts
+        self._conn_seen = now
         self.file.end()
 
     def _spec(self, core: EngineCore) -> None:
