@@ -76,6 +76,13 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH|JSON",
                    help='adapters at start-up: name=path or \'{"name": ..., "path": ..., '
                    '"base_model_name": ..., "rank": ...}\' (the path is recorded, not read)')
+    # --- P/D and sleep mode (issue 13) ---
+    g.add_argument("--kv-transfer-config", metavar="JSON",
+                   help="vLLM's KV transfer config for disaggregated prefill/decode, e.g. "
+                   '\'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\' '
+                   '(kv_connector_extra_config.link: a link id; docs/PD.md)')
+    g.add_argument("--enable-sleep-mode", action="store_true",
+                   help="accepted for vLLM compatibility: sleep mode is always available")
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:

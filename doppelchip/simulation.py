@@ -133,6 +133,9 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "max_cpu_loras": getattr(args, "max_cpu_loras", None),
         "lora_modules": tuple(args.lora_modules) if getattr(args, "lora_modules", None)
         else None,
+        # --- P/D and sleep mode (issue 13) ---
+        "kv_transfer_config": getattr(args, "kv_transfer_config", None),
+        "enable_sleep_mode": getattr(args, "enable_sleep_mode", None) or None,
     }
     options = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
     try:  # --- LoRA (issue 13): bad LoRA flags are a start-up error, as in vLLM ---

@@ -213,7 +213,30 @@ def devices() -> dict:
         panel("Chips", "Chips each deployment is placed on.", [
             (f"sum by (deployment, chip) (doppelchip_chips{{{SEL}}})",
              "{{chip}} {{deployment}}")], "short", kind="stat"),
+        *pd_sleep_panels(),
     ])
+
+
+# --- P/D and sleep mode (issue 13): the last row of the devices dashboard ------------------
+def pd_sleep_panels() -> list[dict[str, Any]]:
+    return [
+        panel("Sleep state", "vllm:engine_sleep_state: awake, weights offloaded (level 1) or "
+              "discarded (level 2).", [
+            (f"max by (deployment, sleep_state) (vllm:engine_sleep_state{{{SEL}}})",
+             "{{sleep_state}} {{deployment}}")], "short"),
+        panel("Wake-up time", "Emulated seconds per second spent bringing weights back "
+              "(host link after level 1, storage after level 2).", [
+            (rate("doppelchip_wake_seconds_total"), "{{deployment}}")], "s"),
+        panel("KV transfers (P/D)", "KV-cache transfers a decode pod pulled from prefill pods "
+              "per second, by outcome (failed: the prefill pod no longer held the blocks).", [
+            (rate("doppelchip_kv_transfers_total", "deployment, outcome"),
+             "{{outcome}} {{deployment}}")], "short"),
+        panel("KV transfer bytes and held blocks (P/D)", "KV bytes pulled per second (decode "
+              "pods); blocks a prefill pod holds for its decode side.", [
+            (rate("doppelchip_kv_transfer_bytes_total"), "pulled {{deployment}}"),
+            (f"sum by (deployment) (doppelchip_kv_held_blocks{{{SEL}}})",
+             "held blocks {{deployment}}")], "short"),
+    ]
 
 
 DASHBOARDS = {"serving.json": serving, "devices.json": devices}

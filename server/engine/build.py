@@ -38,6 +38,7 @@ from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
 from server.engine.kv_events import KvEventLog
 from server.engine.kv_events_config import KVEventsConfig
+from server.engine.kv_transfer import KvTransferConfig
 from server.engine.lora import LoraConfig, LoraRegistry
 from server.engine.mock_model import MockModel, OutputLengths
 from server.engine.radix_cache import RadixCache
@@ -106,6 +107,9 @@ class EngineOptions:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # adapters kept in host memory (default: max_loras)
     lora_modules: tuple[str, ...] = ()  # NAME=PATH or vLLM's JSON {"name", "path", ...}
+    # --- P/D and sleep mode (issue 13) ---
+    kv_transfer_config: str | None = None  # vLLM's JSON (server/engine/kv_transfer.py)
+    enable_sleep_mode: bool = False  # vLLM's flag, accepted; sleep mode is always available
 
     def lora_config(self) -> LoraConfig:
         """The LoRA options, checked (LoraError, a ValueError, when one is wrong)."""
@@ -163,6 +167,7 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     reason) when it cannot be placed, ValueError when an option is out of range."""
     lora = opts.lora_config()  # checked before placing: a bad flag is a clear error
     placement = place(opts.spec())
+    KvTransferConfig.parse(opts.kv_transfer_config)  # P/D (issue 13): refuse a bad config
     tok = tokenizer or get_tokenizer()
     config = scheduler_config(opts, placement)
     lengths = OutputLengths(opts.output_len_dist, opts.output_len_mean)  # type: ignore[arg-type]

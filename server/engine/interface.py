@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -157,6 +157,8 @@ class EngineRequest(msgspec.Struct, frozen=True):
     constraint: Constraint | None = None
     # --- LoRA (issue 13) ---
     lora_name: str | None = None  # the adapter the request's `model` named (None: the base)
+    # --- P/D (issue 13): vLLM's kv_transfer_params (NIXL connector), as the client sent it
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class Usage(msgspec.Struct, frozen=True):
@@ -188,6 +190,8 @@ class Finish(msgspec.Struct, frozen=True):
     timings: Timings
     stop_str: str | None = None
     stop_token_id: int | None = None
+    # --- P/D (issue 13): what a prefill returns for its decode side (vLLM's response field)
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class TokenChunk(msgspec.Struct, frozen=True):

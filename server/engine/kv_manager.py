@@ -132,12 +132,16 @@ class KVCacheManager:
         self.pool.free(req.block_ids)
         req.block_ids = []
 
-    def check_integrity(self, live: list[Request]) -> None:
+    def check_integrity(self, live: list[Request], held: list[list[int]] = ()) -> None:
         """Pool and cache invariants, plus: every pool reference is accounted for by the live
-        requests' block tables and the cache (no leaked block, no dangling reference)."""
+        requests' block tables, the cache and the `held` blocks (P/D: a finished prefill's
+        KV kept for its decode side) — no leaked block, no dangling reference."""
         self.pool.check_integrity()
         self.cache.check_integrity()
         expected = [0] * self.pool.num_blocks
+        for blocks in held:
+            for b in blocks:
+                expected[b] += 1
         for req in live:
             for b in req.block_ids:
                 expected[b] += 1

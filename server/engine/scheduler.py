@@ -70,6 +70,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.stats = SchedulerStats()
+        # --- P/D (issue 13): KV kept for a decode side to read (vLLM's delay_free_blocks) ---
+        self.held: dict[str, tuple[list[int], object]] = {}  # request id -> (blocks, node)
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -131,6 +133,7 @@ class Scheduler:
         self.running.remove(req)
         self.kv.free(req, cache=True)
         req.num_computed_tokens = 0
+        req.num_external_tokens = 0  # transferred KV is gone: recomputed locally (as vLLM)
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.stats.num_preemptions += 1
@@ -191,7 +194,8 @@ class Scheduler:
                     skipped.append(self.waiting.pop())  # waits; later requests may go
                     continue
                 match = kv.match(req)
-                remaining = req.num_tokens - match.num_tokens
+                external = max(0, req.num_external_tokens - match.num_tokens)  # P/D
+                remaining = req.num_tokens - match.num_tokens - external
                 if not cfg.enable_chunked_prefill and remaining > budget:
                     if cfg.batching != "static":
                         break
@@ -199,15 +203,19 @@ class Scheduler:
                 num_new = min(remaining, budget)
                 if num_new == 0 and cfg.batching != "static":
                     break
-                if not kv.allocate_slots(req, num_new, match):
+                if not kv.allocate_slots(req, num_new + external, match):
                     break
+                req.num_computed_tokens += external  # its KV arrived over the link
                 self.waiting.pop()
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
                 if req.num_cached_tokens < 0:  # first admission: what usage reports
-                    req.num_cached_tokens = match.num_tokens
+                    req.num_cached_tokens = match.num_tokens + external
                 self.stats.prefix_cache_queries += req.num_tokens
                 self.stats.prefix_cache_hits += match.num_tokens
+                if req.num_external_tokens:  # P/D: vLLM's connector prefix-cache stats
+                    self.stats.external_prefix_cache_queries += req.num_tokens
+                    self.stats.external_prefix_cache_hits += external
                 if num_new:
                     scheduled[req.request_id] = self._entry(req, num_new)
                     kv.cache_blocks(req, req.num_computed_tokens + num_new)
@@ -282,6 +290,8 @@ class Scheduler:
                         req.num_computed_tokens += appended - 1
             if reason is None:
                 continue
+            if req.hold_kv and reason is FinishReason.LENGTH:
+                self._hold(req)
             self.kv.free(req, cache=True)
             req.status, req.finish_reason = RequestStatus.for_reason(reason), reason
             del self.requests[req.request_id]
@@ -304,10 +314,33 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
+    # --- P/D (issue 13): KV held for a remote decode ------------------------------------
+    def _hold(self, req: Request) -> None:
+        """Keep a finished prefill's blocks (a pool reference each, its cache path locked so
+        eviction never counts them) until `release_held`: vLLM's delay_free_blocks."""
+        self.kv.cache_blocks(req)
+        node = req.cache_node
+        if node is not None:
+            self.cache.lock(node)
+        self.pool.share(req.block_ids)
+        self.held[req.request_id] = (list(req.block_ids), node)
+
+    def release_held(self, request_id: str) -> bool:
+        """Free the blocks a finished prefill kept; False if none are held under that id."""
+        entry = self.held.pop(request_id, None)
+        if entry is None:
+            return False
+        blocks, node = entry
+        if node is not None:
+            self.cache.unlock(node)
+        self.pool.free(blocks)
+        return True
+
     # -- invariants ------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Pool, cache and bookkeeping invariants (AssertionError if any is broken)."""
-        self.kv.check_integrity(list(self.requests.values()))
+        self.kv.check_integrity(list(self.requests.values()),
+                                held=[b for b, _ in self.held.values()])
         waiting = list(self.waiting)
         if len(waiting) + len(self.running) != len(self.requests):
             raise AssertionError("a request is lost or in two places")

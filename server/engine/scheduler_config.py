@@ -119,6 +119,9 @@ class SchedulerStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up at admission
     prefix_cache_hits: int = 0  # of those, tokens served from the cache
+    # --- P/D (issue 13): vLLM's external (KV connector) prefix-cache counters ---
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0  # prompt tokens whose KV a remote prefill sent
     num_prefill_tokens: int = 0  # tokens prefilled (recompute after preemption included)
     num_generation_tokens: int = 0
     num_jump_forward_tokens: int = 0  # of those, appended by jump-forward without a decode

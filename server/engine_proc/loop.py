@@ -32,9 +32,12 @@ from server.engine.core import EngineCore, StepResult
 from server.engine.intake import Limits, admit
 from server.engine.interface import EngineError, FinishReason, Unavailable
 from server.engine.kv_events_config import KVEventsConfig
+from server.engine.kv_transfer import KvTransferConfig
 from server.engine.logs import request_log
 from server.engine.request import Request
+from server.engine_proc.kv_connector import NixlConnector
 from server.engine_proc.lora import LoraPublisher, lora_file
+from server.engine_proc.sleep import LEVELS, MODES, SleepState
 from server.engine_proc.stats import EngineStats
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
@@ -60,7 +63,9 @@ class EngineLoop:
     def __init__(self, *, deployment: int, rank: int, epoch: int, core: EngineCore,
                  limits: Limits, stats: EngineStats, run_dir: RunDir, num_frontends: int,
                  timeline: Timeline, cold: bool, check_integrity: bool,
-                 kv_events: KVEventsConfig | None = None, kv_offset: int = 0) -> None:
+                 kv_events: KVEventsConfig | None = None, kv_offset: int = 0,
+                 kv_transfer: KvTransferConfig | None = None,
+                 info: m.DeploymentInfo | None = None) -> None:
         self.deployment, self.rank, self.epoch = deployment, rank, epoch
         self.core, self.limits, self.stats = core, limits, stats
         self.name = limits.name
@@ -104,6 +109,13 @@ class EngineLoop:
         # --- LoRA (issue 13) ---
         self.lora = (LoraPublisher(core, lora_file(run_dir.engine_stats(deployment, rank)))
                      if core.lora is not None else None)
+        # --- P/D and sleep mode (issue 13) ---
+        self.connector = (NixlConnector(kv_transfer, info, rank, core.scheduler, self.ctx,
+                                        self.poller, lambda: max(self._t, self.now()))
+                          if kv_transfer is not None and info is not None else None)
+        self.sleep = SleepState()
+        self.pending_sleep: tuple[int, int, int] | None = None  # (frontend, seq, level)
+        self.timers: list[tuple[float, int, int]] = []  # (emulated t, frontend, seq) replies
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -121,15 +133,22 @@ class EngineLoop:
         self.stats.set_state("ready", "ready", self._t)
         self._resync()
         while not self.stopping:
+            self._tick()
             self._take_inbox()
             if not core.has_unfinished():
-                if self.check_integrity:  # every request released: pool and cache intact
-                    core.scheduler.check_integrity()
                 self._publish_kv_events()  # what aborts and finishes stored or evicted
+            if self.pending_sleep is not None and not core.has_unfinished():
+                fe, seq, level = self.pending_sleep  # mode "wait": the last one finished
+                self.pending_sleep = None
+                self._send(fe, m.encode(m.Admissions(self.deployment, self.rank,
+                                                     [self._fall_asleep(level, "wait", seq)])))
+            if not core.has_unfinished() or self.sleep.sleeping:
+                if self.check_integrity and not core.has_unfinished():
+                    core.scheduler.check_integrity()  # every request released: pool and cache
                 self.stats.idle(core, self.num_queued(), self._t)
+                self.stats.pd_sleep(core, self.sleep, self.connector)
                 self._lagging = False
-                self._service(None)
-                self._resync()
+                self._idle()
                 continue
             if self._lagging and any(len(q) > MAX_UNACKED for q in self.unacked):
                 self._service(None)  # wait for the front ends to absorb what was sent
@@ -150,6 +169,7 @@ class EngineLoop:
             self._publish_kv_events()
             if self.lora is not None:  # --- LoRA (issue 13) ---
                 self.lora.step([live.req for live in self.inbox])
+            self.stats.pd_sleep(core, self.sleep, self.connector)
             self._publish(result, start)
         self._shutdown()
 
@@ -196,6 +216,8 @@ class EngineLoop:
     def _service(self, timeout_ms: int | None) -> None:
         """Poll once (None: block until something arrives), then handle everything queued."""
         events = dict(self.poller.poll(timeout_ms))
+        if self.connector is not None:
+            self.connector.handle(events)
         for i, sock in enumerate(self.outputs):
             if events.get(sock, 0) & zmq.POLLOUT:
                 self._flush(i)
@@ -239,6 +261,10 @@ class EngineLoop:
                                        "BadRequestError", f"LoRA is not enabled on deployment "
                                        f"{self.name!r} (--enable-lora)"))
                 self._send(msg.frontend, m.encode(answer))
+            elif isinstance(msg, m.Sleep | m.WakeUp):  # sleep mode (issue 13)
+                answer = self._control(msg)
+                if answer is not None:
+                    replies.setdefault(msg.frontend, []).append(answer)
         if replies:  # the waiting count a status query reads moves before the client knows
             self.stats.queued(self.num_queued(), rejected)
         for fe, items in replies.items():
@@ -252,7 +278,10 @@ class EngineLoop:
             if self.state != "ready":
                 raise Unavailable(f"deployment {self.name!r} is {self.state}: "
                                   f"{'building its engine' if self.state == 'compiling' else ''}")
-            req = admit(r, list(r.prompt_token_ids or ()), msg.max_tokens, msg.arrival,
+            params = r.kv_transfer_params if self.connector is not None else None
+            remote_decode = bool(params and params.get("do_remote_decode"))
+            req = admit(r, list(r.prompt_token_ids or ()),
+                        1 if remote_decode else msg.max_tokens, msg.arrival,
                         limits=self.limits, num_queued=self.num_queued(),
                         free_seats=self.core.scheduler.free_seats,
                         in_flight=r.request_id in self.by_rid,
@@ -264,14 +293,17 @@ class EngineLoop:
         live = _Live(req, msg.frontend, msg.seq, r.request_id)
         self.live[req.request_id] = live
         self.by_rid.add(r.request_id)
-        self.inbox.append(live)
+        req.hold_kv = remote_decode  # P/D: a prefill keeps its KV for the decode side
+        if not (params and self.connector is not None
+                and self.connector.start(live, req.request_id, params, req.num_prompt_tokens)):
+            self.inbox.append(live)
         request_log(log, r.request_id).info(
             "queued on %s: %d prompt tokens, max_tokens=%d", self.name, req.num_prompt_tokens,
             req.sampling_params.max_tokens)
         return m.Admission(msg.seq)
 
     def _take_inbox(self) -> None:
-        if self.inbox:
+        if self.inbox and not self.sleep.sleeping and self.pending_sleep is None:
             for live in self.inbox:
                 if live.req.request_id not in self.aborts:
                     self._latest_arrival = max(self._latest_arrival, live.req.arrival_time)
@@ -281,6 +313,10 @@ class EngineLoop:
             aborts, self.aborts = self.aborts, {}
             for key, reason in aborts.items():
                 if (live := self.live.get(key)) is not None:
+                    if live in self.inbox:  # held while asleep
+                        self.inbox.remove(live)
+                    elif self.connector is not None:
+                        self.connector.abort(key)  # its KV was still pending
                     self.core.scheduler.abort(live.req.request_id, reason)
                     self._forget(live, reason)
 
@@ -320,6 +356,7 @@ class EngineLoop:
         jumped: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         finished: list[list[m.Finished]] = [[] for _ in range(n)]
         preempted: list[list[int]] = [[] for _ in range(n)]
+        external: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         live_of = self.live.get
         for rid in result.output.preempted_request_ids:
             if (live := live_of(rid)) is not None:
@@ -329,6 +366,8 @@ class EngineLoop:
             if live is not None and not live.scheduled:
                 live.scheduled = True
                 first[live.frontend].append((live.seq, max(live.req.num_cached_tokens, 0)))
+                if live.req.num_external_tokens:  # P/D: its prompt KV was transferred in
+                    external[live.frontend].append((live.seq, live.req.num_external_tokens))
         for rid, toks in result.new_tokens.items():
             live = live_of(rid)
             if live is not None:
@@ -347,7 +386,9 @@ class EngineLoop:
             out, sp = req.token_ids, req.sampling_params
             stop_token = out[-1] if (reason is FinishReason.STOP and req.num_output_tokens
                                      and out[-1] in sp.stop_token_ids) else None
-            finished[live.frontend].append(m.Finished(live.seq, reason.value, stop_token))
+            kvp = (self.connector.prefill_finished(req.request_id, self._t)
+                   if self.connector is not None and req.hold_kv else None)
+            finished[live.frontend].append(m.Finished(live.seq, reason.value, stop_token, kvp))
             self._forget(live, reason)
         self.step_no += 1
         for fe in range(n):
@@ -355,7 +396,7 @@ class EngineLoop:
                 self._send(fe, m.encode(m.StepOutputs(
                     self.deployment, self.rank, self.epoch, self.step_no, start, self._t,
                     seqs[fe], counts[fe], tokens[fe], first[fe], jumped[fe], finished[fe],
-                    self._lagging, preempted[fe])))
+                    self._lagging, preempted[fe], external[fe])))
                 if self._lagging:
                     self.unacked[fe].append(self.step_no)
 
@@ -388,6 +429,106 @@ class EngineLoop:
         self.stats.set_state("draining", "shut down")
         if self.kv_pub is not None:
             self.kv_pub.close()
+        if self.connector is not None:
+            self.connector.close()
         for sock in (self.input, *self.outputs):
             sock.close(linger=0)
         self.ctx.term()
+
+    # ---- P/D and sleep mode (issue 13) ------------------------------------------------------
+    def _tick(self) -> None:
+        """Due replies (a wake-up answers once its weights are back), expired KV holds, and
+        KV transfers that ended: their requests join the scheduler (or end, policy fail)."""
+        t = max(self._t, self.now())
+        for timer in [x for x in self.timers if x[0] <= t]:
+            self.timers.remove(timer)
+            self._send(timer[1], m.encode(m.Admissions(self.deployment, self.rank,
+                                                       [m.Admission(timer[2])])))
+        if self.connector is None:
+            return
+        self.connector.expire(t)
+        for tr in self.connector.ready(t):
+            live = tr.live
+            if live.req.request_id not in self.live:
+                continue
+            if tr.failed and self.connector.config.kv_load_failure_policy == "fail":
+                self._end_now(live, FinishReason.ERROR)
+                continue
+            live.req.num_external_tokens = tr.num_tokens  # 0 after a failed load: recompute
+            self._latest_arrival = max(self._latest_arrival, tr.ready_at or 0.0)
+            self.inbox.append(live)
+
+    def _idle(self) -> None:
+        """Nothing to step: block for a message, or until the next emulated deadline (a KV
+        transfer's end, a hold's expiry, a wake-up's reply), which the timeline then reaches
+        exactly (not at the wall clock's later reading)."""
+        times = [t for t, _, _ in self.timers]
+        if self.connector is not None and (d := self.connector.next_deadline()) is not None:
+            times.append(d)
+        deadline = min(times, default=None)
+        if deadline is None:
+            self._service(None)
+            if self.inbox or self.connector is None or not self.connector.pending:
+                self._resync()  # (a request awaiting its KV keeps the timeline where it is)
+            return
+        wall = self.timeline.wall_until(deadline)
+        if wall > 0:
+            self._service(max(1, int(wall * 1000)))
+        if self.inbox:
+            self._resync()
+        elif self.timeline.wall_until(deadline) <= 0 and deadline > self._t:
+            self.core.account_idle(deadline - self._t)
+            self._t = deadline
+
+    def _end_now(self, live: _Live, reason: FinishReason) -> None:
+        """End a request outside a step (sleep's abort, a failed KV load): tell its front end."""
+        self._send(live.frontend, m.encode(m.StepOutputs(
+            self.deployment, self.rank, self.epoch, self.step_no, self._t, self._t, [], [], [],
+            [], [], [m.Finished(live.seq, reason.value)])))
+        self._forget(live, reason)
+
+    def _control(self, msg: m.Sleep | m.WakeUp) -> m.Admission | None:
+        """Sleep or wake up; the answer now, or None when it comes later (mode wait, or a
+        wake-up whose weights take emulated time to come back)."""
+        if isinstance(msg, m.WakeUp):
+            seconds = self.sleep.wake(msg.tags, self.core.placement)
+            self.stats.pd_sleep(self.core, self.sleep, self.connector)  # before the answer
+            if seconds <= 0:
+                return m.Admission(msg.seq)
+            self._t = max(self._t, self.now()) + seconds  # no step before the weights are back
+            self.timers.append((self._t, msg.frontend, msg.seq))
+            log.info("%s waking up: %.3f s (emulated) to bring the weights back", self.name,
+                     seconds)
+            return None
+        if msg.level not in LEVELS or msg.mode not in MODES:
+            return m.Admission(msg.seq, "InvalidRequest",
+                               f"sleep level must be one of {LEVELS} and mode one of {MODES}")
+        if self.sleep.sleeping:
+            log.warning("Executor is already sleeping.")
+            return m.Admission(msg.seq)
+        if msg.mode == "wait" and self.core.has_unfinished():
+            self.pending_sleep = (msg.frontend, msg.seq, msg.level)
+            return None
+        return self._fall_asleep(msg.level, msg.mode, msg.seq)
+
+    def _fall_asleep(self, level: int, mode: str, seq: int) -> m.Admission:
+        sched = self.core.scheduler
+        if mode == "abort":
+            for live in list(self.live.values()):
+                if live in self.inbox:
+                    continue  # accepted, not yet started: it waits for the wake-up
+                if self.connector is not None:
+                    self.connector.abort(live.req.request_id)
+                sched.abort(live.req.request_id)
+                self._end_now(live, FinishReason.ABORT)
+        elif level >= 1:  # keep: their KV is discarded, so they are recomputed after waking
+            for req in list(sched.running):
+                sched.preempt(req.request_id)
+        if level >= 1:  # the KV cache is freed: held prefills and the prefix cache go
+            if self.connector is not None:
+                self.connector.release_all()
+            sched.cache.evict(sched.cache.evictable_blocks)
+        self.sleep.sleep(level)
+        self.stats.pd_sleep(self.core, self.sleep, self.connector)
+        log.info("%s asleep at level %d (mode %s)", self.name, level, mode)
+        return m.Admission(seq)

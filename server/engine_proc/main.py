@@ -24,6 +24,7 @@ from devices import DeviceError
 from server.engine.build import EngineOptions, build_core
 from server.engine.clock import Timeline
 from server.engine.kv_events_config import KVEventsConfig
+from server.engine.kv_transfer import KvTransferConfig
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.info import failed_info, placed_info
 from server.engine_proc.loop import EngineLoop
@@ -91,7 +92,8 @@ def engine_main(spec: EngineSpec) -> None:
                       timeline=Timeline(spec.wall0, spec.time_scale), cold=spec.cold,
                       check_integrity=spec.check_integrity,
                       kv_events=KVEventsConfig.parse(opts.kv_events_config),
-                      kv_offset=opts.kv_events_port_offset)
+                      kv_offset=opts.kv_events_port_offset,
+                      kv_transfer=KvTransferConfig.parse(opts.kv_transfer_config), info=info)
     if loop.kv_pub is not None:  # KV events (issue 13): where subscribers go
         info = msgspec.structs.replace(
             info, kv_events_endpoint=loop.kv_pub.endpoint,

@@ -29,6 +29,8 @@ class EngineStats:
         self.step_seconds = HistogramWriter(self.a, layout, "doppelchip_step_seconds")
         self._tier_slots = {t: layout.slot("doppelchip_tier_bytes", t) for t in info.tiers}
         self._seen = (0, 0, 0)  # scheduler's preemptions, prefix queries, prefix hits
+        self._pd_seen = (0, 0)  # scheduler's external prefix queries, hits (P/D)
+        self._conn_seen: tuple[float, ...] = (0.0,) * 5  # wake s, transfers ok/failed, B, s
         self._spec_seen: tuple[int, ...] = ()
         self._per_gpu = 1.0 / max(1, info.chip_count)
         self._kv_used = -1
@@ -137,6 +139,32 @@ class EngineStats:
         self.a[self.slot("doppelchip_cost_dollars")] = core.stats.dollars + self._base_dollars
         self.file.end()
 
+    # --- P/D and sleep mode (issue 13) ---------------------------------------------------------
+    def pd_sleep(self, core: EngineCore, sleep, connector) -> None:
+        """vllm:engine_sleep_state as vLLM records it, the connector's prefix-cache counters
+        (vllm:external_prefix_cache_*, prompt_tokens_cached_by_source p2p) and transfers."""
+        a, slot, st = self.a, self.slot, core.scheduler.stats
+        self.file.begin()
+        for state, value in sleep.metric().items():
+            a[slot("vllm:engine_sleep_state", state)] = value
+        seen = (st.external_prefix_cache_queries, st.external_prefix_cache_hits)
+        a[slot("vllm:external_prefix_cache_queries")] += seen[0] - self._pd_seen[0]
+        a[slot("vllm:external_prefix_cache_hits")] += seen[1] - self._pd_seen[1]
+        a[slot("vllm:prompt_tokens_cached_by_source", "p2p")] += seen[1] - self._pd_seen[1]
+        self._pd_seen = seen
+        a[slot("doppelchip_kv_held_blocks")] = sum(len(b) for b, _ in
+                                                   core.scheduler.held.values())
+        now = (sleep.wake_seconds_total, *((connector.transfers, connector.failures,
+                                            connector.bytes, connector.seconds)
+                                           if connector is not None else (0, 0, 0.0, 0.0)))
+        for (name, value), n, before in zip(
+                (("doppelchip_wake_seconds", None), ("doppelchip_kv_transfers", "ok"),
+                 ("doppelchip_kv_transfers", "failed"), ("doppelchip_kv_transfer_bytes", None),
+                 ("doppelchip_kv_transfer_seconds", None)), now, self._conn_seen, strict=True):
+            a[slot(name, value)] += n - before  # counters continue across engine restarts
+        self._conn_seen = now
+        self.file.end()
+
     def _spec(self, core: EngineCore) -> None:
         """vLLM's spec-decode counters, from the core's own (deltas: they restart at 0)."""
         st = core.stats
@@ -185,3 +213,4 @@ def iteration_tokens(result: StepResult, sched) -> int:
         if req is not None and req.num_output_tokens == len(tokens):
             prompt += req.num_prompt_tokens - max(req.num_cached_tokens, 0)
     return generated + prompt
+

@@ -37,8 +37,8 @@ from server.engine.interface import (
 )
 from server.engine.output import RequestOutput, request_timings
 from server.engine.tokenizer import Tokenizer
-from server.frontend.pacing import UNPACED, LoopPacer
 from server.frontend.lora import LoraView
+from server.frontend.pacing import UNPACED, LoopPacer
 from server.frontend.stats import FrontendStats
 from server.frontend.stream import RequestStream
 from server.ipc import messages as m
@@ -102,6 +102,7 @@ class DeploymentClient:
         # --- LoRA (issue 13) ---
         self.lora = LoraView([run_dir.engine_stats(index, i.rank) for i in infos],
                              self.info.max_loras, frontend)
+        self.controls: dict[int, asyncio.Future[m.Admission]] = {}  # sleep mode (issue 13)
 
     # ---- status -----------------------------------------------------------------------------
     def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
@@ -326,3 +327,32 @@ class DeploymentClient:
                     continue
                 self.record_finish(stream, FinishReason.ERROR)
                 stream.fail(message)
+
+    # ---- sleep mode (issue 13) --------------------------------------------------------------
+    async def control(self, make: Callable[[int, int], m.Sleep | m.WakeUp]) -> None:
+        """Send a sleep-mode command to every rank and wait for each engine's answer (an
+        `Admissions` item for its seq); raises the engine's typed error if one refused."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for sock in self.sockets:
+            seq = next(_SEQ)
+            future: asyncio.Future[m.Admission] = loop.create_future()
+            self.controls[seq] = future
+            try:
+                sock.send(m.encode(make(self.frontend, seq)), zmq.NOBLOCK)
+            except zmq.Again:
+                self.controls.pop(seq, None)
+                raise Unavailable(f"deployment {self.name!r}: its engine process is not "
+                                  "reachable") from None
+            futures.append(future)
+        for answer in await asyncio.gather(*futures):
+            if answer.error:
+                raise ERRORS.get(answer.error, Unavailable)(answer.message)
+
+    def is_sleeping(self) -> bool:
+        """Whether any rank is asleep (vllm:engine_sleep_state{sleep_state="awake"} == 0)."""
+        for view in self.views:
+            values, _ = view.read()
+            if not values[view.layout.slot("vllm:engine_sleep_state", "awake")]:
+                return True
+        return False

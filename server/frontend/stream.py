@@ -38,10 +38,12 @@ class RequestStream:
         "client_id",
         "deployment",
         "eager",
+        "external",
         "first_scheduled",
         "first_token",
         "interval",
         "jumped",
+        "kv_transfer_params",
         "lag",
         "last_token",
         "n_out",
@@ -75,6 +77,8 @@ class RequestStream:
         self._clock = clock  # emulated now, on the shared timeline
         self.first_scheduled: float | None = None
         self.cached = 0  # prompt tokens served from the prefix cache (at first scheduling)
+        self.external = 0  # P/D: of those, prompt tokens whose KV a prefill pod sent
+        self.kv_transfer_params: dict | None = None  # P/D: what a prefill returns
         self.jumped = 0  # output tokens appended by jump-forward
         self.preemptions = 0  # times the engine preempted it
         self.first_token: float | None = None
@@ -113,10 +117,12 @@ class RequestStream:
             self._event.set()
         return False
 
-    def finish(self, reason: FinishReason, stop_token_id: int | None = None) -> None:
+    def finish(self, reason: FinishReason, stop_token_id: int | None = None,
+               kv_transfer_params: dict | None = None) -> None:
         """The request ended: by the engine (EOS, stop token, length) or, with reason abort,
         by the front end (drain)."""
         if self._finish is None:
+            self.kv_transfer_params = kv_transfer_params
             self._finish = (reason, stop_token_id)
             self._event.set()
 
@@ -170,7 +176,8 @@ class RequestStream:
                                   self.last_token, self._clock(), self.lag)
         usage = Usage(len(self.out.prompt_ids), self.cached, self.out.num_tokens, self.jumped)
         finish = Finish(reason, usage, timings, self.out.stop_str,
-                        stop_token if self.out.stop_str is None else None)
+                        stop_token if self.out.stop_str is None else None,
+                        self.kv_transfer_params)
         chunk = self._chunk(ids, text, times, index)
         return TokenChunk(chunk.token_ids, chunk.text, chunk.token_times, chunk.index,
                           chunk.prompt_token_ids, finish)

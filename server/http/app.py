@@ -20,6 +20,7 @@ from server.http.errors import HttpError, error_response, validation_error
 from server.http.kv_events import add_kv_event_routes
 from server.http.metrics import instrument
 from server.http.routes import add_routes
+from server.http.sleep import add_sleep_routes
 from server.http.state import VLLM_VERSION, HttpState
 
 log = logging.getLogger("doppelchip.http")
@@ -54,5 +55,6 @@ def build_app(state: HttpState) -> FastAPI:
 
     add_routes(app, state)
     add_kv_event_routes(app, state)  # KV events (issue 13)
+    add_sleep_routes(app, state)  # sleep mode (issue 13)
     instrument(app)
     return app

@@ -77,6 +77,12 @@ class Run:
     def n(self) -> int:
         return len(self.choices) // max(1, len(self.prompt_lens))
 
+    def kv_transfer_params(self) -> dict | None:
+        """P/D (issue 13): vLLM's response `kv_transfer_params` — the first choice's, as
+        vLLM takes them from the request's final output (None unless a prefill held KV)."""
+        first = self.choices[0].finish if self.choices else None
+        return first.kv_transfer_params if first is not None else None
+
 
 async def start(client: DeploymentClient, prompts: list[EngineRequest], n: int,
                 client_id: str | None = None) -> Run:

@@ -126,7 +126,27 @@ class LoraOp(msgspec.Struct, frozen=True, array_like=True, tag="lora_op"):
     base_model_name: str = ""
 
 
-ToEngine = AddRequest | Abort | Ack | Shutdown | FrontendGone | ResetPrefixCache | LoraOp
+# --- sleep mode (issue 13): answered with an `Admissions` item for `seq` ---------------------
+class Sleep(msgspec.Struct, frozen=True, array_like=True, tag="sleep"):
+    """vLLM's sleep(level, mode): 0 pauses scheduling, 1 offloads the weights to host memory,
+    2 discards them; both free the KV cache. mode: abort | wait | keep (the in-flight ones)."""
+
+    frontend: int
+    seq: int
+    level: int
+    mode: str = "abort"
+
+
+class WakeUp(msgspec.Struct, frozen=True, array_like=True, tag="wake"):
+    """vLLM's wake_up(tags): bring back `tags` (weights, kv_cache, scheduling; empty: all)."""
+
+    frontend: int
+    seq: int
+    tags: tuple[str, ...] = ()
+
+
+ToEngine = (AddRequest | Abort | Ack | Shutdown | FrontendGone | ResetPrefixCache | LoraOp
+            | Sleep | WakeUp)
 
 
 # ---- engine / supervisor → front end ---------------------------------------------------------
@@ -148,6 +168,7 @@ class Finished(msgspec.Struct, frozen=True, array_like=True):
     seq: int
     reason: str
     stop_token_id: int | None = None
+    kv_transfer_params: dict | None = None  # P/D (issue 13): a prefill's, for its decode side
 
 
 class StepOutputs(msgspec.Struct, frozen=True, array_like=True, tag="step"):
@@ -174,6 +195,7 @@ class StepOutputs(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     finished: list[Finished]
     want_ack: bool = False
     preempted: list[int] = []  # requests preempted in this step (vllm:request_num_preemptions)
+    external: list[tuple[int, int]] = []  # P/D: (seq, prompt tokens whose KV was transferred)
 
 
 class EngineDown(msgspec.Struct, frozen=True, array_like=True, tag="down"):

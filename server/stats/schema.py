@@ -224,6 +224,29 @@ def engine_metrics(info: DeploymentInfo) -> list[MetricDef]:
         MetricDef("doppelchip_step_seconds", "histogram",
                   "Emulated duration of one engine step (compile stall included).",
                   STEP_BUCKETS),
+        *_pd_sleep(),
+    ]
+
+
+# --- P/D and sleep mode (issue 13) ------------------------------------------------------------
+KV_TRANSFER_OUTCOMES = ("ok", "failed")
+
+
+def _pd_sleep() -> list[MetricDef]:
+    """The KV transfers a decode pod pulled (docs/PD.md), the blocks a prefill pod holds for
+    its decode side, and the emulated time waking up cost."""
+    return [
+        MetricDef("doppelchip_kv_transfers", "counter",
+                  "KV-cache transfers pulled from a prefill pod (P/D), by outcome.",
+                  label="outcome", values=KV_TRANSFER_OUTCOMES),
+        MetricDef("doppelchip_kv_transfer_bytes", "counter",
+                  "KV-cache bytes pulled from prefill pods (P/D)."),
+        MetricDef("doppelchip_kv_transfer_seconds", "counter",
+                  "Emulated seconds the KV transfers took on the link (P/D)."),
+        MetricDef("doppelchip_kv_held_blocks", "gauge",
+                  "KV blocks a prefill pod holds for decode pods to read (P/D)."),
+        MetricDef("doppelchip_wake_seconds", "counter",
+                  "Emulated seconds spent bringing weights back on wake-up (sleep mode)."),
     ]
 
 
