@@ -106,7 +106,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                      check_integrity=args.check_integrity))
 
 
-POD_ONLY = ("served_model_name", "data_parallel_size", "enable_expert_parallel")
+POD_ONLY = ("served_model_name", "data_parallel_size", "enable_expert_parallel",
+            # --- failure injection (issue 13): in a fleet, per deployment in the file ---
+            "failure_injection_rate", "failure_types", "failure_injection_seed",
+            "fault_slowdown", "fault_hang", "fault_crash", "fault_lost_chips",
+            "fault_stream_cut")
 
 
 def pod_fleet(args: argparse.Namespace, fleet):

@@ -16,6 +16,7 @@ from server.engine.build import EngineOptions, build_core
 from server.engine.interface import Constraint
 from server.engine.tokenizer import get_tokenizer
 from server.engine.virtual import RequestRecord, VirtualSession, VirtualTurn, run_virtual
+from server.frontend.faults import check_options as check_fault_options
 
 
 class SimulationError(Exception):
@@ -124,7 +125,21 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "start": "cold" if args.cold else None,
         "jump_forward": {"on": True, "off": False}.get(getattr(args, "jump_forward", None)),
     }
-    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    # --- failure injection (issue 13) ---
+    for key in FAULT_KEYS:
+        value = getattr(args, key, None)
+        overrides[key] = tuple(value) if isinstance(value, list) else value
+    options = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        check_fault_options(options)
+    except ValueError as e:
+        raise SimulationError(str(e)) from e
+    return options
+
+
+FAULT_KEYS = ("failure_injection_rate", "failure_types", "failure_injection_seed",
+              "fault_slowdown", "fault_hang", "fault_crash", "fault_lost_chips",
+              "fault_stream_cut")
 
 
 def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:

@@ -28,6 +28,7 @@ from server.engine.interface import FinishReason
 from server.engine.tokenizer import get_tokenizer
 from server.fleet import Fleet
 from server.frontend.deployment import DeploymentClient
+from server.frontend.faults import RequestFaults
 from server.frontend.receiver import Receiver
 from server.frontend.stats import FrontendStats
 from server.http.app import build_app
@@ -72,6 +73,11 @@ class FrontendApp:
                              clock=self.timeline.now, stats=self.stats)
             for d, (ranks, dep) in enumerate(zip(infos, config.deployments, strict=True))
         ]
+        # --- failure injection (issue 13): server/frontend/faults.py ---
+        for client, dep in zip(self.clients, config.deployments, strict=True):
+            faults = RequestFaults(dep, frontend, client.info.model_name, self.stats,
+                                   (client.index, client.info.rank))
+            client.faults = faults if faults.enabled else None
         self.fleet = Fleet(self.clients, config.default_deployment)
         self.receiver = Receiver(self.input, self.clients, frontend, self.stats)
         self.servicer = InferenceServicer(self.fleet, cfg.time_scale, http_port, frontend)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from server.engine.build import EngineOptions
+from server.frontend.faults import check_options as check_fault_options
 
 DeploymentConfig = EngineOptions  # a [[deployments]] table is exactly the engine's options
 
@@ -154,7 +155,12 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
                 "max_prompt_bytes", "max_stop_strings", "max_stop_bytes"):
         if key in table and isinstance(table[key], int) and table[key] < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
-    return _build(EngineOptions, table, where)
+    options = _build(EngineOptions, table, where)
+    try:  # --- failure injection (issue 13) ---
+        check_fault_options(options)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return options
 
 
 def parse_fleet(doc: dict[str, Any], source: str = "fleet file") -> FleetConfig:

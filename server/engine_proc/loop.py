@@ -33,6 +33,7 @@ from server.engine.intake import Limits, admit
 from server.engine.interface import EngineError, FinishReason, Unavailable
 from server.engine.logs import request_log
 from server.engine.request import Request
+from server.engine_proc.faults import FaultDriver
 from server.engine_proc.stats import EngineStats
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
@@ -56,7 +57,8 @@ class _Live:
 class EngineLoop:
     def __init__(self, *, deployment: int, rank: int, epoch: int, core: EngineCore,
                  limits: Limits, stats: EngineStats, run_dir: RunDir, num_frontends: int,
-                 timeline: Timeline, cold: bool, check_integrity: bool) -> None:
+                 timeline: Timeline, cold: bool, check_integrity: bool,
+                 faults: FaultDriver | None = None) -> None:
         self.deployment, self.rank, self.epoch = deployment, rank, epoch
         self.core, self.limits, self.stats = core, limits, stats
         self.name = limits.name
@@ -89,6 +91,7 @@ class EngineLoop:
         self._latest_arrival = 0.0
         self._lagging = False
         self._warned = -WARN_EVERY_S
+        self.faults = faults  # device faults (issue 13): server/engine_proc/faults.py
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -104,26 +107,35 @@ class EngineLoop:
             return
         self.state = "ready"
         self.stats.set_state("ready", "ready", self._t)
+        if self.faults is not None:
+            self.faults.start(self._t)
         self._resync()
         while not self.stopping:
             self._take_inbox()
             if not core.has_unfinished():
-                if self.check_integrity:  # every request released: pool and cache intact
-                    core.scheduler.check_integrity()
+                if self.faults is not None:
+                    self.faults.advance(self.now())
+                if self.check_integrity and not (self.faults and self.faults.holds_blocks):
+                    core.scheduler.check_integrity()  # every request released: pool intact
                 self.stats.idle(core, self.num_queued(), self._t)
                 self._lagging = False
-                self._service(None)
+                self._service(self._idle_timeout_ms())
                 self._resync()
                 continue
             if self._lagging and any(len(q) > MAX_UNACKED for q in self.unacked):
                 self._service(None)  # wait for the front ends to absorb what was sent
                 continue
             start = max(self._t, self._latest_arrival)
+            if self.faults is not None:  # a crash exits here; a hang holds the step back
+                self.faults.advance(start)
+                start = self.faults.hang(start, self._wait_until)
             result = core.step()
             if result is None:  # everything waiting is blocked: wait for an abort or arrival
-                self._service(None)
+                self._service(self._idle_timeout_ms())
                 self._resync()
                 continue
+            if self.faults is not None:
+                result = self.faults.slow(result, start)
             self._t = start + result.seconds
             self._wait_until(self._t)
             lag = max(0.0, self.now() - self._t)
@@ -147,6 +159,13 @@ class EngineLoop:
         if resume > self._t:
             self.core.account_idle(resume - self._t)
             self._t = resume
+
+    def _idle_timeout_ms(self) -> int | None:
+        """How long an idle engine may block: until its next fault event, else forever."""
+        t = self.faults.next_event() if self.faults is not None else None
+        if t is None:
+            return None
+        return max(0, int(self.timeline.wall_until(t) * 1000) + 1)
 
     def _note_lag(self, lag: float) -> None:
         wall = lag * self.scale
@@ -292,7 +311,8 @@ class EngineLoop:
         finished: list[list[m.Finished]] = [[] for _ in range(n)]
         preempted: list[list[int]] = [[] for _ in range(n)]
         live_of = self.live.get
-        for rid in result.output.preempted_request_ids:
+        extra = self.faults.take_preempted() if self.faults is not None else ()
+        for rid in (*result.output.preempted_request_ids, *extra):
             if (live := live_of(rid)) is not None:
                 preempted[live.frontend].append(live.seq)
         for s in result.output.scheduled:

@@ -21,6 +21,7 @@ from devices import DeviceError
 from server.engine.build import EngineOptions, build_core
 from server.engine.clock import Timeline
 from server.engine.tokenizer import get_tokenizer
+from server.engine_proc.faults import FaultDriver, schedule_of
 from server.engine_proc.info import failed_info, placed_info
 from server.engine_proc.loop import EngineLoop
 from server.engine_proc.stats import EngineStats
@@ -85,7 +86,9 @@ def engine_main(spec: EngineSpec) -> None:
                       limits=info.limits, stats=stats, run_dir=run,
                       num_frontends=spec.num_frontends,
                       timeline=Timeline(spec.wall0, spec.time_scale), cold=spec.cold,
-                      check_integrity=spec.check_integrity)
+                      check_integrity=spec.check_integrity,
+                      faults=FaultDriver(schedule_of(opts), core, stats, spec.time_scale,
+                                         opts.name))
     _hello(run, spec, info)
     gc.collect()  # the core, its tables and the tokenizer leave the collector's generations
     gc.freeze()

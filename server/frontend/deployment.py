@@ -92,6 +92,7 @@ class DeploymentClient:
         self._ids: dict[str, int] = {}  # client request id -> its streams in flight here
         self.admissions: dict[int, tuple[asyncio.Future[m.Admission], RequestStream]] = {}
         self._turn = 0  # round robin among equally loaded ranks
+        self.faults = None  # request-level faults (issue 13): a frontend.faults.RequestFaults
 
     # ---- status -----------------------------------------------------------------------------
     def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
