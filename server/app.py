@@ -28,7 +28,7 @@ from server.engine.interface import FinishReason
 from server.engine.tokenizer import get_tokenizer
 from server.fleet import Fleet
 from server.frontend.deployment import DeploymentClient
-from server.frontend.faults import RequestFaults
+from server.frontend.faults import RequestFaults, quiet_http_cuts
 from server.frontend.receiver import Receiver
 from server.frontend.stats import FrontendStats
 from server.http.app import build_app
@@ -78,6 +78,8 @@ class FrontendApp:
             faults = RequestFaults(dep, frontend, client.info.model_name, self.stats,
                                    (client.index, client.info.rank))
             client.faults = faults if faults.enabled else None
+            if faults.cuts:
+                quiet_http_cuts()
         self.fleet = Fleet(self.clients, config.default_deployment)
         self.receiver = Receiver(self.input, self.clients, frontend, self.stats)
         self.servicer = InferenceServicer(self.fleet, cfg.time_scale, http_port, frontend)

@@ -23,6 +23,7 @@ sequence (the kernel spreads connections among them).
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ from server.engine.build import EngineOptions
 from server.engine.faults import FaultSpec, parse_specs, unit
 from server.engine.interface import EngineError
 from server.frontend.stats import FrontendStats
-from server.frontend.stream import RequestStream
+from server.frontend.stream import RequestStream, StreamCut
 from server.stats.schema import FAILURE_TYPES
 
 
@@ -62,6 +63,7 @@ KINDS = {
                                    "exist", "model"),
 }
 assert tuple(KINDS) == FAILURE_TYPES
+log = logging.getLogger("doppelchip.frontend")
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
                429: "RateLimitError", 503: "InternalServerError"}
 
@@ -97,6 +99,23 @@ class StreamCutRule:
         if self.window is None:
             return self.drawn
         return self.window[0] <= now < self.window[1]
+
+
+class _QuietCuts(logging.Filter):
+    """uvicorn and the app log a traceback for a response body that raised: an injected cut is not a
+    bug, one line says what happened."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, StreamCut)  # counted_cut() logged it
+
+
+def quiet_http_cuts() -> None:
+    """Install the filter on the logs that report a failed response (once per process)."""
+    for name in ("uvicorn.error", "doppelchip.http"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _QuietCuts) for f in logger.filters):
+            logger.addFilter(_QuietCuts())
 
 
 def check_options(opts: EngineOptions) -> None:
@@ -162,6 +181,7 @@ class RequestFaults:
                 return
 
     def counted_cut(self) -> None:
+        log.info("fault injection: a stream of %s is cut mid-response", self.key[1])
         self._stats.begin()
         self._row[self._cut_at] += 1
         self._stats.end()
