@@ -68,6 +68,9 @@ class FaultDriver:
         for w in self.schedule.arm(t):
             self._open(w, t)
         self._gauges()
+        if (nxt := self.schedule.next_start()) is not None or self.active:
+            log.info("fault injection: %s armed at t=%.3f s (emulated); next fault at %s",
+                     self.name, t, "none" if nxt is None else f"t={nxt:.3f} s")
 
     def advance(self, t: float) -> None:
         """Open what is due at `t`, close what ended; a due crash ends the process here."""
