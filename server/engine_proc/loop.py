@@ -165,7 +165,7 @@ class EngineLoop:
         t = self.faults.next_event() if self.faults is not None else None
         if t is None:
             return None
-        return max(0, int(self.timeline.wall_until(t) * 1000) + 1)
+        return max(0, min(60_000, int(self.timeline.wall_until(t) * 1000) + 1))  # poll's int
 
     def _note_lag(self, lag: float) -> None:
         wall = lag * self.scale
