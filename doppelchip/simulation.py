@@ -59,6 +59,10 @@ def simulate_conversations(
 ) -> tuple[dict[str, Any], list[RequestResult]]:
     """The summary and every request's result of `workload` on `options` in virtual time
     (closed loop with at most `concurrency` conversations at once, if given)."""
+    injected = [k for k in FAULT_KEYS if k != "failure_injection_seed" and getattr(options, k)]
+    if injected:  # failure injection (issue 13) acts on the served path only
+        raise SimulationError(f"{options.name}: {', '.join(injected)}: failure injection runs "
+                              "in `doppelchip serve`, not in virtual time")
     try:
         core = build_core(options)
     except Exception as e:  # DeviceError, ValueError: the message says why

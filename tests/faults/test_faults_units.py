@@ -185,3 +185,25 @@ def test_slowdown_multiplies_the_device_time():
     assert driver.slow(result, 6.0).seconds == pytest.approx(3 * result.seconds)
     driver.advance(10.0)
     assert driver.slow(result, 10.0).seconds == result.seconds
+
+
+def test_flags_reach_a_pod_and_virtual_time_refuses_them(capsys):
+    import argparse
+
+    from doppelchip.cli import main
+    from doppelchip.cmd_serve import pod_fleet, register
+    from server.config import load_fleet
+
+    base = ["--chip", "h100-sxm", "--engine", "vllm", "--model", "llama-3.1-8b",
+            "--quant", "bf16"]
+    flags = ["--failure-injection-rate", "5", "--failure-types", "rate_limit",
+             "--fault-crash", "at=50", "rate=0.01", "--fault-stream-cut", "after=2,percent=1"]
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["serve", *base, *flags])
+    (opts,) = pod_fleet(args, load_fleet(None)).deployments
+    assert (opts.failure_injection_rate, opts.failure_types) == (5.0, ("rate_limit",))
+    assert opts.fault_crash == ("at=50", "rate=0.01")
+    assert opts.fault_stream_cut == ("after=2,percent=1",)
+    assert main(["simulate", *base, *flags, "--num-requests", "2"]) == 2
+    assert "failure injection runs in `doppelchip serve`" in capsys.readouterr().err
