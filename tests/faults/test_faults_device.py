@@ -9,8 +9,9 @@ run with --check-integrity):
 - lost chips: the pool loses half its blocks while loaded, preemptions follow, every block
   comes back.
 Times are emulated seconds since the server started (time_scale 0.05: 20 per wall second);
-faults start at t=300, after every engine is ready (read from the engine's log; a host
-too slow to start them by then skips the module rather than testing nothing).
+the hang starts at t=240, the crash at 300, the lost chips at 390, after every engine is ready
+(read from the engine's log; a host too slow to start them by then skips the module rather
+than testing nothing), each after the previous test is done with its own.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from server_proc import ServerProcess, metric, until
 from clients.client import AsyncClient
 from doppelchip.v1 import inference_pb2 as pb
 
-AT = float(os.environ.get("DOPPELCHIP_TEST_FAULT_AT", "300"))  # 15 s of wall time
+AT = float(os.environ.get("DOPPELCHIP_TEST_FAULT_AT", "240"))  # 12 s of wall time
+CRASH_AT, LOSS_AT = AT + 60, AT + 150  # one after the other: the tests run in this order
 H100 = {"model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm", "engine": "vllm",
         "max_model_len": 256}
 SLOW = {"model": "llama-3.1-70b", "quant": "q4_k_m", "chip": "rtx-4090", "engine": "llama.cpp",
@@ -39,10 +41,10 @@ DOC = {
         {"name": "steady", **H100},
         {"name": "slowed", **H100, "fault_slowdown": ["at=0,for=1e9,factor=4"]},
         {"name": "wedged", **SLOW, "fault_hang": [f"at={AT},for=20"]},
-        {"name": "crashy", **SLOW, "fault_crash": [f"at={AT}"]},
+        {"name": "crashy", **SLOW, "fault_crash": [f"at={CRASH_AT}"]},
         {"name": "lossy", "model": "llama-3.1-8b", "quant": "bf16", "chip": "rtx-4090",
          "engine": "vllm", "tp": 2, "kv_blocks": 48, "max_model_len": 512,
-         "fault_lost_chips": [f"at={AT},chips=1,for=30"]},
+         "fault_lost_chips": [f"at={LOSS_AT},chips=1,for=30"]},
     ],
 }
 
@@ -56,6 +58,13 @@ def server():
             if armed >= AT - 20:
                 pytest.skip(f"host too slow: {name} was ready only at t={armed} (emulated)")
         yield s
+
+
+async def not_yet(server, deployment: str, fault: str) -> None:
+    """The test must start before its fault (else it would wait for nothing)."""
+    text = await asyncio.to_thread(server.scrape)
+    assert metric(text, "doppelchip_fault_events_total", deployment=deployment,
+                  fault=fault) == 0, f"{fault} of {deployment} happened before its test began"
 
 
 def gaps(times) -> list[float]:
@@ -95,6 +104,7 @@ async def test_slowdown_multiplies_step_time_and_inter_token_latency(server):
 
 
 async def test_hang_stalls_streams_while_health_stays_serving(server):
+    await not_yet(server, "wedged", "hang")
     async with AsyncClient(server.target) as client:
         for _ in range(100):  # streams back to back until one lived through the hang
             times, final, err = await stream(client, "wedged", 60)
@@ -117,11 +127,14 @@ async def test_hang_stalls_streams_while_health_stays_serving(server):
 
 
 async def test_crash_fails_in_flight_streams_and_the_engine_comes_back(server):
+    await not_yet(server, "crashy", "crash")
     async with AsyncClient(server.target) as client:
-        while True:
+        for _ in range(100):  # streams back to back until the crash ends one
             times, final, err = await stream(client, "crashy", 60)
             if err is not None:
                 break
+        else:
+            raise AssertionError("no stream failed")
         assert err.code() == grpc.StatusCode.UNAVAILABLE
         assert "engine process exited (exit status 70)" in err.details()
         assert times  # it was mid-stream
@@ -140,18 +153,21 @@ async def test_crash_fails_in_flight_streams_and_the_engine_comes_back(server):
 
 
 async def test_lost_chips_shrink_the_pool_preemptions_follow_and_blocks_return(server):
+    await not_yet(server, "lossy", "lost_chips")
+    done = asyncio.Event()
     async with AsyncClient(server.target) as client:
-        async def batch(i: int):
-            return await asyncio.gather(*(
-                stream(client, "lossy", 40, prompt=list(range(1000 * i + 300 * j + 1,
-                                                              1000 * i + 300 * j + 201)))
-                for j in range(3)))
-        i, seen_loss = 0, False
-        while True:
-            results = await batch(i)
-            assert all(err is None and final.usage.completion_tokens == 40
-                       for _, final, err in results)
-            i += 1
+        async def worker(j: int) -> int:
+            n = 0
+            while not done.is_set():  # back to back: the pool is busy when the chips go
+                prompt = [(1000 * n + 300 * j + k) % 30000 + 1 for k in range(200)]
+                _, final, err = await stream(client, "lossy", 40, prompt=prompt)
+                assert err is None and final.usage.completion_tokens == 40
+                n += 1
+            return n
+
+        workers = [asyncio.create_task(worker(j)) for j in range(3)]
+        seen_loss, deadline = False, asyncio.get_running_loop().time() + 120
+        while asyncio.get_running_loop().time() < deadline:
             text = await asyncio.to_thread(server.scrape)
             active = metric(text, "doppelchip_fault_active", deployment="lossy",
                             fault="lost_chips")
@@ -159,6 +175,10 @@ async def test_lost_chips_shrink_the_pool_preemptions_follow_and_blocks_return(s
             if metric(text, "doppelchip_fault_events_total", deployment="lossy",
                       fault="lost_chips") == 1 and active == 0:
                 break
+            await asyncio.sleep(0.05)
+        done.set()
+        counts = await asyncio.gather(*workers)
+        assert seen_loss and min(counts) > 0
         await assert_released(client, "lossy")
         d = await client.get_deployment("lossy")
         assert d.capacity.kv_blocks_free == d.capacity.kv_blocks_total == 48
@@ -166,3 +186,4 @@ async def test_lost_chips_shrink_the_pool_preemptions_follow_and_blocks_return(s
     assert metric(text, "vllm:num_preemptions_total", deployment="lossy") >= 1
     assert metric(text, "doppelchip_kv_lost_blocks", deployment="lossy") == 0
     assert metric(text, "vllm:num_preemptions_total", deployment="steady") == 0
+    assert "fault injection: lossy lost_chips ended" in server.log
