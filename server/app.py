@@ -64,7 +64,8 @@ class FrontendApp:
         self.input.bind(run_dir.frontend_input(frontend))
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
         keys = [(d, r.rank) for d, ranks in enumerate(infos) for r in ranks]
-        self.stats = FrontendStats(run_dir.frontend_stats(frontend), keys, max(1, max_len))
+        self.stats = FrontendStats(run_dir.frontend_stats(frontend), keys, max(1, max_len),
+                                   any(r.faults for d in infos for r in d))
         tokenizer = get_tokenizer()
         self.clients = [
             DeploymentClient(d, ranks, frontend=frontend, run_dir=run_dir, ctx=self.ctx,
@@ -75,10 +76,10 @@ class FrontendApp:
         ]
         # --- failure injection (issue 13): server/frontend/faults.py ---
         for client, dep in zip(self.clients, config.deployments, strict=True):
-            faults = RequestFaults(dep, frontend, client.info.model_name, self.stats,
-                                   (client.index, client.info.rank))
-            client.faults = faults if faults.enabled else None
-            if faults.cuts:
+            if dep.failure_injection_rate or dep.fault_stream_cut:
+                client.faults = RequestFaults(dep, frontend, client.info.model_name,
+                                              self.stats, (client.index, client.info.rank))
+            if dep.fault_stream_cut:
                 quiet_http_cuts()
         self.fleet = Fleet(self.clients, config.default_deployment)
         self.receiver = Receiver(self.input, self.clients, frontend, self.stats)

@@ -116,6 +116,21 @@ def parse_spec(kind: str, text: str) -> FaultSpec:
     return spec
 
 
+FAULT_OPTIONS = ("fault_slowdown", "fault_hang", "fault_crash", "fault_lost_chips")
+
+
+def has_device_faults(opts) -> bool:
+    """Whether a deployment (an EngineOptions) has any device fault configured."""
+    return any(getattr(opts, k) for k in FAULT_OPTIONS)
+
+
+def has_faults(opts) -> bool:
+    """Whether a deployment has any failure injection at all (its metrics are exported only
+    then: a pod without faults keeps its scrape as small as before)."""
+    return bool(opts.failure_injection_rate or opts.fault_stream_cut
+                or has_device_faults(opts))
+
+
 def parse_specs(kind: str, texts: tuple[str, ...]) -> tuple[FaultSpec, ...]:
     return tuple(parse_spec(kind, t) for t in texts)
 

@@ -20,6 +20,7 @@ import zmq
 from devices import DeviceError
 from server.engine.build import EngineOptions, build_core
 from server.engine.clock import Timeline
+from server.engine.faults import has_device_faults
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.faults import FaultDriver, schedule_of
 from server.engine_proc.info import failed_info, placed_info
@@ -88,7 +89,7 @@ def engine_main(spec: EngineSpec) -> None:
                       timeline=Timeline(spec.wall0, spec.time_scale), cold=spec.cold,
                       check_integrity=spec.check_integrity,
                       faults=FaultDriver(schedule_of(opts), core, stats, spec.time_scale,
-                                         opts.name))
+                                         opts.name) if has_device_faults(opts) else None)
     _hello(run, spec, info)
     gc.collect()  # the core, its tables and the tokenizer leave the collector's generations
     gc.freeze()

@@ -117,8 +117,9 @@ def _vllm_hist(name: str, max_model_len: int) -> MetricDef:
     return MetricDef(name, "histogram", doc, tuple(float(x) for x in b))
 
 
-def request_metrics(max_model_len: int) -> list[MetricDef]:
-    """What a front end writes per (deployment, rank)."""
+def request_metrics(max_model_len: int, faults: bool = False) -> list[MetricDef]:
+    """What a front end writes per (deployment, rank); `faults`: some deployment of the
+    server has failure injection configured (its counters are exported)."""
     return [
         MetricDef("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
         MetricDef("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
@@ -133,7 +134,7 @@ def request_metrics(max_model_len: int) -> list[MetricDef]:
         MetricDef("doppelchip_inter_token_latency_seconds", "histogram",
                   "Inter-token latency (emulated), sub-millisecond buckets.",
                   FINE_ITL_BUCKETS),
-        *FAULT_REQUEST_METRICS,
+        *(FAULT_REQUEST_METRICS if faults else ()),
     ]
 
 
@@ -225,7 +226,7 @@ def engine_metrics(info: DeploymentInfo) -> list[MetricDef]:
         MetricDef("doppelchip_step_seconds", "histogram",
                   "Emulated duration of one engine step (compile stall included).",
                   STEP_BUCKETS),
-        *FAULT_ENGINE_METRICS,
+        *(FAULT_ENGINE_METRICS if info.faults else ()),
     ]
 
 

@@ -44,7 +44,8 @@ def expected_fates(n: int) -> list[str | None]:
     """What the seed says about requests 0..n-1 (the server's own draw, computed here)."""
     (opts,) = parse_fleet(DOC).deployments[:1]
     path = Path(tempfile.mkdtemp()) / "f.stats"
-    faults = RequestFaults(opts, 0, "llama-3.1-8b", FrontendStats(path, [(0, 0)], 256), (0, 0))
+    faults = RequestFaults(opts, 0, "llama-3.1-8b",
+                           FrontendStats(path, [(0, 0)], 256, faults=True), (0, 0))
     return [faults.draw(k) for k in range(n)]
 
 

@@ -82,7 +82,8 @@ def _faults(**options) -> RequestFaults:
     import tempfile
     from pathlib import Path
     path = Path(tempfile.mkdtemp()) / "f.stats"
-    return RequestFaults(opts, 0, "llama-3.1-8b", FrontendStats(path, [(0, 0)], 256), (0, 0))
+    return RequestFaults(opts, 0, "llama-3.1-8b",
+                           FrontendStats(path, [(0, 0)], 256, faults=True), (0, 0))
 
 
 def test_the_draw_is_deterministic_under_the_seed_and_counted():
