@@ -159,9 +159,11 @@ async def test_lost_chips_shrink_the_pool_preemptions_follow_and_blocks_return(s
         async def worker(j: int) -> int:
             n = 0
             while not done.is_set():  # back to back: the pool is busy when the chips go
-                prompt = [(1000 * n + 300 * j + k) % 30000 + 1 for k in range(200)]
-                _, final, err = await stream(client, "lossy", 40, prompt=prompt)
-                assert err is None and final.usage.completion_tokens == 40
+                # 100 + 150 tokens: admitted with 7 blocks, grown to 16; three fill the 48
+                # blocks exactly, so only the lost half makes them preempt each other
+                prompt = [(1000 * n + 300 * j + k) % 30000 + 1 for k in range(100)]
+                _, final, err = await stream(client, "lossy", 150, prompt=prompt)
+                assert err is None and final.usage.completion_tokens == 150
                 n += 1
             return n
 
