@@ -107,7 +107,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 POD_ONLY = ("served_model_name", "data_parallel_size", "enable_expert_parallel",
-            "enable_lora", "lora_modules")  # (LoRA: issue 13; in fleet mode: the fleet keys)
+            "enable_lora", "lora_modules",  # (LoRA: issue 13; in fleet mode: the fleet keys)
+            # --- failure injection (issue 13): in a fleet, per deployment in the file ---
+            "failure_injection_rate", "failure_types", "failure_injection_seed",
+            "fault_slowdown", "fault_hang", "fault_crash", "fault_lost_chips",
+            "fault_stream_cut")
 
 
 def pod_fleet(args: argparse.Namespace, fleet):

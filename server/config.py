@@ -37,6 +37,7 @@ from typing import Any
 from server.engine.block_hash import hash_function
 from server.engine.build import EngineOptions
 from server.engine.kv_events_config import KVEventsConfig
+from server.frontend.faults import check_options as check_fault_options
 
 DeploymentConfig = EngineOptions  # a [[deployments]] table is exactly the engine's options
 
@@ -169,6 +170,10 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     opts = _build(EngineOptions, table, where)
     try:  # --- LoRA (issue 13): the LoRA options checked as vLLM checks them ---
         opts.lora_config()
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    try:  # --- failure injection (issue 13) ---
+        check_fault_options(opts)
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from None
     return opts

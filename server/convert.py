@@ -20,6 +20,7 @@ from server.engine.interface import (
     TokenChunk,
     Unavailable,
 )
+from server.frontend.faults import InjectedFailure
 from server.frontend.parallel import MAX_N
 
 _STATUS: dict[type[EngineError], grpc.StatusCode] = {
@@ -46,6 +47,8 @@ _STATE = {
 
 
 def status_code(error: EngineError) -> grpc.StatusCode:
+    if isinstance(error, InjectedFailure):  # failure injection (issue 13)
+        return grpc.StatusCode[error.kind.grpc]
     for cls, code in _STATUS.items():
         if isinstance(error, cls):
             return code

@@ -7,7 +7,8 @@ Two dashboards, both with a `deployment` variable (multi-select, compared side b
 - serving: latency percentiles, throughput, scheduler state, KV usage, prefix-cache hit rate,
   finish reasons, preemptions (vLLM's metric names, so vLLM deployments show up too);
 - devices: bandwidth and FLOP utilisation, bound, memory tiers, SSD page-ins, compile stalls,
-  energy and cost per token (doppelchip's own `doppelchip_` metrics).
+  energy and cost per token (doppelchip's own `doppelchip_` metrics); and a row of injected
+  faults (failures by type, stream cuts, device faults, hang/slowdown/lost KV).
 No query hides missing data behind a fallback (`or vector(0)` and the like): an empty panel
 means the metric is missing. `tests/observability/test_obs_panels.py` runs every query against
 a real Prometheus scraping a loaded server. docs/OBSERVABILITY.md describes each panel.
@@ -214,6 +215,7 @@ def devices() -> dict:
             (f"sum by (deployment, chip) (doppelchip_chips{{{SEL}}})",
              "{{chip}} {{deployment}}")], "short", kind="stat"),
         *pd_sleep_panels(),
+        *fault_panels(),
     ])
 
 
@@ -236,6 +238,32 @@ def pd_sleep_panels() -> list[dict[str, Any]]:
             (rate("doppelchip_kv_transfer_bytes_total"), "pulled {{deployment}}"),
             (f"sum by (deployment) (doppelchip_kv_held_blocks{{{SEL}}})",
              "held blocks {{deployment}}")], "short"),
+    ]
+
+
+def fault_panels() -> list[dict[str, Any]]:
+    """Failure injection (issue 13; docs/FAULTS.md): one row of request-level faults, one of
+    device faults."""
+    return [
+        panel("Injected failures", "Generation requests refused by failure injection per "
+              "second, by llm-d-inference-sim's failure type.", [
+            (rate("doppelchip_failure_injections_total", "deployment, failure_type"),
+             "{{failure_type}} {{deployment}}")], "reqps", stack=True),
+        panel("Stream cuts", "Streams cut mid-response by fault injection per second.", [
+            (rate("doppelchip_stream_cuts_total"), "{{deployment}}")], "short"),
+        panel("Device faults", "Faults started per second (slowdown, hang, crash, lost "
+              "chips) and which are in force now.", [
+            (rate("doppelchip_fault_events_total", "deployment, fault"),
+             "started {{fault}} {{deployment}}"),
+            (f"max by (deployment, fault) (doppelchip_fault_active{{{SEL}}})",
+             "active {{fault}} {{deployment}}")], "short"),
+        panel("Hang, slowdown and lost KV", "Seconds per second without progress (hang), the "
+              "step-time factor in force (slowdown) and KV blocks lost with chips.", [
+            (rate("doppelchip_hang_seconds_total"), "hang s/s {{deployment}}"),
+            (f"max by (deployment) (doppelchip_slowdown_factor{{{SEL}}})",
+             "slowdown × {{deployment}}"),
+            (f"max by (deployment) (doppelchip_kv_lost_blocks{{{SEL}}})",
+             "lost blocks {{deployment}}")], "short"),
     ]
 
 

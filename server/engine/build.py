@@ -115,6 +115,15 @@ class EngineOptions:
         """The LoRA options, checked (LoraError, a ValueError, when one is wrong)."""
         return LoraConfig(self.enable_lora, self.max_loras, self.max_lora_rank,
                           self.max_cpu_loras, self.lora_modules)
+    # --- failure injection (issue 13): docs/FAULTS.md; server/engine/faults.py ---
+    failure_injection_rate: float = 0.0  # percent of generation requests refused (llm-d-sim)
+    failure_types: tuple[str, ...] = ()  # llm-d-inference-sim's type names (none: all six)
+    failure_injection_seed: int | None = None  # seed of every fault draw (None: `seed`)
+    fault_slowdown: tuple[str, ...] = ()  # "at=T,for=D,factor=F" | "rate=R,for=D,factor=F"
+    fault_hang: tuple[str, ...] = ()  # "at=T,for=D" | "rate=R,for=D"
+    fault_crash: tuple[str, ...] = ()  # "at=T" | "rate=R"
+    fault_lost_chips: tuple[str, ...] = ()  # "at=T,chips=K[,for=D]" | "rate=R,chips=K,for=D"
+    fault_stream_cut: tuple[str, ...] = ()  # "after=K,at=T,for=D" | "after=K,percent=P"
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,

@@ -35,6 +35,7 @@ from server.engine.kv_events_config import KVEventsConfig
 from server.engine.kv_transfer import KvTransferConfig
 from server.engine.logs import request_log
 from server.engine.request import Request
+from server.engine_proc.faults import FaultDriver
 from server.engine_proc.kv_connector import NixlConnector
 from server.engine_proc.lora import LoraPublisher, lora_file
 from server.engine_proc.sleep import LEVELS, MODES, SleepState
@@ -65,7 +66,8 @@ class EngineLoop:
                  timeline: Timeline, cold: bool, check_integrity: bool,
                  kv_events: KVEventsConfig | None = None, kv_offset: int = 0,
                  kv_transfer: KvTransferConfig | None = None,
-                 info: m.DeploymentInfo | None = None) -> None:
+                 info: m.DeploymentInfo | None = None,
+                 faults: FaultDriver | None = None) -> None:
         self.deployment, self.rank, self.epoch = deployment, rank, epoch
         self.core, self.limits, self.stats = core, limits, stats
         self.name = limits.name
@@ -116,6 +118,7 @@ class EngineLoop:
         self.sleep = SleepState()
         self.pending_sleep: tuple[int, int, int] | None = None  # (frontend, seq, level)
         self.timers: list[tuple[float, int, int]] = []  # (emulated t, frontend, seq) replies
+        self.faults = faults  # device faults (issue 13): server/engine_proc/faults.py
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -131,6 +134,8 @@ class EngineLoop:
             return
         self.state = "ready"
         self.stats.set_state("ready", "ready", self._t)
+        if self.faults is not None:
+            self.faults.start(self._t)
         self._resync()
         while not self.stopping:
             self._tick()
@@ -143,7 +148,10 @@ class EngineLoop:
                 self._send(fe, m.encode(m.Admissions(self.deployment, self.rank,
                                                      [self._fall_asleep(level, "wait", seq)])))
             if not core.has_unfinished() or self.sleep.sleeping:
-                if self.check_integrity and not core.has_unfinished():
+                if self.faults is not None:
+                    self.faults.advance(self.now())
+                if (self.check_integrity and not core.has_unfinished()
+                        and not (self.faults and self.faults.holds_blocks)):
                     core.scheduler.check_integrity()  # every request released: pool and cache
                 self.stats.idle(core, self.num_queued(), self._t)
                 self.stats.pd_sleep(core, self.sleep, self.connector)
@@ -154,11 +162,16 @@ class EngineLoop:
                 self._service(None)  # wait for the front ends to absorb what was sent
                 continue
             start = max(self._t, self._latest_arrival)
+            if self.faults is not None:  # a crash exits here; a hang holds the step back
+                self.faults.advance(start)
+                start = self.faults.hang(start, self._wait_until)
             result = core.step()
             if result is None:  # everything waiting is blocked: wait for an abort or arrival
-                self._service(None)
+                self._service(self._idle_timeout_ms())
                 self._resync()
                 continue
+            if self.faults is not None:
+                result = self.faults.slow(result, start)
             self._t = start + result.seconds
             self._wait_until(self._t)
             lag = max(0.0, self.now() - self._t)
@@ -186,6 +199,13 @@ class EngineLoop:
         if resume > self._t:
             self.core.account_idle(resume - self._t)
             self._t = resume
+
+    def _idle_timeout_ms(self) -> int | None:
+        """How long an idle engine may block: until its next fault event, else forever."""
+        t = self.faults.next_event() if self.faults is not None else None
+        if t is None:
+            return None
+        return max(0, min(60_000, int(self.timeline.wall_until(t) * 1000) + 1))  # poll's int
 
     def _note_lag(self, lag: float) -> None:
         wall = lag * self.scale
@@ -358,7 +378,8 @@ class EngineLoop:
         preempted: list[list[int]] = [[] for _ in range(n)]
         external: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         live_of = self.live.get
-        for rid in result.output.preempted_request_ids:
+        extra = self.faults.take_preempted() if self.faults is not None else ()
+        for rid in (*result.output.preempted_request_ids, *extra):
             if (live := live_of(rid)) is not None:
                 preempted[live.frontend].append(live.seq)
         for s in result.output.scheduled:
@@ -466,14 +487,16 @@ class EngineLoop:
         if self.connector is not None and (d := self.connector.next_deadline()) is not None:
             times.append(d)
         deadline = min(times, default=None)
+        fault_ms = self._idle_timeout_ms()  # failure injection: the next fault event
         if deadline is None:
-            self._service(None)
+            self._service(fault_ms)
             if self.inbox or self.connector is None or not self.connector.pending:
                 self._resync()  # (a request awaiting its KV keeps the timeline where it is)
             return
         wall = self.timeline.wall_until(deadline)
         if wall > 0:
-            self._service(max(1, int(wall * 1000)))
+            timeout = max(1, int(wall * 1000))
+            self._service(timeout if fault_ms is None else min(timeout, fault_ms))
         if self.inbox:
             self._resync()
         elif self.timeline.wall_until(deadline) <= 0 and deadline > self._t:

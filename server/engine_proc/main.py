@@ -23,9 +23,11 @@ import zmq
 from devices import DeviceError
 from server.engine.build import EngineOptions, build_core
 from server.engine.clock import Timeline
+from server.engine.faults import has_device_faults
 from server.engine.kv_events_config import KVEventsConfig
 from server.engine.kv_transfer import KvTransferConfig
 from server.engine.tokenizer import get_tokenizer
+from server.engine_proc.faults import FaultDriver, schedule_of
 from server.engine_proc.info import failed_info, placed_info
 from server.engine_proc.loop import EngineLoop
 from server.engine_proc.stats import EngineStats
@@ -93,7 +95,9 @@ def engine_main(spec: EngineSpec) -> None:
                       check_integrity=spec.check_integrity,
                       kv_events=KVEventsConfig.parse(opts.kv_events_config),
                       kv_offset=opts.kv_events_port_offset,
-                      kv_transfer=KvTransferConfig.parse(opts.kv_transfer_config), info=info)
+                      kv_transfer=KvTransferConfig.parse(opts.kv_transfer_config), info=info,
+                      faults=FaultDriver(schedule_of(opts), core, stats, spec.time_scale,
+                                         opts.name) if has_device_faults(opts) else None)
     if loop.kv_pub is not None:  # KV events (issue 13): where subscribers go
         info = msgspec.structs.replace(
             info, kv_events_endpoint=loop.kv_pub.endpoint,

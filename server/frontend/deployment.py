@@ -103,6 +103,7 @@ class DeploymentClient:
         self.lora = LoraView([run_dir.engine_stats(index, i.rank) for i in infos],
                              self.info.max_loras, frontend)
         self.controls: dict[int, asyncio.Future[m.Admission]] = {}  # sleep mode (issue 13)
+        self.faults = None  # request-level faults (issue 13): a frontend.faults.RequestFaults
 
     # ---- status -----------------------------------------------------------------------------
     def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:

@@ -82,8 +82,9 @@ class RequestStatsBlock:
 class FrontendStats:
     """The stats file of one front end: a block per (deployment, rank) in fleet order."""
 
-    def __init__(self, path: Path, keys: Sequence[tuple[int, int]], max_model_len: int) -> None:
-        self.layout = Layout(request_metrics(max_model_len))
+    def __init__(self, path: Path, keys: Sequence[tuple[int, int]], max_model_len: int,
+                 faults: bool = False) -> None:
+        self.layout = Layout(request_metrics(max_model_len, faults))
         self.keys = list(keys)
         self.file = StatsFile(path, self.layout.size * len(self.keys), create=True)
         self.blocks = {key: RequestStatsBlock(self.file.values, self.layout,

@@ -27,6 +27,10 @@ class StreamFailed(Exception):
     """The request cannot finish: its engine process died (the message says so)."""
 
 
+class StreamCut(StreamFailed):
+    """Fault injection cut the stream mid-response (server/frontend/faults.py)."""
+
+
 class RequestStream:
     __slots__ = (
         "_clock",
@@ -36,6 +40,7 @@ class RequestStream:
         "arrival",
         "cached",
         "client_id",
+        "cut",
         "deployment",
         "eager",
         "external",
@@ -68,6 +73,7 @@ class RequestStream:
         self.request, self.out = request, out
         self.request_id = request.request_id
         self.client_id: str | None = None  # the id the client owns (DeploymentClient.claim)
+        self.cut = None  # a StreamCutRule (fault injection, issue 13) or None
         self.seq, self.deployment, self.rank = seq, deployment, rank
         self.arrival = arrival
         self.interval = max(1, interval)
@@ -157,6 +163,10 @@ class RequestStream:
             if self._finish is None:
                 if ids:
                     yield self._chunk(ids, text, times, index)
+                    if self.cut is not None and self.cut.due(self.sent, self._clock()):
+                        self.cut.fired()
+                        raise StreamCut(f"stream cut by fault injection after {self.sent} "
+                                        "tokens")
                 continue
             yield self._final(ids, text + out.rest(), times, index)
             return

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from server.engine.interface import EngineError, EngineRequest, Finish, TokenChunk
 from server.frontend import parallel
 from server.frontend.deployment import DeploymentClient
-from server.frontend.stream import RequestStream, StreamFailed
+from server.frontend.stream import RequestStream, StreamCut, StreamFailed
 from server.http.errors import bad_request, engine_failed, from_engine
 
 log = logging.getLogger("doppelchip.http")
@@ -102,6 +102,9 @@ async def collect(run: Run, request: Request) -> None:
     """Every choice to its end; raises HttpError 500 if the engine died. A client that
     disconnects first cancels the collection (the request is aborted) and gets, as vLLM
     answers it, a 400 "Client disconnected" that nobody reads."""
+    for stream in run.streams:  # stream cuts (issue 13) cut streamed responses only
+        stream.cut = None
+
     async def gather() -> None:
         async with contextlib.aclosing(parallel.merged(run.streams)) as chunks:
             async for i, chunk in chunks:
@@ -152,6 +155,8 @@ async def sse(run: Run, chunks: Chunker, head: list[dict], tail: Callable[[], li
                     yield b"data: " + _json.encode(event) + b"\n\n"
         for event in tail():
             yield b"data: " + _json.encode(event) + b"\n\n"
+    except StreamCut:  # fault injection: the connection is cut, no [DONE] (issue 13)
+        raise
     except StreamFailed as e:
         yield b"data: " + engine_failed(str(e)).json() + b"\n\n"
     finally:

@@ -61,6 +61,7 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     kv_events_topic: str = ""
     # --- LoRA (issue 13) ---
     max_loras: int = 0  # --enable-lora: adapters one step may run (0: LoRA off)
+    faults: bool = False  # failure injection configured (issue 13): its metrics are exported
 
     @property
     def model_name(self) -> str:

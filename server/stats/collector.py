@@ -34,7 +34,8 @@ class StatsCollector:
         self.show_hidden = show_hidden_metrics
         self.scale, self.wall0 = time_scale, wall0
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
-        self.request_layout = Layout(request_metrics(max(1, max_len)))
+        faults = any(r.faults for d in infos for r in d)  # failure injection (issue 13)
+        self.request_layout = Layout(request_metrics(max(1, max_len), faults))
         self.keys = [(d, r.rank) for d, ranks in enumerate(infos) for r in ranks]
         self.engine_layouts = {(d, r.rank): Layout(engine_metrics(r))
                                for d, ranks in enumerate(infos) for r in ranks}
