@@ -79,6 +79,8 @@ class ChipSpec:
     host: str | None = None  # host part id for a GPU box (llama.cpp offload)
     ssd: str | None = None
     os_reserve_bytes: float = 0.0  # host RAM the OS keeps (host parts only)
+    # --- P/D (issue 13) ---
+    scaleout: str | None = None  # the network link (catalog/links.toml) a KV transfer crosses
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     @property

@@ -173,7 +173,12 @@ def with_env_api_key(fleet, env: Mapping[str, str]):
     return fleet.with_server(api_key=(env["VLLM_API_KEY"],))
 
 
-POD_ONLY = ("served_model_name", "data_parallel_size", "enable_expert_parallel")
+POD_ONLY = ("served_model_name", "data_parallel_size", "enable_expert_parallel",
+            "enable_lora", "lora_modules",  # (LoRA: issue 13; in fleet mode: the fleet keys)
+            # --- failure injection (issue 13): in a fleet, per deployment in the file ---
+            "failure_injection_rate", "failure_types", "failure_injection_seed",
+            "fault_slowdown", "fault_hang", "fault_crash", "fault_lost_chips",
+            "fault_stream_cut")
 
 
 def pod_fleet(args: argparse.Namespace, fleet):

@@ -68,6 +68,64 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--max-grammar-depth", type=int, metavar="N",
                    help="deepest nesting a constraint may have (default 100)")
     # ---- end request limits ----------------------------------------------------------------
+    # --- KV events (issue 13) ---
+    g.add_argument("--kv-events-config", metavar="JSON",
+                   help="vLLM's KV-cache events config, e.g. "
+                   '\'{"enable_kv_cache_events": true, "publisher": "zmq", '
+                   '"replay_endpoint": "tcp://*:5558"}\' (ZeroMQ on 127.0.0.1:5557 by '
+                   "default; docs/KV_EVENTS.md)")
+    g.add_argument("--prefix-caching-hash-algo", choices=["sha256", "sha256_cbor"],
+                   help="vLLM's block hash of the prefix cache and its KV events "
+                   "(default sha256)")
+    # --- LoRA (issue 13): vLLM's flags (docs/LORA.md) ---
+    g.add_argument("--enable-lora", action="store_true", default=None,
+                   help="serve LoRA adapters (selected by a request's model name)")
+    g.add_argument("--max-loras", type=int, help="LoRA adapters one batch may run (default 1)")
+    g.add_argument("--max-lora-rank", type=int,
+                   help="largest adapter rank (default 16; 1, 8, 16, 32, 64, 128, 256, 320, 512)")
+    g.add_argument("--max-cpu-loras", type=int,
+                   help="adapters kept in host memory, LRU (default: --max-loras)")
+    g.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH|JSON",
+                   help='adapters at start-up: name=path or \'{"name": ..., "path": ..., '
+                   '"base_model_name": ..., "rank": ...}\' (the path is recorded, not read)')
+    # --- P/D and sleep mode (issue 13) ---
+    g.add_argument("--kv-transfer-config", metavar="JSON",
+                   help="vLLM's KV transfer config for disaggregated prefill/decode, e.g. "
+                   '\'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\' '
+                   '(kv_connector_extra_config.link: a link id; docs/PD.md)')
+    g.add_argument("--enable-sleep-mode", action="store_true",
+                   help="accepted for vLLM compatibility: sleep mode is always available")
+    add_fault_args(p)
+
+
+def add_fault_args(p: argparse.ArgumentParser) -> None:
+    """Failure injection (issue 13; docs/FAULTS.md): llm-d-inference-sim's request-level flags
+    and doppelchip's device faults. Each SPEC is key=value pairs, e.g. "at=30,for=10,factor=3";
+    times are emulated seconds since the server started."""
+    g = p.add_argument_group("failure injection (docs/FAULTS.md)")
+    g.add_argument("--failure-injection-rate", type=float, metavar="PERCENT",
+                   help="percent (0-100) of generation requests refused with an injected "
+                   "error, as llm-d-inference-sim")
+    g.add_argument("--failure-types", nargs="+", metavar="TYPE",
+                   help="the injected errors: rate_limit invalid_api_key context_length "
+                   "server_error invalid_request model_not_found (default: all)")
+    g.add_argument("--failure-injection-seed", type=int, metavar="N",
+                   help="seed of every fault draw (default: the deployment's seed)")
+    g.add_argument("--fault-slowdown", nargs="+", metavar="SPEC",
+                   help="steps cost FACTOR times more: at=T,for=D,factor=F or rate=R,for=D,"
+                   "factor=F (R: events per emulated second)")
+    g.add_argument("--fault-hang", nargs="+", metavar="SPEC",
+                   help="no step for D seconds (health stays SERVING): at=T,for=D or "
+                   "rate=R,for=D")
+    g.add_argument("--fault-crash", nargs="+", metavar="SPEC",
+                   help="the engine process dies (restarted after the back-off and its cold "
+                   "start): at=T or rate=R")
+    g.add_argument("--fault-lost-chips", nargs="+", metavar="SPEC",
+                   help="K chips' share of the KV pool is lost (preemptions follow): "
+                   "at=T,chips=K[,for=D] or rate=R,chips=K,for=D")
+    g.add_argument("--fault-stream-cut", nargs="+", metavar="SPEC",
+                   help="streams cut after K tokens (gRPC UNAVAILABLE, HTTP closed without "
+                   "[DONE]): after=K,at=T,for=D or after=K,percent=P")
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:

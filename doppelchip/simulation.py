@@ -16,6 +16,7 @@ from server.engine.build import EngineOptions, build_core
 from server.engine.interface import Constraint
 from server.engine.tokenizer import get_tokenizer
 from server.engine.virtual import RequestRecord, VirtualSession, VirtualTurn, run_virtual
+from server.frontend.faults import check_options as check_fault_options
 
 
 class SimulationError(Exception):
@@ -58,6 +59,10 @@ def simulate_conversations(
 ) -> tuple[dict[str, Any], list[RequestResult]]:
     """The summary and every request's result of `workload` on `options` in virtual time
     (closed loop with at most `concurrency` conversations at once, if given)."""
+    injected = [k for k in FAULT_KEYS if k != "failure_injection_seed" and getattr(options, k)]
+    if injected:  # failure injection (issue 13) acts on the served path only
+        raise SimulationError(f"{options.name}: {', '.join(injected)}: failure injection runs "
+                              "in `doppelchip serve`, not in virtual time")
     try:
         core = build_core(options)
     except Exception as e:  # DeviceError, ValueError: the message says why
@@ -128,6 +133,19 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "prefix_cache": None if args.prefix_cache is None else args.prefix_cache == "on",
         "start": "cold" if args.cold else None,
         "jump_forward": {"on": True, "off": False}.get(getattr(args, "jump_forward", None)),
+        # --- KV events (issue 13) ---
+        "kv_events_config": getattr(args, "kv_events_config", None),
+        "prefix_caching_hash_algo": getattr(args, "prefix_caching_hash_algo", None),
+        # --- LoRA (issue 13) ---
+        "enable_lora": getattr(args, "enable_lora", None),
+        "max_loras": getattr(args, "max_loras", None),
+        "max_lora_rank": getattr(args, "max_lora_rank", None),
+        "max_cpu_loras": getattr(args, "max_cpu_loras", None),
+        "lora_modules": tuple(args.lora_modules) if getattr(args, "lora_modules", None)
+        else None,
+        # --- P/D and sleep mode (issue 13) ---
+        "kv_transfer_config": getattr(args, "kv_transfer_config", None),
+        "enable_sleep_mode": getattr(args, "enable_sleep_mode", None) or None,
         # ---- request limits (issue 14) ----
         **{k: getattr(args, k, None) for k in REQUEST_LIMITS},
         # ---- end request limits ----
@@ -135,7 +153,22 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
     for key in REQUEST_LIMITS:  # ---- request limits (issue 14) ----
         if overrides[key] is not None and overrides[key] < 1:
             raise SimulationError(f"--{key.replace('_', '-')} must be >= 1")
-    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    # --- failure injection (issue 13) ---
+    for key in FAULT_KEYS:
+        value = getattr(args, key, None)
+        overrides[key] = tuple(value) if isinstance(value, list) else value
+    options = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    try:  # bad LoRA or fault flags are a start-up error, as in vLLM
+        options.lora_config()  # --- LoRA (issue 13) ---
+        check_fault_options(options)
+    except ValueError as e:
+        raise SimulationError(str(e)) from e
+    return options
+
+
+FAULT_KEYS = ("failure_injection_rate", "failure_types", "failure_injection_seed",
+              "fault_slowdown", "fault_hang", "fault_crash", "fault_lost_chips",
+              "fault_stream_cut")
 
 
 def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:

@@ -29,6 +29,7 @@ from server.engine.interface import FinishReason
 from server.engine.tokenizer import get_tokenizer
 from server.fleet import Fleet
 from server.frontend.deployment import DeploymentClient
+from server.frontend.faults import RequestFaults, quiet_http_cuts
 from server.frontend.pacing import LoopPacer
 from server.frontend.receiver import Receiver
 from server.frontend.stats import FrontendStats
@@ -66,7 +67,8 @@ class FrontendApp:
         self.input.bind(run_dir.frontend_input(frontend))
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
         keys = [(d, r.rank) for d, ranks in enumerate(infos) for r in ranks]
-        self.stats = FrontendStats(run_dir.frontend_stats(frontend), keys, max(1, max_len))
+        self.stats = FrontendStats(run_dir.frontend_stats(frontend), keys, max(1, max_len),
+                                   any(r.faults for d in infos for r in d))
         tokenizer = get_tokenizer()
         self.pacer = LoopPacer()  # coalescing while this process's event loop is saturated
         self.clients = [
@@ -76,6 +78,13 @@ class FrontendApp:
                              clock=self.timeline.now, stats=self.stats, pacer=self.pacer)
             for d, (ranks, dep) in enumerate(zip(infos, config.deployments, strict=True))
         ]
+        # --- failure injection (issue 13): server/frontend/faults.py ---
+        for client, dep in zip(self.clients, config.deployments, strict=True):
+            if dep.failure_injection_rate or dep.fault_stream_cut:
+                client.faults = RequestFaults(dep, frontend, client.info.model_name,
+                                              self.stats, (client.index, client.info.rank))
+            if dep.fault_stream_cut:
+                quiet_http_cuts()
         self.fleet = Fleet(self.clients, config.default_deployment)
         self.receiver = Receiver(self.input, self.clients, frontend, self.stats)
         self.servicer = InferenceServicer(self.fleet, cfg.time_scale, http_port, frontend)

@@ -35,7 +35,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from server.engine.block_hash import hash_function
 from server.engine.build import EngineOptions
+from server.engine.kv_events_config import KVEventsConfig
+from server.frontend.faults import check_options as check_fault_options
 
 DeploymentConfig = EngineOptions  # a [[deployments]] table is exactly the engine's options
 
@@ -170,10 +173,29 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     for key in ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                 "max_waiting", "block_size", "kv_blocks", "max_grammar_bytes",
                 "stream_interval", "data_parallel_size", "max_grammar_depth",
-                "max_prompt_bytes", "max_stop_strings", "max_stop_bytes"):
+                "max_prompt_bytes", "max_stop_strings", "max_stop_bytes",
+                "max_loras", "max_lora_rank", "max_cpu_loras"):  # (LoRA: issue 13)
         if key in table and isinstance(table[key], int) and table[key] < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
-    return _build(EngineOptions, table, where)
+    # --- KV events (issue 13) ---
+    if "kv_events_port_offset" in table:
+        raise ConfigError(f"{where}: kv_events_port_offset is set by the server, not the file")
+    try:
+        KVEventsConfig.parse(table.get("kv_events_config"))
+        hash_function(table.get("prefix_caching_hash_algo", "sha256"))
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from e
+    # --- end KV events ---
+    opts = _build(EngineOptions, table, where)
+    try:  # --- LoRA (issue 13): the LoRA options checked as vLLM checks them ---
+        opts.lora_config()
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    try:  # --- failure injection (issue 13) ---
+        check_fault_options(opts)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return opts
 
 
 def server_problem(s: ServerConfig) -> str:

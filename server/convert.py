@@ -20,6 +20,7 @@ from server.engine.interface import (
     TokenChunk,
     Unavailable,
 )
+from server.frontend.faults import InjectedFailure
 from server.frontend.parallel import MAX_N
 
 _STATUS: dict[type[EngineError], grpc.StatusCode] = {
@@ -46,6 +47,8 @@ _STATE = {
 
 
 def status_code(error: EngineError) -> grpc.StatusCode:
+    if isinstance(error, InjectedFailure):  # failure injection (issue 13)
+        return grpc.StatusCode[error.kind.grpc]
     for cls, code in _STATUS.items():
         if isinstance(error, cls):
             return code
@@ -172,4 +175,7 @@ def to_deployment(s: DeploymentStatus, is_default: bool) -> pb.Deployment:
         ),
         load=pb.Load(num_running=s.num_running, num_waiting=s.num_waiting),
         is_default=is_default,
+        adapters=[pb.LoraAdapter(name=a.name, id=a.id, path=a.path,  # LoRA (issue 13)
+                                 base_model_name=a.base_model_name, rank=a.rank)
+                  for a in s.adapters],
     )

@@ -25,7 +25,13 @@ class Fleet:
                 self.models.setdefault(name, []).append(c)
 
     def model_names(self) -> list[str]:
-        return list(self.models)
+        return list(self.models) + [a.name for c in self.clients.values()
+                                    for a in c.lora.adapters()]
+
+    # --- LoRA (issue 13) ---
+    def adapter_owner(self, model: str) -> DeploymentClient | None:
+        """The deployment with a LoRA adapter named `model` (a base model's name wins)."""
+        return next((c for c in self.clients.values() if c.lora.get(model) is not None), None)
 
     def get(self, name: str) -> DeploymentClient:
         try:
@@ -42,7 +48,7 @@ class Fleet:
         """The deployment for a request's (deployment, model) pair, as the wire API defines it."""
         if deployment:
             client = self.get(deployment)
-            if model and not serves(client, model):
+            if model and not serves(client, model) and client.lora.get(model) is None:
                 raise UnknownDeployment(
                     f"deployment {deployment!r} serves {client.info.model_name!r}, not {model!r}"
                 )
@@ -51,6 +57,8 @@ class Fleet:
             return self.get(self.default_name)
         candidates = self.models.get(model, [])
         if not candidates:
+            if (client := self.adapter_owner(model)) is not None:  # --- LoRA (issue 13) ---
+                return client
             raise UnknownDeployment(f"no deployment serves model {model!r}")
         ready = [c for c in candidates if c.status().state is DeploymentState.READY]
         return (ready or candidates)[0]

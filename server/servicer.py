@@ -22,7 +22,7 @@ from server import convert, wire
 from server.engine.interface import EngineError
 from server.engine.logs import request_log
 from server.fleet import Fleet, UnknownDeployment
-from server.frontend import parallel, request_ids
+from server.frontend import lora, parallel, request_ids
 from server.frontend.stream import StreamFailed
 from server.wire import Undecodable
 
@@ -51,7 +51,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             request_ids.check(rid)
             client = self.fleet.resolve(request.deployment, request.model)
             n = convert.num_sequences(request)
-            children = parallel.child_requests(convert.to_engine_request(request, rid), n)
+            children = parallel.child_requests(lora.tag(  # --- LoRA (issue 13) ---
+                client, request.model, convert.to_engine_request(request, rid)), n)
             streams = await parallel.submit_all(client, children, rid)
         except UnknownDeployment as e:
             rlog.info("rejected: %s", e)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import zmq
 
 from server.config import FleetConfig
+from server.engine.kv_events_config import with_port_offsets
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.info import failed_info
 from server.engine_proc.main import EngineSpec, engine_main
@@ -93,7 +94,8 @@ class Supervisor:
         inbox.bind(self.run_dir.supervisor_input())
         self.inbox, self.ctx = inbox, ctx
         self.to_frontends = []
-        for d, dep in enumerate(self.config.deployments):
+        deployments = with_port_offsets(self.config.deployments)  # KV events (issue 13)
+        for d, dep in enumerate(deployments):
             for rank in range(dep.data_parallel_size):
                 slot = EngineSlot(d, rank, dep)
                 self.engines[(d, rank)] = slot

@@ -48,6 +48,7 @@ from server.engine.tokenizer import TOKENIZER_DIR
 from server.frontend import parallel, request_ids
 from server.frontend.deployment import DeploymentClient
 from server.frontend.stream import StreamFailed
+from server.kv_events import relay as kv_relay
 from server.wire import Undecodable
 
 log = logging.getLogger("doppelchip.vllm")
@@ -239,6 +240,31 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         load = vllm_convert.to_scheduler_load(self.client.status(), rate, hit)
         return vpb.GetLoadsResponse(timestamp=_now_iso(), version="doppelchip",
                                     dp_rank_count=1, loads=[load])
+
+
+    # --- KV events (issue 13): docs/KV_EVENTS.md ---
+    async def SubscribeKvEvents(
+        self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.KvEventBatch]:
+        info = self.client.info  # rank 0, as smg's servicer relays rank 0 only
+        if not info.kv_events_endpoint:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, kv_relay.DISABLED)
+        await context.send_initial_metadata(())
+        log.info("SubscribeKvEvents from %s: relaying %s from sequence %d", context.peer(),
+                 info.kv_events_endpoint, request.start_sequence_number)
+        async for batch in kv_relay.relay(info.kv_events_endpoint,
+                                          info.kv_events_replay_endpoint, info.kv_events_topic,
+                                          request.start_sequence_number, context.cancelled):
+            yield batch
+
+    async def FlushCache(
+        self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.FlushCacheResponse:
+        ok = await self.client.reset_prefix_cache()
+        return common_pb2.FlushCacheResponse(
+            success=ok, message="Cache flushed successfully" if ok else
+            "KV prefix cache reset refused; requests may be in flight")
+    # --- end KV events ---
 
 
 def _now_iso() -> str:

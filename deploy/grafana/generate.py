@@ -7,7 +7,8 @@ Two dashboards, both with a `deployment` variable (multi-select, compared side b
 - serving: latency percentiles, throughput, scheduler state, KV usage, prefix-cache hit rate,
   finish reasons, preemptions (vLLM's metric names, so vLLM deployments show up too);
 - devices: bandwidth and FLOP utilisation, bound, memory tiers, SSD page-ins, compile stalls,
-  energy and cost per token (doppelchip's own `doppelchip_` metrics).
+  energy and cost per token (doppelchip's own `doppelchip_` metrics); and a row of injected
+  faults (failures by type, stream cuts, device faults, hang/slowdown/lost KV).
 No query hides missing data behind a fallback (`or vector(0)` and the like): an empty panel
 means the metric is missing. `tests/observability/test_obs_panels.py` runs every query against
 a real Prometheus scraping a loaded server. docs/OBSERVABILITY.md describes each panel.
@@ -141,6 +142,18 @@ def serving() -> dict:
               "non-zero means the host cannot keep up with the emulated device.", [
             (f"max by (deployment) (doppelchip_realtime_lag_seconds{{{SEL}}})",
              "{{deployment}}")], "s"),
+        # --- LoRA (issue 13) ---
+        panel("LoRA adapters running / waiting", "vllm:lora_requests_info: the newest sample "
+              "(its value is the Unix time it was last current) names the adapters running "
+              "and waiting; max_lora = --max-loras.", [
+            (f"topk by (deployment) (1, vllm:lora_requests_info{{{SEL}}})",
+             "running [{{running_lora_adapters}}] waiting [{{waiting_lora_adapters}}] "
+             "{{deployment}}")], "dateTimeAsIso", kind="table"),
+        panel("Requests deferred by max_loras", "Waiting requests the scheduler skipped "
+              "because their adapter would exceed --max-loras in the batch "
+              "(vllm:num_requests_waiting_by_reason{reason=\"deferred\"}).", [
+            (f"sum by (deployment) (vllm:num_requests_waiting_by_reason"
+             f"{{{SEL},reason=\"deferred\"}})", "{{deployment}}")], "short"),
     ])
 
 
@@ -201,7 +214,57 @@ def devices() -> dict:
         panel("Chips", "Chips each deployment is placed on.", [
             (f"sum by (deployment, chip) (doppelchip_chips{{{SEL}}})",
              "{{chip}} {{deployment}}")], "short", kind="stat"),
+        *pd_sleep_panels(),
+        *fault_panels(),
     ])
+
+
+# --- P/D and sleep mode (issue 13): the last row of the devices dashboard ------------------
+def pd_sleep_panels() -> list[dict[str, Any]]:
+    return [
+        panel("Sleep state", "vllm:engine_sleep_state: awake, weights offloaded (level 1) or "
+              "discarded (level 2).", [
+            (f"max by (deployment, sleep_state) (vllm:engine_sleep_state{{{SEL}}})",
+             "{{sleep_state}} {{deployment}}")], "short"),
+        panel("Wake-up time", "Emulated seconds per second spent bringing weights back "
+              "(host link after level 1, storage after level 2).", [
+            (rate("doppelchip_wake_seconds_total"), "{{deployment}}")], "s"),
+        panel("KV transfers (P/D)", "KV-cache transfers a decode pod pulled from prefill pods "
+              "per second, by outcome (failed: the prefill pod no longer held the blocks).", [
+            (rate("doppelchip_kv_transfers_total", "deployment, outcome"),
+             "{{outcome}} {{deployment}}")], "short"),
+        panel("KV transfer bytes and held blocks (P/D)", "KV bytes pulled per second (decode "
+              "pods); blocks a prefill pod holds for its decode side.", [
+            (rate("doppelchip_kv_transfer_bytes_total"), "pulled {{deployment}}"),
+            (f"sum by (deployment) (doppelchip_kv_held_blocks{{{SEL}}})",
+             "held blocks {{deployment}}")], "short"),
+    ]
+
+
+def fault_panels() -> list[dict[str, Any]]:
+    """Failure injection (issue 13; docs/FAULTS.md): one row of request-level faults, one of
+    device faults."""
+    return [
+        panel("Injected failures", "Generation requests refused by failure injection per "
+              "second, by llm-d-inference-sim's failure type.", [
+            (rate("doppelchip_failure_injections_total", "deployment, failure_type"),
+             "{{failure_type}} {{deployment}}")], "reqps", stack=True),
+        panel("Stream cuts", "Streams cut mid-response by fault injection per second.", [
+            (rate("doppelchip_stream_cuts_total"), "{{deployment}}")], "short"),
+        panel("Device faults", "Faults started per second (slowdown, hang, crash, lost "
+              "chips) and which are in force now.", [
+            (rate("doppelchip_fault_events_total", "deployment, fault"),
+             "started {{fault}} {{deployment}}"),
+            (f"max by (deployment, fault) (doppelchip_fault_active{{{SEL}}})",
+             "active {{fault}} {{deployment}}")], "short"),
+        panel("Hang, slowdown and lost KV", "Seconds per second without progress (hang), the "
+              "step-time factor in force (slowdown) and KV blocks lost with chips.", [
+            (rate("doppelchip_hang_seconds_total"), "hang s/s {{deployment}}"),
+            (f"max by (deployment) (doppelchip_slowdown_factor{{{SEL}}})",
+             "slowdown × {{deployment}}"),
+            (f"max by (deployment) (doppelchip_kv_lost_blocks{{{SEL}}})",
+             "lost blocks {{deployment}}")], "short"),
+    ]
 
 
 DASHBOARDS = {"serving.json": serving, "devices.json": devices}

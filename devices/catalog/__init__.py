@@ -77,6 +77,7 @@ def _chip(ident: str, raw: dict[str, Any]) -> ChipSpec:
         host=raw.get("host"),
         ssd=raw.get("ssd"),
         os_reserve_bytes=float(raw.get("os_reserve_bytes", 0.0)),
+        scaleout=raw.get("scaleout"),  # P/D (issue 13): links.toml id
         sources=(("catalogue", raw.get("source", "")),),
     )
 
@@ -196,3 +197,9 @@ def nearest_classes(chip_class: str) -> tuple[str, ...]:
 def chip_classes() -> list[str]:
     """Every chip class (the keys, with engine ids, of the efficiency factors)."""
     return sorted({c.chip_class for c in _chips().values()})
+
+
+# --- P/D (issue 13): links between machines (links.toml) ---
+def link_table() -> dict[str, dict[str, Any]]:
+    """Every link of ``links.toml`` by id (raw records; ``devices.transfer`` builds Links)."""
+    return dict(_load("links")["links"])

@@ -204,7 +204,7 @@ class GetDeploymentRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class Deployment(_message.Message):
-    __slots__ = ("name", "model", "quant", "engine", "device", "state", "state_message", "capacity", "load", "is_default")
+    __slots__ = ("name", "model", "quant", "engine", "device", "state", "state_message", "capacity", "load", "is_default", "adapters")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     QUANT_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,7 @@ class Deployment(_message.Message):
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     quant: str
@@ -225,7 +226,22 @@ class Deployment(_message.Message):
     capacity: Capacity
     load: Load
     is_default: bool
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., quant: _Optional[str] = ..., engine: _Optional[str] = ..., device: _Optional[_Union[Device, _Mapping]] = ..., state: _Optional[_Union[DeploymentState, str]] = ..., state_message: _Optional[str] = ..., capacity: _Optional[_Union[Capacity, _Mapping]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., is_default: _Optional[bool] = ...) -> None: ...
+    adapters: _containers.RepeatedCompositeFieldContainer[LoraAdapter]
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., quant: _Optional[str] = ..., engine: _Optional[str] = ..., device: _Optional[_Union[Device, _Mapping]] = ..., state: _Optional[_Union[DeploymentState, str]] = ..., state_message: _Optional[str] = ..., capacity: _Optional[_Union[Capacity, _Mapping]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., is_default: _Optional[bool] = ..., adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ...) -> None: ...
+
+class LoraAdapter(_message.Message):
+    __slots__ = ("name", "id", "path", "base_model_name", "rank")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    id: int
+    path: str
+    base_model_name: str
+    rank: int
+    def __init__(self, name: _Optional[str] = ..., id: _Optional[int] = ..., path: _Optional[str] = ..., base_model_name: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("chip", "count", "tensor_parallel", "pipeline_parallel")

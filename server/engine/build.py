@@ -33,9 +33,15 @@ from devices import (
     make_jitter,
     place,
 )
+from server.engine.block_hash import BlockHasher
 from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
+from server.engine.kv_events import KvEventLog
+from server.engine.kv_events_config import KVEventsConfig
+from server.engine.kv_transfer import KvTransferConfig
+from server.engine.lora import LoraConfig, LoraRegistry
 from server.engine.mock_model import MockModel, OutputLengths
+from server.engine.radix_cache import RadixCache
 from server.engine.scheduler import Scheduler
 from server.engine.scheduler_config import SchedulerConfig
 from server.engine.tokenizer import Tokenizer, get_tokenizer
@@ -91,6 +97,33 @@ class EngineOptions:
     data_parallel_size: int = 1  # engine cores (ranks), each a full copy of the deployment
     served_model_name: tuple[str, ...] = ()  # names clients send; the first is the model_name
     #                                          label (none: the catalogue model id)
+    # --- KV events (issue 13): server/engine/kv_events_config.py, docs/KV_EVENTS.md ---
+    kv_events_config: str | None = None  # vLLM's --kv-events-config JSON
+    prefix_caching_hash_algo: str = "sha256"  # vLLM's --prefix-caching-hash-algo
+    kv_events_port_offset: int = 0  # set by the supervisor in fleet mode, never by users
+    # --- LoRA (issue 13): vLLM's flags (server/engine/lora.py, docs/LORA.md) ---
+    enable_lora: bool = False
+    max_loras: int = 1  # distinct adapters one batch (step) may run
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # adapters kept in host memory (default: max_loras)
+    lora_modules: tuple[str, ...] = ()  # NAME=PATH or vLLM's JSON {"name", "path", ...}
+    # --- P/D and sleep mode (issue 13) ---
+    kv_transfer_config: str | None = None  # vLLM's JSON (server/engine/kv_transfer.py)
+    enable_sleep_mode: bool = False  # vLLM's flag, accepted; sleep mode is always available
+
+    def lora_config(self) -> LoraConfig:
+        """The LoRA options, checked (LoraError, a ValueError, when one is wrong)."""
+        return LoraConfig(self.enable_lora, self.max_loras, self.max_lora_rank,
+                          self.max_cpu_loras, self.lora_modules)
+    # --- failure injection (issue 13): docs/FAULTS.md; server/engine/faults.py ---
+    failure_injection_rate: float = 0.0  # percent of generation requests refused (llm-d-sim)
+    failure_types: tuple[str, ...] = ()  # llm-d-inference-sim's type names (none: all six)
+    failure_injection_seed: int | None = None  # seed of every fault draw (None: `seed`)
+    fault_slowdown: tuple[str, ...] = ()  # "at=T,for=D,factor=F" | "rate=R,for=D,factor=F"
+    fault_hang: tuple[str, ...] = ()  # "at=T,for=D" | "rate=R,for=D"
+    fault_crash: tuple[str, ...] = ()  # "at=T" | "rate=R"
+    fault_lost_chips: tuple[str, ...] = ()  # "at=T,chips=K[,for=D]" | "rate=R,chips=K,for=D"
+    fault_stream_cut: tuple[str, ...] = ()  # "after=K,at=T,for=D" | "after=K,percent=P"
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
@@ -134,17 +167,20 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
         batching=opts.batching or engine.batching,  # type: ignore[arg-type]
         num_speculative_tokens=(placement.spec.speculative.num_speculative_tokens
                                 if placement.spec.speculative else 0),
+        max_loras=opts.max_loras if opts.enable_lora else 0,  # --- LoRA (issue 13) ---
     )
 
 
 def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> EngineCore:
     """Place the deployment and assemble its core. Raises devices.DeviceError (with the
     reason) when it cannot be placed, ValueError when an option is out of range."""
+    lora = opts.lora_config()  # checked before placing: a bad flag is a clear error
     placement = place(opts.spec())
+    KvTransferConfig.parse(opts.kv_transfer_config)  # P/D (issue 13): refuse a bad config
     tok = tokenizer or get_tokenizer()
     config = scheduler_config(opts, placement)
     lengths = OutputLengths(opts.output_len_dist, opts.output_len_mean)  # type: ignore[arg-type]
-    return EngineCore(
+    core = EngineCore(
         placement=placement,
         scheduler=Scheduler(config, eos_token_id=tok.eos_token_id),
         model=MockModel.from_tokenizer(tok, lengths, seed=opts.seed),
@@ -155,4 +191,15 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
                       else placement.engine.jump_forward),
         constraints=compiler_for(tok),
         speculative=placement.spec.speculative,
+        lora=LoraRegistry(lora, opts.served_model_name or (opts.model,)) if lora.enabled
+        else None,
     )
+    # --- KV events (issue 13) ---
+    events = KVEventsConfig.parse(opts.kv_events_config)
+    hasher = BlockHasher.from_env(opts.prefix_caching_hash_algo)  # also checks the algorithm
+    if events.enabled:
+        if not isinstance(core.scheduler.cache, RadixCache):
+            raise ValueError("kv_events_config: KV events need the prefix cache on")
+        core.scheduler.cache.attach_events(KvEventLog(hasher, config.block_size))
+    # --- end KV events ---
+    return core

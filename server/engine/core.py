@@ -35,8 +35,10 @@ import hashlib
 from dataclasses import dataclass, field
 
 from devices import BatchShape, CompileStrategy, Jitter, Placement, SpeculativeConfig, StepCost
+from devices.lora import NO_LORA, LoraCostModel, LoraStepCost
 from devices.pipeline import CycleCost, cycle_cost
 from server.engine.constraints import ConstraintCompiler
+from server.engine.lora import LoraRegistry
 from server.engine.mock_model import MockModel
 from server.engine.request import Request
 from server.engine.scheduler import Scheduler
@@ -61,6 +63,7 @@ class StepResult:
     finished: list[Request] = field(default_factory=list)
     micro_batches: int = 1  # pipeline micro-batches in flight; `cost` is one micro-batch's
     jump_forward: dict[str, int] = field(default_factory=dict)  # id -> forced tokens appended
+    lora: LoraStepCost = NO_LORA  # what the step's LoRA adapters added (included in seconds)
 
 
 @dataclass
@@ -82,6 +85,10 @@ class CoreStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    # --- LoRA (issue 13) ---
+    lora_s: float = 0.0  # of busy_s, the adapters' matmuls and loads
+    lora_load_s: float = 0.0  # of lora_s, copying adapters onto the device
+    lora_loads: int = 0
 
 
 class EngineCore:
@@ -95,6 +102,7 @@ class EngineCore:
         jump_forward: bool = False,
         constraints: ConstraintCompiler | None = None,
         speculative: SpeculativeConfig | None = None,
+        lora: LoraRegistry | None = None,
     ) -> None:
         self.placement = placement
         self.scheduler = scheduler
@@ -105,6 +113,9 @@ class EngineCore:
         self.constraints = constraints  # compiles the requests' constraints (intake, virtual)
         self.speculative = speculative
         self.stats = CoreStats()
+        # --- LoRA (issue 13) ---
+        self.lora = lora if lora is not None and lora.config.enabled else None
+        self.lora_cost = LoraCostModel(placement) if self.lora is not None else None
         if speculative is not None:
             self.stats.spec_num_accepted_tokens_per_pos = [0] * speculative.num_speculative_tokens
 
@@ -123,12 +134,39 @@ class EngineCore:
         stall = self.compiler.before_step(batch)
         cycle = cycle_cost(self.placement, self.compiler.padded(batch))
         busy = self.jitter.apply(cycle.seconds)
+        lora = self._lora(output) if self.lora is not None else NO_LORA
+        busy += lora.seconds
         new_tokens, by_id, before, spec = self._sample(output)
         finished = self.scheduler.update(output, new_tokens)
         jumped = self._trim(new_tokens, by_id, before, spec)
         self._account(cycle, busy, stall.seconds)
+        if lora is not NO_LORA:
+            self.stats.lora_s += lora.seconds
+            self.stats.lora_load_s += lora.load_s
+            self.stats.flops += lora.flops
+            self.stats.bytes += lora.bytes
         return StepResult(busy + stall.seconds, stall.seconds, stall.reason, cycle.micro,
-                          output, new_tokens, finished, cycle.micro_batches, jumped)
+                          output, new_tokens, finished, cycle.micro_batches, jumped, lora)
+
+    def _lora(self, output: SchedulerOutput) -> LoraStepCost:
+        """The adapters' share of the step: their tokens' low-rank matmuls, and the copy of
+        any adapter not yet on the device (see devices/lora.py)."""
+        assert self.lora is not None and self.lora_cost is not None
+        tokens: dict[int, int] = {}
+        requests = self.scheduler.requests
+        for s in output.scheduled:
+            req = requests.get(s.request_id)
+            if req is not None and req.lora_id:
+                tokens[req.lora_id] = tokens.get(req.lora_id, 0) + s.num_new_tokens + \
+                    s.num_draft_tokens
+        if not tokens:
+            return NO_LORA
+        loaded = self.lora.activate(tokens)
+        self.stats.lora_loads += len(loaded)
+        by_id = self.lora.by_id
+        return self.lora_cost.step(
+            ((by_id[i].rank, n) for i, n in tokens.items() if i in by_id),
+            (a.rank for a in loaded))
 
     def _shape(self, output: SchedulerOutput) -> BatchShape:
         """The step as the device sees it; a decode verifying drafts is priced with them (a

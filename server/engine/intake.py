@@ -18,6 +18,7 @@ import msgspec
 
 from server.engine.constraints import ConstraintCompiler
 from server.engine.interface import AlreadyExists, EngineRequest, InvalidRequest, Overloaded
+from server.engine.lora import LoraRegistry
 from server.engine.request import Request
 
 
@@ -120,7 +121,7 @@ def queue_is_full(num_queued: int, free_seats: int, max_waiting: int) -> bool:
 
 def admit(request: EngineRequest, ids: list[int], max_tokens: int, arrival: float, *,
           limits: Limits, num_queued: int, free_seats: int, in_flight: bool,
-          constraints: ConstraintCompiler | None) -> Request:
+          constraints: ConstraintCompiler | None, lora: LoraRegistry | None = None) -> Request:
     """The scheduler's request, or a typed error (nothing allocated) — engine side."""
     if in_flight:
         raise AlreadyExists(f"request id {request.request_id!r} is already in flight on "
@@ -137,4 +138,16 @@ def admit(request: EngineRequest, ids: list[int], max_tokens: int, arrival: floa
     req = Request(request.request_id, ids, request.sampling.resolved(max_tokens),
                   arrival_time=arrival, priority=request.priority)
     req.constraint = constraint
+    if request.lora_name:  # --- LoRA (issue 13) ---
+        req.lora_id = lora_id(request.lora_name, lora, limits.name)
     return req
+
+
+def lora_id(name: str, lora: LoraRegistry | None, deployment: str) -> int:
+    """The id of the adapter a request names, or InvalidRequest (it was unloaded meanwhile,
+    or the deployment has no LoRA)."""
+    adapter = lora.adapters.get(name) if lora is not None else None
+    if adapter is None:
+        raise InvalidRequest(f"The model `{name}` does not exist (no LoRA adapter of that name "
+                             f"on deployment {deployment!r}).")
+    return adapter.id

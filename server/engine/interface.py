@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -155,6 +155,10 @@ class EngineRequest(msgspec.Struct, frozen=True):
     return_token_times: bool = False
     return_prompt_token_ids: bool = False
     constraint: Constraint | None = None
+    # --- LoRA (issue 13) ---
+    lora_name: str | None = None  # the adapter the request's `model` named (None: the base)
+    # --- P/D (issue 13): vLLM's kv_transfer_params (NIXL connector), as the client sent it
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class Usage(msgspec.Struct, frozen=True):
@@ -186,6 +190,8 @@ class Finish(msgspec.Struct, frozen=True):
     timings: Timings
     stop_str: str | None = None
     stop_token_id: int | None = None
+    # --- P/D (issue 13): what a prefill returns for its decode side (vLLM's response field)
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class TokenChunk(msgspec.Struct, frozen=True):
@@ -209,6 +215,16 @@ class Capacity(msgspec.Struct, frozen=True):
     max_waiting: int
 
 
+class LoraAdapterStatus(msgspec.Struct, frozen=True):
+    """One LoRA adapter a deployment serves (ListDeployments)."""
+
+    name: str
+    id: int
+    path: str
+    base_model_name: str
+    rank: int
+
+
 class DeploymentStatus(msgspec.Struct, frozen=True):
     """What `ListDeployments` reports about one deployment."""
 
@@ -225,3 +241,5 @@ class DeploymentStatus(msgspec.Struct, frozen=True):
     capacity: Capacity
     num_running: int
     num_waiting: int
+    # --- LoRA (issue 13) ---
+    adapters: tuple[LoraAdapterStatus, ...] = ()

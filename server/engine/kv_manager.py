@@ -69,7 +69,7 @@ class KVCacheManager:
     def match(self, req: Request) -> PrefixMatch:
         if not self.cache.enabled or req.block_ids:
             return NO_MATCH
-        return self.cache.match_prefix(req.token_ids[: req.num_tokens - 1])
+        return self.cache.match_prefix(req.token_ids[: req.num_tokens - 1], req.lora_id)
 
     def allocate_slots(
         self, req: Request, num_new_tokens: int, match: PrefixMatch = NO_MATCH
@@ -108,8 +108,8 @@ class KVCacheManager:
         if not self.cache.enabled or n * bs <= req._tree_len:
             return
         node, tree_blocks = self.cache.insert(
-            req.token_ids[: n * bs], req.block_ids[:n], start=(req.cache_node, req._tree_len)
-        )
+            req.token_ids[: n * bs], req.block_ids[:n], start=(req.cache_node, req._tree_len),
+            lora=req.lora_id)
         blocks = req.block_ids
         for i in range(req._tree_len // bs, n):
             mine, theirs = blocks[i], tree_blocks[i]
@@ -132,12 +132,16 @@ class KVCacheManager:
         self.pool.free(req.block_ids)
         req.block_ids = []
 
-    def check_integrity(self, live: list[Request]) -> None:
+    def check_integrity(self, live: list[Request], held: list[list[int]] = ()) -> None:
         """Pool and cache invariants, plus: every pool reference is accounted for by the live
-        requests' block tables and the cache (no leaked block, no dangling reference)."""
+        requests' block tables, the cache and the `held` blocks (P/D: a finished prefill's
+        KV kept for its decode side) — no leaked block, no dangling reference."""
         self.pool.check_integrity()
         self.cache.check_integrity()
         expected = [0] * self.pool.num_blocks
+        for blocks in held:
+            for b in blocks:
+                expected[b] += 1
         for req in live:
             for b in req.block_ids:
                 expected[b] += 1
@@ -163,10 +167,10 @@ class KVCacheManager:
 
 
 def _cached_blocks(cache: PrefixCache) -> list[list[int]]:
-    root = getattr(cache, "root", None)
-    if root is None:
+    roots = getattr(cache, "roots", None)
+    if not roots:
         return []
-    out, stack = [], [root]
+    out, stack = [], list(roots.values())
     while stack:
         node = stack.pop()
         out.append(node.block_ids)

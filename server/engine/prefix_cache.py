@@ -46,10 +46,12 @@ class PrefixCache(ABC):
     enabled: bool
 
     @abstractmethod
-    def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch: ...
+    def match_prefix(self, token_ids: Sequence[int], lora: int = 0) -> PrefixMatch:
+        """``lora``: the adapter the tokens run with (0: the base model); each adapter has
+        its own cached prefixes (LoRA, issue 13)."""
 
     @abstractmethod
-    def peek_prefix_len(self, token_ids: Sequence[int]) -> int:
+    def peek_prefix_len(self, token_ids: Sequence[int], lora: int = 0) -> int:
         """Like ``match_prefix(...).num_tokens`` with no side effect (no split, no LRU touch)."""
 
     @abstractmethod
@@ -64,6 +66,7 @@ class PrefixCache(ABC):
         token_ids: Sequence[int],
         block_ids: Sequence[int],
         start: tuple[Any, int] | None = None,
+        lora: int = 0,
     ) -> tuple[Any, list[int]]:
         """``start=(node, n)``: the caller knows ``node`` ends at token ``n`` of this path (its
         locked node), so the walk may begin there instead of at the root."""
@@ -99,10 +102,10 @@ class NoPrefixCache(PrefixCache):
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
 
-    def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
+    def match_prefix(self, token_ids: Sequence[int], lora: int = 0) -> PrefixMatch:
         return PrefixMatch(0, [], None)
 
-    def peek_prefix_len(self, token_ids: Sequence[int]) -> int:
+    def peek_prefix_len(self, token_ids: Sequence[int], lora: int = 0) -> int:
         return 0
 
     def lock(self, node: Any) -> None:
@@ -116,6 +119,7 @@ class NoPrefixCache(PrefixCache):
         token_ids: Sequence[int],
         block_ids: Sequence[int],
         start: tuple[Any, int] | None = None,
+        lora: int = 0,
     ) -> tuple[Any, list[int]]:
         return None, list(block_ids)
 

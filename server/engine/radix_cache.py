@@ -16,13 +16,15 @@ import itertools
 from collections.abc import Iterator, Sequence
 
 from .block_pool import BlockPool
+from .kv_events import KvEventLog
 from .prefix_cache import NoPrefixCache, PrefixCache, PrefixMatch
 
 __all__ = ["NoPrefixCache", "PrefixCache", "PrefixMatch", "RadixCache", "RadixNode"]  # re-exported
 
 
 class RadixNode:
-    __slots__ = ("block_ids", "children", "id", "key", "last_access", "lock_ref", "parent")
+    __slots__ = ("block_ids", "children", "hashes", "id", "key", "last_access", "lock_ref",
+                 "parent")
 
     def __init__(
         self,
@@ -39,6 +41,7 @@ class RadixNode:
         self.lock_ref = 0
         self.last_access = last_access
         self.id = node_id
+        self.hashes: list[bytes] = []  # vLLM's block hashes, parallel to block_ids (KV events)
 
     def __repr__(self) -> str:
         return f"RadixNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref})"
@@ -56,6 +59,10 @@ class RadixCache(PrefixCache):
         self._clock = 0  # logical LRU clock: exact and deterministic, unlike wall time
         self.root = RadixNode((), [], None, next(self._ids))
         self.root.lock_ref = 1  # the root is never evicted
+        # --- LoRA (issue 13): one tree per adapter (0: the base model), so two adapters never
+        # share a block and one adapter shares its own, as vLLM's block hashes keyed by the
+        # LoRA name (extra_keys) do
+        self.roots: dict[int, RadixNode] = {0: self.root}
         self._evictable = 0
         self._cached = 0
         self._num_nodes = 0
@@ -63,6 +70,33 @@ class RadixCache(PrefixCache):
         # node may have become an unlocked leaf or was touched while being one; stale entries
         # are skipped when popped, and the heap is rebuilt when stale ones dominate.
         self._heap: list[tuple[int, int, RadixNode]] = []
+        self.events: KvEventLog | None = None  # KV events (issue 13): see attach_events
+
+    # --- KV events (issue 13) ---
+    def attach_events(self, log: KvEventLog) -> None:
+        """Report every store, eviction and reset to ``log`` from now on, with vLLM's block
+        hashes (kept per node, so an evicted block is named without rehashing its path)."""
+        if self._cached:
+            raise ValueError("attach KV events before anything is cached")
+        self.events = log
+
+    def reset(self) -> bool:
+        """Empty the cache, as vLLM's ``reset_prefix_cache``: refused (False) while any request
+        holds a block; on success the log gets one ``AllBlocksCleared``, no per-block removal."""
+        pool = self.pool
+        if pool.num_free + self._cached != pool.num_blocks or any(
+                c.lock_ref for c in self.root.children.values()):
+            return False
+        for node in self._iter_nodes():
+            if node.parent is not None:
+                pool.free(node.block_ids)
+        self.root.children.clear()
+        self._heap.clear()
+        self._evictable = self._cached = self._num_nodes = 0
+        if self.events is not None:
+            self.events.cleared()
+        return True
+    # --- end KV events ---
 
     def _candidate(self, node: RadixNode) -> None:
         if not node.children and node.lock_ref == 0 and node.parent is not None:
@@ -79,6 +113,13 @@ class RadixCache(PrefixCache):
         )
 
     # -- lookup ----------------------------------------------------------------------------
+    def _root(self, lora: int, create: bool) -> RadixNode | None:
+        root = self.roots.get(lora)
+        if root is None and create:
+            root = self.roots[lora] = RadixNode((), [], None, next(self._ids))
+            root.lock_ref = 1
+        return root
+
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
@@ -90,6 +131,7 @@ class RadixCache(PrefixCache):
         touch: bool,
         split: bool,
         start: tuple[RadixNode, int] | None = None,
+        lora: int = 0,
     ) -> tuple[RadixNode, int]:
         """Follow ``token_ids`` whole block by whole block (from ``start`` if given, else the
         root); returns the deepest node reached and the number of tokens matched. With
@@ -97,7 +139,13 @@ class RadixCache(PrefixCache):
         at the match."""
         bs = self.block_size
         n = len(token_ids) - len(token_ids) % bs
-        node, pos = start if start is not None and start[0] is not None else (self.root, 0)
+        if start is not None and start[0] is not None:
+            node, pos = start
+        else:
+            root = self._root(lora, create=split)
+            if root is None:
+                return self.root, 0  # nothing cached for this adapter
+            node, pos = root, 0
         now = self._tick() if touch else 0
         while pos < n:
             child = node.children.get(tuple(token_ids[pos : pos + bs]))
@@ -120,14 +168,14 @@ class RadixCache(PrefixCache):
                 break
         return node, pos
 
-    def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
-        node, num_tokens = self._walk(token_ids, touch=True, split=True)
+    def match_prefix(self, token_ids: Sequence[int], lora: int = 0) -> PrefixMatch:
+        node, num_tokens = self._walk(token_ids, touch=True, split=True, lora=lora)
         if num_tokens == 0:
             return PrefixMatch(0, [], None)
         return PrefixMatch(num_tokens, self.path_blocks(node), node)
 
-    def peek_prefix_len(self, token_ids: Sequence[int]) -> int:
-        return self._walk(token_ids, touch=False, split=False)[1]
+    def peek_prefix_len(self, token_ids: Sequence[int], lora: int = 0) -> int:
+        return self._walk(token_ids, touch=False, split=False, lora=lora)[1]
 
     def path_blocks(self, node: RadixNode) -> list[int]:
         parts = []
@@ -145,6 +193,8 @@ class RadixCache(PrefixCache):
         upper = RadixNode(child.key[:i], child.block_ids[: i // bs], parent, next(self._ids))
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
+        if child.hashes:
+            upper.hashes, child.hashes = child.hashes[: i // bs], child.hashes[i // bs :]
         self._num_nodes += 1
         parent.children[child.key[:bs]] = upper
         child.key = child.key[i:]
@@ -177,17 +227,23 @@ class RadixCache(PrefixCache):
         token_ids: Sequence[int],
         block_ids: Sequence[int],
         start: tuple[RadixNode | None, int] | None = None,
+        lora: int = 0,
     ) -> tuple[RadixNode | None, list[int]]:
         bs = self.block_size
         if len(token_ids) != len(block_ids) * bs:
             raise ValueError(f"{len(token_ids)} tokens do not fill {len(block_ids)} blocks")
-        node, pos = self._walk(token_ids, touch=True, split=True, start=start)  # type: ignore[arg-type]
+        node, pos = self._walk(token_ids, touch=True, split=True, start=start,  # type: ignore[arg-type]
+                               lora=lora)
         tree_blocks = self.path_blocks(node) if pos else []
         if pos < len(token_ids):
             new_blocks = list(block_ids[pos // bs :])
             self.pool.share(new_blocks)
             key = tuple(token_ids[pos:])
             leaf = RadixNode(key, new_blocks, node, next(self._ids), self._clock)
+            if self.events is not None:
+                parent = node.hashes[-1] if node.hashes else None
+                leaf.hashes = self.events.hashes(parent, key)
+                self.events.stored(parent, leaf.hashes, key)
             node.children[key[:bs]] = leaf
             self._evictable += len(new_blocks)
             self._cached += len(new_blocks)
@@ -195,7 +251,7 @@ class RadixCache(PrefixCache):
             self._candidate(leaf)
             tree_blocks.extend(new_blocks)
             node = leaf
-        return (node if node is not self.root else None), tree_blocks
+        return (node if node.parent is not None else None), tree_blocks
 
     def touch(self, node: RadixNode | None) -> None:
         now = self._tick()
@@ -222,10 +278,15 @@ class RadixCache(PrefixCache):
             if take < len(node.block_ids):  # trim the tail; the leaf keeps its head
                 victims = node.block_ids[-take:]
                 del node.block_ids[-take:]
+                if self.events is not None:
+                    self.events.removed(node.hashes[-1 : -take - 1 : -1])
+                    del node.hashes[-take:]
                 node.key = node.key[: len(node.block_ids) * self.block_size]
                 heapq.heappush(heap, entry)
             else:
                 victims = node.block_ids
+                if self.events is not None:
+                    self.events.removed(node.hashes[::-1])
                 parent = node.parent
                 assert parent is not None
                 del parent.children[node.key[: self.block_size]]
@@ -249,7 +310,7 @@ class RadixCache(PrefixCache):
 
     # -- invariants ------------------------------------------------------------------------
     def _iter_nodes(self) -> Iterator[RadixNode]:
-        stack = [self.root]
+        stack = list(self.roots.values())
         while stack:
             node = stack.pop()
             yield node
@@ -289,6 +350,9 @@ class RadixCache(PrefixCache):
                     raise AssertionError(f"unlocked cached block {b} has {refs} holders")
             if node.lock_ref == 0:
                 evictable += len(node.block_ids)
+            if self.events is not None and len(node.hashes) != len(node.block_ids):
+                raise AssertionError(f"{node} has {len(node.hashes)} hashes for "
+                                     f"{len(node.block_ids)} blocks")
         nodes = [n for n in self._iter_nodes() if n.parent is not None]
         if len(nodes) != self._num_nodes:
             raise AssertionError(f"node count drifted: {self._num_nodes} vs {len(nodes)}")

@@ -76,8 +76,11 @@ class Request:
         "cache_node",
         "constraint",
         "finish_reason",
+        "hold_kv",
+        "lora_id",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_external_tokens",
         "num_jump_forward_tokens",
         "num_preemptions",
         "num_prompt_tokens",
@@ -120,7 +123,11 @@ class Request:
         self.cache_node: Any = None  # the radix node this request holds locked, if any
         self.constraint: Any = None  # ConstraintState of a structured-output request
         self.num_jump_forward_tokens = 0
+        self.lora_id = 0  # the LoRA adapter it runs with (0: the base model; server/engine/lora.py)
         self._tree_len = 0  # tokens of this request known to be in the prefix cache
+        # --- P/D (issue 13): vLLM's NIXL connector, emulated (server/engine_proc/kv_connector)
+        self.num_external_tokens = 0  # decode side: prompt tokens whose KV was transferred in
+        self.hold_kv = False  # prefill side: keep the KV for the decode side when length-capped
         # Mock-model state: a rolling hash of token_ids[:_hash_len] (see mock_model.py).
         self._hash_len = 0
         self._hash_value = 0

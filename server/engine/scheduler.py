@@ -27,6 +27,34 @@ from .request import FinishReason, Request, RequestStatus
 from .scheduler_config import ScheduledRequest, SchedulerConfig, SchedulerOutput, SchedulerStats
 
 
+class LoraBudget:
+    """The adapters one step runs, as vLLM v1's scheduler counts them
+    (vllm/v1/core/sched/scheduler.py `scheduled_loras`): the running requests scheduled this
+    step fix the first ones; a waiting request whose adapter would make more than `max_loras`
+    distinct adapters is skipped (it keeps its place, later requests may be admitted);
+    base-model requests (id 0) never count."""
+
+    __slots__ = ("ids", "max_loras")
+
+    def __init__(self, max_loras: int, ids: set[int]) -> None:
+        self.max_loras, self.ids = max_loras, ids
+
+    def admits(self, lora_id: int) -> bool:
+        return lora_id == 0 or lora_id in self.ids or len(self.ids) < self.max_loras
+
+    def add(self, lora_id: int) -> None:
+        if lora_id:
+            self.ids.add(lora_id)
+
+
+def lora_budget(max_loras: int, running: list[Request],
+                scheduled: dict[str, ScheduledRequest]) -> LoraBudget | None:
+    if max_loras <= 0:
+        return None
+    return LoraBudget(max_loras, {r.lora_id for r in running
+                                  if r.lora_id and r.request_id in scheduled})
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_id: int | None = None) -> None:
         self.config = config
@@ -42,6 +70,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.stats = SchedulerStats()
+        # --- P/D (issue 13): KV kept for a decode side to read (vLLM's delay_free_blocks) ---
+        self.held: dict[str, tuple[list[int], object]] = {}  # request id -> (blocks, node)
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -103,6 +133,7 @@ class Scheduler:
         self.running.remove(req)
         self.kv.free(req, cache=True)
         req.num_computed_tokens = 0
+        req.num_external_tokens = 0  # transferred KV is gone: recomputed locally (as vLLM)
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.stats.num_preemptions += 1
@@ -115,6 +146,7 @@ class Scheduler:
         scheduled: dict[str, ScheduledRequest] = {}
         preempted: list[str] = []
         static_locked = cfg.batching == "static" and bool(self.running)
+        self.stats.num_lora_deferred = 0
 
         bs, paged, speculates = kv.block_size, not kv.contiguous, cfg.num_speculative_tokens > 0
         i = 0
@@ -153,10 +185,17 @@ class Scheduler:
 
         if not preempted and not static_locked:
             self.waiting.prepare(self.cache)
+            # --- LoRA (issue 13): vLLM v1's max_loras rule (see lora_budget) ---
+            loras = lora_budget(cfg.max_loras, self.running, scheduled)
+            skipped: list[Request] = []
             while self.waiting and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting.peek()
+                if loras is not None and not loras.admits(req.lora_id):
+                    skipped.append(self.waiting.pop())  # waits; later requests may go
+                    continue
                 match = kv.match(req)
-                remaining = req.num_tokens - match.num_tokens
+                external = max(0, req.num_external_tokens - match.num_tokens)  # P/D
+                remaining = req.num_tokens - match.num_tokens - external
                 if not cfg.enable_chunked_prefill and remaining > budget:
                     if cfg.batching != "static":
                         break
@@ -164,19 +203,28 @@ class Scheduler:
                 num_new = min(remaining, budget)
                 if num_new == 0 and cfg.batching != "static":
                     break
-                if not kv.allocate_slots(req, num_new, match):
+                if not kv.allocate_slots(req, num_new + external, match):
                     break
+                req.num_computed_tokens += external  # its KV arrived over the link
                 self.waiting.pop()
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
                 if req.num_cached_tokens < 0:  # first admission: what usage reports
-                    req.num_cached_tokens = match.num_tokens
+                    req.num_cached_tokens = match.num_tokens + external
                 self.stats.prefix_cache_queries += req.num_tokens
                 self.stats.prefix_cache_hits += match.num_tokens
+                if req.num_external_tokens:  # P/D: vLLM's connector prefix-cache stats
+                    self.stats.external_prefix_cache_queries += req.num_tokens
+                    self.stats.external_prefix_cache_hits += external
                 if num_new:
                     scheduled[req.request_id] = self._entry(req, num_new)
                     kv.cache_blocks(req, req.num_computed_tokens + num_new)
                     budget -= num_new
+                if loras is not None:
+                    loras.add(req.lora_id)
+            for req in reversed(skipped):  # back at the head, in their order
+                self.waiting.add_preempted(req)
+            self.stats.num_lora_deferred = len(skipped)
 
         self.stats.num_steps += 1
         self.stats.peak_num_running = max(self.stats.peak_num_running, len(self.running))
@@ -242,6 +290,8 @@ class Scheduler:
                         req.num_computed_tokens += appended - 1
             if reason is None:
                 continue
+            if req.hold_kv and reason is FinishReason.LENGTH:
+                self._hold(req)
             self.kv.free(req, cache=True)
             req.status, req.finish_reason = RequestStatus.for_reason(reason), reason
             del self.requests[req.request_id]
@@ -264,10 +314,33 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
+    # --- P/D (issue 13): KV held for a remote decode ------------------------------------
+    def _hold(self, req: Request) -> None:
+        """Keep a finished prefill's blocks (a pool reference each, its cache path locked so
+        eviction never counts them) until `release_held`: vLLM's delay_free_blocks."""
+        self.kv.cache_blocks(req)
+        node = req.cache_node
+        if node is not None:
+            self.cache.lock(node)
+        self.pool.share(req.block_ids)
+        self.held[req.request_id] = (list(req.block_ids), node)
+
+    def release_held(self, request_id: str) -> bool:
+        """Free the blocks a finished prefill kept; False if none are held under that id."""
+        entry = self.held.pop(request_id, None)
+        if entry is None:
+            return False
+        blocks, node = entry
+        if node is not None:
+            self.cache.unlock(node)
+        self.pool.free(blocks)
+        return True
+
     # -- invariants ------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Pool, cache and bookkeeping invariants (AssertionError if any is broken)."""
-        self.kv.check_integrity(list(self.requests.values()))
+        self.kv.check_integrity(list(self.requests.values()),
+                                held=[b for b, _ in self.held.values()])
         waiting = list(self.waiting)
         if len(waiting) + len(self.running) != len(self.requests):
             raise AssertionError("a request is lost or in two places")

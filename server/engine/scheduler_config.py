@@ -36,6 +36,8 @@ class SchedulerConfig:
     batching: Batching = "continuous"
     lpm_fcfs_threshold: int = 128
     num_speculative_tokens: int = 0
+    # --- LoRA (issue 13) ---
+    max_loras: int = 0  # distinct LoRA adapters one step may run (0: LoRA off)
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
@@ -117,12 +119,17 @@ class SchedulerStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up at admission
     prefix_cache_hits: int = 0  # of those, tokens served from the cache
+    # --- P/D (issue 13): vLLM's external (KV connector) prefix-cache counters ---
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0  # prompt tokens whose KV a remote prefill sent
     num_prefill_tokens: int = 0  # tokens prefilled (recompute after preemption included)
     num_generation_tokens: int = 0
     num_jump_forward_tokens: int = 0  # of those, appended by jump-forward without a decode
     num_finished: int = 0
     num_aborted: int = 0
     peak_num_running: int = 0
+    # --- LoRA (issue 13) ---
+    num_lora_deferred: int = 0  # a gauge: waiting requests the last step skipped for max_loras
 
     @property
     def prefix_cache_hit_rate(self) -> float:

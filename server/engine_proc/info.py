@@ -7,6 +7,7 @@ from __future__ import annotations
 from devices import Placement, catalog
 from server.engine.build import EngineOptions
 from server.engine.core import EngineCore
+from server.engine.faults import has_faults
 from server.engine.intake import Limits
 from server.engine.interface import Capacity
 from server.engine.tokenizer import Tokenizer
@@ -85,6 +86,8 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         num_speculative_tokens=core.speculative.num_speculative_tokens
         if core.speculative else 0,
         served_model_names=opts.served_model_name,
+        max_loras=opts.max_loras if opts.enable_lora else 0,  # --- LoRA (issue 13) ---
+        faults=has_faults(opts),
     )
 
 

@@ -31,11 +31,18 @@ from server.engine.clock import Timeline
 from server.engine.core import EngineCore, StepResult
 from server.engine.intake import Limits, admit
 from server.engine.interface import EngineError, FinishReason, Unavailable
+from server.engine.kv_events_config import KVEventsConfig
+from server.engine.kv_transfer import KvTransferConfig
 from server.engine.logs import request_log
 from server.engine.request import Request
+from server.engine_proc.faults import FaultDriver
+from server.engine_proc.kv_connector import NixlConnector
+from server.engine_proc.lora import LoraPublisher, lora_file
+from server.engine_proc.sleep import LEVELS, MODES, SleepState
 from server.engine_proc.stats import EngineStats
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
+from server.kv_events.publisher import KvEventPublisher
 
 log = logging.getLogger("doppelchip.engine")
 
@@ -56,7 +63,11 @@ class _Live:
 class EngineLoop:
     def __init__(self, *, deployment: int, rank: int, epoch: int, core: EngineCore,
                  limits: Limits, stats: EngineStats, run_dir: RunDir, num_frontends: int,
-                 timeline: Timeline, cold: bool, check_integrity: bool) -> None:
+                 timeline: Timeline, cold: bool, check_integrity: bool,
+                 kv_events: KVEventsConfig | None = None, kv_offset: int = 0,
+                 kv_transfer: KvTransferConfig | None = None,
+                 info: m.DeploymentInfo | None = None,
+                 faults: FaultDriver | None = None) -> None:
         self.deployment, self.rank, self.epoch = deployment, rank, epoch
         self.core, self.limits, self.stats = core, limits, stats
         self.name = limits.name
@@ -89,6 +100,25 @@ class EngineLoop:
         self._latest_arrival = 0.0
         self._lagging = False
         self._warned = -WARN_EVERY_S
+        # --- KV events (issue 13): the cache's log, published once per step from here ---
+        self.kv_log = getattr(core.scheduler.cache, "events", None)
+        self.kv_pub: KvEventPublisher | None = None
+        if kv_events is not None and kv_events.enabled and self.kv_log is not None:
+            self.kv_pub = KvEventPublisher(self.ctx, kv_events, rank=rank,
+                                           offset=kv_offset + rank)
+            if self.kv_pub.replay is not None:
+                self.poller.register(self.kv_pub.replay, zmq.POLLIN)
+        # --- LoRA (issue 13) ---
+        self.lora = (LoraPublisher(core, lora_file(run_dir.engine_stats(deployment, rank)))
+                     if core.lora is not None else None)
+        # --- P/D and sleep mode (issue 13) ---
+        self.connector = (NixlConnector(kv_transfer, info, rank, core.scheduler, self.ctx,
+                                        self.poller, lambda: max(self._t, self.now()))
+                          if kv_transfer is not None and info is not None else None)
+        self.sleep = SleepState()
+        self.pending_sleep: tuple[int, int, int] | None = None  # (frontend, seq, level)
+        self.timers: list[tuple[float, int, int]] = []  # (emulated t, frontend, seq) replies
+        self.faults = faults  # device faults (issue 13): server/engine_proc/faults.py
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -104,26 +134,44 @@ class EngineLoop:
             return
         self.state = "ready"
         self.stats.set_state("ready", "ready", self._t)
+        if self.faults is not None:
+            self.faults.start(self._t)
         self._resync()
         while not self.stopping:
+            self._tick()
             self._take_inbox()
             if not core.has_unfinished():
-                if self.check_integrity:  # every request released: pool and cache intact
-                    core.scheduler.check_integrity()
+                self._publish_kv_events()  # what aborts and finishes stored or evicted
+            if self.pending_sleep is not None and not core.has_unfinished():
+                fe, seq, level = self.pending_sleep  # mode "wait": the last one finished
+                self.pending_sleep = None
+                self._send(fe, m.encode(m.Admissions(self.deployment, self.rank,
+                                                     [self._fall_asleep(level, "wait", seq)])))
+            if not core.has_unfinished() or self.sleep.sleeping:
+                if self.faults is not None:
+                    self.faults.advance(self.now())
+                if (self.check_integrity and not core.has_unfinished()
+                        and not (self.faults and self.faults.holds_blocks)):
+                    core.scheduler.check_integrity()  # every request released: pool and cache
                 self.stats.idle(core, self.num_queued(), self._t)
+                self.stats.pd_sleep(core, self.sleep, self.connector)
                 self._lagging = False
-                self._service(None)
-                self._resync()
+                self._idle()
                 continue
             if self._lagging and any(len(q) > MAX_UNACKED for q in self.unacked):
                 self._service(None)  # wait for the front ends to absorb what was sent
                 continue
             start = max(self._t, self._latest_arrival)
+            if self.faults is not None:  # a crash exits here; a hang holds the step back
+                self.faults.advance(start)
+                start = self.faults.hang(start, self._wait_until)
             result = core.step()
             if result is None:  # everything waiting is blocked: wait for an abort or arrival
-                self._service(None)
+                self._service(self._idle_timeout_ms())
                 self._resync()
                 continue
+            if self.faults is not None:
+                result = self.faults.slow(result, start)
             self._t = start + result.seconds
             self._wait_until(self._t)
             lag = max(0.0, self.now() - self._t)
@@ -131,6 +179,10 @@ class EngineLoop:
             self._take_inbox()  # aborts that arrived during the step win over its tokens
             # status first: a client that sees the step's tokens sees its load and KV too
             self.stats.step(core, result, lag, self._t, self.num_queued())
+            self._publish_kv_events()
+            if self.lora is not None:  # --- LoRA (issue 13) ---
+                self.lora.step([live.req for live in self.inbox])
+            self.stats.pd_sleep(core, self.sleep, self.connector)
             self._publish(result, start)
         self._shutdown()
 
@@ -147,6 +199,13 @@ class EngineLoop:
         if resume > self._t:
             self.core.account_idle(resume - self._t)
             self._t = resume
+
+    def _idle_timeout_ms(self) -> int | None:
+        """How long an idle engine may block: until its next fault event, else forever."""
+        t = self.faults.next_event() if self.faults is not None else None
+        if t is None:
+            return None
+        return max(0, min(60_000, int(self.timeline.wall_until(t) * 1000) + 1))  # poll's int
 
     def _note_lag(self, lag: float) -> None:
         wall = lag * self.scale
@@ -177,9 +236,13 @@ class EngineLoop:
     def _service(self, timeout_ms: int | None) -> None:
         """Poll once (None: block until something arrives), then handle everything queued."""
         events = dict(self.poller.poll(timeout_ms))
+        if self.connector is not None:
+            self.connector.handle(events)
         for i, sock in enumerate(self.outputs):
             if events.get(sock, 0) & zmq.POLLOUT:
                 self._flush(i)
+        if self.kv_pub is not None and self.kv_pub.replay in events:
+            self.kv_pub.service_replay()
         if not events.get(self.input, 0) & zmq.POLLIN:
             return
         replies: dict[int, list[m.Admission]] = {}
@@ -210,6 +273,18 @@ class EngineLoop:
                 self.unacked[msg.frontend].clear()
             elif isinstance(msg, m.Shutdown):
                 self.stopping = True
+            elif isinstance(msg, m.ResetPrefixCache):  # KV events (issue 13)
+                self._reset_prefix_cache(msg)
+            elif isinstance(msg, m.LoraOp):  # --- LoRA (issue 13) ---
+                answer = (self.lora.handle(msg, self.deployment, self.rank) if self.lora else
+                          m.LoraAnswer(self.deployment, self.rank, msg.op, 400,
+                                       "BadRequestError", f"LoRA is not enabled on deployment "
+                                       f"{self.name!r} (--enable-lora)"))
+                self._send(msg.frontend, m.encode(answer))
+            elif isinstance(msg, m.Sleep | m.WakeUp):  # sleep mode (issue 13)
+                answer = self._control(msg)
+                if answer is not None:
+                    replies.setdefault(msg.frontend, []).append(answer)
         if replies:  # the waiting count a status query reads moves before the client knows
             self.stats.queued(self.num_queued(), rejected)
         for fe, items in replies.items():
@@ -223,11 +298,14 @@ class EngineLoop:
             if self.state != "ready":
                 raise Unavailable(f"deployment {self.name!r} is {self.state}: "
                                   f"{'building its engine' if self.state == 'compiling' else ''}")
-            req = admit(r, list(r.prompt_token_ids or ()), msg.max_tokens, msg.arrival,
+            params = r.kv_transfer_params if self.connector is not None else None
+            remote_decode = bool(params and params.get("do_remote_decode"))
+            req = admit(r, list(r.prompt_token_ids or ()),
+                        1 if remote_decode else msg.max_tokens, msg.arrival,
                         limits=self.limits, num_queued=self.num_queued(),
                         free_seats=self.core.scheduler.free_seats,
                         in_flight=r.request_id in self.by_rid,
-                        constraints=self.core.constraints)
+                        constraints=self.core.constraints, lora=self.core.lora)
         except EngineError as e:
             request_log(log, r.request_id).info("rejected on %s: %s", self.name, e)
             return m.Admission(msg.seq, type(e).__name__, str(e))
@@ -235,14 +313,17 @@ class EngineLoop:
         live = _Live(req, msg.frontend, msg.seq, r.request_id)
         self.live[req.request_id] = live
         self.by_rid.add(r.request_id)
-        self.inbox.append(live)
+        req.hold_kv = remote_decode  # P/D: a prefill keeps its KV for the decode side
+        if not (params and self.connector is not None
+                and self.connector.start(live, req.request_id, params, req.num_prompt_tokens)):
+            self.inbox.append(live)
         request_log(log, r.request_id).info(
             "queued on %s: %d prompt tokens, max_tokens=%d", self.name, req.num_prompt_tokens,
             req.sampling_params.max_tokens)
         return m.Admission(msg.seq)
 
     def _take_inbox(self) -> None:
-        if self.inbox:
+        if self.inbox and not self.sleep.sleeping and self.pending_sleep is None:
             for live in self.inbox:
                 if live.req.request_id not in self.aborts:
                     self._latest_arrival = max(self._latest_arrival, live.req.arrival_time)
@@ -252,6 +333,10 @@ class EngineLoop:
             aborts, self.aborts = self.aborts, {}
             for key, reason in aborts.items():
                 if (live := self.live.get(key)) is not None:
+                    if live in self.inbox:  # held while asleep
+                        self.inbox.remove(live)
+                    elif self.connector is not None:
+                        self.connector.abort(key)  # its KV was still pending
                     self.core.scheduler.abort(live.req.request_id, reason)
                     self._forget(live, reason)
 
@@ -291,8 +376,10 @@ class EngineLoop:
         jumped: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         finished: list[list[m.Finished]] = [[] for _ in range(n)]
         preempted: list[list[int]] = [[] for _ in range(n)]
+        external: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         live_of = self.live.get
-        for rid in result.output.preempted_request_ids:
+        extra = self.faults.take_preempted() if self.faults is not None else ()
+        for rid in (*result.output.preempted_request_ids, *extra):
             if (live := live_of(rid)) is not None:
                 preempted[live.frontend].append(live.seq)
         for s in result.output.scheduled:
@@ -300,6 +387,8 @@ class EngineLoop:
             if live is not None and not live.scheduled:
                 live.scheduled = True
                 first[live.frontend].append((live.seq, max(live.req.num_cached_tokens, 0)))
+                if live.req.num_external_tokens:  # P/D: its prompt KV was transferred in
+                    external[live.frontend].append((live.seq, live.req.num_external_tokens))
         for rid, toks in result.new_tokens.items():
             live = live_of(rid)
             if live is not None:
@@ -318,7 +407,9 @@ class EngineLoop:
             out, sp = req.token_ids, req.sampling_params
             stop_token = out[-1] if (reason is FinishReason.STOP and req.num_output_tokens
                                      and out[-1] in sp.stop_token_ids) else None
-            finished[live.frontend].append(m.Finished(live.seq, reason.value, stop_token))
+            kvp = (self.connector.prefill_finished(req.request_id, self._t)
+                   if self.connector is not None and req.hold_kv else None)
+            finished[live.frontend].append(m.Finished(live.seq, reason.value, stop_token, kvp))
             self._forget(live, reason)
         self.step_no += 1
         for fe in range(n):
@@ -326,9 +417,27 @@ class EngineLoop:
                 self._send(fe, m.encode(m.StepOutputs(
                     self.deployment, self.rank, self.epoch, self.step_no, start, self._t,
                     seqs[fe], counts[fe], tokens[fe], first[fe], jumped[fe], finished[fe],
-                    self._lagging, preempted[fe])))
+                    self._lagging, preempted[fe], external[fe])))
                 if self._lagging:
                     self.unacked[fe].append(self.step_no)
+
+    # --- KV events (issue 13) ---
+    def _publish_kv_events(self) -> None:
+        """One batch of what the cache did since the last one (none when it did nothing)."""
+        if self.kv_log is not None and self.kv_log.events:
+            events = self.kv_log.take()
+            if self.kv_pub is not None:
+                self.kv_pub.publish(events)
+
+    def _reset_prefix_cache(self, msg: m.ResetPrefixCache) -> None:
+        reset = getattr(self.core.scheduler.cache, "reset", None)
+        ok = bool(reset()) if reset is not None and not self.core.has_unfinished() else False
+        log.info("prefix cache reset on %s (rank %d): %s", self.name, self.rank,
+                 "done" if ok else "refused, requests hold blocks")
+        self._publish_kv_events()
+        self._send(msg.frontend, m.encode(m.CacheReset(self.deployment, self.rank, msg.token,
+                                                       ok)))
+    # --- end KV events ---
 
     def _shutdown(self) -> None:
         for live in list(self.live.values()):
@@ -339,6 +448,110 @@ class EngineLoop:
                  "flops=%r joules=%r dollars=%r", self.name, self.rank, s.steps, s.busy_s,
                  s.stall_s, s.bytes, s.flops, s.joules, s.dollars)
         self.stats.set_state("draining", "shut down")
+        if self.kv_pub is not None:
+            self.kv_pub.close()
+        if self.connector is not None:
+            self.connector.close()
         for sock in (self.input, *self.outputs):
             sock.close(linger=0)
         self.ctx.term()
+
+    # ---- P/D and sleep mode (issue 13) ------------------------------------------------------
+    def _tick(self) -> None:
+        """Due replies (a wake-up answers once its weights are back), expired KV holds, and
+        KV transfers that ended: their requests join the scheduler (or end, policy fail)."""
+        t = max(self._t, self.now())
+        for timer in [x for x in self.timers if x[0] <= t]:
+            self.timers.remove(timer)
+            self._send(timer[1], m.encode(m.Admissions(self.deployment, self.rank,
+                                                       [m.Admission(timer[2])])))
+        if self.connector is None:
+            return
+        self.connector.expire(t)
+        for tr in self.connector.ready(t):
+            live = tr.live
+            if live.req.request_id not in self.live:
+                continue
+            if tr.failed and self.connector.config.kv_load_failure_policy == "fail":
+                self._end_now(live, FinishReason.ERROR)
+                continue
+            live.req.num_external_tokens = tr.num_tokens  # 0 after a failed load: recompute
+            self._latest_arrival = max(self._latest_arrival, tr.ready_at or 0.0)
+            self.inbox.append(live)
+
+    def _idle(self) -> None:
+        """Nothing to step: block for a message, or until the next emulated deadline (a KV
+        transfer's end, a hold's expiry, a wake-up's reply), which the timeline then reaches
+        exactly (not at the wall clock's later reading)."""
+        times = [t for t, _, _ in self.timers]
+        if self.connector is not None and (d := self.connector.next_deadline()) is not None:
+            times.append(d)
+        deadline = min(times, default=None)
+        fault_ms = self._idle_timeout_ms()  # failure injection: the next fault event
+        if deadline is None:
+            self._service(fault_ms)
+            if self.inbox or self.connector is None or not self.connector.pending:
+                self._resync()  # (a request awaiting its KV keeps the timeline where it is)
+            return
+        wall = self.timeline.wall_until(deadline)
+        if wall > 0:
+            timeout = max(1, int(wall * 1000))
+            self._service(timeout if fault_ms is None else min(timeout, fault_ms))
+        if self.inbox:
+            self._resync()
+        elif self.timeline.wall_until(deadline) <= 0 and deadline > self._t:
+            self.core.account_idle(deadline - self._t)
+            self._t = deadline
+
+    def _end_now(self, live: _Live, reason: FinishReason) -> None:
+        """End a request outside a step (sleep's abort, a failed KV load): tell its front end."""
+        self._send(live.frontend, m.encode(m.StepOutputs(
+            self.deployment, self.rank, self.epoch, self.step_no, self._t, self._t, [], [], [],
+            [], [], [m.Finished(live.seq, reason.value)])))
+        self._forget(live, reason)
+
+    def _control(self, msg: m.Sleep | m.WakeUp) -> m.Admission | None:
+        """Sleep or wake up; the answer now, or None when it comes later (mode wait, or a
+        wake-up whose weights take emulated time to come back)."""
+        if isinstance(msg, m.WakeUp):
+            seconds = self.sleep.wake(msg.tags, self.core.placement)
+            self.stats.pd_sleep(self.core, self.sleep, self.connector)  # before the answer
+            if seconds <= 0:
+                return m.Admission(msg.seq)
+            self._t = max(self._t, self.now()) + seconds  # no step before the weights are back
+            self.timers.append((self._t, msg.frontend, msg.seq))
+            log.info("%s waking up: %.3f s (emulated) to bring the weights back", self.name,
+                     seconds)
+            return None
+        if msg.level not in LEVELS or msg.mode not in MODES:
+            return m.Admission(msg.seq, "InvalidRequest",
+                               f"sleep level must be one of {LEVELS} and mode one of {MODES}")
+        if self.sleep.sleeping:
+            log.warning("Executor is already sleeping.")
+            return m.Admission(msg.seq)
+        if msg.mode == "wait" and self.core.has_unfinished():
+            self.pending_sleep = (msg.frontend, msg.seq, msg.level)
+            return None
+        return self._fall_asleep(msg.level, msg.mode, msg.seq)
+
+    def _fall_asleep(self, level: int, mode: str, seq: int) -> m.Admission:
+        sched = self.core.scheduler
+        if mode == "abort":
+            for live in list(self.live.values()):
+                if live in self.inbox:
+                    continue  # accepted, not yet started: it waits for the wake-up
+                if self.connector is not None:
+                    self.connector.abort(live.req.request_id)
+                sched.abort(live.req.request_id)
+                self._end_now(live, FinishReason.ABORT)
+        elif level >= 1:  # keep: their KV is discarded, so they are recomputed after waking
+            for req in list(sched.running):
+                sched.preempt(req.request_id)
+        if level >= 1:  # the KV cache is freed: held prefills and the prefix cache go
+            if self.connector is not None:
+                self.connector.release_all()
+            sched.cache.evict(sched.cache.evictable_blocks)
+        self.sleep.sleep(level)
+        self.stats.pd_sleep(self.core, self.sleep, self.connector)
+        log.info("%s asleep at level %d (mode %s)", self.name, level, mode)
+        return m.Admission(seq)

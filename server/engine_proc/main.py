@@ -17,12 +17,17 @@ import signal
 import sys
 from dataclasses import dataclass
 
+import msgspec
 import zmq
 
 from devices import DeviceError
 from server.engine.build import EngineOptions, build_core
 from server.engine.clock import Timeline
+from server.engine.faults import has_device_faults
+from server.engine.kv_events_config import KVEventsConfig
+from server.engine.kv_transfer import KvTransferConfig
 from server.engine.tokenizer import get_tokenizer
+from server.engine_proc.faults import FaultDriver, schedule_of
 from server.engine_proc.info import failed_info, placed_info
 from server.engine_proc.loop import EngineLoop
 from server.engine_proc.stats import EngineStats
@@ -87,7 +92,17 @@ def engine_main(spec: EngineSpec) -> None:
                       limits=info.limits, stats=stats, run_dir=run,
                       num_frontends=spec.num_frontends,
                       timeline=Timeline(spec.wall0, spec.time_scale), cold=spec.cold,
-                      check_integrity=spec.check_integrity)
+                      check_integrity=spec.check_integrity,
+                      kv_events=KVEventsConfig.parse(opts.kv_events_config),
+                      kv_offset=opts.kv_events_port_offset,
+                      kv_transfer=KvTransferConfig.parse(opts.kv_transfer_config), info=info,
+                      faults=FaultDriver(schedule_of(opts), core, stats, spec.time_scale,
+                                         opts.name) if has_device_faults(opts) else None)
+    if loop.kv_pub is not None:  # KV events (issue 13): where subscribers go
+        info = msgspec.structs.replace(
+            info, kv_events_endpoint=loop.kv_pub.endpoint,
+            kv_events_replay_endpoint=loop.kv_pub.replay_endpoint,
+            kv_events_topic=loop.kv_pub.topic.decode())
     _hello(run, spec, info)
     gc.collect()  # the core, its tables and the tokenizer leave the collector's generations
     gc.freeze()

@@ -29,6 +29,8 @@ class EngineStats:
         self.step_seconds = HistogramWriter(self.a, layout, "doppelchip_step_seconds")
         self._tier_slots = {t: layout.slot("doppelchip_tier_bytes", t) for t in info.tiers}
         self._seen = (0, 0, 0)  # scheduler's preemptions, prefix queries, prefix hits
+        self._pd_seen = (0, 0)  # scheduler's external prefix queries, hits (P/D)
+        self._conn_seen: tuple[float, ...] = (0.0,) * 5  # wake s, transfers ok/failed, B, s
         self._spec_seen: tuple[int, ...] = ()
         self._per_gpu = 1.0 / max(1, info.chip_count)
         self._kv_used = -1
@@ -62,11 +64,12 @@ class EngineStats:
         self.a[self.slot("vllm:admission_rejections", "max_num_queued_reqs")] += rejected
         self.file.end()
 
-    def _waiting(self, num_queued: int) -> None:
+    def _waiting(self, num_queued: int, deferred: int = 0) -> None:
         a, slot = self.a, self.slot
+        deferred = min(deferred, num_queued)  # --- LoRA (issue 13): skipped for max_loras ---
         a[slot("vllm:num_requests_waiting")] = num_queued
-        a[slot("vllm:num_requests_waiting_by_reason", "capacity")] = num_queued
-        a[slot("vllm:num_requests_waiting_by_reason", "deferred")] = 0
+        a[slot("vllm:num_requests_waiting_by_reason", "capacity")] = num_queued - deferred
+        a[slot("vllm:num_requests_waiting_by_reason", "deferred")] = deferred
 
     def startup(self, seconds: float) -> None:
         """A cold start's build/compile time, as a compile event."""
@@ -136,6 +139,32 @@ class EngineStats:
         self.a[self.slot("doppelchip_cost_dollars")] = core.stats.dollars + self._base_dollars
         self.file.end()
 
+    # --- P/D and sleep mode (issue 13) ---------------------------------------------------------
+    def pd_sleep(self, core: EngineCore, sleep, connector) -> None:
+        """vllm:engine_sleep_state as vLLM records it, the connector's prefix-cache counters
+        (vllm:external_prefix_cache_*, prompt_tokens_cached_by_source p2p) and transfers."""
+        a, slot, st = self.a, self.slot, core.scheduler.stats
+        self.file.begin()
+        for state, value in sleep.metric().items():
+            a[slot("vllm:engine_sleep_state", state)] = value
+        seen = (st.external_prefix_cache_queries, st.external_prefix_cache_hits)
+        a[slot("vllm:external_prefix_cache_queries")] += seen[0] - self._pd_seen[0]
+        a[slot("vllm:external_prefix_cache_hits")] += seen[1] - self._pd_seen[1]
+        a[slot("vllm:prompt_tokens_cached_by_source", "p2p")] += seen[1] - self._pd_seen[1]
+        self._pd_seen = seen
+        a[slot("doppelchip_kv_held_blocks")] = sum(len(b) for b, _ in
+                                                   core.scheduler.held.values())
+        now = (sleep.wake_seconds_total, *((connector.transfers, connector.failures,
+                                            connector.bytes, connector.seconds)
+                                           if connector is not None else (0, 0, 0.0, 0.0)))
+        for (name, value), n, before in zip(
+                (("doppelchip_wake_seconds", None), ("doppelchip_kv_transfers", "ok"),
+                 ("doppelchip_kv_transfers", "failed"), ("doppelchip_kv_transfer_bytes", None),
+                 ("doppelchip_kv_transfer_seconds", None)), now, self._conn_seen, strict=True):
+            a[slot(name, value)] += n - before  # counters continue across engine restarts
+        self._conn_seen = now
+        self.file.end()
+
     def _spec(self, core: EngineCore) -> None:
         """vLLM's spec-decode counters, from the core's own (deltas: they restart at 0)."""
         st = core.stats
@@ -155,7 +184,7 @@ class EngineStats:
     def _gauges(self, core: EngineCore, num_queued: int, lag: float, t: float) -> None:
         a, slot, sched = self.a, self.slot, core.scheduler
         a[slot("vllm:num_requests_running")] = sched.num_running
-        self._waiting(num_queued)
+        self._waiting(num_queued, sched.stats.num_lora_deferred)
         a[slot("doppelchip_realtime_lag_seconds")] = lag
         a[slot("_t")] = t
         free = sched.pool.num_free + sched.cache.evictable_blocks
@@ -184,3 +213,4 @@ def iteration_tokens(result: StepResult, sched) -> int:
         if req is not None and req.num_output_tokens == len(tokens):
             prompt += req.num_prompt_tokens - max(req.num_cached_tokens, 0)
     return generated + prompt
+

@@ -30,12 +30,14 @@ from server.engine.interface import (
     EngineRequest,
     FinishReason,
     InvalidRequest,
+    LoraAdapterStatus,
     NotPlaced,
     Overloaded,
     Unavailable,
 )
 from server.engine.output import RequestOutput, request_timings
 from server.engine.tokenizer import Tokenizer
+from server.frontend.lora import LoraView
 from server.frontend.pacing import UNPACED, LoopPacer
 from server.frontend.stats import FrontendStats
 from server.frontend.stream import RequestStream
@@ -95,6 +97,13 @@ class DeploymentClient:
         self._ids: dict[str, int] = {}  # client request id -> its streams in flight here
         self.admissions: dict[int, tuple[asyncio.Future[m.Admission], RequestStream]] = {}
         self._turn = 0  # round robin among equally loaded ranks
+        self.resets: dict[int, asyncio.Future[bool]] = {}  # KV events (issue 13)
+        self._reset_token = 0
+        # --- LoRA (issue 13) ---
+        self.lora = LoraView([run_dir.engine_stats(index, i.rank) for i in infos],
+                             self.info.max_loras, frontend)
+        self.controls: dict[int, asyncio.Future[m.Admission]] = {}  # sleep mode (issue 13)
+        self.faults = None  # request-level faults (issue 13): a frontend.faults.RequestFaults
 
     # ---- status -----------------------------------------------------------------------------
     def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
@@ -126,7 +135,9 @@ class DeploymentClient:
             chip_count=i.chip_count, tensor_parallel=i.tensor_parallel,
             pipeline_parallel=i.pipeline_parallel, state=DeploymentState(state),
             state_message=message, capacity=capacity, num_running=running,
-            num_waiting=waiting)
+            num_waiting=waiting, adapters=tuple(  # --- LoRA (issue 13) ---
+                LoraAdapterStatus(a.name, a.id, a.path, a.base_model_name, a.rank)
+                for a in self.lora.adapters()))
 
     def generated_tokens(self) -> int:
         """Output tokens every rank has generated so far (all front ends)."""
@@ -168,6 +179,30 @@ class DeploymentClient:
 
     def is_ready(self) -> bool:
         return any(self.rank_state(r)[0] is DeploymentState.READY for r in range(len(self.views)))
+
+    # --- KV events (issue 13) ---
+    async def reset_prefix_cache(self, timeout_s: float = 10.0) -> bool:
+        """vLLM's reset_prefix_cache on every rank: True when every rank emptied its cache
+        (refused where requests hold blocks; a rank not answering counts as refused)."""
+        loop = asyncio.get_running_loop()
+        waits = []
+        for sock in self.sockets:
+            self._reset_token += 1
+            fut: asyncio.Future[bool] = loop.create_future()
+            self.resets[self._reset_token] = fut
+            waits.append(fut)
+            try:
+                sock.send(m.encode(m.ResetPrefixCache(self.frontend, self._reset_token)),
+                          zmq.NOBLOCK)
+            except zmq.Again:
+                fut.set_result(False)
+        try:
+            return all(await asyncio.wait_for(asyncio.gather(*waits), timeout_s))
+        except TimeoutError:
+            return False
+        finally:
+            for token in [t for t, f in self.resets.items() if f in waits]:
+                del self.resets[token]
 
     # ---- requests ---------------------------------------------------------------------------
     def _pick_rank(self) -> tuple[int, int]:
@@ -293,3 +328,32 @@ class DeploymentClient:
                     continue
                 self.record_finish(stream, FinishReason.ERROR)
                 stream.fail(message)
+
+    # ---- sleep mode (issue 13) --------------------------------------------------------------
+    async def control(self, make: Callable[[int, int], m.Sleep | m.WakeUp]) -> None:
+        """Send a sleep-mode command to every rank and wait for each engine's answer (an
+        `Admissions` item for its seq); raises the engine's typed error if one refused."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for sock in self.sockets:
+            seq = next(_SEQ)
+            future: asyncio.Future[m.Admission] = loop.create_future()
+            self.controls[seq] = future
+            try:
+                sock.send(m.encode(make(self.frontend, seq)), zmq.NOBLOCK)
+            except zmq.Again:
+                self.controls.pop(seq, None)
+                raise Unavailable(f"deployment {self.name!r}: its engine process is not "
+                                  "reachable") from None
+            futures.append(future)
+        for answer in await asyncio.gather(*futures):
+            if answer.error:
+                raise ERRORS.get(answer.error, Unavailable)(answer.message)
+
+    def is_sleeping(self) -> bool:
+        """Whether any rank is asleep (vllm:engine_sleep_state{sleep_state="awake"} == 0)."""
+        for view in self.views:
+            values, _ = view.read()
+            if not values[view.layout.slot("vllm:engine_sleep_state", "awake")]:
+                return True
+        return False

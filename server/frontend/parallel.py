@@ -47,7 +47,18 @@ async def submit_all(client: DeploymentClient, requests: Sequence[EngineRequest]
                      client_id: str | None = None) -> list[RequestStream]:
     """Admit every request (concurrently) or none: the first refusal is raised after the
     admitted ones are aborted. `client_id`: the client's id for the whole request, claimed
-    on the deployment (AlreadyExists while another request holds it) until its streams end."""
+    on the deployment (AlreadyExists while another request holds it) until its streams end.
+    Failure injection (issue 13, `frontend/faults.py`) refuses it first, or arms a cut."""
+    faults = client.faults
+    k = faults.admit() if faults is not None else 0
+    streams = await _submit_all(client, requests, client_id)
+    if faults is not None:
+        faults.arm(k, streams)
+    return streams
+
+
+async def _submit_all(client: DeploymentClient, requests: Sequence[EngineRequest],
+                      client_id: str | None) -> list[RequestStream]:
     if client_id is not None:
         client.claim(client_id)
     try:

@@ -64,10 +64,19 @@ class Receiver:
                 pending = client.admissions.pop(a.seq, None)
                 if pending is not None and not pending[0].done():
                     pending[0].set_result(a)
+                elif ((control := client.controls.pop(a.seq, None)) is not None
+                      and not control.done()):  # a sleep-mode command's answer (issue 13)
+                    control.set_result(a)
+        elif isinstance(msg, m.CacheReset):  # KV events (issue 13)
+            fut = self.clients[msg.deployment].resets.get(msg.token)
+            if fut is not None and not fut.done():
+                fut.set_result(msg.ok)
         elif isinstance(msg, m.EngineDown):
             log.warning("deployment %s rank %d: %s", self.clients[msg.deployment].name,
                         msg.rank, msg.message)
             self.clients[msg.deployment].fail_rank(msg.rank, msg.message)
+        elif isinstance(msg, m.LoraAnswer):  # --- LoRA (issue 13) ---
+            self.clients[msg.deployment].lora.answered(msg)
 
     def _step(self, msg: m.StepOutputs) -> None:
         self.stats.begin()
@@ -93,13 +102,16 @@ class Receiver:
             if (st := streams.get(seq)) is not None:
                 st.first_scheduled = msg.t_start
                 st.cached = cached
+        for seq, n in msg.external:  # P/D (issue 13): prompt KV transferred in
+            if (st := streams.get(seq)) is not None:
+                st.external = n
         for seq, n in msg.jumped:
             if (st := streams.get(seq)) is not None:
                 st.jumped += n
         for seq in msg.preempted:
             if (st := streams.get(seq)) is not None:
                 st.preemptions += 1
-        generation = prompt = cached = 0
+        generation = prompt = cached = external = 0
         ttfts: list[float] = []
         itl: list[float] = []
         itl_n: list[int] = []
@@ -115,6 +127,7 @@ class Receiver:
                 ttfts.append(t - st.arrival)
                 prompt += len(st.out.prompt_ids)
                 cached += st.cached
+                external += st.external
             else:
                 itl.append((t - prev) / n)
                 itl_n.append(n)
@@ -129,5 +142,5 @@ class Receiver:
             if (st := streams.get(f.seq)) is not None:
                 reason = _REASONS[f.reason]
                 client.finished(st, reason)
-                st.finish(reason, f.stop_token_id)
-        client.blocks[msg.rank].step(generation, prompt, cached, ttfts, itl, itl_n)
+                st.finish(reason, f.stop_token_id, f.kv_transfer_params)
+        client.blocks[msg.rank].step(generation, prompt, cached, ttfts, itl, itl_n, external)

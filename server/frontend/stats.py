@@ -46,16 +46,18 @@ class RequestStatsBlock:
         self.finish = [HistogramWriter(view, layout, n) for n in _FINISH_HISTS]
 
     def step(self, generation: int, prompt: int, cached: int, ttfts: Sequence[float],
-             itl: Sequence[float], itl_n: Sequence[int]) -> None:
+             itl: Sequence[float], itl_n: Sequence[int], external: int = 0) -> None:
         """One step message: tokens generated; for the requests that got their first token in
-        it, their prompt tokens (and how many of those came from the prefix cache)."""
+        it, their prompt tokens (and how many of those came from the prefix cache; of those,
+        `external` arrived by a P/D KV transfer, vLLM's external_kv_transfer source)."""
         a = self.a
         a[self.generation] += generation
         a[self.prompt] += prompt
         if prompt:
             a[self.cached] += cached
             a[self.by_source["local_compute"]] += prompt - cached
-            a[self.by_source["local_cache_hit"]] += cached
+            a[self.by_source["local_cache_hit"]] += cached - external
+            a[self.by_source["external_kv_transfer"]] += external
         self.ttft.observe_many(ttfts)
         self.itl.observe_many(itl, itl_n)
         self.fine_itl.observe_many(itl, itl_n)
@@ -80,8 +82,9 @@ class RequestStatsBlock:
 class FrontendStats:
     """The stats file of one front end: a block per (deployment, rank) in fleet order."""
 
-    def __init__(self, path: Path, keys: Sequence[tuple[int, int]], max_model_len: int) -> None:
-        self.layout = Layout(request_metrics(max_model_len))
+    def __init__(self, path: Path, keys: Sequence[tuple[int, int]], max_model_len: int,
+                 faults: bool = False) -> None:
+        self.layout = Layout(request_metrics(max_model_len, faults))
         self.keys = list(keys)
         self.file = StatsFile(path, self.layout.size * len(self.keys), create=True)
         self.blocks = {key: RequestStatsBlock(self.file.values, self.layout,

@@ -27,6 +27,10 @@ class StreamFailed(Exception):
     """The request cannot finish: its engine process died (the message says so)."""
 
 
+class StreamCut(StreamFailed):
+    """Fault injection cut the stream mid-response (server/frontend/faults.py)."""
+
+
 class RequestStream:
     __slots__ = (
         "_clock",
@@ -36,12 +40,15 @@ class RequestStream:
         "arrival",
         "cached",
         "client_id",
+        "cut",
         "deployment",
         "eager",
+        "external",
         "first_scheduled",
         "first_token",
         "interval",
         "jumped",
+        "kv_transfer_params",
         "lag",
         "last_token",
         "n_out",
@@ -66,6 +73,7 @@ class RequestStream:
         self.request, self.out = request, out
         self.request_id = request.request_id
         self.client_id: str | None = None  # the id the client owns (DeploymentClient.claim)
+        self.cut = None  # a StreamCutRule (fault injection, issue 13) or None
         self.seq, self.deployment, self.rank = seq, deployment, rank
         self.arrival = arrival
         self.interval = max(1, interval)
@@ -75,6 +83,8 @@ class RequestStream:
         self._clock = clock  # emulated now, on the shared timeline
         self.first_scheduled: float | None = None
         self.cached = 0  # prompt tokens served from the prefix cache (at first scheduling)
+        self.external = 0  # P/D: of those, prompt tokens whose KV a prefill pod sent
+        self.kv_transfer_params: dict | None = None  # P/D: what a prefill returns
         self.jumped = 0  # output tokens appended by jump-forward
         self.preemptions = 0  # times the engine preempted it
         self.first_token: float | None = None
@@ -113,10 +123,12 @@ class RequestStream:
             self._event.set()
         return False
 
-    def finish(self, reason: FinishReason, stop_token_id: int | None = None) -> None:
+    def finish(self, reason: FinishReason, stop_token_id: int | None = None,
+               kv_transfer_params: dict | None = None) -> None:
         """The request ended: by the engine (EOS, stop token, length) or, with reason abort,
         by the front end (drain)."""
         if self._finish is None:
+            self.kv_transfer_params = kv_transfer_params
             self._finish = (reason, stop_token_id)
             self._event.set()
 
@@ -151,6 +163,10 @@ class RequestStream:
             if self._finish is None:
                 if ids:
                     yield self._chunk(ids, text, times, index)
+                    if self.cut is not None and self.cut.due(self.sent, self._clock()):
+                        self.cut.fired()
+                        raise StreamCut(f"stream cut by fault injection after {self.sent} "
+                                        "tokens")
                 continue
             yield self._final(ids, text + out.rest(), times, index)
             return
@@ -170,7 +186,8 @@ class RequestStream:
                                   self.last_token, self._clock(), self.lag)
         usage = Usage(len(self.out.prompt_ids), self.cached, self.out.num_tokens, self.jumped)
         finish = Finish(reason, usage, timings, self.out.stop_str,
-                        stop_token if self.out.stop_str is None else None)
+                        stop_token if self.out.stop_str is None else None,
+                        self.kv_transfer_params)
         chunk = self._chunk(ids, text, times, index)
         return TokenChunk(chunk.token_ids, chunk.text, chunk.token_times, chunk.index,
                           chunk.prompt_token_ids, finish)

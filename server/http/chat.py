@@ -81,7 +81,8 @@ def engine_request(req: ChatCompletionRequest, request_id: str, ids: list[int],
         constraint = plan.constraint
     return EngineRequest(request_id=request_id, prompt_token_ids=tuple(ids),
                          sampling=sampling.sampling_params(req, max_tokens),
-                         priority=req.priority, constraint=constraint), n
+                         priority=req.priority, constraint=constraint,
+                         kv_transfer_params=req.kv_transfer_params), n
 
 
 def finish_reason(f, plan: tools.ToolPlan, called: bool) -> str | None:
@@ -134,7 +135,7 @@ class ChatShapes:
                             "finish_reason": finish_reason(c.finish, self.plan, bool(calls)),
                             "stop_reason": stop_reason(c.finish)})
         return {**self._base("chat.completion"), "choices": choices,
-                "usage": self.run.usage()}
+                "usage": self.run.usage(), "kv_transfer_params": self.run.kv_transfer_params()}
 
     def head(self) -> list[dict]:
         return [{**self._base("chat.completion.chunk"), "choices": [{

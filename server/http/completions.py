@@ -67,7 +67,8 @@ def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[
     for i, ids in enumerate(prompts):
         rid = request_id if len(prompts) == 1 else f"{request_id}_{i}"
         out.append(EngineRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp,
-                                 priority=req.priority, constraint=constraint))
+                                 priority=req.priority, constraint=constraint,
+                                 kv_transfer_params=req.kv_transfer_params))
     return out, n
 
 
@@ -109,7 +110,8 @@ class CompletionShapes:
                             "logprobs": self._logprobs(c, c.ids, 0),
                             "finish_reason": f.reason.value if f else None,
                             "stop_reason": stop_reason(f)})
-        return {**self._base(), "choices": choices, "usage": self.run.usage()}
+        return {**self._base(), "choices": choices, "usage": self.run.usage(),
+                "kv_transfer_params": self.run.kv_transfer_params()}
 
     def chunks(self, c: Choice, chunk: TokenChunk) -> list[dict]:
         text = chunk.text

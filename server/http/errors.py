@@ -25,6 +25,7 @@ from server.engine.interface import (
 )
 from server.fleet import UnknownDeployment
 from server.frontend import request_ids
+from server.frontend.faults import InjectedFailure
 
 
 class HttpError(Exception):
@@ -59,6 +60,8 @@ def draining() -> HttpError:
 
 def from_engine(e: EngineError | UnknownDeployment) -> HttpError:
     """The HTTP answer to an admission error (nothing was allocated for the request)."""
+    if isinstance(e, InjectedFailure):  # failure injection (issue 13): llm-d-sim's answer
+        return HttpError(e.http_status, str(e), e.error_type, e.kind.param)
     if isinstance(e, InvalidRequest):
         return bad_request(str(e), _param_of(str(e)))
     if isinstance(e, AlreadyExists):

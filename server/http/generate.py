@@ -23,7 +23,7 @@ from starlette.requests import Request
 from server.engine.interface import EngineError, EngineRequest, Finish, TokenChunk
 from server.frontend import parallel
 from server.frontend.deployment import DeploymentClient
-from server.frontend.stream import RequestStream, StreamFailed
+from server.frontend.stream import RequestStream, StreamCut, StreamFailed
 from server.http.errors import bad_request, engine_failed, from_engine
 
 log = logging.getLogger("doppelchip.http")
@@ -77,6 +77,12 @@ class Run:
     def n(self) -> int:
         return len(self.choices) // max(1, len(self.prompt_lens))
 
+    def kv_transfer_params(self) -> dict | None:
+        """P/D (issue 13): vLLM's response `kv_transfer_params` — the first choice's, as
+        vLLM takes them from the request's final output (None unless a prefill held KV)."""
+        first = self.choices[0].finish if self.choices else None
+        return first.kv_transfer_params if first is not None else None
+
 
 async def start(client: DeploymentClient, prompts: list[EngineRequest], n: int,
                 client_id: str | None = None) -> Run:
@@ -96,6 +102,9 @@ async def collect(run: Run, request: Request) -> None:
     """Every choice to its end; raises HttpError 500 if the engine died. A client that
     disconnects first cancels the collection (the request is aborted) and gets, as vLLM
     answers it, a 400 "Client disconnected" that nobody reads."""
+    for stream in run.streams:  # stream cuts (issue 13) cut streamed responses only
+        stream.cut = None
+
     async def gather() -> None:
         async with contextlib.aclosing(parallel.merged(run.streams)) as chunks:
             async for i, chunk in chunks:
@@ -146,6 +155,8 @@ async def sse(run: Run, chunks: Chunker, head: list[dict], tail: Callable[[], li
                     yield b"data: " + _json.encode(event) + b"\n\n"
         for event in tail():
             yield b"data: " + _json.encode(event) + b"\n\n"
+    except StreamCut:  # fault injection: the connection is cut, no [DONE] (issue 13)
+        raise
     except StreamFailed as e:
         yield b"data: " + engine_failed(str(e)).json() + b"\n\n"
     finally:

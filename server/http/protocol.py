@@ -80,6 +80,8 @@ class GenerationFields(OpenAIBase):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # --- P/D (issue 13): vLLM's NIXL connector parameters (docs/PD.md) ---
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class CompletionRequest(GenerationFields):

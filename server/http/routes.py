@@ -26,7 +26,9 @@ from server.engine.interface import DeploymentState, InvalidRequest
 from server.fleet import UnknownDeployment
 from server.frontend import request_ids
 from server.frontend.deployment import DeploymentClient
+from server.frontend.lora import tag as lora_tag
 from server.http import chat, completions, generate, prompts, tools
+from server.http import lora as lora_routes
 from server.http.errors import (
     HttpError,
     draining,
@@ -89,6 +91,7 @@ def healthy(state: HttpState) -> bool:
 
 def add_routes(app: FastAPI, state: HttpState) -> None:
     started = int(time.time())
+    lora_routes.add_lora_routes(app, state)  # --- LoRA (issue 13) ---
 
     @app.get("/health")
     async def health() -> Response:
@@ -115,6 +118,7 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
             cards.append({"id": name, "object": "model", "created": started,
                           "owned_by": "doppelchip", "root": c.info.model, "parent": None,
                           "max_model_len": c.info.capacity.max_model_len, "permission": []})
+        cards += lora_routes.model_cards(state, started)  # --- LoRA (issue 13) ---
         return {"object": "list", "data": cards}
 
     @app.post("/tokenize")
@@ -165,6 +169,7 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
             client, name = resolve(state, body.model)
             ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
             reqs, n = completions.engine_requests(body, engine_id(f"cmpl-{rid}"), ids)
+            reqs = [lora_tag(client, body.model, r) for r in reqs]  # --- LoRA (issue 13) ---
             run = await generate.admitted(client, reqs, n, rid)
         except HttpError as e:
             return error_response(e, rid)
@@ -187,6 +192,7 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
                                             body.add_generation_prompt,
                                             body.continue_final_message)
             req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan)
+            req = lora_tag(client, body.model, req)  # --- LoRA (issue 13) ---
             run = await generate.admitted(client, [req], n, rid)
         except HttpError as e:
             return error_response(e, rid)

@@ -55,6 +55,13 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     kv_bytes_per_token: float = 0.0  # all chips together (vllm:estimated_write_bytes_per_gpu)
     num_speculative_tokens: int = 0  # speculative decoding: drafts per decode (0: off)
     served_model_names: tuple[str, ...] = ()  # what clients may send as `model`
+    # --- KV events (issue 13) --- where this rank publishes ("" when it does not)
+    kv_events_endpoint: str = ""
+    kv_events_replay_endpoint: str = ""
+    kv_events_topic: str = ""
+    # --- LoRA (issue 13) ---
+    max_loras: int = 0  # --enable-lora: adapters one step may run (0: LoRA off)
+    faults: bool = False  # failure injection configured (issue 13): its metrics are exported
 
     @property
     def model_name(self) -> str:
@@ -98,7 +105,49 @@ class FrontendGone(msgspec.Struct, frozen=True, array_like=True, tag="fe_gone"):
     frontend: int
 
 
-ToEngine = AddRequest | Abort | Ack | Shutdown | FrontendGone
+# --- KV events (issue 13) ---
+class ResetPrefixCache(msgspec.Struct, frozen=True, array_like=True, tag="reset_cache"):
+    """Empty the prefix cache (vLLM's reset_prefix_cache; smg's FlushCache); `token` names
+    the answer, a `CacheReset`."""
+
+    frontend: int
+    token: int
+
+
+# --- LoRA (issue 13) ---
+class LoraOp(msgspec.Struct, frozen=True, array_like=True, tag="lora_op"):
+    """Load (`kind` "load") or unload an adapter at run time; answered by one `LoraAnswer`."""
+
+    frontend: int
+    op: int  # the front end's counter
+    kind: str
+    name: str
+    path: str = ""
+    rank: int | None = None
+    base_model_name: str = ""
+
+
+# --- sleep mode (issue 13): answered with an `Admissions` item for `seq` ---------------------
+class Sleep(msgspec.Struct, frozen=True, array_like=True, tag="sleep"):
+    """vLLM's sleep(level, mode): 0 pauses scheduling, 1 offloads the weights to host memory,
+    2 discards them; both free the KV cache. mode: abort | wait | keep (the in-flight ones)."""
+
+    frontend: int
+    seq: int
+    level: int
+    mode: str = "abort"
+
+
+class WakeUp(msgspec.Struct, frozen=True, array_like=True, tag="wake"):
+    """vLLM's wake_up(tags): bring back `tags` (weights, kv_cache, scheduling; empty: all)."""
+
+    frontend: int
+    seq: int
+    tags: tuple[str, ...] = ()
+
+
+ToEngine = (AddRequest | Abort | Ack | Shutdown | FrontendGone | ResetPrefixCache | LoraOp
+            | Sleep | WakeUp)
 
 
 # ---- engine / supervisor → front end ---------------------------------------------------------
@@ -120,6 +169,7 @@ class Finished(msgspec.Struct, frozen=True, array_like=True):
     seq: int
     reason: str
     stop_token_id: int | None = None
+    kv_transfer_params: dict | None = None  # P/D (issue 13): a prefill's, for its decode side
 
 
 class StepOutputs(msgspec.Struct, frozen=True, array_like=True, tag="step"):
@@ -146,6 +196,7 @@ class StepOutputs(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     finished: list[Finished]
     want_ack: bool = False
     preempted: list[int] = []  # requests preempted in this step (vllm:request_num_preemptions)
+    external: list[tuple[int, int]] = []  # P/D: (seq, prompt tokens whose KV was transferred)
 
 
 class EngineDown(msgspec.Struct, frozen=True, array_like=True, tag="down"):
@@ -157,7 +208,28 @@ class EngineDown(msgspec.Struct, frozen=True, array_like=True, tag="down"):
     message: str
 
 
-ToFrontend = Admissions | StepOutputs | EngineDown
+class CacheReset(msgspec.Struct, frozen=True, array_like=True, tag="cache_reset"):
+    """The answer to a ResetPrefixCache: refused (ok False) while requests hold blocks."""
+
+    deployment: int
+    rank: int
+    token: int
+    ok: bool
+
+
+# --- LoRA (issue 13) ---
+class LoraAnswer(msgspec.Struct, frozen=True, array_like=True, tag="lora_ans"):
+    """The engine's answer to a `LoraOp`: status 200, or vLLM's error status and type."""
+
+    deployment: int
+    rank: int
+    op: int
+    status: int
+    kind: str = ""
+    message: str = ""
+
+
+ToFrontend = Admissions | StepOutputs | EngineDown | CacheReset | LoraAnswer
 
 
 # ---- to the supervisor -----------------------------------------------------------------------

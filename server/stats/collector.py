@@ -20,6 +20,7 @@ from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.stats.exposition import Exposition, Scrape
 from server.stats.layout import Layout, MetricDef
+from server.stats.lora import LORA_INFO, LORA_INFO_HELP, lora_info_lines
 from server.stats.schema import HIDDEN_0_10, engine_metrics, request_metrics
 from server.stats.shm import StatsFile
 
@@ -33,7 +34,8 @@ class StatsCollector:
         self.show_hidden = show_hidden_metrics
         self.scale, self.wall0 = time_scale, wall0
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
-        self.request_layout = Layout(request_metrics(max(1, max_len)))
+        faults = any(r.faults for d in infos for r in d)  # failure injection (issue 13)
+        self.request_layout = Layout(request_metrics(max(1, max_len), faults))
         self.keys = [(d, r.rank) for d, ranks in enumerate(infos) for r in ranks]
         self.engine_layouts = {(d, r.rank): Layout(engine_metrics(r))
                                for d, ranks in enumerate(infos) for r in ranks}
@@ -113,6 +115,10 @@ class StatsCollector:
                 if not d.per_engine:
                     plan.add_def(d, labels, lambda s, d_index=d_index: s.summed.get(d_index),
                                  layout.offset[d.name])
+            if info.max_loras:  # --- LoRA (issue 13) ---
+                paths = [self.run.engine_stats(d_index, r.rank) for r in ranks]
+                plan.add_dynamic(LORA_INFO, "gauge", LORA_INFO_HELP, lora_info_lines(
+                    paths, info.max_loras, [] if self.pod else [("deployment", info.name)]))
         return plan
 
     def _compile_engine(self, plan: Exposition, key: tuple[int, int], info: DeploymentInfo,

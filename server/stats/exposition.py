@@ -53,12 +53,26 @@ class _Entry:
     source: Source
 
 
+# --- LoRA (issue 13): series whose label values change at run time ---
+@dataclass
+class _Dynamic:
+    """Lines computed at scrape time, labels and all (`vllm:lora_requests_info`: adapter names
+    are label values). `lines(scrape)` gives (labels, value) pairs."""
+
+    name: str
+    lines: Callable[[Scrape], list[tuple[Labels, float]]]
+
+    def render(self, scrape: Scrape) -> list[str]:
+        return [f"{self.name}{label_text(labels)} {floatToGoString(v)}\n"
+                for labels, v in self.lines(scrape)]
+
+
 @dataclass
 class Family:
     name: str
     kind: str
     help: str
-    entries: list[_Entry] = field(default_factory=list)
+    entries: list[_Entry | _Dynamic] = field(default_factory=list)
 
     @property
     def header(self) -> str:
@@ -104,12 +118,20 @@ class Exposition:
         self.family(name, kind, doc).entries.append(
             _Entry([f"{sample}{label_text(labels)} "], source))
 
+    def add_dynamic(self, name: str, kind: str, doc: str,
+                    lines: Callable[[Scrape], list[tuple[Labels, float]]]) -> None:
+        """Series whose labels are known only at scrape time (see `_Dynamic`)."""
+        self.family(name, kind, doc).entries.append(_Dynamic(name, lines))
+
     def render(self, scrape: Scrape) -> str:
         out: list[str] = []
         fmt: dict[float, str] = {}
         for fam in self.families.values():
             lines: list[str] = []
             for entry in fam.entries:
+                if isinstance(entry, _Dynamic):
+                    lines.extend(entry.render(scrape))
+                    continue
                 values = entry.source(scrape)
                 if values is None:
                     continue

@@ -1,0 +1,90 @@
+"""vLLM's prefix-cache block hashes, so that KV events name blocks as a vLLM pod names them.
+
+Why this exists: a KV-cache-aware router (llm-d's KV-cache indexer) does not trust the engine's
+hashes blindly; it recomputes them from the token ids of a request and looks them up in what
+the engine announced. The engine's hashes must therefore be vLLM's, bit for bit
+(vLLM 0.33.0: `vllm/v1/core/kv_cache_utils.py` `hash_block_tokens`, `init_none_hash`,
+`maybe_convert_block_hash`; `vllm/utils/hashing.py` `sha256`, `sha256_cbor`):
+
+- ``hash_fn`` by ``--prefix-caching-hash-algo``: ``sha256`` (the default) is SHA-256 of
+  ``pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)``; ``sha256_cbor`` is SHA-256 of
+  ``cbor2.dumps(obj, canonical=True)`` (reproducible outside Python). A hash is 32 bytes.
+- the root: ``NONE_HASH = hash_fn(seed)`` with seed ``$PYTHONHASHSEED`` when set, else the fixed
+  string ``"vllm-none-hash"`` (the engine process reads its environment once, at build).
+- block i of a sequence (full blocks only): ``h_i = hash_fn((parent, tuple(tokens of block i),
+  extra_keys))``, parent ``NONE_HASH`` for i = 0, else ``h_{i-1}``; ``extra_keys`` is ``None``
+  here (no LoRA adapter, multimodal input or cache salt reaches the hash).
+- on the wire (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, default 1): the low 64 bits,
+  ``int.from_bytes(h, "big") & (2**64 - 1)``, an unsigned integer; with ``0``, the 32 bytes.
+
+vLLM's ``xxhash``/``xxhash_cbor`` algorithms seed NONE_HASH randomly per process unless
+PYTHONHASHSEED is set and need the xxhash package; they are refused here with a clear error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Any
+
+ALGORITHMS = ("sha256", "sha256_cbor")
+DEFAULT_SEED = "vllm-none-hash"
+_U64 = (1 << 64) - 1
+
+
+def _sha256(obj: Any) -> bytes:
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def _sha256_cbor(obj: Any) -> bytes:
+    import cbor2  # only deployments that ask for sha256_cbor need it loaded
+
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def hash_function(algo: str) -> Callable[[Any], bytes]:
+    if algo == "sha256":
+        return _sha256
+    if algo == "sha256_cbor":
+        return _sha256_cbor
+    raise ValueError(f"prefix_caching_hash_algo must be one of {', '.join(ALGORITHMS)} "
+                     f"(got {algo!r}; vLLM's xxhash variants are not emulated)")
+
+
+class BlockHasher:
+    """One deployment's block hashing: the algorithm, its root and the wire form.
+
+    ``int_hashes`` mirrors ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` (read from the engine's
+    environment by ``from_env``)."""
+
+    __slots__ = ("algo", "fn", "int_hashes", "none_hash", "seed")
+
+    def __init__(self, algo: str = "sha256", seed: str = DEFAULT_SEED,
+                 int_hashes: bool = True) -> None:
+        self.algo, self.fn, self.seed = algo, hash_function(algo), seed
+        self.none_hash = self.fn(seed)
+        self.int_hashes = int_hashes
+
+    @classmethod
+    def from_env(cls, algo: str) -> BlockHasher:
+        seed = os.environ.get("PYTHONHASHSEED", DEFAULT_SEED)
+        int_hashes = os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") != "0"
+        return cls(algo, seed, int_hashes)
+
+    def chain(self, parent: bytes | None, token_ids: Sequence[int], block_size: int,
+              ) -> list[bytes]:
+        """The hashes of the full blocks of ``token_ids`` (a whole number of blocks), the first
+        block's parent being ``parent`` (``None``: the sequence starts here)."""
+        out: list[bytes] = []
+        prev = parent if parent is not None else self.none_hash
+        fn = self.fn
+        for i in range(0, len(token_ids) - block_size + 1, block_size):
+            prev = fn((prev, tuple(token_ids[i : i + block_size]), None))
+            out.append(prev)
+        return out
+
+    def external(self, h: bytes) -> int | bytes:
+        """The hash as a KV event carries it."""
+        return int.from_bytes(h, "big") & _U64 if self.int_hashes else h

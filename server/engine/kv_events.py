@@ -1,0 +1,120 @@
+"""KV-cache events as vLLM publishes them, collected where the prefix cache changes.
+
+The structs mirror vLLM 0.33.0's `vllm/distributed/kv_events.py` field for field and with its
+msgspec options, because their msgpack encoding *is* the protocol: `KVEventBatch` is
+array-like, `[ts, events, data_parallel_rank]`; each event is a tagged map
+(`{"type": "BlockStored", ...}`) whose fields equal to their default are omitted. vLLM sets
+`group_idx` (0 for a plain model) and leaves the later optional fields (`extra_keys`,
+`kv_cache_spec_kind`, `locality`, `ownership`, `session_id`, `lookahead_token_ids`) unset for
+a request without LoRA, multimodal input or cache salt; so do we.
+
+`KvEventLog` is the boundary object between the radix cache (the one writer of the cache, in
+the engine core) and whoever publishes: the cache reports what it really stored, evicted and
+cleared, with vLLM's block hashes (`block_hash.py`); the engine loop takes the step's events
+once per step and hands them to the publisher (`server/kv_events/`). When no deployment option
+asks for events, no log exists and nothing is hashed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from .block_hash import BlockHasher
+
+MEDIUM_GPU = "GPU"  # vLLM's medium for device memory (our KV pool)
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    """The base of the tagged events (the tag is the class name, in the field "type")."""
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[int | bytes]
+    medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+encode_batch = msgspec.msgpack.Encoder().encode
+decode_batch = msgspec.msgpack.Decoder(KVEventBatch).decode
+
+
+class KvEventLog:
+    """The events of the current step, in the order the cache changed.
+
+    Contract: `stored` is called once per insertion of new full blocks into the cache (one
+    event covering them, `parent` the hash of the block before them or None at the root);
+    `removed` once per evicted block; `cleared` after a reset emptied the cache. `take()` hands
+    the events over and starts the next step's list. Counters feed the metrics."""
+
+    __slots__ = ("block_size", "blocks_removed", "blocks_stored", "cleared_count", "events",
+                 "hasher")
+
+    def __init__(self, hasher: BlockHasher, block_size: int) -> None:
+        self.hasher, self.block_size = hasher, block_size
+        self.events: list[KVCacheEvent] = []
+        self.blocks_stored = self.blocks_removed = self.cleared_count = 0
+
+    def hashes(self, parent: bytes | None, token_ids: Sequence[int]) -> list[bytes]:
+        return self.hasher.chain(parent, token_ids, self.block_size)
+
+    def stored(self, parent: bytes | None, hashes: Sequence[bytes],
+               token_ids: Sequence[int]) -> None:
+        ext = self.hasher.external
+        self.events.append(BlockStored(
+            block_hashes=[ext(h) for h in hashes],
+            parent_block_hash=ext(parent) if parent is not None else None,
+            token_ids=list(token_ids), block_size=self.block_size, lora_id=None,
+            medium=MEDIUM_GPU, lora_name=None, group_idx=0))
+        self.blocks_stored += len(hashes)
+
+    def removed(self, hashes: Sequence[bytes]) -> None:
+        ext = self.hasher.external
+        for h in hashes:  # vLLM: one BlockRemoved per evicted block
+            self.events.append(BlockRemoved(block_hashes=[ext(h)], medium=MEDIUM_GPU,
+                                            group_idx=0))
+        self.blocks_removed += len(hashes)
+
+    def cleared(self) -> None:
+        self.events.append(AllBlocksCleared())
+        self.cleared_count += 1
+
+    def take(self) -> list[KVCacheEvent]:
+        events, self.events = self.events, []
+        return events

@@ -1,0 +1,147 @@
+"""`VllmEngine.SubscribeKvEvents`: the engine's ZeroMQ stream relayed as gRPC, for smg.
+
+Why a relay and not a second stream: the engine core publishes once (`publisher.py`); the
+front end subscribes to that PUB socket like any subscriber and converts each batch, exactly
+as smg's own vLLM servicer does (`smg_grpc_servicer/vllm/kv_events.py`, `stream_kv_events`
+and `convert_batch`): the ZeroMQ sequence number becomes `KvEventBatch.sequence_number`, each
+`BlockStored` becomes one `KvBlocksStored` with one `KvBlock` per block (its slice of the token
+ids), `BlockRemoved` a `KvBlocksRemoved`, `AllBlocksCleared` a `KvCacheCleared`; block hashes
+(unsigned 64-bit on the ZeroMQ wire) become the proto's signed int64, two's complement.
+
+Beyond smg's Python servicer (which streams live events only): a `start_sequence_number` > 0
+is served from the publisher's replay socket when the deployment has one (vLLM's replay
+protocol), and a gap in the live stream is refilled from it the same way; without a replay
+socket the stream is live only, as smg's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import zmq
+import zmq.asyncio
+from smg_grpc_proto.generated import common_pb2
+
+from server.engine.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    decode_batch,
+)
+from server.kv_events.publisher import END_SEQ
+
+log = logging.getLogger("doppelchip.kv_events")
+
+DISABLED = ("KV cache events not enabled. Start vLLM with --kv-events-config "
+            '\'{"enable_kv_cache_events": true, "publisher": "zmq"}\'')  # smg servicer's words
+TIER = {"GPU": common_pb2.KV_CACHE_TIER_DEVICE, "CPU": common_pb2.KV_CACHE_TIER_HOST,
+        "STORAGE": common_pb2.KV_CACHE_TIER_DISK}
+REPLAY_TIMEOUT_S = 2.0
+
+
+def to_int64(h: int | bytes) -> int:
+    value = int.from_bytes(h[-8:], "big") if isinstance(h, bytes) else h
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def to_proto(batch: KVEventBatch, seq: int, first_event_id: int) -> common_pb2.KvEventBatch:
+    out = common_pb2.KvEventBatch(sequence_number=seq, timestamp=batch.ts)
+    if batch.data_parallel_rank is not None:
+        out.dp_rank = batch.data_parallel_rank
+    event_id = first_event_id
+    for e in batch.events:
+        event_id += 1
+        if isinstance(e, BlockStored):
+            bs = e.block_size
+            stored = common_pb2.KvBlocksStored(blocks=[
+                common_pb2.KvBlock(block_hash=to_int64(h), block_size=bs,
+                                   token_ids=e.token_ids[i * bs:(i + 1) * bs])
+                for i, h in enumerate(e.block_hashes)])
+            if e.parent_block_hash is not None:
+                stored.parent_block_hash = to_int64(e.parent_block_hash)
+            if e.medium is not None:
+                stored.medium = e.medium
+                stored.tier = TIER.get(e.medium, common_pb2.KV_CACHE_TIER_UNSPECIFIED)
+            if e.group_idx is not None:
+                stored.group_idx = e.group_idx
+            out.events.append(common_pb2.KvCacheEvent(event_id=event_id, stored=stored))
+        elif isinstance(e, BlockRemoved):
+            removed = common_pb2.KvBlocksRemoved(block_hashes=[to_int64(h)
+                                                                for h in e.block_hashes])
+            if e.medium is not None:
+                removed.medium = e.medium
+                removed.tier = TIER.get(e.medium, common_pb2.KV_CACHE_TIER_UNSPECIFIED)
+            if e.group_idx is not None:
+                removed.group_idx = e.group_idx
+            out.events.append(common_pb2.KvCacheEvent(event_id=event_id, removed=removed))
+        elif isinstance(e, AllBlocksCleared):
+            out.events.append(common_pb2.KvCacheEvent(event_id=event_id,
+                                                      cleared=common_pb2.KvCacheCleared()))
+    return out
+
+
+async def _replay(ctx: zmq.asyncio.Context, endpoint: str, start: int
+                  ) -> list[tuple[int, bytes]]:
+    """vLLM's replay: one REQ frame with the start sequence; batches until the end marker."""
+    sock = ctx.socket(zmq.DEALER)  # a DEALER sends [b"", start], as a REQ would
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    out: list[tuple[int, bytes]] = []
+    try:
+        await sock.send_multipart((b"", start.to_bytes(8, "big")))
+        while True:
+            frames = await asyncio.wait_for(sock.recv_multipart(), REPLAY_TIMEOUT_S)
+            _, _topic, seq, payload = frames
+            if seq == END_SEQ:
+                return out
+            out.append((int.from_bytes(seq, "big"), payload))
+    except TimeoutError:
+        log.warning("KV events: replay from %s timed out after %d batches", endpoint, len(out))
+        return out
+    finally:
+        sock.close(linger=0)
+
+
+async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
+                cancelled: Callable[[], bool]) -> AsyncIterator[common_pb2.KvEventBatch]:
+    """The deployment's batches from `start` (0: live from now on) until cancelled."""
+    ctx = zmq.asyncio.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.subscribe(topic.encode())
+    sub.connect(endpoint)
+    event_id, last = 0, start - 1
+    try:
+        if start > 0 and replay_endpoint:
+            for seq, payload in await _replay(ctx, replay_endpoint, start):
+                batch = to_proto(decode_batch(payload), seq, event_id)
+                event_id += len(batch.events)
+                last = seq
+                yield batch
+        while not cancelled():
+            try:
+                frames = await asyncio.wait_for(sub.recv_multipart(), 1.0)
+            except TimeoutError:
+                continue
+            if len(frames) < 3:
+                continue
+            seq = int.from_bytes(frames[1], "big")
+            pending = [(seq, frames[2])]
+            if last >= 0 and seq > last + 1 and replay_endpoint:  # a gap: refill it
+                pending = [p for p in await _replay(ctx, replay_endpoint, last + 1)
+                           if p[0] < seq] + pending
+            for s, payload in pending:
+                if s <= last:
+                    continue
+                batch = to_proto(decode_batch(payload), s, event_id)
+                event_id += len(batch.events)
+                last = s
+                yield batch
+    finally:
+        with contextlib.suppress(zmq.ZMQError):
+            sub.close(linger=0)

@@ -1,0 +1,67 @@
+"""`--kv-events-config`: vLLM's keys and defaults, clear errors, loopback only, vLLM's
+bind/connect rule, and the per-deployment / per-rank port offsets of a fleet."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server.config import ConfigError, parse_fleet
+from server.engine.kv_events_config import KVEventsConfig, resolve, with_port_offsets
+
+ON = {"enable_kv_cache_events": True}
+
+
+def dep(name: str, cfg: dict | None, dp: int = 1) -> dict:
+    d = {"name": name, "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
+         "engine": "vllm", "data_parallel_size": dp}
+    if cfg is not None:
+        d["kv_events_config"] = json.dumps(cfg)
+    return d
+
+
+def test_vllm_defaults() -> None:
+    cfg = KVEventsConfig.parse(json.dumps(ON))
+    assert cfg.enabled and cfg.publisher == "zmq" and cfg.endpoint == "tcp://*:5557"
+    assert (cfg.buffer_steps, cfg.hwm, cfg.replay_endpoint, cfg.topic) == (10000, 100000, None, "")
+    assert not KVEventsConfig.parse(None).enabled
+    assert not KVEventsConfig.parse('{"enable_kv_cache_events": true, "publisher": "null"}'
+                                    ).enabled
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("{", "not valid JSON"),
+    ('{"enable_kv_cache_events": true, "bogus": 1}', "unknown key(s) bogus"),
+    ('{"enable_kv_cache_events": true, "publisher": "kafka"}', "publisher must be"),
+    ('{"enable_kv_cache_events": true, "endpoint": "tcp://10.0.0.5:5557"}', "loopback only"),
+    ('{"enable_kv_cache_events": true, "buffer_steps": 0}', "buffer_steps"),
+    ('{"enable_kv_cache_events": true, "endpoint": "udp://x"}', "must be tcp://"),
+])
+def test_bad_configs_say_what_is_wrong(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        KVEventsConfig.parse(text)
+    doc = {"deployments": [{**dep("a", None), "kv_events_config": text}]}
+    with pytest.raises(ConfigError, match="deployments\\[0\\]"):
+        parse_fleet(doc)
+
+
+def test_bind_or_connect_as_vllm_on_loopback() -> None:
+    assert resolve("tcp://*:5557", 0).url == "tcp://127.0.0.1:5557"
+    assert resolve("tcp://*:5557", 0).bind
+    assert not resolve("tcp://127.0.0.1:6000", 0).bind  # vLLM connects to a bound subscriber
+    assert resolve("tcp://*:5557", 2).url == "tcp://127.0.0.1:5559"
+    assert resolve("tcp://*:0", 3).url == "tcp://127.0.0.1:0"  # the OS picks; no offset
+    assert resolve("ipc:///tmp/kv", 1).url == "ipc:///tmp/kv_dp1"
+    assert resolve("tcp://127.0.0.1:5558", 0, replay=True).bind
+
+
+def test_fleet_deployments_sharing_an_endpoint_get_consecutive_ports() -> None:
+    fleet = parse_fleet({"deployments": [dep("a", ON, dp=2), dep("b", None), dep("c", ON),
+                                         dep("d", {**ON, "endpoint": "tcp://*:7000"})]})
+    offsets = {d.name: d.kv_events_port_offset for d in with_port_offsets(fleet.deployments)}
+    assert offsets == {"a": 0, "b": 0, "c": 2, "d": 0}  # a: 5557-5558, c: 5559, d: 7000
+    with pytest.raises(ConfigError, match="set by the server"):
+        parse_fleet({"deployments": [{**dep("a", ON), "kv_events_port_offset": 3}]})
+    with pytest.raises(ConfigError, match="prefix_caching_hash_algo"):
+        parse_fleet({"deployments": [{**dep("a", ON), "prefix_caching_hash_algo": "xxhash"}]})

@@ -1,0 +1,102 @@
+"""Sleep mode over HTTP on a real pod: the routes, vllm:engine_sleep_state as vLLM sets it,
+the KV cache freed, a request sent while asleep queued until the wake-up, and the wake-up's
+emulated cost — weights per chip over the host link (level 1) or from storage (level 2),
+computed here from the catalogue."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from server_proc import ServerProcess, metric
+
+from devices import DeploymentSpec, catalog, place
+
+MODEL, CHIP = "llama-3.1-8b", "h100-sxm"
+POD = ["--deployment", "pod", "--chip", CHIP, "--engine", "vllm", "--model", MODEL,
+       "--quant", "bf16", "--time-scale", "0.05", "--enable-sleep-mode"]
+PROMPT = [(11 * i) % 3000 + 50 for i in range(256)]
+
+
+def weight_bytes_per_chip() -> float:
+    p = place(DeploymentSpec(model=MODEL, quant="bf16", chip=CHIP, engine="vllm"))
+    return sum(b for _, b in p.weight_bytes) / p.chips
+
+
+def states(text: str) -> dict[str, float]:
+    return {s: metric(text, "vllm:engine_sleep_state", sleep_state=s)
+            for s in ("awake", "weights_offloaded", "discard_all")}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(None, *POD) as s:
+        yield s
+
+
+async def until_waiting(server: ServerProcess, n: int) -> None:
+    for _ in range(500):
+        if metric(server.scrape(), "vllm:num_requests_waiting") == n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the request was not queued")
+
+
+@pytest.mark.parametrize("level", [1, 2])
+async def test_sleep_wake_round_trip(server, level):
+    chip = catalog.get_chip(CHIP)
+    bandwidth = (chip.host_link_bw_bps if level == 1
+                 else min(catalog.get_chip("nvme-gen4").tier.bandwidth_bps,
+                          chip.host_link_bw_bps))
+    wake = weight_bytes_per_chip() / bandwidth
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=60) as http:
+        assert (await http.get("/is_sleeping")).json() == {"is_sleeping": False}
+        assert (await http.post("/v1/completions", json=body)).status_code == 200
+        assert states(server.scrape()) == {"awake": 1, "weights_offloaded": 0,
+                                           "discard_all": 0}
+        assert (await http.post(f"/sleep?level={level}")).status_code == 200
+        assert (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
+        text = server.scrape()
+        assert states(text) == {"awake": 0, "weights_offloaded": float(level == 1),
+                                "discard_all": float(level == 2)}
+        assert metric(text, "vllm:kv_cache_usage_perc") == 0  # the KV cache is freed
+        hits = metric(text, "vllm:prefix_cache_hits_total")
+        ttft_sum = metric(text, "vllm:time_to_first_token_seconds_sum")
+        woke = metric(text, "doppelchip_wake_seconds_total")
+        # a request sent while asleep is accepted and waits for the wake-up (vLLM's PAUSED_NEW)
+        pending = asyncio.create_task(http.post("/v1/completions", json=body))
+        await until_waiting(server, 1)
+        assert not pending.done()
+        assert (await http.post("/wake_up")).status_code == 200
+        r = await pending
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+        assert (await http.get("/is_sleeping")).json() == {"is_sleeping": False}
+    text = server.scrape()
+    assert states(text)["awake"] == 1
+    assert metric(text, "doppelchip_wake_seconds_total") - woke == pytest.approx(wake)
+    # its TTFT includes bringing the weights back; the prefix cache was reset by the sleep
+    assert metric(text, "vllm:time_to_first_token_seconds_sum") - ttft_sum >= wake
+    assert metric(text, "vllm:prefix_cache_hits_total") == hits
+
+
+async def test_sleep_aborts_in_flight_requests_and_refuses_bad_levels(server):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=60) as http:
+        assert (await http.post("/sleep?level=3")).status_code == 400
+        assert (await http.post("/sleep?level=1&mode=nap")).status_code == 400
+        assert (await http.post("/wake_up?tags=brain")).status_code == 400
+        running = asyncio.create_task(http.post("/v1/completions", json=body))
+        for _ in range(500):
+            if metric(server.scrape(), "vllm:num_requests_running") == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert (await http.post("/sleep?level=1")).status_code == 200  # mode abort
+        r = await running
+        assert r.json()["choices"][0]["finish_reason"] == "abort"
+        # waking the weights only: still asleep until the KV cache is back too (vLLM's tags)
+        assert (await http.post("/wake_up?tags=weights")).status_code == 200
+        assert (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
+        assert (await http.post("/wake_up?tags=kv_cache")).status_code == 200
+        assert (await http.get("/is_sleeping")).json() == {"is_sleeping": False}
