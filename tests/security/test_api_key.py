@@ -41,6 +41,9 @@ METHODS = [(s.full_name, m) for s in SERVICES.values() for m in s.methods]
 @pytest.fixture(scope="module")
 def server():
     doc = fleet_doc({"api_server_count": FRONT_ENDS})
+    for d in doc["deployments"]:  # LoRA's routes answer 200 on a deployment serving adapters
+        if d["name"] == "slow":
+            d.update(enable_lora=True, max_loras=2)
     with ServerProcess(doc, "--api-key", *KEYS) as s:
         wait_ready(s.target, api_key=KEYS[0])
         yield s
@@ -114,6 +117,8 @@ async def _vllm_engine(channel, md) -> dict[str, object]:
         "GetLoads": (await s.GetLoads(vpb.GetLoadsRequest(), metadata=md)).dp_rank_count == 1,
         "Abort": True,  # answered OK (raised otherwise)
         "GetTokenizer": bool(tokenizer and tokenizer[-1].sha256),
+        "FlushCache": (await s.FlushCache(common_pb2.FlushCacheRequest(),
+                                          metadata=md)).message != "",
         "Generate": out[-1].HasField("complete"),
     }
     # methods the servicer does not implement: with the key they reach it and it says so
@@ -125,7 +130,8 @@ async def _vllm_engine(channel, md) -> dict[str, object]:
     return served
 
 
-UNIMPLEMENTED = {"Embed", "FlushCache", "StartProfile", "StopProfile", "SubscribeKvEvents"}
+# (SubscribeKvEvents: UNIMPLEMENTED while the deployment publishes no KV events, as smg's)
+UNIMPLEMENTED = {"Embed", "StartProfile", "StopProfile", "SubscribeKvEvents"}
 
 
 CALLS = {"doppelchip.v1.Inference": _inference, "vllm.grpc.engine.VllmEngine": _vllm_engine}
@@ -174,7 +180,21 @@ BODIES = {("GET", "/v1/models"): None,
           ("POST", "/v1/chat/completions"): {"messages": [{"role": "user", "content": "hi"}],
                                              "max_tokens": 2},
           ("POST", "/tokenize"): {"prompt": "hi"},
-          ("POST", "/detokenize"): {"tokens": [1, 2]}}
+          ("POST", "/detokenize"): {"tokens": [1, 2]},
+          ("GET", "/is_sleeping"): None,
+          ("POST", "/sleep"): None,  # (then woken up: AFTER)
+          ("POST", "/wake_up"): None,
+          ("GET", "/kv_event_sources"): None,
+          ("POST", "/reset_prefix_cache"): None,
+          ("POST", "/v1/load_lora_adapter"):
+              lambda key: {"lora_name": f"load-{key}", "lora_path": "/a", "deployment": "slow"},
+          ("POST", "/v1/unload_lora_adapter"):
+              lambda key: {"lora_name": f"unload-{key}", "deployment": "slow"}}
+# calls made with the key around a route's own (the state it needs, and undoing what it did)
+BEFORE = {("POST", "/v1/unload_lora_adapter"): lambda key: (
+    "POST", "/v1/load_lora_adapter",
+    {"lora_name": f"unload-{key}", "lora_path": "/a", "deployment": "slow"})}
+AFTER = {("POST", "/sleep"): lambda key: ("POST", "/wake_up", None)}
 
 
 def route_table() -> list[tuple[str, str]]:
@@ -203,15 +223,22 @@ async def http(server) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.mark.parametrize(("method", "path"), GUARDED, ids=[f"{m} {p}" for m, p in GUARDED])
 async def test_guarded_http_routes(http, method, path):
     body = BODIES[(method, path)]
+    body_of = body if callable(body) else lambda key: body
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEYS[0]},
                     {"Authorization": f"Basic {KEYS[0]}"}):
-        r = await http.request(method, path, json=body, headers=headers)
+        r = await http.request(method, path, json=body_of(KEYS[0]), headers=headers)
         assert r.status_code == 401, (headers, r.text)
         assert r.json() == {"error": "Unauthorized"}
     for key in KEYS:
-        r = await http.request(method, path, json=body,
-                               headers={"Authorization": f"bearer {key}"})  # any case, as vLLM
+        auth = {"Authorization": f"bearer {key}"}  # any case, as vLLM
+        if (before := BEFORE.get((method, path))) is not None:
+            m, p, b = before(key)
+            assert (await http.request(m, p, json=b, headers=auth)).status_code == 200
+        r = await http.request(method, path, json=body_of(key), headers=auth)
         assert r.status_code == 200, r.text
+        if (after := AFTER.get((method, path))) is not None:
+            m, p, b = after(key)
+            assert (await http.request(m, p, json=b, headers=auth)).status_code == 200
 
 
 @pytest.mark.parametrize(("method", "path"), OPEN, ids=[f"{m} {p}" for m, p in OPEN])

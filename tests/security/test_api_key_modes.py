@@ -94,14 +94,14 @@ async def test_a_key_holder_aborts_from_another_connection(realtime):
 
 def test_a_route_added_later_is_guarded():
     """The guard is derived from the route table: a route registered after the app was built
-    (e.g. /sleep, or /v1/load_lora_adapter when it lands) needs the key; public ones do not."""
+    (as /sleep and /v1/load_lora_adapter once were) needs the key; public ones do not."""
     app = build_app(None, ApiKeys(["k"]))  # type: ignore[arg-type]
 
-    @app.post("/sleep")
-    async def sleep() -> dict:
+    @app.post("/added_later")
+    async def later() -> dict:
         return {"slept": True}
 
-    @app.post("/v1/load_lora_adapter")
+    @app.post("/v1/added_later")
     async def load() -> dict:
         return {"loaded": True}
 
@@ -110,8 +110,8 @@ def test_a_route_added_later_is_guarded():
         return {}
 
     with TestClient(app) as c:
-        for path, answer in (("/sleep", {"slept": True}),
-                             ("/v1/load_lora_adapter", {"loaded": True})):
+        for path, answer in (("/added_later", {"slept": True}),
+                             ("/v1/added_later", {"loaded": True})):
             assert c.post(path).status_code == 401
             assert c.post(path, headers={"Authorization": "Bearer k"}).json() == answer
         assert c.get("/health/extra").status_code == 200
