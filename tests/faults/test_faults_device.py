@@ -144,7 +144,7 @@ async def test_crash_fails_in_flight_streams_and_the_engine_comes_back(server):
         assert any(times for times, _ in failed)  # one was mid-stream
         await until(client, "crashy", lambda d: d.state == pb.DEPLOYMENT_STATE_READY,
                     timeout=60)
-        times, final, err = await stream(client, "crashy", 5)
+        _, final, err = await stream(client, "crashy", 5)
         assert err is None and final.usage.completion_tokens == 5
         await assert_released(client, "crashy")
     text = await asyncio.to_thread(server.scrape)
