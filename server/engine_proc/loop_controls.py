@@ -1,0 +1,153 @@
+"""The engine loop's work outside its steps (issue 13), as a mixin of `EngineLoop`
+(server/engine_proc/loop.py), which owns every attribute used here: publishing the prefix
+cache's KV events and resetting it; sleep mode (sleep, wake-up and its emulated cost); P/D's
+timers (KV holds expiring, transfers ending) and how an idle engine waits for them.
+
+Why a mixin: these are the same single writer's state changes (one engine loop per rank),
+kept out of `loop.py` so that the step loop reads on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from server.engine.interface import FinishReason
+from server.engine.request import Request
+from server.engine_proc.sleep import LEVELS, MODES
+from server.ipc import messages as m
+
+log = logging.getLogger("doppelchip.engine")
+
+
+@dataclass(eq=False)
+class Live:
+    """A request the engine loop holds, with whom to answer."""
+
+    req: Request
+    frontend: int
+    seq: int
+    rid: str  # the client's request id, for logs
+    scheduled: bool = False
+
+
+class LoopControls:
+    """EngineLoop's KV-event, sleep-mode and P/D methods (see the module docstring)."""
+
+    # --- KV events (issue 13) ---
+    def _publish_kv_events(self) -> None:
+        """One batch of what the cache did since the last one (none when it did nothing)."""
+        if self.kv_log is not None and self.kv_log.events:
+            events = self.kv_log.take()
+            if self.kv_pub is not None:
+                self.kv_pub.publish(events)
+
+    def _reset_prefix_cache(self, msg: m.ResetPrefixCache) -> None:
+        reset = getattr(self.core.scheduler.cache, "reset", None)
+        ok = bool(reset()) if reset is not None and not self.core.has_unfinished() else False
+        log.info("prefix cache reset on %s (rank %d): %s", self.name, self.rank,
+                 "done" if ok else "refused, requests hold blocks")
+        self._publish_kv_events()
+        self._send(msg.frontend, m.encode(m.CacheReset(self.deployment, self.rank, msg.token,
+                                                       ok)))
+    # --- end KV events ---
+
+    # ---- P/D and sleep mode (issue 13) ------------------------------------------------------
+    def _tick(self) -> None:
+        """Due replies (a wake-up answers once its weights are back), expired KV holds, and
+        KV transfers that ended: their requests join the scheduler (or end, policy fail)."""
+        t = max(self._t, self.now())
+        for timer in [x for x in self.timers if x[0] <= t]:
+            self.timers.remove(timer)
+            self._send(timer[1], m.encode(m.Admissions(self.deployment, self.rank,
+                                                       [m.Admission(timer[2])])))
+        if self.connector is None:
+            return
+        self.connector.expire(t)
+        for tr in self.connector.ready(t):
+            live = tr.live
+            if live.req.request_id not in self.live:
+                continue
+            if tr.failed and self.connector.config.kv_load_failure_policy == "fail":
+                self._end_now(live, FinishReason.ERROR)
+                continue
+            live.req.num_external_tokens = tr.num_tokens  # 0 after a failed load: recompute
+            self._latest_arrival = max(self._latest_arrival, tr.ready_at or 0.0)
+            self.inbox.append(live)
+
+    def _idle(self) -> None:
+        """Nothing to step: block for a message, or until the next emulated deadline (a KV
+        transfer's end, a hold's expiry, a wake-up's reply), which the timeline then reaches
+        exactly (not at the wall clock's later reading)."""
+        times = [t for t, _, _ in self.timers]
+        if self.connector is not None and (d := self.connector.next_deadline()) is not None:
+            times.append(d)
+        deadline = min(times, default=None)
+        fault_ms = self._idle_timeout_ms()  # failure injection: the next fault event
+        if deadline is None:
+            self._service(fault_ms)
+            if self.inbox or self.connector is None or not self.connector.pending:
+                self._resync()  # (a request awaiting its KV keeps the timeline where it is)
+            return
+        wall = self.timeline.wall_until(deadline)
+        if wall > 0:
+            timeout = max(1, int(wall * 1000))
+            self._service(timeout if fault_ms is None else min(timeout, fault_ms))
+        if self.inbox:
+            self._resync()
+        elif self.timeline.wall_until(deadline) <= 0 and deadline > self._t:
+            self.core.account_idle(deadline - self._t)
+            self._t = deadline
+
+    def _end_now(self, live: Live, reason: FinishReason) -> None:
+        """End a request outside a step (sleep's abort, a failed KV load): tell its front end."""
+        self._send(live.frontend, m.encode(m.StepOutputs(
+            self.deployment, self.rank, self.epoch, self.step_no, self._t, self._t, [], [], [],
+            [], [], [m.Finished(live.seq, reason.value)])))
+        self._forget(live, reason)
+
+    def _control(self, msg: m.Sleep | m.WakeUp) -> m.Admission | None:
+        """Sleep or wake up; the answer now, or None when it comes later (mode wait, or a
+        wake-up whose weights take emulated time to come back)."""
+        if isinstance(msg, m.WakeUp):
+            seconds = self.sleep.wake(msg.tags, self.core.placement)
+            self.stats.pd_sleep(self.core, self.sleep, self.connector)  # before the answer
+            if seconds <= 0:
+                return m.Admission(msg.seq)
+            self._t = max(self._t, self.now()) + seconds  # no step before the weights are back
+            self.timers.append((self._t, msg.frontend, msg.seq))
+            log.info("%s waking up: %.3f s (emulated) to bring the weights back", self.name,
+                     seconds)
+            return None
+        if msg.level not in LEVELS or msg.mode not in MODES:
+            return m.Admission(msg.seq, "InvalidRequest",
+                               f"sleep level must be one of {LEVELS} and mode one of {MODES}")
+        if self.sleep.sleeping:
+            log.warning("Executor is already sleeping.")
+            return m.Admission(msg.seq)
+        if msg.mode == "wait" and self.core.has_unfinished():
+            self.pending_sleep = (msg.frontend, msg.seq, msg.level)
+            return None
+        return self._fall_asleep(msg.level, msg.mode, msg.seq)
+
+    def _fall_asleep(self, level: int, mode: str, seq: int) -> m.Admission:
+        sched = self.core.scheduler
+        if mode == "abort":
+            for live in list(self.live.values()):
+                if live in self.inbox:
+                    continue  # accepted, not yet started: it waits for the wake-up
+                if self.connector is not None:
+                    self.connector.abort(live.req.request_id)
+                sched.abort(live.req.request_id)
+                self._end_now(live, FinishReason.ABORT)
+        elif level >= 1:  # keep: their KV is discarded, so they are recomputed after waking
+            for req in list(sched.running):
+                sched.preempt(req.request_id)
+        if level >= 1:  # the KV cache is freed: held prefills and the prefix cache go
+            if self.connector is not None:
+                self.connector.release_all()
+            sched.cache.evict(sched.cache.evictable_blocks)
+        self.sleep.sleep(level)
+        self.stats.pd_sleep(self.core, self.sleep, self.connector)
+        log.info("%s asleep at level %d (mode %s)", self.name, level, mode)
+        return m.Admission(seq)
