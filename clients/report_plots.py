@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from clients.report import RequestResult
 
@@ -71,6 +72,13 @@ def tokens_over_time(results: list[RequestResult], bins: int = 50, label: str = 
     return png_base64(fig)
 
 
+def _plain_log_axes(ax: Any) -> None:
+    """Log axes labelled 1, 10, 100 (no minor labels crowding the ticks)."""
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
+
+
 def sweep_plot(points: list[dict[str, Any]], slo: dict[str, float] | None = None) -> str:
     """Achieved against offered rate (the diagonal is keeping up), then TTFT and TPOT
     percentiles against the offered rate with the SLO bounds; points labelled offered→achieved,
@@ -90,6 +98,7 @@ def sweep_plot(points: list[dict[str, Any]], slo: dict[str, float] | None = None
                     fontsize=7, color="tab:red" if p.get("saturated") else "black")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _plain_log_axes(ax)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("achieved rate (req/s)")
     ax.set_title("does throughput follow the offered rate?")
@@ -106,6 +115,7 @@ def sweep_plot(points: list[dict[str, Any]], slo: dict[str, float] | None = None
                         xytext=(4, 4), fontsize=7)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        _plain_log_axes(ax)
         ax.set_xlabel(f"{xlabel}; labels: {'offered' if rates else 'concurrency'}→achieved req/s")
         ax.set_ylabel("ms")
         ax.set_title(f"{key.upper()} percentiles over the sweep")
