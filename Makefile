@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PROTOS := $(wildcard proto/doppelchip/v1/*.proto)
 
-.PHONY: run test install install-dev proto lint bench clean prometheus gateway
+.PHONY: run test install install-dev proto lint bench clean prometheus chromium gateway
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "doppelchip needs Python >= 3.11")'
@@ -29,11 +29,14 @@ run: install ## serve the default fleet on 127.0.0.1:50051 (metrics on :8000)
 gateway: install-dev ## 2 replicas of vllm-h100 behind the smg gateway: OpenAI HTTP on 127.0.0.1:30000
 	$(BIN)/doppelchip gateway $(ARGS)
 
-test: install-dev prometheus ## the whole suite; pytest's "no tests collected" (5) is not a failure
+test: install-dev prometheus chromium ## the whole suite; pytest's "no tests collected" (5) is not a failure
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 prometheus: ## Debian's prometheus + promtool into .cache/ for the observability tests
 	scripts/fetch_prometheus.sh
+
+chromium: ## Debian's chromium for the HTML report tests (they skip, saying why, without it)
+	-scripts/install_chromium.sh
 
 proto: install-dev ## regenerate doppelchip/v1 from proto/ (byte-stable: grpcio-tools is pinned)
 	$(BIN)/python -m doppelchip.protogen

@@ -1,103 +1,112 @@
-"""A self-contained HTML report of a load run (or a sweep): the summary and its plots.
-
-Plots are drawn with matplotlib (Agg, no display) and embedded as base64 PNGs, so the report
-is one file that opens anywhere: latency CDFs (TTFT, TPOT, ITL, E2E), output tokens/s over
-time, and — for a sweep — latency percentiles against achieved throughput.
+"""A self-contained HTML report of a load run (or a sweep), for people: it opens with the
+conclusions (the same lines the terminal prints: highest rate meeting the SLO, its cost, the
+bottleneck at saturation), then the figures (clients.report_plots, embedded as base64 PNGs so
+the report is one file that opens anywhere), then formatted tables — numbers rounded to what
+they mean, never raw JSON.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
-import json
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import numpy as np
-
 from clients.report import RequestResult
+from clients.report_plots import latency_cdfs, png_base64, sweep_plot, tokens_over_time
+
+__all__ = ["fmt", "page", "png_base64", "render", "table"]
+
+STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px}img{max-width:100%}"
+         "#conclusion{background:#eef6ee;border-left:4px solid #2a7;padding:.6em 1em}"
+         "#conclusion li{margin:.2em 0;white-space:pre-wrap;font-family:monospace}"
+         "table{border-collapse:collapse;font-size:13px}"
+         "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
+         "th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}")
 
 
-def png_base64(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
+def fmt(value: Any) -> str:
+    """A cell: floats to 4 significant digits (no 16-digit floats), dicts as k=v pairs."""
+    if isinstance(value, bool) or value is None:
+        return "-" if value is None else ("yes" if value else "no")
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={fmt(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fmt(v) for v in value) or "-"
+    return str(value)
 
 
-def latency_cdfs(results: list[RequestResult]) -> str:
-    ok = [r for r in results if r.ok]
-    series = {
-        "TTFT": [r.ttft for r in ok if r.ttft is not None],
-        "TPOT": [r.tpot for r in ok if r.tpot is not None],
-        "ITL": [g for r in ok for g in r.itls()],
-        "E2E": [r.e2e for r in ok],
-    }
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
-    for ax, (name, values) in zip(axes, series.items(), strict=True):
-        if values:
-            x = np.sort(np.asarray(values)) * 1e3
-            ax.plot(x, np.arange(1, len(x) + 1) / len(x))
-        ax.set_title(f"{name} CDF")
-        ax.set_xlabel("ms")
-        ax.set_ylim(0, 1.01)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("fraction of requests")
-    return png_base64(fig)
+def table(header: list[str], rows: list[list[Any]], table_id: str = "") -> str:
+    ident = f' id="{html.escape(table_id)}"' if table_id else ""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(c))}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def tokens_over_time(results: list[RequestResult], bins: int = 50) -> str:
-    times = np.asarray([t for r in results if r.ok for t in r.token_times])
-    fig, ax = plt.subplots(figsize=(8, 3.2))
-    if times.size:
-        counts, edges = np.histogram(times, bins=bins)
-        width = edges[1] - edges[0]
-        ax.plot((edges[:-1] + edges[1:]) / 2, counts / width if width else counts)
-    ax.set_title("output tokens/s over time")
-    ax.set_xlabel("s since start")
-    ax.set_ylabel("tokens/s")
-    ax.grid(alpha=0.3)
-    return png_base64(fig)
-
-
-def sweep_plot(points: list[dict[str, Any]]) -> str:
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
-    x = [p["output_tokens_per_s"] for p in points]
-    for key, ax in zip(("ttft_s", "e2e_s"), axes, strict=True):
-        for pct in ("p50", "p90", "p99"):
-            ax.plot(x, [p[key][pct] * 1e3 for p in points], marker="o", label=pct)
-        ax.set_title(f"{key[:-2].upper()} vs throughput")
-        ax.set_xlabel("output tokens/s")
-        ax.set_ylabel("ms")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    return png_base64(fig)
-
-
-def page(title: str, figures: list[tuple[str, str]], data_heading: str, data: Any) -> str:
-    """One self-contained HTML document: a title, (heading, base64 PNG) figures, and the data
-    they were drawn from as JSON."""
+def page(title: str, figures: list[tuple[str, str]], tables: list[tuple[str, str]],
+         conclusions: list[str] | None = None) -> str:
+    """One self-contained HTML document: the title, the conclusions (a list of sentences),
+    (heading, base64 PNG) figures and (heading, table HTML) tables."""
     body = [f"<h1>{html.escape(title)}</h1>"]
+    if conclusions:
+        items = "".join(f"<li>{html.escape(c)}</li>" for c in conclusions)
+        body.append(f'<section id="conclusion"><h2>Conclusion</h2><ul>{items}</ul></section>')
     for heading, png in figures:
         body.append(f"<h2>{html.escape(heading)}</h2>"
                     f'<img alt="{html.escape(heading)}" src="data:image/png;base64,{png}">')
-    table = json.dumps(data, indent=1, default=str)
-    body.append(f"<h2>{html.escape(data_heading)}</h2><pre>{html.escape(table)}</pre>")
+    for heading, markup in tables:
+        body.append(f"<h2>{html.escape(heading)}</h2>{markup}")
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            f"<title>{html.escape(title)}</title>"
-            "<style>body{font-family:sans-serif;margin:2em}img{max-width:100%}</style>"
+            f"<title>{html.escape(title)}</title><style>{STYLE}</style>"
             f"</head><body>{''.join(body)}</body></html>")
 
 
+def _sweep_table(points: list[dict[str, Any]]) -> str:
+    rates = "offered_rate" in points[0]
+    header = (["offered req/s", "achieved req/s", "achieved/offered"] if rates
+              else ["concurrency", "req/s"])
+    header += ["output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "E2E p50 ms",
+               "goodput", "requests", "saturated", "$/Mtok", "errors"]
+    rows = []
+    for p in points:
+        st = p.get("steady", {})
+        good = st.get("goodput_fraction", p.get("goodput", {}).get("fraction"))
+        rows.append(([p["offered_rate"], st["achieved_rate"], st["achieved_over_offered"]]
+                     if rates else [p["concurrency"], p["requests_per_s"]]) + [
+            p["output_tokens_per_s"], p["ttft_s"]["p50"] * 1e3, p["ttft_s"]["p99"] * 1e3,
+            p["tpot_s"]["p50"] * 1e3, p["e2e_s"]["p50"] * 1e3,
+            f"{good:.0%}" if good is not None else "-", p.get("num_requests", p["requests"]),
+            p.get("saturated", False), p.get("usd_per_mtok"), sum(p["errors"].values())])
+    return table(header, rows, "sweep")
+
+
+def _summary_table(summary: dict[str, Any]) -> str:
+    rows = [[k, v] for k, v in summary.items()
+            if k not in ("sweep", "warnings", "server_counters", "requests_per_point")]
+    return table(["", "value"], rows, "summary")
+
+
 def render(summary: dict[str, Any], results: list[RequestResult],
-           sweep: list[dict[str, Any]] | None = None, title: str = "doppelchip load") -> str:
-    """The whole report as one HTML document."""
-    figures = [("Latency distributions", latency_cdfs(results)),
-               ("Throughput over time", tokens_over_time(results))]
+           sweep: list[dict[str, Any]] | None = None, title: str = "doppelchip load",
+           conclusions: list[str] | None = None) -> str:
+    """The whole report as one HTML document; `results` are the requests of the single run, or
+    of the sweep's last point (the figures say which)."""
+    slo = summary.get("slo")
+    label = ""
     if sweep:
-        figures.insert(0, ("Latency vs throughput over the sweep", sweep_plot(sweep)))
-    return page(title, figures, "Summary", summary)
+        last = sweep[-1]
+        label = (f"at {last['offered_rate']:g} req/s offered" if "offered_rate" in last
+                 else f"at concurrency {last['concurrency']:g}") + ", the sweep's last point"
+    figures = [(f"Latency distributions{' ' + label if label else ''}",
+                latency_cdfs(results, slo, label)),
+               (f"Throughput over time{' ' + label if label else ''}",
+                tokens_over_time(results, label=label))]
+    tables = []
+    if sweep:
+        figures.insert(0, ("Achieved rate and latency over the sweep", sweep_plot(sweep, slo)))
+        tables.append(("Sweep points", _sweep_table(sweep)))
+        tables.append(("Sweep summary", _summary_table(summary)))
+    else:
+        tables.append(("Summary", _summary_table(summary)))
+    return page(title, figures, tables, conclusions)

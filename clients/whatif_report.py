@@ -7,7 +7,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from clients.html_report import page, png_base64
+from clients.html_report import page, png_base64, table
 
 
 def cost_vs_speed_plot(data: dict[str, Any]) -> str:
@@ -67,7 +67,9 @@ def groq_plot(rows: list[dict[str, Any]]) -> str:
     return png_base64(fig)
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: dict[str, Any], conclusions: list[str] | None = None) -> str:
+    """The page: `conclusions` (the lines `doppelchip whatif` prints) first, then the plots
+    and the data as formatted tables."""
     figures = [
         ("Cost vs speed", cost_vs_speed_plot(result["cost_vs_speed"])),
         ("Long prompts on Apple silicon", ttft_plot(result["long_prompt_ttft"])),
@@ -75,4 +77,19 @@ def render(result: dict[str, Any]) -> str:
         ("Groq compile stalls", groq_plot(result["groq_shapes"])),
     ]
     title = f"doppelchip whatif: {result['model']}, {result['isl']} in / {result['osl']} out"
-    return page(title, figures, "Data", result)
+    return page(title, figures, _tables(result), conclusions)
+
+
+def _tables(result: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = [[name, p["batch"], p["per_user_tokens_per_s"], p["usd_per_mtok"], p["chips"]]
+            for name, pts in result["cost_vs_speed"]["curves"].items() for p in pts]
+    out = [("Cost vs speed", table(["deployment", "batch", "tok/s per user", "$/Mtok", "chips"],
+                                   rows))]
+    tiers = [[r["model"], r["quant"], r.get("decode_tokens_per_s", r.get("error"))]
+             for r in result["llamacpp_tiers"]]
+    out.append(("llama.cpp tiers", table(["model", "quant", "decode tok/s"], tiers)))
+    groq = [[r["policy"], r["traffic"], r["compiles"], r["compile_stall_s"], r["e2e_p90_s"]]
+            for r in result["groq_shapes"]]
+    out.append(("Groq compile stalls",
+                table(["policy", "traffic", "compiles", "stall s", "E2E p90 s"], groq)))
+    return out

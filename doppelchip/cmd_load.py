@@ -92,7 +92,8 @@ def cmd_load(args: argparse.Namespace) -> int:
 
         with open(args.html, "w") as f:
             f.write(render(summary, results, summary.get("sweep"),
-                           title=f"doppelchip load: {summary.get('deployment', '')}"))
+                           title=f"doppelchip load: {summary.get('deployment', '')}",
+                           conclusions=report_conclusions(summary)))
     for warning in summary.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
@@ -105,22 +106,95 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def format_sweep(s: dict[str, Any]) -> str:
-    lines = [f"{'rate':>8} {'req/s':>8} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} "
-             f"{'E2E p50':>10} {'goodput':>8} errors"]
     if "max_concurrency_meeting_slo" in s:
-        lines[0] = lines[0].replace("    rate", "    conc")
+        return _format_concurrency_sweep(s)
+    lines = [f"{'offered':>8} {'achieved':>8} {'ratio':>6} {'tok/s':>9} {'TTFT p50':>9} "
+             f"{'TTFT p99':>9} {'E2E p50':>9} {'goodput':>8} {'requests':>8} errors"]
+    for p in s["sweep"]:
+        st = p["steady"]
+        good = f"{st['goodput_fraction'] * 100:.0f}%" if "slo" in s else "-"
+        lines.append(
+            f"{p['offered_rate']:8.4g} {st['achieved_rate']:8.1f} "
+            f"{st['achieved_over_offered']:6.2f}"
+            f" {p['output_tokens_per_s']:9.0f} {_ms(p['ttft_s']['p50'])} {_ms(p['ttft_s']['p99'])}"
+            f" {_ms(p['e2e_s']['p50'])} {good:>8} {p['num_requests']:8d} "
+            f"{sum(p['errors'].values())}")
+    lines.extend(conclusions(s))
+    return "\n".join(lines)
+
+
+def conclusions(s: dict[str, Any]) -> list[str]:
+    """The sweep's conclusions in words: the terminal and the HTML report print the same."""
+    out = []
+    last = s["sweep"][-1]
+    if s.get("saturated_at") is not None and "steady" in last:
+        st = last["steady"]
+        why = (f"achieved {st['achieved_rate']:.1f} req/s, {st['achieved_over_offered']:.0%} "
+               f"of offered" + (f", TTFT grew {st['ttft_growth']:.1f}x over the run"
+                                if st["ttft_growth"] > 2 else ""))
+        out.append(f"saturated at {s['saturated_at']:g} req/s offered ({why})")
+    elif s.get("saturated_at") is not None:
+        out.append(f"saturated at concurrency {s['saturated_at']:g}")
+    else:
+        out.append("not saturated by the rates tried")
+    if s.get("bottleneck"):
+        out.append(f"bottleneck: {s['bottleneck']['kind']} ({s['bottleneck']['why']})")
+    if "slo" in s:
+        best = s.get("max_rate_meeting_slo")
+        at = next((p for p in s["sweep"] if p.get("offered_rate") == best), None)
+        terms = ", ".join(f"{k} <= {v * 1e3:g} ms" for k, v in s["slo"].items())
+        if at is None:
+            out.append(f"no rate tried met the SLO ({terms})")
+        else:
+            cost = (f", ${at['usd_per_mtok']:.3g} per million output tokens"
+                    if at.get("usd_per_mtok") else "")
+            out.append(f"highest rate meeting the SLO ({terms}): {best:g} req/s "
+                       f"(achieved {at['steady']['achieved_rate']:.1f} req/s{cost})")
+    rp = s.get("requests_per_point")
+    if rp:
+        raised = [p for p in s["sweep"] if p["num_requests"] > rp["minimum"]]
+        out.append(f"requests per rate: at least {rp['minimum']} (--num-requests), raised "
+                   f"at {len(raised)} of {len(s['sweep'])} rates so that {rp['rule']}")
+    return out
+
+
+def report_conclusions(s: dict[str, Any]) -> list[str]:
+    """What the HTML report opens with: a sweep's conclusions, or one run's headline."""
+    if "sweep" in s:
+        return conclusions(s) if "offered_rate" in s["sweep"][0] else \
+            _format_concurrency_sweep(s).splitlines()[len(s["sweep"]) + 1:]
+    line = (f"{s['requests']} requests at {s['requests_per_s']:.1f} req/s, "
+            f"{s['output_tokens_per_s']:.0f} output tokens/s; TTFT p50 "
+            f"{s['ttft_s']['p50'] * 1e3:.1f} ms, p99 {s['ttft_s']['p99'] * 1e3:.1f} ms")
+    out = [line]
+    if "goodput" in s:
+        out.append(f"{s['goodput']['fraction']:.0%} of requests met the SLO "
+                   f"({s['goodput']['requests_per_s']:.1f} req/s goodput)")
+    if s.get("usd_per_mtok"):
+        out.append(f"${s['usd_per_mtok']:.3g} per million output tokens")
+    return out
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:7.1f}ms"
+
+
+def _format_concurrency_sweep(s: dict[str, Any]) -> str:
+    lines = [f"{'conc':>8} {'req/s':>8} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} "
+             f"{'E2E p50':>10} {'goodput':>8} errors"]
     for p in s["sweep"]:
         good = f"{p['goodput']['fraction'] * 100:.0f}%" if "goodput" in p else "-"
         lines.append(
-            f"{p.get('offered_rate', p.get('concurrency')):8.3g} {p['requests_per_s']:8.2f} "
+            f"{p['concurrency']:8.3g} {p['requests_per_s']:8.2f} "
             f"{p['output_tokens_per_s']:10.1f} {p['ttft_s']['p50'] * 1e3:8.1f}ms "
             f"{p['ttft_s']['p99'] * 1e3:8.1f}ms {p['e2e_s']['p50'] * 1e3:8.1f}ms {good:>8} "
             f"{sum(p['errors'].values())}")
-    what, unit = ("concurrency", "") if "max_concurrency_meeting_slo" in s else ("rate", " req/s")
-    best = s.get(f"max_{what}_meeting_slo")
-    lines.append(f"saturated at {what} {s['saturated_at']:g}{unit}" if s.get("saturated_at")
-                 else f"not saturated by the {what} values tried")
+    best = s.get("max_concurrency_meeting_slo")
+    lines.append(f"saturated at concurrency {s['saturated_at']:g}" if s.get("saturated_at")
+                 else "not saturated by the concurrency values tried")
+    if s.get("bottleneck"):
+        lines.append(f"bottleneck: {s['bottleneck']['kind']} ({s['bottleneck']['why']})")
     if "slo" in s:
-        lines.append(f"highest {what} meeting the SLO: {best:g}{unit}" if best is not None
-                     else f"no {what} tried met the SLO")
+        lines.append(f"highest concurrency meeting the SLO: {best:g}" if best is not None
+                     else "no concurrency tried met the SLO")
     return "\n".join(lines)

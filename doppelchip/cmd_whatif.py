@@ -54,7 +54,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "whatif.json").write_text(json.dumps(result, indent=1))
-        (out / "whatif.html").write_text(render(result))
+        (out / "whatif.html").write_text(render(result, describe(result).splitlines()))
     print(json.dumps(result) if args.json else describe(result))
     return 0
 

@@ -87,6 +87,7 @@ def simulate_conversations(
         prefill_tokens=sched.num_prefill_tokens,
         preemptions=sched.num_preemptions,
         peak_running=sched.peak_num_running,
+        max_num_seqs=core.scheduler.config.max_num_seqs,
         steps=stats.steps,
         kv_usage_mean=run.kv_usage_mean,
         kv_usage_peak=run.kv_usage_peak,

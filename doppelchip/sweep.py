@@ -1,13 +1,17 @@
 """Sweeps for `doppelchip load`: the same workload at growing rates (open loop) or
-concurrencies (closed loop), until the target saturates."""
+concurrencies (closed loop), until the target saturates; the report names the bottleneck
+there from the engine's counters (doppelchip.bottleneck)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from typing import Any
 
 from clients.report import RequestResult
+from clients.steady import WINDOW_SERVICE_TIMES, steady_state
+from doppelchip.bottleneck import bottleneck
 from doppelchip.loadrun import LoadError, run_once
 
 
@@ -20,14 +24,19 @@ def sweep(args: argparse.Namespace, spec, slo: dict[str, float]
     return sweep_rates(args, spec, slo)
 
 
-SATURATION_TTFT = 3.0  # a rate saturates the target when median TTFT exceeds 3x the lightest's
+MAX_REQUESTS_PER_POINT = 6000  # the adaptive count's bound (when --num-requests is lower)
+MAX_ATTEMPTS = 3  # runs per rate: the first, then at most two with more requests
 
 
 def sweep_rates(args: argparse.Namespace, spec, slo: dict[str, float]
-           ) -> tuple[dict[str, Any], list[RequestResult]]:
-    """Run at each rate until the target saturates (errors, or queueing: median TTFT above
-    SATURATION_TTFT × the lightest load's); report every point and the highest rate whose
-    share of requests meeting the SLO reaches --slo-attainment."""
+                ) -> tuple[dict[str, Any], list[RequestResult]]:
+    """Run at each rate until the target saturates: achieved throughput stops following the
+    offered rate (clients.steady: below 90% of it over the steady-state window, or the queue
+    grows over the run) or errors appear. `--num-requests` is a minimum per rate: a run whose
+    window spans fewer than 10 median service times is rerun with enough requests for it,
+    at most MAX_ATTEMPTS runs and max(MAX_REQUESTS_PER_POINT, --num-requests) requests. The
+    highest rate meeting the SLO is the highest unsaturated one whose goodput (requests per
+    second within the SLO) reaches --slo-attainment of the offered rate."""
     if args.sweep_rates == "auto":
         start = args.rate if args.rate != float("inf") else 1.0
         rates = [start * 2**k for k in range(12)]
@@ -38,23 +47,54 @@ def sweep_rates(args: argparse.Namespace, spec, slo: dict[str, float]
             raise LoadError(f"bad --sweep-rates {args.sweep_rates!r}") from None
         if not rates or any(not r > 0 or r == float("inf") for r in rates):
             raise LoadError("--sweep-rates needs finite rates > 0")
-    points, last_results, base_ttft, saturated = [], [], None, None
+    minimum = spec.num_requests
+    cap = max(MAX_REQUESTS_PER_POINT, minimum)
+    points, last_results, saturated, service = [], [], None, 0.0
     for rate in rates:
-        n = spec.num_requests
+        n = minimum
         if args.duration is not None and args.num_requests is None:
             n = max(1, round(rate * args.duration))  # the same duration at every rate
-        point_spec = dataclasses.replace(spec, rate=rate, num_requests=n)
-        summary, results = run_once(args, point_spec, slo)
-        point = {k: v for k, v in summary.items() if k != "warnings"} | {"offered_rate": rate}
+        n = min(cap, max(n, _needed(rate, service)))  # the last rate's service time as a guess
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            summary, results = run_once(args, dataclasses.replace(spec, rate=rate,
+                                                                  num_requests=n), slo)
+            steady = steady_state(results, slo)
+            if steady.long_enough or n >= cap or attempt == MAX_ATTEMPTS:
+                break
+            n = min(cap, max(2 * n, _needed(rate, steady.service_s)))
+        service = steady.service_s
+        point = {k: v for k, v in summary.items() if k != "warnings"} | {
+            "offered_rate": rate, "num_requests": n, "runs": attempt,
+            "steady": steady.as_dict()}
+        point_saturated = bool(summary["errors"]) or steady.saturated
+        point["saturated"] = point_saturated
+        point["meets_slo"] = bool(slo) and not point_saturated and \
+            steady.goodput_fraction >= args.slo_attainment
+        if point_saturated:
+            point["bottleneck"] = bottleneck(summary)
         points.append(point)
         last_results = results
-        ttft = summary["ttft_s"]["p50"]
-        base_ttft = ttft if base_ttft is None else base_ttft
-        if summary["errors"] or ttft > SATURATION_TTFT * max(base_ttft, 1e-9):
+        if point_saturated:
             saturated = rate
             break
-    return _result(points, "offered_rate", "rate", saturated, slo, args.slo_attainment), \
-        last_results
+    out = _result(points, "offered_rate", "rate", saturated, slo, args.slo_attainment)
+    out["requests_per_point"] = {
+        "minimum": minimum, "max": cap, "max_runs": MAX_ATTEMPTS,
+        "rule": f"each rate's steady-state window spans >= {WINDOW_SERVICE_TIMES:g} median "
+                f"service times; --num-requests is the minimum, raised to "
+                f"rate x {WINDOW_SERVICE_TIMES * 1.25:g} x the service time (at most {cap})"}
+    if saturated is not None:
+        out["bottleneck"] = points[-1].get("bottleneck")
+    best = out.get("max_rate_meeting_slo")
+    at = next((p for p in points if p["offered_rate"] == best), None)
+    if at is not None:
+        out["usd_per_mtok_at_max_rate"] = at.get("usd_per_mtok")
+    return out, last_results
+
+
+def _needed(rate: float, service_s: float) -> int:
+    """Requests whose arrivals span the window and its warm-up (a quarter more)."""
+    return math.ceil(rate * WINDOW_SERVICE_TIMES * 1.25 * service_s)
 
 
 SATURATION_GAIN = 1.05  # a concurrency saturates when throughput gains less than 5%
@@ -81,9 +121,12 @@ def sweep_concurrency(args: argparse.Namespace, spec, slo: dict[str, float]
                 if len(points) > 1 and points[-2]["output_tokens_per_s"] else float("inf"))
         if summary["errors"] or gain < SATURATION_GAIN:
             saturated = level
+            point["bottleneck"] = bottleneck(summary)
             break
-    return _result(points, "concurrency", "concurrency", saturated, slo,
-                   args.slo_attainment), last_results
+    out = _result(points, "concurrency", "concurrency", saturated, slo, args.slo_attainment)
+    if saturated is not None:
+        out["bottleneck"] = points[-1].get("bottleneck")
+    return out, last_results
 
 
 def _result(points: list[dict[str, Any]], key: str, what: str, saturated: float | None,
@@ -91,7 +134,8 @@ def _result(points: list[dict[str, Any]], key: str, what: str, saturated: float 
     """The sweep's summary: every point, where it saturated, and the highest `key` whose share
     of requests meeting the SLO reaches `attainment`."""
     passing = [p[key] for p in points
-               if slo and p.get("goodput", {}).get("fraction", 0) >= attainment]
+               if p.get("meets_slo", bool(slo) and p.get("goodput", {}).get("fraction", 0)
+                        >= attainment)]
     out = {"deployment": points[0].get("deployment", ""), "sweep": points,
            "saturated_at": saturated, f"max_{what}_meeting_slo": max(passing, default=None)}
     if slo:
