@@ -187,14 +187,24 @@ def register(subparsers: Any) -> None:
     add_deployment_args(p)
     add_workload_args(p)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    # --- virtual-time clusters (issue 16): doppelchip/fleet_simulation.py, docs/LOAD.md ---
+    p.add_argument("--router", choices=ROUTERS,
+                   help="simulate every deployment of --config (each `replicas` copies) as "
+                   "one pool behind this router (default with replicas > 1: round-robin)")
+    # --- end virtual-time clusters ---
     p.set_defaults(func=cmd_simulate)
 
 
+# sim.routers.ROUTERS' names, listed here so that the command line imports no layer
+ROUTERS = ("round-robin", "least-requests", "least-kv", "prefix-aware", "p2c")
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from doppelchip.fleet_simulation import simulate_fleet, wants_cluster
     from doppelchip.simulation import SimulationError, simulate
 
-    try:
-        summary = simulate(args)
+    try:  # --- virtual-time clusters (issue 16) ---
+        summary = simulate_fleet(args) if wants_cluster(args) else simulate(args)
     except SimulationError as e:
         print(json.dumps({"error": str(e)}) if args.json else f"error: {e}", file=sys.stderr)
         return 2
@@ -202,6 +212,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         print(format_summary(summary))
+        for r in summary.get("replicas", ()):  # --- virtual-time clusters (issue 16) ---
+            print(f"replica         {r['name']:<24} {r['requests']:6d} requests, prefix cache "
+                  f"{r['prefix_cache_hit_rate'] * 100:5.1f}% hit ({r['chip']})")
     return 0
 
 

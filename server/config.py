@@ -174,7 +174,8 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
                 "max_waiting", "block_size", "kv_blocks", "max_grammar_bytes",
                 "stream_interval", "data_parallel_size", "max_grammar_depth",
                 "max_prompt_bytes", "max_stop_strings", "max_stop_bytes",
-                "max_loras", "max_lora_rank", "max_cpu_loras"):  # (LoRA: issue 13)
+                "max_loras", "max_lora_rank", "max_cpu_loras",  # (LoRA: issue 13)
+                "replicas"):  # (virtual-time clusters: issue 16)
         if key in table and isinstance(table[key], int) and table[key] < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
     # --- KV events (issue 13) ---

@@ -11,11 +11,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("server", "devices", "clients", "doppelchip")
+PACKAGES = ("server", "devices", "clients", "sim", "doppelchip")
 # The front door: the command and the logic beside it (everything in doppelchip/ but the
 # generated wire code in doppelchip/v1/, the bottom layer every layer may import).
 FRONT_DOOR = tuple(sorted(
     f"doppelchip.{p.stem}" for p in (ROOT / "doppelchip").glob("*.py") if p.stem != "__init__"))
+
+
+# the clients' modules that talk to a server (sim/ may use the rest: workloads, reports)
+SERVING_CLIENTS = ("clients.client", "clients.loadgen", "clients.server_metrics",
+                   "clients.generate")
 
 
 def _nodes(tree: ast.Module, top_level_only: bool) -> list[ast.AST]:
@@ -87,29 +92,34 @@ def check(paths: list[Path], forbidden: tuple[str, ...], top_level_only: bool = 
 @pytest.mark.parametrize(
     ("folder", "forbidden"),
     [
-        ("devices", ("asyncio", "grpc", "server", "clients", "doppelchip", "smg_grpc_proto")),
-        ("server/engine", ("grpc", "clients", "doppelchip", "prometheus_client", "smg_grpc_proto",
-                            "zmq", *service_modules())),
-        ("server", ("clients", *FRONT_DOOR)),
-        ("clients", ("server", *FRONT_DOOR)),
+        ("devices", ("asyncio", "grpc", "server", "clients", "sim", "doppelchip",
+                     "smg_grpc_proto")),
+        ("server/engine", ("grpc", "clients", "sim", "doppelchip", "prometheus_client",
+                           "smg_grpc_proto", "zmq", *service_modules())),
+        ("server", ("clients", "sim", *FRONT_DOOR)),
+        ("clients", ("server", "sim", *FRONT_DOOR)),
+        # sim: the engine core, devices and the clients' workloads and reports, nothing served
+        ("sim", ("asyncio", "grpc", "smg_grpc_proto", "zmq", *service_modules(),
+                 *SERVING_CLIENTS, *FRONT_DOOR)),
     ],
 )
 def test_imports_point_down(folder, forbidden):
+    assert files(folder)
     assert violations(folder, forbidden) == []
 
 
 def test_front_door_imports_layers_lazily():
     front = [ROOT / "doppelchip" / "cli.py", *sorted((ROOT / "doppelchip").glob("cmd_*.py"))]
-    assert check(front, ("server", "clients", "devices"), top_level_only=True) == []
+    assert check(front, ("server", "clients", "devices", "sim"), top_level_only=True) == []
     # the wire code and the proto generator belong to no layer above them
     wire = [p for p in files("doppelchip") if p.parent.name == "v1" or p.name == "protogen.py"]
-    assert check(wire, ("server", "clients", "devices")) == []
+    assert check(wire, ("server", "clients", "devices", "sim")) == []
     loaded = subprocess.run(
         [sys.executable, "-c",
          "import sys, doppelchip.cli; print(sorted({m.split('.')[0] for m in sys.modules}))"],
         capture_output=True, text=True, check=True, cwd=ROOT,
     ).stdout
-    for layer in ("server", "clients", "devices"):
+    for layer in ("server", "clients", "devices", "sim"):
         assert f"'{layer}'" not in loaded
 
 

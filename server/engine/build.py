@@ -124,6 +124,9 @@ class EngineOptions:
     fault_crash: tuple[str, ...] = ()  # "at=T" | "rate=R"
     fault_lost_chips: tuple[str, ...] = ()  # "at=T,chips=K[,for=D]" | "rate=R,chips=K,for=D"
     fault_stream_cut: tuple[str, ...] = ()  # "after=K,at=T,for=D" | "after=K,percent=P"
+    # --- virtual-time clusters (issue 16): sim/cluster.py, docs/LOAD.md ---
+    replicas: int = 1  # copies of this deployment behind a router (`simulate --router`)
+    # --- end virtual-time clusters ---
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,

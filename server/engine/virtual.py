@@ -15,9 +15,10 @@ as an INVALID_ARGUMENT error. Tokens of one step share its interval (`spread_tim
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from server.engine.core import EngineCore
+from server.engine.core import EngineCore, StepResult
 from server.engine.intake import queue_is_full
 from server.engine.interface import Constraint, InvalidRequest
 from server.engine.output import spread_times
@@ -59,6 +60,12 @@ class RequestRecord:
     preemptions: int = 0
     error: str | None = None  # the status code the server would have answered
     jump_forward_tokens: int = 0
+    replica: int = 0  # which core served it (a cluster's replica index; 0 for one core)
+
+
+# A cluster's router (sim/routers.py): (prompt token ids, outstanding requests per core) ->
+# the index of the core that gets the request. Called at the request's arrival time.
+Route = Callable[[Sequence[int], Sequence[int]], int]
 
 
 @dataclass
@@ -76,22 +83,45 @@ def run_virtual(
     """Run `sessions` through `core`. Open loop (default): each session starts at its
     `start_s`. Closed loop (`concurrency=N`): N sessions run at once, back to back, in order;
     when one ends (its last turn finished, or a turn was refused) the next starts."""
+    return run_cluster([core], sessions, lambda prompt, outstanding: 0, [max_waiting],
+                       [max_grammar_bytes], concurrency)
+
+
+def run_cluster(
+    cores: list[EngineCore], sessions: list[VirtualSession], route: Route,
+    max_waiting: Sequence[int | None] | None = None,
+    max_grammar_bytes: Sequence[int] | None = None, concurrency: int | None = None,
+) -> VirtualRun:
+    """Run `sessions` through several cores on one shared virtual clock: each arriving turn
+    goes to the core `route` picks (the per-core limits are indexed like `cores`); whichever
+    core's step ends first is advanced next. One core is exactly `run_virtual`."""
     if concurrency is not None and concurrency < 1:
         raise ValueError("concurrency must be >= 1")
-    return _Runner(core, sessions, max_waiting, max_grammar_bytes, concurrency).run()
+    if not cores:
+        raise ValueError("a cluster needs at least one core")
+    n = len(cores)
+    return _Runner(cores, sessions, route, list(max_waiting or [None] * n),
+                   list(max_grammar_bytes or [65536] * n), concurrency).run()
 
 
 class _Runner:
-    def __init__(self, core: EngineCore, sessions: list[VirtualSession],
-                 max_waiting: int | None, max_grammar_bytes: int,
+    """The event loop. A core's step is computed when it starts (the scheduler's state moves
+    on then) and delivered when it ends: token times, finished records and the next turns
+    due are all stamped at the step's end. At one instant, step ends come first, then the
+    arrivals, then free cores start their next step — for one core, the order of a loop that
+    admits what has arrived and steps."""
+
+    def __init__(self, cores: list[EngineCore], sessions: list[VirtualSession], route: Route,
+                 max_waiting: list[int | None], max_grammar_bytes: list[int],
                  concurrency: int | None) -> None:
-        self.core, self.sessions = core, sessions
+        self.cores, self.sessions, self.route = cores, sessions, route
         self.max_waiting, self.max_grammar_bytes = max_waiting, max_grammar_bytes
+        self.outstanding = [0] * len(cores)  # routed, not yet finished (the router's view)
         self.out = VirtualRun()
         # (time, tie-break, session, turn, history): the next turns due
         self.arrivals: list[tuple[float, int, int, int, tuple[int, ...]]] = []
         self.seq = 0
-        self.live: dict[str, tuple[Request, int, int, float]] = {}
+        self.live: dict[str, tuple[Request, int, int, float, int]] = {}
         self.first_sched: dict[str, float] = {}
         self.times: dict[str, list[float]] = {}
         self.t = 0.0
@@ -118,38 +148,43 @@ class _Runner:
         s, turn = self.sessions[si], self.sessions[si].turns[ti]
         rid = f"{s.session_id}/{ti}" if len(s.turns) > 1 else s.session_id
         prompt = history + turn.user_ids
-        sched = self.core.scheduler
+        k = self.route(prompt, self.outstanding)
+        core, max_waiting = self.cores[k], self.max_waiting[k]
+        sched = core.scheduler
         error, constraint = None, None
         if len(prompt) + turn.max_tokens > sched.config.max_model_len:
             error = "INVALID_ARGUMENT"
-        elif self.max_waiting is not None and queue_is_full(sched.num_waiting, sched.free_seats,
-                                                            self.max_waiting):
+        elif max_waiting is not None and queue_is_full(sched.num_waiting, sched.free_seats,
+                                                       max_waiting):
             error = "RESOURCE_EXHAUSTED"
         elif s.constraint is not None:
             try:
-                constraint = self.core.constraints.start(s.constraint, self.max_grammar_bytes)
+                constraint = core.constraints.start(s.constraint, self.max_grammar_bytes[k])
             except InvalidRequest:
                 error = "INVALID_ARGUMENT"
         if error:
             self.out.records.append(RequestRecord(rid, s.session_id, ti, at, None, (), at,
-                                                  len(prompt), 0, 0, "error", error=error))
+                                                  len(prompt), 0, 0, "error", error=error,
+                                                  replica=k))
             self._next_session()  # the session cannot go on without this turn
             return
         params = SamplingParams(max_tokens=turn.max_tokens, ignore_eos=s.ignore_eos, seed=s.seed)
         req = Request(rid, list(prompt), params, arrival_time=at)
         req.constraint = constraint
-        self.core.add_request(req)
-        self.live[rid] = (req, si, ti, at)
+        core.add_request(req)
+        self.live[rid] = (req, si, ti, at, k)
+        self.outstanding[k] += 1
         self.times[rid] = []
 
     def finished(self, req: Request) -> None:
-        r, si, ti, at = self.live.pop(req.request_id)
+        r, si, ti, at, k = self.live.pop(req.request_id)
+        self.outstanding[k] -= 1
         self.out.records.append(RequestRecord(
             req.request_id, self.sessions[si].session_id, ti, at,
             self.first_sched.get(req.request_id), tuple(self.times.pop(req.request_id)), self.t,
             r.num_prompt_tokens, max(r.num_cached_tokens, 0), r.num_output_tokens,
             (r.finish_reason.value if r.finish_reason else "stop"), r.num_preemptions,
-            jump_forward_tokens=r.num_jump_forward_tokens,
+            jump_forward_tokens=r.num_jump_forward_tokens, replica=k,
         ))
         session = self.sessions[si]
         if ti + 1 < len(session.turns):
@@ -159,37 +194,55 @@ class _Runner:
             self._next_session()
 
     def run(self) -> VirtualRun:
-        core, sched, arrivals = self.core, self.core.scheduler, self.arrivals
+        cores, arrivals = self.cores, self.arrivals
+        n = len(cores)
+        ends: list[float | None] = [None] * n  # when each core's running step ends
+        results: list[StepResult | None] = [None] * n
         busy = usage_area = 0.0
-        while arrivals or core.has_unfinished():
-            if not core.has_unfinished() and arrivals[0][0] > self.t:
-                core.account_idle(arrivals[0][0] - self.t)
-                self.t = arrivals[0][0]
+        while True:
+            for k, core in enumerate(cores):  # every free core with work starts a step
+                if ends[k] is None and core.has_unfinished():
+                    result = core.step()
+                    if result is None:
+                        continue  # blocked until something changes
+                    for s in result.output.scheduled:
+                        self.first_sched.setdefault(s.request_id, self.t)
+                    sched = core.scheduler
+                    usage = ((sched.pool.num_used - sched.cache.evictable_blocks)
+                             / sched.config.num_blocks)
+                    usage_area += usage * result.seconds
+                    busy += result.seconds
+                    self.out.kv_usage_peak = max(self.out.kv_usage_peak, usage)
+                    ends[k], results[k] = self.t + result.seconds, result
+            due = [e for e in ends if e is not None]
+            if arrivals:
+                due.append(arrivals[0][0])
+            if not due:
+                if any(core.has_unfinished() for core in cores):
+                    raise RuntimeError("requests are waiting but none can be scheduled")
+                break
+            t = max(self.t, min(due))
+            for k, core in enumerate(cores):  # free cores sit idle until then
+                if ends[k] is None:
+                    core.account_idle(t - self.t)
+            self.t = t
+            for k in range(n):
+                if ends[k] is not None and ends[k] <= t:
+                    self.deliver(results[k])
+                    ends[k] = results[k] = None
             while arrivals and arrivals[0][0] <= self.t:
                 at, _, si, ti, history = heapq.heappop(arrivals)
                 self.admit(at, si, ti, history)
-            result = core.step()
-            if result is None:
-                if not arrivals:
-                    if core.has_unfinished():
-                        raise RuntimeError("requests are waiting but none can be scheduled")
-                    continue
-                core.account_idle(max(0.0, arrivals[0][0] - self.t))
-                self.t = max(self.t, arrivals[0][0])
-                continue
-            for s in result.output.scheduled:
-                self.first_sched.setdefault(s.request_id, self.t)
-            self.t += result.seconds
-            busy += result.seconds
-            usage = (sched.pool.num_used - sched.cache.evictable_blocks) / sched.config.num_blocks
-            usage_area += usage * result.seconds
-            self.out.kv_usage_peak = max(self.out.kv_usage_peak, usage)
-            for rid, tokens in result.new_tokens.items():
-                if rid in self.times:
-                    prev = self.times[rid][-1] if self.times[rid] else None
-                    self.times[rid].extend(spread_times(prev, self.t, len(tokens)))
-            for req in result.finished:
-                self.finished(req)
         self.out.duration_s = self.t
         self.out.kv_usage_mean = usage_area / busy if busy else 0.0
         return self.out
+
+    def deliver(self, result: StepResult | None) -> None:
+        """A step's outputs, at its end (`self.t`)."""
+        assert result is not None
+        for rid, tokens in result.new_tokens.items():
+            if rid in self.times:
+                prev = self.times[rid][-1] if self.times[rid] else None
+                self.times[rid].extend(spread_times(prev, self.t, len(tokens)))
+        for req in result.finished:
+            self.finished(req)
