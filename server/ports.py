@@ -38,6 +38,9 @@ def check_free(host: str, port: int, what: str) -> None:
     """PortInUse if something already listens on host:port (no SO_REUSEPORT: exclusive)."""
     probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
                           socket.SOCK_STREAM)
+    # SO_REUSEADDR, as the servers that then bind it: only a listener makes the port taken,
+    # not a client connection that happens to use it as its local port, nor TIME_WAIT
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind((host, port))
     except OSError as e:
@@ -55,6 +58,7 @@ def reserve(host: str, port: int, what: str) -> socket.socket:
     if port:
         check_free(host, port, what)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))

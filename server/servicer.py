@@ -62,9 +62,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             await context.abort(convert.status_code(e), str(e))
         finished = 0
         try:  # from here on every way out frees what the engine holds
-            await context.send_initial_metadata((
-                ("x-request-id", request_ids.metadata_value(rid)),
-                ("x-doppelchip-frontend", self.frontend)))
+            if not await wire.send_headers(context, (
+                    ("x-request-id", request_ids.metadata_value(rid)),
+                    ("x-doppelchip-frontend", self.frontend))):
+                return
             async with contextlib.aclosing(parallel.in_order(streams)) as chunks:
                 async for chunk in chunks:
                     finished += chunk.finish is not None

@@ -92,3 +92,16 @@ def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescr
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)
+
+
+async def send_headers(context: grpc.aio.ServicerContext, metadata) -> bool:
+    """Send a streaming call's response headers; False when the call ended first (a client
+    that cancels at once: grpc refuses the batch and would log a traceback), so the handler
+    returns and its `finally` frees what the engine holds."""
+    try:
+        await context.send_initial_metadata(metadata)
+    except Exception:
+        if context.cancelled() or context.done():
+            return False
+        raise
+    return True

@@ -44,22 +44,41 @@ def test_commands_bind_loopback_and_front_one_deployment():
         f"grpc://127.0.0.1:{p}" for p in (6000, 6001, 6002)]
 
 
+def start_gateway(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
+    """The gateway, started and ready: (process, gateway port, log). Ports are picked free
+    and may be taken by someone else before the gateway binds them (a race with other
+    programs' connections, not a fault of the gateway): then it exits at once saying so, and
+    is started again on other ports (three tries)."""
+    for attempt in range(3):
+        gw_port = free_port()
+        cmd = [sys.executable, "-m", "doppelchip.cli", "gateway", "--replicas", "2",
+               "--port", str(free_pair()), "--http-port", str(free_pair()),
+               "--gateway-port", str(gw_port), "--prometheus-port", str(free_port()),
+               "--time-scale", "0.05", "--ready-timeout", "30"]
+        path = tmp_path / f"gateway-{attempt}.log"
+        with path.open("wb") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 40
+        while b"OpenAI API on" not in path.read_bytes():
+            if proc.poll() is not None:
+                break
+            if time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+                raise AssertionError("gateway not ready:\n" + path.read_text())
+            time.sleep(0.1)
+        else:
+            return proc, gw_port, path
+        text = path.read_text()
+        assert "is already in use" in text, text  # any other exit is a failure
+    raise AssertionError("three tries, each lost a port race:\n" + text)
+
+
 @pytest.mark.skipif(SMG is None, reason="smg is not installed (make install-dev)")
 def test_gateway_command_serves_and_stops_cleanly(tmp_path):
-    gw_port = free_port()
-    cmd = [sys.executable, "-m", "doppelchip.cli", "gateway", "--replicas", "2",
-           "--port", str(free_pair()), "--http-port", str(free_pair()),
-           "--gateway-port", str(gw_port), "--prometheus-port", str(free_port()),
-           "--time-scale", "0.05", "--ready-timeout", "30"]
-    log = (tmp_path / "gateway.log").open("wb")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc, gw_port, _ = start_gateway(tmp_path)
     try:
-        deadline = time.monotonic() + 40
-        while b"OpenAI API on" not in (tmp_path / "gateway.log").read_bytes():
-            assert proc.poll() is None, (tmp_path / "gateway.log").read_text()
-            assert time.monotonic() < deadline, "gateway not ready"
-            time.sleep(0.1)
         status, body = http("POST", f"http://127.0.0.1:{gw_port}/v1/completions", {
             "model": "llama-3.1-8b", "prompt": "hello", "max_tokens": 4, "ignore_eos": True})
         assert status == 200 and body["usage"]["completion_tokens"] == 4
@@ -69,4 +88,3 @@ def test_gateway_command_serves_and_stops_cleanly(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-        log.close()
