@@ -20,10 +20,11 @@ doppelchip changes so that a server only ever listens on loopback:
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from server.engine.json_config import json_object
 
 _LOOPBACK = re.compile(r"^(127\.\d+\.\d+\.\d+|localhost|\[::1\]|::1)$")
 _KEYS = {"enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps",
@@ -52,15 +53,7 @@ class KVEventsConfig:
         is wrong."""
         if not text:
             return cls()
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"kv_events_config is not valid JSON: {e}") from e
-        if not isinstance(doc, dict):
-            raise ValueError("kv_events_config must be a JSON object")
-        unknown = sorted(set(doc) - _KEYS)
-        if unknown:
-            raise ValueError(f"kv_events_config: unknown key(s) {', '.join(unknown)}")
+        doc = json_object(text, "kv_events_config", _KEYS)
         enabled = doc.get("enable_kv_cache_events", False)
         if not isinstance(enabled, bool):
             raise ValueError("kv_events_config: enable_kv_cache_events must be true or false")

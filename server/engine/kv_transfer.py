@@ -16,11 +16,12 @@ The side-channel host defaults to 127.0.0.1 (vLLM's "localhost"; loopback only h
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from server.engine.json_config import json_object
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 CONNECTORS = ("NixlConnector",)  # the connector llm-d's P/D uses; the only one emulated
@@ -52,15 +53,7 @@ class KvTransferConfig:
         ignores them without a connector). Raises ValueError naming what is wrong."""
         if not text:
             return None
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--kv-transfer-config is not JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise ValueError("--kv-transfer-config must be a JSON object")
-        unknown = sorted(set(raw) - _FIELDS)
-        if unknown:
-            raise ValueError(f"--kv-transfer-config: unknown field(s) {unknown}")
+        raw = json_object(text, "--kv-transfer-config", _FIELDS)
         connector, role = raw.get("kv_connector"), raw.get("kv_role")
         if connector not in CONNECTORS:
             raise ValueError(f"--kv-transfer-config: kv_connector {connector!r} is not "
