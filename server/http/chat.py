@@ -138,9 +138,16 @@ class ChatShapes:
                 "usage": self.run.usage(), "kv_transfer_params": self.run.kv_transfer_params()}
 
     def head(self) -> list[dict]:
-        return [{**self._base("chat.completion.chunk"), "choices": [{
+        """The role chunk of each choice (with continuous usage stats, its usage: no
+        completion tokens yet, as vLLM's first chunk)."""
+        events = [{**self._base("chat.completion.chunk"), "choices": [{
             "index": c.index, "delta": {"role": self.role, "content": ""}, "logprobs": None,
             "finish_reason": None}]} for c in self.run.choices]
+        if self.usage_each:
+            for event, c in zip(events, self.run.choices, strict=True):
+                p = self.run.prompt_lens[c.prompt]
+                event["usage"] = {"prompt_tokens": p, "completion_tokens": 0, "total_tokens": p}
+        return events
 
     def chunks(self, c: Choice, chunk: TokenChunk) -> list[dict]:
         f = chunk.finish
@@ -160,9 +167,7 @@ class ChatShapes:
             choice["stop_reason"] = stop_reason(f)
         event = {**self._base("chat.completion.chunk"), "choices": [choice]}
         if self.usage_each:
-            p, done = self.run.prompt_lens[c.prompt], len(c.ids)
-            event["usage"] = {"prompt_tokens": p, "completion_tokens": done,
-                              "total_tokens": p + done}
+            event["usage"] = self.run.choice_usage(c)
         return [event]
 
     def tail(self) -> list[dict]:

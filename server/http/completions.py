@@ -123,9 +123,7 @@ class CompletionShapes:
             "logprobs": self._logprobs(c, chunk.token_ids, chunk.index),
             "finish_reason": f.reason.value if f else None, "stop_reason": stop_reason(f)}]}
         if self.usage_each:
-            p, done = self.run.prompt_lens[c.prompt], len(c.ids)
-            event["usage"] = {"prompt_tokens": p, "completion_tokens": done,
-                              "total_tokens": p + done}
+            event["usage"] = self.run.choice_usage(c)
         return [event]
 
     def tail(self) -> list[dict]:

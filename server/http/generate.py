@@ -73,6 +73,11 @@ class Run:
                 "completion_tokens": completion,
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
+    def choice_usage(self, c: Choice) -> dict:
+        """vLLM's `continuous_usage_stats`: one choice's usage so far, on each of its chunks."""
+        p, done = self.prompt_lens[c.prompt], len(c.ids)
+        return {"prompt_tokens": p, "completion_tokens": done, "total_tokens": p + done}
+
     @property
     def n(self) -> int:
         return len(self.choices) // max(1, len(self.prompt_lens))

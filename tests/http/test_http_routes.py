@@ -223,3 +223,22 @@ async def test_http_series_are_vllms(http):
             assert les == [*map(float, spec["buckets"]), math.inf], name
     handlers = {s.labels.get("handler") for s in families["http_requests"].samples}
     assert not handlers & set(ref["excluded_handlers"])
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+async def test_continuous_usage_stats_on_every_chunk(http, route):
+    """vLLM's `stream_options.continuous_usage_stats`: every chunk carries the usage so far
+    (the prompt's tokens, the choice's completion tokens up to it), growing to the total."""
+    body = {"max_tokens": 6, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            **({"prompt": "count with me"} if route == "/v1/completions" else
+               {"messages": [{"role": "user", "content": "count with me"}]})}
+    _, events = await stream_events(http, route, body)
+    chunks = [e for e in events if isinstance(e, dict) and e.get("choices")]
+    used = [e["usage"]["completion_tokens"] for e in chunks]
+    assert used == sorted(used) and used[-1] == 6 and len(set(used)) > 1
+    if route == "/v1/chat/completions":
+        assert used[0] == 0  # the role chunk, as vLLM's
+    assert all(e["usage"]["total_tokens"] == e["usage"]["prompt_tokens"] + n
+               for e, n in zip(chunks, used, strict=True))
+    assert len({e["usage"]["prompt_tokens"] for e in chunks}) == 1
