@@ -12,8 +12,9 @@ the engine announced. The engine's hashes must therefore be vLLM's, bit for bit
 - the root: ``NONE_HASH = hash_fn(seed)`` with seed ``$PYTHONHASHSEED`` when set, else the fixed
   string ``"vllm-none-hash"`` (the engine process reads its environment once, at build).
 - block i of a sequence (full blocks only): ``h_i = hash_fn((parent, tuple(tokens of block i),
-  extra_keys))``, parent ``NONE_HASH`` for i = 0, else ``h_{i-1}``; ``extra_keys`` is ``None``
-  here (no LoRA adapter, multimodal input or cache salt reaches the hash).
+  extra_keys))``, parent ``NONE_HASH`` for i = 0, else ``h_{i-1}``; ``extra_keys`` is
+  ``(lora_name,)`` for a LoRA adapter's request (every block: vLLM's
+  ``_gen_lora_extra_hash_keys``), else ``None`` (no multimodal input or cache salt here).
 - on the wire (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, default 1): the low 64 bits,
   ``int.from_bytes(h, "big") & (2**64 - 1)``, an unsigned integer; with ``0``, the 32 bytes.
 
@@ -74,14 +75,15 @@ class BlockHasher:
         return cls(algo, seed, int_hashes)
 
     def chain(self, parent: bytes | None, token_ids: Sequence[int], block_size: int,
-              ) -> list[bytes]:
+              extra_keys: tuple[Any, ...] | None = None) -> list[bytes]:
         """The hashes of the full blocks of ``token_ids`` (a whole number of blocks), the first
-        block's parent being ``parent`` (``None``: the sequence starts here)."""
+        block's parent being ``parent`` (``None``: the sequence starts here); ``extra_keys``
+        as vLLM's (``(lora_name,)`` under an adapter)."""
         out: list[bytes] = []
         prev = parent if parent is not None else self.none_hash
         fn = self.fn
         for i in range(0, len(token_ids) - block_size + 1, block_size):
-            prev = fn((prev, tuple(token_ids[i : i + block_size]), None))
+            prev = fn((prev, tuple(token_ids[i : i + block_size]), extra_keys))
             out.append(prev)
         return out
 

@@ -203,6 +203,9 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     if events.enabled:
         if not isinstance(core.scheduler.cache, RadixCache):
             raise ValueError("kv_events_config: KV events need the prefix cache on")
-        core.scheduler.cache.attach_events(KvEventLog(hasher, config.block_size))
+        log = KvEventLog(hasher, config.block_size)
+        if core.lora is not None:  # an adapter's blocks hash under its name, as vLLM's
+            log.lora_names = core.lora.names
+        core.scheduler.cache.attach_events(log)
     # --- end KV events ---
     return core

@@ -84,24 +84,33 @@ class KvEventLog:
     the events over and starts the next step's list. Counters feed the metrics."""
 
     __slots__ = ("block_size", "blocks_removed", "blocks_stored", "cleared_count", "events",
-                 "hasher")
+                 "hasher", "lora_names")
 
     def __init__(self, hasher: BlockHasher, block_size: int) -> None:
         self.hasher, self.block_size = hasher, block_size
         self.events: list[KVCacheEvent] = []
         self.blocks_stored = self.blocks_removed = self.cleared_count = 0
+        # LoRA id -> name (the engine's adapter registry, when LoRA is on): an adapter's
+        # blocks hash with (lora_name,) as vLLM's extra keys and carry its id and name
+        self.lora_names: dict[int, str] = {}
 
-    def hashes(self, parent: bytes | None, token_ids: Sequence[int]) -> list[bytes]:
-        return self.hasher.chain(parent, token_ids, self.block_size)
+    def _extra(self, lora: int) -> tuple[str, ...] | None:
+        name = self.lora_names.get(lora) if lora else None
+        return (name,) if name else None
+
+    def hashes(self, parent: bytes | None, token_ids: Sequence[int],
+               lora: int = 0) -> list[bytes]:
+        return self.hasher.chain(parent, token_ids, self.block_size, self._extra(lora))
 
     def stored(self, parent: bytes | None, hashes: Sequence[bytes],
-               token_ids: Sequence[int]) -> None:
+               token_ids: Sequence[int], lora: int = 0) -> None:
         ext = self.hasher.external
+        name = self.lora_names.get(lora) if lora else None
         self.events.append(BlockStored(
             block_hashes=[ext(h) for h in hashes],
             parent_block_hash=ext(parent) if parent is not None else None,
-            token_ids=list(token_ids), block_size=self.block_size, lora_id=None,
-            medium=MEDIUM_GPU, lora_name=None, group_idx=0))
+            token_ids=list(token_ids), block_size=self.block_size,
+            lora_id=lora if name else None, medium=MEDIUM_GPU, lora_name=name, group_idx=0))
         self.blocks_stored += len(hashes)
 
     def removed(self, hashes: Sequence[bytes]) -> None:

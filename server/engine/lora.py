@@ -130,6 +130,7 @@ class LoraRegistry:
         self.base_names = base_names
         self.adapters: dict[str, LoraAdapter] = {}
         self.by_id: dict[int, LoraAdapter] = {}
+        self.names: dict[int, str] = {}  # every id ever loaded -> its name (KV-event hashes)
         self._next_id = 1
         self.device: OrderedDict[int, None] = OrderedDict()  # LRU: oldest first
         self.host: OrderedDict[int, None] = OrderedDict()
@@ -159,6 +160,7 @@ class LoraRegistry:
         self._next_id += 1
         self.adapters[name] = adapter
         self.by_id[adapter.id] = adapter
+        self.names[adapter.id] = adapter.name
         self._touch_host(adapter.id)
         self.version += 1
         return adapter

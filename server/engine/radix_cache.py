@@ -242,8 +242,8 @@ class RadixCache(PrefixCache):
             leaf = RadixNode(key, new_blocks, node, next(self._ids), self._clock)
             if self.events is not None:
                 parent = node.hashes[-1] if node.hashes else None
-                leaf.hashes = self.events.hashes(parent, key)
-                self.events.stored(parent, leaf.hashes, key)
+                leaf.hashes = self.events.hashes(parent, key, lora)
+                self.events.stored(parent, leaf.hashes, key, lora)
             node.children[key[:bs]] = leaf
             self._evictable += len(new_blocks)
             self._cached += len(new_blocks)

@@ -46,7 +46,8 @@ def test_hasher_matches_the_fixture(key: str) -> None:
     for c in FIXTURE["hashes"][key]:
         bs = c["block_size"]
         toks = c["token_ids"][: len(c["token_ids"]) // bs * bs]
-        got = hasher.chain(None, toks, bs)
+        extra = (c["lora_name"],) if c.get("lora_name") else None  # vLLM's LoRA extra keys
+        got = hasher.chain(None, toks, bs, extra)
         assert [h.hex() for h in got] == c["block_hashes_hex"], c["name"]
         assert [hasher.external(h) for h in got] == c["block_hashes_int"], c["name"]
 
@@ -109,3 +110,28 @@ def test_batch_encoding_is_vllms_bytes() -> None:
         AllBlocksCleared()], data_parallel_rank=0)
     assert encode_batch(batch).hex() == ex["msgpack_hex"]
     assert msgspec.msgpack.decode(encode_batch(batch)) == ex["decoded"]
+
+
+def test_an_adapters_blocks_hash_with_its_name_as_vllms() -> None:
+    """Under a LoRA adapter, vLLM hashes every block with (lora_name,) as extra keys and the
+    BlockStored carries the adapter's id and name; the base model's blocks stay as they were
+    (both from the fixture, computed independently)."""
+    sched, model, log = with_events(max_loras=2)
+    log.lora_names = {1: "sql"}
+    lora = case("sha256/vllm-none-hash", "prompt_a_under_lora_sql")
+    base = case("sha256/vllm-none-hash", "prompt_a_3_blocks_plus_5")
+    assert lora["token_ids"] == base["token_ids"]
+    r = request("a-sql", lora["token_ids"], max_tokens=1)
+    r.lora_id = 1
+    sched.add_request(r)
+    run(sched, model)
+    stored = [e for e in log.take() if isinstance(e, BlockStored)]
+    assert [h for e in stored for h in e.block_hashes] == lora["block_hashes_int"]
+    assert {(e.lora_id, e.lora_name) for e in stored} == {(1, "sql")}
+    sched.add_request(request("a-base", base["token_ids"], max_tokens=1))
+    run(sched, model)
+    stored = [e for e in log.take() if isinstance(e, BlockStored)]
+    assert [h for e in stored for h in e.block_hashes] == base["block_hashes_int"]
+    assert {(e.lora_id, e.lora_name) for e in stored} == {(None, None)}
+    assert set(lora["block_hashes_int"]).isdisjoint(base["block_hashes_int"])
+    sched.check_integrity()
