@@ -64,20 +64,12 @@ def to_proto(batch: KVEventBatch, seq: int, first_event_id: int) -> common_pb2.K
                 for i, h in enumerate(e.block_hashes)])
             if e.parent_block_hash is not None:
                 stored.parent_block_hash = to_int64(e.parent_block_hash)
-            if e.medium is not None:
-                stored.medium = e.medium
-                stored.tier = TIER.get(e.medium, common_pb2.KV_CACHE_TIER_UNSPECIFIED)
-            if e.group_idx is not None:
-                stored.group_idx = e.group_idx
+            _place(stored, e)
             out.events.append(common_pb2.KvCacheEvent(event_id=event_id, stored=stored))
         elif isinstance(e, BlockRemoved):
             removed = common_pb2.KvBlocksRemoved(block_hashes=[to_int64(h)
                                                                 for h in e.block_hashes])
-            if e.medium is not None:
-                removed.medium = e.medium
-                removed.tier = TIER.get(e.medium, common_pb2.KV_CACHE_TIER_UNSPECIFIED)
-            if e.group_idx is not None:
-                removed.group_idx = e.group_idx
+            _place(removed, e)
             out.events.append(common_pb2.KvCacheEvent(event_id=event_id, removed=removed))
         elif isinstance(e, AllBlocksCleared):
             out.events.append(common_pb2.KvCacheEvent(event_id=event_id,
@@ -145,3 +137,12 @@ async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
     finally:
         with contextlib.suppress(zmq.ZMQError):
             sub.close(linger=0)
+
+
+def _place(msg, e: BlockStored | BlockRemoved) -> None:
+    """Where the blocks live (medium, tier, KV-cache group), set only when the event says."""
+    if e.medium is not None:
+        msg.medium = e.medium
+        msg.tier = TIER.get(e.medium, common_pb2.KV_CACHE_TIER_UNSPECIFIED)
+    if e.group_idx is not None:
+        msg.group_idx = e.group_idx
