@@ -1,5 +1,5 @@
 """Plots and an HTML page for `doppelchip whatif` results (a plain dict, see
-doppelchip/whatif.py): the figures the design notes argue from."""
+sim/whatif.py): the figures the design notes argue from."""
 
 from __future__ import annotations
 

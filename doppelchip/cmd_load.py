@@ -59,7 +59,7 @@ def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list]:
     """One run, or a sweep over rates or concurrencies: (summary, every request's result)."""
     from clients.report import parse_slo
     from doppelchip.loadrun import LoadError, run_once
-    from doppelchip.simulation import SimulationError, workload_from_args
+    from sim.simulation import SimulationError, workload_from_args
 
     try:
         slo = parse_slo(args.slo)
@@ -69,9 +69,12 @@ def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list]:
     if args.concurrency is not None and args.concurrency < 1:
         raise LoadError("--concurrency must be >= 1")
     if getattr(args, "sweep_rates", None) or getattr(args, "sweep_concurrency", None):
-        from doppelchip.sweep import sweep
+        from sim.sweep import SweepError, sweep
 
-        return sweep(args, spec, slo)
+        try:
+            return sweep(args, spec, slo, run_once)
+        except SweepError as e:
+            raise LoadError(str(e)) from e
     return run_once(args, spec, slo)
 
 

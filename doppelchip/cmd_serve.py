@@ -186,7 +186,7 @@ def pod_fleet(args: argparse.Namespace, fleet):
     the catalogue flags name, with the pod's served names and data-parallel size."""
     import dataclasses
 
-    from doppelchip.simulation import SimulationError, options_from_args
+    from sim.simulation import SimulationError, options_from_args
 
     catalogue = (args.chip, args.engine, args.model, args.quant)
     if not args.deployment and not any(catalogue):

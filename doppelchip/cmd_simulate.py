@@ -187,7 +187,7 @@ def register(subparsers: Any) -> None:
     add_deployment_args(p)
     add_workload_args(p)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    # --- virtual-time clusters (issue 16): doppelchip/fleet_simulation.py, docs/LOAD.md ---
+    # --- virtual-time clusters (issue 16): sim/fleet_simulation.py, docs/LOAD.md ---
     p.add_argument("--router", choices=ROUTERS,
                    help="simulate every deployment of --config (each `replicas` copies) as "
                    "one pool behind this router (default with replicas > 1: round-robin)")
@@ -200,8 +200,8 @@ ROUTERS = ("round-robin", "least-requests", "least-kv", "prefix-aware", "p2c")
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from doppelchip.fleet_simulation import simulate_fleet, wants_cluster
-    from doppelchip.simulation import SimulationError, simulate
+    from sim.fleet_simulation import simulate_fleet, wants_cluster
+    from sim.simulation import SimulationError, simulate
 
     try:  # --- virtual-time clusters (issue 16) ---
         summary = simulate_fleet(args) if wants_cluster(args) else simulate(args)

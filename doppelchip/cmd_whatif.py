@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    from doppelchip.whatif import WhatIfConfig, run_whatif
+    from sim.whatif import WhatIfConfig, run_whatif
 
     try:
         batches = tuple(int(b) for b in args.batches.split(",") if b.strip())

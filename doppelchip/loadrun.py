@@ -49,8 +49,8 @@ def run_once(args: argparse.Namespace, spec, slo: dict[str, float]
 
 def _run_sim(target: str, spec, concurrency: int | None
              ) -> tuple[dict[str, Any], list[RequestResult]]:
-    from doppelchip.simulation import SimulationError, simulate_conversations
     from server.config import ConfigError, load_fleet
+    from sim.simulation import SimulationError, simulate_conversations
 
     path, name = _sim_target(target)
     try:

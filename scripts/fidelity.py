@@ -74,8 +74,8 @@ def _deployment(r: dict) -> str:
 
 def _sim(r: dict) -> tuple[float, float]:
     from clients.workloads import WorkloadSpec
-    from doppelchip.simulation import simulate_conversations
     from server.engine.build import EngineOptions
+    from sim.simulation import simulate_conversations
 
     opts = EngineOptions(name=r["id"], model=r["model"], quant=r["quant"], chip=r["chip"],
                          engine=r["engine"], count=r.get("count"), ep=r.get("ep"))

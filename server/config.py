@@ -37,8 +37,8 @@ from typing import Any
 
 from server.engine.block_hash import hash_function
 from server.engine.build import EngineOptions
+from server.engine.faults import check_options as check_fault_options
 from server.engine.kv_events_config import KVEventsConfig
-from server.frontend.faults import check_options as check_fault_options
 
 DeploymentConfig = EngineOptions  # a [[deployments]] table is exactly the engine's options
 

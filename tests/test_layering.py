@@ -59,6 +59,12 @@ def imports(path: Path, package: str, top_level_only: bool = False) -> set[str]:
     return found
 
 
+def _sim_service_modules() -> list[str]:
+    """What sim/ may not import of the service layer: all of it but the fleet file's parser
+    (server.config), which is plain data over the engine layer (test below)."""
+    return [m for m in service_modules() if m != "server.config"]
+
+
 def service_modules() -> list[str]:
     """Every module of server/ outside its engine layer."""
     return sorted(module_name(p) for p in files("server")
@@ -99,13 +105,22 @@ def check(paths: list[Path], forbidden: tuple[str, ...], top_level_only: bool = 
         ("server", ("clients", "sim", *FRONT_DOOR)),
         ("clients", ("server", "sim", *FRONT_DOOR)),
         # sim: the engine core, devices and the clients' workloads and reports, nothing served
-        ("sim", ("asyncio", "grpc", "smg_grpc_proto", "zmq", *service_modules(),
+        ("sim", ("asyncio", "grpc", "smg_grpc_proto", "zmq", *_sim_service_modules(),
                  *SERVING_CLIENTS, *FRONT_DOOR)),
     ],
 )
 def test_imports_point_down(folder, forbidden):
     assert files(folder)
     assert violations(folder, forbidden) == []
+
+
+def test_fleet_file_parser_needs_only_the_engine():
+    """sim/ reads fleet files with server.config; that is layering only while the parser
+    imports nothing served."""
+    allowed = ("server.engine", "server.config")
+    found = {m for m in imports(ROOT / "server" / "config.py", "server")
+             if m.startswith("server")}
+    assert found and all(any(m == a or m.startswith(a + ".") for a in allowed) for m in found)
 
 
 def test_front_door_imports_layers_lazily():

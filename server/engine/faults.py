@@ -26,6 +26,10 @@ import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.engine.build import EngineOptions
 
 DEVICE_FAULTS = ("slowdown", "hang", "crash", "lost_chips")
 _KEYS = {
@@ -193,3 +197,23 @@ class Schedule:
                 w = next(self._iters[i], None)
             self._heads[i] = w
         return sorted(out, key=lambda w: w.start)
+
+
+# llm-d-inference-sim's failure type names (failures.go); the front end maps each to its
+# status and message (server/frontend/faults.py KINDS), the metrics label them
+FAILURE_TYPES = ("rate_limit", "invalid_api_key", "context_length", "server_error",
+                 "invalid_request", "model_not_found")
+
+
+def check_options(opts: EngineOptions) -> None:
+    """ValueError naming the first bad failure-injection option of a deployment (here, not in
+    the front end, so that the fleet file's parser needs only the engine layer)."""
+    if not 0 <= opts.failure_injection_rate <= 100:
+        raise ValueError(f"failure_injection_rate must be in [0, 100] (percent), got "
+                         f"{opts.failure_injection_rate}")
+    for t in opts.failure_types:
+        if t not in FAILURE_TYPES:
+            raise ValueError(f"invalid failure type {t!r}, valid types are: "
+                             f"{', '.join(FAILURE_TYPES)}")
+    for kind in ("slowdown", "hang", "crash", "lost_chips", "stream_cut"):
+        parse_specs(kind, getattr(opts, f"fault_{kind}"))

@@ -28,11 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from server.engine.build import EngineOptions
-from server.engine.faults import FaultSpec, parse_specs, unit
+from server.engine.faults import FAILURE_TYPES, FaultSpec, parse_specs, unit
 from server.engine.interface import EngineError
 from server.frontend.stats import FrontendStats
 from server.frontend.stream import RequestStream, StreamCut
-from server.stats.schema import FAILURE_TYPES
 
 
 @dataclass(frozen=True)
@@ -116,19 +115,6 @@ def quiet_http_cuts() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _QuietCuts) for f in logger.filters):
             logger.addFilter(_QuietCuts())
-
-
-def check_options(opts: EngineOptions) -> None:
-    """ValueError naming the first bad failure-injection option of a deployment."""
-    if not 0 <= opts.failure_injection_rate <= 100:
-        raise ValueError(f"failure_injection_rate must be in [0, 100] (percent), got "
-                         f"{opts.failure_injection_rate}")
-    for t in opts.failure_types:
-        if t not in KINDS:
-            raise ValueError(f"invalid failure type {t!r}, valid types are: "
-                             f"{', '.join(KINDS)}")
-    for kind in ("slowdown", "hang", "crash", "lost_chips", "stream_cut"):
-        parse_specs(kind, getattr(opts, f"fault_{kind}"))
 
 
 class RequestFaults:

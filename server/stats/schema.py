@@ -21,6 +21,7 @@ and `deployment`; device metrics use `deployment` and `chip`.
 
 from __future__ import annotations
 
+from server.engine.faults import FAILURE_TYPES
 from server.ipc.messages import DeploymentInfo
 from server.stats.layout import MetricDef
 
@@ -254,8 +255,6 @@ def _pd_sleep() -> list[MetricDef]:
 
 
 # --- failure injection (issue 13): docs/FAULTS.md ---------------------------------------------
-FAILURE_TYPES = ("rate_limit", "invalid_api_key", "context_length", "server_error",
-                 "invalid_request", "model_not_found")  # llm-d-inference-sim's names
 DEVICE_FAULTS = ("slowdown", "hang", "crash", "lost_chips")
 FAULT_REQUEST_METRICS = (
     MetricDef("doppelchip_failure_injections", "counter",

@@ -12,8 +12,8 @@ from server_proc import ServerProcess
 from clients.loadgen import run_load
 from clients.report import summarize
 from clients.workloads import WorkloadSpec, build_workload
-from doppelchip.simulation import simulate_conversations
 from server.engine.tokenizer import get_tokenizer
+from sim.simulation import simulate_conversations
 
 VOCAB = get_tokenizer().vocab_size
 

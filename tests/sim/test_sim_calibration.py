@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 
 from clients.workloads import WorkloadSpec
-from doppelchip.simulation import simulate_options
 from server.engine.build import EngineOptions
+from sim.simulation import simulate_options
 
 TRT = EngineOptions(name="trt", model="llama-3.1-8b", quant="fp8", chip="h100-sxm",
                     engine="tensorrt-llm", built_for="hopper")

@@ -12,11 +12,11 @@ import pytest
 from clients.report import summarize
 from clients.workloads import WorkloadSpec, build_workload
 from doppelchip.cli import main
-from doppelchip.simulation import to_result, to_sessions
 from server.engine.build import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.cluster import build_replicas, fleet_counters, replica_reports, run_replicas
 from sim.routers import ROUTERS, make_router
+from sim.simulation import to_result, to_sessions
 
 H100 = EngineOptions(name="h100", model="llama-3.1-8b", quant="bf16", chip="h100-sxm",
                      engine="vllm", max_model_len=4096)

@@ -9,9 +9,9 @@ import pytest
 
 from clients.workloads import WorkloadSpec
 from devices import BatchShape, DeploymentSpec, SpeculativeConfig, estimate, place, step_cost
-from doppelchip.simulation import simulate_conversations
 from server.engine.build import EngineOptions, build_core
 from server.engine.request import Request, SamplingParams
+from sim.simulation import simulate_conversations
 
 SPEC = {"method": "eagle3", "num_speculative_tokens": 3, "acceptance_rate": 0.7}
 BASE = dict(name="x", model="llama-3.1-8b", quant="bf16", chip="h100-sxm", engine="vllm")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from doppelchip.cli import main
-from doppelchip.whatif import WhatIfConfig, cost_vs_speed
+from sim.whatif import WhatIfConfig, cost_vs_speed
 
 
 def test_hbm_cheapest_at_large_batch_sram_fastest_at_batch_one_sized_for_the_batch():

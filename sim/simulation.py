@@ -13,10 +13,10 @@ from clients.report import RequestResult, summarize
 from clients.workloads import WorkloadSpec, build_workload
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions, build_core
+from server.engine.faults import check_options as check_fault_options
 from server.engine.interface import Constraint
 from server.engine.tokenizer import get_tokenizer
 from server.engine.virtual import RequestRecord, VirtualSession, VirtualTurn, run_virtual
-from server.frontend.faults import check_options as check_fault_options
 
 
 class SimulationError(Exception):

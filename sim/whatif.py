@@ -25,8 +25,8 @@ from typing import Any
 from clients.workloads import WorkloadSpec
 from devices import DeviceError, catalog, place
 from devices.place_sram import chips_needed
-from doppelchip.simulation import SimulationError, simulate_conversations
 from server.engine.build import EngineOptions
+from sim.simulation import SimulationError, simulate_conversations
 
 # One deployment per chip family of the design notes (HBM GPUs, TPU, Apple, SRAM chips).
 FAMILIES: dict[str, dict[str, Any]] = {

@@ -1,5 +1,5 @@
 """What limits a saturated run, read from the engine's own counters in its summary (virtual
-time: `doppelchip.simulation`), never guessed from latencies.
+time: `sim.simulation`), never guessed from latencies.
 
 The order is the order in which one limit hides the others: a chip that spends its time
 compiling never fills its KV cache; a full KV cache preempts before the batch seats run out;

@@ -10,14 +10,6 @@ from typing import Any
 
 from clients.report import summarize
 from clients.workloads import build_workload
-from doppelchip.simulation import (
-    FAULT_KEYS,
-    SimulationError,
-    options_from_args,
-    to_result,
-    to_sessions,
-    workload_from_args,
-)
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions
 from server.engine.tokenizer import get_tokenizer
@@ -27,6 +19,14 @@ from sim.cluster import (
     fleet_name,
     replica_reports,
     run_replicas,
+)
+from sim.simulation import (
+    FAULT_KEYS,
+    SimulationError,
+    options_from_args,
+    to_result,
+    to_sessions,
+    workload_from_args,
 )
 
 

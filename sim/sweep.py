@@ -1,34 +1,45 @@
 """Sweeps for `doppelchip load`: the same workload at growing rates (open loop) or
 concurrencies (closed loop), until the target saturates; the report names the bottleneck
-there from the engine's counters (doppelchip.bottleneck)."""
+there from the engine's counters (sim.bottleneck).
+
+A sweep runs its points through `run_once(args, spec, slo) -> (summary, results)`, which
+the caller passes in (`doppelchip load`'s runner, against a gRPC server or in virtual time):
+the sweep itself never talks to a server."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 from clients.report import RequestResult
 from clients.steady import WINDOW_SERVICE_TIMES, steady_state
-from doppelchip.bottleneck import bottleneck
-from doppelchip.loadrun import LoadError, run_once
+from sim.bottleneck import bottleneck
+
+RunOnce = Callable[[argparse.Namespace, Any, dict[str, float]],
+                   tuple[dict[str, Any], list[RequestResult]]]
 
 
-def sweep(args: argparse.Namespace, spec, slo: dict[str, float]
+class SweepError(ValueError):
+    """The sweep's flags are wrong; the message says which."""
+
+
+def sweep(args: argparse.Namespace, spec, slo: dict[str, float], run_once: RunOnce
           ) -> tuple[dict[str, Any], list[RequestResult]]:
     if args.sweep_rates and args.sweep_concurrency:
-        raise LoadError("sweep rates or concurrencies, not both")
+        raise SweepError("sweep rates or concurrencies, not both")
     if args.sweep_concurrency:
-        return sweep_concurrency(args, spec, slo)
-    return sweep_rates(args, spec, slo)
+        return sweep_concurrency(args, spec, slo, run_once)
+    return sweep_rates(args, spec, slo, run_once)
 
 
 MAX_REQUESTS_PER_POINT = 6000  # the adaptive count's bound (when --num-requests is lower)
 MAX_ATTEMPTS = 3  # runs per rate: the first, then at most two with more requests
 
 
-def sweep_rates(args: argparse.Namespace, spec, slo: dict[str, float]
+def sweep_rates(args: argparse.Namespace, spec, slo: dict[str, float], run_once: RunOnce
                 ) -> tuple[dict[str, Any], list[RequestResult]]:
     """Run at each rate until the target saturates: achieved throughput stops following the
     offered rate (clients.steady: below 90% of it over the steady-state window, or the queue
@@ -44,9 +55,9 @@ def sweep_rates(args: argparse.Namespace, spec, slo: dict[str, float]
         try:
             rates = [float(r) for r in args.sweep_rates.split(",") if r.strip()]
         except ValueError:
-            raise LoadError(f"bad --sweep-rates {args.sweep_rates!r}") from None
+            raise SweepError(f"bad --sweep-rates {args.sweep_rates!r}") from None
         if not rates or any(not r > 0 or r == float("inf") for r in rates):
-            raise LoadError("--sweep-rates needs finite rates > 0")
+            raise SweepError("--sweep-rates needs finite rates > 0")
     minimum = spec.num_requests
     cap = max(MAX_REQUESTS_PER_POINT, minimum)
     points, last_results, saturated, service = [], [], None, 0.0
@@ -100,17 +111,17 @@ def _needed(rate: float, service_s: float) -> int:
 SATURATION_GAIN = 1.05  # a concurrency saturates when throughput gains less than 5%
 
 
-def sweep_concurrency(args: argparse.Namespace, spec, slo: dict[str, float]
-                      ) -> tuple[dict[str, Any], list[RequestResult]]:
+def sweep_concurrency(args: argparse.Namespace, spec, slo: dict[str, float],
+                      run_once: RunOnce) -> tuple[dict[str, Any], list[RequestResult]]:
     """Closed loop at each concurrency until throughput stops growing (less than
     SATURATION_GAIN over the previous point) or errors appear; report the highest
     concurrency meeting the SLO."""
     try:
         levels = [int(c) for c in args.sweep_concurrency.split(",") if c.strip()]
     except ValueError:
-        raise LoadError(f"bad --sweep-concurrency {args.sweep_concurrency!r}") from None
+        raise SweepError(f"bad --sweep-concurrency {args.sweep_concurrency!r}") from None
     if not levels or min(levels) < 1:
-        raise LoadError("--sweep-concurrency needs integers >= 1")
+        raise SweepError("--sweep-concurrency needs integers >= 1")
     points, last_results, saturated = [], [], None
     for level in levels:
         summary, results = run_once(_with(args, concurrency=level), spec, slo)
