@@ -122,7 +122,7 @@ def _table(rows: list[list[str]]) -> str:
 def cmd_devices(args: argparse.Namespace) -> int:
     cat = _catalogue()
     if args.json:
-        print(json.dumps(cat, indent=2))
+        print(json.dumps(cat))
         return 0
     rows = [["chip", "class", "memory tiers", "peak FLOP/s", "busy/idle W", "$/h"]]
     for c in cat["chips"]:
