@@ -240,22 +240,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def format_fleet(s: dict[str, Any]) -> str:
     """--- fleet (issue 16) --- the per-pool and per-class tables, and the router's refusals."""
     lines = []
-    head = (f"{'':<16}{'role':<8} {'classes':<18} {'n':>3} {'requests':>8} {'errors':>6} "
-            f"{'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} {'$/h':>8}")
-    ms = lambda st, q: f"{st[q] * 1e3:7.1f}ms"  # noqa: E731
-    for title, rows in (("pool", s.get("pools", ())),
-                        ("class", [{"name": k, **v} for k, v in s.get("classes", {}).items()])):
-        if not rows:
-            continue
-        lines.append(f"{title + 's':<16}" + head[16:])
-        for r in rows:
-            cls = ",".join(r.get("classes", ())) or ("any" if "role" in r else "")
-            usd = f"{r['usd_per_hour']:8.2f}" if "usd_per_hour" in r else f"{'':>8}"
-            lines.append(
-                f"  {r['name']:<14}{r.get('role', ''):<8} {cls:<18} "
-                f"{r.get('replicas', ''):>3} {r['requests']:8d} {r['errors']:6d} "
-                f"{ms(r['ttft_s'], 'p50')} {ms(r['ttft_s'], 'p99')} "
-                f"{ms(r['tpot_s'], 'p50')} {ms(r['tpot_s'], 'p99')} {usd}")
+    lat = f"{'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9}"
+    if s.get("pools"):
+        lines.append(f"{'pools':<16}{'role':<8} {'classes':<18} {'n':>3} {'requests':>8} "
+                     f"{'errors':>6} {lat} {'$/h':>8}")
+        for r in s["pools"]:
+            lines.append(f"  {r['name']:<14}{r['role']:<8} {','.join(r['classes']) or 'any':<18} "
+                         f"{r['replicas']:>3} {r['requests']:8d} {r['errors']:6d} "
+                         f"{_latencies(r)} {r['usd_per_hour']:8.2f}")
+    if s.get("classes"):
+        lines.append(f"{'classes':<16}{'requests':>8} {'errors':>6} {lat}")
+        for name, r in s["classes"].items():
+            lines.append(f"  {name:<14}{r['requests']:8d} {r['errors']:6d} {_latencies(r)}")
     if "admission_refused" in s:
         lines.append(f"admission       {s['admission_refused']} requests refused at the router "
                      "(RESOURCE_EXHAUSTED)")
@@ -264,6 +260,10 @@ def format_fleet(s: dict[str, Any]) -> str:
         lines.append(f"KV transfers    {kv['count']} prefill→decode, {kv['bytes'] / 1e9:.3f} GB, "
                      f"{kv['seconds'] * 1e3:.1f} ms on the links")
     return "\n".join(lines)
+
+
+def _latencies(r: dict[str, Any]) -> str:
+    return " ".join(f"{r[k][q] * 1e3:7.1f}ms" for k in ("ttft_s", "tpot_s") for q in ("p50", "p99"))
 
 
 def format_summary(s: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from clients.report import summarize
+from clients.report import RequestResult, summarize
 from clients.workloads import build_workload
 from doppelchip.simulation import (
     FAULT_KEYS,
@@ -24,6 +24,7 @@ from server.engine.build import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.admission import parse_admission
 from sim.cluster import (
+    ClusterRun,
     build_replicas,
     fleet_counters,
     fleet_name,
@@ -31,7 +32,7 @@ from sim.cluster import (
     run_replicas,
 )
 from sim.pools import FleetError
-from sim.reports import class_reports, pool_reports
+from sim.reports import class_reports, pool_reports, prefills_per_replica
 
 
 def wants_cluster(args: argparse.Namespace) -> bool:
@@ -91,23 +92,28 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     summary["router"] = cr.router
     summary["replicas"] = replica_reports(cr)
     if cr.dispatch is not None:  # --- fleet (issue 16) ---
-        summary.update(fleet_parts(cr, results, admission is not None))
+        add_fleet_parts(summary, cr, results, admission is not None)
     return summary
 
 
-def fleet_parts(cr, results, admission: bool) -> dict[str, Any]:
+def add_fleet_parts(summary: dict[str, Any], cr: ClusterRun, results: list[RequestResult],
+                    admission: bool) -> None:
     """`pools` (when the fleet has several, roles or classes), `classes` (when requests have
-    classes), `admission_refused` (with --admission) and `kv_transfers` (a P/D fleet)."""
-    d, out = cr.dispatch, {}
+    classes), `admission_refused` (with --admission); a P/D fleet's `kv_transfers` and each
+    replica's `prefills`."""
+    d = cr.dispatch
+    assert d is not None
     plain = len(d.pools) == 1 and d.pools[0].role == "both" and not d.pools[0].classes
     if not plain:
-        out["pools"] = pool_reports(d.pools, d.cores, cr.run.records, results)
+        summary["pools"] = pool_reports(d.pools, d.cores, cr.run.records, results)
     classes = class_reports(results)
     if classes:
-        out["classes"] = classes
+        summary["classes"] = classes
     if admission:
-        out["admission_refused"] = d.refused
+        summary["admission_refused"] = d.refused
     if d.pd:
-        out["kv_transfers"] = {"count": d.links.transfers, "bytes": d.links.bytes,
-                               "seconds": d.links.seconds}
-    return out
+        counts = prefills_per_replica(cr.run.records, len(cr.replicas))
+        for row, n in zip(summary["replicas"], counts, strict=True):
+            row["prefills"] = n
+        summary["kv_transfers"] = {"count": d.links.transfers, "bytes": d.links.bytes,
+                                   "seconds": d.links.seconds}

@@ -50,9 +50,18 @@ def pool_reports(pools: Sequence[Pool], cores: Sequence, records: Sequence[Reque
     return out
 
 
+def prefills_per_replica(records: Sequence[RequestRecord], n: int) -> list[int]:
+    """How many requests each of `n` replicas prefilled for a decode replica (P/D)."""
+    counts = [0] * n
+    for rec in records:
+        if rec.prefill_replica is not None and rec.error is None:
+            counts[rec.prefill_replica] += 1
+    return counts
+
+
 def class_reports(results: Sequence[RequestResult]) -> dict[str, dict[str, Any]]:
-    """Per SLO class, in order of first appearance; {} when no request has a class."""
+    """Per SLO class, by name; {} when no request has a class."""
     if not any(r.slo_class for r in results):
         return {}
-    names = list(dict.fromkeys(r.slo_class for r in results))
+    names = sorted({r.slo_class for r in results})
     return {n or "untagged": _part([r for r in results if r.slo_class == n]) for n in names}
