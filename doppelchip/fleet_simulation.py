@@ -36,8 +36,9 @@ from sim.reports import class_reports, pool_reports, prefills_per_replica
 
 
 def wants_cluster(args: argparse.Namespace) -> bool:
-    """A router was asked for, or the deployment simulated has several replicas."""
-    if getattr(args, "router", None) or getattr(args, "admission", None):
+    """A router was asked for (or admission at one, or SLO classes to report), or the
+    deployment simulated has several replicas."""
+    if any(getattr(args, k, None) for k in ("router", "admission", "slo_class_mix")):
         return True
     if args.chip or args.model or args.engine or args.quant:
         return False
