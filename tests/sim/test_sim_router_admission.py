@@ -35,7 +35,7 @@ def test_max_outstanding_bounds_every_replica(router):
     work = sessions(**OVERLOAD)
     free, _, _ = run(FLEET, router, work)
     assert max(peak_outstanding(free.run.records, k) for k in (0, 1)) > 8  # it is overloaded
-    cr, results, s = run(FLEET, router, work, admission=Admission(max_outstanding=8))
+    cr, _, s = run(FLEET, router, work, admission=Admission(max_outstanding=8))
     admitted = [r for r in cr.run.records if r.error is None]
     refused = [r for r in cr.run.records if r.error is not None]
     assert refused and len(admitted) + len(refused) == 120
