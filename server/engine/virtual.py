@@ -17,13 +17,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from server.engine.core import EngineCore, StepResult
 from server.engine.intake import queue_is_full
 from server.engine.interface import Constraint, InvalidRequest
 from server.engine.output import spread_times
 from server.engine.request import Request, SamplingParams
+from server.engine.virtual_pd import Dispatch, Hop, PdHops
 
 
 @dataclass(frozen=True)
@@ -75,28 +75,6 @@ class RequestRecord:
 Route = Callable[[Sequence[int], Sequence[int]], int]
 
 
-# --- fleet (issue 16) ---
-class Dispatch(Protocol):
-    """A fleet's router with admission and P/D (sim/pools.py), used instead of a `Route`.
-
-    Why it exists: `server/` must not import `sim/`, yet the event loop has to ask the fleet
-    layer three things it alone knows: which core serves a turn (by its SLO class too), whether
-    the router refuses it, and, for a disaggregated fleet, which core prefills it and when its
-    KV has crossed the link."""
-
-    def place(self, prompt: Sequence[int], outstanding: Sequence[int],
-              session: VirtualSession) -> tuple[int, int | None] | None:
-        """(the core that serves the turn, the core that prefills it first or None), or None:
-        refused at the router (recorded as RESOURCE_EXHAUSTED, holding no KV)."""
-        ...
-
-    def transfer(self, prefill: int, decode: int, num_tokens: int,
-                 t: float) -> tuple[float, float]:
-        """A KV transfer of `num_tokens` tokens' KV from core `prefill` to `decode` asked at
-        emulated time `t`: (when it ends, the seconds it spends on the link)."""
-        ...
-
-
 @dataclass
 class VirtualRun:
     records: list[RequestRecord] = field(default_factory=list)
@@ -137,7 +115,7 @@ def run_cluster(
     return runner.run()
 
 
-class _Runner:
+class _Runner(PdHops):
     """The event loop. A core's step is computed when it starts (the scheduler's state moves
     on then) and delivered when it ends: token times, finished records and the next turns
     due are all stamped at the step's end. At one instant, step ends come first, then the
@@ -161,7 +139,7 @@ class _Runner:
         # --- fleet (issue 16): the router's dispatch; P/D requests between their two cores ---
         self.dispatch: Dispatch | None = None
         self.timers: list[tuple[float, int, str]] = []  # (KV transfer end, tie-break, rid)
-        self.pd: dict[str, _Hop] = {}  # rid -> its P/D hop, from arrival to the decode's start
+        self.pd: dict[str, Hop] = {}  # rid -> its P/D hop, from arrival to the decode's start
         order = [i for i, s in enumerate(sessions) if s.turns]
         if concurrency is None:
             for i in order:
@@ -311,55 +289,6 @@ class _Runner:
                                               slo_class=s.slo_class))
         self._next_session()
 
-    def _pd_check(self, k: int, prompt: tuple[int, ...]) -> str | None:
-        """What the prefill core would answer at intake (its context length, its queue)."""
-        sched = self.cores[k].scheduler
-        if len(prompt) + 1 > sched.config.max_model_len:
-            return "INVALID_ARGUMENT"
-        mw = self.max_waiting[k]
-        if mw is not None and queue_is_full(sched.num_waiting, sched.free_seats, mw):
-            return "RESOURCE_EXHAUSTED"
-        return None
-
-    def _start_prefill(self, k: int, decode: int, req: Request, si: int, ti: int,
-                       at: float) -> None:
-        """The prefill half, as llm-d's sidecar sends it: the same prompt with max_tokens 1,
-        whose blocks the prefill core holds for the decode core to read (vLLM's
-        do_remote_decode; `Request.hold_kv`)."""
-        s = self.sessions[si]
-        pre = Request(req.request_id, list(req.prompt_token_ids),
-                      SamplingParams(max_tokens=1, ignore_eos=s.ignore_eos, seed=s.seed),
-                      arrival_time=at)
-        pre.hold_kv = True
-        self.cores[k].add_request(pre)
-        self.outstanding[k] += 1
-        self.pd[req.request_id] = _Hop(req, si, ti, at, k, decode)
-
-    def _prefilled(self, hop: _Hop, pre: Request) -> None:
-        """The prefill ended: its KV (all prompt tokens but the last, which the decode side
-        recomputes, as vLLM) goes over the link; a prefill that kept nothing (it stopped on
-        EOS) moves nothing and the decode side prefills the prompt itself."""
-        self.outstanding[hop.prefill] -= 1
-        hop.prefill_end_s = self.t
-        rid = pre.request_id
-        if rid in self.cores[hop.prefill].scheduler.held:
-            hop.num_tokens = max(0, len(pre.prompt_token_ids) - 1)
-        ready = self.t
-        if hop.num_tokens and self.dispatch is not None:
-            ready, hop.kv_transfer_s = self.dispatch.transfer(hop.prefill, hop.decode,
-                                                              hop.num_tokens, self.t)
-        heapq.heappush(self.timers, (ready, self.seq, rid))
-        self.seq += 1
-
-    def _decode(self, hop: _Hop) -> None:
-        """The transfer ended: the prefill core frees its held blocks (the decode side's
-        notification) and the request joins the decode core with that KV computed."""
-        req = hop.req
-        self.cores[hop.prefill].scheduler.release_held(req.request_id)
-        req.num_external_tokens = hop.num_tokens
-        self.cores[hop.decode].add_request(req)
-        self.live[req.request_id] = (req, hop.si, hop.ti, hop.at, hop.decode)
-        self.times[req.request_id] = []
     # --- end fleet (issue 16) -------------------------------------------------------------
 
     def deliver(self, result: StepResult | None) -> None:
@@ -372,17 +301,3 @@ class _Runner:
         for req in result.finished:
             self.finished(req)
 
-
-@dataclass(eq=False)
-class _Hop:
-    """A disaggregated request between its arrival and its decode's start (issue 16)."""
-
-    req: Request  # the decode half (the turn's own sampling parameters)
-    si: int
-    ti: int
-    at: float
-    prefill: int  # its cores
-    decode: int
-    prefill_end_s: float | None = None
-    num_tokens: int = 0  # prompt tokens whose KV moves
-    kv_transfer_s: float = 0.0
