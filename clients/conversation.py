@@ -26,6 +26,8 @@ class Conversation:
     ignore_eos: bool = True
     seed: int = 0  # the sampler seed of every turn
     constraint: tuple[str, str] | None = None  # structured output: (kind, text), every turn
+    slo_class: str = ""  # SLO class (e.g. interactive, batch; "" untagged): sim/pools.py routes
+    #                      by it and reports per class (issue 16)
 
 
 def turn_prompt(

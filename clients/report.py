@@ -31,6 +31,7 @@ class RequestResult:
     error: str | None = None  # gRPC status code name when the request failed
     conversation_id: str = ""
     turn: int = 0
+    slo_class: str = ""  # the request's SLO class ("" untagged; issue 16)
 
     @property
     def ok(self) -> bool:

@@ -5,7 +5,9 @@ Each line is a JSON object with
 - the prompt, one of `prompt_token_ids` (a list of ids), `prompt` (text, tokenized with the
   server's tokenizer) or `input_length` (that many seeded random ids);
 - `max_tokens` (or `output_length`): how many tokens to generate;
-- optional `ignore_eos` (default true, so the output length replays exactly) and `seed`.
+- optional `ignore_eos` (default true, so the output length replays exactly) and `seed`;
+- optional `slo_class`: the request's SLO class, a name such as "interactive" or "batch"
+  (routed by `simulate --router slo-class`, reported per class; issue 16).
 Lines are replayed in timestamp order; a malformed line is an error naming its line number.
 """
 
@@ -58,8 +60,12 @@ def load_trace(
             raise ValueError(f"{where}: needs prompt_token_ids, prompt or input_length")
         if not ids:
             raise ValueError(f"{where}: the prompt is empty")
+        slo_class = row.get("slo_class", "")
+        if not isinstance(slo_class, str):
+            raise ValueError(f"{where}: slo_class must be a string (a class name)")
         out.append(Conversation(
             f"t{i}", float(row.get("timestamp", 0.0)) - t0, (Turn(ids, max_tokens),),
             ignore_eos=bool(row.get("ignore_eos", True)), seed=int(row.get("seed", i)),
+            slo_class=slo_class.strip(),
         ))
     return out

@@ -46,6 +46,7 @@ class WorkloadSpec:
     turns: int = 3  # multi-turn
     think_time_s: float = 0.0  # multi-turn
     trace_path: str = ""  # trace: a JSONL file to replay (see clients/trace.py)
+    slo_class_mix: tuple[tuple[str, float], ...] = ()  # (SLO class, weight): see with_classes
     vocab_size: int = 8192
 
 
@@ -63,7 +64,8 @@ def build_workload(
 
         if not spec.trace_path:
             raise ValueError("the trace workload needs a trace file")
-        return load_trace(spec.trace_path, spec.vocab_size, encode, spec.seed)
+        return with_classes(load_trace(spec.trace_path, spec.vocab_size, encode, spec.seed),
+                            spec)
     if spec.num_requests <= 0:
         raise ValueError("num_requests must be > 0")
     if spec.isl <= 0 or spec.osl <= 0:
@@ -74,7 +76,28 @@ def build_workload(
     builders = {**_BUILDERS, "mix": _mix}
     if spec.kind not in builders:
         raise ValueError(f"unknown workload {spec.kind!r}; one of {', '.join(builders)}")
-    return builders[spec.kind](spec, rng, starts)
+    return with_classes(builders[spec.kind](spec, rng, starts), spec)
+
+
+def with_classes(conversations: list[Conversation], spec: WorkloadSpec) -> list[Conversation]:
+    """Each untagged conversation gets an SLO class drawn by `spec.slo_class_mix`'s weights
+    (issue 16), from a generator of its own seeded by `spec.seed`, so adding a mix changes
+    no prompt, length or arrival of the workload. A trace line's own `slo_class` is kept."""
+    if not spec.slo_class_mix:
+        return conversations
+    names = [n for n, _ in spec.slo_class_mix]
+    weights = np.asarray([w for _, w in spec.slo_class_mix], dtype=float)
+    if any(not n for n in names) or len(set(names)) != len(names):
+        raise ValueError("SLO class mix: class names must be distinct and not empty")
+    if (weights < 0).any() or weights.sum() <= 0:
+        raise ValueError("SLO class mix: weights must be >= 0 and not all 0")
+    rng = np.random.default_rng([spec.seed, _CLASS_STREAM])
+    drawn = rng.choice(len(names), size=len(conversations), p=weights / weights.sum())
+    return [c if c.slo_class else replace(c, slo_class=names[int(k)])
+            for c, k in zip(conversations, drawn, strict=True)]
+
+
+_CLASS_STREAM = 0x51C  # the class draw's own stream of the workload seed
 
 
 def _lengths(spec: WorkloadSpec, rng: np.random.Generator):

@@ -192,11 +192,27 @@ def register(subparsers: Any) -> None:
                    help="simulate every deployment of --config (each `replicas` copies) as "
                    "one pool behind this router (default with replicas > 1: round-robin)")
     # --- end virtual-time clusters ---
+    add_fleet_args(p)
     p.set_defaults(func=cmd_simulate)
 
 
-# sim.routers.ROUTERS' names, listed here so that the command line imports no layer
-ROUTERS = ("round-robin", "least-requests", "least-kv", "prefix-aware", "p2c")
+# sim.routers.ROUTERS' names and sim.pools.SLO_ROUTER, listed here so that the command line
+# imports no layer
+ROUTERS = ("round-robin", "least-requests", "least-kv", "prefix-aware", "p2c", "slo-class")
+
+
+def add_fleet_args(p: argparse.ArgumentParser) -> None:
+    """--- fleet (issue 16): SLO classes and admission at the router (docs/PLANNING.md) ---"""
+    g = p.add_argument_group("fleet: SLO classes, admission, P/D pools (docs/PLANNING.md)")
+    g.add_argument("--slo-class-mix", metavar="CLASS=W,...",
+                   help="tag the workload's requests with SLO classes drawn by weight (seeded "
+                   "by --seed), e.g. interactive=0.3,batch=0.7; a trace's own slo_class is "
+                   "kept. --router slo-class sends each class to the pools listing it "
+                   "(fleet-file slo_classes)")
+    g.add_argument("--admission", metavar="RULE,...",
+                   help="admission at the router, as the Gateway API inference extension's "
+                   "saturation detectors: max-outstanding=N (per replica) and/or "
+                   "queue-depth=Q,kv-util=U; refused requests end RESOURCE_EXHAUSTED")
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -215,7 +231,39 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         for r in summary.get("replicas", ()):  # --- virtual-time clusters (issue 16) ---
             print(f"replica         {r['name']:<24} {r['requests']:6d} requests, prefix cache "
                   f"{r['prefix_cache_hit_rate'] * 100:5.1f}% hit ({r['chip']})")
+        fleet_tables = format_fleet(summary)  # --- fleet (issue 16) ---
+        if fleet_tables:
+            print(fleet_tables)
     return 0
+
+
+def format_fleet(s: dict[str, Any]) -> str:
+    """--- fleet (issue 16) --- the per-pool and per-class tables, and the router's refusals."""
+    lines = []
+    lat = f"{'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9}"
+    if s.get("pools"):
+        lines.append(f"{'pools':<16}{'role':<8} {'classes':<18} {'n':>3} {'requests':>8} "
+                     f"{'errors':>6} {lat} {'$/h':>8}")
+        for r in s["pools"]:
+            lines.append(f"  {r['name']:<14}{r['role']:<8} {','.join(r['classes']) or 'any':<18} "
+                         f"{r['replicas']:>3} {r['requests']:8d} {r['errors']:6d} "
+                         f"{_latencies(r)} {r['usd_per_hour']:8.2f}")
+    if s.get("classes"):
+        lines.append(f"{'classes':<16}{'requests':>8} {'errors':>6} {lat}")
+        for name, r in s["classes"].items():
+            lines.append(f"  {name:<14}{r['requests']:8d} {r['errors']:6d} {_latencies(r)}")
+    if "admission_refused" in s:
+        lines.append(f"admission       {s['admission_refused']} requests refused at the router "
+                     "(RESOURCE_EXHAUSTED)")
+    if "kv_transfers" in s:
+        kv = s["kv_transfers"]
+        lines.append(f"KV transfers    {kv['count']} prefill→decode, {kv['bytes'] / 1e9:.3f} GB, "
+                     f"{kv['seconds'] * 1e3:.1f} ms on the links")
+    return "\n".join(lines)
+
+
+def _latencies(r: dict[str, Any]) -> str:
+    return " ".join(f"{r[k][q] * 1e3:7.1f}ms" for k in ("ttft_s", "tpot_s") for q in ("p50", "p99"))
 
 
 def format_summary(s: dict[str, Any]) -> str:

@@ -163,6 +163,7 @@ _CHOICES = {
     "batching": ("continuous", "static"),
     "shape_policy": ("hold", "recompile"),
     "output_len_dist": ("geometric", "fixed"),
+    "role": ("prefill", "decode", "both"),  # (virtual-time P/D pools: issue 16)
 }
 
 

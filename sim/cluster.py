@@ -19,7 +19,8 @@ from typing import Any
 from server.engine.build import EngineOptions, build_core
 from server.engine.core import EngineCore
 from server.engine.virtual import VirtualRun, VirtualSession, run_cluster
-from sim.routers import make_router
+from sim.admission import Admission
+from sim.pools import FleetDispatch
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class ClusterRun:
     replicas: list[Replica]
     run: VirtualRun
     router: str
+    dispatch: FleetDispatch | None = None  # pools, admission and KV links (issue 16)
 
 
 def build_replicas(deployments: Sequence[EngineOptions]) -> list[Replica]:
@@ -56,15 +58,20 @@ def build_replicas(deployments: Sequence[EngineOptions]) -> list[Replica]:
 
 
 def run_replicas(replicas: list[Replica], sessions: list[VirtualSession], router: str,
-                 seed: int = 0, concurrency: int | None = None) -> ClusterRun:
-    """Run `sessions` through `replicas` behind the policy `router` (sim.routers.ROUTERS);
-    `seed` seeds a randomised policy (p2c)."""
+                 seed: int = 0, concurrency: int | None = None,
+                 admission: Admission | None = None) -> ClusterRun:
+    """Run `sessions` through `replicas` behind the policy `router` (sim.routers.ROUTERS, or
+    sim.pools.SLO_ROUTER); `seed` seeds a randomised policy (p2c). The fleet's pools (roles,
+    SLO classes) and `admission` are applied by a `sim.pools.FleetDispatch`, which raises
+    FleetError before the run when the pools cannot serve the sessions' classes."""
     cores = [r.core for r in replicas]
-    policy = make_router(router, cores, seed)
-    run = run_cluster(cores, sessions, policy.choose,
+    dispatch = FleetDispatch(replicas, router, seed, admission)
+    dispatch.check_classes({s.slo_class for s in sessions})
+    run = run_cluster(cores, sessions, lambda prompt, outstanding: 0,
                       [r.options.max_waiting for r in replicas],
-                      [r.options.max_grammar_bytes for r in replicas], concurrency)
-    return ClusterRun(replicas, run, router)
+                      [r.options.max_grammar_bytes for r in replicas], concurrency,
+                      dispatch=dispatch)
+    return ClusterRun(replicas, run, router, dispatch)
 
 
 def fleet_name(deployments: Sequence[EngineOptions]) -> str:

@@ -1,6 +1,7 @@
 """`doppelchip simulate --router`: every deployment of a fleet file (each `replicas` copies)
 as one pool behind a router, in virtual time (sim/cluster.py), reported with the same summary
-as one deployment plus a `replicas` list."""
+as one deployment plus a `replicas` list; with pools (roles, SLO classes; issue 16) also
+`pools` and `classes` (sim/reports.py), and `admission_refused` with `--admission`."""
 
 from __future__ import annotations
 
@@ -8,18 +9,22 @@ import argparse
 import dataclasses
 from typing import Any
 
-from clients.report import summarize
+from clients.report import RequestResult, summarize
 from clients.workloads import build_workload
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions
 from server.engine.tokenizer import get_tokenizer
+from sim.admission import parse_admission
 from sim.cluster import (
+    ClusterRun,
     build_replicas,
     fleet_counters,
     fleet_name,
     replica_reports,
     run_replicas,
 )
+from sim.pools import FleetError
+from sim.reports import class_reports, pool_reports, prefills_per_replica
 from sim.simulation import (
     FAULT_KEYS,
     SimulationError,
@@ -31,8 +36,9 @@ from sim.simulation import (
 
 
 def wants_cluster(args: argparse.Namespace) -> bool:
-    """A router was asked for, or the deployment simulated has several replicas."""
-    if getattr(args, "router", None):
+    """A router was asked for (or admission at one, or SLO classes to report), or the
+    deployment simulated has several replicas."""
+    if any(getattr(args, k, None) for k in ("router", "admission", "slo_class_mix")):
         return True
     if args.chip or args.model or args.engine or args.quant:
         return False
@@ -69,8 +75,12 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
         conversations = build_workload(workload, encode=get_tokenizer().encode)
     except (ValueError, OSError) as e:
         raise SimulationError(str(e)) from e
-    cr = run_replicas(replicas, to_sessions(conversations), args.router or "round-robin",
-                      seed=args.seed)
+    try:  # --- fleet (issue 16): pools, SLO classes, admission ---
+        admission = parse_admission(getattr(args, "admission", None))
+        cr = run_replicas(replicas, to_sessions(conversations), args.router or "round-robin",
+                          seed=args.seed, admission=admission)
+    except (FleetError, ValueError) as e:
+        raise SimulationError(str(e)) from e
     results = [to_result(r) for r in cr.run.records]
     counters = fleet_counters(cr)
     joules, dollars = counters.pop("joules"), counters.pop("dollars")
@@ -82,4 +92,29 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
                         emulated_s=emulated_s)
     summary["router"] = cr.router
     summary["replicas"] = replica_reports(cr)
+    if cr.dispatch is not None:  # --- fleet (issue 16) ---
+        add_fleet_parts(summary, cr, results, admission is not None)
     return summary
+
+
+def add_fleet_parts(summary: dict[str, Any], cr: ClusterRun, results: list[RequestResult],
+                    admission: bool) -> None:
+    """`pools` (when the fleet has several, roles or classes), `classes` (when requests have
+    classes), `admission_refused` (with --admission); a P/D fleet's `kv_transfers` and each
+    replica's `prefills`."""
+    d = cr.dispatch
+    assert d is not None
+    plain = len(d.pools) == 1 and d.pools[0].role == "both" and not d.pools[0].classes
+    if not plain:
+        summary["pools"] = pool_reports(d.pools, d.cores, cr.run.records, results)
+    classes = class_reports(results)
+    if classes:
+        summary["classes"] = classes
+    if admission:
+        summary["admission_refused"] = d.refused
+    if d.pd:
+        counts = prefills_per_replica(cr.run.records, len(cr.replicas))
+        for row, n in zip(summary["replicas"], counts, strict=True):
+            row["prefills"] = n
+        summary["kv_transfers"] = {"count": d.links.transfers, "bytes": d.links.bytes,
+                                   "seconds": d.links.seconds}

@@ -29,7 +29,7 @@ def to_sessions(conversations: list[Conversation]) -> list[VirtualSession]:
             c.conversation_id, c.start_s,
             tuple(VirtualTurn(t.user_ids, t.max_tokens, t.think_time_s) for t in c.turns),
             c.ignore_eos, c.seed,
-            _constraint(c.constraint),
+            _constraint(c.constraint), c.slo_class,
         )
         for c in conversations
     ]
@@ -45,7 +45,7 @@ def to_result(r: RequestRecord) -> RequestResult:
         token_times=r.token_times, end_s=r.end_s, prompt_tokens=r.prompt_tokens,
         output_tokens=r.output_tokens, cached_tokens=r.cached_tokens,
         jump_forward_tokens=r.jump_forward_tokens, finish_reason=r.finish_reason,
-        error=r.error, conversation_id=r.session_id, turn=r.turn,
+        error=r.error, conversation_id=r.session_id, turn=r.turn, slo_class=r.slo_class,
     )
 
 
@@ -190,10 +190,13 @@ def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
         length_dist=args.length_dist, length_spread=args.length_spread,
         length_file=args.length_file or "", mix=_parse_mix(args.mix),
         trace_path=args.trace or "",
+        slo_class_mix=_parse_mix(getattr(args, "slo_class_mix", None) or "",
+                                 "--slo-class-mix", "CLASS"),  # --- fleet (issue 16) ---
     )
 
 
-def _parse_mix(text: str) -> tuple[tuple[str, float], ...]:
+def _parse_mix(text: str, flag: str = "--mix",
+               name: str = "KIND") -> tuple[tuple[str, float], ...]:
     """`random=0.6,shared-prefix=0.4` → (("random", 0.6), ("shared-prefix", 0.4))."""
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -201,9 +204,9 @@ def _parse_mix(text: str) -> tuple[tuple[str, float], ...]:
         try:
             out.append((kind.strip(), float(weight)))
         except ValueError:
-            raise SimulationError(f"bad --mix term {part!r}: use KIND=WEIGHT") from None
+            raise SimulationError(f"bad {flag} term {part!r}: use {name}=WEIGHT") from None
         if not sep:
-            raise SimulationError(f"bad --mix term {part!r}: use KIND=WEIGHT")
+            raise SimulationError(f"bad {flag} term {part!r}: use {name}=WEIGHT")
     return tuple(out)
 
 

@@ -126,6 +126,8 @@ class EngineOptions:
     fault_stream_cut: tuple[str, ...] = ()  # "after=K,at=T,for=D" | "after=K,percent=P"
     # --- virtual-time clusters (issue 16): sim/cluster.py, docs/LOAD.md ---
     replicas: int = 1  # copies of this deployment behind a router (`simulate --router`)
+    role: str = "both"  # prefill | decode | both: its part in a disaggregated fleet (sim/pd.py)
+    slo_classes: tuple[str, ...] = ()  # SLO classes its pool serves (none: any; sim/pools.py)
     # --- end virtual-time clusters ---
 
     def spec(self) -> DeploymentSpec:

@@ -23,6 +23,7 @@ from server.engine.intake import queue_is_full
 from server.engine.interface import Constraint, InvalidRequest
 from server.engine.output import spread_times
 from server.engine.request import Request, SamplingParams
+from server.engine.virtual_pd import Dispatch, Hop, PdHops
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class VirtualSession:
     ignore_eos: bool = True
     seed: int = 0
     constraint: Constraint | None = None  # structured output, for every turn
+    slo_class: str = ""  # SLO class, for a fleet's router and per-class reports (issue 16)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,11 @@ class RequestRecord:
     error: str | None = None  # the status code the server would have answered
     jump_forward_tokens: int = 0
     replica: int = 0  # which core served it (a cluster's replica index; 0 for one core)
+    # --- fleet (issue 16): -1 above when the router's admission refused it; P/D below ---
+    slo_class: str = ""
+    prefill_replica: int | None = None  # the core that prefilled it (disaggregated P/D)
+    prefill_end_s: float | None = None  # when that prefill ended (its KV then moved)
+    kv_transfer_s: float = 0.0  # seconds its KV spent on the link (queueing excluded)
 
 
 # A cluster's router (sim/routers.py): (prompt token ids, outstanding requests per core) ->
@@ -91,20 +98,24 @@ def run_cluster(
     cores: list[EngineCore], sessions: list[VirtualSession], route: Route,
     max_waiting: Sequence[int | None] | None = None,
     max_grammar_bytes: Sequence[int] | None = None, concurrency: int | None = None,
+    dispatch: Dispatch | None = None,
 ) -> VirtualRun:
     """Run `sessions` through several cores on one shared virtual clock: each arriving turn
     goes to the core `route` picks (the per-core limits are indexed like `cores`); whichever
-    core's step ends first is advanced next. One core is exactly `run_virtual`."""
+    core's step ends first is advanced next. One core is exactly `run_virtual`. A `dispatch`
+    (issue 16: SLO classes, admission, P/D) replaces `route` when given."""
     if concurrency is not None and concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     if not cores:
         raise ValueError("a cluster needs at least one core")
     n = len(cores)
-    return _Runner(cores, sessions, route, list(max_waiting or [None] * n),
-                   list(max_grammar_bytes or [65536] * n), concurrency).run()
+    runner = _Runner(cores, sessions, route, list(max_waiting or [None] * n),
+                     list(max_grammar_bytes or [65536] * n), concurrency)
+    runner.dispatch = dispatch  # --- fleet (issue 16) ---
+    return runner.run()
 
 
-class _Runner:
+class _Runner(PdHops):
     """The event loop. A core's step is computed when it starts (the scheduler's state moves
     on then) and delivered when it ends: token times, finished records and the next turns
     due are all stamped at the step's end. At one instant, step ends come first, then the
@@ -125,6 +136,10 @@ class _Runner:
         self.first_sched: dict[str, float] = {}
         self.times: dict[str, list[float]] = {}
         self.t = 0.0
+        # --- fleet (issue 16): the router's dispatch; P/D requests between their two cores ---
+        self.dispatch: Dispatch | None = None
+        self.timers: list[tuple[float, int, str]] = []  # (KV transfer end, tie-break, rid)
+        self.pd: dict[str, Hop] = {}  # rid -> its P/D hop, from arrival to the decode's start
         order = [i for i, s in enumerate(sessions) if s.turns]
         if concurrency is None:
             for i in order:
@@ -148,11 +163,20 @@ class _Runner:
         s, turn = self.sessions[si], self.sessions[si].turns[ti]
         rid = f"{s.session_id}/{ti}" if len(s.turns) > 1 else s.session_id
         prompt = history + turn.user_ids
-        k = self.route(prompt, self.outstanding)
+        prefill = None  # --- fleet (issue 16) ---
+        if self.dispatch is None:
+            k = self.route(prompt, self.outstanding)
+        elif (placed := self.dispatch.place(prompt, self.outstanding, s)) is None:
+            self._refused(rid, s, ti, at, len(prompt))
+            return
+        else:
+            k, prefill = placed
         core, max_waiting = self.cores[k], self.max_waiting[k]
         sched = core.scheduler
         error, constraint = None, None
-        if len(prompt) + turn.max_tokens > sched.config.max_model_len:
+        if prefill is not None and (e := self._pd_check(prefill, prompt)):
+            error = e
+        elif len(prompt) + turn.max_tokens > sched.config.max_model_len:
             error = "INVALID_ARGUMENT"
         elif max_waiting is not None and queue_is_full(sched.num_waiting, sched.free_seats,
                                                        max_waiting):
@@ -165,33 +189,49 @@ class _Runner:
         if error:
             self.out.records.append(RequestRecord(rid, s.session_id, ti, at, None, (), at,
                                                   len(prompt), 0, 0, "error", error=error,
-                                                  replica=k))
+                                                  replica=k, slo_class=s.slo_class))
             self._next_session()  # the session cannot go on without this turn
             return
         params = SamplingParams(max_tokens=turn.max_tokens, ignore_eos=s.ignore_eos, seed=s.seed)
         req = Request(rid, list(prompt), params, arrival_time=at)
         req.constraint = constraint
+        self.outstanding[k] += 1
+        if prefill is not None:  # --- fleet (issue 16): prefilled elsewhere first ---
+            self._start_prefill(prefill, k, req, si, ti, at)
+            return
         core.add_request(req)
         self.live[rid] = (req, si, ti, at, k)
-        self.outstanding[k] += 1
         self.times[rid] = []
 
     def finished(self, req: Request) -> None:
+        hop = self.pd.get(req.request_id)  # --- fleet (issue 16) ---
+        if hop is not None and hop.prefill_end_s is None:
+            self._prefilled(hop, req)
+            return
         r, si, ti, at, k = self.live.pop(req.request_id)
         self.outstanding[k] -= 1
-        self.out.records.append(RequestRecord(
-            req.request_id, self.sessions[si].session_id, ti, at,
-            self.first_sched.get(req.request_id), tuple(self.times.pop(req.request_id)), self.t,
-            r.num_prompt_tokens, max(r.num_cached_tokens, 0), r.num_output_tokens,
-            (r.finish_reason.value if r.finish_reason else "stop"), r.num_preemptions,
-            jump_forward_tokens=r.num_jump_forward_tokens, replica=k,
-        ))
+        if hop is not None:
+            del self.pd[req.request_id]
+            self._record(r, si, ti, at, k, prefill_replica=hop.prefill,
+                         prefill_end_s=hop.prefill_end_s, kv_transfer_s=hop.kv_transfer_s)
+        else:
+            self._record(r, si, ti, at, k)
         session = self.sessions[si]
         if ti + 1 < len(session.turns):
             self._due(self.t + session.turns[ti + 1].think_time_s, si, ti + 1,
                       tuple(r.token_ids))
         else:
             self._next_session()
+
+    def _record(self, r: Request, si: int, ti: int, at: float, k: int, **pd) -> None:
+        self.out.records.append(RequestRecord(
+            r.request_id, self.sessions[si].session_id, ti, at,
+            self.first_sched.get(r.request_id), tuple(self.times.pop(r.request_id)), self.t,
+            r.num_prompt_tokens, max(r.num_cached_tokens, 0), r.num_output_tokens,
+            (r.finish_reason.value if r.finish_reason else "stop"), r.num_preemptions,
+            jump_forward_tokens=r.num_jump_forward_tokens, replica=k,
+            slo_class=self.sessions[si].slo_class, **pd,
+        ))
 
     def run(self) -> VirtualRun:
         cores, arrivals = self.cores, self.arrivals
@@ -217,6 +257,8 @@ class _Runner:
             due = [e for e in ends if e is not None]
             if arrivals:
                 due.append(arrivals[0][0])
+            if self.timers:  # --- fleet (issue 16): KV transfers ending ---
+                due.append(self.timers[0][0])
             if not due:
                 if any(core.has_unfinished() for core in cores):
                     raise RuntimeError("requests are waiting but none can be scheduled")
@@ -230,12 +272,24 @@ class _Runner:
                 if ends[k] is not None and ends[k] <= t:
                     self.deliver(results[k])
                     ends[k] = results[k] = None
+            while self.timers and self.timers[0][0] <= self.t:  # --- fleet (issue 16) ---
+                self._decode(self.pd[heapq.heappop(self.timers)[2]])
             while arrivals and arrivals[0][0] <= self.t:
                 at, _, si, ti, history = heapq.heappop(arrivals)
                 self.admit(at, si, ti, history)
         self.out.duration_s = self.t
         self.out.kv_usage_mean = usage_area / busy if busy else 0.0
         return self.out
+
+    # --- fleet (issue 16): refusals at the router, and the P/D hop ---------------------------
+    def _refused(self, rid: str, s: VirtualSession, ti: int, at: float, n: int) -> None:
+        """Refused by the router's admission: a record on no core (replica -1), no KV."""
+        self.out.records.append(RequestRecord(rid, s.session_id, ti, at, None, (), at, n, 0, 0,
+                                              "error", error="RESOURCE_EXHAUSTED", replica=-1,
+                                              slo_class=s.slo_class))
+        self._next_session()
+
+    # --- end fleet (issue 16) -------------------------------------------------------------
 
     def deliver(self, result: StepResult | None) -> None:
         """A step's outputs, at its end (`self.t`)."""
@@ -246,3 +300,4 @@ class _Runner:
                 self.times[rid].extend(spread_times(prev, self.t, len(tokens)))
         for req in result.finished:
             self.finished(req)
+

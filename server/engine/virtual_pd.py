@@ -1,0 +1,127 @@
+"""The fleet's part of the virtual-time event loop (issue 16): the router's `Dispatch`
+protocol and the P/D hop — a request prefilled on one core, its KV moved, decoded on another.
+
+Why it exists apart from `server.engine.virtual`: the hop is one concern (disaggregated
+serving, Splitwise/DistServe style, as llm-d's sidecar and vLLM's P/D proxy run it; the
+real-time version is `server/engine_proc/kv_connector.py`), and the event loop stays
+readable. `PdHops` is a mixin of `virtual._Runner`: it uses the runner's `cores`,
+`max_waiting`, `sessions`, `outstanding`, `live`, `times`, `t`, `seq`, `dispatch`, and its
+own `pd` (rid -> Hop) and `timers` (transfer ends), which the runner creates. `server/`
+imports no `sim/`: the fleet layer comes in through `Dispatch`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from server.engine.core import EngineCore
+from server.engine.intake import queue_is_full
+from server.engine.request import Request, SamplingParams
+
+if TYPE_CHECKING:
+    from server.engine.virtual import VirtualSession
+
+
+class Dispatch(Protocol):
+    """A fleet's router with admission and P/D (sim/pools.py), used instead of a `Route`.
+
+    Why it exists: `server/` must not import `sim/`, yet the event loop has to ask the fleet
+    layer three things it alone knows: which core serves a turn (by its SLO class too), whether
+    the router refuses it, and, for a disaggregated fleet, which core prefills it and when its
+    KV has crossed the link."""
+
+    def place(self, prompt: Sequence[int], outstanding: Sequence[int],
+              session: VirtualSession) -> tuple[int, int | None] | None:
+        """(the core that serves the turn, the core that prefills it first or None), or None:
+        refused at the router (recorded as RESOURCE_EXHAUSTED, holding no KV)."""
+        ...
+
+    def transfer(self, prefill: int, decode: int, num_tokens: int,
+                 t: float) -> tuple[float, float]:
+        """A KV transfer of `num_tokens` tokens' KV from core `prefill` to `decode` asked at
+        emulated time `t`: (when it ends, the seconds it spends on the link)."""
+        ...
+
+
+class PdHops:
+    """The P/D hop's steps, called by the event loop (see the module docstring)."""
+
+    cores: list[EngineCore]
+    max_waiting: list[int | None]
+    sessions: list[VirtualSession]
+    outstanding: list[int]
+    live: dict[str, tuple[Request, int, int, float, int]]
+    times: dict[str, list[float]]
+    pd: dict[str, Hop]
+    timers: list[tuple[float, int, str]]
+    dispatch: Dispatch | None
+    t: float
+    seq: int
+
+    def _pd_check(self, k: int, prompt: tuple[int, ...]) -> str | None:
+        """What the prefill core would answer at intake (its context length, its queue)."""
+        sched = self.cores[k].scheduler
+        if len(prompt) + 1 > sched.config.max_model_len:
+            return "INVALID_ARGUMENT"
+        mw = self.max_waiting[k]
+        if mw is not None and queue_is_full(sched.num_waiting, sched.free_seats, mw):
+            return "RESOURCE_EXHAUSTED"
+        return None
+
+    def _start_prefill(self, k: int, decode: int, req: Request, si: int, ti: int,
+                       at: float) -> None:
+        """The prefill half, as llm-d's sidecar sends it: the same prompt with max_tokens 1,
+        whose blocks the prefill core holds for the decode core to read (vLLM's
+        do_remote_decode; `Request.hold_kv`)."""
+        s = self.sessions[si]
+        pre = Request(req.request_id, list(req.prompt_token_ids),
+                      SamplingParams(max_tokens=1, ignore_eos=s.ignore_eos, seed=s.seed),
+                      arrival_time=at)
+        pre.hold_kv = True
+        self.cores[k].add_request(pre)
+        self.outstanding[k] += 1
+        self.pd[req.request_id] = Hop(req, si, ti, at, k, decode)
+
+    def _prefilled(self, hop: Hop, pre: Request) -> None:
+        """The prefill ended: its KV (all prompt tokens but the last, which the decode side
+        recomputes, as vLLM) goes over the link; a prefill that kept nothing (it stopped on
+        EOS) moves nothing and the decode side prefills the prompt itself."""
+        self.outstanding[hop.prefill] -= 1
+        hop.prefill_end_s = self.t
+        rid = pre.request_id
+        if rid in self.cores[hop.prefill].scheduler.held:
+            hop.num_tokens = max(0, len(pre.prompt_token_ids) - 1)
+        ready = self.t
+        if hop.num_tokens and self.dispatch is not None:
+            ready, hop.kv_transfer_s = self.dispatch.transfer(hop.prefill, hop.decode,
+                                                              hop.num_tokens, self.t)
+        heapq.heappush(self.timers, (ready, self.seq, rid))
+        self.seq += 1
+
+    def _decode(self, hop: Hop) -> None:
+        """The transfer ended: the prefill core frees its held blocks (the decode side's
+        notification) and the request joins the decode core with that KV computed."""
+        req = hop.req
+        self.cores[hop.prefill].scheduler.release_held(req.request_id)
+        req.num_external_tokens = hop.num_tokens
+        self.cores[hop.decode].add_request(req)
+        self.live[req.request_id] = (req, hop.si, hop.ti, hop.at, hop.decode)
+        self.times[req.request_id] = []
+
+
+@dataclass(eq=False)
+class Hop:
+    """A disaggregated request between its arrival and its decode's start (issue 16)."""
+
+    req: Request  # the decode half (the turn's own sampling parameters)
+    si: int
+    ti: int
+    at: float
+    prefill: int  # its cores
+    decode: int
+    prefill_end_s: float | None = None
+    num_tokens: int = 0  # prompt tokens whose KV moves
+    kv_transfer_s: float = 0.0
