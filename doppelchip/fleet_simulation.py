@@ -21,6 +21,8 @@ from doppelchip.simulation import (
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions
 from server.engine.tokenizer import get_tokenizer
+from sim.autoscale import AutoscalePolicy
+from sim.autoscaled import policies, report, run_scaled, used
 from sim.cluster import (
     build_replicas,
     fleet_counters,
@@ -34,9 +36,12 @@ def wants_cluster(args: argparse.Namespace) -> bool:
     """A router was asked for, or the deployment simulated has several replicas."""
     if getattr(args, "router", None):
         return True
+    if getattr(args, "autoscale", None) or getattr(args, "timeline", None):  # (autoscale)
+        return True
     if args.chip or args.model or args.engine or args.quant:
         return False
-    return options_from_args(args).replicas > 1
+    opts = options_from_args(args)
+    return opts.replicas > 1 or opts.autoscaling is not None  # (autoscale: issue 16)
 
 
 def fleet_options(args: argparse.Namespace) -> list[EngineOptions]:
@@ -69,8 +74,15 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
         conversations = build_workload(workload, encode=get_tokenizer().encode)
     except (ValueError, OSError) as e:
         raise SimulationError(str(e)) from e
-    cr = run_replicas(replicas, to_sessions(conversations), args.router or "round-robin",
-                      seed=args.seed)
+    scaled = _scaled(args, deployments)  # --- autoscale (issue 16) ---
+    if scaled is not None:
+        pols, sample_s = scaled
+        sr = run_scaled(deployments, pols, to_sessions(conversations),
+                        args.router or "round-robin", seed=args.seed, sample_s=sample_s)
+        cr = sr.cluster
+    else:
+        cr = run_replicas(replicas, to_sessions(conversations), args.router or "round-robin",
+                          seed=args.seed)
     results = [to_result(r) for r in cr.run.records]
     counters = fleet_counters(cr)
     joules, dollars = counters.pop("joules"), counters.pop("dollars")
@@ -82,4 +94,27 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
                         emulated_s=emulated_s)
     summary["router"] = cr.router
     summary["replicas"] = replica_reports(cr)
+    if scaled is not None:  # --- autoscale (issue 16) ---
+        keep = used(sr)  # slots never provisioned are not part of the fleet
+        summary["replicas"] = [summary["replicas"][k] for k in keep]
+        summary["chips"] = sum(cr.replicas[k].core.placement.chips for k in keep)
+        summary["max_num_seqs"] = sum(cr.replicas[k].core.scheduler.config.max_num_seqs
+                                      for k in keep)
+        summary.update(report(sr))
     return summary
+
+
+def _scaled(args: argparse.Namespace, deployments: list[EngineOptions],
+            ) -> tuple[list[AutoscalePolicy | None], float | None] | None:
+    """(each deployment's autoscaling policy, the timeline interval) when the run autoscales
+    or asks for a timeline; None for a fixed pool (sim/cluster.py as before)."""
+    try:
+        pols = policies(deployments, getattr(args, "autoscale", None))
+    except ValueError as e:
+        raise SimulationError(str(e)) from e
+    sample_s = getattr(args, "timeline", None)
+    if sample_s is not None and not sample_s > 0:
+        raise SimulationError("--timeline must be > 0 seconds")
+    if sample_s is None and not any(pols):
+        return None
+    return pols, sample_s

@@ -127,6 +127,9 @@ class EngineOptions:
     # --- virtual-time clusters (issue 16): sim/cluster.py, docs/LOAD.md ---
     replicas: int = 1  # copies of this deployment behind a router (`simulate --router`)
     # --- end virtual-time clusters ---
+    # --- autoscale (issue 16): sim/autoscale.py, docs/AUTOSCALING.md ---
+    autoscaling: str | None = None  # "metric=waiting,target=4,min=1,max=8" (the file's table)
+    # --- end autoscale ---
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
