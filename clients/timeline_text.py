@@ -16,8 +16,9 @@ def format_timeline(rows: Sequence[dict[str, Any]], max_rows: int = 24) -> str:
     shown = list(rows[::step])
     head = (f"{'t (s)':>8} {'prov':>4} {'ready':>5} {'wait':>5} {'run':>5} {'kv %':>5} "
             f"{'arr':>5} {'ttft p50':>9} {'ttft p99':>9} {'$':>9}")
-    lines = [f"timeline        every {step} of {len(rows)} intervals" if step > 1
-             else "timeline", head]
+    every = f"{rows[1]['t'] - rows[0]['t']:g} s intervals" if len(rows) > 1 else "1 interval"
+    shown_of = f", 1 row in {step} shown" if step > 1 else ""
+    lines = [f"timeline        {len(rows)} × {every}{shown_of}", head]
 
     def ms(v: float | None) -> str:
         return f"{v * 1e3:7.1f}ms" if v is not None else f"{'-':>9}"

@@ -248,7 +248,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if summary.get("timeline"):  # --- autoscale (issue 16) ---
             from clients.timeline_text import format_scaling, format_timeline
 
-            print(format_scaling(summary))
+            scaling = format_scaling(summary)
+            if scaling:
+                print(scaling)
             print(format_timeline(summary["timeline"]))
     return 0
 

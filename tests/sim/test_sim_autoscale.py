@@ -5,6 +5,7 @@ billing only while provisioned, and the cold start taken from the device model."
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 import pytest
@@ -174,3 +175,37 @@ def test_bad_autoscaling_is_a_clear_error(tmp_path, capsys):
                  "--num-requests", "4"])
     assert code == 2
     assert "metric" in capsys.readouterr().err
+
+
+def test_timeline_of_a_fixed_deployment(capsys):
+    """--timeline without an autoscaler: one replica throughout, arrivals counted per
+    interval, dollars growing; no scaling line in the terminal."""
+    base = ["simulate", "--chip", "h100-sxm", "--engine", "vllm", "--model", "llama-3.1-8b",
+            "--quant", "bf16", "--isl", "32", "--osl", "8", "--ignore-eos", "--seed", "2",
+            "--rate-shape", "burst:low=1,high=20,on=5,off=10", "--duration", "30",
+            "--timeline", "5"]
+    assert main([*base, "--json"]) == 0
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = s["timeline"]
+    assert [r["t"] for r in rows] == [0, 5, 10, 15, 20, 25, 30][: len(rows)] and len(rows) >= 6
+    assert {r["provisioned"] for r in rows} == {r["ready"] for r in rows} == {1}
+    assert all(a["policy"] is None and not a["events"] for a in s["autoscaling"].values())
+    assert sum(r["arrivals"] for r in rows) == s["requests"]
+    busy = [r["arrivals"] for r in rows[:6]]
+    assert busy[2] > 3 * busy[0] and busy[5] > 3 * busy[3]  # the bursts at 10-15, 25-30 s
+    assert all(a["dollars"] < b["dollars"] for a, b in itertools.pairwise(rows))
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    assert "timeline" in out and "autoscaling" not in out
+
+
+def test_fleet_file_autoscaling_table_is_checked(tmp_path, capsys):
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[deployments]]\nname = "a"\nmodel = "llama-3.1-8b"\nquant = "bf16"\n'
+                     'chip = "h100-sxm"\nengine = "vllm"\n\n[deployments.autoscaling]\n'
+                     'metric = "waiting"\nmax = 0\n')
+    assert main(["simulate", "--config", str(fleet), "--num-requests", "2"]) == 2
+    assert "min <= max" in capsys.readouterr().err
+    fleet.write_text(fleet.read_text().replace("max = 0", "max = [1]"))
+    assert main(["simulate", "--config", str(fleet), "--num-requests", "2"]) == 2
+    assert "autoscaling values" in capsys.readouterr().err

@@ -5,6 +5,7 @@ right arrivals and lengths — Mooncake's shared hash_ids becoming prefix-cache 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 from datetime import datetime
@@ -36,10 +37,10 @@ def test_shaped_arrivals_follow_the_rate_curve(spec):
     deviations, and the whole run's chi-square below its 99.9 % point (seed fixed)."""
     shape = parse_rate_shape(spec)
     times = shaped_arrival_times(shape, np.random.default_rng(7), duration_s=1200)
-    assert times == sorted(times) and 0 <= times[0] and times[-1] < 1200
+    assert times == sorted(times) and times[0] >= 0 and times[-1] < 1200
     edges = np.arange(0, 1201, 60)
     counts, _ = np.histogram(times, bins=edges)
-    means = np.array([expected_count(shape, a, b) for a, b in zip(edges, edges[1:])])
+    means = np.array([expected_count(shape, a, b) for a, b in itertools.pairwise(edges)])
     assert np.all(np.abs(counts - means) <= 4 * np.sqrt(means) + 1)
     chi2 = float(np.sum((counts - means) ** 2 / means))
     assert chi2 < 45.3  # chi-square, 20 degrees of freedom, 99.9 %
@@ -120,7 +121,7 @@ def test_mooncake_trace_sample_shares_blocks_by_hash_id():
     for a in range(len(rows)):
         for b in range(a):
             ha, hb = rows[a]["hash_ids"], rows[b]["hash_ids"]
-            same = next((i for i, (x, y) in enumerate(zip(ha, hb)) if x != y),
+            same = next((i for i, (x, y) in enumerate(zip(ha, hb, strict=False)) if x != y),
                         min(len(ha), len(hb)))
             n = min(same * MOONCAKE_BLOCK, len(prompts[a]), len(prompts[b]))
             assert prompts[a][:n] == prompts[b][:n]
