@@ -1,5 +1,5 @@
 """Autoscaling in virtual time (sim/autoscale.py): the HPA's arithmetic, a run that scales out
-through a traffic step and back in after it, the cold-start dip on the emulated timeline,
+during a traffic ramp and back in after it, the cold-start dip on the emulated timeline,
 billing only while provisioned, and the cold start taken from the device model."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ A100 = EngineOptions(name="a100", model="llama-2-13b", quant="bf16", chip="a100-
                      engine="vllm", max_model_len=2048, max_num_seqs=4)
 POLICY = AutoscalePolicy(metric="waiting", target=2, min=1, max=3, sync_period_s=5,
                          scale_down_window_s=60, boot_s=20)
-# 1 req/s, a step to 5 req/s at 20 s until 80 s, then 0.5 req/s until 170 s
-STEP = "piecewise:0=1,20=1,20.5=5,80=5,80.5=0.5,170=0.5"
+# 1 req/s, a ramp to 5 req/s over 20-35 s, 5 req/s until 80 s, down to 0.5 req/s by 90 s
+RAMP = "piecewise:0=1,20=1,35=5,80=5,90=0.5,170=0.5"
 
 
 def sessions(**spec):
@@ -35,8 +35,8 @@ def sessions(**spec):
 
 
 @pytest.fixture(scope="module")
-def step_run():
-    sr = run_scaled([A100], [POLICY], sessions(rate_shape=STEP), "least-requests")
+def ramp_run():
+    sr = run_scaled([A100], [POLICY], sessions(rate_shape=RAMP), "least-requests")
     return sr, report(sr)
 
 
@@ -73,15 +73,15 @@ def test_policy_parses_the_flag_and_refuses_bad_values():
             parse_policy(bad)
 
 
-def test_scales_out_through_the_step_and_back_in_after_it(step_run):
-    sr, rep = step_run
+def test_scales_out_during_the_ramp_and_back_in_after_it(ramp_run):
+    sr, rep = ramp_run
     events = rep["autoscaling"]["a100"]["events"]
     ups = [e for e in events if e["to"] > e["from"]]
     downs = [e for e in events if e["to"] < e["from"]]
-    assert ups and 20 <= ups[0]["t"] <= 40  # soon after the step, not before it
+    assert ups and 20 <= ups[0]["t"] <= 40  # during the ramp, not before it
     assert max(e["to"] for e in events) == POLICY.max
     assert downs and downs[-1]["to"] == POLICY.min
-    # scale-in comes after the step, once the stabilisation window has passed since the
+    # scale-in comes after the plateau, once the stabilisation window has passed since the
     # queue was last long enough to ask for more than one replica
     rows = rep["timeline"]
     busy = max(r["t"] for r in rows if r["ready"] and r["waiting"] / r["ready"] > POLICY.target)
@@ -95,8 +95,8 @@ def test_scales_out_through_the_step_and_back_in_after_it(step_run):
     assert len({r.replica for r in sr.cluster.run.records}) >= 3
 
 
-def test_cold_start_dip_on_the_emulated_timeline(step_run):
-    _, rep = step_run
+def test_cold_start_dip_on_the_emulated_timeline(ramp_run):
+    _, rep = ramp_run
     rows = rep["timeline"]
     first_up = next(e for e in rep["autoscaling"]["a100"]["events"] if e["to"] > e["from"])
     ready_at = first_up["t"] + POLICY.boot_s
@@ -111,8 +111,8 @@ def test_cold_start_dip_on_the_emulated_timeline(step_run):
     assert max(r["waiting"] for r in booting) > max(r["waiting"] for r in settled)
 
 
-def test_billed_only_while_provisioned(step_run):
-    sr, rep = step_run
+def test_billed_only_while_provisioned(ramp_run):
+    sr, rep = ramp_run
     a = rep["autoscaling"]["a100"]
     core = sr.cluster.replicas[0].core
     duration = sr.cluster.run.duration_s
@@ -150,7 +150,7 @@ def test_simulate_autoscale_flag_json_and_html(tmp_path, capsys):
                      'boot_s = 20\n')
     html = tmp_path / "report.html"
     assert main(["simulate", "--config", str(fleet), "--isl", "64", "--osl", "96",
-                 "--ignore-eos", "--seed", "3", "--rate-shape", STEP, "--json",
+                 "--ignore-eos", "--seed", "3", "--rate-shape", RAMP, "--json",
                  "--html", str(html)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["autoscaling"]["a100"]["policy"]["max"] == 3
@@ -209,3 +209,23 @@ def test_fleet_file_autoscaling_table_is_checked(tmp_path, capsys):
     fleet.write_text(fleet.read_text().replace("max = 0", "max = [1]"))
     assert main(["simulate", "--config", str(fleet), "--num-requests", "2"]) == 2
     assert "autoscaling values" in capsys.readouterr().err
+
+
+def test_scaled_in_replicas_drain_then_stop_being_billed(ramp_run):
+    """The two replicas added during the ramp: billed from their scale-up event (the boot
+    included) until the last request they hold ends, and routed nothing after scale-in."""
+    sr, rep = ramp_run
+    events = rep["autoscaling"]["a100"]["events"]
+    ups = [e for e in events if e["to"] > e["from"]]
+    down = next(e for e in events if e["to"] < e["from"])
+    booted = {}
+    for e in ups:  # slots boot lowest first, one per replica added
+        for k in range(e["from"], e["to"]):
+            booted[k] = e["t"]
+    assert sorted(booted) == [1, 2]
+    for k, t_boot in booted.items():
+        mine = [r for r in sr.cluster.run.records if r.replica == k]
+        assert mine and min(r.arrival_s for r in mine) >= t_boot + POLICY.boot_s
+        assert max(r.arrival_s for r in mine) < down["t"]  # none routed once draining
+        drained = max(down["t"], max(r.end_s for r in mine))
+        assert sr.control.billed_s[k] == pytest.approx(drained - t_boot)
