@@ -49,3 +49,147 @@ def _ramp(steady: np.ndarray, ramp_s: float) -> np.ndarray:
     t = sqrt(2·R·u) for u < R/2 and u + R/2 after."""
     half = ramp_s / 2
     return np.where(steady < half, np.sqrt(2 * ramp_s * steady), steady + half)
+
+
+# --- time-varying traffic (issue 16; docs/AUTOSCALING.md) ---------------------------------
+class RateShape:
+    """An arrival rate that changes with time: `rate(t)` requests per second for t >= 0,
+    bounded by `peak`. `end_s` is where the shape stops (None: it goes on for ever)."""
+
+    name = ""
+    end_s: float | None = None
+
+    def __init__(self, **params: float) -> None:
+        self.p = params
+
+    def rate(self, t: float) -> float:
+        raise NotImplementedError
+
+    @property
+    def peak(self) -> float:
+        raise NotImplementedError
+
+
+class Ramp(RateShape):
+    """Linear from `from` to `to` over `over` seconds, then constant at `to`."""
+
+    name, keys = "ramp", ("from", "to", "over")
+
+    def rate(self, t: float) -> float:
+        a, b, over = self.p["from"], self.p["to"], self.p["over"]
+        return b if t >= over else a + (b - a) * t / over
+
+    @property
+    def peak(self) -> float:
+        return max(self.p["from"], self.p["to"])
+
+
+class Diurnal(RateShape):
+    """A day in `period` seconds: a sinusoid between `min` (at t = 0, the trough) and `max`
+    (at t = period / 2): min + (max - min) · (1 - cos 2πt/period) / 2."""
+
+    name, keys = "diurnal", ("period", "min", "max")
+
+    def rate(self, t: float) -> float:
+        lo, hi = self.p["min"], self.p["max"]
+        return lo + (hi - lo) * (1 - math.cos(2 * math.pi * t / self.p["period"])) / 2
+
+    @property
+    def peak(self) -> float:
+        return max(self.p["min"], self.p["max"])
+
+
+class Burst(RateShape):
+    """On/off: `low` for `off` seconds, then `high` for `on` seconds, repeated."""
+
+    name, keys = "burst", ("low", "high", "on", "off")
+
+    def rate(self, t: float) -> float:
+        phase = t % (self.p["on"] + self.p["off"])
+        return self.p["low"] if phase < self.p["off"] else self.p["high"]
+
+    @property
+    def peak(self) -> float:
+        return max(self.p["low"], self.p["high"])
+
+
+class Piecewise(RateShape):
+    """Linear between points `T=RATE` (seconds=requests per second), e.g. `0=1,300=20,
+    600=20,900=1`: a ramp up, a plateau and a ramp down; the shape ends at the last point."""
+
+    name = "piecewise"
+
+    def __init__(self, **params: float) -> None:
+        super().__init__(**params)
+        self.points = sorted((float(k), v) for k, v in params.items())
+        self.end_s = self.points[-1][0]
+
+    def rate(self, t: float) -> float:
+        xs, ys = zip(*self.points, strict=True)
+        return float(np.interp(t, xs, ys))
+
+    @property
+    def peak(self) -> float:
+        return max(v for _, v in self.points)
+
+
+SHAPES: dict[str, type[RateShape]] = {s.name: s for s in (Ramp, Diurnal, Burst, Piecewise)}
+
+
+def parse_rate_shape(text: str) -> RateShape:
+    """`diurnal:period=3600,min=2,max=20` → a RateShape (ValueError saying what is wrong)."""
+    name, _, rest = text.partition(":")
+    if name not in SHAPES:
+        raise ValueError(f"unknown rate shape {name!r}; one of {', '.join(SHAPES)}")
+    params: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, sep, value = part.partition("=")
+        try:
+            params[key.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ValueError(f"rate shape {name}: bad term {part!r}, use KEY=NUMBER") from None
+    cls = SHAPES[name]
+    keys = getattr(cls, "keys", None)
+    if keys is not None and set(params) != set(keys):
+        raise ValueError(f"rate shape {name} takes {', '.join(f'{k}=' for k in keys)}")
+    if cls is Piecewise and len(params) < 2:
+        raise ValueError("rate shape piecewise needs at least two T=RATE points")
+    if any(v < 0 for v in params.values()):
+        raise ValueError(f"rate shape {name}: values must be >= 0")
+    for key in ("over", "period"):
+        if key in params and not params[key] > 0:
+            raise ValueError(f"rate shape {name}: {key} must be > 0")
+    if cls is Burst and not params["on"] + params["off"] > 0:
+        raise ValueError("rate shape burst: on + off must be > 0")
+    shape = cls(**params)
+    if not shape.peak > 0:
+        raise ValueError(f"rate shape {name}: the rate is 0 everywhere")
+    return shape
+
+
+def shaped_arrival_times(shape: RateShape, rng: np.random.Generator, n: int | None = None,
+                         duration_s: float | None = None) -> list[float]:
+    """Send times of a non-homogeneous Poisson process with rate `shape.rate(t)`, by thinning
+    (Lewis & Shedler 1979): candidates at the constant rate `shape.peak`, each kept with
+    probability rate(t) / peak. Stops after `n` arrivals, at `duration_s`, or where the shape
+    ends, whichever comes first (one of them must be given or finite)."""
+    horizon = min(x for x in (duration_s, shape.end_s, math.inf) if x is not None)
+    if n is None and math.isinf(horizon):
+        raise ValueError(f"rate shape {shape.name} goes on for ever: give a duration or a "
+                         "number of requests")
+    peak, t, out = shape.peak, 0.0, []
+    while n is None or len(out) < n:
+        gaps = rng.exponential(1.0 / peak, size=1024)
+        keep = rng.random(size=1024)
+        for gap, u in zip(gaps, keep, strict=True):
+            t += float(gap)
+            if t >= horizon:
+                return out
+            if u * peak < shape.rate(t):
+                out.append(t)
+                if n is not None and len(out) >= n:
+                    return out
+    return out
+# --- end time-varying traffic --------------------------------------------------------------

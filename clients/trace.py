@@ -27,7 +27,15 @@ def load_trace(
     vocab_size: int,
     encode: Callable[[str], list[int]] | None = None,
     seed: int = 0,
+    trace_format: str = "auto",
 ) -> list[Conversation]:
+    """The conversations of the trace at `path`: this module's JSONL, or one of the public
+    formats of clients/trace_formats.py (`trace_format`, or sniffed from the file)."""
+    from clients.trace_formats import load_public, sniff  # --- trace formats (issue 16) ---
+
+    fmt = sniff(path) if trace_format == "auto" else trace_format
+    if fmt != "jsonl":
+        return load_public(path, fmt, vocab_size, seed)
     rng = np.random.default_rng(seed)
     rows = []
     for n, line in enumerate(Path(path).read_text().splitlines(), start=1):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from clients.arrivals import arrival_times
+from clients.arrivals import arrival_times, parse_rate_shape, shaped_arrival_times
 from clients.conversation import FIRST_ORDINARY_ID, Conversation, Turn
 from clients.structured import structured_constraint
 
@@ -47,6 +47,11 @@ class WorkloadSpec:
     think_time_s: float = 0.0  # multi-turn
     trace_path: str = ""  # trace: a JSONL file to replay (see clients/trace.py)
     slo_class_mix: tuple[tuple[str, float], ...] = ()  # (SLO class, weight): see with_classes
+    # --- time-varying traffic and trace formats (issue 16; docs/AUTOSCALING.md) ---
+    rate_shape: str = ""  # e.g. "diurnal:period=3600,min=2,max=20" (replaces `rate`)
+    duration_s: float | None = None  # rate_shape: arrivals in [0, duration_s)
+    trace_format: str = "auto"  # auto | jsonl | azure | burstgpt | mooncake
+    # --- end time-varying traffic ---
     vocab_size: int = 8192
 
 
@@ -64,15 +69,23 @@ def build_workload(
 
         if not spec.trace_path:
             raise ValueError("the trace workload needs a trace file")
-        return with_classes(load_trace(spec.trace_path, spec.vocab_size, encode, spec.seed),
-                            spec)
+        return with_classes(load_trace(spec.trace_path, spec.vocab_size, encode, spec.seed,
+                                       spec.trace_format), spec)
+    if spec.rate_shape:  # --- time-varying traffic (issue 16) ---
+        rng = np.random.default_rng(spec.seed)
+        starts = shaped_arrival_times(parse_rate_shape(spec.rate_shape), rng,
+                                      spec.num_requests or None, spec.duration_s)
+        if not starts:
+            raise ValueError(f"rate shape {spec.rate_shape!r}: no arrival in the run")
+        spec = replace(spec, num_requests=len(starts))
     if spec.num_requests <= 0:
         raise ValueError("num_requests must be > 0")
     if spec.isl <= 0 or spec.osl <= 0:
         raise ValueError("isl and osl must be > 0")
-    rng = np.random.default_rng(spec.seed)
-    starts = arrival_times(spec.num_requests, spec.rate, spec.arrival, rng, spec.burstiness,
-                           spec.ramp_up_s)
+    if not spec.rate_shape:
+        rng = np.random.default_rng(spec.seed)
+        starts = arrival_times(spec.num_requests, spec.rate, spec.arrival, rng,
+                               spec.burstiness, spec.ramp_up_s)
     builders = {**_BUILDERS, "mix": _mix}
     if spec.kind not in builders:
         raise ValueError(f"unknown workload {spec.kind!r}; one of {', '.join(builders)}")

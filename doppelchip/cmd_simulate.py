@@ -193,6 +193,7 @@ def register(subparsers: Any) -> None:
                    "one pool behind this router (default with replicas > 1: round-robin)")
     # --- end virtual-time clusters ---
     add_fleet_args(p)
+    add_autoscale_args(p)  # --- autoscale (issue 16) ---
     p.set_defaults(func=cmd_simulate)
 
 
@@ -215,6 +216,31 @@ def add_fleet_args(p: argparse.ArgumentParser) -> None:
                    "queue-depth=Q,kv-util=U; refused requests end RESOURCE_EXHAUSTED")
 
 
+# --- autoscale (issue 16): sim/autoscale.py, clients/arrivals.py, docs/AUTOSCALING.md ---
+def add_autoscale_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("autoscaling and traffic over time (docs/AUTOSCALING.md)")
+    g.add_argument("--autoscale", metavar="SPEC",
+                   help="HPA-style autoscaler for every deployment of the pool, e.g. "
+                   "metric=waiting,target=4,min=1,max=8 (metric: waiting | kv | running; "
+                   "also tolerance, sync_period_s, scale_down_window_s, scale_up_window_s, "
+                   "boot_s, provision_s); a deployment's [autoscaling] table does the same")
+    g.add_argument("--timeline", type=float, metavar="SECONDS",
+                   help="report the fleet over time every SECONDS (default with an "
+                   "autoscaler: its sync period)")
+    g.add_argument("--rate-shape", metavar="SHAPE",
+                   help="time-varying arrivals (non-homogeneous Poisson) instead of --rate: "
+                   "ramp:from=1,to=20,over=600 | diurnal:period=3600,min=2,max=20 | "
+                   "burst:low=1,high=20,on=10,off=50 | piecewise:0=1,300=20,600=1 "
+                   "(with --duration and/or --num-requests)")
+    g.add_argument("--trace-format", default="auto",
+                   choices=["auto", "jsonl", "azure", "burstgpt", "mooncake"],
+                   help="format of --trace (default: sniffed from the file)")
+    g.add_argument("--html", metavar="FILE",
+                   help="write an HTML report: replicas, queue, latency and dollars over time")
+# --- end autoscale ---
+
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from sim.fleet_simulation import simulate_fleet, wants_cluster
     from sim.simulation import SimulationError, simulate
@@ -224,6 +250,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except SimulationError as e:
         print(json.dumps({"error": str(e)}) if args.json else f"error: {e}", file=sys.stderr)
         return 2
+    if getattr(args, "html", None):  # --- autoscale (issue 16): the report over time ---
+        from clients.timeline_report import render_timeline
+
+        with open(args.html, "w") as f:
+            f.write(render_timeline(summary))
     if args.json:
         print(json.dumps(summary))
     else:
@@ -234,6 +265,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         fleet_tables = format_fleet(summary)  # --- fleet (issue 16) ---
         if fleet_tables:
             print(fleet_tables)
+        if summary.get("timeline"):  # --- autoscale (issue 16) ---
+            from clients.timeline_text import format_scaling, format_timeline
+
+            scaling = format_scaling(summary)
+            if scaling:
+                print(scaling)
+            print(format_timeline(summary["timeline"]))
     return 0
 
 

@@ -188,6 +188,12 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from e
     # --- end KV events ---
+    auto = table.get("autoscaling")  # --- autoscale (issue 16): a table, checked by sim/ ---
+    if isinstance(auto, dict):
+        if not all(isinstance(v, (int, float, str)) and not isinstance(v, bool)
+                   for v in auto.values()):
+            raise ConfigError(f"{where}: autoscaling values must be numbers or names")
+        table = {**table, "autoscaling": ",".join(f"{k}={v}" for k, v in auto.items())}
     opts = _build(EngineOptions, table, where)
     try:  # --- LoRA (issue 13): the LoRA options checked as vLLM checks them ---
         opts.lora_config()

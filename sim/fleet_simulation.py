@@ -15,6 +15,8 @@ from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.admission import parse_admission
+from sim.autoscale import AutoscalePolicy
+from sim.autoscaled import policies, report, run_scaled, used
 from sim.cluster import (
     ClusterRun,
     build_replicas,
@@ -40,9 +42,12 @@ def wants_cluster(args: argparse.Namespace) -> bool:
     deployment simulated has several replicas."""
     if any(getattr(args, k, None) for k in ("router", "admission", "slo_class_mix")):
         return True
+    if getattr(args, "autoscale", None) or getattr(args, "timeline", None):  # (autoscale)
+        return True
     if args.chip or args.model or args.engine or args.quant:
         return False
-    return options_from_args(args).replicas > 1
+    opts = options_from_args(args)
+    return opts.replicas > 1 or opts.autoscaling is not None  # (autoscale: issue 16)
 
 
 def fleet_options(args: argparse.Namespace) -> list[EngineOptions]:
@@ -75,10 +80,18 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
         conversations = build_workload(workload, encode=get_tokenizer().encode)
     except (ValueError, OSError) as e:
         raise SimulationError(str(e)) from e
+    scaled = _scaled(args, deployments)  # --- autoscale (issue 16) ---
     try:  # --- fleet (issue 16): pools, SLO classes, admission ---
         admission = parse_admission(getattr(args, "admission", None))
-        cr = run_replicas(replicas, to_sessions(conversations), args.router or "round-robin",
-                          seed=args.seed, admission=admission)
+        if scaled is not None:
+            _check_scalable(args, deployments, admission)
+            pols, sample_s = scaled
+            sr = run_scaled(deployments, pols, to_sessions(conversations),
+                            args.router or "round-robin", seed=args.seed, sample_s=sample_s)
+            cr = sr.cluster
+        else:
+            cr = run_replicas(replicas, to_sessions(conversations),
+                              args.router or "round-robin", seed=args.seed, admission=admission)
     except (FleetError, ValueError) as e:
         raise SimulationError(str(e)) from e
     results = [to_result(r) for r in cr.run.records]
@@ -94,6 +107,13 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     summary["replicas"] = replica_reports(cr)
     if cr.dispatch is not None:  # --- fleet (issue 16) ---
         add_fleet_parts(summary, cr, results, admission is not None)
+    if scaled is not None:  # --- autoscale (issue 16) ---
+        keep = used(sr)  # slots never provisioned are not part of the fleet
+        summary["replicas"] = [summary["replicas"][k] for k in keep]
+        summary["chips"] = sum(cr.replicas[k].core.placement.chips for k in keep)
+        summary["max_num_seqs"] = sum(cr.replicas[k].core.scheduler.config.max_num_seqs
+                                      for k in keep)
+        summary.update(report(sr))
     return summary
 
 
@@ -118,3 +138,30 @@ def add_fleet_parts(summary: dict[str, Any], cr: ClusterRun, results: list[Reque
             row["prefills"] = n
         summary["kv_transfers"] = {"count": d.links.transfers, "bytes": d.links.bytes,
                                    "seconds": d.links.seconds}
+
+
+def _scaled(args: argparse.Namespace, deployments: list[EngineOptions],
+            ) -> tuple[list[AutoscalePolicy | None], float | None] | None:
+    """(each deployment's autoscaling policy, the timeline interval) when the run autoscales
+    or asks for a timeline; None for a fixed pool (sim/cluster.py as before)."""
+    try:
+        pols = policies(deployments, getattr(args, "autoscale", None))
+    except ValueError as e:
+        raise SimulationError(str(e)) from e
+    sample_s = getattr(args, "timeline", None)
+    if sample_s is not None and not sample_s > 0:
+        raise SimulationError("--timeline must be > 0 seconds")
+    if sample_s is None and not any(pols):
+        return None
+    return pols, sample_s
+
+
+def _check_scalable(args: argparse.Namespace, deployments: list[EngineOptions],
+                    admission: object) -> None:
+    """Autoscaling routes with its own view of ready replicas: pools by role or class and
+    admission at the router do not combine with it (yet); say so instead of ignoring them."""
+    if admission is not None or args.router == "slo-class":
+        raise SimulationError("autoscaling does not combine with --admission or "
+                              "--router slo-class")
+    if any(d.role != "both" for d in deployments):
+        raise SimulationError("autoscaling does not combine with P/D roles")

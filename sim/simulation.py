@@ -174,7 +174,13 @@ FAULT_KEYS = ("failure_injection_rate", "failure_types", "failure_injection_seed
 
 def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
     n = args.num_requests
-    if n is None:
+    shape = getattr(args, "rate_shape", None)  # --- time-varying traffic (issue 16) ---
+    if shape:
+        if not math.isinf(args.rate) or args.ramp_up or args.arrival != "poisson":
+            raise SimulationError("--rate-shape replaces --rate, --ramp-up and --arrival "
+                                  "(its arrivals are Poisson with a time-varying rate)")
+        n = n or 0  # 0: as many as arrive in --duration (or before the shape ends)
+    elif n is None:
         if args.duration is not None:
             if math.isinf(args.rate):
                 raise SimulationError("--duration needs a finite --rate")
@@ -192,6 +198,8 @@ def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
         trace_path=args.trace or "",
         slo_class_mix=_parse_mix(getattr(args, "slo_class_mix", None) or "",
                                  "--slo-class-mix", "CLASS"),  # --- fleet (issue 16) ---
+        rate_shape=shape or "", duration_s=args.duration if shape else None,
+        trace_format=getattr(args, "trace_format", "auto"),
     )
 
 

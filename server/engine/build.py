@@ -129,6 +129,9 @@ class EngineOptions:
     role: str = "both"  # prefill | decode | both: its part in a disaggregated fleet (sim/pd.py)
     slo_classes: tuple[str, ...] = ()  # SLO classes its pool serves (none: any; sim/pools.py)
     # --- end virtual-time clusters ---
+    # --- autoscale (issue 16): sim/autoscale.py, docs/AUTOSCALING.md ---
+    autoscaling: str | None = None  # "metric=waiting,target=4,min=1,max=8" (the file's table)
+    # --- end autoscale ---
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,

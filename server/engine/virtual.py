@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from server.engine.core import EngineCore, StepResult
 from server.engine.intake import queue_is_full
@@ -99,11 +100,14 @@ def run_cluster(
     max_waiting: Sequence[int | None] | None = None,
     max_grammar_bytes: Sequence[int] | None = None, concurrency: int | None = None,
     dispatch: Dispatch | None = None,
+    control: Control | None = None,
 ) -> VirtualRun:
     """Run `sessions` through several cores on one shared virtual clock: each arriving turn
     goes to the core `route` picks (the per-core limits are indexed like `cores`); whichever
     core's step ends first is advanced next. One core is exactly `run_virtual`. A `dispatch`
-    (issue 16: SLO classes, admission, P/D) replaces `route` when given."""
+    (issue 16: SLO classes, admission, P/D) replaces `route` when given. `control` (an
+    autoscaler, sim/autoscale.py) is ticked on its own schedule and says which idle cores are
+    paid for."""
     if concurrency is not None and concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     if not cores:
@@ -112,7 +116,26 @@ def run_cluster(
     runner = _Runner(cores, sessions, route, list(max_waiting or [None] * n),
                      list(max_grammar_bytes or [65536] * n), concurrency)
     runner.dispatch = dispatch  # --- fleet (issue 16) ---
+    runner.control = control  # --- autoscale (issue 16) ---
     return runner.run()
+
+
+# --- autoscale (issue 16) ---
+class Control(Protocol):
+    """A periodic controller of a cluster run (sim/autoscale.py): `tick(t)` is called once
+    the clock reaches `next_at` (after that instant's step ends, before its arrivals), and an
+    idle core k is charged idle power and money only while `bill_idle(k, t)` is true (an off
+    replica costs nothing). The run ends when the traffic does, whatever `next_at` says."""
+
+    @property
+    def next_at(self) -> float: ...
+
+    def tick(self, t: float) -> None: ...
+
+    def bill_idle(self, k: int, t: float) -> bool: ...
+
+    def finish(self, t: float) -> None: ...
+# --- end autoscale ---
 
 
 class _Runner(PdHops):
@@ -128,6 +151,7 @@ class _Runner(PdHops):
         self.cores, self.sessions, self.route = cores, sessions, route
         self.max_waiting, self.max_grammar_bytes = max_waiting, max_grammar_bytes
         self.outstanding = [0] * len(cores)  # routed, not yet finished (the router's view)
+        self.control: Control | None = None  # --- autoscale (issue 16) ---
         self.out = VirtualRun()
         # (time, tie-break, session, turn, history): the next turns due
         self.arrivals: list[tuple[float, int, int, int, tuple[int, ...]]] = []
@@ -263,9 +287,12 @@ class _Runner(PdHops):
                 if any(core.has_unfinished() for core in cores):
                     raise RuntimeError("requests are waiting but none can be scheduled")
                 break
+            ctl = self.control  # --- autoscale (issue 16): its ticks are events too ---
+            if ctl is not None:
+                due.append(ctl.next_at)
             t = max(self.t, min(due))
             for k, core in enumerate(cores):  # free cores sit idle until then
-                if ends[k] is None:
+                if ends[k] is None and (ctl is None or ctl.bill_idle(k, self.t)):
                     core.account_idle(t - self.t)
             self.t = t
             for k in range(n):
@@ -274,10 +301,14 @@ class _Runner(PdHops):
                     ends[k] = results[k] = None
             while self.timers and self.timers[0][0] <= self.t:  # --- fleet (issue 16) ---
                 self._decode(self.pd[heapq.heappop(self.timers)[2]])
+            if ctl is not None and self.t >= ctl.next_at:  # --- autoscale (issue 16) ---
+                ctl.tick(self.t)
             while arrivals and arrivals[0][0] <= self.t:
                 at, _, si, ti, history = heapq.heappop(arrivals)
                 self.admit(at, si, ti, history)
         self.out.duration_s = self.t
+        if self.control is not None:  # --- autoscale (issue 16) ---
+            self.control.finish(self.t)
         self.out.kv_usage_mean = usage_area / busy if busy else 0.0
         return self.out
 

@@ -1,0 +1,295 @@
+"""Autoscaling in virtual time: a Kubernetes-HPA-style controller over a pool of replicas
+(issue 16; docs/AUTOSCALING.md).
+
+Every `sync_period_s` the controller reads, from each ready replica's real `EngineCore`, the
+metric a real autoscaler scrapes — `vllm:num_requests_waiting` (`waiting`),
+`vllm:kv_cache_usage_perc` (`kv`) or the running requests (`running`, a custom target) —
+and applies the HPA algorithm (kubernetes.io, "Horizontal Pod Autoscaling", Algorithm
+details): desired = ceil(current × average / target), no change within the tolerance,
+replicas still booting count as "missing metrics" (0 when scaling up, the target when scaling
+down), then the behaviour: a stabilisation window per direction (the highest recommendation of
+the last 300 s for scale-down, none for scale-up), the default scale-up rate limit
+(max(100 %, 4 pods) per period) and min/max replicas.
+
+A replica is a slot of the cluster (`server.engine.virtual.run_cluster` runs them all). Its
+state: off (not billed, gets nothing), booting (billed at idle power: a booting GPU is paid
+for; gets nothing until its cold start is over), ready (routed to), draining (scaled in: no
+new requests, finishes what it has, then off). This object is the loop's `control`: the
+event loop calls `tick` at `next_at` and asks `bill_idle` before charging an idle core.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+
+from server.engine.core import EngineCore
+from sim.routers import kv_usage, make_router
+
+METRICS = ("waiting", "kv", "running")
+OFF, BOOTING, READY, DRAINING = "off", "booting", "ready", "draining"
+
+
+@dataclass(frozen=True)
+class AutoscalePolicy:
+    """One deployment's autoscaler; the defaults are the HPA's (and a target of 4 waiting
+    requests per replica). `boot_s` overrides the cold start the device model gives;
+    `provision_s` adds node/pod start-up before it (0: not modelled)."""
+
+    metric: str = "waiting"
+    target: float = 4.0
+    min: int = 1
+    max: int = 8
+    tolerance: float = 0.1
+    sync_period_s: float = 15.0
+    scale_down_window_s: float = 300.0
+    scale_up_window_s: float = 0.0
+    boot_s: float | None = None
+    provision_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ValueError(f"autoscaling metric must be one of {', '.join(METRICS)}, "
+                             f"got {self.metric!r}")
+        if not self.target > 0:
+            raise ValueError("autoscaling target must be > 0")
+        if not 1 <= self.min <= self.max:
+            raise ValueError(f"autoscaling needs 1 <= min <= max, got min={self.min} "
+                             f"max={self.max}")
+        if self.tolerance < 0 or not self.sync_period_s > 0:
+            raise ValueError("autoscaling: tolerance must be >= 0 and sync_period_s > 0")
+        if min(self.scale_down_window_s, self.scale_up_window_s, self.provision_s) < 0:
+            raise ValueError("autoscaling: windows and provision_s must be >= 0")
+        if self.boot_s is not None and self.boot_s < 0:
+            raise ValueError("autoscaling: boot_s must be >= 0")
+
+
+_ALIASES = {"min_replicas": "min", "max_replicas": "max", "sync_period": "sync_period_s",
+            "scale_down_window": "scale_down_window_s", "scale_up_window": "scale_up_window_s"}
+
+
+def parse_policy(spec: str | dict) -> AutoscalePolicy:
+    """`metric=waiting,target=4,min=1,max=8` (the `--autoscale` flag) or the fleet file's
+    `[deployments.autoscaling]` table → a policy (ValueError naming a bad key or value)."""
+    if isinstance(spec, str):
+        table: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            key, sep, value = part.partition("=")
+            if not sep:
+                raise ValueError(f"bad autoscaling term {part!r}: use KEY=VALUE")
+            table[key.strip()] = value.strip()
+        spec = table
+    types = {f.name: f.type for f in fields(AutoscalePolicy)}
+    out: dict[str, object] = {}
+    for key, value in spec.items():
+        name = _ALIASES.get(key, key)
+        if name not in types:
+            raise ValueError(f"unknown autoscaling key {key!r}; one of {', '.join(types)}")
+        kind = types[name]
+        try:
+            if name == "metric":
+                out[name] = str(value)
+            elif "int" in str(kind):
+                out[name] = int(value)  # type: ignore[arg-type]
+            else:
+                out[name] = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ValueError(f"autoscaling {key}: not a number: {value!r}") from None
+    return AutoscalePolicy(**out)  # type: ignore[arg-type]
+
+
+def stabilised(history: Sequence[tuple[float, int]], t: float, rec: int, current: int,
+               up_window_s: float, down_window_s: float) -> int:
+    """The HPA's stabilisation (KEP-853): scale up only to the lowest recommendation of the
+    scale-up window, down only to the highest of the scale-down window; `history` holds the
+    earlier (time, recommendation) pairs, `rec` is this pass's."""
+    up = min([r for at, r in history if at > t - up_window_s] + [rec])
+    down = max([r for at, r in history if at > t - down_window_s] + [rec])
+    return min(max(current, up), down)
+
+
+def metric_of(core: EngineCore, metric: str) -> float:
+    """What the autoscaler scrapes from one replica."""
+    sched = core.scheduler
+    if metric == "waiting":
+        return float(sched.num_waiting)
+    if metric == "running":
+        return float(sched.num_running)
+    return kv_usage(core)
+
+
+def hpa_recommendation(current: int, ready_values: Sequence[float], booting: int,
+                       target: float, tolerance: float) -> int:
+    """The replica count the HPA's replica calculator gives for a per-pod average target:
+    `ready_values` from the pods that report, `booting` pods without metrics yet."""
+    if not ready_values:
+        return current
+    ratio = sum(ready_values) / len(ready_values) / target
+    if booting == 0:
+        if abs(ratio - 1.0) <= tolerance:
+            return current
+        return math.ceil(ratio * len(ready_values))
+    if abs(ratio - 1.0) <= tolerance:
+        return current
+    fill = 0.0 if ratio > 1.0 else target  # missing metrics: 0 up, the target down
+    total = len(ready_values) + booting
+    new_ratio = (sum(ready_values) + fill * booting) / (target * total)
+    if abs(new_ratio - 1.0) <= tolerance or (new_ratio > 1.0) != (ratio > 1.0):
+        return current
+    return math.ceil(new_ratio * total)
+
+
+@dataclass
+class Group:
+    """The slots of one deployment and, if it autoscales, its policy and history."""
+
+    name: str
+    slots: list[int]
+    policy: AutoscalePolicy | None
+    boot_s: float
+    recommendations: list[tuple[float, int]] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+
+
+class Autoscaler:
+    """The control of a cluster run (see the module docstring). `groups` partition the
+    slots; `initial[g]` slots of group g are ready at t = 0, the rest off."""
+
+    def __init__(self, cores: list[EngineCore], groups: list[Group], initial: list[int],
+                 router: str, seed: int = 0, sample_s: float | None = None) -> None:
+        self.cores, self.groups, self.router_name, self.seed = cores, groups, router, seed
+        self.state = [OFF] * len(cores)
+        self.since = [0.0] * len(cores)  # when the state was entered
+        self.ready_at: dict[int, float] = {}  # booting slot -> when it is ready
+        self.billed_s = [0.0] * len(cores)
+        for g, n in zip(groups, initial, strict=True):
+            for k in g.slots[:n]:
+                self.state[k] = READY
+        periods = [g.policy.sync_period_s for g in groups if g.policy] or [sample_s or 15.0]
+        self.period = min(periods)
+        self.sample_s = sample_s or self.period
+        self.next_sync, self.next_sample = 0.0, 0.0
+        self.samples: list[dict] = []
+        self._version, self._built = 0, -1
+        self._ready: list[int] = []
+        self._policy = None
+
+    # ---- the event loop's side ------------------------------------------------------------
+    @property
+    def next_at(self) -> float:
+        return min([self.next_sync, self.next_sample, *self.ready_at.values()])
+
+    def tick(self, t: float) -> None:
+        """Boots that are over, then (on the sync period) one HPA pass, then a sample."""
+        for k, at in sorted(self.ready_at.items()):
+            if at <= t:
+                del self.ready_at[k]
+                self._enter(k, READY, t)
+        if t >= self.next_sync:
+            for g in self.groups:
+                if g.policy is not None:
+                    self._sync(g, t)
+            self.next_sync = t + self.period
+        if t >= self.next_sample:
+            self.samples.append(self.sample(t))
+            self.next_sample = t + self.sample_s
+
+    def bill_idle(self, k: int, t: float) -> bool:
+        """Is idle slot k paid for from `t` on? A draining slot with nothing left is off."""
+        s = self.state[k]
+        if s == DRAINING and not self.cores[k].has_unfinished():
+            self._enter(k, OFF, t)
+            return False
+        return s != OFF
+
+    def choose(self, prompt: Sequence[int], outstanding: Sequence[int]) -> int:
+        """The router over the ready slots only (rebuilt when they change, as a gateway's
+        endpoint list is)."""
+        if self._built != self._version:
+            self._ready = [k for k, s in enumerate(self.state) if s == READY]
+            if not self._ready:
+                raise RuntimeError("no ready replica to route to")
+            self._policy = make_router(self.router_name, [self.cores[k] for k in self._ready],
+                                       self.seed + self._version)
+            self._built = self._version
+        assert self._policy is not None
+        i = self._policy.choose(prompt, [outstanding[k] for k in self._ready])
+        return self._ready[i]
+
+    # ---- the controller -------------------------------------------------------------------
+    def _enter(self, k: int, state: str, t: float) -> None:
+        if self.state[k] != OFF:
+            self.billed_s[k] += t - self.since[k]
+        self.state[k], self.since[k] = state, t
+        self._version += 1
+
+    def _sync(self, g: Group, t: float) -> None:
+        p = g.policy
+        assert p is not None
+        ready = [k for k in g.slots if self.state[k] == READY]
+        booting = [k for k in g.slots if self.state[k] == BOOTING]
+        current = len(ready) + len(booting)
+        rec = hpa_recommendation(current, [metric_of(self.cores[k], p.metric) for k in ready],
+                                 len(booting), p.target, p.tolerance)
+        rec = max(p.min, min(p.max, rec))
+        g.recommendations = [(at, r) for at, r in g.recommendations
+                             if at > t - max(p.scale_down_window_s, p.scale_up_window_s)]
+        desired = stabilised(g.recommendations, t, rec, current, p.scale_up_window_s,
+                             p.scale_down_window_s)
+        g.recommendations.append((t, rec))
+        desired = min(desired, max(2 * current, current + 4))  # the default scale-up policy
+        if desired > current:
+            spare = [k for k in g.slots if self.state[k] == OFF][: desired - current]
+            for k in spare:
+                self._boot(k, t, g.boot_s)
+            desired = current + len(spare)
+        elif desired < current:  # booting ones first (the newest), then the newest ready
+            victims = sorted(booting, key=lambda k: -self.since[k])
+            victims += sorted(ready, key=lambda k: (-self.since[k], -k))
+            for k in victims[: current - desired]:
+                self.ready_at.pop(k, None)
+                self._enter(k, DRAINING if self.state[k] == READY else OFF, t)
+        if desired != current:
+            g.events.append({"t": t, "from": current, "to": desired})
+
+    def _boot(self, k: int, t: float, boot_s: float) -> None:
+        reset = getattr(self.cores[k].scheduler.cache, "reset", None)
+        if reset is not None:
+            reset()  # a new pod starts with an empty prefix cache
+        self._enter(k, BOOTING, t)
+        self.ready_at[k] = t + boot_s
+
+    def sample(self, t: float) -> dict:
+        """The fleet now: replicas provisioned (booting, ready, draining) and ready, requests
+        waiting and running, the ready replicas' mean KV usage, dollars so far."""
+        ready = [k for k, s in enumerate(self.state) if s == READY]
+        live = [k for k, s in enumerate(self.state) if s != OFF]
+        return {
+            "t": t,
+            "provisioned": len(live),
+            "ready": len(ready),
+            "waiting": sum(self.cores[k].scheduler.num_waiting for k in live),
+            "running": sum(self.cores[k].scheduler.num_running for k in live),
+            "kv_usage": (sum(kv_usage(self.cores[k]) for k in ready) / len(ready)
+                         if ready else 0.0),
+            "dollars": sum(c.stats.dollars for c in self.cores),
+        }
+
+    def finish(self, t: float) -> None:
+        """The run is over at `t`: close the billing of every slot still provisioned."""
+        for k, s in enumerate(self.state):
+            if s != OFF:
+                self.billed_s[k] += t - self.since[k]
+                self.since[k] = t
+
+
+def boot_seconds(core: EngineCore, policy: AutoscalePolicy) -> float:
+    """A new replica's cold start: `provision_s`, then `boot_s` if the policy sets it, else
+    the device model's cold start (`devices.compile`): the weights' load time plus the engine
+    build or ahead-of-time compile where the engine has one (TensorRT-LLM's build, JetStream's
+    bucket programs, Groq's program). The replica then serves warm: what it compiled while
+    booting is not compiled again."""
+    if policy.boot_s is not None:
+        return policy.provision_s + policy.boot_s
+    return policy.provision_s + core.compiler.startup_seconds(True)

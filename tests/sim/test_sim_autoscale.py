@@ -1,0 +1,243 @@
+"""Autoscaling in virtual time (sim/autoscale.py): the HPA's arithmetic, a run that scales out
+during a traffic ramp and back in after it, the cold-start dip on the emulated timeline,
+billing only while provisioned, and the cold start taken from the device model."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+
+import pytest
+
+from clients.workloads import WorkloadSpec, build_workload
+from doppelchip.cli import main
+from server.engine.build import EngineOptions, build_core
+from server.engine.tokenizer import get_tokenizer
+from sim.autoscale import AutoscalePolicy, hpa_recommendation, parse_policy, stabilised
+from sim.autoscaled import report, run_scaled
+from sim.simulation import to_sessions
+
+# Llama 2 13B on an A100 with 4 sequences a step: ~2 requests/s a replica at 96 output tokens
+A100 = EngineOptions(name="a100", model="llama-2-13b", quant="bf16", chip="a100-sxm-80g",
+                     engine="vllm", max_model_len=2048, max_num_seqs=4)
+POLICY = AutoscalePolicy(metric="waiting", target=2, min=1, max=3, sync_period_s=5,
+                         scale_down_window_s=60, boot_s=20)
+# 1 req/s, a ramp to 5 req/s over 20-35 s, 5 req/s until 80 s, down to 0.5 req/s by 90 s
+RAMP = "piecewise:0=1,20=1,35=5,80=5,90=0.5,170=0.5"
+
+
+def sessions(**spec):
+    tok = get_tokenizer()
+    base = dict(kind="random", num_requests=0, isl=64, osl=96, seed=3)
+    return to_sessions(build_workload(WorkloadSpec(vocab_size=tok.vocab_size,
+                                                   **{**base, **spec}), encode=tok.encode))
+
+
+@pytest.fixture(scope="module")
+def ramp_run():
+    sr = run_scaled([A100], [POLICY], sessions(rate_shape=RAMP), "least-requests")
+    return sr, report(sr)
+
+
+def test_hpa_recommendation_follows_the_kubernetes_formula():
+    # desired = ceil(current × metric / target), within the 10 % tolerance: no change
+    assert hpa_recommendation(2, [9.0, 9.0], 0, 4.0, 0.1) == 5  # ceil(2 × 9/4)
+    assert hpa_recommendation(2, [4.2, 4.2], 0, 4.0, 0.1) == 2  # ratio 1.05: tolerated
+    assert hpa_recommendation(4, [1.0] * 4, 0, 4.0, 0.1) == 1
+    # a booting pod has no metric: 0 when scaling up, the target when scaling down
+    assert hpa_recommendation(3, [12.0, 12.0], 1, 4.0, 0.1) == 6  # (24 + 0) / 4 / 3 · 3
+    assert hpa_recommendation(3, [0.0, 0.0], 1, 4.0, 0.1) == 1  # (0 + 4) / 4 / 3 · 3
+    # ... and if that reverses the direction, nothing happens
+    assert hpa_recommendation(3, [4.8, 4.8], 1, 4.0, 0.1) == 3
+
+
+def test_stabilisation_window_keeps_the_highest_recent_recommendation():
+    # KEP-853's example: one recommendation a minute, a 600 s scale-down window
+    recs = [10, 9, 8, 9, 9, 8, 9, 8, 9]
+    history = [(60.0 * i, r) for i, r in enumerate(recs)]
+    assert stabilised(history, 540.0, 8, 10, 0.0, 600.0) == 10  # the 10 is still in
+    history = [(60.0 * i, r) for i, r in enumerate([*recs, 8])][1:]
+    assert stabilised(history, 600.0, 7, 10, 0.0, 600.0) == 9
+    # scale-up has no window by default: the recommendation at once
+    assert stabilised([(0.0, 1)], 15.0, 5, 1, 0.0, 300.0) == 5
+
+
+def test_policy_parses_the_flag_and_refuses_bad_values():
+    p = parse_policy("metric=kv,target=0.7,min=2,max=6,scale_down_window=60")
+    assert (p.metric, p.target, p.min, p.max, p.scale_down_window_s) == ("kv", 0.7, 2, 6, 60)
+    assert parse_policy({}).scale_down_window_s == 300  # the HPA default
+    assert parse_policy({}).sync_period_s == 15
+    for bad in ("metric=cpu", "target=0", "min=3,max=2", "speed=1", "target=fast", "min"):
+        with pytest.raises(ValueError):
+            parse_policy(bad)
+
+
+def test_scales_out_during_the_ramp_and_back_in_after_it(ramp_run):
+    sr, rep = ramp_run
+    events = rep["autoscaling"]["a100"]["events"]
+    ups = [e for e in events if e["to"] > e["from"]]
+    downs = [e for e in events if e["to"] < e["from"]]
+    assert ups and 20 <= ups[0]["t"] <= 40  # during the ramp, not before it
+    assert max(e["to"] for e in events) == POLICY.max
+    assert downs and downs[-1]["to"] == POLICY.min
+    # scale-in comes after the plateau, once the stabilisation window has passed since the
+    # queue was last long enough to ask for more than one replica
+    rows = rep["timeline"]
+    busy = max(r["t"] for r in rows if r["ready"] and r["waiting"] / r["ready"] > POLICY.target)
+    first_down = min(e["t"] for e in downs)
+    assert first_down >= max(80, busy + POLICY.scale_down_window_s)
+    assert first_down <= 80 + POLICY.scale_down_window_s + 2 * POLICY.sync_period_s
+    provisioned = [r["provisioned"] for r in rep["timeline"]]
+    assert provisioned[0] == 1 and max(provisioned) == 3
+    # every request was served, by more than one replica
+    assert all(r.error is None for r in sr.cluster.run.records)
+    assert len({r.replica for r in sr.cluster.run.records}) >= 3
+
+
+def test_cold_start_dip_on_the_emulated_timeline(ramp_run):
+    _, rep = ramp_run
+    rows = rep["timeline"]
+    first_up = next(e for e in rep["autoscaling"]["a100"]["events"] if e["to"] > e["from"])
+    ready_at = first_up["t"] + POLICY.boot_s
+    booting = [r for r in rows if first_up["t"] <= r["t"] < ready_at]
+    assert booting and all(r["ready"] < r["provisioned"] for r in booting)
+    # requests arriving while the new replica boots wait behind the old one; once every
+    # replica is ready (before the traffic drops at 80 s) the queue is gone again
+    settled = [r for r in rows if 65 <= r["t"] < 80 and r["ready"] == POLICY.max]
+    assert settled
+    worst_boot = max(r["ttft_p99_s"] for r in booting if r["ttft_p99_s"] is not None)
+    assert worst_boot > 3 * max(r["ttft_p99_s"] for r in settled)
+    assert max(r["waiting"] for r in booting) > max(r["waiting"] for r in settled)
+
+
+def test_billed_only_while_provisioned(ramp_run):
+    sr, rep = ramp_run
+    a = rep["autoscaling"]["a100"]
+    core = sr.cluster.replicas[0].core
+    duration = sr.cluster.run.duration_s
+    # more than one replica for the whole run, fewer than max for the whole run
+    assert duration < a["replica_seconds"] < POLICY.max * duration
+    dollars = sum(r.core.stats.dollars for r in sr.cluster.replicas)
+    # at least idle price for every billed second, never more than busy price
+    assert dollars >= a["replica_seconds"] * core.dollars_per_s * 0.999
+    never = [k for k, s in enumerate(sr.control.billed_s) if s == 0]
+    assert never and all(sr.cluster.replicas[k].core.stats.joules == 0 for k in never)
+
+
+def test_a_new_replica_pays_the_device_models_cold_start():
+    """JetStream compiles its buckets ahead of time: a new replica's boot is that compile
+    plus the weights' load (devices/compile.py), and it takes traffic only afterwards."""
+    v6e = EngineOptions(name="v6e", model="llama-3.1-8b", quant="bf16", chip="tpu-v6e",
+                        engine="jetstream", max_model_len=2048, max_num_seqs=4)
+    expected = build_core(dataclasses.replace(v6e, start="cold")).compiler.startup_seconds(True)
+    assert expected > 60  # a real compile, not just the weights
+    policy = AutoscalePolicy(metric="waiting", target=2, min=1, max=2, sync_period_s=5)
+    work = sessions(rate_shape="piecewise:0=6,10=6,10.5=0.1,400=0.1", osl=32)
+    sr = run_scaled([v6e], [policy], work, "least-requests")
+    up = sr.groups[0].events[0]
+    assert up["to"] == 2 and sr.groups[0].boot_s == pytest.approx(expected)
+    second = [r for r in sr.cluster.run.records if r.replica == 1]
+    assert second and min(r.arrival_s for r in second) >= up["t"] + expected
+
+
+def test_simulate_autoscale_flag_json_and_html(tmp_path, capsys):
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[deployments]]\nname = "a100"\nmodel = "llama-2-13b"\nquant = "bf16"\n'
+                     'chip = "a100-sxm-80g"\nengine = "vllm"\nmax_model_len = 2048\n'
+                     'max_num_seqs = 4\n\n[deployments.autoscaling]\nmetric = "waiting"\n'
+                     'target = 2\nmax = 3\nsync_period_s = 5\nscale_down_window_s = 20\n'
+                     'boot_s = 20\n')
+    html = tmp_path / "report.html"
+    assert main(["simulate", "--config", str(fleet), "--isl", "64", "--osl", "96",
+                 "--ignore-eos", "--seed", "3", "--rate-shape", RAMP, "--json",
+                 "--html", str(html)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["autoscaling"]["a100"]["policy"]["max"] == 3
+    assert max(r["provisioned"] for r in summary["timeline"]) == 3
+    assert {"t", "ready", "waiting", "running", "kv_usage", "ttft_p99_s", "dollars"} <= set(
+        summary["timeline"][0])
+    text = html.read_text()
+    assert "data:image/png;base64," in text and 'id="timeline"' in text
+    assert "replica-seconds billed" in text  # the terminal's conclusion, in the page
+    # the same run in the terminal prints the table
+    assert main(["simulate", "--config", str(fleet), "--isl", "64", "--osl", "96",
+                 "--ignore-eos", "--seed", "3", "--rate-shape", "ramp:from=1,to=5,over=20",
+                 "--duration", "40",
+                 "--autoscale", "metric=waiting,target=2,max=2,boot_s=20,sync_period_s=5"]) == 0
+    out = capsys.readouterr().out
+    assert "replicas 1..2" in out and "ttft p99" in out
+
+
+def test_bad_autoscaling_is_a_clear_error(tmp_path, capsys):
+    code = main(["simulate", "--chip", "a100-sxm-80g", "--engine", "vllm", "--model",
+                 "llama-2-13b", "--quant", "bf16", "--autoscale", "metric=cpu",
+                 "--num-requests", "4"])
+    assert code == 2
+    assert "metric" in capsys.readouterr().err
+
+
+def test_timeline_of_a_fixed_deployment(capsys):
+    """--timeline without an autoscaler: one replica throughout, arrivals counted per
+    interval, dollars growing; no scaling line in the terminal."""
+    base = ["simulate", "--chip", "h100-sxm", "--engine", "vllm", "--model", "llama-3.1-8b",
+            "--quant", "bf16", "--isl", "32", "--osl", "8", "--ignore-eos", "--seed", "2",
+            "--rate-shape", "burst:low=1,high=20,on=5,off=10", "--duration", "30",
+            "--timeline", "5"]
+    assert main([*base, "--json"]) == 0
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = s["timeline"]
+    assert [r["t"] for r in rows] == [0, 5, 10, 15, 20, 25, 30][: len(rows)] and len(rows) >= 6
+    assert {r["provisioned"] for r in rows} == {r["ready"] for r in rows} == {1}
+    assert all(a["policy"] is None and not a["events"] for a in s["autoscaling"].values())
+    assert sum(r["arrivals"] for r in rows) == s["requests"]
+    busy = [r["arrivals"] for r in rows[:6]]
+    assert busy[2] > 3 * busy[0] and busy[5] > 3 * busy[3]  # the bursts at 10-15, 25-30 s
+    assert all(a["dollars"] < b["dollars"] for a, b in itertools.pairwise(rows))
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    assert "timeline" in out and "autoscaling" not in out
+
+
+def test_fleet_file_autoscaling_table_is_checked(tmp_path, capsys):
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[deployments]]\nname = "a"\nmodel = "llama-3.1-8b"\nquant = "bf16"\n'
+                     'chip = "h100-sxm"\nengine = "vllm"\n\n[deployments.autoscaling]\n'
+                     'metric = "waiting"\nmax = 0\n')
+    assert main(["simulate", "--config", str(fleet), "--num-requests", "2"]) == 2
+    assert "min <= max" in capsys.readouterr().err
+    fleet.write_text(fleet.read_text().replace("max = 0", "max = [1]"))
+    assert main(["simulate", "--config", str(fleet), "--num-requests", "2"]) == 2
+    assert "autoscaling values" in capsys.readouterr().err
+
+
+def test_scaled_in_replicas_drain_then_stop_being_billed(ramp_run):
+    """The two replicas added during the ramp: billed from their scale-up event (the boot
+    included) until the last request they hold ends, and routed nothing after scale-in."""
+    sr, rep = ramp_run
+    events = rep["autoscaling"]["a100"]["events"]
+    ups = [e for e in events if e["to"] > e["from"]]
+    down = next(e for e in events if e["to"] < e["from"])
+    booted = {}
+    for e in ups:  # slots boot lowest first, one per replica added
+        for k in range(e["from"], e["to"]):
+            booted[k] = e["t"]
+    assert sorted(booted) == [1, 2]
+    for k, t_boot in booted.items():
+        mine = [r for r in sr.cluster.run.records if r.replica == k]
+        assert mine and min(r.arrival_s for r in mine) >= t_boot + POLICY.boot_s
+        assert max(r.arrival_s for r in mine) < down["t"]  # none routed once draining
+        drained = max(down["t"], max(r.end_s for r in mine))
+        assert sr.control.billed_s[k] == pytest.approx(drained - t_boot)
+
+
+def test_autoscaling_refuses_what_it_cannot_combine_with(capsys):
+    """Autoscaling routes over its own ready replicas: admission at the router is refused
+    with a clear error (exit 2), not silently ignored."""
+    from doppelchip.cli import main
+
+    code = main(["simulate", "--num-requests", "4", "--rate", "1",
+                 "--autoscale", "metric=waiting,target=2,min=1,max=2",
+                 "--admission", "max-outstanding=4", "--json"])
+    assert code == 2
+    assert "autoscaling does not combine with --admission" in capsys.readouterr().err
