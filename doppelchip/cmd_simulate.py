@@ -192,6 +192,12 @@ def register(subparsers: Any) -> None:
                    help="simulate every deployment of --config (each `replicas` copies) as "
                    "one pool behind this router (default with replicas > 1: round-robin)")
     # --- end virtual-time clusters ---
+    # --- capacity planning (issue 16): what `doppelchip plan` checks (docs/PLAN.md) ---
+    g = p.add_argument_group("SLO (as load --slo)")
+    g.add_argument("--slo", metavar="ttft=S,tpot=S,e2e=S",
+                   help="per-request latency bounds in seconds; the summary adds the share "
+                   "of requests meeting every one (goodput)")
+    # --- end capacity planning ---
     p.set_defaults(func=cmd_simulate)
 
 

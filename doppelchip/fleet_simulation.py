@@ -16,6 +16,7 @@ from doppelchip.simulation import (
     options_from_args,
     to_result,
     to_sessions,
+    with_goodput,
     workload_from_args,
 )
 from server.config import ConfigError, load_fleet
@@ -82,4 +83,4 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
                         emulated_s=emulated_s)
     summary["router"] = cr.router
     summary["replicas"] = replica_reports(cr)
-    return summary
+    return with_goodput(summary, results, getattr(args, "slo", None))  # issue 16: plan
