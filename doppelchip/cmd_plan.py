@@ -195,7 +195,7 @@ def json_output(plan: dict[str, Any]) -> dict[str, Any]:
     """The winner at the top level, with `runners_up` and `frontier` (and the search's
     bookkeeping); without a winner, `error` and the closest candidates."""
     def slim(rec: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in rec.items() if k not in ("argv", "badness")}
+        return {k: v for k, v in rec.items() if k not in ("argv", "badness", "progress")}
 
     rest = {"runners_up": [slim(r) for r in plan["runners_up"]],
             "frontier": [slim(r) for r in plan["frontier"]],

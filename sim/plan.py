@@ -41,7 +41,7 @@ from sim.plan_space import (
 )
 
 RUNNERS_UP = 3
-HELPED = 0.98  # one more replica must shrink the worst miss by 2% to keep adding replicas
+HELPED = 0.98  # one more replica must shrink some latency (or the goodput shortfall) by 2%
 
 
 @dataclass
@@ -89,6 +89,18 @@ def badness(summary: dict[str, Any], slo: PlanSlo) -> float:
     return worst
 
 
+def progress_vector(summary: dict[str, Any], slo: PlanSlo) -> list[float]:
+    """What more replicas should shrink: the goodput shortfall and the p50/p90/p99 of every
+    metric the SLO bounds (a fleet whose latencies stop falling is not helped by replicas)."""
+    out = [1 - summary["goodput"]["fraction"]] if slo.bounds else []
+    metrics = {*slo.bounds, *(m for m, _ in slo.stats)}
+    return out + [summary[f"{m}_s"][p] for m in sorted(metrics) for p in ("p50", "p90", "p99")]
+
+
+def helped(now: list[float], before: list[float] | None) -> bool:
+    return before is None or any(a < b * HELPED for a, b in zip(now, before, strict=True))
+
+
 def record(sized: Sized, replicas: int, out: dict[str, Any], inputs: PlanInputs,
            header: str, argv: tuple[str, ...]) -> dict[str, Any]:
     """One simulated candidate: what it is, what it costs, how it did, where it ran."""
@@ -104,11 +116,13 @@ def record(sized: Sized, replicas: int, out: dict[str, Any], inputs: PlanInputs,
         "pid": out["pid"], **{k: out[k] for k in ("ray_worker_id", "ray_node_id") if k in out},
     }
     if "error" in out:
-        return {**rec, "meets_slo": False, "misses": [out["error"]], "badness": math.inf}
+        return {**rec, "meets_slo": False, "misses": [out["error"]], "badness": math.inf,
+                "progress": None}
     s = out["summary"]
     misses = check(s, inputs.slo)
     metric, stat = inputs.slo.latency_key()
     return {**rec, "meets_slo": not misses, "misses": misses, "badness": badness(s, inputs.slo),
+            "progress": progress_vector(s, inputs.slo),
             "usd_per_mtok": s["usd_per_mtok"], "requests_per_s": s["requests_per_s"],
             "output_tokens_per_s": s["output_tokens_per_s"],
             "goodput_fraction": s.get("goodput", {}).get("fraction"),
@@ -129,7 +143,7 @@ def search(inputs: PlanInputs, executor: Any, simulate: Simulate,
     heap = [(s.usd_per_hour * s.min_replicas, i, s.min_replicas) for i, s in enumerate(kept)]
     heapq.heapify(heap)
     met: list[float] = []  # the prices of the configs that met the SLO, cheapest first
-    last_bad: dict[int, float] = {}
+    last: dict[int, list[float]] = {}  # each config's progress vector at its last count
     done: list[dict[str, Any]] = []
     batches = 0
     while heap:
@@ -147,9 +161,11 @@ def search(inputs: PlanInputs, executor: Any, simulate: Simulate,
             if rec["meets_slo"]:
                 met = sorted([*met, cost])
                 continue
-            helped = rec["badness"] < last_bad.get(i, math.inf) * HELPED
-            last_bad[i] = rec["badness"]
-            if helped and n < inputs.space.max_replicas:
+            if rec["progress"] is None:  # it did not run: more replicas will not either
+                continue
+            more = helped(rec["progress"], last.get(i))
+            last[i] = rec["progress"]
+            if more and n < inputs.space.max_replicas:
                 heapq.heappush(heap, (kept[i].usd_per_hour * (n + 1), i, n + 1))
         if progress:
             progress(f"batch {batches}: {len(done)} candidates simulated, "

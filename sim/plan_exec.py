@@ -91,9 +91,11 @@ def _ray_task(simulate: Simulate, task: Task) -> dict[str, Any]:
 
 
 class RayExecutor:
-    """Tasks on a Ray cluster: `address` as `ray.init(address=...)` takes it ("auto", or
-    "ray://host:10001", or host:port of a head), or "local" for a new local instance of
-    `jobs` CPUs that is stopped on close. One CPU per task."""
+    """Tasks on a Ray cluster, one CPU each. `address` is what `ray.init(address=...)` takes
+    ("auto", "ray://host:10001", host:port of a head started with `ray start --head`), or
+    "local" for a new local instance of `jobs` CPUs on 127.0.0.1, stopped on close. When this
+    process is already connected (`ray.init` called by the caller, as a test does), that
+    connection is used and left open."""
 
     name = "ray"
 
@@ -102,14 +104,19 @@ class RayExecutor:
         self.ray = ray
         self.address = address
         self.jobs = max(1, jobs)
+        self.owned = not ray.is_initialized()
         try:
-            if address == "local":
-                ray.init(num_cpus=self.jobs, include_dashboard=False,
-                         log_to_driver=False, configure_logging=False)
+            if not self.owned:
+                pass
+            elif address == "local":
+                ray.init(num_cpus=self.jobs, include_dashboard=False, log_to_driver=False,
+                         configure_logging=False, _node_ip_address="127.0.0.1")
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         except Exception as e:  # ConnectionError, RuntimeError, ValueError: say which
             raise ExecError(f"cannot start or reach Ray at {address!r}: {e}") from e
+        if address != "local":  # a batch as wide as the cluster's CPUs
+            self.jobs = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.remote = ray.remote(num_cpus=1)(_ray_task)
 
     def map(self, simulate: Simulate, tasks: Sequence[Task]) -> list[dict[str, Any]]:
@@ -117,7 +124,8 @@ class RayExecutor:
         return self.ray.get([self.remote.remote(fn, t) for t in tasks])
 
     def close(self) -> None:
-        self.ray.shutdown()
+        if self.owned:
+            self.ray.shutdown()
 
 
 def make_executor(ray_address: str | None, jobs: int) -> PoolExecutor | RayExecutor:
