@@ -201,7 +201,7 @@ def json_output(plan: dict[str, Any]) -> dict[str, Any]:
             "frontier": [slim(r) for r in plan["frontier"]],
             "frontier_metric": plan["frontier_metric"], "slo": plan["slo"],
             "rate": plan["rate"], "router": plan["router"], "searched": plan["searched"],
-            "executor": plan["executor"], "pruned": plan["pruned"]}
+            "executor": plan["executor"], "pruned": plan["pruned"], "configs": plan["configs"]}
     if plan.get("k8s_files"):
         rest["k8s_files"] = plan["k8s_files"]
     if plan["winner"] is None:
