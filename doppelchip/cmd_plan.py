@@ -104,7 +104,7 @@ def build_inputs(args: argparse.Namespace):
     from doppelchip.simulation import SimulationError, workload_from_args
     from sim.plan import PlanInputs
     from sim.plan_slo import parse_plan_slo
-    from sim.plan_space import MODES, SearchSpace, check_ids
+    from sim.plan_space import MODES, PD_AVAILABLE, SearchSpace, check_ids
 
     if not math.isfinite(args.rate) or args.rate <= 0:
         raise ValueError("--rate: a finite rate > 0 (requests per second) to plan for")
@@ -122,6 +122,9 @@ def build_inputs(args: argparse.Namespace):
         lists[flag] = tuple(chosen)
     check_ids("model", [args.model], [m.id for m in catalog.list_models()])
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if "pd" in modes and not PD_AVAILABLE:
+        raise ValueError("--modes pd: P/D pools need the fleet file's `role` key, which this "
+                         "build does not have yet (docs/PLAN.md)")
     check_ids("serving mode", modes, MODES)
     try:
         workload = workload_from_args(args)
@@ -158,21 +161,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if plan["winner"] and args.write_fleet:
         with open(args.write_fleet, "w") as f:
             f.write(plan["winner"]["fleet"])
+    failed = None
     if plan["winner"] and args.write_k8s:
         from sim.plan_deploy import write_k8s
 
-        plan["k8s_files"] = write_k8s(plan["winner"], args.write_k8s)
+        try:
+            plan["k8s_files"] = write_k8s(plan["winner"], args.write_k8s)
+        except RuntimeError as e:
+            failed = str(e)
     lines = conclusions(plan)
     if args.html:
         from sim.plan_report import render
 
         with open(args.html, "w") as f:
             f.write(render(plan, lines))
+    if failed:
+        print(f"error: {failed}", file=sys.stderr)
     if args.json:
         print(json.dumps(json_output(plan)))
     else:
         print("\n".join(lines))
-    return 0 if plan["winner"] else 1
+    return 2 if failed else 0 if plan["winner"] else 1
 
 
 def finish(plan: dict[str, Any], fleet_path: str) -> None:
@@ -185,10 +194,13 @@ def finish(plan: dict[str, Any], fleet_path: str) -> None:
             tuple(rec["argv"]), fleet_path if rec is plan["winner"] else "FLEET.toml")
     if plan["winner"]:
         w = plan["winner"]
+        pools = [(f"{w['deployment']}-{p}", n) for p, n in w["pools"].items()] \
+            if "pools" in w else [(w["deployment"], w["replicas"])]
+        names = [name for name, n in pools for _ in range(n)]
         w["serve_commands"] = [shlex.join(
-            ["doppelchip", "serve", "--config", fleet_path, "--deployment", w["deployment"],
+            ["doppelchip", "serve", "--config", fleet_path, "--deployment", name,
              "--host", "127.0.0.1", "--port", str(50051 + i), "--http-port", str(8000 + i)])
-            for i in range(w["replicas"])]  # as `doppelchip pods`: pod i on port + i
+            for i, name in enumerate(names)]  # as `doppelchip pods`: pod i on port + i
 
 
 def json_output(plan: dict[str, Any]) -> dict[str, Any]:

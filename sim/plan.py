@@ -33,6 +33,7 @@ from sim.plan_exec import Simulate, Task
 from sim.plan_fleet import fleet_text, simulate_argv
 from sim.plan_slo import PlanSlo, check
 from sim.plan_space import (
+    POOLS,
     SearchSpace,
     Sized,
     WorkloadShape,
@@ -101,18 +102,20 @@ def helped(now: list[float], before: list[float] | None) -> bool:
     return before is None or any(a < b * HELPED for a, b in zip(now, before, strict=True))
 
 
-def record(sized: Sized, replicas: int, out: dict[str, Any], inputs: PlanInputs,
+def record(sized: Sized, counts: tuple[int, ...], out: dict[str, Any], inputs: PlanInputs,
            header: str, argv: tuple[str, ...]) -> dict[str, Any]:
     """One simulated candidate: what it is, what it costs, how it did, where it ran."""
     c = sized.config
+    replicas = sum(counts)
     rec: dict[str, Any] = {
         "deployment": c.name, "chip": c.chip, "engine": c.engine, "quant": c.quant,
         "model": c.model, "tp": c.tp, "pp": c.pp, "ep": c.ep, "count": c.count,
         "max_num_seqs": c.max_num_seqs, "max_model_len": c.max_model_len, "mode": c.mode,
-        "replicas": replicas,
+        "replicas": replicas, **({"pools": dict(zip(POOLS[c.mode], counts, strict=True))}
+                                 if c.mode in POOLS else {}),
         "chips": sized.chips * replicas,
         "usd_per_hour": sized.usd_per_hour * replicas, "min_replicas": sized.min_replicas,
-        "fleet": fleet_text(c, replicas, header), "argv": list(argv),
+        "fleet": fleet_text(c, counts, header), "argv": list(argv),
         "pid": out["pid"], **{k: out[k] for k in ("ray_worker_id", "ray_node_id") if k in out},
     }
     if "error" in out:
@@ -131,6 +134,17 @@ def record(sized: Sized, replicas: int, out: dict[str, Any], inputs: PlanInputs,
             "frontier_latency_s": s[f"{metric}_s"][stat]}
 
 
+def start_counts(sized: Sized) -> tuple[int, ...]:
+    """A config's first candidate: `min_replicas` (aggregated); for P/D one prefill replica
+    and `min_replicas` decode replicas (the decode pool alone must sustain the output rate)."""
+    return (1, sized.min_replicas) if sized.config.mode == "pd" else (sized.min_replicas,)
+
+
+def successors(counts: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """One replica more, in each pool in turn."""
+    return [tuple(n + (k == j) for j, n in enumerate(counts)) for k in range(len(counts))]
+
+
 def search(inputs: PlanInputs, executor: Any, simulate: Simulate,
            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The plan: {"winner", "runners_up", "frontier", "pruned", "searched", ...}."""
@@ -140,33 +154,45 @@ def search(inputs: PlanInputs, executor: Any, simulate: Simulate,
     header = (f"doppelchip plan: {inputs.slo.text()} at {inputs.workload.rate:g} req/s "
               f"({inputs.workload.kind}, isl {inputs.workload.isl}, osl {inputs.workload.osl})")
     argv = simulate_argv(inputs.router, inputs.workload_argv, inputs.slo.simulate_flag())
-    heap = [(s.usd_per_hour * s.min_replicas, i, s.min_replicas) for i, s in enumerate(kept)]
+    # (price, config index, replica counts, the progress of the candidate it came from)
+    heap: list[tuple[float, int, tuple[int, ...], list[float] | None]] = [
+        (s.usd_per_hour * sum(start_counts(s)), i, start_counts(s), None)
+        for i, s in enumerate(kept)]
     heapq.heapify(heap)
     met: list[float] = []  # the prices of the configs that met the SLO, cheapest first
-    last: dict[int, list[float]] = {}  # each config's progress vector at its last count
+    passed: set[int] = set()  # configs that met it: their cheapest fleet is found
+    tried: set[tuple[int, tuple[int, ...]]] = set()
     done: list[dict[str, Any]] = []
     batches = 0
     while heap:
         ceiling = met[inputs.runners_up] if len(met) > inputs.runners_up else math.inf
         batch = []
         while heap and heap[0][0] <= ceiling and len(batch) < executor.jobs:
-            batch.append(heapq.heappop(heap))
+            entry = heapq.heappop(heap)
+            if entry[1] not in passed and entry[1:3] not in tried:  # P/D: reached twice
+                tried.add(entry[1:3])
+                batch.append(entry)
         if not batch:
             break
         batches += 1
-        tasks = [Task(fleet_text(kept[i].config, n, header), argv) for _, i, n in batch]
-        for (cost, i, n), out in zip(batch, executor.map(simulate, tasks), strict=True):
-            rec = record(kept[i], n, out, inputs, header, argv)
+        tasks = [Task(fleet_text(kept[i].config, n, header), argv) for _, i, n, _ in batch]
+        for (cost, i, counts, parent), out in zip(batch, executor.map(simulate, tasks),
+                                                  strict=True):
+            rec = record(kept[i], counts, out, inputs, header, argv)
             done.append(rec)
             if rec["meets_slo"]:
-                met = sorted([*met, cost])
+                if i not in passed:
+                    passed.add(i)
+                    met = sorted([*met, cost])
                 continue
             if rec["progress"] is None:  # it did not run: more replicas will not either
                 continue
-            more = helped(rec["progress"], last.get(i))
-            last[i] = rec["progress"]
-            if more and n < inputs.space.max_replicas:
-                heapq.heappush(heap, (kept[i].usd_per_hour * (n + 1), i, n + 1))
+            if not helped(rec["progress"], parent):
+                continue
+            for nxt in successors(counts):
+                if sum(nxt) <= inputs.space.max_replicas:
+                    heapq.heappush(heap, (kept[i].usd_per_hour * sum(nxt), i, nxt,
+                                          rec["progress"]))
         if progress:
             progress(f"batch {batches}: {len(done)} candidates simulated, "
                      + (f"cheapest meeting the SLO ${met[0]:.4g}/h" if met else

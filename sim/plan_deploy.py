@@ -47,6 +47,9 @@ def manifests(rec: dict[str, Any]) -> dict[str, str]:
     """File name → YAML text: the winner's Deployment + Service, and a kustomization."""
     from sim.plan_fleet import deployment_flags
 
+    if rec["mode"] != "aggregated":
+        raise RuntimeError(f"--write-k8s: {rec['mode']} fleets are not written yet "
+                           "(aggregated only)")
     gen = generator()
     config = config_of(rec)
     opts = config.options(rec["replicas"])

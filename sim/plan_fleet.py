@@ -2,10 +2,11 @@
 server/config.py that `simulate --config` and `serve --config` read), the `doppelchip
 simulate` command that reproduces its result, and the deployment flags a `serve` pod takes.
 
-The serving mode picks the fleet writer (`WRITERS`): "aggregated" is one deployment with
-`replicas = N` behind the router. Disaggregated P/D pools are the extension point: a writer
-that emits the P/D pool syntax of the fleet file, registered here, and "pd" in
-`sim.plan_space.MODES` (docs/PLAN.md).
+The serving mode picks the fleet writer (`WRITERS`), which takes the candidate's replica
+counts, one per pool: "aggregated" is one deployment with `replicas = N` behind the router;
+"pd" a prefill pool and a decode pool of the same deployment shape, in the fleet file's P/D
+syntax (`role = "prefill" | "decode"`, /work's fleet-schema of issue 16), offered by
+`sim.plan_space.MODES` once the fleet file knows `role` (docs/PLAN.md).
 """
 
 from __future__ import annotations
@@ -25,28 +26,47 @@ def _toml(value: object) -> str:
     return repr(value)
 
 
-def aggregated_fleet(config: Config, replicas: int, header: str) -> str:
-    """One deployment, `replicas` copies of it behind the router."""
+def _table(config: Config, replicas: int, name: str, role: str | None = None) -> list[str]:
     opts = config.options(replicas)
-    fields = {"name": opts.name, "model": opts.model, "quant": opts.quant, "chip": opts.chip,
+    fields = {"name": name, "model": opts.model, "quant": opts.quant, "chip": opts.chip,
               "engine": opts.engine, "count": opts.count, "tp": opts.tp, "pp": opts.pp,
               "ep": opts.ep, "max_num_seqs": opts.max_num_seqs,
-              "max_model_len": opts.max_model_len, "replicas": replicas}
-    lines = [f"# {line}" for line in header.splitlines()] + ["[[deployments]]"]
-    lines += [f"{k} = {_toml(v)}" for k, v in fields.items() if v is not None]
-    return "\n".join(lines) + "\n"
+              "max_model_len": opts.max_model_len, "replicas": replicas, "role": role}
+    return ["[[deployments]]"] + [f"{k} = {_toml(v)}" for k, v in fields.items()
+                                  if v is not None]
 
 
-WRITERS: dict[str, Callable[[Config, int, str], str]] = {"aggregated": aggregated_fleet}
+def _comment(header: str) -> list[str]:
+    return [f"# {line}" for line in header.splitlines()]
 
 
-def fleet_text(config: Config, replicas: int, header: str = "") -> str:
+def aggregated_fleet(config: Config, counts: tuple[int, ...], header: str) -> str:
+    """One deployment, `counts[0]` copies of it behind the router."""
+    (replicas,) = counts
+    return "\n".join(_comment(header) + _table(config, replicas, config.name)) + "\n"
+
+
+def pd_fleet(config: Config, counts: tuple[int, ...], header: str) -> str:
+    """A prefill pool of `counts[0]` and a decode pool of `counts[1]` replicas."""
+    prefill, decode = counts
+    return "\n".join(_comment(header) + _table(config, prefill, f"{config.name}-prefill",
+                                               "prefill")
+                     + [""] + _table(config, decode, f"{config.name}-decode", "decode")) + "\n"
+
+
+WRITERS: dict[str, Callable[[Config, tuple[int, ...], str], str]] = {
+    "aggregated": aggregated_fleet, "pd": pd_fleet}
+
+
+def fleet_text(config: Config, counts: int | tuple[int, ...], header: str = "") -> str:
+    """The candidate's fleet file: `counts` replicas per pool (an int: one pool)."""
+    counts = (counts,) if isinstance(counts, int) else tuple(counts)
     try:
         writer = WRITERS[config.mode]
     except KeyError:
-        raise ValueError(f"serving mode {config.mode!r} has no fleet writer yet; "
+        raise ValueError(f"serving mode {config.mode!r} has no fleet writer; "
                          f"known: {', '.join(WRITERS)}") from None
-    return writer(config, replicas, header)
+    return writer(config, counts, header)
 
 
 def simulate_argv(router: str, workload_argv: list[str], slo_flag: str) -> tuple[str, ...]:

@@ -32,9 +32,12 @@ from devices.place_sram import chips_needed
 from server.engine.build import EngineOptions, engine_defaults
 from sim.plan_slo import PlanSlo
 
-# Serving modes. "pd" (disaggregated prefill/decode pools) is the extension point: a mode
-# names how sim.plan_fleet writes the candidate's fleet file (see docs/PLAN.md).
-MODES = ("aggregated",)
+# Serving modes: how sim.plan_fleet writes a candidate's fleet file. "pd" (disaggregated
+# prefill/decode pools, the fleet file's `role` key) is offered once the fleet file has that
+# key (docs/PLAN.md); POOLS names the replica counts of a mode with several pools.
+PD_AVAILABLE = "role" in {f.name for f in dataclasses.fields(EngineOptions)}
+MODES = ("aggregated", "pd") if PD_AVAILABLE else ("aggregated",)
+POOLS = {"pd": ("prefill", "decode")}
 LB_SLACK = 0.9  # the lower bound assumes 90% of the expected output tokens (sampling noise)
 
 
