@@ -67,11 +67,16 @@ def register(subparsers: Any) -> None:
 
 
 def run_simulate(argv: list[str]) -> dict[str, Any]:
-    """`doppelchip simulate ARGV`'s summary (run in the workers)."""
-    from doppelchip.cli import build_parser
-    from doppelchip.fleet_simulation import simulate_fleet
+    """`doppelchip simulate ARGV`'s summary (run in the workers), parsed by the parser that
+    `doppelchip simulate` registers and run on its cluster path."""
+    from doppelchip.cmd_simulate import register as register_simulate
+    from doppelchip.fleet_simulation import simulate_fleet, wants_cluster
 
-    return simulate_fleet(build_parser().parse_args(argv))
+    parser = argparse.ArgumentParser(prog="doppelchip")
+    register_simulate(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    assert wants_cluster(args)  # --router is always given: simulate's cluster path
+    return simulate_fleet(args)
 
 
 def workload_argv(args: argparse.Namespace) -> list[str]:

@@ -238,6 +238,7 @@ def summarize_search(inputs: PlanInputs, kept: list[Sized], pruned: list, done: 
         "slo": inputs.slo.text(), "rate": inputs.workload.rate, "router": inputs.router,
         "configs": [{"deployment": s.config.name, "usd_per_replica_hour": s.usd_per_hour,
                      "min_replicas": s.min_replicas,
-                     "replica_output_tokens_per_s": s.replica_output_tokens_per_s}
+                     "replica_output_tokens_per_s": s.replica_output_tokens_per_s,
+                     "replica_prefill_tokens_per_s": s.replica_prefill_tokens_per_s}
                     for s in kept],
     }

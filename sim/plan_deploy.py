@@ -1,9 +1,10 @@
 """The plan's winner as Kubernetes manifests: deploy/k8s/generate.py's vLLM-shaped pod (its
 probes, drain, resources, labels) and Service, with `replicas` set to the winner's count and
 the container running the deployment from catalogue flags (no fleet file to mount), plus a
-kustomization. The generator is the repository's script, loaded from its file: the manifests
-cannot drift from the committed ones' shape. Needs the source tree (deploy/ is not a package)
-and PyYAML (the dev extra), and says so when either is missing.
+kustomization. The generator is the repository's script, loaded from its file (it, not sim/,
+reads the server's config), so the manifests cannot drift from the committed ones' shape.
+Needs the source tree (deploy/ is not a package) and PyYAML (the dev extra), and says so when
+either is missing.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from server.config import ServerConfig
 from sim.plan_space import Config
 
 K8S = Path(__file__).resolve().parents[1] / "deploy" / "k8s"
@@ -53,7 +53,7 @@ def manifests(rec: dict[str, Any]) -> dict[str, str]:
     gen = generator()
     config = config_of(rec)
     opts = config.options(rec["replicas"])
-    server = ServerConfig()
+    server = gen.ServerConfig()  # the server's defaults, as the generator reads them
     name = gen.k8s_name("doppelchip-plan", opts.name)
     labels = gen.pod_labels(name, opts)
     svc_labels = {k: labels[k] for k in (gen.NAME, "app.kubernetes.io/instance", gen.COMPONENT)}

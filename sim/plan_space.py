@@ -14,9 +14,15 @@ serving mode); a candidate is a config times a replica count. `configs()` expand
 Each survivor carries its price per replica-hour and `min_replicas`, the least replica count
 worth simulating: the offered output tokens per second over an upper bound on one replica's
 output rate — `estimate`'s decode rate at its largest batch (`max_num_seqs`, or what the KV
-pool holds), prefill ignored. A step never yields more than its batch's tokens and costs at
-least the decode step of that batch, and batch / step time grows with the batch, so no replica
-outputs faster; fewer replicas cannot sustain the rate.
+pool holds; with a TPOT bound, the largest batch whose decode step is within it), prefill
+ignored. A step never yields more than its batch's tokens and costs at least the decode step
+of that batch, and batch / step time grows with the batch, so no replica outputs faster
+(nor, while most of its requests meet the TPOT bound, faster than at that batch); fewer
+replicas cannot sustain the rate. Likewise for prefill: every prompt token that is not a
+prefix-cache hit is prefilled, and no step prefills faster than `estimate`'s prefill rate
+(the engine's token budget per step, compute-bound), so the offered prompt tokens (the new
+user tokens, `--isl`; a shared system prompt may hit the cache) over that rate bound the count
+too; the larger of the two bounds is `min_replicas`.
 """
 
 from __future__ import annotations
@@ -116,6 +122,7 @@ class Sized:
     chips: int
     min_replicas: int
     replica_output_tokens_per_s: float
+    replica_prefill_tokens_per_s: float
     batch: int
 
 
@@ -180,15 +187,37 @@ def size(config: Config, work: WorkloadShape, slo: PlanSlo) -> Sized | str:
         if metric in floor and floor[metric] > bound:
             return f"unloaded {metric} {floor[metric] * 1e3:.1f} ms > {stat} bound " \
                    f"{bound * 1e3:g} ms"
-    full = estimate(spec, work.prompt, work.output_max, batch)
+    output = work.output_max
+    full = estimate(spec, work.prompt, output, batch)
     if not full["fits"]:  # KV for `batch` at the longest context: the mean context fits
-        full = estimate(spec, work.prompt, max(1, round(work.output_mean)), batch)
+        output = max(1, round(work.output_mean))
+        full = estimate(spec, work.prompt, output, batch)
     if not full["fits"]:
         return f"does not fit a batch of {batch}: {full['error']}"
+    bound = tpot_bound(slo)
+    if bound is not None and full["tpot_s"] > bound:  # the largest batch within the bound
+        lo, hi = 1, batch  # estimate(lo) is within it (the floor above), estimate(hi) is not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if estimate(spec, work.prompt, output, mid)["tpot_s"] <= bound \
+                else (lo, mid)
+        batch = lo
+        full = estimate(spec, work.prompt, output, batch)
     cap = full["output_tokens_per_s"]
     lb = math.ceil(work.rate * work.output_mean * LB_SLACK / cap - 1e-9)
+    prefill = full["prefill_tokens_per_s"]  # every prompt token not cached is prefilled
+    if prefill:
+        lb = max(lb, math.ceil(work.rate * work.prompt * LB_SLACK / prefill - 1e-9))
     return Sized(config, usd_per_hour=placement.plan.usd_per_s * 3600, chips=placement.chips,
-                 min_replicas=max(1, lb), replica_output_tokens_per_s=cap, batch=batch)
+                 min_replicas=max(1, lb), replica_output_tokens_per_s=cap,
+                 replica_prefill_tokens_per_s=prefill or 0.0, batch=batch)
+
+
+def tpot_bound(slo: PlanSlo) -> float | None:
+    """The tightest bound on time per output token the SLO sets (tpot or itl), if any."""
+    bounds = [v for k, v in slo.bounds.items() if k == "tpot"]
+    bounds += [v for (m, _), v in slo.stats.items() if m in ("tpot", "itl")]
+    return min(bounds) if bounds else None
 
 
 def floors(alone: dict[str, Any], work: WorkloadShape) -> dict[str, float]:

@@ -89,12 +89,16 @@ def test_plan_returns_the_cheapest_of_the_brute_forced_grid(planned):
                                                    for r in plan["runners_up"]]
     assert [c for c, _ in got] == [c for c, _ in ranked[:len(got)]]
     assert len(plan["runners_up"]) == 2
-    # the analytic lower bound is sound: below it, no fleet of the grid meets the SLO
-    assert {c["deployment"] for c in plan["configs"]} == {name for name, _ in every}
-    for c in plan["configs"]:
-        for n in range(1, min(c["min_replicas"], 5)):
-            assert not every[(c["deployment"], n)]["meets"], (c, n)
-    assert any(c["min_replicas"] > 1 for c in plan["configs"])  # and it does prune
+    # the analytic lower bound is sound: below it, no fleet of the grid meets the SLO (a
+    # config pruned for needing more than --max-replicas has its bound in the reason)
+    bound = {c["deployment"]: c["min_replicas"] for c in plan["configs"]}
+    for p in plan["pruned"]:
+        bound[p["deployment"]] = int(p["why"].split("needs at least ")[1].split()[0])
+    assert set(bound) == {name for name, _ in every}
+    for name, lb in bound.items():
+        for n in range(1, min(lb, 5)):
+            assert not every[(name, n)]["meets"], (name, n)
+    assert any(lb > 1 for lb in bound.values())  # and it does prune
 
 
 def test_frontier_is_pareto_and_holds_the_winner(planned):
