@@ -84,3 +84,31 @@ def test_grid_respects_the_catalogue():
     groq = [s for s in kept if s.config.chip == "groq-lpu-v1"]
     assert groq and all(s.config.count and s.config.count > 1 for s in groq)  # sized chips
     assert len(kept) + len(pruned) == len(got)
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--slo", "ttft=0.2"], "--rate"),  # no rate: the default is inf, nothing to plan for
+    (["--slo", "ttft=0.2", "--rate", "10", "--chips", "h100"], "unknown chip h100"),
+    (["--slo", "ttfb=0.2", "--rate", "10"], "bad SLO term"),
+    (["--slo", "ttft=0.2", "--rate", "10", "--tp", "0"], "--tp"),
+])
+def test_bad_plan_input_is_exit_2(flags, says, capsys):
+    from doppelchip.cli import main
+
+    assert main(["plan", "--json", *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and says in captured.err
+
+
+def test_nothing_meets_the_slo_is_exit_1_and_says_so(capsys):
+    import json
+
+    from doppelchip.cli import main
+
+    rc = main(["plan", "--chips", "rtx-4090", "--engines", "vllm", "--quants", "fp8",
+               "--tp", "1", "--rate", "10", "--slo", "ttft=0.0001", "--json"])
+    assert rc == 1
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["error"] == "no candidate met the SLO"
+    assert out["searched"]["simulated"] == 0
+    assert out["pruned"] and out["pruned"][0]["why"].startswith("unloaded ttft")
