@@ -81,7 +81,8 @@ def run_simulate(argv: list[str]) -> dict[str, Any]:
 
 def workload_argv(args: argparse.Namespace) -> list[str]:
     """The workload flags of `args` that differ from simulate's defaults, as simulate takes
-    them (the same argument group, so every one is known to simulate)."""
+    them (the same argument group, so every one is known to simulate); files by absolute
+    path."""
     ref = argparse.ArgumentParser(add_help=False)
     add_workload_args(ref)
     out: list[str] = []
@@ -90,8 +91,13 @@ def workload_argv(args: argparse.Namespace) -> list[str]:
         if value == action.default:
             continue
         flag = action.option_strings[0]
+        if action.dest in FILE_FLAGS:  # workers (a Ray node) may run in another folder
+            value = os.path.abspath(value)
         out += [flag] if action.nargs == 0 else [flag, str(value)]
     return out
+
+
+FILE_FLAGS = ("trace", "length_file")  # the workload flags naming a file
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:

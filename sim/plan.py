@@ -25,10 +25,11 @@ import heapq
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any
 
 from clients.workloads import WorkloadSpec
+from server.engine.build import EngineOptions
 from sim.plan_exec import Simulate, Task
 from sim.plan_fleet import fleet_text, simulate_argv
 from sim.plan_slo import PlanSlo, check
@@ -42,6 +43,8 @@ from sim.plan_space import (
 )
 
 RUNNERS_UP = 3
+# the engine's mean output length when EOS is sampled (the plan's candidates keep its default)
+EOS_MEAN = next(f.default for f in fields(EngineOptions) if f.name == "output_len_mean")
 HELPED = 0.98  # one more replica must shrink some latency (or the goodput shortfall) by 2%
 
 
@@ -55,14 +58,8 @@ class PlanInputs:
     workload_argv: list[str]
     slo: PlanSlo
     router: str = "least-requests"
-    eos_mean: float = 128.0
+    eos_mean: float = EOS_MEAN
     runners_up: int = RUNNERS_UP
-
-
-@dataclass
-class Search:
-    simulated: list[dict[str, Any]] = field(default_factory=list)
-    batches: int = 0
 
 
 def shape(w: WorkloadSpec, eos_mean: float) -> WorkloadShape:
