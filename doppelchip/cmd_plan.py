@@ -250,7 +250,10 @@ def conclusions(plan: dict[str, Any]) -> list[str]:
         f"on a process pool of {ex['jobs']}"
     out = [f"plan for {plan['slo']} at {plan['rate']:g} req/s (router {plan['router']})"]
     w = plan["winner"]
-    if w is None:
+    if w is None and not plan["closest"]:
+        out.append("no candidate met the SLO: the analytic model pruned every config, e.g.")
+        out += [f"  {p['deployment']}: {p['why']}" for p in plan["pruned"][:5]]
+    elif w is None:
         out.append("no candidate met the SLO; the closest:")
         out += [f"  {_describe(r)}; missed: {'; '.join(r['misses'])}"
                 if "latency" in r else f"  {r['deployment']}: {'; '.join(r['misses'])}"
