@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_devices,
         cmd_gateway,
         cmd_load,
+        cmd_plan,
         cmd_pods,
         cmd_serve,
         cmd_simulate,
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_simulate.register(sub)
     cmd_load.register(sub)
     cmd_whatif.register(sub)
+    cmd_plan.register(sub)
     cmd_gateway.register(sub)
     return parser
 

@@ -194,6 +194,12 @@ def register(subparsers: Any) -> None:
     # --- end virtual-time clusters ---
     add_fleet_args(p)
     add_autoscale_args(p)  # --- autoscale (issue 16) ---
+    # --- capacity planning (issue 16): what `doppelchip plan` checks (docs/PLAN.md) ---
+    g = p.add_argument_group("SLO (as load --slo)")
+    g.add_argument("--slo", metavar="ttft=S,tpot=S,e2e=S",
+                   help="per-request latency bounds in seconds; the summary adds the share "
+                   "of requests meeting every one (goodput)")
+    # --- end capacity planning ---
     p.set_defaults(func=cmd_simulate)
 
 

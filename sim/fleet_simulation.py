@@ -33,6 +33,7 @@ from sim.simulation import (
     options_from_args,
     to_result,
     to_sessions,
+    with_goodput,
     workload_from_args,
 )
 
@@ -114,7 +115,7 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
         summary["max_num_seqs"] = sum(cr.replicas[k].core.scheduler.config.max_num_seqs
                                       for k in keep)
         summary.update(report(sr))
-    return summary
+    return with_goodput(summary, results, getattr(args, "slo", None))  # issue 16: plan
 
 
 def add_fleet_parts(summary: dict[str, Any], cr: ClusterRun, results: list[RequestResult],

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from clients.conversation import Conversation
-from clients.report import RequestResult, summarize
+from clients.report import RequestResult, goodput, parse_slo, summarize
 from clients.workloads import WorkloadSpec, build_workload
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions, build_core
@@ -219,4 +219,21 @@ def _parse_mix(text: str, flag: str = "--mix",
 
 
 def simulate(args: argparse.Namespace) -> dict[str, Any]:
-    return simulate_options(options_from_args(args), workload_from_args(args))
+    summary, results = simulate_conversations(options_from_args(args), workload_from_args(args))
+    return with_goodput(summary, results, getattr(args, "slo", None))
+
+
+# --- capacity planning (issue 16): `simulate --slo`, what `doppelchip plan` checks ---
+def with_goodput(summary: dict[str, Any], results: list[RequestResult],
+                 slo_text: str | None) -> dict[str, Any]:
+    """`summary` with `slo` and `goodput` (the share of requests meeting every bound) added,
+    as `load --slo` reports them, when an SLO is given."""
+    if slo_text:
+        try:
+            slo = parse_slo(slo_text)
+        except ValueError as e:
+            raise SimulationError(str(e)) from e
+        summary["slo"] = slo
+        summary["goodput"] = goodput(results, slo)
+    return summary
+# --- end capacity planning ---

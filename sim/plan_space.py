@@ -1,0 +1,252 @@
+"""The configurations `doppelchip plan` searches, and what the analytic model says of each
+before anything is simulated.
+
+A `Config` is one deployment shape (chip, engine, quantisation, TP/PP/EP, `max_num_seqs`,
+serving mode); a candidate is a config times a replica count. `configs()` expands a
+`SearchSpace` and prunes with the catalogue and the device model, never with a simulation:
+
+- the engine runs on the chip's class and loads the quantisation's family (catalogue);
+- the deployment places (`devices.place`: weights + KV fit; TP divides the heads, ...) and its
+  context holds the workload's longest request;
+- its unloaded latency (`devices.estimate` at batch 1) is within every SLO bound: no replica
+  count lowers a latency a lone request already exceeds.
+
+Each survivor carries its price per replica-hour and `min_replicas`, the least replica count
+worth simulating: the offered output tokens per second over an upper bound on one replica's
+output rate — `estimate`'s decode rate at its largest batch (`max_num_seqs`, or what the KV
+pool holds; with a TPOT bound, the largest batch whose decode step is within it), prefill
+ignored. A step never yields more than its batch's tokens and costs at least the decode step
+of that batch, and batch / step time grows with the batch, so no replica outputs faster
+(nor, while most of its requests meet the TPOT bound, faster than at that batch); fewer
+replicas cannot sustain the rate. Likewise for prefill: every prompt token that is not a
+prefix-cache hit is prefilled, and no step prefills faster than `estimate`'s prefill rate
+(the engine's token budget per step, compute-bound), so the offered prompt tokens (the new
+user tokens, `--isl`; a shared system prompt may hit the cache) over that rate bound the count
+too; the larger of the two bounds is `min_replicas`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from devices import DeploymentSpec, DeviceError, catalog, estimate, place
+from devices.place_sram import chips_needed
+from server.engine.build import EngineOptions, engine_defaults
+from sim.plan_slo import PlanSlo
+
+# Serving modes: how sim.plan_fleet writes a candidate's fleet file. "pd" (disaggregated
+# prefill/decode pools, the fleet file's `role` key) is offered once the fleet file has that
+# key (docs/PLAN.md); POOLS names the replica counts of a mode with several pools.
+PD_AVAILABLE = "role" in {f.name for f in dataclasses.fields(EngineOptions)}
+MODES = ("aggregated", "pd") if PD_AVAILABLE else ("aggregated",)
+POOLS = {"pd": ("prefill", "decode")}
+LB_SLACK = 0.9  # the lower bound assumes 90% of the expected output tokens (sampling noise)
+
+
+@dataclass(frozen=True, order=True)
+class Config:
+    """One deployment shape. `count` is set for SRAM chips (sized for the workload) and None
+    elsewhere (tp × pp × ep chips); `max_num_seqs` None is the engine's default."""
+
+    chip: str
+    engine: str
+    quant: str
+    model: str
+    tp: int = 1
+    pp: int = 1
+    ep: int | None = None
+    count: int | None = None
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    mode: str = "aggregated"
+
+    @property
+    def name(self) -> str:
+        """A deployment name unique within a search: every dimension that varies."""
+        par = f"tp{self.tp}" + (f"pp{self.pp}" if self.pp > 1 else "") + \
+            (f"ep{self.ep}" if self.ep else "") + (f"x{self.count}" if self.count else "")
+        seqs = f"-seqs{self.max_num_seqs}" if self.max_num_seqs else ""
+        mode = "" if self.mode == "aggregated" else f"-{self.mode}"
+        return f"{self.engine}-{self.chip}-{self.quant}-{par}{seqs}{mode}".replace(".", "")
+
+    def options(self, replicas: int = 1) -> EngineOptions:
+        """The deployment as the engine builds it (what the fleet file declares)."""
+        return EngineOptions(name=self.name, model=self.model, quant=self.quant, chip=self.chip,
+                             engine=self.engine, count=self.count,
+                             tp=None if self.count else self.tp,
+                             pp=None if self.count else self.pp, ep=self.ep,
+                             max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
+                             replicas=replicas)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The grid: every combination is a config (incompatible ones are pruned, not errors)."""
+
+    model: str
+    chips: tuple[str, ...]
+    engines: tuple[str, ...]
+    quants: tuple[str, ...]
+    tps: tuple[int, ...] = (1, 2, 4, 8)
+    pps: tuple[int, ...] = (1,)
+    eps: tuple[int | None, ...] = (None,)
+    max_num_seqs: tuple[int | None, ...] = (None,)
+    modes: tuple[str, ...] = MODES
+    max_replicas: int = 64
+
+
+@dataclass(frozen=True)
+class WorkloadShape:
+    """What the analytic model needs of the workload: offered requests per second, prompt
+    tokens a request prefills when nothing is cached, output tokens (mean, max) and the
+    longest context one request needs (None: unknown, e.g. a trace)."""
+
+    rate: float
+    prompt: int
+    output_mean: float
+    output_max: int
+    context: int | None
+
+
+@dataclass(frozen=True)
+class Sized:
+    """A config the analytic model accepts: its price per replica-hour, the least replica
+    count worth simulating and the figures that bound came from."""
+
+    config: Config
+    usd_per_hour: float
+    chips: int
+    min_replicas: int
+    replica_output_tokens_per_s: float
+    replica_prefill_tokens_per_s: float
+    batch: int
+
+
+def output_mean(osl: int, ignore_eos: bool, eos_mean: float) -> float:
+    """Expected output tokens: `osl` when EOS is ignored, else E[min(G, osl)] for the engine's
+    geometric EOS draw with mean `eos_mean` (server.engine.mock_model.OutputLengths)."""
+    if ignore_eos:
+        return float(osl)
+    q = 1 - 1 / eos_mean
+    return (1 - q ** osl) * eos_mean
+
+
+def expand(space: SearchSpace) -> Iterator[Config]:
+    """Every combination the catalogue allows (engine on the chip's class, quant family)."""
+    for chip_id in space.chips:
+        chip = catalog.get_chip(chip_id)
+        for engine_id in space.engines:
+            engine = catalog.get_engine(engine_id)
+            if chip.chip_class not in engine.chip_classes:
+                continue
+            for quant_id in space.quants:
+                if catalog.get_quant(quant_id).family not in engine.quant_families:
+                    continue
+                shapes = [(1, 1, None)]  # SRAM and unified chips: one shape, sized by place
+                if chip.placement == "sharded":
+                    shapes = [(tp, pp, ep) for tp in space.tps for pp in space.pps
+                              for ep in space.eps]
+                for (tp, pp, ep) in shapes:
+                    for seqs in space.max_num_seqs:
+                        for mode in space.modes:
+                            yield Config(chip_id, engine_id, quant_id, space.model, tp, pp,
+                                         ep, None, seqs, None, mode)
+
+
+def size(config: Config, work: WorkloadShape, slo: PlanSlo) -> Sized | str:
+    """The analytic verdict on one config: `Sized`, or why it is pruned (a sentence)."""
+    chip = catalog.get_chip(config.chip)
+    if chip.placement == "sram":  # chips for the weights plus KV of the batch at the context
+        ctx = 1 << math.ceil(math.log2(work.context or 2048))
+        seqs = config.max_num_seqs or engine_defaults(config.engine, config.chip)[1] or 256
+        probe = config.options().spec()
+        n = chips_needed(probe, catalog.get_model(config.model),
+                         catalog.get_quant(config.quant), chip, seqs, ctx)
+        config = dataclasses.replace(config, count=n, max_model_len=ctx)
+    spec: DeploymentSpec = config.options().spec()
+    try:
+        placement = place(spec)
+    except DeviceError as e:
+        return f"does not place: {e}"
+    need = work.prompt + work.output_max
+    if work.context and work.context > placement.max_context:
+        return f"context {work.context} > max context {placement.max_context}"
+    batch = max(1, min(spec.max_batch, placement.max_concurrency(min(need, placement.max_context))))
+    alone = estimate(spec, work.prompt, work.output_max, 1)
+    if not alone["fits"]:
+        return f"does not fit one request: {alone['error']}"
+    floor = floors(alone, work)
+    for metric, bound in slo.bounds.items():
+        if floor[metric] > bound:
+            return f"unloaded {metric} {floor[metric] * 1e3:.1f} ms > {bound * 1e3:g} ms"
+    for (metric, stat), bound in slo.stats.items():
+        if metric in floor and floor[metric] > bound:
+            return f"unloaded {metric} {floor[metric] * 1e3:.1f} ms > {stat} bound " \
+                   f"{bound * 1e3:g} ms"
+    output = work.output_max
+    full = estimate(spec, work.prompt, output, batch)
+    if not full["fits"]:  # KV for `batch` at the longest context: the mean context fits
+        output = max(1, round(work.output_mean))
+        full = estimate(spec, work.prompt, output, batch)
+    if not full["fits"]:
+        return f"does not fit a batch of {batch}: {full['error']}"
+    bound = tpot_bound(slo)
+    if bound is not None and full["tpot_s"] > bound:  # the largest batch within the bound
+        lo, hi = 1, batch  # estimate(lo) is within it (the floor above), estimate(hi) is not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if estimate(spec, work.prompt, output, mid)["tpot_s"] <= bound \
+                else (lo, mid)
+        batch = lo
+        full = estimate(spec, work.prompt, output, batch)
+    cap = full["output_tokens_per_s"]
+    lb = math.ceil(work.rate * work.output_mean * LB_SLACK / cap - 1e-9)
+    prefill = full["prefill_tokens_per_s"]  # every prompt token not cached is prefilled
+    if prefill:
+        lb = max(lb, math.ceil(work.rate * work.prompt * LB_SLACK / prefill - 1e-9))
+    return Sized(config, usd_per_hour=placement.plan.usd_per_s * 3600, chips=placement.chips,
+                 min_replicas=max(1, lb), replica_output_tokens_per_s=cap,
+                 replica_prefill_tokens_per_s=prefill or 0.0, batch=batch)
+
+
+def tpot_bound(slo: PlanSlo) -> float | None:
+    """The tightest bound on time per output token the SLO sets (tpot or itl), if any."""
+    bounds = [v for k, v in slo.bounds.items() if k == "tpot"]
+    bounds += [v for (m, _), v in slo.stats.items() if m in ("tpot", "itl")]
+    return min(bounds) if bounds else None
+
+
+def floors(alone: dict[str, Any], work: WorkloadShape) -> dict[str, float]:
+    """A lone request's latencies (`estimate` at batch 1): no load makes them shorter."""
+    ttft, tpot = alone["ttft_s"] or 0.0, alone["tpot_s"]
+    fixed = work.output_mean == work.output_max  # EOS ignored: every request is that long
+    return {"ttft": ttft, "tpot": tpot, "itl": tpot,
+            "e2e": ttft + (tpot * (work.output_max - 1) if fixed else 0.0)}
+
+
+def configs(space: SearchSpace, work: WorkloadShape,
+            slo: PlanSlo) -> tuple[list[Sized], list[tuple[Config, str]]]:
+    """(the configs worth simulating, the pruned ones with why), each in a stable order."""
+    kept: list[Sized] = []
+    pruned: list[tuple[Config, str]] = []
+    for c in expand(space):
+        verdict = size(c, work, slo)
+        if isinstance(verdict, str):
+            pruned.append((c, verdict))
+        elif verdict.min_replicas > space.max_replicas:
+            pruned.append((c, f"needs at least {verdict.min_replicas} replicas "
+                              f"(> --max-replicas {space.max_replicas})"))
+        else:
+            kept.append(verdict)
+    return kept, pruned
+
+
+def check_ids(kind: str, given: Sequence[str], known: Sequence[str]) -> None:
+    """ValueError naming every unknown id (a typo is never silently an empty search)."""
+    bad = [g for g in given if g not in known]
+    if bad:
+        raise ValueError(f"unknown {kind} {', '.join(bad)}; known: {', '.join(known)}")

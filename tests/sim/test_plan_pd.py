@@ -1,0 +1,59 @@
+"""The P/D serving mode as the plan's extension point: its fleet file is the fleet-file P/D
+syntax (a prefill and a decode pool, `role`), and the search walks two replica counts to the
+cheapest pair. The simulation is a stand-in here (the P/D pools are not simulated on this
+build): a function of the two counts, so the test knows the answer."""
+
+from __future__ import annotations
+
+import tomllib
+
+from clients.workloads import WorkloadSpec
+from sim.plan import PlanInputs, search
+from sim.plan_exec import PoolExecutor
+from sim.plan_fleet import fleet_text
+from sim.plan_slo import parse_plan_slo
+from sim.plan_space import PD_AVAILABLE, Config, SearchSpace
+
+
+def fake_pd(argv: list[str]) -> dict:
+    """TTFT falls with prefill replicas, TPOT with decode replicas."""
+    with open(argv[argv.index("--config") + 1], "rb") as f:
+        pools = {d["role"]: d["replicas"] for d in tomllib.load(f)["deployments"]}
+    def stat(v: float) -> dict:
+        return {"mean": v, "p50": v, "p90": v, "p95": v, "p99": v}
+    return {"errors": {}, "ttft_s": stat(0.3 / pools["prefill"]),
+            "tpot_s": stat(0.06 / pools["decode"]), "itl_s": stat(0.01), "e2e_s": stat(1.0),
+            "usd_per_mtok": 1.0, "requests_per_s": 1.0, "output_tokens_per_s": 1.0}
+
+
+def test_pd_fleet_file():
+    text = fleet_text(Config("h100-sxm", "vllm", "bf16", "llama-3.1-8b", mode="pd"), (2, 3))
+    pools = tomllib.loads(text)["deployments"]
+    assert [(p["role"], p["replicas"]) for p in pools] == [("prefill", 2), ("decode", 3)]
+    assert {p["chip"] for p in pools} == {"h100-sxm"}
+
+
+def test_pd_search_finds_the_cheapest_pair():
+    space = SearchSpace(model="llama-3.1-8b", chips=("h100-sxm",), engines=("vllm",),
+                        quants=("bf16",), tps=(1,), modes=("pd",), max_replicas=8)
+    inputs = PlanInputs(space, WorkloadSpec(isl=128, osl=32, rate=1.0, ignore_eos=True),
+                        [], parse_plan_slo("ttft_p99=0.16,tpot_p99=0.021"), runners_up=0)
+    plan = search(inputs, PoolExecutor(1), fake_pd)
+    w = plan["winner"]
+    assert w["pools"] == {"prefill": 2, "decode": 3} and w["replicas"] == 5
+    # every cheaper pair was tried and missed
+    tried = {(r["pools"]["prefill"], r["pools"]["decode"]): r["meets_slo"]
+             for r in plan["candidates"]}
+    assert all(not ok for (p, d), ok in tried.items() if p + d < 5)
+    assert (1, 1) in tried and (2, 2) in tried
+
+
+def test_pd_is_offered_only_when_the_fleet_file_has_roles(capsys):
+    from doppelchip.cli import main
+
+    rc = main(["plan", "--chips", "h100-sxm", "--engines", "vllm", "--quants", "bf16",
+               "--rate", "1", "--slo", "ttft=1", "--modes", "pd"])
+    if PD_AVAILABLE:
+        assert rc in (0, 1)
+    else:
+        assert rc == 2 and "P/D pools need" in capsys.readouterr().err
