@@ -83,7 +83,8 @@ def test_grid_respects_the_catalogue():
     kept, pruned = configs(space, WORK, parse_plan_slo("ttft=0.5"))
     groq = [s for s in kept if s.config.chip == "groq-lpu-v1"]
     assert groq and all(s.config.count and s.config.count > 1 for s in groq)  # sized chips
-    assert len(kept) + len(pruned) == len(got)
+    assert len(kept) + len(pruned) == len(list(expand(space)))  # every shape in every serving mode
+    assert {s.config.mode for s in kept} == set(space.modes)
 
 
 @pytest.mark.parametrize(("flags", "says"), [
