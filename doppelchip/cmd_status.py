@@ -111,7 +111,8 @@ def fetch_status(target: str, timeout: float, security: dict[str, Any]) -> dict[
 
 
 def format_status(status: dict[str, Any]) -> str:
-    """The human table: one line per deployment, then each FAILED/COMPILING reason."""
+    """The human table: one line per deployment, then why each one that is not serving
+    (FAILED, COMPILING, DRAINING) is so."""
     from doppelchip.cmd_devices import table
 
     http = f", HTTP and /metrics on :{status['http_port']}" if status["http_port"] else ""
@@ -128,8 +129,8 @@ def format_status(status: dict[str, Any]) -> str:
                      str(load["waiting"]), f"{load['kv_usage']:.1%}"])
     lines.append(table(rows))
     lines.append("* the default deployment (requests that name none)")
-    lines += [f"{d['name']}: {d['state']}: {d['state_message']}"
-              for d in status["deployments"] if d["state_message"]]
+    lines += [f"{d['name']}: {d['state']}: {d['state_message']}" for d in status["deployments"]
+              if d["state_message"] and d["state"] not in ("READY", "SLEEPING")]
     return "\n".join(lines)
 
 

@@ -124,3 +124,19 @@ def test_status_of_an_unreachable_server_exits_1_with_the_status_name():
     assert out.returncode == 1
     assert re.search(r"^error: (UNAVAILABLE|DEADLINE_EXCEEDED): ", out.stderr, re.M), out.stderr
     assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_a_sleeping_pod_shows_as_sleeping():
+    """Sleep mode has no wire-API state: `status` reads it from the pod's /metrics."""
+    import urllib.request
+
+    pod = ["--deployment", "pod", "--chip", "h100-sxm", "--engine", "vllm", "--model",
+           "llama-3.1-8b", "--quant", "bf16", "--time-scale", "0.05", "--enable-sleep-mode"]
+    with ServerProcess(None, *pod) as s:
+        assert [d["state"] for d in status_json(s)["deployments"]] == ["READY"]
+        req = urllib.request.Request(f"{s.http_url}/sleep?level=1", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+        status = status_json(s)
+        assert status["sleep_state_known"] is True
+        assert [d["state"] for d in status["deployments"]] == ["SLEEPING"]
