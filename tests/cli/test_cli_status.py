@@ -140,3 +140,11 @@ def test_a_sleeping_pod_shows_as_sleeping():
         status = status_json(s)
         assert status["sleep_state_known"] is True
         assert [d["state"] for d in status["deployments"]] == ["SLEEPING"]
+
+
+def test_a_load_whose_every_request_fails_exits_1(server):
+    out = cli("load", "--target", server.target, "--deployment", "toobig", "--num-requests",
+              "3", "--json")
+    assert out.returncode == 1, out.stderr
+    summary = json.loads(out.stdout.splitlines()[-1])  # still the report, as the last line
+    assert summary["requests"] == 0 and sum(summary["errors"].values()) == 3
