@@ -12,8 +12,7 @@ def _generate(args: argparse.Namespace) -> int:
     from clients.generate import read_constraint, read_text, run_generate
     from doppelchip.client_flags import client_security
 
-    if "-" in (args.prompt_file, args.json_schema, args.grammar) and [
-            args.prompt_file, args.json_schema, args.grammar].count("-") > 1:
+    if [args.prompt_file, args.json_schema, args.grammar].count("-") > 1:
         print("error: only one of --prompt-file, --json-schema and --grammar can read "
               "standard input (-)", file=sys.stderr)
         return exit_codes.USAGE

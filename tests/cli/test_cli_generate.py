@@ -219,3 +219,10 @@ def test_ctrl_c_in_a_terminal_cancels_on_the_server_and_prints_the_summary(serve
         assert time.monotonic() < deadline, "the server did not abort the request"
         time.sleep(0.05)
     assert metric(server.scrape(), "vllm:num_requests_running", deployment="slow") == 0
+
+
+def test_only_one_flag_reads_stdin():
+    out = subprocess.run([*CLI, "generate", "--prompt-file", "-", "--json-schema", "-"],
+                         capture_output=True, text=True, input="{}", timeout=60)
+    assert out.returncode == 2
+    assert "only one of --prompt-file, --json-schema and --grammar can read" in out.stderr
