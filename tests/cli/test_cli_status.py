@@ -63,15 +63,14 @@ def test_a_failed_first_deployment_is_not_the_default_and_the_log_says_why(serve
     ("b", True, [("a", True, ""), ("b", False, "no fit")],
      ("a", "default_deployment 'b' could not be placed (no fit); 'a' is the first deployment "
       "that was")),
-    ("a", False, [("a", False, "x"), ("b", False, "y"), ("c", True, "")], ("c", None)),
+    ("a", False, [("a", False, "x"), ("b", False, "y"), ("c", True, "")],
+     ("c", "the first deployment listed 'a' could not be placed (x); 'c' is the first "
+      "deployment that was")),
     ("a", False, [("a", False, "x"), ("b", False, "y")],
      ("a", "the first deployment listed; no deployment could be placed")),
 ])
 def test_choose_default(configured, explicit, placed, expected):
-    name, why = choose_default(configured, explicit, placed)
-    assert name == expected[0]
-    if expected[1] is not None:
-        assert why == expected[1]
+    assert choose_default(configured, explicit, placed) == expected
 
 
 def test_status_json_reports_states_capacity_and_load(server):
