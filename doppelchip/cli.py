@@ -5,23 +5,30 @@ from __future__ import annotations
 import argparse
 import sys
 
+from doppelchip import exit_codes
+
 
 def _generate(args: argparse.Namespace) -> int:
-    from clients.generate import read_constraint, run_generate
+    from clients.generate import read_constraint, read_text, run_generate
     from doppelchip.client_flags import client_security
 
+    if [args.prompt_file, args.json_schema, args.grammar].count("-") > 1:
+        print("error: only one of --prompt-file, --json-schema and --grammar can read "
+              "standard input (-)", file=sys.stderr)
+        return exit_codes.USAGE
     try:
+        prompt = read_text(args.prompt_file) if args.prompt_file is not None else args.prompt
         constraint = read_constraint(json_schema=args.json_schema, regex=args.regex,
                                      choice=args.choice, grammar=args.grammar)
         security = client_security(args)
     except OSError as e:
         print(f"error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
-        return 2
-    except ValueError as e:
+        return exit_codes.USAGE
+    except (ValueError, UnicodeDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exit_codes.USAGE
     return run_generate(
-        args.target, args.prompt, timeout=args.timeout, security=security,
+        args.target, prompt, timeout=args.timeout, security=security,
         deployment=args.deployment,
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
         ignore_eos=args.ignore_eos, stop=args.stop or None, **constraint,
@@ -37,8 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="stream one completion to the terminal",
                        description="Send one prompt, stream the generated text to stdout, and "
-                       "print a summary line (tokens, TTFT, tokens/s) to stderr.")
-    g.add_argument("prompt", help="the prompt text")
+                       "print a summary line to stderr: tokens, finish reason, TTFT, decode "
+                       "tokens/s and total time, each on the server's emulated timeline and in "
+                       "wall time. Ctrl-C cancels the request on the server, prints the summary "
+                       "so far and exits 130.")
+    p = g.add_mutually_exclusive_group(required=True)
+    p.add_argument("prompt", nargs="?", help="the prompt text (or --prompt-file)")
+    p.add_argument("--prompt-file", metavar="FILE",
+                   help="read the prompt from FILE (- for stdin); for prompts too long for "
+                   "the command line")
     g.add_argument("--target", default="127.0.0.1:50051",
                    help="server address host:port (default 127.0.0.1:50051)")
     g.add_argument("--deployment", default="", metavar="NAME",
@@ -86,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_whatif.register(sub)
     cmd_plan.register(sub)
     cmd_gateway.register(sub)
+    from doppelchip import cmd_status
+
+    cmd_status.register(sub)
+    for subparser in sub.choices.values():  # one exit-status table for every command
+        exit_codes.document(subparser)
     return parser
 
 
@@ -95,7 +114,17 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except BrokenPipeError:  # `doppelchip devices | head`: the reader left; not an error
         sys.stderr.close()
-        return 0
+        return exit_codes.OK
+    except KeyboardInterrupt:  # Ctrl-C in a command without its own handling: no traceback
+        print("\ninterrupted", file=sys.stderr)
+        return exit_codes.INTERRUPTED
+    except Exception as e:
+        import grpc
+
+        if isinstance(e, grpc.RpcError) and hasattr(e, "code"):  # a status, not a bug
+            print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+            return exit_codes.FAILED
+        raise
 
 
 if __name__ == "__main__":

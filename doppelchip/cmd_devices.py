@@ -19,10 +19,15 @@ def register(subparsers: Any) -> None:
     d = subparsers.add_parser(
         "devices", help="list the emulated chips, engines, models and quantisations",
         description="The device catalogue: chips with memory tiers, bandwidths, FLOPs, power "
-        "and price; engines; models; quantisations. Every figure has a public source in "
-        "devices/catalog/*.toml.",
+        "and price; engines; models; quantisations. Every chip, model and quantisation "
+        "names its public source (last column; details in the comments of "
+        "devices/catalog/*.toml); engines are software profiles whose efficiency factors are "
+        "fitted (their provenance is in --json).",
     )
-    d.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    d.add_argument("--json", action="store_true",
+                   help="print one single-line JSON object instead of tables")
+    d.add_argument("--no-sources", action="store_true",
+                   help="leave out the tables' source column (narrower output)")
     d.set_defaults(func=cmd_devices)
 
     e = subparsers.add_parser(
@@ -111,7 +116,7 @@ def _si(x: float, unit: str) -> str:
     return f"{x:.4g} {unit}"
 
 
-def _table(rows: list[list[str]]) -> str:
+def table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
              for r in rows]
@@ -122,8 +127,16 @@ def _table(rows: list[list[str]]) -> str:
 def cmd_devices(args: argparse.Namespace) -> int:
     cat = _catalogue()
     if args.json:
-        print(json.dumps(cat))
+        print(json.dumps(cat))  # one line: the last line of a --json command is its object
         return 0
+
+    def sourced(rows: list[list[str]], entries: list[dict[str, Any]]) -> list[list[str]]:
+        """The rows with a last column naming each entry's public source."""
+        if args.no_sources:
+            return rows
+        return [[*rows[0], "source"]] + [[*r, e.get("source") or "-"]
+                                         for r, e in zip(rows[1:], entries, strict=True)]
+
     rows = [["chip", "class", "memory tiers", "peak FLOP/s", "busy/idle W", "$/h"]]
     for c in cat["chips"]:
         tiers = ", ".join(f"{t['name']} {_si(t['capacity_bytes'], 'B')} @ "
@@ -131,24 +144,24 @@ def cmd_devices(args: argparse.Namespace) -> int:
         peaks = " ".join(f"{k} {_si(v, '')}" for k, v in c["peak_flops"].items())
         rows.append([c["id"], c["class"], tiers, peaks,
                      f"{c['busy_watts']:g}/{c['idle_watts']:g}", f"{c['usd_per_hour']:.3f}"])
-    print(_table(rows))
+    print(table(sourced(rows, cat["chips"])))
     print()
     rows = [["engine", "chip classes", "kv", "batching", "prefix", "compile"]]
     for e in cat["engines"]:
         rows.append([e["id"], ",".join(e["chip_classes"]), e["kv_layout"], e["batching"],
                      e["prefix_cache"], e["compile"]])
-    print(_table(rows))
+    print(table(rows))
     print()
     rows = [["model", "params", "layers", "hidden", "heads/kv", "experts", "context"]]
     for m in cat["models"]:
         experts = f"{m['active_experts']}/{m['experts']}" if m["experts"] else "-"
         rows.append([m["id"], _si(m["params"], ""), str(m["layers"]), str(m["hidden"]),
                      f"{m['heads']}/{m['kv_heads']}", experts, str(m["max_context"])])
-    print(_table(rows))
+    print(table(sourced(rows, cat["models"])))
     print()
     rows = [["quant", "bytes/weight", "kv bytes"]]
     rows += [[q["id"], f"{q['bytes_per_weight']:g}", f"{q['kv_bytes']:g}"] for q in cat["quants"]]
-    print(_table(rows))
+    print(table(sourced(rows, cat["quants"])))
     return 0
 
 

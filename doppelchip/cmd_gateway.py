@@ -4,7 +4,9 @@ Starts `--replicas` `doppelchip serve --deployment NAME` pods (replica i on gRPC
 `--port + i`, HTTP and metrics on `--http-port + i`), then
 `smg launch --host 127.0.0.1 --port GATEWAY_PORT --worker-urls grpc://127.0.0.1:P ...
 --prometheus-host 127.0.0.1` (smg binds 0.0.0.0 unless told), waits until smg is ready, prints
-the OpenAI base URL, and on SIGINT/SIGTERM stops smg and drains the replicas.
+the OpenAI base URL, and on SIGINT/SIGTERM stops smg first (no new request reaches a replica),
+waits for it to exit, then stops the replicas, which drain their in-flight requests. A replica
+(or smg) that exits is reported with its own exit status and the last lines of its stderr.
 smg is a dev dependency (`pip install -e '.[dev]'`, pinned smg==1.13.0).
 """
 
@@ -14,7 +16,6 @@ import argparse
 import json
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -23,9 +24,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from doppelchip.procs import listening, stop, wait_until
+from doppelchip import exit_codes
+from doppelchip.procs import Child, first_exited, stop_in_order
 
 HOST = "127.0.0.1"
+READY_TEXT = "doppelchip: listening on"  # what `serve` prints once it serves
 
 
 def register(subparsers: Any) -> None:
@@ -90,39 +93,58 @@ def _ready(port: int, replicas: int) -> bool:
     return body.get("healthy_workers", 0) >= replicas
 
 
+def _wait(cond, deadline: float, children: list[Child]) -> Child | bool:
+    """True once `cond()` holds; False at the deadline; the child that exited first if one
+    did (it is reported with its own error)."""
+    while time.monotonic() < deadline:
+        if (dead := first_exited(children)) is not None:
+            return dead
+        if cond():
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def cmd_gateway(args: argparse.Namespace) -> int:
     smg = find_smg()
     if smg is None:
         print("error: smg is not installed; `make install-dev` (smg==1.13.0 is a dev "
               "dependency)", file=sys.stderr)
-        return 2
+        return exit_codes.USAGE
     if args.replicas < 1:
         print("error: --replicas must be >= 1", file=sys.stderr)
-        return 2
+        return exit_codes.USAGE
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
-    procs: list[subprocess.Popen] = []
+    replicas: list[Child] = []
+    gateway: list[Child] = []
     try:
         for i in range(args.replicas):
-            procs.append(subprocess.Popen(replica_cmd(args, i), stdin=subprocess.DEVNULL))
+            replicas.append(Child(f"replica {i} (gRPC port {args.port + i})",
+                                  replica_cmd(args, i), ready_text=READY_TEXT))
         deadline = time.monotonic() + args.ready_timeout
+        up = _wait(lambda: all(r.ready.is_set() for r in replicas), deadline, replicas)
+        if up is not True:
+            why = up.failure() if up else "they did not start in time"
+            print(f"error: a replica did not start: {why}", file=sys.stderr)
+            return exit_codes.FAILED
+        gateway.append(Child("smg", smg_cmd(args, smg)))
+        everyone = replicas + gateway
+        up = _wait(lambda: _ready(args.gateway_port, args.replicas), deadline, everyone)
+        if up is not True:
+            why = up.failure() if up else "not ready in time"
+            print(f"error: smg did not become ready: {why}", file=sys.stderr)
+            return exit_codes.FAILED
         ports = [args.port + i for i in range(args.replicas)]
-        if not wait_until(lambda: all(listening(HOST, p) for p in ports), deadline, procs):
-            print("error: the replicas did not start", file=sys.stderr)
-            return 1
-        procs.append(subprocess.Popen(smg_cmd(args, smg), stdin=subprocess.DEVNULL))
-        if not wait_until(lambda: _ready(args.gateway_port, args.replicas), deadline, procs):
-            print("error: smg did not become ready", file=sys.stderr)
-            return 1
         print(f"doppelchip gateway: OpenAI API on http://{HOST}:{args.gateway_port}/v1 "
               f"({args.replicas} x {args.deployment} on gRPC ports "
               f"{', '.join(map(str, ports))}); Ctrl-C stops", file=sys.stderr, flush=True)
         while not stopping.is_set():
-            if any(p.poll() is not None for p in procs):
-                print("error: a replica or smg exited", file=sys.stderr)
-                return 1
+            if (dead := first_exited(everyone)) is not None:
+                print(f"error: {dead.failure()}", file=sys.stderr)
+                return exit_codes.FAILED
             stopping.wait(0.5)
-        return 0
+        return exit_codes.OK
     finally:
-        stop(procs)
+        stop_in_order([gateway, replicas])  # as docs/GATEWAY.md says: smg, then the replicas

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from doppelchip import exit_codes
 from doppelchip.client_flags import add_client_security_args
 from doppelchip.cmd_simulate import add_workload_args, format_summary
 
@@ -85,7 +86,11 @@ def cmd_load(args: argparse.Namespace) -> int:
         summary, results = run_load_command(args)
     except LoadError as e:
         print(json.dumps({"error": str(e)}) if args.json else f"error: {e}", file=sys.stderr)
-        return 2
+        import grpc
+
+        # the server could not be reached or answered an error: a failure, not bad input
+        return (exit_codes.FAILED if isinstance(e.__cause__, grpc.RpcError)
+                else exit_codes.USAGE)
     if args.output_json or args.output_csv:
         from doppelchip.loadrun import write_outputs
 
@@ -105,7 +110,9 @@ def cmd_load(args: argparse.Namespace) -> int:
         print(format_sweep(summary))
     else:
         print(format_summary(summary))
-    return 0
+    if "sweep" not in summary and summary.get("errors") and not summary.get("requests"):
+        return exit_codes.FAILED  # every request failed: the numbers above measure nothing
+    return exit_codes.OK
 
 
 def format_sweep(s: dict[str, Any]) -> str:

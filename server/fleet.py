@@ -73,3 +73,22 @@ def served_names(client: DeploymentClient) -> tuple[str, ...]:
 
 def serves(client: DeploymentClient, model: str) -> bool:
     return model in served_names(client)
+
+
+def choose_default(configured: str, explicit: bool,
+                   deployments: list[tuple[str, bool, str]]) -> tuple[str, str]:
+    """The fleet's default deployment and why, from the configured one (`explicit`: named
+    by `default_deployment`, else the first listed) and each deployment's (name, placed,
+    failure) in fleet order. A deployment that could not be placed (FAILED) is never the
+    default while another was placed: plain requests would all fail. With none placed the
+    configured name stays (every request fails with its reason either way)."""
+    placed = {name: ok for name, ok, _ in deployments}
+    failure = {name: why for name, _, why in deployments}
+    source = "default_deployment" if explicit else "the first deployment listed"
+    if placed.get(configured, False):
+        return configured, f"{source}, placed"
+    first = next((name for name, ok, _ in deployments if ok), None)
+    if first is None:
+        return configured, f"{source}; no deployment could be placed"
+    return first, (f"{source} {configured!r} could not be placed ({failure.get(configured)}); "
+                   f"{first!r} is the first deployment that was")

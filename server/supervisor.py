@@ -38,6 +38,7 @@ from server.engine.kv_events_config import with_port_offsets
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.info import failed_info
 from server.engine_proc.main import EngineSpec, engine_main
+from server.fleet import choose_default
 from server.frontend.main import FrontendSpec, frontend_main
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
@@ -104,6 +105,7 @@ class Supervisor:
             return 1
         infos = [[i for i in ranks if i is not None] for ranks in self.infos]
         self.frontend_infos = infos
+        self._choose_default(infos)
         for i in range(self.num_frontends):
             self._start_frontend(i)
         if not await self._await_frontends():
@@ -137,6 +139,21 @@ class Supervisor:
             loop.remove_signal_handler(sig)
             signal.signal(sig, signal.SIG_IGN)
         return 0
+
+    def _choose_default(self, infos: list[list[m.DeploymentInfo]]) -> None:
+        """Never a FAILED default (server.fleet.choose_default); the log says which and why.
+        The front ends get the config with the chosen name."""
+        configured = self.config.default_deployment
+        placed = [(d.name, bool(ranks) and all(i.placed for i in ranks),
+                   "; ".join(i.failure for i in ranks if i.failure))
+                  for d, ranks in zip(self.config.deployments, infos, strict=True)]
+        name, why = choose_default(configured, bool(self.config.server.default_deployment),
+                                   placed)
+        if name != configured:
+            self.config = self.config.with_server(default_deployment=name)
+            log.warning("default deployment: %s (%s)", name, why)
+        else:
+            log.info("default deployment: %s (%s)", name, why)
 
     def _claim_ports(self) -> None:
         cfg = self.config.server

@@ -72,7 +72,8 @@ def test_generate_command_streams_and_summarises(served):
     )
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.strip()) > 0
-    assert re.search(r"\[fast\] 16 tokens, finish=length, TTFT [\d.]+ ms, [\d.]+ tokens/s",
+    assert re.search(r"\[fast\] 16 tokens, finish=length, prompt \d+ tokens; emulated: TTFT "
+                     r"[\d.]+ ms, [\d.]+ tokens/s, total [\d.]+ s; wall: TTFT [\d.]+ ms",
                      out.stderr)
 
 

@@ -4,6 +4,7 @@ stop on SIGTERM (exit 0, no process left)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -88,3 +89,76 @@ def test_gateway_command_serves_and_stops_cleanly(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+# ---- lifecycle (issue 15): a replica's own error; smg stops before the replicas drain -------
+
+
+@pytest.mark.skipif(SMG is None, reason="smg is not installed (make install-dev)")
+def test_a_replica_that_cannot_start_is_reported_with_its_own_error():
+    with socket.socket() as taken:  # replica 0's gRPC port, held by someone else
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "doppelchip.cli", "gateway", "--replicas", "2",
+               "--port", str(port), "--http-port", str(free_pair()),
+               "--gateway-port", str(free_port()), "--prometheus-port", str(free_port()),
+               "--ready-timeout", "60"]
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=90,
+                             stdin=subprocess.DEVNULL)
+    assert out.returncode == 1, out.stderr
+    assert (f"error: a replica did not start: replica 0 (gRPC port {port}) exited with "
+            "status 1; its last stderr lines:") in out.stderr, out.stderr
+    # the tail quotes the replica's own reason, indented under the report
+    assert re.search(rf"(?m)^  \| error: gRPC port 127\.0\.0\.1:{port} is already in use$",
+                     out.stderr), out.stderr
+    assert "smg did not become ready" not in out.stderr
+
+
+CHILD = """
+import signal, sys, time
+log, role, linger = sys.argv[1], sys.argv[2], float(sys.argv[3])
+def on_term(*_):
+    with open(log, "a") as f:
+        f.write(f"{role} got SIGTERM\\n")
+    time.sleep(linger)  # a gateway's grace period: the next group must wait for it
+    with open(log, "a") as f:
+        f.write(f"{role} exited\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print("ready", file=sys.stderr, flush=True)
+while True:
+    signal.pause()
+"""
+
+
+def test_stop_in_order_stops_smg_first_then_the_replicas(tmp_path: Path):
+    from doppelchip.procs import Child, stop_in_order
+
+    log = tmp_path / "order.log"
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+
+    def child(role: str, linger: float) -> Child:
+        return Child(role, [sys.executable, str(script), str(log), role, str(linger)],
+                     ready_text="ready")
+
+    smg, replicas = child("smg", 0.3), [child("replica-0", 0), child("replica-1", 0)]
+    for c in (smg, *replicas):
+        assert c.ready.wait(30), c.name
+    stop_in_order([[smg], replicas])
+    lines = log.read_text().splitlines()
+    assert lines[:2] == ["smg got SIGTERM", "smg exited"], lines
+    assert sorted(lines[2:]) == sorted(f"{r} {e}" for r in ("replica-0", "replica-1")
+                                       for e in ("got SIGTERM", "exited"))
+    assert all(c.poll() == 0 for c in (smg, *replicas))
+
+
+def test_child_failure_names_the_exit_status_and_the_stderr_tail():
+    from doppelchip.procs import Child
+
+    code = "import sys\nfor i in range(30): print(f'line {i}', file=sys.stderr)\nsys.exit(3)"
+    c = Child("replica 7", [sys.executable, "-c", code], keep=3)
+    report = c.failure()
+    assert report == ("replica 7 exited with status 3; its last stderr lines:"
+                      "\n  | line 27\n  | line 28\n  | line 29")

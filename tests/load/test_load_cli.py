@@ -37,12 +37,16 @@ def test_sim_target_is_the_simulate_path(capsys, tmp_path):
         (["--target", "sim:nope"], "unknown deployment 'nope'"),
         (["--target", "sim:", "--slo", "ttft"], "bad SLO term 'ttft'"),
         (["--target", "sim:", "--concurrency", "0"], "--concurrency must be >= 1"),
-        (["--target", "127.0.0.1:1"], "cannot reach 127.0.0.1:1"),
     ],
 )
 def test_errors_exit_2(capsys, argv, words):
     assert main(["load", *argv, "--num-requests", "2", "--json"]) == 2
     assert words in json.loads(capsys.readouterr().err)["error"]
+
+
+def test_unreachable_server_exits_1(capsys):  # a failure with a status, not bad input
+    assert main(["load", "--target", "127.0.0.1:1", "--num-requests", "2", "--json"]) == 1
+    assert "cannot reach 127.0.0.1:1: UNAVAILABLE" in json.loads(capsys.readouterr().err)["error"]
 
 
 def test_goodput_by_hand():

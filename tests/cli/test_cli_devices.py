@@ -1,0 +1,54 @@
+"""`doppelchip devices`: the tables name each entry's public source (the catalogue's), and
+`--json` is one line (the last line of a --json command is its object)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from devices import catalog
+from doppelchip.cli import main
+
+
+def rows_of(out: str, header: str) -> tuple[str, dict[str, str]]:
+    """The header line and {first cell: whole line} of the table whose header starts with
+    `header`."""
+    lines = out.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith(header + " "))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.strip():
+            break
+        rows[line.split()[0]] = line
+    return lines[start], rows
+
+
+def test_devices_tables_have_a_source_column(capsys: pytest.CaptureFixture[str]):
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    for header, entries in (("chip", [(c.id, dict(c.sources)["catalogue"])
+                                      for c in catalog.list_chips(None)]),
+                            ("model", [(m.id, m.source) for m in catalog.list_models()]),
+                            ("quant", [(q.id, q.source) for q in catalog.list_quants()])):
+        head, rows = rows_of(out, header)
+        assert head.rstrip().endswith("source"), head
+        assert set(rows) == {i for i, _ in entries}
+        for ident, source in entries:
+            assert source and rows[ident].rstrip().endswith(source), (ident, rows[ident])
+
+
+def test_no_sources_leaves_the_column_out(capsys: pytest.CaptureFixture[str]):
+    assert main(["devices", "--no-sources"]) == 0
+    out = capsys.readouterr().out
+    head, rows = rows_of(out, "chip")
+    assert "source" not in head and "glennklockwood" not in out
+    assert "h100-sxm" in rows
+
+
+def test_devices_json_is_one_line_with_the_sources(capsys: pytest.CaptureFixture[str]):
+    assert main(["devices", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    data = json.loads(out.splitlines()[-1])
+    assert all(c["source"] for c in data["chips"])
