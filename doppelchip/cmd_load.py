@@ -119,7 +119,8 @@ def format_sweep(s: dict[str, Any]) -> str:
     if "max_concurrency_meeting_slo" in s:
         return _format_concurrency_sweep(s)
     lines = [f"{'offered':>8} {'achieved':>8} {'ratio':>6} {'tok/s':>9} {'TTFT p50':>9} "
-             f"{'TTFT p99':>9} {'E2E p50':>9} {'goodput':>8} {'requests':>8} errors"]
+             f"{'TTFT p99':>9} {'E2E p50':>9} {'goodput':>8} {'requests':>8} errors"
+             "   (rates per emulated second)"]
     for p in s["sweep"]:
         st = p["steady"]
         good = f"{st['goodput_fraction'] * 100:.0f}%" if "slo" in s else "-"
@@ -174,7 +175,7 @@ def report_conclusions(s: dict[str, Any]) -> list[str]:
         return conclusions(s) if "offered_rate" in s["sweep"][0] else \
             _format_concurrency_sweep(s).splitlines()[len(s["sweep"]) + 1:]
     line = (f"{s['requests']} requests at {s['requests_per_s']:.1f} req/s, "
-            f"{s['output_tokens_per_s']:.0f} output tokens/s; TTFT p50 "
+            f"{s['output_tokens_per_s']:.0f} output tokens/s (emulated); TTFT p50 "
             f"{s['ttft_s']['p50'] * 1e3:.1f} ms, p99 {s['ttft_s']['p99'] * 1e3:.1f} ms")
     out = [line]
     if "goodput" in s:
@@ -191,7 +192,7 @@ def _ms(seconds: float) -> str:
 
 def _format_concurrency_sweep(s: dict[str, Any]) -> str:
     lines = [f"{'conc':>8} {'req/s':>8} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} "
-             f"{'E2E p50':>10} {'goodput':>8} errors"]
+             f"{'E2E p50':>10} {'goodput':>8} errors   (rates per emulated second)"]
     for p in s["sweep"]:
         good = f"{p['goodput']['fraction'] * 100:.0f}%" if "goodput" in p else "-"
         lines.append(

@@ -248,7 +248,8 @@ def conclusions(plan: dict[str, Any]) -> list[str]:
     ex = plan["executor"]
     where = f"on Ray ({ex['address']})" if ex["name"] == "ray" else \
         f"on a process pool of {ex['jobs']}"
-    out = [f"plan for {plan['slo']} at {plan['rate']:g} req/s (router {plan['router']})"]
+    out = [f"plan for {plan['slo']} at {plan['rate']:g} req/s of emulated time "
+           f"(router {plan['router']})"]
     w = plan["winner"]
     if w is None and not plan["closest"]:
         out.append("no candidate met the SLO: the analytic model pruned every config, e.g.")

@@ -317,7 +317,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f" ({s['error_rate'] * 100:.1f}%)",
         f"duration        {s['duration_s']:.3f} s (emulated)",
         f"throughput      {s['requests_per_s']:.2f} req/s, "
-        f"{s['output_tokens_per_s']:.1f} output tok/s, {s['input_tokens_per_s']:.1f} input tok/s",
+        f"{s['output_tokens_per_s']:.1f} output tok/s, {s['input_tokens_per_s']:.1f} input tok/s"
+        " (per emulated second)",
     ]
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         st = s[key]
@@ -325,7 +326,7 @@ def format_summary(s: dict[str, Any]) -> str:
                      f"  p90 {st['p90'] * 1e3:9.2f}  p99 {st['p99'] * 1e3:9.2f}")
     if "goodput" in s:
         slo = ", ".join(f"{k} <= {v:g} s" for k, v in s["slo"].items())
-        lines.append(f"goodput         {s['goodput']['requests_per_s']:.2f} req/s "
+        lines.append(f"goodput         {s['goodput']['requests_per_s']:.2f} req/s emulated "
                      f"({s['goodput']['fraction'] * 100:.1f}% of requests met {slo})")
     if "prefix_cache_hit_rate" not in s:  # a gRPC target: the server's side is in /metrics
         lines.append(f"prefix cache    {s['cached_prompt_tokens']} of {s['prompt_tokens']} "
