@@ -175,9 +175,78 @@ class MockModel:
 _VECTOR_MIN = 8  # below this many decodes, the scalar path is faster than NumPy's overhead
 
 
+_C0, _C1, _C2 = (np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
+                                         0x94D049BB133111EB))
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
 def _mix_np(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser on uint64 arrays (wrapping multiplication, as `_mix`)."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    x = x + _C0
+    x = (x ^ (x >> _S30)) * _C1
+    x = (x ^ (x >> _S27)) * _C2
+    return x ^ (x >> _S31)
+
+
+def lookahead(model: MockModel, reqs: Sequence[Request], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The next `k` tokens each unconstrained decode in `reqs` would draw, one step after the
+    other (each appended before the next draw), without touching the requests: tokens
+    (n × k) and the rolling hash each draw used (n × k). Exactly `next_token`'s draws: the
+    macro-stepping of virtual time (`macro.py`) uses them to advance many steps at once.
+    Every request must have its hash one token behind (`_hash_len == num_tokens - 1`)."""
+    n = len(reqs)
+    if n < _VECTOR_MIN:
+        rows = [_lookahead_one(model, r, k) for r in reqs]
+        return (np.array([t for t, _ in rows], np.int64).reshape(n, k),
+                np.array([h for _, h in rows], np.uint64).reshape(n, k))
+    tokens = np.empty((n, k), np.int64)
+    hashes = np.empty((n, k), np.uint64)
+    h = np.fromiter((r._hash_value for r in reqs), np.uint64, n)
+    last = np.fromiter((r.token_ids[-1] for r in reqs), np.uint64, n)
+    seeds = np.fromiter((r.sampling_params.seed & _M64 for r in reqs), np.uint64, n)
+    outs = np.fromiter((r.num_output_tokens for r in reqs), np.int64, n)
+    mins = np.fromiter((r.sampling_params.min_tokens for r in reqs), np.int64, n)
+    may_eos = np.fromiter((not r.sampling_params.ignore_eos for r in reqs), bool, n)
+    salt, nv = np.uint64((model.seed * _SEED_MIX) & _M64), np.uint64(len(model.vocab_ids))
+    fixed, p_eos = model.lengths.kind == "fixed", np.uint64(model._p_eos)
+    with np.errstate(over="ignore"):
+        for j in range(k):
+            h = h * np.uint64(_B) + last + np.uint64(1)
+            r = _mix_np(_mix_np(h ^ salt) ^ seeds)
+            tok = model._vocab_np[r % nv]
+            eos_ok = may_eos & (outs + j >= mins)
+            if eos_ok.any():
+                if fixed:
+                    stop = eos_ok & (outs + j + 1 >= model.lengths.mean)
+                else:
+                    stop = eos_ok & (_mix_np(r ^ np.uint64(0x5EED)) < p_eos)
+                tok = np.where(stop, model.eos_token_id, tok)
+            tokens[:, j], hashes[:, j] = tok, h
+            last = tok.astype(np.uint64)
+    return tokens, hashes
+
+
+def _lookahead_one(model: MockModel, req: Request, k: int) -> tuple[list[int], list[int]]:
+    """`lookahead` for one request in plain Python (faster than NumPy for a few requests)."""
+    sp = req.sampling_params
+    h, last, outs = req._hash_value, req.token_ids[-1], req.num_output_tokens
+    salt, seed = (model.seed * _SEED_MIX) & _M64, sp.seed & _M64
+    vocab, nv, eos, p_eos = model.vocab_ids, len(model.vocab_ids), model.eos_token_id, \
+        model._p_eos
+    fixed, mean = model.lengths.kind == "fixed", model.lengths.mean
+    may_eos = not sp.ignore_eos
+    tokens, hashes = [], []
+    for j in range(k):
+        h = (h * _B + last + 1) & _M64
+        r = _mix(_mix(h ^ salt) ^ seed)
+        tok = vocab[r % nv]
+        if may_eos and outs + j >= sp.min_tokens:
+            if fixed:
+                if outs + j + 1 >= mean:
+                    tok = eos
+            elif _mix(r ^ 0x5EED) < p_eos:
+                tok = eos
+        tokens.append(tok)
+        hashes.append(h)
+        last = tok
+    return tokens, hashes
