@@ -1,48 +1,55 @@
-"""Macro-stepping: many decode-only engine steps advanced together, identical to one by one.
+"""Macro-stepping: a window of decode-only engine steps advanced together, identical to one by
+one.
 
-Why it exists: between the events that change a batch (an arrival, a finish, a preemption, a
-prefill chunk, a constrained or speculative request) every step of a virtual run is the same
-decode batch one token further on. Single-stepping pays the scheduler's loop, the sampling and
-the update in Python for each of those steps; `advance` draws the window's tokens for the
-whole batch at once (`mock_model.lookahead`, the very draws `next_token` makes) and walks the
-steps with only what differs between them: the device cost of the batch at its new context
-lengths (the same `cycle_cost`, compile strategy and jitter, so times and counters are the
-same floats), and the KV block events (a block completed and offered to the prefix cache, a
-new block allocated) at the step and in the order the scheduler makes them.
+Why it exists: between the events that change a batch (an arrival, an admission, a preemption,
+a prefill chunk, a constrained or speculative request) every step of a virtual run is the
+same decode batch one token further on. Single-stepping pays the scheduler's loop, the
+sampling and the update in Python for each of those steps; `advance` draws the window's
+tokens for the whole batch in one NumPy pass (`MockModel.draw_ahead`: the very tokens
+`next_token` draws), finds in closed form the step at which each request crosses a block
+boundary or ends (EOS or length), and replays only those events — the same `allocate_slots`
+/ `cache_blocks` calls in the same order as `Scheduler.schedule` makes them, so block ids,
+prefix-cache insertions, LRU times and evictions are the same — and the finishes as
+`Scheduler.update` makes them. Each step is priced by the same `cycle_cost`, compile
+strategy and jitter, so times and counters are the same floats.
 
-Contract: `advance` either returns None having changed nothing (the batch is not a plain
-decode batch, or no two steps are free of events), or runs K >= 1 steps exactly as K calls of
-`EngineCore.step` would — same tokens, same scheduler, pool, cache and core state — none of
-which finishes a request, and stops after the first step ending at or after `until` (the next
-arrival). The finishing step itself, and everything else, is left to `EngineCore.step`.
+Contract: `advance` either returns None having changed nothing (the next step is not a plain
+decode batch), or runs K >= 1 steps exactly as K calls of `EngineCore.step` would — same
+tokens, scheduler, pool, cache and core state. It stops after the first step ending at or
+after `until`, after the first step that finishes a request when `stop_at_finish` (or when a
+waiting request would be admitted next), before a step whose block allocations the pool
+(free plus evictable) cannot cover (the scheduler then preempts), and after `LAG + 1` steps.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from devices import BatchShape
 from devices.pipeline import cycle_cost
 from server.engine.core import EngineCore
-from server.engine.mock_model import lookahead
+from server.engine.mock_model import LAG
 from server.engine.policy import WaitingQueue
+from server.engine.request import FinishReason, Request, RequestStatus
 
-MAX_WINDOW = 4096  # steps of one window at most
+HORIZON = LAG + 1  # steps one window draws at most (MockModel.draw_ahead's limit)
 
 
 @dataclass
-class MacroSteps:
-    """The K steps `advance` ran: each step's seconds and KV usage after it (the virtual
-    runner accumulates them as it would K step results), and the tokens each request got."""
+class Window:
+    """The K steps `advance` ran, for the virtual runner: each step's seconds and the KV
+    usage after it; each request of the batch with the index of its last step in the window
+    (it got one token per step up to it); the finished requests by step."""
 
     seconds: list[float]
     usage: list[float]
-    request_ids: list[str]  # each got one token per step
+    requests: list[tuple[Request, int]]
+    finished: dict[int, list[Request]] = field(default_factory=dict)
 
 
 def eligible(core: EngineCore) -> bool:
-    """Whether the next step is a plain decode batch with no admission and no event the
-    window cannot reproduce (every step of the window is then one, until an event)."""
+    """Whether the next step is a plain decode batch with no admission and nothing a window
+    cannot reproduce (then every step is one, until an event)."""
     sched, cfg = core.scheduler, core.scheduler.config
     running = sched.running
     if (not running or core.speculative is not None or core.lora is not None
@@ -56,141 +63,130 @@ def eligible(core: EngineCore) -> bool:
     bs, cache_on = sched.kv.block_size, sched.cache.enabled
     for r in running:
         n = len(r.token_ids)
-        if (r.constraint is not None or r.sampling_params.stop_token_ids
+        if (r.constraint is not None or r.sampling_params.stop_token_ids or n <= LAG
                 or r.num_computed_tokens != n - 1 or n - 1 < r.num_prompt_tokens
-                or r._hash_len != n - 1 or (cache_on and r._tree_len < (n - 1) // bs * bs)):
+                or (cache_on and r._tree_len < (n - 1) // bs * bs)):
             return False
     return True
 
 
-class Lookahead:
-    """Each running decode's next tokens, drawn ahead in chunks and kept across windows.
-
-    A request's future is a pure function of its tokens (the mock model's contract), so a
-    buffer stays valid until the request finishes (`forget`): preemption and recompute give
-    the same tokens. Kept per request in flight only, so memory does not grow with the run."""
-
-    CHUNK = 64
-
-    def __init__(self, core: EngineCore) -> None:
-        self.core = core
-        self.ahead: dict[str, tuple[int, list[int], list[int]]] = {}  # id -> (len, toks, hashes)
-
-    def forget(self, request_id: str) -> None:
-        self.ahead.pop(request_id, None)
-
-    def window(self, running: list, k: int) -> list[tuple[list[int], list[int], int]]:
-        """(tokens, hashes, offset) per request covering its next draws; at least min(k, CHUNK)
-        of them unless an EOS comes first."""
-        ahead, eos = self.ahead, self.core.model.eos_token_id
-        want = min(k, self.CHUNK // 4)
-        stale = []
-        for r in running:
-            buf = ahead.get(r.request_id)
-            n = len(r.token_ids)
-            if buf is None or buf[0] > n or (buf[0] + len(buf[1]) - n < want
-                                             and eos not in buf[1][n - buf[0]:]):
-                stale.append(r)
-        if stale:  # top the others up too: one vectorised draw serves the whole batch
-            ids = {r.request_id for r in stale}
-            for r in running:
-                buf = ahead[r.request_id] if r.request_id not in ids else None
-                if buf is not None and buf[0] + len(buf[1]) - len(r.token_ids) < self.CHUNK // 2:
-                    stale.append(r)
-            tokens, hashes = lookahead(self.core.model, stale, self.CHUNK)
-            for r, tk, hs in zip(stale, tokens.tolist(), hashes.tolist(), strict=True):
-                ahead[r.request_id] = (len(r.token_ids), tk, hs)
-        out = []
-        for r in running:
-            start, tk, hs = ahead[r.request_id]
-            out.append((tk, hs, len(r.token_ids) - start))
-        return out
-
-
 def advance(core: EngineCore, t: float, until: float | None,
-            ahead: Lookahead) -> MacroSteps | None:
+            stop_at_finish: bool) -> Window | None:
     """Run decode steps from time `t` (see the module's contract)."""
     if not eligible(core):
         return None
     sched = core.scheduler
-    cfg, kv, pool = sched.config, sched.kv, sched.pool
+    cfg, kv, pool, cache = sched.config, sched.kv, sched.pool, sched.cache
     running = list(sched.running)
-    bs = kv.block_size
-    # steps before the first that ends a request by length (0-based index of that step)
-    k = min(MAX_WINDOW, *(
-        min(r.sampling_params.max_tokens - r.num_output_tokens,
-            cfg.max_model_len - r.num_tokens) - 1 for r in running))
-    if k < 2:
-        return None
-    bufs = ahead.window(running, k)
-    eos = core.model.eos_token_id
-    for tk, _, off in bufs:
-        end = min(len(tk), off + k)
+    bs, max_len, eos = kv.block_size, cfg.max_model_len, core.model.eos_token_id
+    # the step (0-based) at which each request ends by length; the window's horizon
+    by_length = [min(r.sampling_params.max_tokens - r.num_output_tokens,
+                     max_len - len(r.token_ids)) - 1 for r in running]
+    k = min(HORIZON, max(by_length) + 1)
+    tokens_np, hashes_np = core.model.draw_ahead(running, k)
+    tokens = tokens_np.tolist()
+    last = []  # the step at which each request finishes (or k: not in this window)
+    for row, lim in zip(tokens, by_length, strict=True):
+        end = min(lim, k - 1)
         try:
-            k = tk.index(eos, off, end) - off  # the step that draws EOS finishes a request
+            end = row.index(eos, 0, end + 1)
         except ValueError:
-            k = end - off
-    if k < 2:
-        return None
-    starts = [r.num_computed_tokens for r in running]
-    events = _block_events(running, starts, k, bs, kv.cache.enabled)
-    for r, (tk, _, off) in zip(running, bufs, strict=True):
-        r.token_ids.extend(tk[off:off + k])
+            if end < lim:
+                end = k
+        last.append(end)
+    finish_at: dict[int, list[int]] = {}
+    for i, f in enumerate(last):
+        if f < k:
+            finish_at.setdefault(f, []).append(i)
+    events = _block_events(running, k, bs, cache.enabled)
+    stop_after_finish = stop_at_finish or bool(sched.waiting)
     seconds: list[float] = []
     usage: list[float] = []
-    u = (pool.num_used - sched.cache.evictable_blocks) / cfg.num_blocks
+    finished: dict[int, list[Request]] = {}
     stats, compiler, placement, jitter = sched.stats, core.compiler, core.placement, core.jitter
-    done = 0
+    starts = [r.num_computed_tokens for r in running]
+    alive = list(range(len(running)))
+    u = (pool.num_used - cache.evictable_blocks) / cfg.num_blocks
     now = t
+    done = 0
     for j in range(k):
-        step_events = events.get(j)
+        step_events = [(i, a) for i, a in events.get(j, ()) if last[i] >= j]
         if step_events:
-            if sum(alloc for _, alloc in step_events) > pool.num_free:
-                break  # an allocation could evict or preempt: the scheduler decides that
+            if sum(a for _, a in step_events) > pool.num_free + cache.evictable_blocks:
+                break  # an allocation would preempt: the scheduler decides that
             for i, alloc in step_events:
                 req = running[i]
                 end = starts[i] + j + 1
+                if len(req.token_ids) < end:  # the tokens up to this step, for the cache
+                    req.token_ids.extend(tokens[i][len(req.token_ids) - starts[i] - 1:j])
                 req.num_computed_tokens = end - 1
                 if alloc and not kv.allocate_slots(req, 1):  # cannot fail: checked above
                     raise AssertionError("macro step: a checked allocation failed")
                 kv.cache_blocks(req, end)
-            u = (pool.num_used - sched.cache.evictable_blocks) / cfg.num_blocks
         stats.num_lora_deferred = 0
         stats.num_steps += 1
-        batch = BatchShape(prefill=(), decode=tuple(c + j + 1 for c in starts))
+        batch = BatchShape(prefill=(), decode=tuple(starts[i] + j + 1 for i in alive))
         stall = compiler.before_step(batch)
         cycle = cycle_cost(placement, compiler.padded(batch))
         busy = jitter.apply(cycle.seconds)
         core._account(cycle, busy, stall.seconds)
         step_s = busy + stall.seconds
+        done = j + 1
+        ending = finish_at.get(j)
+        if ending:
+            finished[j] = [_finish(sched, running[i], starts[i], tokens[i], j) for i in ending]
+            alive = [i for i in alive if last[i] > j]
+            u = (pool.num_used - cache.evictable_blocks) / cfg.num_blocks
+        elif step_events:
+            u = (pool.num_used - cache.evictable_blocks) / cfg.num_blocks
         seconds.append(step_s)
         usage.append(u)
-        done += 1
         now += step_s
-        if until is not None and now >= until:
+        if (until is not None and now >= until) or not alive or (ending and stop_after_finish):
             break
-    _truncate(running, starts, done)
     if not done:
         return None
-    stats.num_generation_tokens += len(running) * done
-    for r, c, (_, hs, off) in zip(running, starts, bufs, strict=True):
-        r._hash_value, r._hash_len = hs[off + done - 1], c + done
-    return MacroSteps(seconds, usage, [r.request_id for r in running])
+    n_tokens = 0
+    for i in alive:  # still running: their tokens and computed counts up to the last step
+        req, c = running[i], starts[i]
+        del req.token_ids[c + 1:]
+        req.token_ids.extend(tokens[i][:done])
+        req.num_computed_tokens = c + done
+        req._lag_len, req._lag_value = req._lag_len + done - 1, int(hashes_np[i, done - 1])
+        n_tokens += done
+    for f, reqs in finished.items():
+        n_tokens += (f + 1) * len(reqs)
+    stats.num_generation_tokens += n_tokens
+    if finished:
+        gone = {id(r) for reqs in finished.values() for r in reqs}
+        sched.running = [r for r in sched.running if id(r) not in gone]
+        stats.num_finished += len(gone)
+    return Window(seconds, usage,
+                  [(running[i], min(last[i], done - 1)) for i in range(len(running))], finished)
 
 
-def _truncate(running, starts: list[int], done: int) -> None:
-    """Keep the first `done` tokens of the window on each request, computed up to them."""
-    for r, c in zip(running, starts, strict=True):
-        del r.token_ids[c + 1 + done:]
-        r.num_computed_tokens = c + done
+def _finish(sched, req: Request, start: int, tokens: list[int], j: int) -> Request:
+    """`Scheduler.update`'s end of a request at window step `j` (its token appended)."""
+    del req.token_ids[start + 1:]
+    req.token_ids.extend(tokens[:j + 1])
+    req.num_computed_tokens = start + j + 1
+    reason = sched._stop_reason(req, tokens[j])
+    assert reason is not None, "macro step: a request ended without a stop reason"
+    if req.hold_kv and reason is FinishReason.LENGTH:
+        sched._hold(req)
+    sched.kv.free(req, cache=True)
+    req.status, req.finish_reason = RequestStatus.for_reason(reason), reason
+    del sched.requests[req.request_id]
+    return req
 
 
-def _block_events(running, starts: list[int], k: int, bs: int,
+def _block_events(running: list[Request], k: int, bs: int,
                   cache_on: bool) -> dict[int, list[tuple[int, bool]]]:
     """Step -> [(request index, allocates)] in running order: the steps whose decode needs a
     new block (then offers its full blocks to the cache) or completes a block (offers it)."""
     events: dict[int, list[tuple[int, bool]]] = {}
-    for i, (r, c) in enumerate(zip(running, starts, strict=True)):
+    for i, r in enumerate(running):
+        c = r.num_computed_tokens
         held = len(r.block_ids) * bs
         steps: dict[int, bool] = {}
         j = held - c  # end = c + j + 1 > held: the first step needing a block

@@ -41,6 +41,14 @@ if TYPE_CHECKING:
 _B = 0x100000001B3  # base: odd, so the hash is a bijection of the last token mod 2^64
 _M64 = (1 << 64) - 1
 _SEED_MIX = 0x100000001B3
+_GOLD = 0x9E3779B97F4A7C15  # spreads the context length into a lagged draw
+# Free tokens depend on the context but its last LAG tokens (once it is longer than LAG): the
+# next LAG draws of a decode need no token drawn among them, so a window of decode steps is
+# drawn in one vectorised pass (`draw_ahead`). Any function of the context is a valid model.
+LAG = 32
+_B_POW = np.array([pow(_B, j, 1 << 64) for j in range(LAG + 2)], np.uint64)
+_B_INV = np.array([pow(_B, -j, 1 << 64) for j in range(LAG + 2)], np.uint64)
+_STEPS = np.arange(LAG + 2, dtype=np.int64)
 CLOSE_P = 0.25  # constrained output: chance per free token that the model winds the value up
 _P_CLOSE = int(CLOSE_P * (1 << 64))
 
@@ -108,14 +116,36 @@ class MockModel:
             req._hash_len = n
         return req._hash_value
 
+    def lag_hash(self, req: Request) -> int:
+        """The hash a free (unconstrained) draw uses: of the whole context while it has at
+        most ``LAG`` tokens, then of all of it but its last ``LAG`` tokens (kept on the request
+        as ``_lag_len``/``_lag_value``, caught up incrementally)."""
+        n = len(req.token_ids)
+        if n <= LAG:
+            return self.context_hash(req)
+        target = n - LAG
+        if req._lag_len > target:  # tokens were removed (never happens today): start over
+            req._lag_len, req._lag_value = 0, 0
+        if req._lag_len < target:
+            req._lag_value = rolling_hash(req.token_ids[req._lag_len:target], req._lag_value)
+            req._lag_len = target
+        return req._lag_value
+
+    def _free_draw(self, h: int, n: int, seed: int) -> int:
+        """The 64-bit draw of a free token at context length ``n`` from its ``lag_hash``."""
+        if n > LAG:
+            h = (h + n * _GOLD) & _M64
+        return _mix(_mix(h ^ ((self.seed * _SEED_MIX) & _M64)) ^ (seed & _M64))
+
     def next_token(self, req: Request) -> int:
         sp = req.sampling_params
-        h = self.context_hash(req)
-        r = _mix(_mix(h ^ ((self.seed * _SEED_MIX) & _M64)) ^ (sp.seed & _M64))
         if req.constraint is not None:
+            h = self.context_hash(req)
+            r = _mix(_mix(h ^ ((self.seed * _SEED_MIX) & _M64)) ^ (sp.seed & _M64))
             closing = (_mix(r ^ 0xC105E) < _P_CLOSE
                        or 2 * req.num_output_tokens >= sp.max_tokens)
             return req.constraint.next_token(r, closing)
+        r = self._free_draw(self.lag_hash(req), len(req.token_ids), sp.seed)
         if not sp.ignore_eos and req.num_output_tokens >= sp.min_tokens:
             if self.lengths.kind == "fixed":
                 if req.num_output_tokens + 1 >= self.lengths.mean:
@@ -129,15 +159,15 @@ class MockModel:
     ) -> dict[str, list[int]]:
         """One token for each scheduled request whose chunk reached its last known token.
 
-        Unconstrained requests whose hash is one token behind (every decode) are drawn
-        together with NumPy; the rest (a prefill's first token, a constrained request) one by
-        one — the tokens are the same either way."""
+        Unconstrained requests past ``LAG`` tokens (nearly every decode) are drawn together
+        with NumPy; the rest (a short context, a constrained request) one by one — the
+        tokens are the same either way."""
         out: dict[str, list[int]] = {}
         batch: list[tuple[str, Request]] = []
         for s in output.scheduled:
             if not s.samples_token or (req := requests.get(s.request_id)) is None:
                 continue
-            if req.constraint is None and req._hash_len == len(req.token_ids) - 1:
+            if req.constraint is None and len(req.token_ids) > LAG:
                 batch.append((s.request_id, req))
             else:
                 out[s.request_id] = [self.next_token(req)]
@@ -150,26 +180,47 @@ class MockModel:
 
     def _draw_batch(self, batch: list[tuple[str, Request]]) -> dict[str, list[int]]:
         reqs = [r for _, r in batch]
+        tokens = self.draw_ahead(reqs, 1)[0][:, 0]
+        return {rid: [t] for (rid, _), t in zip(batch, tokens.tolist(), strict=True)}
+
+    def draw_ahead(self, reqs: Sequence[Request], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``k`` free tokens of each request (n × k), each drawn after the ones
+        before it were appended, with EOS where ``next_token`` would draw it (and draws after
+        an EOS as if it had not ended) — exactly ``next_token``'s tokens, without touching the
+        requests beyond catching up their lag hashes; and the lag hash behind each draw
+        (n × k). Every request must be unconstrained with more than ``LAG`` tokens, and
+        ``k <= LAG + 1``: the hashes then cover only known tokens, so one NumPy pass draws
+        the whole window (the macro-stepping of virtual time, `macro.py`)."""
         n = len(reqs)
-        h = np.fromiter((r._hash_value for r in reqs), np.uint64, n)
-        last = np.fromiter((r.token_ids[-1] for r in reqs), np.uint64, n)
+        if not 1 <= k <= LAG + 1:
+            raise ValueError(f"draw_ahead draws 1..{LAG + 1} tokens, not {k}")
+        h0 = np.fromiter((self.lag_hash(r) for r in reqs), np.uint64, n)
+        lens = np.fromiter((len(r.token_ids) for r in reqs), np.int64, n)
         seeds = np.fromiter((r.sampling_params.seed & _M64 for r in reqs), np.uint64, n)
         with np.errstate(over="ignore"):
-            h = h * np.uint64(_B) + last + np.uint64(1)
-            r = _mix_np(_mix_np(h ^ np.uint64((self.seed * _SEED_MIX) & _M64)) ^ seeds)
+            if k > 1:  # H(tokens[:S + j]) = B^j (H(tokens[:S]) + sum_{i<j} (t_{S+i}+1) B^-(i+1))
+                older = np.array([r.token_ids[r._lag_len:r._lag_len + k - 1] for r in reqs],
+                                 np.uint64).reshape(n, k - 1)
+                acc = np.zeros((n, k), np.uint64)
+                np.cumsum((older + np.uint64(1)) * _B_INV[1:k], axis=1, out=acc[:, 1:])
+                h = (h0[:, None] + acc) * _B_POW[:k]
+            else:
+                h = h0[:, None]
+            pos = lens[:, None] + _STEPS[:k]  # the context length at each draw
+            x = h + pos.astype(np.uint64) * np.uint64(_GOLD)
+            r = _mix_np(_mix_np(x ^ np.uint64((self.seed * _SEED_MIX) & _M64)) ^ seeds[:, None])
             tokens = self._vocab_np[r % np.uint64(len(self.vocab_ids))]
-            eos_ok = np.fromiter((not r.sampling_params.ignore_eos and r.num_output_tokens
-                                  >= r.sampling_params.min_tokens for r in reqs), bool, n)
+            outs = pos - np.fromiter((r.num_prompt_tokens for r in reqs), np.int64, n)[:, None]
+            mins = np.fromiter((r.sampling_params.min_tokens for r in reqs), np.int64, n)
+            may = np.fromiter((not r.sampling_params.ignore_eos for r in reqs), bool, n)
+            eos_ok = may[:, None] & (outs >= mins[:, None])
             if eos_ok.any():
                 if self.lengths.kind == "fixed":
-                    outs = np.fromiter((r.num_output_tokens for r in reqs), np.int64, n)
                     stop = eos_ok & (outs + 1 >= self.lengths.mean)
                 else:
                     stop = eos_ok & (_mix_np(r ^ np.uint64(0x5EED)) < np.uint64(self._p_eos))
                 tokens = np.where(stop, self.eos_token_id, tokens)
-        for req, value in zip(reqs, h.tolist(), strict=True):
-            req._hash_value, req._hash_len = value, len(req.token_ids)
-        return {rid: [t] for (rid, _), t in zip(batch, tokens.tolist(), strict=True)}
+        return tokens, h
 
 
 _VECTOR_MIN = 8  # below this many decodes, the scalar path is faster than NumPy's overhead
@@ -186,67 +237,3 @@ def _mix_np(x: np.ndarray) -> np.ndarray:
     x = (x ^ (x >> _S30)) * _C1
     x = (x ^ (x >> _S27)) * _C2
     return x ^ (x >> _S31)
-
-
-def lookahead(model: MockModel, reqs: Sequence[Request], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The next `k` tokens each unconstrained decode in `reqs` would draw, one step after the
-    other (each appended before the next draw), without touching the requests: tokens
-    (n × k) and the rolling hash each draw used (n × k). Exactly `next_token`'s draws: the
-    macro-stepping of virtual time (`macro.py`) uses them to advance many steps at once.
-    Every request must have its hash one token behind (`_hash_len == num_tokens - 1`)."""
-    n = len(reqs)
-    if n < _VECTOR_MIN:
-        rows = [_lookahead_one(model, r, k) for r in reqs]
-        return (np.array([t for t, _ in rows], np.int64).reshape(n, k),
-                np.array([h for _, h in rows], np.uint64).reshape(n, k))
-    tokens = np.empty((n, k), np.int64)
-    hashes = np.empty((n, k), np.uint64)
-    h = np.fromiter((r._hash_value for r in reqs), np.uint64, n)
-    last = np.fromiter((r.token_ids[-1] for r in reqs), np.uint64, n)
-    seeds = np.fromiter((r.sampling_params.seed & _M64 for r in reqs), np.uint64, n)
-    outs = np.fromiter((r.num_output_tokens for r in reqs), np.int64, n)
-    mins = np.fromiter((r.sampling_params.min_tokens for r in reqs), np.int64, n)
-    may_eos = np.fromiter((not r.sampling_params.ignore_eos for r in reqs), bool, n)
-    salt, nv = np.uint64((model.seed * _SEED_MIX) & _M64), np.uint64(len(model.vocab_ids))
-    fixed, p_eos = model.lengths.kind == "fixed", np.uint64(model._p_eos)
-    with np.errstate(over="ignore"):
-        for j in range(k):
-            h = h * np.uint64(_B) + last + np.uint64(1)
-            r = _mix_np(_mix_np(h ^ salt) ^ seeds)
-            tok = model._vocab_np[r % nv]
-            eos_ok = may_eos & (outs + j >= mins)
-            if eos_ok.any():
-                if fixed:
-                    stop = eos_ok & (outs + j + 1 >= model.lengths.mean)
-                else:
-                    stop = eos_ok & (_mix_np(r ^ np.uint64(0x5EED)) < p_eos)
-                tok = np.where(stop, model.eos_token_id, tok)
-            tokens[:, j], hashes[:, j] = tok, h
-            last = tok.astype(np.uint64)
-    return tokens, hashes
-
-
-def _lookahead_one(model: MockModel, req: Request, k: int) -> tuple[list[int], list[int]]:
-    """`lookahead` for one request in plain Python (faster than NumPy for a few requests)."""
-    sp = req.sampling_params
-    h, last, outs = req._hash_value, req.token_ids[-1], req.num_output_tokens
-    salt, seed = (model.seed * _SEED_MIX) & _M64, sp.seed & _M64
-    vocab, nv, eos, p_eos = model.vocab_ids, len(model.vocab_ids), model.eos_token_id, \
-        model._p_eos
-    fixed, mean = model.lengths.kind == "fixed", model.lengths.mean
-    may_eos = not sp.ignore_eos
-    tokens, hashes = [], []
-    for j in range(k):
-        h = (h * _B + last + 1) & _M64
-        r = _mix(_mix(h ^ salt) ^ seed)
-        tok = vocab[r % nv]
-        if may_eos and outs + j >= sp.min_tokens:
-            if fixed:
-                if outs + j + 1 >= mean:
-                    tok = eos
-            elif _mix(r ^ 0x5EED) < p_eos:
-                tok = eos
-        tokens.append(tok)
-        hashes.append(h)
-        last = tok
-    return tokens, hashes
