@@ -23,10 +23,12 @@ waiting request would be admitted next), before a step whose block allocations t
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from devices import BatchShape
-from devices.pipeline import cycle_cost
+import numpy as np
+
+from devices.cost_window import BOUNDS, DecodeCosts, closed_form, decode_costs
 from server.engine.core import EngineCore
 from server.engine.mock_model import LAG
 from server.engine.policy import WaitingQueue
@@ -53,6 +55,7 @@ def eligible(core: EngineCore) -> bool:
     sched, cfg = core.scheduler, core.scheduler.config
     running = sched.running
     if (not running or core.speculative is not None or core.lora is not None
+            or core.compiler.kind != "none" or core.jitter.sigma or not closed_form(core.placement)
             or sched.kv.contiguous or cfg.num_speculative_tokens
             or len(running) > cfg.max_num_batched_tokens):
         return False
@@ -98,22 +101,31 @@ def advance(core: EngineCore, t: float, until: float | None,
     for i, f in enumerate(last):
         if f < k:
             finish_at.setdefault(f, []).append(i)
-    events = _block_events(running, k, bs, cache.enabled)
-    stop_after_finish = stop_at_finish or bool(sched.waiting)
-    seconds: list[float] = []
-    usage: list[float] = []
-    finished: dict[int, list[Request]] = {}
-    stats, compiler, placement, jitter = sched.stats, core.compiler, core.placement, core.jitter
+    # each step's batch (size, summed context) while no allocation cuts the window short
     starts = [r.num_computed_tokens for r in running]
-    alive = list(range(len(running)))
-    u = (pool.num_used - cache.evictable_blocks) / cfg.num_blocks
-    now = t
-    done = 0
-    for j in range(k):
+    finish_steps = np.fromiter((min(f, k - 1) for f in last), np.int64, len(last))
+    first = np.fromiter(starts, np.float64, len(starts)) + 1.0
+    alive_n = np.bincount(finish_steps, minlength=k)[::-1].cumsum()[::-1]
+    alive_c = np.bincount(finish_steps, weights=first, minlength=k)[::-1].cumsum()[::-1]
+    steps = np.arange(k)
+    costs = decode_costs(core.placement, alive_n, alive_c + steps * alive_n)
+    ends = np.cumsum(np.concatenate(([t], costs.seconds))).tolist()[1:]
+    n_steps = int(finish_steps.max()) + 1  # after the last request ends, nothing runs
+    if until is not None:
+        n_steps = min(n_steps, bisect_left(ends, until) + 1)
+    if (stop_at_finish or sched.waiting) and finish_at:
+        n_steps = min(n_steps, min(finish_at) + 1)
+    events = _block_events(running, n_steps, bs, cache.enabled)
+    finished: dict[int, list[Request]] = {}
+    usage_at: list[tuple[int, float]] = [(0, (pool.num_used - cache.evictable_blocks)
+                                          / cfg.num_blocks)]
+    done = n_steps
+    for j in sorted(events.keys() | {f for f in finish_at if f < n_steps}):
         step_events = [(i, a) for i, a in events.get(j, ()) if last[i] >= j]
         if step_events:
             if sum(a for _, a in step_events) > pool.num_free + cache.evictable_blocks:
-                break  # an allocation would preempt: the scheduler decides that
+                done = j  # an allocation would preempt: the scheduler decides that
+                break
             for i, alloc in step_events:
                 req = running[i]
                 end = starts[i] + j + 1
@@ -123,29 +135,20 @@ def advance(core: EngineCore, t: float, until: float | None,
                 if alloc and not kv.allocate_slots(req, 1):  # cannot fail: checked above
                     raise AssertionError("macro step: a checked allocation failed")
                 kv.cache_blocks(req, end)
-        stats.num_lora_deferred = 0
-        stats.num_steps += 1
-        batch = BatchShape(prefill=(), decode=tuple(starts[i] + j + 1 for i in alive))
-        stall = compiler.before_step(batch)
-        cycle = cycle_cost(placement, compiler.padded(batch))
-        busy = jitter.apply(cycle.seconds)
-        core._account(cycle, busy, stall.seconds)
-        step_s = busy + stall.seconds
-        done = j + 1
         ending = finish_at.get(j)
         if ending:
             finished[j] = [_finish(sched, running[i], starts[i], tokens[i], j) for i in ending]
-            alive = [i for i in alive if last[i] > j]
-            u = (pool.num_used - cache.evictable_blocks) / cfg.num_blocks
-        elif step_events:
-            u = (pool.num_used - cache.evictable_blocks) / cfg.num_blocks
-        seconds.append(step_s)
-        usage.append(u)
-        now += step_s
-        if (until is not None and now >= until) or not alive or (ending and stop_after_finish):
-            break
+        usage_at.append((j, (pool.num_used - cache.evictable_blocks) / cfg.num_blocks))
     if not done:
         return None
+    _account(core, costs, done)
+    stats = sched.stats
+    stats.num_steps += done
+    stats.num_lora_deferred = 0
+    usage = []
+    for (_, u), (j1, _) in zip(usage_at, [*usage_at[1:], (done, 0.0)], strict=True):
+        usage.extend([u] * (min(j1, done) - len(usage)))
+    alive = [i for i in range(len(running)) if last[i] >= done]
     n_tokens = 0
     for i in alive:  # still running: their tokens and computed counts up to the last step
         req, c = running[i], starts[i]
@@ -161,8 +164,25 @@ def advance(core: EngineCore, t: float, until: float | None,
         gone = {id(r) for reqs in finished.values() for r in reqs}
         sched.running = [r for r in sched.running if id(r) not in gone]
         stats.num_finished += len(gone)
-    return Window(seconds, usage,
+    return Window(costs.seconds[:done].tolist(), usage,
                   [(running[i], min(last[i], done - 1)) for i in range(len(running))], finished)
+
+
+def _account(core: EngineCore, costs: DecodeCosts, k: int) -> None:
+    """`EngineCore._account` of the first `k` steps (no stall, no jitter: busy = seconds)."""
+    s = core.stats
+    seconds = costs.seconds[:k]
+    s.steps += k
+    s.busy_s += float(seconds.sum())
+    s.joules += float(costs.joules[:k].sum())
+    s.dollars += float(costs.dollars[:k].sum())
+    s.bytes += float(costs.bytes[:k].sum())
+    s.flops += float(costs.flops[:k].sum())
+    s.compiles = core.compiler.compiles
+    bound = costs.bound[:k]
+    for b in np.unique(bound).tolist():
+        name = BOUNDS[b]
+        s.bound_s[name] = s.bound_s.get(name, 0.0) + float(seconds[bound == b].sum())
 
 
 def _finish(sched, req: Request, start: int, tokens: list[int], j: int) -> Request:
