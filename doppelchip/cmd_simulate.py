@@ -192,6 +192,12 @@ def register(subparsers: Any) -> None:
                    help="simulate every deployment of --config (each `replicas` copies) as "
                    "one pool behind this router (default with replicas > 1: round-robin)")
     # --- end virtual-time clusters ---
+    # --- speed (issue 16): server/engine/macro.py ---
+    g = p.add_argument_group("virtual-time speed")
+    g.add_argument("--no-macro-steps", dest="macro_steps", action="store_false",
+                   help="advance every engine step on its own instead of windows of decode "
+                   "steps at once (the same results, slower: a check on macro-stepping)")
+    # --- end speed ---
     p.set_defaults(func=cmd_simulate)
 
 
@@ -203,6 +209,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from doppelchip.fleet_simulation import simulate_fleet, wants_cluster
     from doppelchip.simulation import SimulationError, simulate
 
+    if not getattr(args, "macro_steps", True):  # --- speed (issue 16) ---
+        from server.engine.virtual import MACRO_STEPS
+        MACRO_STEPS["default"] = False
     try:  # --- virtual-time clusters (issue 16) ---
         summary = simulate_fleet(args) if wants_cluster(args) else simulate(args)
     except SimulationError as e:

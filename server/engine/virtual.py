@@ -67,6 +67,10 @@ class RequestRecord:
     replica: int = 0  # which core served it (a cluster's replica index; 0 for one core)
 
 
+# --- speed (issue 16): macro-stepping unless a caller says otherwise (`simulate
+# --no-macro-steps` turns it off for the whole command, clusters included) ---
+MACRO_STEPS = {"default": True}
+
 # A cluster's router (sim/routers.py): (prompt token ids, outstanding requests per core) ->
 # the index of the core that gets the request. Called at the request's arrival time.
 Route = Callable[[Sequence[int], Sequence[int]], int]
@@ -92,13 +96,14 @@ class VirtualRun:
 def run_virtual(
     core: EngineCore, sessions: list[VirtualSession], max_waiting: int | None = None,
     max_grammar_bytes: int = 65536, concurrency: int | None = None,
-    macro_steps: bool = True,
+    macro_steps: bool | None = None,
 ) -> VirtualRun:
     """Run `sessions` through `core`. Open loop (default): each session starts at its
     `start_s`. Closed loop (`concurrency=N`): N sessions run at once, back to back, in order;
     when one ends (its last turn finished, or a turn was refused) the next starts.
-    `macro_steps` advances windows of plain decode steps together (`macro.py`); the run is
-    the same with it off (one Python step each), only slower."""
+    `macro_steps` advances windows of plain decode steps together (`macro.py`; default
+    `MACRO_STEPS["default"]`); the run is the same with it off (one Python step each), only
+    slower."""
     return run_cluster([core], sessions, lambda prompt, outstanding: 0, [max_waiting],
                        [max_grammar_bytes], concurrency, macro_steps)
 
@@ -107,7 +112,7 @@ def run_cluster(
     cores: list[EngineCore], sessions: list[VirtualSession], route: Route,
     max_waiting: Sequence[int | None] | None = None,
     max_grammar_bytes: Sequence[int] | None = None, concurrency: int | None = None,
-    macro_steps: bool = True,
+    macro_steps: bool | None = None,
 ) -> VirtualRun:
     """Run `sessions` through several cores on one shared virtual clock: each arriving turn
     goes to the core `route` picks (the per-core limits are indexed like `cores`); whichever
@@ -120,7 +125,8 @@ def run_cluster(
     runner = _Runner(cores, sessions, route, list(max_waiting or [None] * n),
                      list(max_grammar_bytes or [65536] * n), concurrency)
     # --- speed (issue 16): macro-stepping, unless follow-up turns could interleave cores ---
-    runner.macro = macro_steps and (n == 1 or not runner.follow_ups)
+    macro = MACRO_STEPS["default"] if macro_steps is None else macro_steps
+    runner.macro = macro and (n == 1 or not runner.follow_ups)
     return runner.run()
 
 
