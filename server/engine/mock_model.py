@@ -194,9 +194,11 @@ class MockModel:
         n = len(reqs)
         if not 1 <= k <= LAG + 1:
             raise ValueError(f"draw_ahead draws 1..{LAG + 1} tokens, not {k}")
-        h0 = np.fromiter((self.lag_hash(r) for r in reqs), np.uint64, n)
-        lens = np.fromiter((len(r.token_ids) for r in reqs), np.int64, n)
+        h0 = np.fromiter(map(self.lag_hash, reqs), np.uint64, n)
         seeds = np.fromiter((r.sampling_params.seed & _M64 for r in reqs), np.uint64, n)
+        lens, prompts, mins, may = np.array(
+            [(len(r.token_ids), r.num_prompt_tokens, r.sampling_params.min_tokens,
+              not r.sampling_params.ignore_eos) for r in reqs], np.int64).reshape(n, 4).T
         with np.errstate(over="ignore"):
             if k > 1:  # H(tokens[:S + j]) = B^j (H(tokens[:S]) + sum_{i<j} (t_{S+i}+1) B^-(i+1))
                 older = np.array([r.token_ids[r._lag_len:r._lag_len + k - 1] for r in reqs],
@@ -210,10 +212,8 @@ class MockModel:
             x = h + pos.astype(np.uint64) * np.uint64(_GOLD)
             r = _mix_np(_mix_np(x ^ np.uint64((self.seed * _SEED_MIX) & _M64)) ^ seeds[:, None])
             tokens = self._vocab_np[r % np.uint64(len(self.vocab_ids))]
-            outs = pos - np.fromiter((r.num_prompt_tokens for r in reqs), np.int64, n)[:, None]
-            mins = np.fromiter((r.sampling_params.min_tokens for r in reqs), np.int64, n)
-            may = np.fromiter((not r.sampling_params.ignore_eos for r in reqs), bool, n)
-            eos_ok = may[:, None] & (outs >= mins[:, None])
+            outs = pos - prompts[:, None]
+            eos_ok = (may[:, None] != 0) & (outs >= mins[:, None])
             if eos_ok.any():
                 if self.lengths.kind == "fixed":
                     stop = eos_ok & (outs + 1 >= self.lengths.mean)
