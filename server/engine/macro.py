@@ -180,9 +180,12 @@ def _account(core: EngineCore, costs: DecodeCosts, k: int) -> None:
     s.flops += float(costs.flops[:k].sum())
     s.compiles = core.compiler.compiles
     bound = costs.bound[:k]
-    for b in np.unique(bound).tolist():
-        name = BOUNDS[b]
-        s.bound_s[name] = s.bound_s.get(name, 0.0) + float(seconds[bound == b].sum())
+    lo, hi = int(bound.min()), int(bound.max())
+    for b in range(lo, hi + 1):  # nearly always one bound for the whole window
+        part = seconds if lo == hi else seconds[bound == b]
+        if len(part):
+            name = BOUNDS[b]
+            s.bound_s[name] = s.bound_s.get(name, 0.0) + float(part.sum())
 
 
 def _finish(sched, req: Request, start: int, tokens: list[int], j: int) -> Request:

@@ -54,10 +54,35 @@ _P_CLOSE = int(CLOSE_P * (1 << 64))
 
 
 def rolling_hash(token_ids: Iterable[int], value: int = 0) -> int:
-    """Extend a rolling hash ``value`` by ``token_ids`` (start from 0 for the empty context)."""
+    """Extend a rolling hash ``value`` by ``token_ids`` (start from 0 for the empty context).
+    A long list (a prompt) is hashed with NumPy: Σ (t_i + 1)·B^(n-1-i) + value·B^n, wrapping
+    uint64 arithmetic being arithmetic mod 2^64 — the same value as the loop."""
+    if isinstance(token_ids, list) and len(token_ids) > _NP_HASH_MIN:
+        n = len(token_ids)
+        powers = _powers(n)
+        with np.errstate(over="ignore"):
+            terms = (np.array(token_ids, np.uint64) + np.uint64(1)) * powers[n - 1::-1]
+            total = int(terms.sum(dtype=np.uint64))
+        return (total + value * int(powers[n])) & _M64 if value else total
     for t in token_ids:
         value = (value * _B + t + 1) & _M64
     return value
+
+
+_NP_HASH_MIN = 96
+_POWERS: list[np.ndarray] = [np.ones(1, np.uint64)]
+
+
+def _powers(n: int) -> np.ndarray:
+    """B^0 .. B^n mod 2^64 (grown on demand, kept)."""
+    have = _POWERS[0]
+    if len(have) <= n:
+        size = max(n + 1, 2 * len(have))
+        out = [1] * size
+        for i in range(1, size):
+            out[i] = (out[i - 1] * _B) & _M64
+        _POWERS[0] = have = np.array(out, np.uint64)
+    return have
 
 
 def _mix(x: int) -> int:
