@@ -70,6 +70,7 @@ class RequestRecord:
 # --- speed (issue 16): macro-stepping unless a caller says otherwise (`simulate
 # --no-macro-steps` turns it off for the whole command, clusters included) ---
 MACRO_STEPS = {"default": True}
+MIN_WINDOW = 3  # mean steps before the next arrival below which single steps are cheaper
 
 # A cluster's router (sim/routers.py): (prompt token ids, outstanding requests per core) ->
 # the index of the core that gets the request. Called at the request's arrival time.
@@ -276,6 +277,9 @@ class _Runner:
         here (at their own end times: nothing else happens before the next arrival, and no
         finish can start another turn), and return the last as the step in flight."""
         until = self.arrivals[0][0] if self.arrivals else None
+        st = core.stats
+        if until is not None and st.steps and until - self.t < MIN_WINDOW * st.busy_s / st.steps:
+            return None  # a window of a step or two costs more than single steps
         window = advance(core, self.t, until, self.follow_ups)
         if window is None:
             return None
