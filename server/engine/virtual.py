@@ -276,7 +276,10 @@ class _Runner:
         """Advance `core` by a window of decode steps from now; deliver all but its last step
         here (at their own end times: nothing else happens before the next arrival, and no
         finish can start another turn), and return the last as the step in flight."""
-        until = self.arrivals[0][0] if self.arrivals else None
+        # the next event that changes a batch from outside: an arrival (or, after the fleet
+        # branch's P/D hop, a KV transfer ending: `timers`)
+        due = [q[0][0] for q in (self.arrivals, getattr(self, "timers", None)) if q]
+        until = min(due) if due else None
         st = core.stats
         if until is not None and st.steps and until - self.t < MIN_WINDOW * st.busy_s / st.steps:
             return None  # a window of a step or two costs more than single steps

@@ -15,13 +15,23 @@ import pytest
 
 import server.engine.virtual as virtual
 from clients.workloads import WorkloadSpec, build_workload
-from doppelchip.simulation import to_sessions
 from server.engine.build import EngineOptions, build_core
+from server.engine.interface import Constraint
 from server.engine.tokenizer import get_tokenizer
 
 H100 = EngineOptions(name="h100", model="llama-2-7b", quant="bf16", chip="h100-sxm",
                      engine="vllm")
 SMALL_KV = dataclasses.replace(H100, max_num_seqs=8)  # seats full: a waiting queue builds
+
+
+def to_sessions(conversations) -> list[virtual.VirtualSession]:
+    """The workload's conversations as the virtual runner's sessions (constraints as the
+    simulate path builds them)."""
+    return [virtual.VirtualSession(
+        c.conversation_id, c.start_s,
+        tuple(virtual.VirtualTurn(t.user_ids, t.max_tokens, t.think_time_s) for t in c.turns),
+        c.ignore_eos, c.seed, Constraint(c.constraint[0], text=c.constraint[1])
+        if c.constraint else None) for c in conversations]
 
 
 def _run(options: EngineOptions, spec: WorkloadSpec, macro: bool, monkeypatch) -> tuple:
