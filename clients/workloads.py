@@ -56,7 +56,7 @@ class WorkloadSpec:
 
 
 def _ids(rng: np.random.Generator, n: int, vocab_size: int) -> tuple[int, ...]:
-    return tuple(int(x) for x in rng.integers(FIRST_ORDINARY_ID, vocab_size, size=n))
+    return tuple(rng.integers(FIRST_ORDINARY_ID, vocab_size, size=n).tolist())
 
 
 def build_workload(

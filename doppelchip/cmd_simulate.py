@@ -200,6 +200,12 @@ def register(subparsers: Any) -> None:
                    help="per-request latency bounds in seconds; the summary adds the share "
                    "of requests meeting every one (goodput)")
     # --- end capacity planning ---
+    # --- speed (issue 16): server/engine/macro.py ---
+    g = p.add_argument_group("virtual-time speed")
+    g.add_argument("--no-macro-steps", dest="macro_steps", action="store_false",
+                   help="advance every engine step on its own instead of windows of decode "
+                   "steps at once (the same results, slower: a check on macro-stepping)")
+    # --- end speed ---
     p.set_defaults(func=cmd_simulate)
 
 
@@ -251,6 +257,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from sim.fleet_simulation import simulate_fleet, wants_cluster
     from sim.simulation import SimulationError, simulate
 
+    if not getattr(args, "macro_steps", True):  # --- speed (issue 16) ---
+        from server.engine.virtual import MACRO_STEPS
+        MACRO_STEPS["default"] = False
     try:  # --- virtual-time clusters (issue 16) ---
         summary = simulate_fleet(args) if wants_cluster(args) else simulate(args)
     except SimulationError as e:

@@ -49,16 +49,19 @@ def to_result(r: RequestRecord) -> RequestResult:
     )
 
 
-def simulate_options(options: EngineOptions, workload: WorkloadSpec) -> dict[str, Any]:
+def simulate_options(options: EngineOptions, workload: WorkloadSpec,
+                     macro_steps: bool | None = None) -> dict[str, Any]:
     """Run `workload` on the deployment `options` in virtual time; the summary dict."""
-    return simulate_conversations(options, workload)[0]
+    return simulate_conversations(options, workload, macro_steps=macro_steps)[0]
 
 
 def simulate_conversations(
-    options: EngineOptions, workload: WorkloadSpec, concurrency: int | None = None
+    options: EngineOptions, workload: WorkloadSpec, concurrency: int | None = None,
+    macro_steps: bool | None = None,
 ) -> tuple[dict[str, Any], list[RequestResult]]:
     """The summary and every request's result of `workload` on `options` in virtual time
-    (closed loop with at most `concurrency` conversations at once, if given)."""
+    (closed loop with at most `concurrency` conversations at once, if given; `macro_steps`:
+    see `run_virtual`)."""
     injected = [k for k in FAULT_KEYS if k != "failure_injection_seed" and getattr(options, k)]
     if injected:  # failure injection (issue 13) acts on the served path only
         raise SimulationError(f"{options.name}: {', '.join(injected)}: failure injection runs "
@@ -73,7 +76,8 @@ def simulate_conversations(
     except (ValueError, OSError) as e:
         raise SimulationError(str(e)) from e
     run = run_virtual(core, to_sessions(conversations), max_waiting=options.max_waiting,
-                      max_grammar_bytes=options.max_grammar_bytes, concurrency=concurrency)
+                      max_grammar_bytes=options.max_grammar_bytes, concurrency=concurrency,
+                      macro_steps=macro_steps)
     sched, stats = core.scheduler.stats, core.stats
     results = [to_result(r) for r in run.records]
     out_tokens = sum(r.output_tokens for r in results if r.ok)

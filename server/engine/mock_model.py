@@ -41,15 +41,48 @@ if TYPE_CHECKING:
 _B = 0x100000001B3  # base: odd, so the hash is a bijection of the last token mod 2^64
 _M64 = (1 << 64) - 1
 _SEED_MIX = 0x100000001B3
+_GOLD = 0x9E3779B97F4A7C15  # spreads the context length into a lagged draw
+# Free tokens depend on the context but its last LAG tokens (once it is longer than LAG): the
+# next LAG draws of a decode need no token drawn among them, so a window of decode steps is
+# drawn in one vectorised pass (`draw_ahead`). Any function of the context is a valid model.
+LAG = 32
+_B_POW = np.array([pow(_B, j, 1 << 64) for j in range(LAG + 2)], np.uint64)
+_B_INV = np.array([pow(_B, -j, 1 << 64) for j in range(LAG + 2)], np.uint64)
+_STEPS = np.arange(LAG + 2, dtype=np.int64)
 CLOSE_P = 0.25  # constrained output: chance per free token that the model winds the value up
 _P_CLOSE = int(CLOSE_P * (1 << 64))
 
 
 def rolling_hash(token_ids: Iterable[int], value: int = 0) -> int:
-    """Extend a rolling hash ``value`` by ``token_ids`` (start from 0 for the empty context)."""
+    """Extend a rolling hash ``value`` by ``token_ids`` (start from 0 for the empty context).
+    A long list (a prompt) is hashed with NumPy: Σ (t_i + 1)·B^(n-1-i) + value·B^n, wrapping
+    uint64 arithmetic being arithmetic mod 2^64 — the same value as the loop."""
+    if isinstance(token_ids, list) and len(token_ids) > _NP_HASH_MIN:
+        n = len(token_ids)
+        powers = _powers(n)
+        with np.errstate(over="ignore"):
+            terms = (np.array(token_ids, np.uint64) + np.uint64(1)) * powers[n - 1::-1]
+            total = int(terms.sum(dtype=np.uint64))
+        return (total + value * int(powers[n])) & _M64 if value else total
     for t in token_ids:
         value = (value * _B + t + 1) & _M64
     return value
+
+
+_NP_HASH_MIN = 96
+_POWERS: list[np.ndarray] = [np.ones(1, np.uint64)]
+
+
+def _powers(n: int) -> np.ndarray:
+    """B^0 .. B^n mod 2^64 (grown on demand, kept)."""
+    have = _POWERS[0]
+    if len(have) <= n:
+        size = max(n + 1, 2 * len(have))
+        out = [1] * size
+        for i in range(1, size):
+            out[i] = (out[i - 1] * _B) & _M64
+        _POWERS[0] = have = np.array(out, np.uint64)
+    return have
 
 
 def _mix(x: int) -> int:
@@ -108,14 +141,36 @@ class MockModel:
             req._hash_len = n
         return req._hash_value
 
+    def lag_hash(self, req: Request) -> int:
+        """The hash a free (unconstrained) draw uses: of the whole context while it has at
+        most ``LAG`` tokens, then of all of it but its last ``LAG`` tokens (kept on the request
+        as ``_lag_len``/``_lag_value``, caught up incrementally)."""
+        n = len(req.token_ids)
+        if n <= LAG:
+            return self.context_hash(req)
+        target = n - LAG
+        if req._lag_len > target:  # tokens were removed (never happens today): start over
+            req._lag_len, req._lag_value = 0, 0
+        if req._lag_len < target:
+            req._lag_value = rolling_hash(req.token_ids[req._lag_len:target], req._lag_value)
+            req._lag_len = target
+        return req._lag_value
+
+    def _free_draw(self, h: int, n: int, seed: int) -> int:
+        """The 64-bit draw of a free token at context length ``n`` from its ``lag_hash``."""
+        if n > LAG:
+            h = (h + n * _GOLD) & _M64
+        return _mix(_mix(h ^ ((self.seed * _SEED_MIX) & _M64)) ^ (seed & _M64))
+
     def next_token(self, req: Request) -> int:
         sp = req.sampling_params
-        h = self.context_hash(req)
-        r = _mix(_mix(h ^ ((self.seed * _SEED_MIX) & _M64)) ^ (sp.seed & _M64))
         if req.constraint is not None:
+            h = self.context_hash(req)
+            r = _mix(_mix(h ^ ((self.seed * _SEED_MIX) & _M64)) ^ (sp.seed & _M64))
             closing = (_mix(r ^ 0xC105E) < _P_CLOSE
                        or 2 * req.num_output_tokens >= sp.max_tokens)
             return req.constraint.next_token(r, closing)
+        r = self._free_draw(self.lag_hash(req), len(req.token_ids), sp.seed)
         if not sp.ignore_eos and req.num_output_tokens >= sp.min_tokens:
             if self.lengths.kind == "fixed":
                 if req.num_output_tokens + 1 >= self.lengths.mean:
@@ -129,15 +184,15 @@ class MockModel:
     ) -> dict[str, list[int]]:
         """One token for each scheduled request whose chunk reached its last known token.
 
-        Unconstrained requests whose hash is one token behind (every decode) are drawn
-        together with NumPy; the rest (a prefill's first token, a constrained request) one by
-        one — the tokens are the same either way."""
+        Unconstrained requests past ``LAG`` tokens (nearly every decode) are drawn together
+        with NumPy; the rest (a short context, a constrained request) one by one — the
+        tokens are the same either way."""
         out: dict[str, list[int]] = {}
         batch: list[tuple[str, Request]] = []
         for s in output.scheduled:
             if not s.samples_token or (req := requests.get(s.request_id)) is None:
                 continue
-            if req.constraint is None and req._hash_len == len(req.token_ids) - 1:
+            if req.constraint is None and len(req.token_ids) > LAG:
                 batch.append((s.request_id, req))
             else:
                 out[s.request_id] = [self.next_token(req)]
@@ -150,34 +205,60 @@ class MockModel:
 
     def _draw_batch(self, batch: list[tuple[str, Request]]) -> dict[str, list[int]]:
         reqs = [r for _, r in batch]
+        tokens = self.draw_ahead(reqs, 1)[0][:, 0]
+        return {rid: [t] for (rid, _), t in zip(batch, tokens.tolist(), strict=True)}
+
+    def draw_ahead(self, reqs: Sequence[Request], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``k`` free tokens of each request (n × k), each drawn after the ones
+        before it were appended, with EOS where ``next_token`` would draw it (and draws after
+        an EOS as if it had not ended) — exactly ``next_token``'s tokens, without touching the
+        requests beyond catching up their lag hashes; and the lag hash behind each draw
+        (n × k). Every request must be unconstrained with more than ``LAG`` tokens, and
+        ``k <= LAG + 1``: the hashes then cover only known tokens, so one NumPy pass draws
+        the whole window (the macro-stepping of virtual time, `macro.py`)."""
         n = len(reqs)
-        h = np.fromiter((r._hash_value for r in reqs), np.uint64, n)
-        last = np.fromiter((r.token_ids[-1] for r in reqs), np.uint64, n)
+        if not 1 <= k <= LAG + 1:
+            raise ValueError(f"draw_ahead draws 1..{LAG + 1} tokens, not {k}")
+        h0 = np.fromiter(map(self.lag_hash, reqs), np.uint64, n)
         seeds = np.fromiter((r.sampling_params.seed & _M64 for r in reqs), np.uint64, n)
+        lens, prompts, mins, may = np.array(
+            [(len(r.token_ids), r.num_prompt_tokens, r.sampling_params.min_tokens,
+              not r.sampling_params.ignore_eos) for r in reqs], np.int64).reshape(n, 4).T
         with np.errstate(over="ignore"):
-            h = h * np.uint64(_B) + last + np.uint64(1)
-            r = _mix_np(_mix_np(h ^ np.uint64((self.seed * _SEED_MIX) & _M64)) ^ seeds)
+            if k > 1:  # H(tokens[:S + j]) = B^j (H(tokens[:S]) + sum_{i<j} (t_{S+i}+1) B^-(i+1))
+                older = np.array([r.token_ids[r._lag_len:r._lag_len + k - 1] for r in reqs],
+                                 np.uint64).reshape(n, k - 1)
+                acc = np.zeros((n, k), np.uint64)
+                np.cumsum((older + np.uint64(1)) * _B_INV[1:k], axis=1, out=acc[:, 1:])
+                h = (h0[:, None] + acc) * _B_POW[:k]
+            else:
+                h = h0[:, None]
+            pos = lens[:, None] + _STEPS[:k]  # the context length at each draw
+            x = h + pos.astype(np.uint64) * np.uint64(_GOLD)
+            r = _mix_np(_mix_np(x ^ np.uint64((self.seed * _SEED_MIX) & _M64)) ^ seeds[:, None])
             tokens = self._vocab_np[r % np.uint64(len(self.vocab_ids))]
-            eos_ok = np.fromiter((not r.sampling_params.ignore_eos and r.num_output_tokens
-                                  >= r.sampling_params.min_tokens for r in reqs), bool, n)
+            outs = pos - prompts[:, None]
+            eos_ok = (may[:, None] != 0) & (outs >= mins[:, None])
             if eos_ok.any():
                 if self.lengths.kind == "fixed":
-                    outs = np.fromiter((r.num_output_tokens for r in reqs), np.int64, n)
                     stop = eos_ok & (outs + 1 >= self.lengths.mean)
                 else:
                     stop = eos_ok & (_mix_np(r ^ np.uint64(0x5EED)) < np.uint64(self._p_eos))
                 tokens = np.where(stop, self.eos_token_id, tokens)
-        for req, value in zip(reqs, h.tolist(), strict=True):
-            req._hash_value, req._hash_len = value, len(req.token_ids)
-        return {rid: [t] for (rid, _), t in zip(batch, tokens.tolist(), strict=True)}
+        return tokens, h
 
 
 _VECTOR_MIN = 8  # below this many decodes, the scalar path is faster than NumPy's overhead
 
 
+_C0, _C1, _C2 = (np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
+                                         0x94D049BB133111EB))
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
 def _mix_np(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser on uint64 arrays (wrapping multiplication, as `_mix`)."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    x = x + _C0
+    x = (x ^ (x >> _S30)) * _C1
+    x = (x ^ (x >> _S27)) * _C2
+    return x ^ (x >> _S31)

@@ -70,6 +70,8 @@ class Request:
     __slots__ = (
         "_hash_len",
         "_hash_value",
+        "_lag_len",
+        "_lag_value",
         "_tree_len",
         "arrival_time",
         "block_ids",
@@ -131,6 +133,9 @@ class Request:
         # Mock-model state: a rolling hash of token_ids[:_hash_len] (see mock_model.py).
         self._hash_len = 0
         self._hash_value = 0
+        # ... and of token_ids[:_lag_len], the context but its last LAG tokens (free decodes)
+        self._lag_len = 0
+        self._lag_value = 0
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -158,12 +163,14 @@ class Request:
         model what it would generate after accepted drafts); afterwards the token ids are as
         before and the mock model's hash state is restored, so nothing is recomputed."""
         n, hash_len, hash_value = len(self.token_ids), self._hash_len, self._hash_value
+        lag = self._lag_len, self._lag_value
         self.token_ids.extend(tokens)
         try:
             yield self
         finally:
             del self.token_ids[n:]
             self._hash_len, self._hash_value = hash_len, hash_value
+            self._lag_len, self._lag_value = lag
 
     def max_len(self, max_model_len: int) -> int:
         """The most tokens this request can ever hold (what a contiguous layout reserves)."""

@@ -59,6 +59,9 @@ def _complete_utf8(b: bytes) -> bool:
     return bool(b)
 
 
+_FREE_WORD = re.compile("\u0120[A-Za-z]+")  # byte-level BPE's " word": the bytes b" [A-Za-z]+"
+
+
 class Tokenizer:
     """The packaged tokenizer (or another directory in the same format): ids, text, bytes."""
 
@@ -77,18 +80,27 @@ class Tokenizer:
         self.special_token_ids = frozenset(
             self._id(t.content) for t in self._tok.get_added_tokens_decoder().values()
         )
-        # Bytes each id stands for; special tokens stand for nothing (they are skipped).
+        # " word" tokens straight from the byte-level vocabulary's strings (a space is "Ġ",
+        # ASCII letters stand for themselves): what the mock model draws, without building
+        # every token's bytes at start-up (`_token_bytes` is computed on first use)
+        self._free_ids = tuple(sorted(
+            i for token, i in self._tok.get_vocab(with_added_tokens=True).items()
+            if i not in self.special_token_ids and _FREE_WORD.fullmatch(token)))
+
+    @functools.cached_property
+    def _token_bytes(self) -> list[bytes]:
+        """Bytes each id stands for; special tokens stand for nothing (they are skipped)."""
         byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
-        self._token_bytes: list[bytes] = [b""] * self.vocab_size
+        out: list[bytes] = [b""] * self.vocab_size
         for token, i in self._tok.get_vocab(with_added_tokens=True).items():
             if i not in self.special_token_ids:
-                self._token_bytes[i] = bytes(byte_of[ch] for ch in token)
-        self._normal_ids = tuple(
-            i for i, b in enumerate(self._token_bytes)
-            if i not in self.special_token_ids and _complete_utf8(b)
-        )
-        self._free_ids = tuple(i for i in self._normal_ids
-                               if re.fullmatch(rb" [A-Za-z]+", self._token_bytes[i]))
+                out[i] = bytes(byte_of[ch] for ch in token)
+        return out
+
+    @functools.cached_property
+    def _normal_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, b in enumerate(self._token_bytes)
+                     if i not in self.special_token_ids and _complete_utf8(b))
 
     def _id(self, token: str) -> int:
         i = self._tok.token_to_id(token)

@@ -22,9 +22,13 @@ from typing import Protocol
 from server.engine.core import EngineCore, StepResult
 from server.engine.intake import queue_is_full
 from server.engine.interface import Constraint, InvalidRequest
+from server.engine.macro import Window, advance
 from server.engine.output import spread_times
 from server.engine.request import Request, SamplingParams
+from server.engine.scheduler_config import SchedulerOutput
 from server.engine.virtual_pd import Dispatch, Hop, PdHops
+
+_NOTHING_SCHEDULED = SchedulerOutput((), ())
 
 
 @dataclass(frozen=True)
@@ -71,9 +75,23 @@ class RequestRecord:
     kv_transfer_s: float = 0.0  # seconds its KV spent on the link (queueing excluded)
 
 
+# --- speed (issue 16): macro-stepping unless a caller says otherwise (`simulate
+# --no-macro-steps` turns it off for the whole command, clusters included) ---
+MACRO_STEPS = {"default": True}
+MIN_WINDOW = 3  # mean steps before the next arrival below which single steps are cheaper
+
 # A cluster's router (sim/routers.py): (prompt token ids, outstanding requests per core) ->
 # the index of the core that gets the request. Called at the request's arrival time.
 Route = Callable[[Sequence[int], Sequence[int]], int]
+
+
+@dataclass
+class _LastStep:  # --- speed (issue 16): a macro window's last step, as `deliver` reads it ---
+    seconds: float
+    end: float  # when it ends (the window's head ran before it)
+    new_tokens: dict[str, list[int]]
+    finished: list[Request]
+    output: SchedulerOutput = _NOTHING_SCHEDULED  # no request is scheduled for the first time
 
 
 @dataclass
@@ -87,20 +105,25 @@ class VirtualRun:
 def run_virtual(
     core: EngineCore, sessions: list[VirtualSession], max_waiting: int | None = None,
     max_grammar_bytes: int = 65536, concurrency: int | None = None,
+    macro_steps: bool | None = None,
 ) -> VirtualRun:
     """Run `sessions` through `core`. Open loop (default): each session starts at its
     `start_s`. Closed loop (`concurrency=N`): N sessions run at once, back to back, in order;
-    when one ends (its last turn finished, or a turn was refused) the next starts."""
+    when one ends (its last turn finished, or a turn was refused) the next starts.
+    `macro_steps` advances windows of plain decode steps together (`macro.py`; default
+    `MACRO_STEPS["default"]`); the run is the same with it off (one Python step each), only
+    slower."""
     return run_cluster([core], sessions, lambda prompt, outstanding: 0, [max_waiting],
-                       [max_grammar_bytes], concurrency)
+                       [max_grammar_bytes], concurrency, macro_steps=macro_steps)
 
 
 def run_cluster(
     cores: list[EngineCore], sessions: list[VirtualSession], route: Route,
     max_waiting: Sequence[int | None] | None = None,
-    max_grammar_bytes: Sequence[int] | None = None, concurrency: int | None = None,
+    max_grammar_bytes: Sequence[int] | None = None, concurrency: int | None = None, *,
     dispatch: Dispatch | None = None,
     control: Control | None = None,
+    macro_steps: bool | None = None,
 ) -> VirtualRun:
     """Run `sessions` through several cores on one shared virtual clock: each arriving turn
     goes to the core `route` picks (the per-core limits are indexed like `cores`); whichever
@@ -117,6 +140,11 @@ def run_cluster(
                      list(max_grammar_bytes or [65536] * n), concurrency)
     runner.dispatch = dispatch  # --- fleet (issue 16) ---
     runner.control = control  # --- autoscale (issue 16) ---
+    # --- speed (issue 16): macro-stepping, unless follow-up turns could interleave cores, or
+    # P/D hops (a KV transfer ends at a time no window can know when it starts) ---
+    macro = MACRO_STEPS["default"] if macro_steps is None else macro_steps
+    runner.macro = (macro and (n == 1 or not runner.follow_ups)
+                    and not (dispatch is not None and dispatch.pd))
     return runner.run()
 
 
@@ -164,6 +192,11 @@ class _Runner(PdHops):
         self.dispatch: Dispatch | None = None
         self.timers: list[tuple[float, int, str]] = []  # (KV transfer end, tie-break, rid)
         self.pd: dict[str, Hop] = {}  # rid -> its P/D hop, from arrival to the decode's start
+        # --- speed (issue 16) ---
+        self.macro = False
+        self.follow_ups = concurrency is not None or any(len(s.turns) > 1 for s in sessions)
+        self.macro_busy = self.macro_area = 0.0  # the head steps of macro windows
+        # --- end speed ---
         order = [i for i, s in enumerate(sessions) if s.turns]
         if concurrency is None:
             for i in order:
@@ -266,7 +299,8 @@ class _Runner(PdHops):
         while True:
             for k, core in enumerate(cores):  # every free core with work starts a step
                 if ends[k] is None and core.has_unfinished():
-                    result = core.step()
+                    result = self._window(core, k) if self.macro else None  # speed (issue 16)
+                    result = result or core.step()
                     if result is None:
                         continue  # blocked until something changes
                     for s in result.output.scheduled:
@@ -277,7 +311,7 @@ class _Runner(PdHops):
                     usage_area += usage * result.seconds
                     busy += result.seconds
                     self.out.kv_usage_peak = max(self.out.kv_usage_peak, usage)
-                    ends[k], results[k] = self.t + result.seconds, result
+                    ends[k], results[k] = getattr(result, "end", self.t + result.seconds), result
             due = [e for e in ends if e is not None]
             if arrivals:
                 due.append(arrivals[0][0])
@@ -309,6 +343,7 @@ class _Runner(PdHops):
         self.out.duration_s = self.t
         if self.control is not None:  # --- autoscale (issue 16) ---
             self.control.finish(self.t)
+        busy, usage_area = busy + self.macro_busy, usage_area + self.macro_area  # speed
         self.out.kv_usage_mean = usage_area / busy if busy else 0.0
         return self.out
 
@@ -321,6 +356,55 @@ class _Runner(PdHops):
         self._next_session()
 
     # --- end fleet (issue 16) -------------------------------------------------------------
+
+    # --- speed (issue 16): macro-stepping (server/engine/macro.py) ---
+    def _window(self, core: EngineCore, k: int) -> _LastStep | None:
+        """Advance `core` by a window of decode steps from now; deliver all but its last step
+        here (at their own end times: nothing else happens before the next arrival, and no
+        finish can start another turn), and return the last as the step in flight."""
+        # the next event that changes a batch from outside: an arrival, a KV transfer ending
+        # (`timers`), an autoscaler's tick (it reads every replica's queue and KV then)
+        due = [q[0][0] for q in (self.arrivals, self.timers) if q]
+        if self.control is not None:
+            due.append(self.control.next_at)
+        until = min(due) if due else None
+        st = core.stats
+        if until is not None and st.steps and until - self.t < MIN_WINDOW * st.busy_s / st.steps:
+            return None  # a window of a step or two costs more than single steps
+        window = advance(core, self.t, until, self.follow_ups)
+        if window is None:
+            return None
+        return self._deliver_window(window, k)
+
+    def _deliver_window(self, w: Window, k: int) -> _LastStep:
+        seconds, usage, times, t0 = w.seconds, w.usage, self.times, self.t
+        ends, t = [], t0
+        for s in seconds:
+            t += s
+            ends.append(t)
+        head = len(seconds) - 1
+        busy = area = 0.0
+        for s, u in zip(seconds[:head], usage[:head], strict=False):
+            busy += s
+            area += u * s
+        self.macro_busy += busy
+        self.macro_area += area
+        if usage[:head]:
+            self.out.kv_usage_peak = max(self.out.kv_usage_peak, max(usage[:head]))
+        new_tokens: dict[str, list[int]] = {}
+        for req, last in w.requests:
+            rid = req.request_id
+            if rid in times:
+                times[rid].extend(ends[:min(last + 1, head)])
+                if last == head:
+                    new_tokens[rid] = [req.token_ids[-1]]
+        for j in range(head):
+            for req in w.finished.get(j, ()):
+                self.t = ends[j]
+                self.finished(req)
+        self.t = t0
+        return _LastStep(seconds[head], ends[head], new_tokens, w.finished.get(head, []))
+    # --- end speed ---
 
     def deliver(self, result: StepResult | None) -> None:
         """A step's outputs, at its end (`self.t`)."""

@@ -33,6 +33,8 @@ class Dispatch(Protocol):
     the router refuses it, and, for a disaggregated fleet, which core prefills it and when its
     KV has crossed the link."""
 
+    pd: bool  # disaggregated: turns hop from a prefill core to a decode core
+
     def place(self, prompt: Sequence[int], outstanding: Sequence[int],
               session: VirtualSession) -> tuple[int, int | None] | None:
         """(the core that serves the turn, the core that prefills it first or None), or None:

@@ -241,3 +241,37 @@ def test_autoscaling_refuses_what_it_cannot_combine_with(capsys):
                  "--admission", "max-outstanding=4", "--json"])
     assert code == 2
     assert "autoscaling does not combine with --admission" in capsys.readouterr().err
+
+
+def test_autoscaled_run_is_the_same_macro_or_single_stepped(monkeypatch):
+    """The autoscaler reads every replica's queue and KV at its ticks: macro windows end at
+    the next tick, so scaling decisions and every request's tokens are those of
+    single-stepping."""
+    import server.engine.virtual as virtual
+
+    runs = []
+    for macro in (False, True):
+        monkeypatch.setitem(virtual.MACRO_STEPS, "default", macro)
+        calls = []
+        real = virtual.advance
+        monkeypatch.setattr(virtual, "advance",
+                            lambda *a, _real=real, _calls=calls, **k: _calls.append(1)
+                            or _real(*a, **k))
+        sr = run_scaled([A100], [POLICY], sessions(rate_shape=RAMP, ignore_eos=False),
+                        "least-requests")
+        monkeypatch.setattr(virtual, "advance", real)
+        recs = sorted(sr.cluster.run.records, key=lambda r: r.request_id)
+        runs.append((recs, (report(sr)["autoscaling"]["a100"]["events"], sr.control.samples),
+                     len(calls), sr.cluster.run.duration_s))
+    (single, scale1, n1, d1), (macro, scale2, n2, d2) = runs
+    assert n1 == 0 and n2 > 0  # windows were really tried in the second run
+    assert len(scale1[1]) == len(scale2[1])  # what the autoscaler read at every tick
+    for a, b in zip(scale1[1], scale2[1], strict=True):
+        assert a.keys() == b.keys()
+        assert all(b[k] == pytest.approx(v, rel=1e-9) for k, v in a.items()), (a, b)
+    assert scale1[0] == scale2[0] and len(scale1[0]) >= 2  # and its decisions
+    assert d1 == pytest.approx(d2, rel=1e-9)
+    assert [(r.request_id, r.replica, r.output_tokens) for r in single] == \
+        [(r.request_id, r.replica, r.output_tokens) for r in macro]
+    for a, b in zip(single, macro, strict=True):
+        assert a.token_times == pytest.approx(b.token_times, rel=1e-9)

@@ -1,0 +1,229 @@
+"""Macro-stepping: a window of decode-only engine steps advanced together, identical to one by
+one.
+
+Why it exists: between the events that change a batch (an arrival, an admission, a preemption,
+a prefill chunk, a constrained or speculative request) every step of a virtual run is the
+same decode batch one token further on. Single-stepping pays the scheduler's loop, the
+sampling and the update in Python for each of those steps; `advance` draws the window's
+tokens for the whole batch in one NumPy pass (`MockModel.draw_ahead`: the very tokens
+`next_token` draws), finds in closed form the step at which each request crosses a block
+boundary or ends (EOS or length), and replays only those events — the same `allocate_slots`
+/ `cache_blocks` calls in the same order as `Scheduler.schedule` makes them, so block ids,
+prefix-cache insertions, LRU times and evictions are the same — and the finishes as
+`Scheduler.update` makes them. Each step is priced by the same `cycle_cost`, compile
+strategy and jitter, so times and counters are the same floats.
+
+Contract: `advance` either returns None having changed nothing (the next step is not a plain
+decode batch), or runs K >= 1 steps exactly as K calls of `EngineCore.step` would — same
+tokens, scheduler, pool, cache and core state. It stops after the first step ending at or
+after `until`, after the first step that finishes a request when `stop_at_finish` (or when a
+waiting request would be admitted next), before a step whose block allocations the pool
+(free plus evictable) cannot cover (the scheduler then preempts), and after `LAG + 1` steps.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from devices.cost_window import BOUNDS, DecodeCosts, closed_form, decode_costs
+from server.engine.core import EngineCore
+from server.engine.mock_model import LAG
+from server.engine.policy import WaitingQueue
+from server.engine.request import FinishReason, Request, RequestStatus
+
+HORIZON = LAG + 1  # steps one window draws at most (MockModel.draw_ahead's limit)
+
+
+@dataclass
+class Window:
+    """The K steps `advance` ran, for the virtual runner: each step's seconds and the KV
+    usage after it; each request of the batch with the index of its last step in the window
+    (it got one token per step up to it); the finished requests by step."""
+
+    seconds: list[float]
+    usage: list[float]
+    requests: list[tuple[Request, int]]
+    finished: dict[int, list[Request]] = field(default_factory=dict)
+
+
+def eligible(core: EngineCore) -> bool:
+    """Whether the next step is a plain decode batch with no admission and nothing a window
+    cannot reproduce (then every step is one, until an event)."""
+    sched, cfg = core.scheduler, core.scheduler.config
+    running = sched.running
+    if (not running or core.speculative is not None or core.lora is not None
+            or core.compiler.kind != "none" or core.jitter.sigma or not closed_form(core.placement)
+            or sched.kv.contiguous or cfg.num_speculative_tokens
+            or len(running) > cfg.max_num_batched_tokens):
+        return False
+    # a waiting queue: admissions must be impossible (every seat taken) and it not reordered
+    if sched.waiting and (len(running) < cfg.max_num_seqs
+                          or type(sched.waiting).prepare is not WaitingQueue.prepare):
+        return False
+    bs, cache_on = sched.kv.block_size, sched.cache.enabled
+    for r in running:
+        n = len(r.token_ids)
+        if (r.constraint is not None or r.sampling_params.stop_token_ids or n <= LAG
+                or r.num_computed_tokens != n - 1 or n - 1 < r.num_prompt_tokens
+                or (cache_on and r._tree_len < (n - 1) // bs * bs)):
+            return False
+    return True
+
+
+def advance(core: EngineCore, t: float, until: float | None,
+            stop_at_finish: bool) -> Window | None:
+    """Run decode steps from time `t` (see the module's contract)."""
+    if not eligible(core):
+        return None
+    sched = core.scheduler
+    cfg, kv, pool, cache = sched.config, sched.kv, sched.pool, sched.cache
+    running = list(sched.running)
+    bs, max_len, eos = kv.block_size, cfg.max_model_len, core.model.eos_token_id
+    # the step (0-based) at which each request ends by length; the window's horizon
+    by_length = [min(r.sampling_params.max_tokens - r.num_output_tokens,
+                     max_len - len(r.token_ids)) - 1 for r in running]
+    k = min(HORIZON, max(by_length) + 1)
+    tokens_np, hashes_np = core.model.draw_ahead(running, k)
+    tokens = tokens_np.tolist()
+    last = []  # the step at which each request finishes (or k: not in this window)
+    for row, lim in zip(tokens, by_length, strict=True):
+        end = min(lim, k - 1)
+        try:
+            end = row.index(eos, 0, end + 1)
+        except ValueError:
+            if end < lim:
+                end = k
+        last.append(end)
+    finish_at: dict[int, list[int]] = {}
+    for i, f in enumerate(last):
+        if f < k:
+            finish_at.setdefault(f, []).append(i)
+    # each step's batch (size, summed context) while no allocation cuts the window short
+    starts = [r.num_computed_tokens for r in running]
+    finish_steps = np.fromiter((min(f, k - 1) for f in last), np.int64, len(last))
+    first = np.fromiter(starts, np.float64, len(starts)) + 1.0
+    alive_n = np.bincount(finish_steps, minlength=k)[::-1].cumsum()[::-1]
+    alive_c = np.bincount(finish_steps, weights=first, minlength=k)[::-1].cumsum()[::-1]
+    steps = np.arange(k)
+    costs = decode_costs(core.placement, alive_n, alive_c + steps * alive_n)
+    ends = np.cumsum(np.concatenate(([t], costs.seconds))).tolist()[1:]
+    n_steps = int(finish_steps.max()) + 1  # after the last request ends, nothing runs
+    if until is not None:
+        n_steps = min(n_steps, bisect_left(ends, until) + 1)
+    if (stop_at_finish or sched.waiting) and finish_at:
+        n_steps = min(n_steps, min(finish_at) + 1)
+    events = _block_events(running, n_steps, bs, cache.enabled)
+    finished: dict[int, list[Request]] = {}
+    usage_at: list[tuple[int, float]] = [(0, (pool.num_used - cache.evictable_blocks)
+                                          / cfg.num_blocks)]
+    done = n_steps
+    for j in sorted(events.keys() | {f for f in finish_at if f < n_steps}):
+        step_events = [(i, a) for i, a in events.get(j, ()) if last[i] >= j]
+        if step_events:
+            if sum(a for _, a in step_events) > pool.num_free + cache.evictable_blocks:
+                done = j  # an allocation would preempt: the scheduler decides that
+                break
+            for i, alloc in step_events:
+                req = running[i]
+                end = starts[i] + j + 1
+                if len(req.token_ids) < end:  # the tokens up to this step, for the cache
+                    req.token_ids.extend(tokens[i][len(req.token_ids) - starts[i] - 1:j])
+                req.num_computed_tokens = end - 1
+                if alloc and not kv.allocate_slots(req, 1):  # cannot fail: checked above
+                    raise AssertionError("macro step: a checked allocation failed")
+                kv.cache_blocks(req, end)
+        ending = finish_at.get(j)
+        if ending:
+            finished[j] = [_finish(sched, running[i], starts[i], tokens[i], j) for i in ending]
+        usage_at.append((j, (pool.num_used - cache.evictable_blocks) / cfg.num_blocks))
+    if not done:
+        return None
+    _account(core, costs, done)
+    stats = sched.stats
+    stats.num_steps += done
+    stats.num_lora_deferred = 0
+    usage = []
+    for (_, u), (j1, _) in zip(usage_at, [*usage_at[1:], (done, 0.0)], strict=True):
+        usage.extend([u] * (min(j1, done) - len(usage)))
+    alive = [i for i in range(len(running)) if last[i] >= done]
+    n_tokens = 0
+    for i in alive:  # still running: their tokens and computed counts up to the last step
+        req, c = running[i], starts[i]
+        del req.token_ids[c + 1:]
+        req.token_ids.extend(tokens[i][:done])
+        req.num_computed_tokens = c + done
+        req._lag_len, req._lag_value = req._lag_len + done - 1, int(hashes_np[i, done - 1])
+        n_tokens += done
+    for f, reqs in finished.items():
+        n_tokens += (f + 1) * len(reqs)
+    stats.num_generation_tokens += n_tokens
+    if finished:
+        gone = {id(r) for reqs in finished.values() for r in reqs}
+        sched.running = [r for r in sched.running if id(r) not in gone]
+        stats.num_finished += len(gone)
+    return Window(costs.seconds[:done].tolist(), usage,
+                  [(running[i], min(last[i], done - 1)) for i in range(len(running))], finished)
+
+
+def _account(core: EngineCore, costs: DecodeCosts, k: int) -> None:
+    """`EngineCore._account` of the first `k` steps (no stall, no jitter: busy = seconds)."""
+    s = core.stats
+    seconds = costs.seconds[:k]
+    s.steps += k
+    s.busy_s += float(seconds.sum())
+    s.joules += float(costs.joules[:k].sum())
+    s.dollars += float(costs.dollars[:k].sum())
+    s.bytes += float(costs.bytes[:k].sum())
+    s.flops += float(costs.flops[:k].sum())
+    s.compiles = core.compiler.compiles
+    bound = costs.bound[:k]
+    lo, hi = int(bound.min()), int(bound.max())
+    for b in range(lo, hi + 1):  # nearly always one bound for the whole window
+        part = seconds if lo == hi else seconds[bound == b]
+        if len(part):
+            name = BOUNDS[b]
+            s.bound_s[name] = s.bound_s.get(name, 0.0) + float(part.sum())
+
+
+def _finish(sched, req: Request, start: int, tokens: list[int], j: int) -> Request:
+    """`Scheduler.update`'s end of a request at window step `j` (its token appended)."""
+    del req.token_ids[start + 1:]
+    req.token_ids.extend(tokens[:j + 1])
+    req.num_computed_tokens = start + j + 1
+    reason = sched._stop_reason(req, tokens[j])
+    assert reason is not None, "macro step: a request ended without a stop reason"
+    if req.hold_kv and reason is FinishReason.LENGTH:
+        sched._hold(req)
+    sched.kv.free(req, cache=True)
+    req.status, req.finish_reason = RequestStatus.for_reason(reason), reason
+    del sched.requests[req.request_id]
+    return req
+
+
+def _block_events(running: list[Request], k: int, bs: int,
+                  cache_on: bool) -> dict[int, list[tuple[int, bool]]]:
+    """Step -> [(request index, allocates)] in running order: the steps whose decode needs a
+    new block (then offers its full blocks to the cache) or completes a block (offers it)."""
+    events: dict[int, list[tuple[int, bool]]] = {}
+    for i, r in enumerate(running):
+        c = r.num_computed_tokens
+        held = len(r.block_ids) * bs
+        steps: dict[int, bool] = {}
+        j = held - c  # end = c + j + 1 > held: the first step needing a block
+        while j < k:
+            if j >= 0:
+                steps[j] = True
+            j += bs
+        if cache_on:
+            j = (-(c + 1)) % bs  # end = c + j + 1 a multiple of bs
+            while j < k:
+                steps.setdefault(j, False)
+                j += bs
+        for j in steps:
+            events.setdefault(j, []).append((i, steps[j]))
+    for lst in events.values():
+        lst.sort()
+    return events

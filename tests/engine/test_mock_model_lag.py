@@ -1,0 +1,78 @@
+"""The mock model's lagged free draws (contexts longer than LAG): a whole window of a batch's
+next tokens in one NumPy pass (`draw_ahead`) is exactly the scalar draws one after the other,
+and the tokens are still a pure function of the context."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.engine.mock_model import LAG, MockModel, OutputLengths
+from server.engine.request import Request, SamplingParams
+from server.engine.scheduler_config import ScheduledRequest, SchedulerOutput
+
+EOS = 0
+
+
+def _fleet(n: int = 24) -> list[Request]:
+    reqs = []
+    for i in range(n):
+        params = SamplingParams(max_tokens=400, ignore_eos=i % 3 == 0, min_tokens=i % 5,
+                                seed=i * 7919)
+        reqs.append(Request(f"r{i}", [(i * 31 + j) % 900 + 1 for j in range(LAG + 3 * i)],
+                            params))
+    return reqs
+
+
+@pytest.mark.parametrize("kind", ["geometric", "fixed"])
+def test_draw_ahead_is_the_scalar_draws_in_sequence(kind):
+    model = MockModel(range(1, 5000), EOS, OutputLengths(kind, 12), seed=5)
+    batch, single = _fleet(), _fleet()
+    for r in batch + single:
+        r.token_ids.append(7)  # a decode's context: more than LAG tokens
+    tokens, _ = model.draw_ahead(batch, LAG + 1)
+    for i, req in enumerate(single):
+        drawn = []
+        for _ in range(LAG + 1):
+            t = model.next_token(req)
+            drawn.append(t)
+            req.token_ids.append(t)
+        assert tokens[i].tolist() == drawn
+    assert (tokens == EOS).any()  # EOS decisions were compared too
+    with pytest.raises(ValueError):
+        model.draw_ahead(batch, LAG + 2)
+
+
+def test_a_long_batch_draws_the_same_tokens_as_one_at_a_time():
+    """`next_tokens`' vectorised path for long contexts (the lag hash caught up one token per
+    step) gives the scalar tokens step after step."""
+    model = MockModel(range(1, 5000), EOS, OutputLengths("geometric", 1e9), seed=2)
+    batch, single = _fleet(), _fleet()
+    for r in batch + single:
+        r.token_ids.append(3)
+    out = SchedulerOutput(tuple(ScheduledRequest(r.request_id, 1, r.num_tokens - 1, False, True)
+                                for r in batch))
+    for _ in range(LAG + 5):
+        drawn = model.next_tokens(out, {r.request_id: r for r in batch})
+        one = {r.request_id: [model.next_token(r)] for r in single}
+        assert drawn == one
+        for reqs, tokens in ((batch, drawn), (single, one)):
+            for r in reqs:
+                r.token_ids.append(tokens[r.request_id][0])
+
+
+def test_lagged_tokens_depend_on_the_whole_context_but_its_last_lag_tokens():
+    model = MockModel(range(1, 5000), EOS, OutputLengths("geometric", 1e9))
+
+    def continuation(prompt: list[int]) -> list[int]:
+        req = Request("r", prompt, SamplingParams(max_tokens=80, ignore_eos=True))
+        for _ in range(80):
+            req.token_ids.append(model.next_token(req))
+        return req.output_token_ids
+
+    base = list(range(1, 2 * LAG + 1))
+    a = continuation(base)
+    assert continuation(list(base)) == a  # pure
+    changed = continuation([999, *base[1:]])  # the first token differs
+    assert changed != a and changed[:LAG] != a[:LAG]
+    # the same context reached another way continues the same
+    assert continuation(base + a[:10]) == a[10:] + continuation(base + a)[:10]
