@@ -16,7 +16,10 @@ PERCENTILES = (50, 90, 95, 99)
 
 @dataclass(frozen=True)
 class RequestResult:
-    """One request as a client saw it; times in seconds from the start of the run."""
+    """One request's result, in real time (a client's measurements: clients/loadgen.py) and
+    in virtual time (the simulator's records: sim/virtual.py) alike — the one record type
+    every report reads. Times are seconds from the start of the run; in virtual time a
+    request is sent when it is scheduled (`sent_s == scheduled_s`, its arrival)."""
 
     request_id: str
     scheduled_s: float
@@ -32,6 +35,13 @@ class RequestResult:
     conversation_id: str = ""
     turn: int = 0
     slo_class: str = ""  # the request's SLO class ("" untagged; issue 16)
+    # what only a simulator sees (virtual time; left at their defaults by a client)
+    first_scheduled_s: float | None = None  # when a step first ran it
+    preemptions: int = 0
+    replica: int = 0  # the core that served it (a cluster's replica; -1: refused at the router)
+    prefill_replica: int | None = None  # the core that prefilled it (disaggregated P/D)
+    prefill_end_s: float | None = None  # when that prefill ended (its KV then moved)
+    kv_transfer_s: float = 0.0  # seconds its KV spent on the link (queueing excluded)
 
     @property
     def ok(self) -> bool:

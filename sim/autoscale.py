@@ -11,7 +11,7 @@ down), then the behaviour: a stabilisation window per direction (the highest rec
 the last 300 s for scale-down, none for scale-up), the default scale-up rate limit
 (max(100 %, 4 pods) per period) and min/max replicas.
 
-A replica is a slot of the cluster (`server.engine.virtual.run_cluster` runs them all). Its
+A replica is a slot of the cluster (`sim.virtual.run_cluster` runs them all). Its
 state: off (not billed, gets nothing), booting (billed at idle power: a booting GPU is paid
 for; gets nothing until its cold start is over), ready (routed to), draining (scaled in: no
 new requests, finishes what it has, then off). This object is the loop's `control`: the

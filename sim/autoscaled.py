@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clients.conversation import Conversation
 from server.engine.build import EngineOptions, build_core
-from server.engine.virtual import VirtualSession, run_cluster
 from sim.autoscale import AutoscalePolicy, Autoscaler, Group, boot_seconds, parse_policy
 from sim.cluster import ClusterRun, Replica, build_replicas
 from sim.timeline import timeline
+from sim.virtual import run_cluster
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def policies(deployments: Sequence[EngineOptions], flag: str | None,
 
 
 def run_scaled(deployments: Sequence[EngineOptions], pols: Sequence[AutoscalePolicy | None],
-               sessions: list[VirtualSession], router: str, seed: int = 0,
+               sessions: list[Conversation], router: str, seed: int = 0,
                sample_s: float | None = None, concurrency: int | None = None) -> ScaledRun:
     """Build the slots, run `sessions` through them behind `router` with the autoscaler as
     the loop's control, and return the run with its controller (samples, events, billing)."""

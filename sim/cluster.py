@@ -3,9 +3,9 @@ behind a router (issue 16; docs/LOAD.md).
 
 A replica is one copy of a deployment (`EngineOptions.replicas` copies each; replicas of
 different deployments — different chips, engines — may share a pool). The event loop is the
-one `run_virtual` uses (`server.engine.virtual.run_cluster`): whichever replica's step ends
+one `run_virtual` uses (`sim.virtual.run_cluster`): whichever replica's step ends
 first is advanced, arrivals are routed at their arrival time, and every request's result is
-the same `RequestRecord`, tagged with its replica. This module builds the replicas, runs them
+the same `RequestResult`, tagged with its replica. This module builds the replicas, runs them
 and adds up their counters into the keys a single deployment's summary has.
 """
 
@@ -16,11 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clients.conversation import Conversation
 from server.engine.build import EngineOptions, build_core
 from server.engine.core import EngineCore
-from server.engine.virtual import VirtualRun, VirtualSession, run_cluster
 from sim.admission import Admission
 from sim.pools import FleetDispatch
+from sim.virtual import VirtualRun, run_cluster
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def build_replicas(deployments: Sequence[EngineOptions]) -> list[Replica]:
     return out
 
 
-def run_replicas(replicas: list[Replica], sessions: list[VirtualSession], router: str,
+def run_replicas(replicas: list[Replica], sessions: list[Conversation], router: str,
                  seed: int = 0, concurrency: int | None = None,
                  admission: Admission | None = None) -> ClusterRun:
     """Run `sessions` through `replicas` behind the policy `router` (sim.routers.ROUTERS, or

@@ -31,8 +31,6 @@ from sim.simulation import (
     FAULT_KEYS,
     SimulationError,
     options_from_args,
-    to_result,
-    to_sessions,
     with_goodput,
     workload_from_args,
 )
@@ -87,15 +85,15 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
         if scaled is not None:
             _check_scalable(args, deployments, admission)
             pols, sample_s = scaled
-            sr = run_scaled(deployments, pols, to_sessions(conversations),
+            sr = run_scaled(deployments, pols, conversations,
                             args.router or "round-robin", seed=args.seed, sample_s=sample_s)
             cr = sr.cluster
         else:
-            cr = run_replicas(replicas, to_sessions(conversations),
+            cr = run_replicas(replicas, conversations,
                               args.router or "round-robin", seed=args.seed, admission=admission)
     except (FleetError, ValueError) as e:
         raise SimulationError(str(e)) from e
-    results = [to_result(r) for r in cr.run.records]
+    results = cr.run.records
     counters = fleet_counters(cr)
     joules, dollars = counters.pop("joules"), counters.pop("dollars")
     emulated_s = counters.pop("emulated_s")  # last, as in simulation.simulate_conversations
@@ -127,7 +125,7 @@ def add_fleet_parts(summary: dict[str, Any], cr: ClusterRun, results: list[Reque
     assert d is not None
     plain = len(d.pools) == 1 and d.pools[0].role == "both" and not d.pools[0].classes
     if not plain:
-        summary["pools"] = pool_reports(d.pools, d.cores, cr.run.records, results)
+        summary["pools"] = pool_reports(d.pools, d.cores, results)
     classes = class_reports(results)
     if classes:
         summary["classes"] = classes

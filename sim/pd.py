@@ -1,7 +1,7 @@
 """Disaggregated prefill/decode in virtual time (Splitwise / DistServe style; issue 16): the
 seconds a prompt's KV spends between a prefill replica and a decode replica.
 
-Why it exists: the event loop (`server.engine.virtual`) moves a P/D request from its prefill
+Why it exists: the event loop (`sim.virtual`) moves a P/D request from its prefill
 core to its decode core when the KV has arrived; when that is, is this module's answer, and it
 must be the answer the served P/D pods give (`server/engine_proc/kv_connector.py`). So it
 prices the transfer exactly as the real-time connector does, with the ONE function for it,

@@ -2,7 +2,7 @@
 `replicas` copies) with a `role` in disaggregated serving and the SLO classes it serves.
 
 Why it exists: the event loop asks one object where an arriving turn goes
-(`server.engine.virtual.Dispatch`); the answer joins four fleet-level rules the engine core
+(`sim.virtual.Dispatch`); the answer joins four fleet-level rules the engine core
 knows nothing of, all decided here before a request touches a replica:
 
 - SLO classes: with `--router slo-class` a request goes to the pools listing its class (pools
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from server.engine.virtual import VirtualSession
+from clients.conversation import Conversation
 from sim.admission import Admission
 from sim.pd import KvLinks, link_name
 from sim.routers import make_router
@@ -133,9 +133,9 @@ class FleetDispatch:
             return k
         return self.admission.pick(k, ks, self.cores, outstanding)
 
-    # ---- server.engine.virtual.Dispatch ---------------------------------------------------
+    # ---- sim.virtual.Dispatch ---------------------------------------------------
     def place(self, prompt: Sequence[int], outstanding: Sequence[int],
-              session: VirtualSession) -> tuple[int, int | None] | None:
+              session: Conversation) -> tuple[int, int | None] | None:
         if not self.pd:
             k = self._pick(prompt, outstanding, session.slo_class, "both")
             placed = None if k is None else (k, None)

@@ -2,9 +2,8 @@
 
 Why it exists: a fleet's `--json` summary keeps one deployment's keys for the whole fleet;
 a planner also asks how each pool and each SLO class fared. Both are computed here from the
-same per-request results the fleet summary is (`clients.report.RequestResult`, indexed like
-the run's `RequestRecord`s), with `clients.report.summarize`'s percentiles, so a pool's p99
-means what the fleet's does.
+same per-request results the fleet summary is (`clients.report.RequestResult`), with
+`clients.report.summarize`'s percentiles, so a pool's p99 means what the fleet's does.
 
 - `pools`: per pool (a deployment: its role, classes, replica count), the requests whose
   replica is in it, and for a prefill pool the requests it prefilled (`prefills`); a P/D
@@ -20,7 +19,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from clients.report import RequestResult, summarize
-from server.engine.virtual import RequestRecord
 from sim.pools import Pool
 
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
@@ -33,24 +31,23 @@ def _part(results: list[RequestResult]) -> dict[str, Any]:
             **{k: s[k] for k in LATENCIES}}
 
 
-def pool_reports(pools: Sequence[Pool], cores: Sequence, records: Sequence[RequestRecord],
+def pool_reports(pools: Sequence[Pool], cores: Sequence,
                  results: Sequence[RequestResult]) -> list[dict[str, Any]]:
     out = []
     for p in pools:
         mine = set(p.replicas)
-        served = [res for rec, res in zip(records, results, strict=True)
-                  if rec.replica in mine or rec.prefill_replica in mine]
+        served = [r for r in results if r.replica in mine or r.prefill_replica in mine]
         row = {"name": p.name, "role": p.role, "classes": list(p.classes),
                "replicas": len(p.replicas), **_part(served)}
         if p.role == "prefill":
-            row["prefills"] = sum(rec.prefill_replica in mine and rec.error is None
-                                  for rec in records)
+            row["prefills"] = sum(r.prefill_replica in mine and r.error is None
+                                  for r in results)
         row["usd_per_hour"] = sum(cores[k].dollars_per_s for k in p.replicas) * 3600
         out.append(row)
     return out
 
 
-def prefills_per_replica(records: Sequence[RequestRecord], n: int) -> list[int]:
+def prefills_per_replica(records: Sequence[RequestResult], n: int) -> list[int]:
     """How many requests each of `n` replicas prefilled for a decode replica (P/D)."""
     counts = [0] * n
     for rec in records:

@@ -1,7 +1,7 @@
 """Routing policies of a virtual-time cluster: which replica gets an arriving request.
 
 Each policy is a small class with one method, `choose(prompt, outstanding) -> index`, called
-by the cluster's event loop (`server.engine.virtual.run_cluster`) at the request's arrival
+by the cluster's event loop (`sim.virtual.run_cluster`) at the request's arrival
 time. `outstanding[i]` is the number of requests routed to replica i and not yet finished —
 what a router counts itself. Policies that look inside a replica (KV usage, prefix cache)
 read the replica's real `EngineCore` scheduler: the blocks it holds, the radix tree it

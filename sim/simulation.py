@@ -8,45 +8,17 @@ import dataclasses
 import math
 from typing import Any
 
-from clients.conversation import Conversation
 from clients.report import RequestResult, goodput, parse_slo, summarize
 from clients.workloads import WorkloadSpec, build_workload
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions, build_core
 from server.engine.faults import check_options as check_fault_options
-from server.engine.interface import Constraint
 from server.engine.tokenizer import get_tokenizer
-from server.engine.virtual import RequestRecord, VirtualSession, VirtualTurn, run_virtual
+from sim.virtual import run_virtual
 
 
 class SimulationError(Exception):
     """The deployment or the workload cannot be simulated; the message says why."""
-
-
-def to_sessions(conversations: list[Conversation]) -> list[VirtualSession]:
-    return [
-        VirtualSession(
-            c.conversation_id, c.start_s,
-            tuple(VirtualTurn(t.user_ids, t.max_tokens, t.think_time_s) for t in c.turns),
-            c.ignore_eos, c.seed,
-            _constraint(c.constraint), c.slo_class,
-        )
-        for c in conversations
-    ]
-
-
-def _constraint(c: tuple[str, str] | None) -> Constraint | None:
-    return Constraint(c[0], text=c[1]) if c else None  # type: ignore[arg-type]
-
-
-def to_result(r: RequestRecord) -> RequestResult:
-    return RequestResult(
-        request_id=r.request_id, scheduled_s=r.arrival_s, sent_s=r.arrival_s,
-        token_times=r.token_times, end_s=r.end_s, prompt_tokens=r.prompt_tokens,
-        output_tokens=r.output_tokens, cached_tokens=r.cached_tokens,
-        jump_forward_tokens=r.jump_forward_tokens, finish_reason=r.finish_reason,
-        error=r.error, conversation_id=r.session_id, turn=r.turn, slo_class=r.slo_class,
-    )
 
 
 def simulate_options(options: EngineOptions, workload: WorkloadSpec,
@@ -75,11 +47,11 @@ def simulate_conversations(
         conversations = build_workload(workload, encode=get_tokenizer().encode)
     except (ValueError, OSError) as e:
         raise SimulationError(str(e)) from e
-    run = run_virtual(core, to_sessions(conversations), max_waiting=options.max_waiting,
+    run = run_virtual(core, conversations, max_waiting=options.max_waiting,
                       max_grammar_bytes=options.max_grammar_bytes, concurrency=concurrency,
                       macro_steps=macro_steps)
     sched, stats = core.scheduler.stats, core.stats
-    results = [to_result(r) for r in run.records]
+    results = run.records
     out_tokens = sum(r.output_tokens for r in results if r.ok)
     per_mtok = 1e6 / out_tokens if out_tokens else 0.0
     return summarize(

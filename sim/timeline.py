@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from server.engine.virtual import RequestRecord
+from clients.report import RequestResult
 
 
-def timeline(samples: Sequence[dict[str, Any]], records: Sequence[RequestRecord],
+def timeline(samples: Sequence[dict[str, Any]], records: Sequence[RequestResult],
              ) -> list[dict[str, Any]]:
     """One row per sample: its keys, then `arrivals` (requests that arrived in [t, next t)),
     `ttft_p50_s` and `ttft_p99_s` of those that got a first token (None if none did)."""
@@ -26,12 +26,12 @@ def timeline(samples: Sequence[dict[str, Any]], records: Sequence[RequestRecord]
     ttfts: list[list[float]] = [[] for _ in samples]
     counts = [0] * len(samples)
     for r in records:
-        i = bisect.bisect_right(starts, r.arrival_s) - 1
+        i = bisect.bisect_right(starts, r.scheduled_s) - 1
         if i < 0:
             continue
         counts[i] += 1
         if r.error is None and r.token_times:
-            ttfts[i].append(r.token_times[0] - r.arrival_s)
+            ttfts[i].append(r.token_times[0] - r.scheduled_s)
     rows = []
     for s, n, xs in zip(samples, counts, ttfts, strict=True):
         p50 = p99 = None

@@ -66,10 +66,11 @@ async def test_outputs_equal_the_virtual_time_run():
     """The same requests through the real server's processes and through `run_virtual` on the
     same engine options: the same token ids, text, usage and finish reasons (the mock model
     is a function of the context, so batching and timing cannot change them)."""
+    from clients.conversation import Conversation, Turn
     from server.config import parse_fleet
     from server.engine.build import build_core
     from server.engine.tokenizer import get_tokenizer
-    from server.engine.virtual import VirtualSession, VirtualTurn, run_virtual
+    from sim.virtual import run_virtual
 
     fast = {**TEST_FLEET["deployments"][0], "output_len_mean": 12.0}
     doc = fleet_doc(deployments=[fast])
@@ -84,8 +85,8 @@ async def test_outputs_equal_the_virtual_time_run():
         text = await asyncio.to_thread(server.scrape)
     options = parse_fleet(doc).deployments[0]
     tok = get_tokenizer()
-    sessions = [VirtualSession(f"v{i}", 0.01 * i, (VirtualTurn(prompts[i], 40),),
-                               ignore_eos=False, seed=i) for i in range(12)]
+    sessions = [Conversation(f"v{i}", 0.01 * i, (Turn(prompts[i], 40),),
+                             ignore_eos=False, seed=i) for i in range(12)]
     records = {r.request_id: r for r in run_virtual(build_core(options, tok), sessions).records}
     total_out = 0
     for i, chunks in enumerate(results):

@@ -9,7 +9,6 @@ from clients.workloads import WorkloadSpec, build_workload
 from server.engine.build import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.cluster import build_replicas, run_replicas
-from sim.simulation import to_result, to_sessions
 
 H100 = EngineOptions(name="gpu", model="llama-3.1-8b", quant="bf16", chip="h100-sxm",
                      engine="vllm", max_model_len=8192)
@@ -24,13 +23,12 @@ def pool(base: EngineOptions, name: str, **kw) -> EngineOptions:
 def sessions(**spec):
     tok = get_tokenizer()
     spec = {"seed": 1, **spec}
-    return to_sessions(build_workload(WorkloadSpec(vocab_size=tok.vocab_size, **spec),
-                                      encode=tok.encode))
+    return build_workload(WorkloadSpec(vocab_size=tok.vocab_size, **spec), encode=tok.encode)
 
 
 def run(deployments, router, work, **kw):
     cr = run_replicas(build_replicas(deployments), work, router, **kw)
-    results = [to_result(r) for r in cr.run.records]
+    results = cr.run.records
     return cr, results, summarize(results)
 
 

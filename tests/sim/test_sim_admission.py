@@ -6,19 +6,20 @@ from __future__ import annotations
 
 from conftest import TEST_FLEET, fleet_doc
 
+from clients.conversation import Conversation, Turn
 from server.config import parse_fleet
 from server.engine.build import build_core
 from server.engine.intake import queue_is_full
 from server.engine.tokenizer import get_tokenizer
-from server.engine.virtual import VirtualSession, VirtualTurn, run_virtual
+from sim.virtual import run_virtual
 
 
 def slow_run(n: int):
     slow = next(d for d in TEST_FLEET["deployments"] if d["name"] == "slow")
     options = parse_fleet(fleet_doc(deployments=[slow])).deployments[0]
     assert (options.max_num_seqs, options.max_waiting) == (1, 2)
-    sessions = [VirtualSession(f"s{i}", 0.0, (VirtualTurn(tuple(range(10 + i, 30 + i)), 5),),
-                               ignore_eos=True, seed=i) for i in range(n)]
+    sessions = [Conversation(f"s{i}", 0.0, (Turn(tuple(range(10 + i, 30 + i)), 5),),
+                             ignore_eos=True, seed=i) for i in range(n)]
     return run_virtual(build_core(options, get_tokenizer()), sessions,
                        max_waiting=options.max_waiting).records
 

@@ -16,7 +16,6 @@ from server.engine.build import EngineOptions, build_core
 from server.engine.tokenizer import get_tokenizer
 from sim.autoscale import AutoscalePolicy, hpa_recommendation, parse_policy, stabilised
 from sim.autoscaled import report, run_scaled
-from sim.simulation import to_sessions
 
 # Llama 2 13B on an A100 with 4 sequences a step: ~2 requests/s a replica at 96 output tokens
 A100 = EngineOptions(name="a100", model="llama-2-13b", quant="bf16", chip="a100-sxm-80g",
@@ -30,8 +29,8 @@ RAMP = "piecewise:0=1,20=1,35=5,80=5,90=0.5,170=0.5"
 def sessions(**spec):
     tok = get_tokenizer()
     base = dict(kind="random", num_requests=0, isl=64, osl=96, seed=3)
-    return to_sessions(build_workload(WorkloadSpec(vocab_size=tok.vocab_size,
-                                                   **{**base, **spec}), encode=tok.encode))
+    return build_workload(WorkloadSpec(vocab_size=tok.vocab_size, **{**base, **spec}),
+                          encode=tok.encode)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +137,7 @@ def test_a_new_replica_pays_the_device_models_cold_start():
     up = sr.groups[0].events[0]
     assert up["to"] == 2 and sr.groups[0].boot_s == pytest.approx(expected)
     second = [r for r in sr.cluster.run.records if r.replica == 1]
-    assert second and min(r.arrival_s for r in second) >= up["t"] + expected
+    assert second and min(r.scheduled_s for r in second) >= up["t"] + expected
 
 
 def test_simulate_autoscale_flag_json_and_html(tmp_path, capsys):
@@ -225,8 +224,8 @@ def test_scaled_in_replicas_drain_then_stop_being_billed(ramp_run):
     assert sorted(booted) == [1, 2]
     for k, t_boot in booted.items():
         mine = [r for r in sr.cluster.run.records if r.replica == k]
-        assert mine and min(r.arrival_s for r in mine) >= t_boot + POLICY.boot_s
-        assert max(r.arrival_s for r in mine) < down["t"]  # none routed once draining
+        assert mine and min(r.scheduled_s for r in mine) >= t_boot + POLICY.boot_s
+        assert max(r.scheduled_s for r in mine) < down["t"]  # none routed once draining
         drained = max(down["t"], max(r.end_s for r in mine))
         assert sr.control.billed_s[k] == pytest.approx(drained - t_boot)
 
@@ -247,7 +246,7 @@ def test_autoscaled_run_is_the_same_macro_or_single_stepped(monkeypatch):
     """The autoscaler reads every replica's queue and KV at its ticks: macro windows end at
     the next tick, so scaling decisions and every request's tokens are those of
     single-stepping."""
-    import server.engine.virtual as virtual
+    import sim.virtual as virtual
 
     runs = []
     for macro in (False, True):

@@ -16,7 +16,6 @@ from server.engine.build import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.cluster import build_replicas, fleet_counters, replica_reports, run_replicas
 from sim.routers import ROUTERS, make_router
-from sim.simulation import to_result, to_sessions
 
 H100 = EngineOptions(name="h100", model="llama-3.1-8b", quant="bf16", chip="h100-sxm",
                      engine="vllm", max_model_len=4096)
@@ -26,13 +25,13 @@ A100 = EngineOptions(name="a100", model="llama-3.1-8b", quant="bf16", chip="a100
 
 def sessions(**spec):
     tok = get_tokenizer()
-    return to_sessions(build_workload(WorkloadSpec(vocab_size=tok.vocab_size, seed=1, **spec),
-                                      encode=tok.encode))
+    return build_workload(WorkloadSpec(vocab_size=tok.vocab_size, seed=1, **spec),
+                          encode=tok.encode)
 
 
 def run(deployments, router, work):
     cr = run_replicas(build_replicas(deployments), work, router)
-    return cr, summarize([to_result(r) for r in cr.run.records])
+    return cr, summarize(cr.run.records)
 
 
 SHARED = dict(kind="shared-prefix", num_requests=64, isl=64, osl=32, rate=20.0,

@@ -13,25 +13,14 @@ import math
 
 import pytest
 
-import server.engine.virtual as virtual
+import sim.virtual as virtual
 from clients.workloads import WorkloadSpec, build_workload
 from server.engine.build import EngineOptions, build_core
-from server.engine.interface import Constraint
 from server.engine.tokenizer import get_tokenizer
 
 H100 = EngineOptions(name="h100", model="llama-2-7b", quant="bf16", chip="h100-sxm",
                      engine="vllm")
 SMALL_KV = dataclasses.replace(H100, max_num_seqs=8)  # seats full: a waiting queue builds
-
-
-def to_sessions(conversations) -> list[virtual.VirtualSession]:
-    """The workload's conversations as the virtual runner's sessions (constraints as the
-    simulate path builds them)."""
-    return [virtual.VirtualSession(
-        c.conversation_id, c.start_s,
-        tuple(virtual.VirtualTurn(t.user_ids, t.max_tokens, t.think_time_s) for t in c.turns),
-        c.ignore_eos, c.seed, Constraint(c.constraint[0], text=c.constraint[1])
-        if c.constraint else None) for c in conversations]
 
 
 def _run(options: EngineOptions, spec: WorkloadSpec, macro: bool, monkeypatch) -> tuple:
@@ -48,7 +37,7 @@ def _run(options: EngineOptions, spec: WorkloadSpec, macro: bool, monkeypatch) -
         return out
 
     monkeypatch.setattr(virtual, "advance", counting)
-    run = virtual.run_virtual(core, to_sessions(build_workload(spec, encode=tok.encode)),
+    run = virtual.run_virtual(core, build_workload(spec, encode=tok.encode),
                               macro_steps=macro)
     s = core.scheduler.stats
     counters = (s.num_steps, s.num_generation_tokens, s.num_prefill_tokens, s.num_preemptions,
@@ -131,7 +120,7 @@ def _cluster(spec: WorkloadSpec, macro: bool) -> tuple:
     spec = dataclasses.replace(spec, vocab_size=tok.vocab_size)
     cores = [build_core(H100, tok) for _ in range(3)]
     turn = iter(range(10**9))
-    run = virtual.run_cluster(cores, to_sessions(build_workload(spec, encode=tok.encode)),
+    run = virtual.run_cluster(cores, build_workload(spec, encode=tok.encode),
                               lambda prompt, outstanding: next(turn) % 3, macro_steps=macro)
     counters = [(c.scheduler.stats.num_steps, c.stats.steps, c.scheduler.stats.num_preemptions)
                 for c in cores]

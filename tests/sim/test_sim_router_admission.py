@@ -20,7 +20,7 @@ FLEET = [pool(H100, "gpu", replicas=2)]
 def peak_outstanding(records, replica: int) -> int:
     """The most requests replica `replica` had between arrival and end at once (the router's
     count: an admitted request is outstanding from its arrival to its last token)."""
-    events = sorted([(r.arrival_s, 1) for r in records if r.replica == replica]
+    events = sorted([(r.scheduled_s, 1) for r in records if r.replica == replica]
                     + [(r.end_s, -1) for r in records if r.replica == replica],
                     key=lambda e: (e[0], e[1]))  # an end before an arrival at one instant
     peak = now = 0

@@ -62,7 +62,7 @@ def test_slo_class_routes_each_class_to_its_pool_and_beats_round_robin():
     for rec in cr.run.records:  # replica 0 is the SRAM chip, 1 and 2 the GPUs
         assert (rec.replica == 0) == (rec.slo_class == "interactive")
     pools = {p["name"]: p for p in pool_reports(cr.dispatch.pools, cr.dispatch.cores,
-                                                cr.run.records, results)}
+                                                results)}
     n_inter = sum(r.slo_class == "interactive" for r in results)
     assert pools["sram"]["requests"] == n_inter and pools["sram"]["classes"] == ["interactive"]
     assert pools["gpu"]["requests"] == 60 - n_inter and pools["gpu"]["replicas"] == 2

@@ -1,13 +1,13 @@
 """The fleet's part of the virtual-time event loop (issue 16): the router's `Dispatch`
 protocol and the P/D hop — a request prefilled on one core, its KV moved, decoded on another.
 
-Why it exists apart from `server.engine.virtual`: the hop is one concern (disaggregated
+Why it exists apart from `sim.virtual`: the hop is one concern (disaggregated
 serving, Splitwise/DistServe style, as llm-d's sidecar and vLLM's P/D proxy run it; the
 real-time version is `server/engine_proc/kv_connector.py`), and the event loop stays
 readable. `PdHops` is a mixin of `virtual._Runner`: it uses the runner's `cores`,
 `max_waiting`, `sessions`, `outstanding`, `live`, `times`, `t`, `seq`, `dispatch`, and its
-own `pd` (rid -> Hop) and `timers` (transfer ends), which the runner creates. `server/`
-imports no `sim/`: the fleet layer comes in through `Dispatch`.
+own `pd` (rid -> Hop) and `timers` (transfer ends), which the runner creates. The
+fleet's policies (sim/pools.py) come in through `Dispatch`.
 """
 
 from __future__ import annotations
@@ -22,21 +22,21 @@ from server.engine.intake import queue_is_full
 from server.engine.request import Request, SamplingParams
 
 if TYPE_CHECKING:
-    from server.engine.virtual import VirtualSession
+    from clients.conversation import Conversation
 
 
 class Dispatch(Protocol):
     """A fleet's router with admission and P/D (sim/pools.py), used instead of a `Route`.
 
-    Why it exists: `server/` must not import `sim/`, yet the event loop has to ask the fleet
-    layer three things it alone knows: which core serves a turn (by its SLO class too), whether
-    the router refuses it, and, for a disaggregated fleet, which core prefills it and when its
-    KV has crossed the link."""
+    Why it exists: the event loop stays one loop for one core and for any fleet, yet has to
+    ask the fleet's policy three things it alone knows: which core serves a turn (by its SLO
+    class too), whether the router refuses it, and, for a disaggregated fleet, which core
+    prefills it and when its KV has crossed the link."""
 
     pd: bool  # disaggregated: turns hop from a prefill core to a decode core
 
     def place(self, prompt: Sequence[int], outstanding: Sequence[int],
-              session: VirtualSession) -> tuple[int, int | None] | None:
+              session: Conversation) -> tuple[int, int | None] | None:
         """(the core that serves the turn, the core that prefills it first or None), or None:
         refused at the router (recorded as RESOURCE_EXHAUSTED, holding no KV)."""
         ...
@@ -53,7 +53,7 @@ class PdHops:
 
     cores: list[EngineCore]
     max_waiting: list[int | None]
-    sessions: list[VirtualSession]
+    sessions: list[Conversation]
     outstanding: list[int]
     live: dict[str, tuple[Request, int, int, float, int]]
     times: dict[str, list[float]]

@@ -5,11 +5,14 @@ the next arrival). The scheduler, KV cache, device cost model and mock model are
 objects the real-time server uses, so the report of a virtual run is the report the server
 would give — hours of traffic in seconds of CPU.
 
-Sessions are conversations: turn k+1 arrives `think_time_s` after turn k finished, and its
-prompt is the whole history (earlier prompts and the tokens actually generated) followed by
-the new user message, as a chat client resends it. A session's constraint (structured output)
-is compiled for each turn as the server's intake would; one that does not compile is recorded
-as an INVALID_ARGUMENT error. Tokens of one step share its interval (`spread_times`).
+The workload is the clients' own `Conversation`s and every request's result the clients' own
+`RequestResult` (`clients/conversation.py`, `clients/report.py`): one record type for real
+and virtual time, read by the same reports. Turn k+1 of a conversation arrives
+`think_time_s` after turn k finished, and its prompt is the whole history (earlier prompts
+and the tokens actually generated) followed by the new user message, as a chat client
+resends it. A conversation's constraint (structured output) is compiled for each turn as the
+server's intake would; one that does not compile is recorded as an INVALID_ARGUMENT error.
+Tokens of one step share its interval (`spread_times`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from clients.conversation import Conversation
+from clients.report import RequestResult
 from server.engine.core import EngineCore, StepResult
 from server.engine.intake import queue_is_full
 from server.engine.interface import Constraint, InvalidRequest
@@ -26,53 +31,9 @@ from server.engine.macro import Window, advance
 from server.engine.output import spread_times
 from server.engine.request import Request, SamplingParams
 from server.engine.scheduler_config import SchedulerOutput
-from server.engine.virtual_pd import Dispatch, Hop, PdHops
+from sim.virtual_pd import Dispatch, Hop, PdHops
 
 _NOTHING_SCHEDULED = SchedulerOutput((), ())
-
-
-@dataclass(frozen=True)
-class VirtualTurn:
-    user_ids: tuple[int, ...]
-    max_tokens: int
-    think_time_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class VirtualSession:
-    session_id: str
-    start_s: float
-    turns: tuple[VirtualTurn, ...]
-    ignore_eos: bool = True
-    seed: int = 0
-    constraint: Constraint | None = None  # structured output, for every turn
-    slo_class: str = ""  # SLO class, for a fleet's router and per-class reports (issue 16)
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One request of a virtual run, on the emulated timeline (seconds from the start)."""
-
-    request_id: str
-    session_id: str
-    turn: int
-    arrival_s: float
-    first_scheduled_s: float | None
-    token_times: tuple[float, ...]
-    end_s: float
-    prompt_tokens: int
-    cached_tokens: int
-    output_tokens: int
-    finish_reason: str
-    preemptions: int = 0
-    error: str | None = None  # the status code the server would have answered
-    jump_forward_tokens: int = 0
-    replica: int = 0  # which core served it (a cluster's replica index; 0 for one core)
-    # --- fleet (issue 16): -1 above when the router's admission refused it; P/D below ---
-    slo_class: str = ""
-    prefill_replica: int | None = None  # the core that prefilled it (disaggregated P/D)
-    prefill_end_s: float | None = None  # when that prefill ended (its KV then moved)
-    kv_transfer_s: float = 0.0  # seconds its KV spent on the link (queueing excluded)
 
 
 # --- speed (issue 16): macro-stepping unless a caller says otherwise (`simulate
@@ -96,14 +57,14 @@ class _LastStep:  # --- speed (issue 16): a macro window's last step, as `delive
 
 @dataclass
 class VirtualRun:
-    records: list[RequestRecord] = field(default_factory=list)
+    records: list[RequestResult] = field(default_factory=list)
     duration_s: float = 0.0
     kv_usage_mean: float = 0.0  # time-weighted over busy steps
     kv_usage_peak: float = 0.0
 
 
 def run_virtual(
-    core: EngineCore, sessions: list[VirtualSession], max_waiting: int | None = None,
+    core: EngineCore, sessions: list[Conversation], max_waiting: int | None = None,
     max_grammar_bytes: int = 65536, concurrency: int | None = None,
     macro_steps: bool | None = None,
 ) -> VirtualRun:
@@ -118,7 +79,7 @@ def run_virtual(
 
 
 def run_cluster(
-    cores: list[EngineCore], sessions: list[VirtualSession], route: Route,
+    cores: list[EngineCore], sessions: list[Conversation], route: Route,
     max_waiting: Sequence[int | None] | None = None,
     max_grammar_bytes: Sequence[int] | None = None, concurrency: int | None = None, *,
     dispatch: Dispatch | None = None,
@@ -166,6 +127,15 @@ class Control(Protocol):
 # --- end autoscale ---
 
 
+def _failed(rid: str, s: Conversation, ti: int, at: float, prompt_tokens: int, error: str,
+            replica: int) -> RequestResult:
+    """A turn refused at its arrival (`error`: the status the server would answer)."""
+    return RequestResult(rid, scheduled_s=at, sent_s=at, token_times=(), end_s=at,
+                         prompt_tokens=prompt_tokens, output_tokens=0, finish_reason="error",
+                         error=error, conversation_id=s.conversation_id, turn=ti,
+                         slo_class=s.slo_class, replica=replica)
+
+
 class _Runner(PdHops):
     """The event loop. A core's step is computed when it starts (the scheduler's state moves
     on then) and delivered when it ends: token times, finished records and the next turns
@@ -173,7 +143,7 @@ class _Runner(PdHops):
     arrivals, then free cores start their next step — for one core, the order of a loop that
     admits what has arrived and steps."""
 
-    def __init__(self, cores: list[EngineCore], sessions: list[VirtualSession], route: Route,
+    def __init__(self, cores: list[EngineCore], sessions: list[Conversation], route: Route,
                  max_waiting: list[int | None], max_grammar_bytes: list[int],
                  concurrency: int | None) -> None:
         self.cores, self.sessions, self.route = cores, sessions, route
@@ -218,7 +188,7 @@ class _Runner(PdHops):
 
     def admit(self, at: float, si: int, ti: int, history: tuple[int, ...]) -> None:
         s, turn = self.sessions[si], self.sessions[si].turns[ti]
-        rid = f"{s.session_id}/{ti}" if len(s.turns) > 1 else s.session_id
+        rid = f"{s.conversation_id}/{ti}" if len(s.turns) > 1 else s.conversation_id
         prompt = history + turn.user_ids
         prefill = None  # --- fleet (issue 16) ---
         if self.dispatch is None:
@@ -240,13 +210,13 @@ class _Runner(PdHops):
             error = "RESOURCE_EXHAUSTED"
         elif s.constraint is not None:
             try:
-                constraint = core.constraints.start(s.constraint, self.max_grammar_bytes[k])
+                constraint = core.constraints.start(Constraint(s.constraint[0],  # type: ignore[arg-type]
+                                                               text=s.constraint[1]),
+                                                    self.max_grammar_bytes[k])
             except InvalidRequest:
                 error = "INVALID_ARGUMENT"
         if error:
-            self.out.records.append(RequestRecord(rid, s.session_id, ti, at, None, (), at,
-                                                  len(prompt), 0, 0, "error", error=error,
-                                                  replica=k, slo_class=s.slo_class))
+            self.out.records.append(_failed(rid, s, ti, at, len(prompt), error, k))
             self._next_session()  # the session cannot go on without this turn
             return
         params = SamplingParams(max_tokens=turn.max_tokens, ignore_eos=s.ignore_eos, seed=s.seed)
@@ -281,13 +251,17 @@ class _Runner(PdHops):
             self._next_session()
 
     def _record(self, r: Request, si: int, ti: int, at: float, k: int, **pd) -> None:
-        self.out.records.append(RequestRecord(
-            r.request_id, self.sessions[si].session_id, ti, at,
-            self.first_sched.get(r.request_id), tuple(self.times.pop(r.request_id)), self.t,
-            r.num_prompt_tokens, max(r.num_cached_tokens, 0), r.num_output_tokens,
-            (r.finish_reason.value if r.finish_reason else "stop"), r.num_preemptions,
-            jump_forward_tokens=r.num_jump_forward_tokens, replica=k,
-            slo_class=self.sessions[si].slo_class, **pd,
+        self.out.records.append(RequestResult(
+            r.request_id, scheduled_s=at, sent_s=at,
+            token_times=tuple(self.times.pop(r.request_id)), end_s=self.t,
+            prompt_tokens=r.num_prompt_tokens, output_tokens=r.num_output_tokens,
+            cached_tokens=max(r.num_cached_tokens, 0),
+            jump_forward_tokens=r.num_jump_forward_tokens,
+            finish_reason=r.finish_reason.value if r.finish_reason else "stop",
+            conversation_id=self.sessions[si].conversation_id, turn=ti,
+            slo_class=self.sessions[si].slo_class,
+            first_scheduled_s=self.first_sched.get(r.request_id),
+            preemptions=r.num_preemptions, replica=k, **pd,
         ))
 
     def run(self) -> VirtualRun:
@@ -348,11 +322,9 @@ class _Runner(PdHops):
         return self.out
 
     # --- fleet (issue 16): refusals at the router, and the P/D hop ---------------------------
-    def _refused(self, rid: str, s: VirtualSession, ti: int, at: float, n: int) -> None:
+    def _refused(self, rid: str, s: Conversation, ti: int, at: float, n: int) -> None:
         """Refused by the router's admission: a record on no core (replica -1), no KV."""
-        self.out.records.append(RequestRecord(rid, s.session_id, ti, at, None, (), at, n, 0, 0,
-                                              "error", error="RESOURCE_EXHAUSTED", replica=-1,
-                                              slo_class=s.slo_class))
+        self.out.records.append(_failed(rid, s, ti, at, n, "RESOURCE_EXHAUSTED", -1))
         self._next_session()
 
     # --- end fleet (issue 16) -------------------------------------------------------------
