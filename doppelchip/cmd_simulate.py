@@ -1,7 +1,7 @@
 """`doppelchip simulate`: a workload through one deployment in virtual time, and its report.
 
 The front door joins the layers: the workload comes from `clients.workloads`, the engine
-core from `server.engine.build`, `run_virtual` from `server.engine.virtual`, and the records
+core from `server.engine.build`, `run_virtual` from `sim.virtual`, and the records
 go back to `clients.report` — the same summary the load generator prints for a gRPC server.
 """
 
@@ -258,7 +258,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from sim.simulation import SimulationError, simulate
 
     if not getattr(args, "macro_steps", True):  # --- speed (issue 16) ---
-        from server.engine.virtual import MACRO_STEPS
+        from sim.virtual import MACRO_STEPS
         MACRO_STEPS["default"] = False
     try:  # --- virtual-time clusters (issue 16) ---
         summary = simulate_fleet(args) if wants_cluster(args) else simulate(args)
