@@ -1,9 +1,10 @@
 """Fenced blocks of the Markdown docs and what the docs convention makes of them.
 
 A `ShellBlock` is one ```` ```bash ```` (`sh`, `shell`, `console`) fence: its commands, its
-`not-run=REASON` marker, and the output quoted after it (a ```` ```text output ```` fence, or the
-non-prompt lines of a `console` fence: the next fence after the block, prose between). It is the unit the runner executes and the outputs
-script regenerates, so it keeps the source lines needed to rewrite the quoted output in place.
+`not-run=REASON` marker, and the output quoted after it (a ```` ```text output ```` fence that
+is the next fence, prose between; or the non-prompt lines of a `console` fence). It is the unit
+the runner executes and the outputs script regenerates, so it keeps the source lines needed to
+rewrite the quoted output in place.
 """
 
 from __future__ import annotations

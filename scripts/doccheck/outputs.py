@@ -27,7 +27,7 @@ def per_command(output: str, n: int) -> list[str]:
     pieces = _MARKER.split(output)
     if pieces[0].strip():  # the prelude's own complaint before any command
         parts[0] += pieces[0]
-    for index, text in zip(pieces[1::2], pieces[2::2]):
+    for index, text in zip(pieces[1::2], pieces[2::2], strict=False):
         parts[int(index)] += text
     return parts
 
@@ -90,7 +90,7 @@ def rewrite(block: ShellBlock, result: Result) -> bool:
         new_body = actual_lines(result)
     else:  # console: the prompts again, each followed by its output
         new_body = []
-        for command, out in zip(block.commands, actual_console(result)):
+        for command, out in zip(block.commands, actual_console(result), strict=False):
             new_body += ["$ " + command.split("\n")[0], *command.split("\n")[1:], *out]
     path: Path = f.path
     lines = path.read_text().split("\n")

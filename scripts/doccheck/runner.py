@@ -11,6 +11,7 @@ and real-time streams, not CPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -19,10 +20,10 @@ import socket
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from scripts.doccheck.blocks import ShellBlock
 from scripts.doccheck.commands import Moves, block_ports, explicit_defaults, script, server_of
@@ -170,7 +171,5 @@ def _kill_leftovers(groups: Path) -> None:
     if not groups.exists():
         return
     for line in groups.read_text().split():
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
             os.killpg(int(line), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, ValueError):
-            pass
