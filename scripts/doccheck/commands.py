@@ -23,6 +23,7 @@ from dataclasses import dataclass
 _PORT = re.compile(r"(?P<pre>(?:[\w.*\]-]+:)|(?:--[\w-]*port[= ])|(?:_PORT=))(?P<port>\d{4,5})\b")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*$")
 CLIENTS = ("generate", "load", "status")
+MAKE_READY_TIMEOUT_S = 600  # `make run` / `make gateway` create and install the venv first
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,8 @@ def script(commands: list[str], moves: Moves) -> str:
             port, _, path = target.partition("/")
             target = f"{move(int(port), moves)}/{path}"
         call = "__dc_server" if background else "__dc_foreground"
+        if program(words(command))[:1] == ["make"]:  # it installs the venv first
+            call = f"DC_READY_TIMEOUT={MAKE_READY_TIMEOUT_S} {call}"
         lines.append(f"{call} {n} {kind} {shlex.quote(target)} {shlex.quote(moved)}")
     return "\n".join(lines) + "\n"
 

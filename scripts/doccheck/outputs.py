@@ -9,10 +9,12 @@ exact outputs — virtual time — must match to the digit.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 from scripts.doccheck.blocks import ShellBlock
+from scripts.doccheck.commands import program, words
 from scripts.doccheck.runner import Result
 
 _MARKER = re.compile(r"\x1eDC(\d+)\n")  # the runner prints one before each command
@@ -101,3 +103,24 @@ def rewrite(block: ShellBlock, result: Result) -> bool:
     lines[f.line:f.end_line - 1] = new
     path.write_text("\n".join(lines))
     return True
+
+
+def json_last_problems(block: ShellBlock, output: str) -> list[str]:
+    """A documented `doppelchip ... --json` prints one JSON object as its last line, whatever
+    it writes to stderr before it (read together here, as a terminal shows them): the
+    commands of `block` that do not."""
+    problems = []
+    parts = per_command(output, len(block.commands))
+    for command, out in zip(block.commands, parts, strict=True):
+        ws = program(words(command))
+        if ws[:1] != ["doppelchip"] or "--json" not in ws or "|" in ws or ">" in ws:
+            continue
+        lines = [ln for ln in out.split("\n") if ln.strip()]
+        try:
+            ok = bool(lines) and isinstance(json.loads(lines[-1]), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            problems.append(f"{block.where}: {command!r} ends with "
+                            f"{(lines or [''])[-1][:200]!r}, not a JSON object")
+    return problems

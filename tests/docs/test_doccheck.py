@@ -11,7 +11,7 @@ import pytest
 
 from scripts.doccheck.blocks import DocError, shell_blocks, split_commands
 from scripts.doccheck.commands import script
-from scripts.doccheck.outputs import normalise
+from scripts.doccheck.outputs import json_last_problems, normalise
 from scripts.doccheck.runner import run_block, talks_to_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,3 +116,10 @@ def test_a_changed_output_fails_the_check_and_write_regenerates_it(tmp_path):
     digit = next(ch for ch in line if ch.isdigit())
     path.write_text(written.replace(line, line.replace(digit, str((int(digit) + 1) % 10), 1)))
     assert outputs("--check").returncode == 1
+
+
+def test_a_json_command_whose_last_line_is_not_json_is_reported(tmp_path):
+    [block] = shell_blocks(doc(tmp_path, "'''bash\ndoppelchip devices --json\n'''\n"))
+    assert json_last_problems(block, "\x1eDC0\nwarning: slow\n{\"chips\": []}\n") == []
+    [problem] = json_last_problems(block, "\x1eDC0\n{\"chips\": []}\nwarning: late\n")
+    assert "not a JSON object" in problem

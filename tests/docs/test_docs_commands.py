@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from scripts.doccheck.blocks import NOT_RUN_REASONS, doc_files, shell_blocks
-from scripts.doccheck.outputs import mismatch
+from scripts.doccheck.outputs import json_last_problems, mismatch
 from scripts.doccheck.runner import run_blocks
 from scripts.doccheck.shared import SharedServer
 
@@ -60,3 +60,5 @@ def test_documented_block_runs_and_prints_what_is_quoted(block, results):
     diff = mismatch(block, result)
     assert diff is None, (f"{block.where}: the quoted output changed "
                           f"(scripts/docs_outputs.py --write regenerates it):\n{diff}")
+    assert not (bad := json_last_problems(block, result.output)), bad
+

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from scripts.doccheck.blocks import shell_blocks
-from scripts.doccheck.outputs import mismatch
+from scripts.doccheck.outputs import json_last_problems, mismatch
 from scripts.doccheck.runner import run_block, talks_to_server
 from scripts.doccheck.shared import SharedServer
 
@@ -57,6 +57,7 @@ def test_readme_quickstart_and_examples_from_a_fresh_clone(tmp_path):
                                f"{result.output[-6000:]}\nserver logs:\n{result.logs[-3000:]}")
             diff = mismatch(block, result)
             assert diff is None, f"{block.where}: the quoted output changed:\n{diff}"
+            assert not (bad := json_last_problems(block, result.output)), bad
     finally:
         rc = server.stop()
         print("fresh clone:", ", ".join(timings))
