@@ -150,6 +150,8 @@ def script(commands: list[str], moves: Moves) -> str:
         command = explicit_defaults(command)
         server = server_of(command)
         moved = shift_ports(command, moves)
+        if program(words(command))[:1] == ["make"]:
+            moved = re.sub(r"\bmake ", 'make -C "$DC_ROOT" ', moved, count=1)
         lines.append(f"printf '\\036DC{n}\\n'")
         if server is None:
             lines.append(moved)

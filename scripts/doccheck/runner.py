@@ -3,10 +3,11 @@
 The scratch folder holds a symlink to every top-level entry of the repository, so the docs'
 relative paths (`examples/order.json`, `server/default_fleet.toml`, `.venv/bin/doppelchip`)
 resolve while the files commands write (`sweep.html`, `whatif/`, certificates) land in the
-scratch folder, one per block. `doppelchip` on PATH is the repository's venv's.
-PYTHONUNBUFFERED keeps stdout and stderr in the order a terminal shows them, which the quoted
-outputs record. Blocks run concurrently (`run_blocks`): most of their time is servers starting
-and real-time streams, not CPU.
+scratch folder, one per block. `make` runs in the repository itself (`make -C`): a pip run from
+the scratch folder would write the scratch path into the venv's scripts. `doppelchip` on PATH
+is the repository's venv's. PYTHONUNBUFFERED keeps stdout and stderr in the order a terminal
+shows them, which the quoted outputs record. Blocks run concurrently (`run_blocks`): most of
+their time is servers starting and real-time streams, not CPU.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -110,29 +112,26 @@ def scratch(root: Path) -> Path:
 
 
 def run_block(block: ShellBlock, root: Path, fixed: Moves | None = None,
-              timeout: float = BLOCK_TIMEOUT_S) -> Result:
-    """Run one block as a bash script; `fixed`: ports already moved (the shared server's)."""
-    import time
-
+              timeout: float = BLOCK_TIMEOUT_S, in_place: bool = False) -> Result:
+    """Run one block as a bash script; `fixed`: ports already moved (the shared server's);
+    `in_place`: in `root` itself, not in a scratch folder (a throwaway clone)."""
     start = time.monotonic()
     moves = allocate(block_ports(block.commands), fixed)
     try:
-        return _run(block, root, moves, timeout, start)
+        return _run(block, root, moves, timeout, start, in_place)
     finally:
         release(moves, keep=fixed)
 
 
-def _run(block: ShellBlock, root: Path, moves: Moves, timeout: float, start: float) -> Result:
-    import time
-
+def _run(block: ShellBlock, root: Path, moves: Moves, timeout: float, start: float,
+         in_place: bool) -> Result:
     body = script(block.commands, moves)
-    cwd = scratch(root)
-    logs = cwd / ".doccheck-logs"
-    logs.mkdir()
+    cwd = root if in_place else scratch(root)
+    logs = Path(tempfile.mkdtemp(prefix="doccheck-logs-"))
     env = dict(os.environ)
     env.update(PATH=f"{root / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}",
-               PYTHONUNBUFFERED="1", DC_LOGS=str(logs), NO_COLOR="1", COLUMNS="100",
-               TERM="dumb")
+               PYTHONUNBUFFERED="1", DC_LOGS=str(logs), DC_ROOT=str(root), NO_COLOR="1",
+               COLUMNS="100", TERM="dumb")
     env.pop("VIRTUAL_ENV", None)
     proc = subprocess.Popen(["bash", "-c", PRELUDE + body], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -147,7 +146,9 @@ def _run(block: ShellBlock, root: Path, moves: Moves, timeout: float, start: flo
     _kill_leftovers(logs / "groups")
     server_logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}"
                             for p in sorted(logs.iterdir()) if p.suffix == ".log")
-    shutil.rmtree(cwd, ignore_errors=True)
+    shutil.rmtree(logs, ignore_errors=True)
+    if not in_place:
+        shutil.rmtree(cwd, ignore_errors=True)
     return Result(block, proc.returncode, out.replace(str(cwd), "."), moves, server_logs,
                   time.monotonic() - start)
 

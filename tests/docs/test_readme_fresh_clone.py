@@ -4,7 +4,8 @@ The blocks marked ```` ```bash fresh-clone ```` in README.md (the quickstart: `m
 `make test`, `generate`; the examples block; the baseline comparison) are run by this test only,
 in a clone of the committed HEAD. A reader runs the quickstart's `generate` in another shell
 while `make run` serves; here it talks to the clone's own `doppelchip serve` of the default
-fleet, started once `make run` has built the venv.
+fleet, started once `make run` has built the venv. The blocks run in the clone itself (not in a
+scratch folder of symlinks: pip writes the path it runs from into the venv's scripts).
 
 What a clone would fetch is reused, so that the test takes a few minutes on two cores, not ten:
 `.cache/` (the Makefile's cache: Debian's prometheus for `make test`) is linked from this
@@ -72,7 +73,7 @@ def test_readme_quickstart_and_examples_from_a_fresh_clone(tmp_path):
         for block in fresh_clone_blocks(clone / "README.md"):
             fixed = server.ensure() if talks_to_server(block) else None
             start = time.monotonic()
-            result = run_block(block, clone, fixed, timeout=600)
+            result = run_block(block, clone, fixed, timeout=600, in_place=True)
             timings.append(f"{block.where} {time.monotonic() - start:.0f} s")
             assert result.ok, (f"{block.where} exited {result.returncode} in a fresh clone:\n"
                                f"{result.output[-6000:]}\nserver logs:\n{result.logs[-3000:]}")
