@@ -7,7 +7,7 @@ gets `--target 127.0.0.1:50051`, a KV-events config without an endpoint gets vLL
 `tcp://*:5557`). `Moves` maps each hundred of documented ports (50000-50099, 8000-8099, ...) to
 a free hundred below the kernel's ephemeral range, so successive ports (pods, replicas) stay
 successive and no outgoing connection's local port collides with a listener.
-A server command becomes `__dc_server KIND PROBE 'CMD'` (scripts/doccheck/prelude.sh): started
+A server command becomes `__dc_server N KIND TARGET 'CMD'` (scripts/doccheck/prelude.sh): started
 in its own process group, probed until ready, stopped with SIGTERM at the end of the block or
 when the next foreground server command starts (a reader stops one and tries the next).
 """
