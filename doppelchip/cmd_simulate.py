@@ -128,7 +128,14 @@ def add_fault_args(p: argparse.ArgumentParser) -> None:
                    "[DONE]): after=K,at=T,for=D or after=K,percent=P")
 
 
-def add_workload_args(p: argparse.ArgumentParser) -> None:
+# `simulate`'s arrivals when --rate is not given: a Poisson stream at this rate (issue 15; all
+# at once hides what static batching and contiguous KV cost a newcomer's first run)
+SIMULATE_DEFAULT_RATE = 10.0
+
+
+def add_workload_args(p: argparse.ArgumentParser, default_rate: float = math.inf) -> None:
+    """The workload flags of simulate and load; `default_rate` is --rate's default (inf: every
+    request at t=0, load's default; simulate passes SIMULATE_DEFAULT_RATE)."""
     g = p.add_argument_group("workload")
     g.add_argument("--workload", default="random",
                    choices=["random", "shared-prefix", "multi-turn", "structured", "mix",
@@ -147,8 +154,10 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="requests (conversations for multi-turn); default 100")
     g.add_argument("--duration", type=float, default=None,
                    help="seconds of arrivals at --rate (instead of --num-requests)")
-    g.add_argument("--rate", type=float, default=math.inf,
-                   help="arrivals per second (inf: all at once; the default)")
+    rate_help = ("arrivals per second (inf: all at once; the default)" if math.isinf(default_rate)
+                 else f"arrivals per second, --arrival poisson by default (default "
+                 f"{default_rate:g}; inf: all at once)")
+    g.add_argument("--rate", type=float, default=default_rate, help=rate_help)
     g.add_argument("--arrival", default="poisson", choices=["poisson", "constant", "gamma"],
                    help="arrival process for a finite --rate")
     g.add_argument("--burstiness", type=float, default=1.0,
@@ -182,10 +191,11 @@ def register(subparsers: Any) -> None:
         description="Simulate a workload in virtual time (no sleeping: hours of traffic in "
         "seconds) with the server's own scheduler, KV cache and device model, and report "
         "throughput, latency percentiles, cache hits, preemptions, compile stalls, energy "
-        "and cost.",
+        f"and cost. Requests arrive as a Poisson stream at --rate (default "
+        f"{SIMULATE_DEFAULT_RATE:g} per second); --rate inf sends them all at once.",
     )
     add_deployment_args(p)
-    add_workload_args(p)
+    add_workload_args(p, default_rate=SIMULATE_DEFAULT_RATE)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     # --- virtual-time clusters (issue 16): sim/fleet_simulation.py, docs/LOAD.md ---
     p.add_argument("--router", choices=ROUTERS,

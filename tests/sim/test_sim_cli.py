@@ -59,12 +59,25 @@ def test_flags_pick_a_deployment_and_duration_sets_the_count(capsys):
           "bf16"], "does not fit the unified memory"),
         (["--chip", "h100-sxm", "--engine", "vllm"], "missing --model, --quant"),
         (["--deployment", "nope"], "unknown deployment 'nope'"),
-        (["--duration", "5"], "--duration needs a finite --rate"),
+        (["--duration", "5", "--rate", "inf"], "--duration needs a finite --rate"),
     ],
 )
 def test_errors_exit_2_with_a_reason(capsys, argv, words):
     code, out = run(capsys, *argv)
     assert code == 2 and words in out["error"]
+
+
+def test_arrivals_default_to_poisson_at_the_rate_help_states(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Poisson stream at --rate (default 10 per second)" in text
+    code, s = run(capsys, "--duration", "5", "--isl", "16", "--osl", "4", "--ignore-eos")
+    assert code == 0 and s["requests"] == 50  # 10/s for 5 s: the default is a finite rate
+    _, at_once = run(capsys, "--num-requests", "50", "--isl", "16", "--osl", "4",
+                     "--ignore-eos", "--rate", "inf")
+    # Poisson arrivals spread the same 50 requests over seconds; inf sends them at t=0
+    assert s["duration_s"] > 3 * at_once["duration_s"]
 
 
 def test_text_report(capsys):

@@ -1,0 +1,125 @@
+"""The docs checker itself: it refuses docs that break the convention, fails a block whose
+command breaks, and fails (then regenerates) a quoted output that changed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.doccheck.blocks import DocError, shell_blocks, split_commands
+from scripts.doccheck.commands import script
+from scripts.doccheck.outputs import json_last_problems, normalise
+from scripts.doccheck.runner import run_block, talks_to_server
+
+ROOT = Path(__file__).resolve().parents[2]
+FENCE = "```"
+SIMULATE = ("doppelchip simulate --deployment vllm-h100 --num-requests 5 --rate 10 --seed 3 "
+            "| grep -E '^(requests|throughput)'")
+
+
+def doc(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "DOC.md"
+    path.write_text(text.replace("'''", FENCE))
+    return path
+
+
+def test_an_unlabelled_fence_is_refused(tmp_path):
+    with pytest.raises(DocError, match="without an info string"):
+        shell_blocks(doc(tmp_path, "'''\ndoppelchip devices\n'''\n"))
+
+
+def test_a_reason_outside_the_list_is_refused(tmp_path):
+    with pytest.raises(DocError, match="not-run='slow' is not one of"):
+        shell_blocks(doc(tmp_path, "'''bash not-run=slow\ndoppelchip whatif\n'''\n"))
+    blocks = shell_blocks(doc(tmp_path, "'''bash not-run=kubernetes\nkubectl get pods\n'''\n"))
+    assert [b.not_run for b in blocks] == ["kubernetes"]
+
+
+def test_an_output_must_follow_a_shell_block(tmp_path):
+    with pytest.raises(DocError, match="does not follow a shell block"):
+        shell_blocks(doc(tmp_path, "'''toml\na = 1\n'''\n'''text output\n1\n'''\n"))
+
+
+def test_commands_continue_over_backslashes_and_open_quotes():
+    body = ["# a comment", "doppelchip serve \\", "  --port 1", "", "curl -d '{", "  \"a\": 1}'",
+            "echo it's # not a quote"]
+    assert split_commands(body[:-1]) == ["doppelchip serve \\\n  --port 1",
+                                         "curl -d '{\n  \"a\": 1}'"]
+
+
+def test_console_prompts_are_commands_and_the_rest_their_output(tmp_path):
+    [block] = shell_blocks(doc(tmp_path, "'''console\n$ echo a \\\n  b\na b\n$ echo c\nc\n'''\n"))
+    assert block.commands == ["echo a \\\n  b", "echo c"]
+    assert block.quoted_output == ["a b", "c"]
+
+
+def test_ports_are_moved_defaults_made_explicit_and_servers_probed():
+    moves = {50000: 23400, 8000: 12300}
+    body = script(["doppelchip serve --deployment vllm-h100 &  # a pod",
+                   "curl -s localhost:8000/health", "doppelchip generate hi"], moves)
+    assert ("__dc_server 0 http 12300/health 'doppelchip serve --port 23451 --http-port 12300 "
+            "--deployment vllm-h100'") in body
+    assert "curl -s localhost:12300/health" in body
+    assert "doppelchip generate --target 127.0.0.1:23451 hi" in body
+    # `make test` collects the suite instead of running it inside itself
+    assert "PYTEST_ARGS='--collect-only -qq'" in script(["make test"], {})
+
+
+def test_wall_outputs_ignore_numbers_and_nothing_else():
+    a = ["[vllm-h100] 64 tokens, finish=length, TTFT 17.1 ms, 148.1 tokens/s"]
+    b = ["[vllm-h100] 61 tokens, finish=length, TTFT  9.3 ms, 151.0 tokens/s"]
+    c = ["[vllm-h100] 64 tokens, finish=stop, TTFT 17.1 ms, 148.1 tokens/s"]
+    assert normalise(a, "wall") == normalise(b, "wall") != normalise(c, "wall")
+    assert normalise(a, "exact") != normalise(b, "exact")
+
+
+def test_a_broken_documented_command_fails_the_block(tmp_path):
+    [ok, broken, missing] = shell_blocks(doc(tmp_path, (
+        "'''bash\ndoppelchip estimate --chip h100-sxm --engine vllm --model llama-3.1-8b "
+        "--quant bf16 --prompt 64 --output 8 | head -n 1\n'''\n"
+        "'''bash\ndoppelchip simulate --deployment vllm-h100 --no-such-flag\n'''\n"
+        "'''bash\ndoppelchip simulate --workload trace "
+        "--trace examples/no-such-trace.jsonl\n'''\n")))
+    assert run_block(ok, ROOT).ok
+    for block in (broken, missing):
+        result = run_block(block, ROOT)
+        assert not result.ok, result.output
+
+
+def test_a_block_talking_to_a_server_it_does_not_start_is_told_apart(tmp_path):
+    blocks = shell_blocks(doc(tmp_path, (
+        "'''bash\ncurl -s localhost:8000/health\n'''\n"
+        "'''bash\ndoppelchip serve &\ncurl -s localhost:8000/health\n'''\n")))
+    assert [talks_to_server(b) for b in blocks] == [True, False]
+
+
+def test_a_changed_output_fails_the_check_and_write_regenerates_it(tmp_path):
+    path = doc(tmp_path, f"A run:\n\n'''bash\n{SIMULATE}\n'''\n\nprints\n\n'''text output\n"
+                         "requests        5 ok, errors none (0.0%)\nthroughput      1 req/s\n"
+                         "'''\n")
+
+    def outputs(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_outputs.py"),
+                               *args, str(path)], capture_output=True, text=True, timeout=120)
+
+    check = outputs("--check")
+    assert check.returncode == 1 and "-throughput      1 req/s" in check.stderr, check.stderr
+    assert outputs("--write").returncode == 0
+    written = path.read_text()
+    assert "throughput      1 req/s" not in written and "output tok/s" in written
+    assert outputs("--check").returncode == 0
+    # one digit of a virtual-time output changed: the check fails again
+    line = next(ln for ln in written.split("\n") if ln.startswith("throughput"))
+    digit = next(ch for ch in line if ch.isdigit())
+    path.write_text(written.replace(line, line.replace(digit, str((int(digit) + 1) % 10), 1)))
+    assert outputs("--check").returncode == 1
+
+
+def test_a_json_command_whose_last_line_is_not_json_is_reported(tmp_path):
+    [block] = shell_blocks(doc(tmp_path, "'''bash\ndoppelchip devices --json\n'''\n"))
+    assert json_last_problems(block, "\x1eDC0\nwarning: slow\n{\"chips\": []}\n") == []
+    [problem] = json_last_problems(block, "\x1eDC0\n{\"chips\": []}\nwarning: late\n")
+    assert "not a JSON object" in problem
