@@ -133,6 +133,15 @@ def add_fault_args(p: argparse.ArgumentParser) -> None:
 SIMULATE_DEFAULT_RATE = 10.0
 
 
+class _GivenRate(argparse.Action):
+    """--rate that also records it was given (`rate_given`): --rate-shape refuses an explicit
+    rate, not the default one."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.rate_given = True
+
+
 def add_workload_args(p: argparse.ArgumentParser, default_rate: float = math.inf) -> None:
     """The workload flags of simulate and load; `default_rate` is --rate's default (inf: every
     request at t=0, load's default; simulate passes SIMULATE_DEFAULT_RATE)."""
@@ -157,7 +166,7 @@ def add_workload_args(p: argparse.ArgumentParser, default_rate: float = math.inf
     rate_help = ("arrivals per second (inf: all at once; the default)" if math.isinf(default_rate)
                  else f"arrivals per second, --arrival poisson by default (default "
                  f"{default_rate:g}; inf: all at once)")
-    g.add_argument("--rate", type=float, default=default_rate, help=rate_help)
+    g.add_argument("--rate", type=float, default=default_rate, help=rate_help, action=_GivenRate)
     g.add_argument("--arrival", default="poisson", choices=["poisson", "constant", "gamma"],
                    help="arrival process for a finite --rate")
     g.add_argument("--burstiness", type=float, default=1.0,

@@ -152,7 +152,7 @@ def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
     n = args.num_requests
     shape = getattr(args, "rate_shape", None)  # --- time-varying traffic (issue 16) ---
     if shape:
-        if not math.isinf(args.rate) or args.ramp_up or args.arrival != "poisson":
+        if getattr(args, "rate_given", False) or args.ramp_up or args.arrival != "poisson":
             raise SimulationError("--rate-shape replaces --rate, --ramp-up and --arrival "
                                   "(its arrivals are Poisson with a time-varying rate)")
         n = n or 0  # 0: as many as arrive in --duration (or before the shape ends)

@@ -163,3 +163,16 @@ def test_mooncake_sample_hits_the_prefix_cache(tmp_path, capsys):
     assert main([*base, "--trace", str(sample), "--trace-format", "azure"]) == 2
     assert "missing column" in capsys.readouterr().err
     assert math.isfinite(hits["mooncake"]["ttft_s"]["p99"])
+
+
+def test_rate_shape_takes_the_place_of_the_default_rate_not_a_given_one(capsys):
+    """simulate's --rate has a finite default (10/s): --rate-shape alone runs, with an
+    explicit --rate it is a usage error."""
+    from doppelchip.cli import main
+
+    shape = ["simulate", "--rate-shape", "ramp:from=1,to=5,over=20", "--duration", "20",
+             "--isl", "32", "--osl", "8", "--json"]
+    assert main(shape) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["requests"] > 0
+    assert main([*shape, "--rate", "3"]) == 2
+    assert "--rate-shape replaces --rate" in capsys.readouterr().err
