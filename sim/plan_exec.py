@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,10 @@ class PoolExecutor:
 
     def __init__(self, jobs: int) -> None:
         self.jobs = max(1, jobs)
-        self.pool = ProcessPoolExecutor(self.jobs) if self.jobs > 1 else None
+        # forkserver, not fork: a forked child of a process with threads (grpc, NumPy's BLAS
+        # pool, a test suite's servers) can inherit a held lock and spin forever
+        self.pool = (ProcessPoolExecutor(self.jobs, mp_context=get_context("forkserver"))
+                     if self.jobs > 1 else None)
 
     def map(self, simulate: Simulate, tasks: Sequence[Task]) -> list[dict[str, Any]]:
         if self.pool is None:
