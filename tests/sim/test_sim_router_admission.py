@@ -83,7 +83,7 @@ def test_parse_admission():
 def test_the_command_counts_refusals(capsys):
     args = ["simulate", "--chip", "h100-sxm", "--engine", "vllm", "--model", "llama-3.1-8b",
             "--quant", "bf16", "--max-model-len", "2048", "--num-requests", "30", "--isl", "256",
-            "--osl", "16", "--admission", "max-outstanding=5"]
+            "--osl", "16", "--rate", "inf", "--admission", "max-outstanding=5"]
     assert main([*args, "--json"]) == 0
     s = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert s["admission_refused"] == 25 == s["errors"]["RESOURCE_EXHAUSTED"]
