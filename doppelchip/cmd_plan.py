@@ -166,7 +166,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     finally:
         executor.close()
     plan["executor"] = {"name": executor.name, "jobs": executor.jobs,
-                        "address": getattr(executor, "address", None)}
+                        "address": getattr(executor, "address", None),
+                        "driver_pid": os.getpid(),  # candidates ran elsewhere: their pids differ
+                        "driver_worker_id": getattr(executor, "driver_worker_id", None)}
     fleet_path = args.write_fleet or "FLEET.toml"
     finish(plan, fleet_path)
     if plan["winner"] and args.write_fleet:

@@ -119,6 +119,7 @@ class RayExecutor:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         except Exception as e:  # ConnectionError, RuntimeError, ValueError: say which
             raise ExecError(f"cannot start or reach Ray at {address!r}: {e}") from e
+        self.driver_worker_id = ray.get_runtime_context().get_worker_id()  # this process's
         if address != "local":  # a batch as wide as the cluster's CPUs
             self.jobs = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.remote = ray.remote(num_cpus=1)(_ray_task)
