@@ -17,7 +17,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from scripts.doccheck.blocks import ShellBlock
 from scripts.doccheck.commands import Moves, block_ports, explicit_defaults, script, server_of
+from server.ports import check_free
 
 PRELUDE = (Path(__file__).parent / "prelude.sh").read_text()
 BLOCK_TIMEOUT_S = 240.0
@@ -66,12 +66,11 @@ def talks_to_server(block: ShellBlock) -> bool:
 
 
 def _free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
+    """Nothing listens on 127.0.0.1:port (the servers' own check, server.ports)."""
+    try:
+        check_free("127.0.0.1", port, "documented")
+    except OSError:  # PortInUse, or a port this host cannot bind
+        return False
     return True
 
 
