@@ -6,10 +6,14 @@ server that falls behind shows up as queueing instead of hiding it (coordinated 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from clients.quantiles import Quantiles
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -67,43 +71,93 @@ class RequestResult:
 
 def stats(values: list[float]) -> dict[str, float]:
     """mean and percentiles (p50/p90/p95/p99) of `values`; zeros when there are none."""
-    if not values:
-        return {"mean": 0.0, **{f"p{p}": 0.0 for p in PERCENTILES}}
-    arr = np.asarray(values, dtype=float)
-    pct = np.percentile(arr, PERCENTILES)
-    return {"mean": float(arr.mean()), **{f"p{p}": float(v) for p, v in zip(PERCENTILES, pct,
-                                                                            strict=True)}}
+    q = Quantiles()
+    q.extend(values)
+    return q.stats(PERCENTILES)
 
 
-def summarize(results: list[RequestResult], **extra: Any) -> dict[str, Any]:
+def summarize(results: Iterable[RequestResult], **extra: Any) -> dict[str, Any]:
     """The summary: counts, throughput, latency percentiles; `extra` keys are added as given."""
-    ok = [r for r in results if r.ok]
-    start = min((r.scheduled_s for r in results), default=0.0)
-    end = max((r.end_s for r in results), default=0.0)
-    duration = max(end - start, 1e-12)
-    out_tokens = sum(r.output_tokens for r in ok)
-    errors: dict[str, int] = {}
+    stream = SummaryStream()
     for r in results:
+        stream.add(r)
+    return stream.summary(**extra)
+
+
+class SummaryStream:
+    """`summarize` one result at a time, keeping no result (unless `keep`): what a run of a
+    million requests reports in flat memory. Counts and sums are exact; latencies go to
+    `clients.quantiles.Quantiles` (exact up to its bound, then a sketch whose error it states).
+    With an `slo`, it also counts the requests meeting it (`goodput`)."""
+
+    def __init__(self, slo: dict[str, float] | None = None, keep: bool = False) -> None:
+        self.slo = slo
+        self.records: list[RequestResult] | None = [] if keep else None
+        self.count = self.ok = self.good = 0
+        self.start, self.end = math.inf, -math.inf
+        self.errors: dict[str, int] = {}
+        self.prompt = self.cached = self.output = self.jump_forward = 0
+        self.ttft, self.tpot, self.itl, self.e2e = (Quantiles() for _ in range(4))
+
+    def add(self, r: RequestResult) -> None:
+        if self.records is not None:
+            self.records.append(r)
+        self.count += 1
+        self.start = min(self.start, r.scheduled_s)
+        self.end = max(self.end, r.end_s)
+        if self.slo is not None and meets(r, self.slo):
+            self.good += 1
         if r.error:
-            errors[r.error] = errors.get(r.error, 0) + 1
-    return {
-        "requests": len(ok),
-        "errors": errors,
-        "error_rate": (len(results) - len(ok)) / len(results) if results else 0.0,
-        "duration_s": duration if results else 0.0,
-        "requests_per_s": len(ok) / duration if results else 0.0,
-        "input_tokens_per_s": sum(r.prompt_tokens for r in ok) / duration if results else 0.0,
-        "output_tokens_per_s": out_tokens / duration if results else 0.0,
-        "ttft_s": stats([r.ttft for r in ok if r.ttft is not None]),
-        "tpot_s": stats([r.tpot for r in ok if r.tpot is not None]),
-        "itl_s": stats([gap for r in ok for gap in r.itls()]),
-        "e2e_s": stats([r.e2e for r in ok]),
-        "prompt_tokens": sum(r.prompt_tokens for r in ok),
-        "cached_prompt_tokens": sum(r.cached_tokens for r in ok),
-        "output_tokens": out_tokens,
-        "jump_forward_tokens": sum(r.jump_forward_tokens for r in ok),
-        **extra,
-    }
+            self.errors[r.error] = self.errors.get(r.error, 0) + 1
+        if not r.ok:
+            return
+        self.ok += 1
+        self.prompt += r.prompt_tokens
+        self.cached += r.cached_tokens
+        self.output += r.output_tokens
+        self.jump_forward += r.jump_forward_tokens
+        times = r.token_times
+        if times:
+            self.ttft.add(times[0] - r.scheduled_s)
+            if len(times) > 1:
+                self.tpot.add((times[-1] - times[0]) / (len(times) - 1))
+                self.itl.extend(np.diff(times))
+        self.e2e.add(r.e2e)
+
+    append = add  # a runner appends its records to a list or to this alike
+
+    def summary(self, **extra: Any) -> dict[str, Any]:
+        n = self.count
+        start = self.start if n else 0.0
+        end = self.end if n else 0.0
+        duration = max(end - start, 1e-12)
+        return {
+            "requests": self.ok,
+            "errors": dict(self.errors),
+            "error_rate": (n - self.ok) / n if n else 0.0,
+            "duration_s": duration if n else 0.0,
+            "requests_per_s": self.ok / duration if n else 0.0,
+            "input_tokens_per_s": self.prompt / duration if n else 0.0,
+            "output_tokens_per_s": self.output / duration if n else 0.0,
+            "ttft_s": self.ttft.stats(PERCENTILES),
+            "tpot_s": self.tpot.stats(PERCENTILES),
+            "itl_s": self.itl.stats(PERCENTILES),
+            "e2e_s": self.e2e.stats(PERCENTILES),
+            "prompt_tokens": self.prompt,
+            "cached_prompt_tokens": self.cached,
+            "output_tokens": self.output,
+            "jump_forward_tokens": self.jump_forward,
+            **extra,
+        }
+
+    def goodput(self) -> dict[str, float]:
+        """`goodput(results, slo)` of the results added (needs the `slo` given at start)."""
+        if self.slo is None:
+            raise ValueError("goodput needs the SLO the stream was started with")
+        if not self.count:
+            return {"requests_per_s": 0.0, "fraction": 0.0}
+        return {"requests_per_s": self.good / max(self.end - self.start, 1e-12),
+                "fraction": self.good / self.count}
 
 
 SLO_METRICS = ("ttft", "tpot", "e2e")
@@ -135,11 +189,9 @@ def meets(result: RequestResult, slo: dict[str, float]) -> bool:
     return True
 
 
-def goodput(results: list[RequestResult], slo: dict[str, float]) -> dict[str, float]:
+def goodput(results: Iterable[RequestResult], slo: dict[str, float]) -> dict[str, float]:
     """Requests per second (and share of all requests) that met the SLO."""
-    if not results:
-        return {"requests_per_s": 0.0, "fraction": 0.0}
-    good = sum(meets(r, slo) for r in results)
-    start = min(r.scheduled_s for r in results)
-    end = max(r.end_s for r in results)
-    return {"requests_per_s": good / max(end - start, 1e-12), "fraction": good / len(results)}
+    stream = SummaryStream(slo)
+    for r in results:
+        stream.add(r)
+    return stream.goodput()

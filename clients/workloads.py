@@ -1,6 +1,7 @@
 """Synthetic workloads: what to send and when, as plain data shared by every target.
 
-A workload is a list of `Conversation`s. A single request is a one-turn conversation; a
+A workload is a sequence of `Conversation`s (`build_workload`: a list; `stream_workload`: made
+as they are needed). A single request is a one-turn conversation; a
 multi-turn conversation sends turn k+1 only after turn k finished (plus think time), with the
 whole history — earlier prompts and the tokens the server actually generated — resent as its
 prompt, as a chat client does. The same workload drives the in-process virtual-time engine
@@ -12,7 +13,7 @@ arguments alone and needs no tokenizer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -59,20 +60,50 @@ def _ids(rng: np.random.Generator, n: int, vocab_size: int) -> tuple[int, ...]:
     return tuple(rng.integers(FIRST_ORDINARY_ID, vocab_size, size=n).tolist())
 
 
+class Workload:
+    """A workload's conversations in order of their scheduled start, each made as it is
+    iterated, so a run of a million requests never holds a million prompts (issue 16: memory
+    flat with request count). Iterating again draws the very same conversations again (the
+    generator is re-seeded). `count` is how many there are; `multi_turn` whether any has more
+    than one turn (a virtual run then cannot macro-step across replicas)."""
+
+    def __init__(self, make: Callable[[], Iterator[Conversation]], count: int,
+                 multi_turn: bool) -> None:
+        self._make, self.count, self.multi_turn = make, count, multi_turn
+        self._first: Iterator[Conversation] | None = make()  # bad arguments raise here
+
+    def __iter__(self) -> Iterator[Conversation]:
+        first, self._first = self._first, None
+        return first if first is not None else self._make()
+
+    def __len__(self) -> int:
+        return self.count
+
+
 def build_workload(
     spec: WorkloadSpec, encode: Callable[[str], list[int]] | None = None
 ) -> list[Conversation]:
     """The conversations of a built-in workload, in order of their scheduled start.
     `encode` tokenizes the text prompts of a trace."""
+    return list(stream_workload(spec, encode))
+
+
+def stream_workload(
+    spec: WorkloadSpec, encode: Callable[[str], list[int]] | None = None
+) -> Workload:
+    """`build_workload`'s conversations, made lazily (a trace and a mix are read or built
+    whole first: a mix draws each kind's requests in turn, then sorts them by start)."""
     if spec.kind == "trace":
         from clients.trace import load_trace
 
         if not spec.trace_path:
             raise ValueError("the trace workload needs a trace file")
-        return with_classes(load_trace(spec.trace_path, spec.vocab_size, encode, spec.seed,
-                                       spec.trace_format), spec)
+        trace = load_trace(spec.trace_path, spec.vocab_size, encode, spec.seed,
+                           spec.trace_format)
+        return Workload(lambda: with_classes(trace, spec, len(trace)), len(trace),
+                        any(len(c.turns) > 1 for c in trace))
+    rng = np.random.default_rng(spec.seed)
     if spec.rate_shape:  # --- time-varying traffic (issue 16) ---
-        rng = np.random.default_rng(spec.seed)
         starts = shaped_arrival_times(parse_rate_shape(spec.rate_shape), rng,
                                       spec.num_requests or None, spec.duration_s)
         if not starts:
@@ -83,21 +114,30 @@ def build_workload(
     if spec.isl <= 0 or spec.osl <= 0:
         raise ValueError("isl and osl must be > 0")
     if not spec.rate_shape:
-        rng = np.random.default_rng(spec.seed)
         starts = arrival_times(spec.num_requests, spec.rate, spec.arrival, rng,
                                spec.burstiness, spec.ramp_up_s)
     builders = {**_BUILDERS, "mix": _mix}
     if spec.kind not in builders:
         raise ValueError(f"unknown workload {spec.kind!r}; one of {', '.join(builders)}")
-    return with_classes(builders[spec.kind](spec, rng, starts), spec)
+    builder, state = builders[spec.kind], rng.bit_generator.state  # after the arrivals
+
+    def make() -> Iterator[Conversation]:
+        again = np.random.Generator(np.random.PCG64())
+        again.bit_generator.state = state
+        return with_classes(builder(spec, again, starts), spec, spec.num_requests)
+
+    kinds = [k for k, _ in spec.mix] if spec.kind == "mix" else [spec.kind]
+    return Workload(make, spec.num_requests, "multi-turn" in kinds and spec.turns > 1)
 
 
-def with_classes(conversations: list[Conversation], spec: WorkloadSpec) -> list[Conversation]:
-    """Each untagged conversation gets an SLO class drawn by `spec.slo_class_mix`'s weights
-    (issue 16), from a generator of its own seeded by `spec.seed`, so adding a mix changes
-    no prompt, length or arrival of the workload. A trace line's own `slo_class` is kept."""
+def with_classes(conversations: Iterable[Conversation], spec: WorkloadSpec,
+                 count: int) -> Iterator[Conversation]:
+    """Each untagged conversation (of `count`) gets an SLO class drawn by
+    `spec.slo_class_mix`'s weights (issue 16), from a generator of its own seeded by
+    `spec.seed`, so adding a mix changes no prompt, length or arrival of the workload. A trace
+    line's own `slo_class` is kept."""
     if not spec.slo_class_mix:
-        return conversations
+        return iter(conversations)
     names = [n for n, _ in spec.slo_class_mix]
     weights = np.asarray([w for _, w in spec.slo_class_mix], dtype=float)
     if any(not n for n in names) or len(set(names)) != len(names):
@@ -105,9 +145,9 @@ def with_classes(conversations: list[Conversation], spec: WorkloadSpec) -> list[
     if (weights < 0).any() or weights.sum() <= 0:
         raise ValueError("SLO class mix: weights must be >= 0 and not all 0")
     rng = np.random.default_rng([spec.seed, _CLASS_STREAM])
-    drawn = rng.choice(len(names), size=len(conversations), p=weights / weights.sum())
-    return [c if c.slo_class else replace(c, slo_class=names[int(k)])
-            for c, k in zip(conversations, drawn, strict=True)]
+    drawn = rng.choice(len(names), size=count, p=weights / weights.sum())
+    return (c if c.slo_class else replace(c, slo_class=names[int(k)])
+            for c, k in zip(conversations, drawn.tolist(), strict=True))
 
 
 _CLASS_STREAM = 0x51C  # the class draw's own stream of the workload seed
@@ -158,7 +198,8 @@ def _histogram(path: str) -> tuple[list[tuple[int, int]], np.ndarray]:
     return pairs, np.asarray(weights) / total
 
 
-def _mix(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
+def _mix(spec: WorkloadSpec, rng: np.random.Generator,
+         starts: list[float]) -> Iterator[Conversation]:
     """Several workloads interleaved: each request's kind is drawn by weight, then each kind's
     requests are built as that workload would build them, and all share one arrival stream."""
     kinds = [k for k, _ in spec.mix]
@@ -176,59 +217,73 @@ def _mix(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
         part = _BUILDERS[kind](replace(spec, kind=kind, num_requests=len(slots)), rng,
                                [starts[i] for i in slots])
         out += part
-    return sorted(out, key=lambda c: c.start_s)
+    return iter(sorted(out, key=lambda c: c.start_s))
 
 
-def _random(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
-    draw, out = _lengths(spec, rng), []
-    for i in range(spec.num_requests):
-        isl, osl = draw()
-        turn = Turn(_ids(rng, isl, spec.vocab_size), osl)
-        out.append(Conversation(f"r{i}", starts[i], (turn,), spec.ignore_eos, seed=i))
-    return out
+# Each builder checks its arguments and draws what its requests share (a shared prefix) when
+# called, then draws one conversation at a time as it is iterated (see `Workload`).
+def _random(spec: WorkloadSpec, rng: np.random.Generator,
+            starts: list[float]) -> Iterator[Conversation]:
+    draw = _lengths(spec, rng)
+
+    def each() -> Iterator[Conversation]:
+        for i in range(spec.num_requests):
+            isl, osl = draw()
+            turn = Turn(_ids(rng, isl, spec.vocab_size), osl)
+            yield Conversation(f"r{i}", starts[i], (turn,), spec.ignore_eos, seed=i)
+    return each()
 
 
-def _structured(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
+def _structured(spec: WorkloadSpec, rng: np.random.Generator,
+                starts: list[float]) -> Iterator[Conversation]:
     """Random prompts, each asking for JSON of `clients.structured.ORDER_SCHEMA`; the output
     ends when the JSON is complete (EOS is never ignored), or at `osl` tokens."""
-    draw, out = _lengths(spec, rng), []
-    for i in range(spec.num_requests):
-        isl, osl = draw()
-        turn = Turn(_ids(rng, isl, spec.vocab_size), osl)
-        out.append(Conversation(f"j{i}", starts[i], (turn,), ignore_eos=False, seed=i,
-                                constraint=structured_constraint()))
-    return out
+    draw = _lengths(spec, rng)
+
+    def each() -> Iterator[Conversation]:
+        for i in range(spec.num_requests):
+            isl, osl = draw()
+            turn = Turn(_ids(rng, isl, spec.vocab_size), osl)
+            yield Conversation(f"j{i}", starts[i], (turn,), ignore_eos=False, seed=i,
+                               constraint=structured_constraint())
+    return each()
 
 
-def _shared_prefix(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
+def _shared_prefix(spec: WorkloadSpec, rng: np.random.Generator,
+                   starts: list[float]) -> Iterator[Conversation]:
     """Groups of users sharing one long system prompt; each asks its own question."""
     if spec.num_prefixes <= 0:
         raise ValueError("num_prefixes must be > 0")
     prefixes = [_ids(rng, spec.system_prompt_len, spec.vocab_size)
                 for _ in range(spec.num_prefixes)]
     per = spec.users_per_prefix or -(-spec.num_requests // spec.num_prefixes)
-    draw, out = _lengths(spec, rng), []
-    for i in range(spec.num_requests):
-        prefix = prefixes[(i // per) % spec.num_prefixes]
-        isl, osl = draw()
-        turn = Turn(prefix + _ids(rng, isl, spec.vocab_size), osl)
-        out.append(Conversation(f"p{i}", starts[i], (turn,), spec.ignore_eos, seed=i))
-    return out
+    draw = _lengths(spec, rng)
+
+    def each() -> Iterator[Conversation]:
+        for i in range(spec.num_requests):
+            prefix = prefixes[(i // per) % spec.num_prefixes]
+            isl, osl = draw()
+            turn = Turn(prefix + _ids(rng, isl, spec.vocab_size), osl)
+            yield Conversation(f"p{i}", starts[i], (turn,), spec.ignore_eos, seed=i)
+    return each()
 
 
-def _multi_turn(spec: WorkloadSpec, rng: np.random.Generator, starts: list[float]):
+def _multi_turn(spec: WorkloadSpec, rng: np.random.Generator,
+                starts: list[float]) -> Iterator[Conversation]:
     """Conversations of `turns` turns; each turn resends the history (see module docstring)."""
     if spec.turns <= 0:
         raise ValueError("turns must be > 0")
-    draw, out = _lengths(spec, rng), []
-    for i in range(spec.num_requests):
-        turns = []
-        for k in range(spec.turns):
-            isl, osl = draw()
-            turns.append(Turn(_ids(rng, isl, spec.vocab_size), osl,
-                              think_time_s=spec.think_time_s if k else 0.0))
-        out.append(Conversation(f"c{i}", starts[i], tuple(turns), spec.ignore_eos, seed=i))
-    return out
+    draw = _lengths(spec, rng)
+
+    def each() -> Iterator[Conversation]:
+        for i in range(spec.num_requests):
+            turns = []
+            for k in range(spec.turns):
+                isl, osl = draw()
+                turns.append(Turn(_ids(rng, isl, spec.vocab_size), osl,
+                                  think_time_s=spec.think_time_s if k else 0.0))
+            yield Conversation(f"c{i}", starts[i], tuple(turns), spec.ignore_eos, seed=i)
+    return each()
 
 
 _BUILDERS = {

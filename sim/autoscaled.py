@@ -11,7 +11,7 @@ carry the slot index.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,7 @@ def policies(deployments: Sequence[EngineOptions], flag: str | None,
 
 
 def run_scaled(deployments: Sequence[EngineOptions], pols: Sequence[AutoscalePolicy | None],
-               sessions: list[Conversation], router: str, seed: int = 0,
+               sessions: Iterable[Conversation], router: str, seed: int = 0,
                sample_s: float | None = None, concurrency: int | None = None) -> ScaledRun:
     """Build the slots, run `sessions` through them behind `router` with the autoscaler as
     the loop's control, and return the run with its controller (samples, events, billing)."""

@@ -12,7 +12,7 @@ and adds up their counters into the keys a single deployment's summary has.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +58,7 @@ def build_replicas(deployments: Sequence[EngineOptions]) -> list[Replica]:
     return out
 
 
-def run_replicas(replicas: list[Replica], sessions: list[Conversation], router: str,
+def run_replicas(replicas: list[Replica], sessions: Iterable[Conversation], router: str,
                  seed: int = 0, concurrency: int | None = None,
                  admission: Admission | None = None) -> ClusterRun:
     """Run `sessions` through `replicas` behind the policy `router` (sim.routers.ROUTERS, or

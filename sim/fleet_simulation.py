@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any
 
 from clients.report import RequestResult, summarize
-from clients.workloads import build_workload
+from clients.workloads import stream_workload
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions
 from server.engine.tokenizer import get_tokenizer
@@ -76,7 +76,7 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     workload = dataclasses.replace(workload_from_args(args),
                                    vocab_size=get_tokenizer().vocab_size)
     try:
-        conversations = build_workload(workload, encode=get_tokenizer().encode)
+        conversations = stream_workload(workload, encode=get_tokenizer().encode)
     except (ValueError, OSError) as e:
         raise SimulationError(str(e)) from e
     scaled = _scaled(args, deployments)  # --- autoscale (issue 16) ---

@@ -8,8 +8,8 @@ import dataclasses
 import math
 from typing import Any
 
-from clients.report import RequestResult, goodput, parse_slo, summarize
-from clients.workloads import WorkloadSpec, build_workload
+from clients.report import RequestResult, SummaryStream, goodput, parse_slo
+from clients.workloads import WorkloadSpec, stream_workload
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions, build_core
 from server.engine.faults import check_options as check_fault_options
@@ -34,6 +34,19 @@ def simulate_conversations(
     """The summary and every request's result of `workload` on `options` in virtual time
     (closed loop with at most `concurrency` conversations at once, if given; `macro_steps`:
     see `run_virtual`)."""
+    stream = SummaryStream(keep=True)
+    summary = simulate_streamed(options, workload, stream, concurrency, macro_steps)
+    assert stream.records is not None
+    return summary, stream.records
+
+
+def simulate_streamed(
+    options: EngineOptions, workload: WorkloadSpec, stream: SummaryStream,
+    concurrency: int | None = None, macro_steps: bool | None = None,
+) -> dict[str, Any]:
+    """`simulate_conversations`' summary, its results folded into `stream` as they end and
+    its conversations drawn as they start: memory stays flat with the request count (issue
+    16). With `stream.slo`, the summary also has `slo` and `goodput`."""
     injected = [k for k in FAULT_KEYS if k != "failure_injection_seed" and getattr(options, k)]
     if injected:  # failure injection (issue 13) acts on the served path only
         raise SimulationError(f"{options.name}: {', '.join(injected)}: failure injection runs "
@@ -44,18 +57,15 @@ def simulate_conversations(
         raise SimulationError(f"{options.name}: {e}") from e
     workload = dataclasses.replace(workload, vocab_size=get_tokenizer().vocab_size)
     try:
-        conversations = build_workload(workload, encode=get_tokenizer().encode)
+        conversations = stream_workload(workload, encode=get_tokenizer().encode)
     except (ValueError, OSError) as e:
         raise SimulationError(str(e)) from e
     run = run_virtual(core, conversations, max_waiting=options.max_waiting,
                       max_grammar_bytes=options.max_grammar_bytes, concurrency=concurrency,
-                      macro_steps=macro_steps)
+                      macro_steps=macro_steps, records=stream)
     sched, stats = core.scheduler.stats, core.stats
-    results = run.records
-    out_tokens = sum(r.output_tokens for r in results if r.ok)
-    per_mtok = 1e6 / out_tokens if out_tokens else 0.0
-    return summarize(
-        results,
+    per_mtok = 1e6 / stream.output if stream.output else 0.0
+    summary = stream.summary(
         deployment=options.name,
         target="sim",
         chips=core.placement.chips,
@@ -73,7 +83,11 @@ def simulate_conversations(
         joules_per_mtok=stats.joules * per_mtok,
         usd_per_mtok=stats.dollars * per_mtok,
         emulated_s=run.duration_s,
-    ), results
+    )
+    if stream.slo is not None:
+        summary["slo"] = stream.slo
+        summary["goodput"] = stream.goodput()
+    return summary
 
 
 # deployment limits a flag can set (`--max-prompt-bytes` ...): EngineOptions fields
@@ -195,8 +209,14 @@ def _parse_mix(text: str, flag: str = "--mix",
 
 
 def simulate(args: argparse.Namespace) -> dict[str, Any]:
-    summary, results = simulate_conversations(options_from_args(args), workload_from_args(args))
-    return with_goodput(summary, results, getattr(args, "slo", None))
+    """`doppelchip simulate` of one deployment: streamed, so a million requests fit."""
+    slo_text = getattr(args, "slo", None)
+    try:
+        slo = parse_slo(slo_text) if slo_text else None
+    except ValueError as e:
+        raise SimulationError(str(e)) from e
+    return simulate_streamed(options_from_args(args), workload_from_args(args),
+                             SummaryStream(slo))
 
 
 # --- capacity planning (issue 16): `simulate --slo`, what `doppelchip plan` checks ---

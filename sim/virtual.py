@@ -18,7 +18,7 @@ Tokens of one step share its interval (`spread_times`).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -55,36 +55,46 @@ class _LastStep:  # --- speed (issue 16): a macro window's last step, as `delive
     output: SchedulerOutput = _NOTHING_SCHEDULED  # no request is scheduled for the first time
 
 
+class Records(Protocol):
+    """Where a run puts each request's result: a list, or a `clients.report.SummaryStream`
+    (a million requests summarised in flat memory)."""
+
+    def append(self, result: RequestResult, /) -> None: ...
+
+
 @dataclass
 class VirtualRun:
-    records: list[RequestResult] = field(default_factory=list)
+    records: list[RequestResult] | Records = field(default_factory=list)
     duration_s: float = 0.0
     kv_usage_mean: float = 0.0  # time-weighted over busy steps
     kv_usage_peak: float = 0.0
 
 
 def run_virtual(
-    core: EngineCore, sessions: list[Conversation], max_waiting: int | None = None,
+    core: EngineCore, sessions: Iterable[Conversation], max_waiting: int | None = None,
     max_grammar_bytes: int = 65536, concurrency: int | None = None,
-    macro_steps: bool | None = None,
+    macro_steps: bool | None = None, records: Records | None = None,
 ) -> VirtualRun:
     """Run `sessions` through `core`. Open loop (default): each session starts at its
     `start_s`. Closed loop (`concurrency=N`): N sessions run at once, back to back, in order;
     when one ends (its last turn finished, or a turn was refused) the next starts.
     `macro_steps` advances windows of plain decode steps together (`macro.py`; default
     `MACRO_STEPS["default"]`); the run is the same with it off (one Python step each), only
-    slower."""
+    slower. `sessions` is a list, or a lazy `clients.workloads.Workload` (in order of start,
+    drawn as they start: with a `SummaryStream` as `records`, memory stays flat)."""
     return run_cluster([core], sessions, lambda prompt, outstanding: 0, [max_waiting],
-                       [max_grammar_bytes], concurrency, macro_steps=macro_steps)
+                       [max_grammar_bytes], concurrency, macro_steps=macro_steps,
+                       records=records)
 
 
 def run_cluster(
-    cores: list[EngineCore], sessions: list[Conversation], route: Route,
+    cores: list[EngineCore], sessions: Iterable[Conversation], route: Route,
     max_waiting: Sequence[int | None] | None = None,
     max_grammar_bytes: Sequence[int] | None = None, concurrency: int | None = None, *,
     dispatch: Dispatch | None = None,
     control: Control | None = None,
     macro_steps: bool | None = None,
+    records: Records | None = None,
 ) -> VirtualRun:
     """Run `sessions` through several cores on one shared virtual clock: each arriving turn
     goes to the core `route` picks (the per-core limits are indexed like `cores`); whichever
@@ -99,6 +109,8 @@ def run_cluster(
     n = len(cores)
     runner = _Runner(cores, sessions, route, list(max_waiting or [None] * n),
                      list(max_grammar_bytes or [65536] * n), concurrency)
+    if records is not None:
+        runner.out.records = records
     runner.dispatch = dispatch  # --- fleet (issue 16) ---
     runner.control = control  # --- autoscale (issue 16) ---
     # --- speed (issue 16): macro-stepping, unless follow-up turns could interleave cores, or
@@ -143,16 +155,17 @@ class _Runner(PdHops):
     arrivals, then free cores start their next step — for one core, the order of a loop that
     admits what has arrived and steps."""
 
-    def __init__(self, cores: list[EngineCore], sessions: list[Conversation], route: Route,
+    def __init__(self, cores: list[EngineCore], sessions: Iterable[Conversation], route: Route,
                  max_waiting: list[int | None], max_grammar_bytes: list[int],
                  concurrency: int | None) -> None:
-        self.cores, self.sessions, self.route = cores, sessions, route
+        self.cores, self.route = cores, route
         self.max_waiting, self.max_grammar_bytes = max_waiting, max_grammar_bytes
         self.outstanding = [0] * len(cores)  # routed, not yet finished (the router's view)
         self.control: Control | None = None  # --- autoscale (issue 16) ---
         self.out = VirtualRun()
-        # (time, tie-break, session, turn, history): the next turns due
-        self.arrivals: list[tuple[float, int, int, int, tuple[int, ...]]] = []
+        # (time, 0, session, ...) a session's first turn in open loop, before (time, 1, seq,
+        # ...) any other turn due at that instant, as when every session was queued first
+        self.arrivals: list[tuple[float, int, int, int, int, tuple[int, ...]]] = []
         self.seq = 0
         self.live: dict[str, tuple[Request, int, int, float, int]] = {}
         self.first_sched: dict[str, float] = {}
@@ -164,27 +177,52 @@ class _Runner(PdHops):
         self.pd: dict[str, Hop] = {}  # rid -> its P/D hop, from arrival to the decode's start
         # --- speed (issue 16) ---
         self.macro = False
-        self.follow_ups = concurrency is not None or any(len(s.turns) > 1 for s in sessions)
+        if isinstance(sessions, list):
+            multi = any(len(s.turns) > 1 for s in sessions)
+        else:  # a lazy workload says so itself
+            multi = bool(getattr(sessions, "multi_turn", True))
+        self.follow_ups = concurrency is not None or multi
         self.macro_busy = self.macro_area = 0.0  # the head steps of macro windows
         # --- end speed ---
-        order = [i for i, s in enumerate(sessions) if s.turns]
-        if concurrency is None:
-            for i in order:
-                self._due(sessions[i].start_s, i, 0, ())
-            self.pending: list[int] = []
-        else:
-            self.pending = order[::-1]  # popped from the end: in order
-            for _ in range(min(concurrency, len(order))):
+        # the sessions started and not yet over (a lazy workload's are drawn as they start)
+        self.sessions: dict[int, Conversation] = {}
+        self.source: Iterator[tuple[int, Conversation]] = (
+            (i, s) for i, s in enumerate(sessions) if s.turns)
+        self.closed = concurrency is not None
+        self.lazy = not isinstance(sessions, list)
+        if self.closed:
+            for _ in range(concurrency or 0):
                 self._next_session()
+        elif self.lazy:  # in order of start: the next one is always queued
+            self._pull()
+        else:
+            while self._pull():
+                pass
+
+    def _pull(self) -> bool:
+        """Open loop: queue the next session's first turn at its start."""
+        nxt = next(self.source, None)
+        if nxt is None:
+            return False
+        si, s = nxt
+        self.sessions[si] = s
+        heapq.heappush(self.arrivals, (s.start_s, 0, si, si, 0, ()))
+        return True
 
     def _due(self, at: float, si: int, ti: int, history: tuple[int, ...]) -> None:
-        heapq.heappush(self.arrivals, (at, self.seq, si, ti, history))
+        heapq.heappush(self.arrivals, (at, 1, self.seq, si, ti, history))
         self.seq += 1
 
     def _next_session(self) -> None:
         """Closed loop: the next session in line starts now."""
-        if self.pending:
-            self._due(self.t, self.pending.pop(), 0, ())
+        if self.closed and (nxt := next(self.source, None)) is not None:
+            self.sessions[nxt[0]] = nxt[1]
+            self._due(self.t, nxt[0], 0, ())
+
+    def _session_over(self, si: int) -> None:
+        """A session's last turn ended (or one was refused): forget it, start the next."""
+        del self.sessions[si]
+        self._next_session()
 
     def admit(self, at: float, si: int, ti: int, history: tuple[int, ...]) -> None:
         s, turn = self.sessions[si], self.sessions[si].turns[ti]
@@ -194,7 +232,7 @@ class _Runner(PdHops):
         if self.dispatch is None:
             k = self.route(prompt, self.outstanding)
         elif (placed := self.dispatch.place(prompt, self.outstanding, s)) is None:
-            self._refused(rid, s, ti, at, len(prompt))
+            self._refused(rid, si, ti, at, len(prompt))
             return
         else:
             k, prefill = placed
@@ -217,7 +255,7 @@ class _Runner(PdHops):
                 error = "INVALID_ARGUMENT"
         if error:
             self.out.records.append(_failed(rid, s, ti, at, len(prompt), error, k))
-            self._next_session()  # the session cannot go on without this turn
+            self._session_over(si)  # the session cannot go on without this turn
             return
         params = SamplingParams(max_tokens=turn.max_tokens, ignore_eos=s.ignore_eos, seed=s.seed)
         req = Request(rid, list(prompt), params, arrival_time=at)
@@ -248,7 +286,7 @@ class _Runner(PdHops):
             self._due(self.t + session.turns[ti + 1].think_time_s, si, ti + 1,
                       tuple(r.token_ids))
         else:
-            self._next_session()
+            self._session_over(si)
 
     def _record(self, r: Request, si: int, ti: int, at: float, k: int, **pd) -> None:
         self.out.records.append(RequestResult(
@@ -260,7 +298,7 @@ class _Runner(PdHops):
             finish_reason=r.finish_reason.value if r.finish_reason else "stop",
             conversation_id=self.sessions[si].conversation_id, turn=ti,
             slo_class=self.sessions[si].slo_class,
-            first_scheduled_s=self.first_sched.get(r.request_id),
+            first_scheduled_s=self.first_sched.pop(r.request_id, None),
             preemptions=r.num_preemptions, replica=k, **pd,
         ))
 
@@ -312,7 +350,9 @@ class _Runner(PdHops):
             if ctl is not None and self.t >= ctl.next_at:  # --- autoscale (issue 16) ---
                 ctl.tick(self.t)
             while arrivals and arrivals[0][0] <= self.t:
-                at, _, si, ti, history = heapq.heappop(arrivals)
+                at, first, _, si, ti, history = heapq.heappop(arrivals)
+                if first == 0 and self.lazy:
+                    self._pull()
                 self.admit(at, si, ti, history)
         self.out.duration_s = self.t
         if self.control is not None:  # --- autoscale (issue 16) ---
@@ -322,10 +362,11 @@ class _Runner(PdHops):
         return self.out
 
     # --- fleet (issue 16): refusals at the router, and the P/D hop ---------------------------
-    def _refused(self, rid: str, s: Conversation, ti: int, at: float, n: int) -> None:
+    def _refused(self, rid: str, si: int, ti: int, at: float, n: int) -> None:
         """Refused by the router's admission: a record on no core (replica -1), no KV."""
+        s = self.sessions[si]
         self.out.records.append(_failed(rid, s, ti, at, n, "RESOURCE_EXHAUSTED", -1))
-        self._next_session()
+        self._session_over(si)
 
     # --- end fleet (issue 16) -------------------------------------------------------------
 

@@ -53,7 +53,7 @@ class PdHops:
 
     cores: list[EngineCore]
     max_waiting: list[int | None]
-    sessions: list[Conversation]
+    sessions: dict[int, Conversation]  # started, not over
     outstanding: list[int]
     live: dict[str, tuple[Request, int, int, float, int]]
     times: dict[str, list[float]]

@@ -1,0 +1,92 @@
+"""Memory flat with the request count (issue 16): a lazy workload and a streamed summary give
+the very run and summary the lists give, while the runner holds only the sessions in flight."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import clients.workloads as workloads
+import sim.virtual as virtual
+from clients.report import SummaryStream
+from clients.workloads import WorkloadSpec, build_workload, stream_workload
+from server.engine.build import EngineOptions, build_core
+from server.engine.tokenizer import get_tokenizer
+from sim.simulation import simulate_conversations, simulate_streamed
+
+H100 = EngineOptions(name="h100", model="llama-2-7b", quant="bf16", chip="h100-sxm",
+                     engine="vllm")
+
+KINDS = {
+    "random": WorkloadSpec(kind="random", num_requests=60, isl=96, osl=48, rate=30,
+                           ignore_eos=False),
+    "all-at-once": WorkloadSpec(kind="random", num_requests=40, isl=64, osl=32),
+    "shared-prefix": WorkloadSpec(kind="shared-prefix", num_requests=40, isl=32, osl=32,
+                                  rate=40, system_prompt_len=128, num_prefixes=2),
+    # follow-up turns queued among first turns still to come: the heap's order must hold
+    "multi-turn": WorkloadSpec(kind="multi-turn", num_requests=12, isl=40, osl=24, turns=3),
+    "structured": WorkloadSpec(kind="structured", num_requests=8, isl=32, osl=48, rate=20),
+    "mix": WorkloadSpec(kind="mix", num_requests=30, isl=48, osl=32, rate=30,
+                        mix=(("random", 0.5), ("multi-turn", 0.3), ("structured", 0.2)),
+                        slo_class_mix=(("a", 0.5), ("b", 0.5))),
+}
+
+
+def _spec(name: str) -> WorkloadSpec:
+    return dataclasses.replace(KINDS[name], vocab_size=get_tokenizer().vocab_size)
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_a_lazy_workload_runs_as_the_list(name):
+    spec = _spec(name)
+    eager = virtual.run_virtual(build_core(H100), build_workload(spec))
+    lazy_workload = stream_workload(spec)
+    assert len(lazy_workload) == len(build_workload(spec))
+    lazy = virtual.run_virtual(build_core(H100), lazy_workload)
+    assert lazy.records == eager.records
+    assert (lazy.duration_s, lazy.kv_usage_mean) == (eager.duration_s, eager.kv_usage_mean)
+
+
+def test_a_workload_is_drawn_as_it_is_iterated_and_again_the_same(monkeypatch):
+    calls = [0]
+    real = workloads._ids
+
+    def counting(*a):
+        calls[0] += 1
+        return real(*a)
+
+    monkeypatch.setattr(workloads, "_ids", counting)
+    w = stream_workload(WorkloadSpec(kind="random", num_requests=1_000_000, isl=8, osl=8,
+                                     rate=100))
+    it = iter(w)
+    first = [next(it) for _ in range(3)]
+    assert calls[0] == 3 and len(w) == 1_000_000  # a million prompts were not drawn
+    again = iter(w)
+    assert [next(again) for _ in range(3)] == first
+    assert not w.multi_turn and stream_workload(_spec("multi-turn")).multi_turn
+    with pytest.raises(ValueError, match="num_prefixes"):  # bad arguments fail at once
+        stream_workload(WorkloadSpec(kind="shared-prefix", num_prefixes=0))
+
+
+def test_a_streamed_simulation_holds_only_the_sessions_in_flight(monkeypatch):
+    held = [0]
+    real = virtual._Runner._pull
+
+    def pull(self):
+        held[0] = max(held[0], len(self.sessions))
+        return real(self)
+
+    monkeypatch.setattr(virtual._Runner, "_pull", pull)
+    spec = WorkloadSpec(kind="random", num_requests=400, isl=64, osl=64, rate=40,
+                        ignore_eos=False)
+    stream = SummaryStream(slo={"ttft": 0.05})
+    streamed = simulate_streamed(H100, spec, stream)
+    assert stream.records is None
+    assert held[0] <= streamed["peak_running"] + 2 < 400 // 10
+    listed, records = simulate_conversations(H100, spec)
+    assert len(records) == 400
+    goodput = streamed.pop("goodput")
+    assert streamed.pop("slo") == {"ttft": 0.05}
+    assert streamed == listed
+    assert goodput["fraction"] == sum(r.ttft <= 0.05 for r in records) / 400
