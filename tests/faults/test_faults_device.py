@@ -41,7 +41,7 @@ DOC = {
         {"name": "steady", **H100},
         {"name": "slowed", **H100, "fault_slowdown": ["at=0,for=1e9,factor=4"]},
         {"name": "wedged", **SLOW, "fault_hang": [f"at={AT},for=20"]},
-        {"name": "crashy", **SLOW, "fault_crash": [f"at={CRASH_AT}"]},
+        {"name": "crashy", **SLOW, "max_num_seqs": 2, "fault_crash": [f"at={CRASH_AT}"]},
         {"name": "lossy", "model": "llama-3.1-8b", "quant": "bf16", "chip": "rtx-4090",
          "engine": "vllm", "tp": 2, "kv_blocks": 48, "max_model_len": 512,
          "fault_lost_chips": [f"at={LOSS_AT},chips=1,for=30"]},
@@ -71,13 +71,16 @@ def gaps(times) -> list[float]:
     return [b - a for a, b in itertools.pairwise(times)]
 
 
-async def stream(client, deployment: str, n: int, prompt=(3, 4, 5)):
-    """(token times, final chunk or None, the error if it failed)."""
+async def stream(client, deployment: str, n: int, prompt=(3, 4, 5), on_token=None):
+    """(token times, final chunk or None, the error if it failed); `on_token()` is called
+    after each chunk with tokens."""
     times, final = [], None
     try:
         async for c in client.generate(list(prompt), deployment=deployment, max_tokens=n,
                                        ignore_eos=True, return_token_times=True):
             times.extend(c.token_times)
+            if on_token is not None and c.token_times:
+                on_token()
             if c.HasField("final"):
                 final = c.final
     except grpc.aio.AioRpcError as e:
@@ -128,16 +131,27 @@ async def test_hang_stalls_streams_while_health_stays_serving(server):
 
 async def test_crash_fails_in_flight_streams_and_the_engine_comes_back(server):
     await not_yet(server, "crashy", "crash")
+    crashed, first_token = asyncio.Event(), asyncio.Event()
     async with AsyncClient(server.target) as client:
-        for _ in range(100):  # two streams at a time (one runs, one queues: the engine is
-            #                   never idle between them) until the crash ends them
-            results = await asyncio.gather(stream(client, "crashy", 60),
-                                           stream(client, "crashy", 60))
-            failed = [(times, err) for times, _, err in results if err is not None]
-            if failed:
-                break
-        else:
+        async def worker(n: int, after_first_token: bool):
+            """Streams of n tokens back to back until one fails. The two workers' streams
+            (60 and 97 tokens, two seats, the second worker starting after the first's first
+            token) all but never start in the same step, so whichever step the crash ends,
+            one of them is mid-stream (one queue of streams missed that when the crash fell
+            between two of them)."""
+            if after_first_token:
+                await first_token.wait()
+            for _ in range(100):
+                times, _, err = await stream(client, "crashy", n, on_token=first_token.set)
+                if err is not None:
+                    crashed.set()
+                    return times, err
+                if crashed.is_set():
+                    return None
             raise AssertionError("no stream failed")
+
+        results = await asyncio.gather(worker(60, False), worker(97, True))
+        failed = [r for r in results if r is not None]
         for _, err in failed:
             assert err.code() == grpc.StatusCode.UNAVAILABLE
             assert "engine process exited (exit status 70)" in err.details()
