@@ -88,10 +88,12 @@ class SummaryStream:
     """`summarize` one result at a time, keeping no result (unless `keep`): what a run of a
     million requests reports in flat memory. Counts and sums are exact; latencies go to
     `clients.quantiles.Quantiles` (exact up to its bound, then a sketch whose error it states).
-    With an `slo`, it also counts the requests meeting it (`goodput`)."""
+    With an `slo`, it also counts the requests meeting it (`goodput`); without `itl`, it skips
+    the inter-token gaps (a part of a fleet's report that shows no ITL)."""
 
-    def __init__(self, slo: dict[str, float] | None = None, keep: bool = False) -> None:
-        self.slo = slo
+    def __init__(self, slo: dict[str, float] | None = None, keep: bool = False,
+                 itl: bool = True) -> None:
+        self.slo, self.with_itl = slo, itl
         self.records: list[RequestResult] | None = [] if keep else None
         self.count = self.ok = self.good = 0
         self.start, self.end = math.inf, -math.inf
@@ -121,7 +123,8 @@ class SummaryStream:
             self.ttft.add(times[0] - r.scheduled_s)
             if len(times) > 1:
                 self.tpot.add((times[-1] - times[0]) / (len(times) - 1))
-                self.itl.extend(np.diff(times))
+                if self.with_itl:
+                    self.itl.extend(np.diff(times))
         self.e2e.add(r.e2e)
 
     append = add  # a runner appends its records to a list or to this alike

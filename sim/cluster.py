@@ -21,7 +21,8 @@ from server.engine.build import EngineOptions, build_core
 from server.engine.core import EngineCore
 from sim.admission import Admission
 from sim.pools import FleetDispatch
-from sim.virtual import VirtualRun, run_cluster
+from sim.reports import FleetStream
+from sim.virtual import Records, VirtualRun, run_cluster
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ def build_replicas(deployments: Sequence[EngineOptions]) -> list[Replica]:
 
 def run_replicas(replicas: list[Replica], sessions: Iterable[Conversation], router: str,
                  seed: int = 0, concurrency: int | None = None,
-                 admission: Admission | None = None) -> ClusterRun:
+                 admission: Admission | None = None,
+                 records: Records | None = None) -> ClusterRun:
     """Run `sessions` through `replicas` behind the policy `router` (sim.routers.ROUTERS, or
     sim.pools.SLO_ROUTER); `seed` seeds a randomised policy (p2c). The fleet's pools (roles,
     SLO classes) and `admission` are applied by a `sim.pools.FleetDispatch`, which raises
@@ -71,7 +73,7 @@ def run_replicas(replicas: list[Replica], sessions: Iterable[Conversation], rout
     run = run_cluster(cores, sessions, lambda prompt, outstanding: 0,
                       [r.options.max_waiting for r in replicas],
                       [r.options.max_grammar_bytes for r in replicas], concurrency,
-                      dispatch=dispatch)
+                      dispatch=dispatch, records=records)
     return ClusterRun(replicas, run, router, dispatch)
 
 
@@ -112,13 +114,10 @@ def fleet_counters(cr: ClusterRun) -> dict[str, Any]:
 def replica_reports(cr: ClusterRun) -> list[dict[str, Any]]:
     """Per replica: its name, deployment, chip, the requests it served (and refused) and its
     own prefix-cache hit rate."""
-    out = []
-    for k, r in enumerate(cr.replicas):
-        mine = [rec for rec in cr.run.records if rec.replica == k]
-        out.append({
-            "name": r.name, "deployment": r.options.name, "chip": r.options.chip,
-            "requests": sum(rec.error is None for rec in mine),
-            "errors": sum(rec.error is not None for rec in mine),
-            "prefix_cache_hit_rate": r.core.scheduler.stats.prefix_cache_hit_rate,
-        })
-    return out
+    recs = cr.run.records
+    counts = (recs if isinstance(recs, FleetStream)
+              else FleetStream.of(recs, (), len(cr.replicas)))  # type: ignore[arg-type]
+    return [{"name": r.name, "deployment": r.options.name, "chip": r.options.chip,
+             "requests": counts.served[k], "errors": counts.refused[k],
+             "prefix_cache_hit_rate": r.core.scheduler.stats.prefix_cache_hit_rate}
+            for k, r in enumerate(cr.replicas)]

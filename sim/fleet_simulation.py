@@ -9,7 +9,6 @@ import argparse
 import dataclasses
 from typing import Any
 
-from clients.report import RequestResult, summarize
 from clients.workloads import stream_workload
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions
@@ -25,13 +24,13 @@ from sim.cluster import (
     replica_reports,
     run_replicas,
 )
-from sim.pools import FleetError
-from sim.reports import class_reports, pool_reports, prefills_per_replica
+from sim.pools import FleetError, pools_of
+from sim.reports import FleetStream
 from sim.simulation import (
     FAULT_KEYS,
     SimulationError,
     options_from_args,
-    with_goodput,
+    slo_from_args,
     workload_from_args,
 )
 
@@ -80,32 +79,36 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     except (ValueError, OSError) as e:
         raise SimulationError(str(e)) from e
     scaled = _scaled(args, deployments)  # --- autoscale (issue 16) ---
+    slo = slo_from_args(args)  # issue 16: plan
     try:  # --- fleet (issue 16): pools, SLO classes, admission ---
         admission = parse_admission(getattr(args, "admission", None))
-        if scaled is not None:
+        if scaled is not None:  # its timeline reads every record: kept in a list
             _check_scalable(args, deployments, admission)
             pols, sample_s = scaled
             sr = run_scaled(deployments, pols, conversations,
                             args.router or "round-robin", seed=args.seed, sample_s=sample_s)
             cr = sr.cluster
-        else:
-            cr = run_replicas(replicas, conversations,
-                              args.router or "round-robin", seed=args.seed, admission=admission)
+            stream = FleetStream(pools_of(cr.replicas), len(cr.replicas), slo)
+            for r in cr.run.records:
+                stream.append(r)
+        else:  # summarised as the requests end (memory flat with the request count)
+            stream = FleetStream(pools_of(replicas), len(replicas), slo)
+            cr = run_replicas(replicas, conversations, args.router or "round-robin",
+                              seed=args.seed, admission=admission, records=stream)
     except (FleetError, ValueError) as e:
         raise SimulationError(str(e)) from e
-    results = cr.run.records
     counters = fleet_counters(cr)
     joules, dollars = counters.pop("joules"), counters.pop("dollars")
     emulated_s = counters.pop("emulated_s")  # last, as in simulation.simulate_conversations
-    out_tokens = sum(r.output_tokens for r in results if r.ok)
+    out_tokens = stream.fleet.output
     per_mtok = 1e6 / out_tokens if out_tokens else 0.0
-    summary = summarize(results, deployment=fleet_name(deployments), target="sim", **counters,
-                        joules_per_mtok=joules * per_mtok, usd_per_mtok=dollars * per_mtok,
-                        emulated_s=emulated_s)
+    summary = stream.fleet.summary(deployment=fleet_name(deployments), target="sim",
+                                   **counters, joules_per_mtok=joules * per_mtok,
+                                   usd_per_mtok=dollars * per_mtok, emulated_s=emulated_s)
     summary["router"] = cr.router
     summary["replicas"] = replica_reports(cr)
     if cr.dispatch is not None:  # --- fleet (issue 16) ---
-        add_fleet_parts(summary, cr, results, admission is not None)
+        add_fleet_parts(summary, cr, stream, admission is not None)
     if scaled is not None:  # --- autoscale (issue 16) ---
         keep = used(sr)  # slots never provisioned are not part of the fleet
         summary["replicas"] = [summary["replicas"][k] for k in keep]
@@ -113,10 +116,13 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
         summary["max_num_seqs"] = sum(cr.replicas[k].core.scheduler.config.max_num_seqs
                                       for k in keep)
         summary.update(report(sr))
-    return with_goodput(summary, results, getattr(args, "slo", None))  # issue 16: plan
+    if slo is not None:  # as `simulate --slo` of one deployment
+        summary["slo"] = slo
+        summary["goodput"] = stream.fleet.goodput()
+    return summary
 
 
-def add_fleet_parts(summary: dict[str, Any], cr: ClusterRun, results: list[RequestResult],
+def add_fleet_parts(summary: dict[str, Any], cr: ClusterRun, stream: FleetStream,
                     admission: bool) -> None:
     """`pools` (when the fleet has several, roles or classes), `classes` (when requests have
     classes), `admission_refused` (with --admission); a P/D fleet's `kv_transfers` and each
@@ -125,15 +131,14 @@ def add_fleet_parts(summary: dict[str, Any], cr: ClusterRun, results: list[Reque
     assert d is not None
     plain = len(d.pools) == 1 and d.pools[0].role == "both" and not d.pools[0].classes
     if not plain:
-        summary["pools"] = pool_reports(d.pools, d.cores, results)
-    classes = class_reports(results)
+        summary["pools"] = stream.pool_reports(d.cores)
+    classes = stream.class_reports()
     if classes:
         summary["classes"] = classes
     if admission:
         summary["admission_refused"] = d.refused
     if d.pd:
-        counts = prefills_per_replica(cr.run.records, len(cr.replicas))
-        for row, n in zip(summary["replicas"], counts, strict=True):
+        for row, n in zip(summary["replicas"], stream.prefills, strict=True):
             row["prefills"] = n
         summary["kv_transfers"] = {"count": d.links.transfers, "bytes": d.links.bytes,
                                    "seconds": d.links.seconds}

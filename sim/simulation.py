@@ -8,7 +8,7 @@ import dataclasses
 import math
 from typing import Any
 
-from clients.report import RequestResult, SummaryStream, goodput, parse_slo
+from clients.report import RequestResult, SummaryStream, parse_slo
 from clients.workloads import WorkloadSpec, stream_workload
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions, build_core
@@ -210,26 +210,17 @@ def _parse_mix(text: str, flag: str = "--mix",
 
 def simulate(args: argparse.Namespace) -> dict[str, Any]:
     """`doppelchip simulate` of one deployment: streamed, so a million requests fit."""
-    slo_text = getattr(args, "slo", None)
+    return simulate_streamed(options_from_args(args), workload_from_args(args),
+                             SummaryStream(slo_from_args(args)))
+
+
+def slo_from_args(args: argparse.Namespace) -> dict[str, float] | None:
+    """`simulate --slo` (what `doppelchip plan` checks): the summary then has `slo` and
+    `goodput` (the share of requests meeting every bound), as `load --slo` reports them."""
+    text = getattr(args, "slo", None)
     try:
-        slo = parse_slo(slo_text) if slo_text else None
+        return parse_slo(text) if text else None
     except ValueError as e:
         raise SimulationError(str(e)) from e
-    return simulate_streamed(options_from_args(args), workload_from_args(args),
-                             SummaryStream(slo))
 
 
-# --- capacity planning (issue 16): `simulate --slo`, what `doppelchip plan` checks ---
-def with_goodput(summary: dict[str, Any], results: list[RequestResult],
-                 slo_text: str | None) -> dict[str, Any]:
-    """`summary` with `slo` and `goodput` (the share of requests meeting every bound) added,
-    as `load --slo` reports them, when an SLO is given."""
-    if slo_text:
-        try:
-            slo = parse_slo(slo_text)
-        except ValueError as e:
-            raise SimulationError(str(e)) from e
-        summary["slo"] = slo
-        summary["goodput"] = goodput(results, slo)
-    return summary
-# --- end capacity planning ---

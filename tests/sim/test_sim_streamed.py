@@ -6,13 +6,18 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from fleet_helpers import H100 as GPU
+from fleet_helpers import SRAM, pool
 
 import clients.workloads as workloads
 import sim.virtual as virtual
-from clients.report import SummaryStream
+from clients.report import SummaryStream, summarize
 from clients.workloads import WorkloadSpec, build_workload, stream_workload
 from server.engine.build import EngineOptions, build_core
 from server.engine.tokenizer import get_tokenizer
+from sim.cluster import build_replicas, replica_reports, run_replicas
+from sim.pools import pools_of
+from sim.reports import FleetStream
 from sim.simulation import simulate_conversations, simulate_streamed
 
 H100 = EngineOptions(name="h100", model="llama-2-7b", quant="bf16", chip="h100-sxm",
@@ -90,3 +95,31 @@ def test_a_streamed_simulation_holds_only_the_sessions_in_flight(monkeypatch):
     assert streamed.pop("slo") == {"ttft": 0.05}
     assert streamed == listed
     assert goodput["fraction"] == sum(r.ttft <= 0.05 for r in records) / 400
+
+
+def test_a_fleet_run_summarised_as_it_goes_reports_what_its_records_give():
+    """Pools, classes and replicas from the `FleetStream` sink of a lazy run: the numbers the
+    listed run's records give, and no record kept."""
+    fleet = [pool(SRAM, "sram", slo_classes=("interactive",)),
+             pool(GPU, "gpu", replicas=2, slo_classes=("batch",))]
+    spec = WorkloadSpec(kind="random", num_requests=60, isl=256, osl=32, rate=20.0, seed=1,
+                        slo_class_mix=(("interactive", 0.3), ("batch", 0.7)),
+                        vocab_size=get_tokenizer().vocab_size)
+    listed = run_replicas(build_replicas(fleet), build_workload(spec), "slo-class")
+    records = listed.run.records
+    replicas = build_replicas(fleet)
+    stream = FleetStream(pools_of(replicas), len(replicas))
+    streamed = run_replicas(replicas, stream_workload(spec), "slo-class", records=stream)
+    assert streamed.run.records is stream and stream.fleet.records is None
+    assert stream.fleet.summary() == summarize(records)
+    pools = stream.pool_reports(streamed.dispatch.cores)
+    assert [p["requests"] for p in pools] == [
+        sum(r.ok and r.replica in p.replicas for r in records) for p in pools_of(replicas)]
+    assert pools[0]["ttft_s"] == summarize(
+        [r for r in records if r.replica == 0])["ttft_s"]  # the SRAM pool: replica 0
+    classes = stream.class_reports()
+    assert sorted(classes) == ["batch", "interactive"]
+    assert classes["interactive"]["requests"] == sum(r.slo_class == "interactive"
+                                                     for r in records)
+    assert [r["requests"] for r in replica_reports(streamed)] == [
+        sum(r.ok and r.replica == k for r in records) for k in range(3)]
