@@ -11,6 +11,13 @@ down), then the behaviour: a stabilisation window per direction (the highest rec
 the last 300 s for scale-down, none for scale-up), the default scale-up rate limit
 (max(100 %, 4 pods) per period) and min/max replicas.
 
+Scale to zero (KEDA, keda.sh/docs/latest/reference/scaledobject-spec/): with `min = 0` the
+pool's trigger is active while a replica's reading (or the number of requests the router
+holds) is above `activation`; `cooldown_s` after its last active sync the pool goes to zero
+(its replicas drain), and at zero the first active sync wakes one replica, which pays its cold
+start while the router holds the requests (KEDA's HTTP add-on's interceptor); from one
+replica on, the HPA decides (its own minimum being 1).
+
 A replica is a slot of the cluster (`sim.virtual.run_cluster` runs them all). Its
 state: off (not billed, gets nothing), booting (billed at idle power: a booting GPU is paid
 for; gets nothing until its cold start is over), ready (routed to), draining (scaled in: no
@@ -22,81 +29,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from server.engine.core import EngineCore
+from sim.autoscale_policy import AutoscalePolicy
 from sim.routers import kv_usage, make_router
 
-METRICS = ("waiting", "kv", "running")
 OFF, BOOTING, READY, DRAINING = "off", "booting", "ready", "draining"
-
-
-@dataclass(frozen=True)
-class AutoscalePolicy:
-    """One deployment's autoscaler; the defaults are the HPA's (and a target of 4 waiting
-    requests per replica). `boot_s` overrides the cold start the device model gives;
-    `provision_s` adds node/pod start-up before it (0: not modelled)."""
-
-    metric: str = "waiting"
-    target: float = 4.0
-    min: int = 1
-    max: int = 8
-    tolerance: float = 0.1
-    sync_period_s: float = 15.0
-    scale_down_window_s: float = 300.0
-    scale_up_window_s: float = 0.0
-    boot_s: float | None = None
-    provision_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.metric not in METRICS:
-            raise ValueError(f"autoscaling metric must be one of {', '.join(METRICS)}, "
-                             f"got {self.metric!r}")
-        if not self.target > 0:
-            raise ValueError("autoscaling target must be > 0")
-        if not 1 <= self.min <= self.max:
-            raise ValueError(f"autoscaling needs 1 <= min <= max, got min={self.min} "
-                             f"max={self.max}")
-        if self.tolerance < 0 or not self.sync_period_s > 0:
-            raise ValueError("autoscaling: tolerance must be >= 0 and sync_period_s > 0")
-        if min(self.scale_down_window_s, self.scale_up_window_s, self.provision_s) < 0:
-            raise ValueError("autoscaling: windows and provision_s must be >= 0")
-        if self.boot_s is not None and self.boot_s < 0:
-            raise ValueError("autoscaling: boot_s must be >= 0")
-
-
-_ALIASES = {"min_replicas": "min", "max_replicas": "max", "sync_period": "sync_period_s",
-            "scale_down_window": "scale_down_window_s", "scale_up_window": "scale_up_window_s"}
-
-
-def parse_policy(spec: str | dict) -> AutoscalePolicy:
-    """`metric=waiting,target=4,min=1,max=8` (the `--autoscale` flag) or the fleet file's
-    `[deployments.autoscaling]` table → a policy (ValueError naming a bad key or value)."""
-    if isinstance(spec, str):
-        table: dict[str, str] = {}
-        for part in filter(None, (p.strip() for p in spec.split(","))):
-            key, sep, value = part.partition("=")
-            if not sep:
-                raise ValueError(f"bad autoscaling term {part!r}: use KEY=VALUE")
-            table[key.strip()] = value.strip()
-        spec = table
-    types = {f.name: f.type for f in fields(AutoscalePolicy)}
-    out: dict[str, object] = {}
-    for key, value in spec.items():
-        name = _ALIASES.get(key, key)
-        if name not in types:
-            raise ValueError(f"unknown autoscaling key {key!r}; one of {', '.join(types)}")
-        kind = types[name]
-        try:
-            if name == "metric":
-                out[name] = str(value)
-            elif "int" in str(kind):
-                out[name] = int(value)  # type: ignore[arg-type]
-            else:
-                out[name] = float(value)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise ValueError(f"autoscaling {key}: not a number: {value!r}") from None
-    return AutoscalePolicy(**out)  # type: ignore[arg-type]
 
 
 def stabilised(history: Sequence[tuple[float, int]], t: float, rec: int, current: int,
@@ -150,6 +89,7 @@ class Group:
     boot_s: float
     recommendations: list[tuple[float, int]] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
+    last_active: float = 0.0  # scale to zero: the last sync its trigger was active
 
 
 class Autoscaler:
@@ -174,6 +114,7 @@ class Autoscaler:
         self._version, self._built = 0, -1
         self._ready: list[int] = []
         self._policy = None
+        self.held = 0  # requests the router holds while no replica is ready (the loop's)
 
     # ---- the event loop's side ------------------------------------------------------------
     @property
@@ -203,19 +144,30 @@ class Autoscaler:
             return False
         return s != OFF
 
-    def choose(self, prompt: Sequence[int], outstanding: Sequence[int]) -> int:
+    def choose(self, prompt: Sequence[int], outstanding: Sequence[int]) -> int | None:
         """The router over the ready slots only (rebuilt when they change, as a gateway's
-        endpoint list is)."""
+        endpoint list is); None (hold the request) while no slot is ready, which only a
+        pool that scales to zero allows."""
         if self._built != self._version:
             self._ready = [k for k, s in enumerate(self.state) if s == READY]
-            if not self._ready:
-                raise RuntimeError("no ready replica to route to")
-            self._policy = make_router(self.router_name, [self.cores[k] for k in self._ready],
-                                       self.seed + self._version)
+            self._policy = (make_router(self.router_name, [self.cores[k] for k in self._ready],
+                                        self.seed + self._version) if self._ready else None)
             self._built = self._version
+        if not self._ready:
+            if not any(g.policy is not None and g.policy.min == 0 for g in self.groups):
+                raise RuntimeError("no ready replica to route to")
+            return None
         assert self._policy is not None
         i = self._policy.choose(prompt, [outstanding[k] for k in self._ready])
         return self._ready[i]
+
+    def can_serve_held(self) -> bool:
+        """Will the requests held now ever be routed? Yes if a slot is ready or booting, or
+        a pool at zero will wake for them (more held than its activation threshold)."""
+        if any(s in (READY, BOOTING) for s in self.state):
+            return True
+        return any(g.policy is not None and g.policy.min == 0
+                   and self.held > g.policy.activation for g in self.groups)
 
     # ---- the controller -------------------------------------------------------------------
     def _enter(self, k: int, state: str, t: float) -> None:
@@ -230,15 +182,29 @@ class Autoscaler:
         ready = [k for k in g.slots if self.state[k] == READY]
         booting = [k for k in g.slots if self.state[k] == BOOTING]
         current = len(ready) + len(booting)
-        rec = hpa_recommendation(current, [metric_of(self.cores[k], p.metric) for k in ready],
-                                 len(booting), p.target, p.tolerance)
-        rec = max(p.min, min(p.max, rec))
+        values = [metric_of(self.cores[k], p.metric) for k in ready]
+        active = False
+        if p.min == 0:  # KEDA: active while a reading (or the held requests) is above it
+            active = self.held > p.activation or any(v > p.activation for v in values)
+            if active:
+                g.last_active = t
+            if current == 0:  # at zero: wake one replica once active; the HPA takes over
+                if active:
+                    spare = [k for k in g.slots if self.state[k] == OFF][:1]
+                    for k in spare:
+                        self._boot(k, t, g.boot_s)
+                    g.events.append({"t": t, "from": 0, "to": len(spare)})
+                return
+        rec = hpa_recommendation(current, values, len(booting), p.target, p.tolerance)
+        rec = max(p.min, 1, min(p.max, rec))  # the HPA's own minimum is 1 (KEDA's too)
         g.recommendations = [(at, r) for at, r in g.recommendations
                              if at > t - max(p.scale_down_window_s, p.scale_up_window_s)]
         desired = stabilised(g.recommendations, t, rec, current, p.scale_up_window_s,
                              p.scale_down_window_s)
         g.recommendations.append((t, rec))
         desired = min(desired, max(2 * current, current + 4))  # the default scale-up policy
+        if p.min == 0 and not active and t - g.last_active >= p.cooldown_s:
+            desired = 0  # KEDA: inactive for its cooldown period: 1 -> 0 (and any above)
         if desired > current:
             spare = [k for k in g.slots if self.state[k] == OFF][: desired - current]
             for k in spare:

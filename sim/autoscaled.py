@@ -17,7 +17,8 @@ from typing import Any
 
 from clients.conversation import Conversation
 from server.engine.build import EngineOptions, build_core
-from sim.autoscale import AutoscalePolicy, Autoscaler, Group, boot_seconds, parse_policy
+from sim.autoscale import Autoscaler, Group, boot_seconds
+from sim.autoscale_policy import AutoscalePolicy, parse_policy
 from sim.cluster import ClusterRun, Replica, build_replicas
 from sim.timeline import timeline
 from sim.virtual import run_cluster

@@ -14,7 +14,7 @@ from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.admission import parse_admission
-from sim.autoscale import AutoscalePolicy
+from sim.autoscale_policy import AutoscalePolicy
 from sim.autoscaled import policies, report, run_scaled, used
 from sim.cluster import (
     ClusterRun,

@@ -42,8 +42,10 @@ MACRO_STEPS = {"default": True}
 MIN_WINDOW = 3  # mean steps before the next arrival below which single steps are cheaper
 
 # A cluster's router (sim/routers.py): (prompt token ids, outstanding requests per core) ->
-# the index of the core that gets the request. Called at the request's arrival time.
-Route = Callable[[Sequence[int], Sequence[int]], int]
+# the index of the core that gets the request, or None: hold it (no replica is ready, as when
+# an autoscaled pool is at zero; the loop routes it again after the control's next tick).
+# Called at the request's arrival time.
+Route = Callable[[Sequence[int], Sequence[int]], int | None]
 
 
 @dataclass
@@ -126,10 +128,16 @@ class Control(Protocol):
     """A periodic controller of a cluster run (sim/autoscale.py): `tick(t)` is called once
     the clock reaches `next_at` (after that instant's step ends, before its arrivals), and an
     idle core k is charged idle power and money only while `bill_idle(k, t)` is true (an off
-    replica costs nothing). The run ends when the traffic does, whatever `next_at` says."""
+    replica costs nothing). The run ends when the traffic does, whatever `next_at` says.
+    `held` is set before each tick to the number of requests the router holds; held requests
+    the control says it will never serve (`can_serve_held`) end as UNAVAILABLE."""
+
+    held: int
 
     @property
     def next_at(self) -> float: ...
+
+    def can_serve_held(self) -> bool: ...
 
     def tick(self, t: float) -> None: ...
 
@@ -162,6 +170,7 @@ class _Runner(PdHops):
         self.max_waiting, self.max_grammar_bytes = max_waiting, max_grammar_bytes
         self.outstanding = [0] * len(cores)  # routed, not yet finished (the router's view)
         self.control: Control | None = None  # --- autoscale (issue 16) ---
+        self.held: list[tuple[float, int, int, tuple[int, ...]]] = []  # routed nowhere yet
         self.out = VirtualRun()
         # (time, 0, session, ...) a session's first turn in open loop, before (time, 1, seq,
         # ...) any other turn due at that instant, as when every session was queued first
@@ -231,6 +240,9 @@ class _Runner(PdHops):
         prefill = None  # --- fleet (issue 16) ---
         if self.dispatch is None:
             k = self.route(prompt, self.outstanding)
+            if k is None:  # --- autoscale (issue 16): no replica ready: held at the router ---
+                self.held.append((at, si, ti, history))
+                return
         elif (placed := self.dispatch.place(prompt, self.outstanding, s)) is None:
             self._refused(rid, si, ti, at, len(prompt))
             return
@@ -329,11 +341,12 @@ class _Runner(PdHops):
                 due.append(arrivals[0][0])
             if self.timers:  # --- fleet (issue 16): KV transfers ending ---
                 due.append(self.timers[0][0])
-            if not due:
+            ctl = self.control  # --- autoscale (issue 16): its ticks are events too ---
+            if not due and not (self.held and ctl is not None and ctl.can_serve_held()):
+                self._fail_held()
                 if any(core.has_unfinished() for core in cores):
                     raise RuntimeError("requests are waiting but none can be scheduled")
                 break
-            ctl = self.control  # --- autoscale (issue 16): its ticks are events too ---
             if ctl is not None:
                 due.append(ctl.next_at)
             t = max(self.t, min(due))
@@ -348,7 +361,11 @@ class _Runner(PdHops):
             while self.timers and self.timers[0][0] <= self.t:  # --- fleet (issue 16) ---
                 self._decode(self.pd[heapq.heappop(self.timers)[2]])
             if ctl is not None and self.t >= ctl.next_at:  # --- autoscale (issue 16) ---
+                ctl.held = len(self.held)
                 ctl.tick(self.t)
+                held, self.held = self.held, []
+                for item in held:  # routed again, in order of arrival (or held again)
+                    self.admit(*item)
             while arrivals and arrivals[0][0] <= self.t:
                 at, first, _, si, ti, history = heapq.heappop(arrivals)
                 if first == 0 and self.lazy:
@@ -360,6 +377,17 @@ class _Runner(PdHops):
         busy, usage_area = busy + self.macro_busy, usage_area + self.macro_area  # speed
         self.out.kv_usage_mean = usage_area / busy if busy else 0.0
         return self.out
+
+    def _fail_held(self) -> None:
+        """The run is over and the router still holds requests no replica will take (a pool
+        at zero its trigger will not wake): UNAVAILABLE, as a gateway's timeout answers."""
+        for at, si, ti, history in self.held:
+            s = self.sessions[si]
+            rid = f"{s.conversation_id}/{ti}" if len(s.turns) > 1 else s.conversation_id
+            n = len(history) + len(s.turns[ti].user_ids)
+            self.out.records.append(_failed(rid, s, ti, at, n, "UNAVAILABLE", -1))
+            self._session_over(si)
+        self.held = []
 
     # --- fleet (issue 16): refusals at the router, and the P/D hop ---------------------------
     def _refused(self, rid: str, si: int, ti: int, at: float, n: int) -> None:

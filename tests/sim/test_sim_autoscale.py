@@ -14,7 +14,8 @@ from clients.workloads import WorkloadSpec, build_workload
 from doppelchip.cli import main
 from server.engine.build import EngineOptions, build_core
 from server.engine.tokenizer import get_tokenizer
-from sim.autoscale import AutoscalePolicy, hpa_recommendation, parse_policy, stabilised
+from sim.autoscale import hpa_recommendation, stabilised
+from sim.autoscale_policy import AutoscalePolicy, parse_policy
 from sim.autoscaled import report, run_scaled
 
 # Llama 2 13B on an A100 with 4 sequences a step: ~2 requests/s a replica at 96 output tokens
@@ -274,3 +275,59 @@ def test_autoscaled_run_is_the_same_macro_or_single_stepped(monkeypatch):
         [(r.request_id, r.replica, r.output_tokens) for r in macro]
     for a, b in zip(single, macro, strict=True):
         assert a.token_times == pytest.approx(b.token_times, rel=1e-9)
+
+
+# --- scale to zero (KEDA: minReplicaCount 0, cooldownPeriod, activation threshold) ---
+GAP = "piecewise:0=1,20=1,20.5=0,200=0,200.5=1,230=1"  # 1 req/s, 180 s of nothing, 1 req/s
+TO_ZERO = dataclasses.replace(POLICY, metric="running", target=2, min=0, cooldown_s=60)
+
+
+def test_a_pool_scales_to_zero_in_a_quiet_spell_and_wakes_for_the_next_request():
+    work = sessions(rate_shape=GAP)
+    sr = run_scaled([A100], [TO_ZERO], work, "least-requests")
+    rep = report(sr)
+    events = rep["autoscaling"]["a100"]["events"]
+    records = sr.cluster.run.records
+    assert len(records) == len(work) and all(r.ok for r in records)  # none lost while held
+    last_busy = max(r.end_s for r in records if r.scheduled_s < 100)
+    to_zero = [e for e in events if e["to"] == 0]
+    # the cooldown after the last sync that saw a request running (syncs every 5 s)
+    assert to_zero and last_busy + 60 - 5 <= to_zero[0]["t"] <= last_busy + 60 + 5
+    wake = [e for e in events if e["from"] == 0 and e["to"] == 1]
+    assert wake and 200 <= wake[0]["t"] <= 206  # the first sync with a request held
+    first = min((r for r in records if r.scheduled_s >= 200), key=lambda r: r.scheduled_s)
+    # held at the router from its arrival through the wake-up and the 20-s cold start
+    assert wake[0]["t"] + 20 <= first.scheduled_s + first.ttft <= wake[0]["t"] + 21
+    assert first.ttft >= 20
+    at_one = run_scaled([A100], [dataclasses.replace(TO_ZERO, min=1)], sessions(rate_shape=GAP),
+                        "least-requests")
+    zero_s = rep["autoscaling"]["a100"]["replica_seconds"]
+    one_s = report(at_one)["autoscaling"]["a100"]["replica_seconds"]
+    assert zero_s < one_s - 100  # ~2 minutes at zero are not billed
+    again = min((r for r in at_one.cluster.run.records if r.scheduled_s >= 200),
+                key=lambda r: r.scheduled_s)
+    assert again.ttft < 1  # kept warm at one replica: no wait
+
+
+def test_requests_a_pool_at_zero_will_not_wake_for_end_unavailable():
+    policy = dataclasses.replace(TO_ZERO, cooldown_s=0, activation=1000)  # never wakes
+    work = sessions(num_requests=5, rate=1.0)
+    sr = run_scaled([A100], [policy], work, "least-requests")
+    records = sr.cluster.run.records
+    assert len(records) == 5
+    zeroed = [e for e in report(sr)["autoscaling"]["a100"]["events"] if e["to"] == 0]
+    assert zeroed and zeroed[0]["t"] == 0  # inactive from the start, no cooldown
+    assert {r.error for r in records} == {"UNAVAILABLE"} and all(r.replica == -1
+                                                                for r in records)
+    for r in sr.cluster.replicas:  # nothing was left on any replica
+        assert not r.core.has_unfinished()
+        r.core.scheduler.check_integrity()
+
+
+def test_scale_to_zero_takes_keda_names_and_refuses_bad_bounds():
+    p = parse_policy("minReplicaCount=0,maxReplicaCount=4,cooldownPeriod=120,"
+                     "activationThreshold=2,pollingInterval=30")
+    assert (p.min, p.max, p.cooldown_s, p.activation, p.sync_period_s) == (0, 4, 120, 2, 30)
+    for bad in ("min=0,max=0", "min=-1", "cooldown=-5", "activation=-1"):
+        with pytest.raises(ValueError):
+            parse_policy(bad)
