@@ -244,7 +244,9 @@ def add_fleet_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--admission", metavar="RULE,...",
                    help="admission at the router, as the Gateway API inference extension's "
                    "saturation detectors: max-outstanding=N (per replica) and/or "
-                   "queue-depth=Q,kv-util=U; refused requests end RESOURCE_EXHAUSTED")
+                   "queue-depth=Q,kv-util=U; refused requests end RESOURCE_EXHAUSTED; "
+                   "critical=CLASS+CLASS: those SLO classes are never shed (GIE's priority "
+                   ">= 0), queued on a replica instead")
 
 
 # --- autoscale (issue 16): sim/autoscale.py, clients/arrivals.py, docs/AUTOSCALING.md ---

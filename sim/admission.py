@@ -21,7 +21,12 @@ sheds the request when every candidate endpoint is saturated. Two of its rules:
 
 The picker (the `--router` policy) chooses first; when its choice is saturated the request
 goes to the least-outstanding replica that is not (the filter ahead of the picker, applied
-after it so the stateful policies keep their order); none left: refused.
+after it so the stateful policies keep their order); none left: refused — unless its SLO class
+is listed in `critical=CLASS+CLASS...`: GIE sheds only requests of negative priority when the
+pool is saturated, and schedules the others anyway, to queue on the model server
+(site-src/concepts/priority-and-capacity.md, "Priority and Capacity", read at the same
+commits). Without `critical`, every class is sheddable (what a planner testing shedding asks
+first); with it, a critical request goes to the picker's choice, past any limit.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class Admission:
     max_outstanding: int | None = None
     queue_depth: int | None = None
     kv_util: float | None = None
+    critical: tuple[str, ...] = ()  # SLO classes never shed (GIE: priority >= 0)
 
     def room(self, k: int, core: EngineCore, outstanding: Sequence[int]) -> bool:
         """Replica `k` may take one more request."""
@@ -51,13 +57,15 @@ class Admission:
         return self.kv_util is None or kv_usage(core) < self.kv_util
 
     def pick(self, choice: int, group: Sequence[int], cores: Sequence[EngineCore],
-             outstanding: Sequence[int]) -> int | None:
+             outstanding: Sequence[int], slo_class: str = "") -> int | None:
         """`choice` if it has room, else the least-outstanding replica of `group` with room
-        (lower index on a tie), else None: refused."""
+        (lower index on a tie), else `choice` for a critical class, else None: refused."""
         if self.room(choice, cores[choice], outstanding):
             return choice
         free = [k for k in group if self.room(k, cores[k], outstanding)]
-        return min(free, key=lambda k: (outstanding[k], k)) if free else None
+        if free:
+            return min(free, key=lambda k: (outstanding[k], k))
+        return choice if slo_class in self.critical else None
 
 
 def parse_admission(text: str | None) -> Admission | None:
@@ -66,17 +74,27 @@ def parse_admission(text: str | None) -> Admission | None:
     if not text:
         return None
     values: dict[str, float] = {}
+    critical: tuple[str, ...] = ()
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
         key = key.strip()
         if not sep or key not in _KEYS:
-            raise ValueError(f"bad --admission term {part!r}: use "
-                             "max-outstanding=N, queue-depth=Q, kv-util=U")
+            raise ValueError(f"bad --admission term {part!r}: use max-outstanding=N, "
+                             "queue-depth=Q, kv-util=U, critical=CLASS+CLASS")
+        if key == "critical":
+            critical = tuple(c.strip() for c in value.split("+"))
+            if not all(critical):
+                raise ValueError(f"bad --admission term {part!r}: name SLO classes, "
+                                 "joined by +")
+            continue
         try:
             values[key] = float(value)
         except ValueError:
             raise ValueError(f"bad --admission value in {part!r}: not a number") from None
     if not values:
+        if critical:
+            raise ValueError("--admission critical=... needs a limit to exempt its classes "
+                             "from (max-outstanding, queue-depth or kv-util)")
         return None
     for key in ("max-outstanding", "queue-depth"):
         if key in values and (values[key] < 1 or not float(values[key]).is_integer()):
@@ -92,7 +110,8 @@ def parse_admission(text: str | None) -> Admission | None:
         max_outstanding=int(values["max-outstanding"]) if "max-outstanding" in values else None,
         queue_depth=int(values["queue-depth"]) if "queue-depth" in values else None,
         kv_util=kv,
+        critical=critical,
     )
 
 
-_KEYS = ("max-outstanding", "queue-depth", "kv-util")
+_KEYS = ("max-outstanding", "queue-depth", "kv-util", "critical")

@@ -131,7 +131,7 @@ class FleetDispatch:
         k = ks[policy.choose(prompt, [outstanding[i] for i in ks])]
         if self.admission is None:
             return k
-        return self.admission.pick(k, ks, self.cores, outstanding)
+        return self.admission.pick(k, ks, self.cores, outstanding, slo_class)
 
     # ---- sim.virtual.Dispatch ---------------------------------------------------
     def place(self, prompt: Sequence[int], outstanding: Sequence[int],

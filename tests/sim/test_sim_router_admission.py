@@ -92,3 +92,26 @@ def test_the_command_counts_refusals(capsys):
     assert "25 requests refused at the router" in capsys.readouterr().out
     assert main([*args[:-1], "max-outstanding=-1"]) == 2
     assert "integer >= 1" in capsys.readouterr().err
+
+
+def test_a_critical_class_is_never_shed_and_queues_past_the_limit():
+    """GIE's priority: when every replica is saturated only sheddable classes are refused; a
+    critical class goes to the picker's choice anyway (to queue on the model server)."""
+    work = sessions(**OVERLOAD, slo_class_mix=(("interactive", 0.3), ("batch", 0.7)))
+    shed_all, _, _ = run(FLEET, "least-requests", work, admission=Admission(max_outstanding=8))
+    refused = [r for r in shed_all.run.records if r.error is not None]
+    assert {r.slo_class for r in refused} == {"interactive", "batch"}
+    cr, _, _ = run(FLEET, "least-requests", work,
+                   admission=Admission(max_outstanding=8, critical=("interactive",)))
+    records = cr.run.records
+    inter = [r for r in records if r.slo_class == "interactive"]
+    assert inter and all(r.error is None for r in inter)  # not one shed
+    assert any(r.error is not None for r in records if r.slo_class == "batch")
+    assert max(peak_outstanding(records, k) for k in (0, 1)) > 8  # queued past the limit
+    assert_all_released(cr)
+    assert parse_admission("max-outstanding=8,critical=interactive+chat").critical == (
+        "interactive", "chat")
+    for bad in ("critical=interactive", "max-outstanding=8,critical=", "max-outstanding=8,"
+                "critical=a++b"):
+        with pytest.raises(ValueError):
+            parse_admission(bad)
