@@ -1,7 +1,7 @@
 """The P/D serving mode as the plan's extension point: its fleet file is the fleet-file P/D
 syntax (a prefill and a decode pool, `role`), and the search walks two replica counts to the
-cheapest pair. The simulation is a stand-in here (the P/D pools are not simulated on this
-build): a function of the two counts, so the test knows the answer."""
+cheapest pair. The simulation is a stand-in here (a function of the two counts, so the test
+knows the answer); the real P/D fleet's simulation is tests/sim/test_sim_pd_pools.py's."""
 
 from __future__ import annotations
 
