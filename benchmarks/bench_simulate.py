@@ -3,8 +3,8 @@
 1. Vidur's comparison workload (issue 16), as a user runs it: the whole `doppelchip simulate`
    command in a child process, start-up included — wall and CPU seconds (the child's user +
    system), macro-stepped (the default) and single-stepped (`--no-macro-steps`) in the same
-   run, and their ratio; the child's peak RSS for 10,000 and 1,000 requests (memory against
-   request count).
+   run, and their ratio; the child's peak RSS for 1,000, 10,000 and 100,000 requests (memory
+   against request count: flat, the summaries being streamed).
 2. A 100,000-request cluster run: `simulate --config benchmarks/fleet8.toml --router
    least-requests` (eight H100 replicas) on the same workload shape at 80 req/s.
 3. Requests simulated per CPU second in process for growing request counts (the random
@@ -92,9 +92,10 @@ def in_process(scale: float) -> dict:
 def main() -> None:
     scale = 0.1 if "--quick" in sys.argv else 1.0
     command([*VIDUR, "--num-requests", "1"])  # warm the byte-code cache
-    out = {"vidur_command": vidur(int(10_000 * scale)),
-           "vidur_memory_1000": command([*VIDUR, "--num-requests", str(int(1_000 * scale)),
-                                         "--rate", "10"])}
+    out = {"vidur_command": vidur(int(10_000 * scale))}
+    for n in (1_000, 100_000):  # memory against request count (streamed summaries)
+        out[f"vidur_memory_{n}"] = command([*VIDUR, "--num-requests", str(int(n * scale)),
+                                            "--rate", "10"])
     cluster = ["simulate", "--config", str(FLEET), "--router", "least-requests", *WORKLOAD,
                "--num-requests", str(int(100_000 * scale)), "--rate", "80"]
     out["cluster"] = command(cluster)
