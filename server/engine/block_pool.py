@@ -87,6 +87,16 @@ class BlockPool:
                 freed += 1
         return freed
 
+    def free_sole(self, block_ids: list[int]) -> None:
+        """Return blocks whose only holder lets go (the prefix cache evicting): ``free``
+        with the check that each one really becomes free (AssertionError otherwise)."""
+        refs = self._ref_counts
+        for b in block_ids:
+            if refs[b] != 1:
+                raise AssertionError(f"block {b} has {refs[b]} holders, not 1")
+            refs[b] = 0
+        self._free.extend(block_ids)
+
     # -- invariants ------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Raise AssertionError unless: free + used = total, no block twice in the free list,
