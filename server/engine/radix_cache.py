@@ -34,7 +34,10 @@ class RadixNode:
         node_id: int,
         last_access: int = 0,
     ) -> None:
-        self.key = key  # token ids; len == len(block_ids) * block_size
+        # token ids: the node's are key[: len(block_ids) * block_size]. Eviction trims only
+        # block_ids (copying a long key per trimmed block would cost more than the trim); the
+        # dead tail beyond is never read.
+        self.key = key
         self.block_ids = block_ids
         self.parent = parent
         self.children: dict[tuple[int, ...], RadixNode] = {}  # keyed by the child's first block
@@ -44,7 +47,7 @@ class RadixNode:
         self.hashes: list[bytes] = []  # vLLM's block hashes, parallel to block_ids (KV events)
 
     def __repr__(self) -> str:
-        return f"RadixNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref})"
+        return f"RadixNode(id={self.id}, blocks={len(self.block_ids)}, lock={self.lock_ref})"
 
 
 class RadixCache(PrefixCache):
@@ -153,7 +156,7 @@ class RadixCache(PrefixCache):
                 break
             key = child.key
             i = bs
-            klen = len(key)
+            klen = len(child.block_ids) * bs
             while i < klen and pos + i < n and _eq(key, i, token_ids, pos + i, bs):
                 i += bs
             if i < klen:
@@ -189,7 +192,7 @@ class RadixCache(PrefixCache):
         node, which inherits the lock count (every lock through ``child`` passes through it)."""
         bs = self.block_size
         parent = child.parent
-        assert parent is not None and 0 < i < len(child.key) and i % bs == 0
+        assert parent is not None and 0 < i < len(child.block_ids) * bs and i % bs == 0
         upper = RadixNode(child.key[:i], child.block_ids[: i // bs], parent, next(self._ids))
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
@@ -314,7 +317,7 @@ class RadixCache(PrefixCache):
                 break
             key = child.key
             i = bs
-            klen = len(key)
+            klen = len(child.block_ids) * bs
             while i < klen and pos + i < end and _eq(key, i, token_ids, pos + i, bs):
                 i += bs
             if i < klen:
@@ -357,33 +360,37 @@ class RadixCache(PrefixCache):
             heap[:] = [e for e in heap if self._valid(e)]
             heapq.heapify(heap)
         bs, events, free_sole = self.block_size, self.events, self.pool.free_sole
-        heappop, heappush = heapq.heappop, heapq.heappush
+        heappop, heapreplace = heapq.heappop, heapq.heapreplace
         freed = 0
         while freed < num_blocks and heap:
-            entry = heappop(heap)
-            last, _, node = entry
+            last, _, node = heap[0]  # the least recently used candidate
             parent = node.parent
             if parent is None or node.children or node.lock_ref or last != node.last_access:
-                continue  # stale (see _valid)
+                heappop(heap)  # stale (see _valid)
+                continue
             blocks = node.block_ids
             take = num_blocks - freed
-            if take < len(blocks):  # trim the tail; the leaf keeps its head
+            if take < len(blocks):  # trim the tail; the leaf keeps its head and its place
                 victims = blocks[-take:]
                 del blocks[-take:]
                 if events is not None:
                     events.removed(node.hashes[-1 : -take - 1 : -1])
                     del node.hashes[-take:]
-                node.key = node.key[: len(blocks) * bs]
-                heappush(heap, entry)
             else:
                 victims, take = blocks, len(blocks)
                 if events is not None:
                     events.removed(node.hashes[::-1])
-                del parent.children[node.key[:bs]]
+                siblings = parent.children
+                if len(siblings) == 1:
+                    siblings.clear()
+                else:
+                    del siblings[node.key[:bs]]
                 node.parent = None
                 self._num_nodes -= 1
-                if not parent.children and parent.lock_ref == 0 and parent.parent is not None:
-                    heappush(heap, (parent.last_access, parent.id, parent))  # _candidate
+                if not siblings and parent.lock_ref == 0 and parent.parent is not None:
+                    heapreplace(heap, (parent.last_access, parent.id, parent))  # _candidate
+                else:
+                    heappop(heap)
             free_sole(victims)
             freed += take
         self._evictable -= freed
@@ -407,7 +414,7 @@ class RadixCache(PrefixCache):
             stack.extend(node.children.values())
 
     def check_integrity(self) -> None:
-        """Raise AssertionError unless: keys are whole blocks, parent/child links agree, lock
+        """Raise AssertionError unless: keys cover whole blocks, parent/child links agree, lock
         counts are ≥ 0 and a node's count ≥ the sum of its children's, no block is in two
         nodes, every cached block is used in the pool (tree ⊆ pool), an unlocked node's blocks
         are held by the tree alone, the evictable/cached/node counters match the tree, and
@@ -427,8 +434,8 @@ class RadixCache(PrefixCache):
                 continue
             if child_locks > node.lock_ref:
                 raise AssertionError(f"{node} has fewer locks than its children")
-            if not node.key or len(node.key) != len(node.block_ids) * bs:
-                raise AssertionError(f"{node} key is not a whole number of blocks")
+            if not node.block_ids or len(node.key) < len(node.block_ids) * bs:
+                raise AssertionError(f"{node} key does not cover its blocks")
             for b in node.block_ids:
                 if b in seen:
                     raise AssertionError(f"block {b} owned by two nodes")
