@@ -362,6 +362,7 @@ class RadixCache(PrefixCache):
         bs, events, free_sole = self.block_size, self.events, self.pool.free_sole
         heappop, heapreplace = heapq.heappop, heapq.heapreplace
         freed = 0
+        released: list[int] = []  # in eviction order: the pool's free list gets them so
         while freed < num_blocks and heap:
             last, _, node = heap[0]  # the least recently used candidate
             parent = node.parent
@@ -391,8 +392,9 @@ class RadixCache(PrefixCache):
                     heapreplace(heap, (parent.last_access, parent.id, parent))  # _candidate
                 else:
                     heappop(heap)
-            free_sole(victims)
+            released += victims
             freed += take
+        free_sole(released)
         self._evictable -= freed
         self._cached -= freed
         return freed
