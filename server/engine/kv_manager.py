@@ -80,7 +80,7 @@ class KVCacheManager:
                 req.block_ids)
             if need <= 0:
                 return True
-            free = len(pool._free)
+            free = pool.num_free
             if need > free:
                 if need > free + self.cache.evictable_blocks:
                     return False
