@@ -57,6 +57,10 @@ class BlockPool:
         if n <= 0:
             return []
         free = self._free
+        if n == 1:  # a decode crossing into a new block: the common case
+            b = free.pop()
+            self._ref_counts[b] = 1
+            return [b]
         blocks = free[-n:]
         del free[-n:]
         blocks.reverse()
@@ -76,16 +80,29 @@ class BlockPool:
     def free(self, block_ids: Iterable[int]) -> int:
         """Drop one holder from each block; returns how many blocks became free."""
         refs = self._ref_counts
+        release = self._free.append
         freed = 0
         for b in block_ids:
             r = refs[b]
-            if r <= 0:
-                raise ValueError(f"double free of block {b}")
-            refs[b] = r - 1
-            if r == 1:
-                self._free.append(b)
+            if r > 1:
+                refs[b] = r - 1
+            elif r == 1:
+                refs[b] = 0
+                release(b)
                 freed += 1
+            else:
+                raise ValueError(f"double free of block {b}")
         return freed
+
+    def free_sole(self, block_ids: list[int]) -> None:
+        """Return blocks whose only holder lets go (the prefix cache evicting): ``free``
+        with the check that each one really becomes free (AssertionError otherwise)."""
+        refs = self._ref_counts
+        for b in block_ids:
+            if refs[b] != 1:
+                raise AssertionError(f"block {b} has {refs[b]} holders, not 1")
+            refs[b] = 0
+        self._free.extend(block_ids)
 
     # -- invariants ------------------------------------------------------------------------
     def check_integrity(self) -> None:

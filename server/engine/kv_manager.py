@@ -74,6 +74,19 @@ class KVCacheManager:
     def allocate_slots(
         self, req: Request, num_new_tokens: int, match: PrefixMatch = NO_MATCH
     ) -> bool:
+        pool = self.pool
+        if match.node is None and not self.contiguous:  # the common case: paged, no match
+            need = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size) - len(
+                req.block_ids)
+            if need <= 0:
+                return True
+            free = pool.num_free
+            if need > free:
+                if need > free + self.cache.evictable_blocks:
+                    return False
+                self.cache.evict(need - free)
+            req.block_ids.extend(pool.allocate(need))
+            return True
         num_cached_blocks = len(match.block_ids)
         if self.contiguous:
             target = self.blocks_needed_alone(req) if not req.block_ids else 0
@@ -83,7 +96,6 @@ class KVCacheManager:
         need = max(0, target - len(req.block_ids) - num_cached_blocks)
         if match.node is not None:
             self.cache.lock(match.node)  # lock first: the matched blocks must not be evicted
-        pool = self.pool
         if need > pool.num_free:
             if need > pool.num_free + self.cache.evictable_blocks:
                 if match.node is not None:
@@ -105,28 +117,28 @@ class KVCacheManager:
         ones) into the prefix cache."""
         bs = self.block_size
         n = (req.num_computed_tokens if num_tokens is None else num_tokens) // bs
-        if not self.cache.enabled or n * bs <= req._tree_len:
+        tree_len = req._tree_len
+        if n * bs <= tree_len or not self.cache.enabled:
             return
-        node, tree_blocks = self.cache.insert(
-            req.token_ids[: n * bs], req.block_ids[:n], start=(req.cache_node, req._tree_len),
-            lora=req.lora_id)
-        blocks = req.block_ids
-        for i in range(req._tree_len // bs, n):
-            mine, theirs = blocks[i], tree_blocks[i]
-            if mine != theirs:  # computed twice concurrently: adopt the cache's copy
-                self.pool.share((theirs,))
-                self.pool.free((mine,))
-                blocks[i] = theirs
-        self.cache.lock(node)
-        self.cache.unlock(req.cache_node)
+        node, theirs = self.cache.insert_from(
+            req.cache_node, tree_len, req.token_ids, req.block_ids, n, req.lora_id)
+        if theirs:
+            blocks = req.block_ids
+            first = tree_len // bs
+            for i, b in enumerate(theirs, first):
+                if blocks[i] != b:  # computed twice concurrently: adopt the cache's copy
+                    self.pool.share((b,))
+                    self.pool.free((blocks[i],))
+                    blocks[i] = b
         req.cache_node = node
         req._tree_len = n * bs
 
     def free(self, req: Request, *, cache: bool) -> None:
         if cache:
             self.cache_blocks(req)
-            self.cache.touch(req.cache_node)  # its prefix was used until now (LRU)
-        self.cache.unlock(req.cache_node)
+            self.cache.touch_unlock(req.cache_node)  # its prefix was used until now (LRU)
+        else:
+            self.cache.unlock(req.cache_node)
         req.cache_node = None
         req._tree_len = 0
         self.pool.free(req.block_ids)

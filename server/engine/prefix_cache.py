@@ -75,6 +75,21 @@ class PrefixCache(ABC):
     def touch(self, node: Any) -> None:
         """Mark ``node`` and its ancestors used now (LRU)."""
 
+    def touch_unlock(self, node: Any) -> None:
+        """``touch(node)`` then ``unlock(node)`` (a cache may do both in one pass)."""
+        self.touch(node)
+        self.unlock(node)
+
+    @abstractmethod
+    def insert_from(self, start: Any, num_known: int, token_ids: Sequence[int],
+                    block_ids: Sequence[int], num_blocks: int,
+                    lora: int = 0) -> tuple[Any, list[int]]:
+        """A request's ``insert`` of its first ``num_blocks`` blocks (its lists unsliced),
+        with its lock moved from ``start`` (its locked node, ending at token ``num_known``;
+        None, 0 if none) to the returned node. Returns that node and the blocks the cache
+        already held for the positions it walked from ``num_known`` on (the caller adopts
+        those); the blocks after them are the caller's own."""
+
     def path_blocks(self, node: Any) -> list[int]:
         """The blocks from the root down to ``node``, in token order."""
         return []
@@ -125,6 +140,11 @@ class NoPrefixCache(PrefixCache):
 
     def touch(self, node: Any) -> None:
         pass
+
+    def insert_from(self, start: Any, num_known: int, token_ids: Sequence[int],
+                    block_ids: Sequence[int], num_blocks: int,
+                    lora: int = 0) -> tuple[Any, list[int]]:
+        return None, []
 
     def evict(self, num_blocks: int) -> int:
         return 0

@@ -34,7 +34,10 @@ class RadixNode:
         node_id: int,
         last_access: int = 0,
     ) -> None:
-        self.key = key  # token ids; len == len(block_ids) * block_size
+        # token ids: the node's are key[: len(block_ids) * block_size]. Eviction trims only
+        # block_ids (copying a long key per trimmed block would cost more than the trim); the
+        # dead tail beyond is never read.
+        self.key = key
         self.block_ids = block_ids
         self.parent = parent
         self.children: dict[tuple[int, ...], RadixNode] = {}  # keyed by the child's first block
@@ -44,7 +47,7 @@ class RadixNode:
         self.hashes: list[bytes] = []  # vLLM's block hashes, parallel to block_ids (KV events)
 
     def __repr__(self) -> str:
-        return f"RadixNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref})"
+        return f"RadixNode(id={self.id}, blocks={len(self.block_ids)}, lock={self.lock_ref})"
 
 
 class RadixCache(PrefixCache):
@@ -153,7 +156,7 @@ class RadixCache(PrefixCache):
                 break
             key = child.key
             i = bs
-            klen = len(key)
+            klen = len(child.block_ids) * bs
             while i < klen and pos + i < n and _eq(key, i, token_ids, pos + i, bs):
                 i += bs
             if i < klen:
@@ -189,7 +192,7 @@ class RadixCache(PrefixCache):
         node, which inherits the lock count (every lock through ``child`` passes through it)."""
         bs = self.block_size
         parent = child.parent
-        assert parent is not None and 0 < i < len(child.key) and i % bs == 0
+        assert parent is not None and 0 < i < len(child.block_ids) * bs and i % bs == 0
         upper = RadixNode(child.key[:i], child.block_ids[: i // bs], parent, next(self._ids))
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
@@ -260,6 +263,94 @@ class RadixCache(PrefixCache):
             self._candidate(node)
             node = node.parent
 
+    def touch_unlock(self, node: RadixNode | None) -> None:
+        """``touch(node)`` then ``unlock(node)`` in one pass up the path (a finishing request).
+        Exact because the path is locked while touched, so the touch queues nothing."""
+        now = self._tick()
+        heap = self._heap
+        while node is not None and node.parent is not None:
+            node.last_access = now
+            lock_ref = node.lock_ref - 1
+            if lock_ref < 0:
+                raise AssertionError(f"unlock of unlocked node {node}")
+            node.lock_ref = lock_ref
+            if lock_ref == 0:
+                self._evictable += len(node.block_ids)
+                if not node.children:
+                    heapq.heappush(heap, (now, node.id, node))
+            node = node.parent
+
+    def insert_from(
+        self,
+        start: RadixNode | None,
+        num_known: int,
+        token_ids: Sequence[int],
+        block_ids: Sequence[int],
+        num_blocks: int,
+        lora: int = 0,
+    ) -> tuple[RadixNode, list[int]]:
+        """What a request's ``insert`` + ``lock(node)`` + ``unlock(start)`` does, in one walk
+        and without the caller slicing its token and block lists: store the first
+        ``num_blocks`` blocks of ``token_ids``/``block_ids``, the caller's locked node
+        ``start`` ending at token ``num_known`` of them (None, 0: nothing locked yet).
+        Returns the node ending at the prefix (now locked by the caller instead of ``start``)
+        and the blocks the tree held already for blocks ``num_known // bs`` onwards (the
+        walked part; the caller adopts those, the rest are its own). Exactly the original's
+        clock tick, splits, node ids and LRU times; it queues no eviction candidate because
+        every node it reaches ends up locked."""
+        bs = self.block_size
+        end = num_blocks * bs
+        if num_blocks > len(block_ids) or end > len(token_ids):
+            raise ValueError(f"{num_blocks} blocks exceed {len(block_ids)} blocks or "
+                             f"{len(token_ids)} tokens")
+        if start is None:
+            root = self._root(lora, create=True)
+            assert root is not None
+            start, num_known = root, 0
+        self._clock += 1
+        now = self._clock
+        node, pos = start, num_known
+        theirs: list[int] = []
+        while pos < end and node.children:
+            child = node.children.get(tuple(token_ids[pos : pos + bs]))
+            if child is None:
+                break
+            key = child.key
+            i = bs
+            klen = len(child.block_ids) * bs
+            while i < klen and pos + i < end and _eq(key, i, token_ids, pos + i, bs):
+                i += bs
+            if i < klen:
+                child = self._split(child, i)
+            child.last_access = now
+            theirs.extend(child.block_ids)
+            node, pos = child, pos + i
+            if i < klen:
+                break
+        if pos < end:
+            new_blocks = list(block_ids[pos // bs : num_blocks])
+            self.pool.share(new_blocks)
+            key = tuple(token_ids[pos:end])
+            leaf = RadixNode(key, new_blocks, node, next(self._ids), now)
+            if self.events is not None:
+                parent_hash = node.hashes[-1] if node.hashes else None
+                leaf.hashes = self.events.hashes(parent_hash, key, lora)
+                self.events.stored(parent_hash, leaf.hashes, key, lora)
+            node.children[key[:bs]] = leaf
+            leaf.lock_ref = 1  # the caller's lock (never counted evictable)
+            self._cached += len(new_blocks)
+            self._num_nodes += 1
+            up = node
+            node = leaf
+        else:
+            up = node
+        while up is not start:  # the caller's lock moves down: only the walked nodes gain one
+            if up.lock_ref == 0:
+                self._evictable -= len(up.block_ids)
+            up.lock_ref += 1
+            up = up.parent  # type: ignore[assignment]
+        return node, theirs
+
     # -- eviction --------------------------------------------------------------------------
     def evict(self, num_blocks: int) -> int:
         if num_blocks <= 0 or self._evictable == 0:
@@ -268,36 +359,44 @@ class RadixCache(PrefixCache):
         if len(heap) > 2 * self._num_nodes + 64:  # mostly stale: rebuild
             heap[:] = [e for e in heap if self._valid(e)]
             heapq.heapify(heap)
+        bs, events, free_sole = self.block_size, self.events, self.pool.free_sole
+        heappop, heapreplace = heapq.heappop, heapq.heapreplace
         freed = 0
+        released: list[int] = []  # in eviction order: the pool's free list gets them so
         while freed < num_blocks and heap:
-            entry = heapq.heappop(heap)
-            if not self._valid(entry):
+            last, _, node = heap[0]  # the least recently used candidate
+            parent = node.parent
+            if parent is None or node.children or node.lock_ref or last != node.last_access:
+                heappop(heap)  # stale (see _valid)
                 continue
-            node = entry[2]
-            take = min(num_blocks - freed, len(node.block_ids))
-            if take < len(node.block_ids):  # trim the tail; the leaf keeps its head
-                victims = node.block_ids[-take:]
-                del node.block_ids[-take:]
-                if self.events is not None:
-                    self.events.removed(node.hashes[-1 : -take - 1 : -1])
+            blocks = node.block_ids
+            take = num_blocks - freed
+            if take < len(blocks):  # trim the tail; the leaf keeps its head and its place
+                victims = blocks[-take:]
+                del blocks[-take:]
+                if events is not None:
+                    events.removed(node.hashes[-1 : -take - 1 : -1])
                     del node.hashes[-take:]
-                node.key = node.key[: len(node.block_ids) * self.block_size]
-                heapq.heappush(heap, entry)
             else:
-                victims = node.block_ids
-                if self.events is not None:
-                    self.events.removed(node.hashes[::-1])
-                parent = node.parent
-                assert parent is not None
-                del parent.children[node.key[: self.block_size]]
+                victims, take = blocks, len(blocks)
+                if events is not None:
+                    events.removed(node.hashes[::-1])
+                siblings = parent.children
+                if len(siblings) == 1:
+                    siblings.clear()
+                else:
+                    del siblings[node.key[:bs]]
                 node.parent = None
                 self._num_nodes -= 1
-                self._candidate(parent)
-            released = self.pool.free(victims)
-            assert released == len(victims), "an unlocked cached block had another holder"
+                if not siblings and parent.lock_ref == 0 and parent.parent is not None:
+                    heapreplace(heap, (parent.last_access, parent.id, parent))  # _candidate
+                else:
+                    heappop(heap)
+            released += victims
             freed += take
-            self._evictable -= take
-            self._cached -= take
+        free_sole(released)
+        self._evictable -= freed
+        self._cached -= freed
         return freed
 
     @property
@@ -317,7 +416,7 @@ class RadixCache(PrefixCache):
             stack.extend(node.children.values())
 
     def check_integrity(self) -> None:
-        """Raise AssertionError unless: keys are whole blocks, parent/child links agree, lock
+        """Raise AssertionError unless: keys cover whole blocks, parent/child links agree, lock
         counts are ≥ 0 and a node's count ≥ the sum of its children's, no block is in two
         nodes, every cached block is used in the pool (tree ⊆ pool), an unlocked node's blocks
         are held by the tree alone, the evictable/cached/node counters match the tree, and
@@ -337,8 +436,8 @@ class RadixCache(PrefixCache):
                 continue
             if child_locks > node.lock_ref:
                 raise AssertionError(f"{node} has fewer locks than its children")
-            if not node.key or len(node.key) != len(node.block_ids) * bs:
-                raise AssertionError(f"{node} key is not a whole number of blocks")
+            if not node.block_ids or len(node.key) < len(node.block_ids) * bs:
+                raise AssertionError(f"{node} key does not cover its blocks")
             for b in node.block_ids:
                 if b in seen:
                     raise AssertionError(f"block {b} owned by two nodes")

@@ -149,11 +149,23 @@ class Scheduler:
         self.stats.num_lora_deferred = 0
 
         bs, paged, speculates = kv.block_size, not kv.contiguous, cfg.num_speculative_tokens > 0
+        plain = paged and not speculates  # a decode may take the fast path below
+        running = self.running  # the one list: _preempt removes from it in place
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        while i < len(running) and budget > 0:
+            req = running[i]
             computed = req.num_computed_tokens
             remaining = len(req.token_ids) - computed
+            if (remaining == 1 and plain and computed >= req.num_prompt_tokens
+                    and computed < len(req.block_ids) * bs):
+                # a plain decode into a block it holds (what the general path below does)
+                rid = req.request_id
+                scheduled[rid] = ScheduledRequest(rid, 1, computed, False, True)
+                if (computed + 1) // bs * bs > req._tree_len:  # completes a block: cache it
+                    kv.cache_blocks(req, computed + 1)
+                budget -= 1
+                i += 1
+                continue
             if not cfg.enable_chunked_prefill and remaining > budget:
                 i += 1  # a whole prefill that does not fit this step waits for the next
                 continue
