@@ -55,7 +55,9 @@ async def test_client_timing_matches_the_emulated_timeline():
 async def test_cold_deployment_is_unavailable_until_built():
     cold = {"name": "cold", "model": "llama-3.1-8b", "quant": "fp8", "chip": "h100-sxm",
             "engine": "tensorrt-llm", "built_for": "hopper", "start": "cold"}
-    with ServerProcess({"server": {"time_scale": 0.0005}, "deployments": [cold]}) as server:
+    # the build is ~349 s emulated: 5 s of wall time at this scale, so a loaded machine's
+    # seconds between the server's start and the first query still find it compiling
+    with ServerProcess({"server": {"time_scale": 0.015}, "deployments": [cold]}) as server:
         async with AsyncClient(server.target) as client:
             status = await client.get_deployment("cold")
             assert status.state == pb.DEPLOYMENT_STATE_COMPILING
