@@ -4,9 +4,10 @@ one.
 Why it exists: between the events that change a batch (an arrival, an admission, a preemption,
 a prefill chunk, a constrained or speculative request) every step of a virtual run is the
 same decode batch one token further on. Single-stepping pays the scheduler's loop, the
-sampling and the update in Python for each of those steps; `advance` draws the window's
-tokens for the whole batch in one NumPy pass (`MockModel.draw_ahead`: the very tokens
-`next_token` draws), finds in closed form the step at which each request crosses a block
+sampling and the update in Python for each of those steps; `advance` takes the window's
+tokens for the whole batch from one NumPy pass (`MockModel.window`, which reuses the draws
+it kept from the last window when they cover this one: the very tokens `next_token`
+draws), finds in closed form the step at which each request crosses a block
 boundary or ends (EOS or length), and replays only those events — the same `allocate_slots`
 / `cache_blocks` calls in the same order as `Scheduler.schedule` makes them, so block ids,
 prefix-cache insertions, LRU times and evictions are the same — and the finishes as
@@ -86,8 +87,7 @@ def advance(core: EngineCore, t: float, until: float | None,
     by_length = [min(r.sampling_params.max_tokens - r.num_output_tokens,
                      max_len - len(r.token_ids)) - 1 for r in running]
     k = min(HORIZON, max(by_length) + 1)
-    tokens_np, hashes_np = core.model.draw_ahead(running, k)
-    tokens = tokens_np.tolist()
+    tokens = core.model.window(running, k)
     last = []  # the step at which each request finishes (or k: not in this window)
     for row, lim in zip(tokens, by_length, strict=True):
         end = min(lim, k - 1)
@@ -155,7 +155,6 @@ def advance(core: EngineCore, t: float, until: float | None,
         del req.token_ids[c + 1:]
         req.token_ids.extend(tokens[i][:done])
         req.num_computed_tokens = c + done
-        req._lag_len, req._lag_value = req._lag_len + done - 1, int(hashes_np[i, done - 1])
         n_tokens += done
     for f, reqs in finished.items():
         n_tokens += (f + 1) * len(reqs)
