@@ -112,8 +112,8 @@ def decode_costs(placement: Placement, n: np.ndarray, ctx: np.ndarray) -> Decode
     moved = None
     for b in by_tier.values():
         moved = _plus(moved, b)
-    parts = [_full(x, size) for x in (mem_s, comp_s, over_s, link_s)]
-    bound = np.argmax(np.stack(parts), axis=0)
+    parts = np.array([_full(x, size) for x in (mem_s, comp_s, over_s, link_s)])
+    bound = parts.argmax(axis=0)
     return DecodeCosts(total, joules, total * plan.usd_per_s, _full(moved, size),
                        _full(flops, size), bound)
 

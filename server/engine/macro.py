@@ -109,7 +109,10 @@ def advance(core: EngineCore, t: float, until: float | None,
     alive_c = np.bincount(finish_steps, weights=first, minlength=k)[::-1].cumsum()[::-1]
     steps = np.arange(k)
     costs = decode_costs(core.placement, alive_n, alive_c + steps * alive_n)
-    ends = np.cumsum(np.concatenate(([t], costs.seconds))).tolist()[1:]
+    ends = []  # each step's end: t + s_0 + ... + s_j, added left to right (as np.cumsum)
+    for s in costs.seconds.tolist():
+        t += s
+        ends.append(t)
     n_steps = int(finish_steps.max()) + 1  # after the last request ends, nothing runs
     if until is not None:
         n_steps = min(n_steps, bisect_left(ends, until) + 1)
@@ -170,21 +173,27 @@ def advance(core: EngineCore, t: float, until: float | None,
 def _account(core: EngineCore, costs: DecodeCosts, k: int) -> None:
     """`EngineCore._account` of the first `k` steps (no stall, no jitter: busy = seconds)."""
     s = core.stats
+    add = np.add.reduce  # what ndarray.sum() calls, without its Python wrapper
     seconds = costs.seconds[:k]
     s.steps += k
-    s.busy_s += float(seconds.sum())
-    s.joules += float(costs.joules[:k].sum())
-    s.dollars += float(costs.dollars[:k].sum())
-    s.bytes += float(costs.bytes[:k].sum())
-    s.flops += float(costs.flops[:k].sum())
+    busy = float(add(seconds))
+    s.busy_s += busy
+    s.joules += float(add(costs.joules[:k]))
+    s.dollars += float(add(costs.dollars[:k]))
+    s.bytes += float(add(costs.bytes[:k]))
+    s.flops += float(add(costs.flops[:k]))
     s.compiles = core.compiler.compiles
-    bound = costs.bound[:k]
-    lo, hi = int(bound.min()), int(bound.max())
-    for b in range(lo, hi + 1):  # nearly always one bound for the whole window
-        part = seconds if lo == hi else seconds[bound == b]
+    bound = costs.bound[:k].tolist()
+    lo, hi = min(bound), max(bound)
+    if lo == hi:  # nearly always one bound for the whole window
+        name = BOUNDS[lo]
+        s.bound_s[name] = s.bound_s.get(name, 0.0) + busy
+        return
+    for b in range(lo, hi + 1):
+        part = seconds[costs.bound[:k] == b]
         if len(part):
             name = BOUNDS[b]
-            s.bound_s[name] = s.bound_s.get(name, 0.0) + float(part.sum())
+            s.bound_s[name] = s.bound_s.get(name, 0.0) + float(add(part))
 
 
 def _finish(sched, req: Request, start: int, tokens: list[int], j: int) -> Request:
