@@ -103,17 +103,23 @@ def advance(core: EngineCore, t: float, until: float | None,
             finish_at.setdefault(f, []).append(i)
     # each step's batch (size, summed context) while no allocation cuts the window short
     starts = [r.num_computed_tokens for r in running]
-    finish_steps = np.fromiter((min(f, k - 1) for f in last), np.int64, len(last))
-    first = np.fromiter(starts, np.float64, len(starts)) + 1.0
-    alive_n = np.bincount(finish_steps, minlength=k)[::-1].cumsum()[::-1]
-    alive_c = np.bincount(finish_steps, weights=first, minlength=k)[::-1].cumsum()[::-1]
-    steps = np.arange(k)
-    costs = decode_costs(core.placement, alive_n, alive_c + steps * alive_n)
+    ending_n, ending_c = [0] * k, [0] * k  # requests (their first contexts) leaving per step
+    for f, c in zip(last, starts, strict=True):
+        f = min(f, k - 1)
+        ending_n[f] += 1
+        ending_c[f] += c + 1
+    alive_n, ctx = [0] * k, [0] * k  # whole numbers: exact as floats, in any order
+    a = b = 0
+    for j in range(k - 1, -1, -1):
+        a += ending_n[j]
+        b += ending_c[j]
+        alive_n[j], ctx[j] = a, b + j * a
+    costs = decode_costs(core.placement, np.array(alive_n), np.array(ctx, np.float64))
     ends = []  # each step's end: t + s_0 + ... + s_j, added left to right (as np.cumsum)
     for s in costs.seconds.tolist():
         t += s
         ends.append(t)
-    n_steps = int(finish_steps.max()) + 1  # after the last request ends, nothing runs
+    n_steps = min(max(last), k - 1) + 1  # after the last request ends, nothing runs
     if until is not None:
         n_steps = min(n_steps, bisect_left(ends, until) + 1)
     if (stop_at_finish or sched.waiting) and finish_at:
