@@ -113,12 +113,16 @@ def plan_cost(plan: Plan, batch: BatchShape) -> StepCost:
             attn_swa += _windowed(n, s, w)
     dec = batch.decode
     n_dec = len(dec)
-    for c in dec:
-        ctx_read += c
-        attn += q * c + q * (q + 1) / 2
-        if w:
+    if w:
+        for c in dec:
+            ctx_read += c
+            attn += q * c + q * (q + 1) / 2
             ctx_swa += min(c, w)
             attn_swa += _windowed(q, c, w)
+    elif n_dec:  # every term and partial sum is a whole number below 2^53: exact in any order
+        total_c = sum(dec)
+        ctx_read += total_c
+        attn += q * total_c + n_dec * (q * (q + 1) // 2)
     tokens = n_pre + n_dec * q
     if tokens == 0:
         return ZERO
@@ -171,8 +175,13 @@ def plan_cost(plan: Plan, batch: BatchShape) -> StepCost:
     link_s += hop * plan.n_hops
     joules += total * plan.idle_w
     slowest = max(stage_seconds) + hop
-    parts = (("memory", mem_s), ("compute", comp_s), ("overhead", over_s), ("link", link_s))
-    bound = max(parts, key=lambda p: p[1])[0]
+    bound, most = "memory", mem_s  # the first of the largest, as max() picks it
+    if comp_s > most:
+        bound, most = "compute", comp_s
+    if over_s > most:
+        bound, most = "overhead", over_s
+    if link_s > most:
+        bound = "link"
     return StepCost(
         seconds=total,
         interval_s=min(slowest, total),

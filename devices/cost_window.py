@@ -6,7 +6,8 @@ or a sliding window, `plan_cost` depends on the batch only through its size ``n`
 summed context ``S`` (each decode reads ``c`` tokens of KV and attends over ``c + 1``), and is
 built from the plan's per-segment constants by additions, products and maxima. `decode_costs`
 evaluates the very same expressions, in the same order, elementwise over arrays of ``n`` and
-``S`` (one entry per step), so each entry is the float `step_cost` gives for that step.
+``S`` (one entry per step), leaving out only the terms that are exactly zero (or products by
+exactly one), so each entry is the float `step_cost` gives for that step.
 
 Contract: `closed_form(placement)` says whether the placement qualifies (one pipeline stage,
 no sliding window, no draft model, no prefill offload); `decode_costs` is then exact for
@@ -45,57 +46,94 @@ def closed_form(placement: Placement) -> bool:
 
 
 def decode_costs(placement: Placement, n: np.ndarray, ctx: np.ndarray) -> DecodeCosts:
-    """`step_cost` of decode batches of `n` requests whose contexts sum to `ctx` (per step)."""
+    """`step_cost` of decode batches of `n` requests whose contexts sum to `ctx` (per step).
+
+    `step_cost`'s expressions in its order, with the terms whose constant is exactly zero
+    (a dense model's experts, no sliding layers, no collectives, no launch wait, one
+    repeat, one chip) left out rather than added: x + 0.0 and x * 1 are x itself in
+    floating point, so each entry is still `step_cost`'s float, at a fraction of the NumPy
+    operations (their overhead, not the arithmetic, is the cost at a window's length)."""
     plan = placement.plan
     tokens = n.astype(np.int64)
     ctx_read = ctx.astype(np.float64)
     attn = ctx_read + tokens  # sum of (c + 1): exact, as plan_cost's running float sum
     logits = tokens
+    touched = None  # None: exactly zero
     if plan.moe:
         seen = tokens / plan.expert_tokens_div
         touched = np.array([1.0 - (1.0 - plan.moe_k_over_e) ** s for s in seen.tolist()])
-    else:
-        touched = np.zeros(len(tokens))
-    zeros = np.zeros(len(tokens))
-    mem_s, comp_s, over_s, link_s = zeros.copy(), zeros.copy(), zeros.copy(), zeros.copy()
-    flops, joules, total = zeros.copy(), zeros.copy(), zeros.copy()
-    by_tier: dict[str, np.ndarray] = {}
+    size = len(tokens)
+    mem_s = comp_s = over_s = link_s = flops = joules = total = None
+    by_tier: dict[str, object] = {}
     for stage in plan.stages:
-        t_stage = zeros.copy()
+        t_stage = None
         r = stage.repeat
         for seg in stage.segments:
-            tpad = -(-tokens // seg.tile) * seg.tile
-            mem = seg.dense_s + seg.expert_s * touched + seg.kv_s * (ctx_read + tokens)
-            mem = mem + (seg.kv_swa_s * (0.0 + tokens) + seg.act_s * tokens)
-            comp = seg.flop_s * tpad + seg.attn_s * attn + seg.attn_swa_s * 0.0
+            tpad = tokens if seg.tile == 1 else -(-tokens // seg.tile) * seg.tile
+            mem = seg.dense_s if touched is None or not seg.expert_s else \
+                seg.dense_s + seg.expert_s * touched
+            mem = mem + seg.kv_s * attn  # attn is ctx_read + tokens
+            act = seg.act_s * tokens
+            mem = mem + (seg.kv_swa_s * (0.0 + tokens) + act if seg.kv_swa_s else act)
+            comp = seg.flop_s * tpad + seg.attn_s * attn
             comp = comp + seg.head_flop_s * logits
-            coll = seg.coll_fixed_s + seg.coll_tok_s * tokens
-            device = np.maximum(mem, comp) + seg.overhead_s + coll
-            launch_wait = np.maximum(0.0, seg.launch_s - device)
+            coll = _plus(seg.coll_fixed_s or None,
+                         seg.coll_tok_s * tokens if seg.coll_tok_s else None)
+            device = _plus(np.maximum(mem, comp) + seg.overhead_s, coll)
+            launch_wait = np.maximum(0.0, seg.launch_s - device) if seg.launch_s else None
             mem_bound = mem >= comp
-            mem_s = np.where(mem_bound, mem_s + mem * r, mem_s)
-            comp_s = np.where(mem_bound, comp_s, comp_s + comp * r)
-            over_s = over_s + (seg.overhead_s + launch_wait) * r
-            link_s = link_s + coll * r
-            t_stage = t_stage + (device + launch_wait)
+            mem_r, comp_r = _times(mem, r), _times(comp, r)
+            mem_s = np.where(mem_bound, _plus(mem_s, mem_r), 0.0 if mem_s is None else mem_s)
+            comp_s = np.where(mem_bound, 0.0 if comp_s is None else comp_s, _plus(comp_s, comp_r))
+            over_s = _plus(over_s, _times(_plus(seg.overhead_s, launch_wait), r))
+            link_s = _plus(link_s, _times(coll, r))
+            t_stage = _plus(t_stage, _plus(device, launch_wait))
             chips = seg.tp * r
-            flops = flops + (seg.flops_per_token * tpad + seg.attn_flops_per_unit * (attn + 0.0)
-                             + seg.head_flops_per_logit * logits) * chips
-            wscale = (1.0 - seg.expert_fraction) + seg.expert_fraction * touched
+            f = seg.flops_per_token * tpad + seg.attn_flops_per_unit * attn
+            flops = _plus(flops, _times(f + seg.head_flops_per_logit * logits, chips))
+            if touched is None or not seg.expert_fraction:
+                wscale = (1.0 - seg.expert_fraction) + seg.expert_fraction * 0.0
+            else:
+                wscale = (1.0 - seg.expert_fraction) + seg.expert_fraction * touched
             for tier, b in seg.weight_bytes:
-                by_tier[tier] = by_tier.get(tier, zeros) + b * wscale * chips
-            kvb = seg.kv_bytes_per_token * (ctx_read + tokens) + seg.act_bytes_per_token * tokens
-            kvb = kvb + seg.kv_swa_bytes_per_token * (0.0 + tokens)
-            by_tier[seg.kv_tier] = by_tier.get(seg.kv_tier, zeros) + kvb * chips
-        total = total + t_stage * r
-        joules = joules + t_stage * r * stage.busy_delta_w
+                by_tier[tier] = _plus(by_tier.get(tier), b * wscale * chips)
+            kvb = seg.kv_bytes_per_token * attn + seg.act_bytes_per_token * tokens
+            if seg.kv_swa_bytes_per_token:
+                kvb = kvb + seg.kv_swa_bytes_per_token * (0.0 + tokens)
+            by_tier[seg.kv_tier] = _plus(by_tier.get(seg.kv_tier), _times(kvb, chips))
+        total = _plus(total, _times(t_stage, r))
+        joules = _plus(joules, _times(t_stage, r) * stage.busy_delta_w)
     if plan.n_hops:
         hop = plan.hop_fixed_s + plan.hop_tok_s * tokens
-        total = total + hop * plan.n_hops
-        link_s = link_s + hop * plan.n_hops
-    joules = joules + total * plan.idle_w
-    moved = zeros.copy()
+        total = _plus(total, hop * plan.n_hops)
+        link_s = _plus(link_s, hop * plan.n_hops)
+    total = _full(total, size)
+    joules = _full(_plus(joules, total * plan.idle_w), size)
+    moved = None
     for b in by_tier.values():
-        moved = moved + b
-    bound = np.argmax(np.stack([mem_s, comp_s, over_s, link_s]), axis=0)
-    return DecodeCosts(total, joules, total * plan.usd_per_s, moved, flops, bound)
+        moved = _plus(moved, b)
+    parts = np.array([_full(x, size) for x in (mem_s, comp_s, over_s, link_s)])
+    bound = parts.argmax(axis=0)
+    return DecodeCosts(total, joules, total * plan.usd_per_s, _full(moved, size),
+                       _full(flops, size), bound)
+
+
+def _plus(a, b):
+    """a + b, where None stands for an exact zero (x + 0.0 is x)."""
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+def _times(a, r: int):
+    """a * r for a whole repeat or chip count (x * 1 is x)."""
+    return a if r == 1 or a is None else a * r
+
+
+def _full(x, size: int) -> np.ndarray:
+    """`x` (None: zero, or a constant) as a float array of one entry per step."""
+    if x is None:
+        return np.zeros(size)
+    if isinstance(x, np.ndarray) and x.shape == (size,):
+        return x.astype(np.float64, copy=False)
+    return np.full(size, x, np.float64)

@@ -4,9 +4,10 @@ one.
 Why it exists: between the events that change a batch (an arrival, an admission, a preemption,
 a prefill chunk, a constrained or speculative request) every step of a virtual run is the
 same decode batch one token further on. Single-stepping pays the scheduler's loop, the
-sampling and the update in Python for each of those steps; `advance` draws the window's
-tokens for the whole batch in one NumPy pass (`MockModel.draw_ahead`: the very tokens
-`next_token` draws), finds in closed form the step at which each request crosses a block
+sampling and the update in Python for each of those steps; `advance` takes the window's
+tokens for the whole batch from one NumPy pass (`MockModel.window`, which reuses the draws
+it kept from the last window when they cover this one: the very tokens `next_token`
+draws), finds in closed form the step at which each request crosses a block
 boundary or ends (EOS or length), and replays only those events — the same `allocate_slots`
 / `cache_blocks` calls in the same order as `Scheduler.schedule` makes them, so block ids,
 prefix-cache insertions, LRU times and evictions are the same — and the finishes as
@@ -86,8 +87,7 @@ def advance(core: EngineCore, t: float, until: float | None,
     by_length = [min(r.sampling_params.max_tokens - r.num_output_tokens,
                      max_len - len(r.token_ids)) - 1 for r in running]
     k = min(HORIZON, max(by_length) + 1)
-    tokens_np, hashes_np = core.model.draw_ahead(running, k)
-    tokens = tokens_np.tolist()
+    tokens = core.model.window(running, k)
     last = []  # the step at which each request finishes (or k: not in this window)
     for row, lim in zip(tokens, by_length, strict=True):
         end = min(lim, k - 1)
@@ -103,14 +103,23 @@ def advance(core: EngineCore, t: float, until: float | None,
             finish_at.setdefault(f, []).append(i)
     # each step's batch (size, summed context) while no allocation cuts the window short
     starts = [r.num_computed_tokens for r in running]
-    finish_steps = np.fromiter((min(f, k - 1) for f in last), np.int64, len(last))
-    first = np.fromiter(starts, np.float64, len(starts)) + 1.0
-    alive_n = np.bincount(finish_steps, minlength=k)[::-1].cumsum()[::-1]
-    alive_c = np.bincount(finish_steps, weights=first, minlength=k)[::-1].cumsum()[::-1]
-    steps = np.arange(k)
-    costs = decode_costs(core.placement, alive_n, alive_c + steps * alive_n)
-    ends = np.cumsum(np.concatenate(([t], costs.seconds))).tolist()[1:]
-    n_steps = int(finish_steps.max()) + 1  # after the last request ends, nothing runs
+    ending_n, ending_c = [0] * k, [0] * k  # requests (their first contexts) leaving per step
+    for f, c in zip(last, starts, strict=True):
+        f = min(f, k - 1)
+        ending_n[f] += 1
+        ending_c[f] += c + 1
+    alive_n, ctx = [0] * k, [0] * k  # whole numbers: exact as floats, in any order
+    a = b = 0
+    for j in range(k - 1, -1, -1):
+        a += ending_n[j]
+        b += ending_c[j]
+        alive_n[j], ctx[j] = a, b + j * a
+    costs = decode_costs(core.placement, np.array(alive_n), np.array(ctx, np.float64))
+    ends = []  # each step's end: t + s_0 + ... + s_j, added left to right (as np.cumsum)
+    for s in costs.seconds.tolist():
+        t += s
+        ends.append(t)
+    n_steps = min(max(last), k - 1) + 1  # after the last request ends, nothing runs
     if until is not None:
         n_steps = min(n_steps, bisect_left(ends, until) + 1)
     if (stop_at_finish or sched.waiting) and finish_at:
@@ -155,7 +164,6 @@ def advance(core: EngineCore, t: float, until: float | None,
         del req.token_ids[c + 1:]
         req.token_ids.extend(tokens[i][:done])
         req.num_computed_tokens = c + done
-        req._lag_len, req._lag_value = req._lag_len + done - 1, int(hashes_np[i, done - 1])
         n_tokens += done
     for f, reqs in finished.items():
         n_tokens += (f + 1) * len(reqs)
@@ -171,21 +179,27 @@ def advance(core: EngineCore, t: float, until: float | None,
 def _account(core: EngineCore, costs: DecodeCosts, k: int) -> None:
     """`EngineCore._account` of the first `k` steps (no stall, no jitter: busy = seconds)."""
     s = core.stats
+    add = np.add.reduce  # what ndarray.sum() calls, without its Python wrapper
     seconds = costs.seconds[:k]
     s.steps += k
-    s.busy_s += float(seconds.sum())
-    s.joules += float(costs.joules[:k].sum())
-    s.dollars += float(costs.dollars[:k].sum())
-    s.bytes += float(costs.bytes[:k].sum())
-    s.flops += float(costs.flops[:k].sum())
+    busy = float(add(seconds))
+    s.busy_s += busy
+    s.joules += float(add(costs.joules[:k]))
+    s.dollars += float(add(costs.dollars[:k]))
+    s.bytes += float(add(costs.bytes[:k]))
+    s.flops += float(add(costs.flops[:k]))
     s.compiles = core.compiler.compiles
-    bound = costs.bound[:k]
-    lo, hi = int(bound.min()), int(bound.max())
-    for b in range(lo, hi + 1):  # nearly always one bound for the whole window
-        part = seconds if lo == hi else seconds[bound == b]
+    bound = costs.bound[:k].tolist()
+    lo, hi = min(bound), max(bound)
+    if lo == hi:  # nearly always one bound for the whole window
+        name = BOUNDS[lo]
+        s.bound_s[name] = s.bound_s.get(name, 0.0) + busy
+        return
+    for b in range(lo, hi + 1):
+        part = seconds[costs.bound[:k] == b]
         if len(part):
             name = BOUNDS[b]
-            s.bound_s[name] = s.bound_s.get(name, 0.0) + float(part.sum())
+            s.bound_s[name] = s.bound_s.get(name, 0.0) + float(add(part))
 
 
 def _finish(sched, req: Request, start: int, tokens: list[int], j: int) -> Request:

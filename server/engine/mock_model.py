@@ -12,6 +12,10 @@ Contract:
   hash, and ``rolling_hash(tokens)`` recomputes it. Arithmetic mod 2^64 is what NumPy's uint64
   does, so ``next_tokens`` draws a whole batch's decodes in a handful of array operations
   (the scalar ``next_token`` gives the same tokens, one request at a time).
+- Virtual time draws ahead: ``window`` draws a batch's next ``LAG + 1`` tokens per request in
+  one NumPy pass and keeps them (with their lag hashes) until its next call; a draw at
+  context length n depends only on the first n - LAG tokens, all known when it was drawn,
+  so the single steps and windows that follow take their tokens from it unchanged.
 - Output lengths: unless ``ignore_eos``, EOS is drawn with the configured distribution —
   ``geometric`` (each output position ends with probability 1/mean, so lengths, EOS included,
   have that mean) or ``fixed`` (exactly ``mean`` tokens, the last being EOS). Other tokens are
@@ -26,6 +30,7 @@ Contract:
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -60,9 +65,8 @@ def rolling_hash(token_ids: Iterable[int], value: int = 0) -> int:
     if isinstance(token_ids, list) and len(token_ids) > _NP_HASH_MIN:
         n = len(token_ids)
         powers = _powers(n)
-        with np.errstate(over="ignore"):
-            terms = (np.array(token_ids, np.uint64) + np.uint64(1)) * powers[n - 1::-1]
-            total = int(terms.sum(dtype=np.uint64))
+        # uint64 dot products wrap: the sum mod 2^64
+        total = int(np.dot(_u64(token_ids) + np.uint64(1), powers[n - 1::-1]))
         return (total + value * int(powers[n])) & _M64 if value else total
     for t in token_ids:
         value = (value * _B + t + 1) & _M64
@@ -83,6 +87,12 @@ def _powers(n: int) -> np.ndarray:
             out[i] = (out[i - 1] * _B) & _M64
         _POWERS[0] = have = np.array(out, np.uint64)
     return have
+
+
+def _u64(values: list[int]) -> np.ndarray:
+    """A uint64 array of `values` (all in 0 .. 2^64 - 1): through `array.array`, several
+    times faster than `np.array` on a list of Python ints."""
+    return np.frombuffer(array("Q", values), np.uint64)
 
 
 def _mix(x: int) -> int:
@@ -107,6 +117,11 @@ class OutputLengths:
             raise ValueError(f"mean output length must be >= 1, got {self.mean}")
 
 
+# A window's draws kept for one request: (the request, its context length when drawn, the
+# tokens drawn at that length and each one after, the lag hash behind each draw).
+_Kept = tuple[Request, int, list[int], np.ndarray]
+
+
 class MockModel:
     def __init__(
         self,
@@ -123,6 +138,8 @@ class MockModel:
         self.seed = seed
         self._p_eos = min(_M64, int((1.0 / self.lengths.mean) * (1 << 64)))
         self._vocab_np = np.asarray(self.vocab_ids, dtype=np.int64)
+        # the last window's draws (`window`), by id of request: see `_Kept`
+        self._kept: dict[int, _Kept] = {}
 
     @classmethod
     def from_tokenizer(
@@ -149,12 +166,32 @@ class MockModel:
         if n <= LAG:
             return self.context_hash(req)
         target = n - LAG
+        if req._lag_len == target:
+            return req._lag_value
+        kept = self._kept.get(id(req))
+        if kept is not None and kept[0] is req and n >= kept[1]:
+            # a kept window's hashes: the one at this length, or its last to start from
+            j = min(n - kept[1], LAG)
+            start = kept[1] - LAG + j
+            if start > req._lag_len or req._lag_len > target:
+                req._lag_len, req._lag_value = start, int(kept[3][j])
         if req._lag_len > target:  # tokens were removed (never happens today): start over
             req._lag_len, req._lag_value = 0, 0
         if req._lag_len < target:
             req._lag_value = rolling_hash(req.token_ids[req._lag_len:target], req._lag_value)
             req._lag_len = target
         return req._lag_value
+
+    def _kept_at(self, req: Request, n: int) -> tuple[_Kept, int] | None:
+        """The kept window of `req` and the index in it of the draw at context length `n`,
+        if it has one. A draw at length n is a function of the context's first n - LAG
+        tokens alone, which were all known when the window was drawn (n - LAG <= the length
+        then): it stays valid whatever the request appended since."""
+        kept = self._kept.get(id(req))
+        if kept is None or kept[0] is not req:
+            return None
+        j = n - kept[1]
+        return (kept, j) if 0 <= j <= LAG else None
 
     def _free_draw(self, h: int, n: int, seed: int) -> int:
         """The 64-bit draw of a free token at context length ``n`` from its ``lag_hash``."""
@@ -184,9 +221,10 @@ class MockModel:
     ) -> dict[str, list[int]]:
         """One token for each scheduled request whose chunk reached its last known token.
 
-        Unconstrained requests past ``LAG`` tokens (nearly every decode) are drawn together
-        with NumPy; the rest (a short context, a constrained request) one by one — the
-        tokens are the same either way."""
+        Unconstrained requests past ``LAG`` tokens (nearly every decode) take the token a
+        kept window drew for them (`window`), or are drawn together with NumPy when many
+        are left; the rest (a short context, a constrained request) one by one — the tokens
+        are the same either way."""
         out: dict[str, list[int]] = {}
         batch: list[tuple[str, Request]] = []
         for s in output.scheduled:
@@ -196,17 +234,54 @@ class MockModel:
                 batch.append((s.request_id, req))
             else:
                 out[s.request_id] = [self.next_token(req)]
-        if len(batch) >= _VECTOR_MIN:
-            out.update(self._draw_batch(batch))
+        drawn: list[int | None] = [None] * len(batch)
+        missed = []
+        if self._kept:
+            for i, (_, req) in enumerate(batch):
+                kept = self._kept_at(req, len(req.token_ids))
+                if kept is None:
+                    missed.append(i)
+                else:
+                    drawn[i] = kept[0][2][kept[1]]
         else:
-            for rid, req in batch:
-                out[rid] = [self.next_token(req)]
+            missed = list(range(len(batch)))
+        if len(missed) >= _VECTOR_MIN:
+            tokens = self.draw_ahead([batch[i][1] for i in missed], 1)[0][:, 0].tolist()
+            for i, t in zip(missed, tokens, strict=True):
+                drawn[i] = t
+        else:
+            for i in missed:
+                drawn[i] = self.next_token(batch[i][1])
+        for (rid, _), t in zip(batch, drawn, strict=True):
+            out[rid] = [t]  # type: ignore[list-item]
         return out
 
-    def _draw_batch(self, batch: list[tuple[str, Request]]) -> dict[str, list[int]]:
-        reqs = [r for _, r in batch]
-        tokens = self.draw_ahead(reqs, 1)[0][:, 0]
-        return {rid: [t] for (rid, _), t in zip(batch, tokens.tolist(), strict=True)}
+    def window(self, reqs: Sequence[Request], k: int) -> list[list[int]]:
+        """`draw_ahead`'s next ``k`` (or more) tokens of each request, as lists (row j: the
+        token at step j), drawing only the requests whose kept window does not cover the
+        ``k`` steps. Each request's draws (``LAG + 1`` of them from its context now) are
+        kept until the next call, so the single steps in between (`next_tokens`) and a
+        following window take their tokens from them while the request's tokens are the
+        ones drawn: a draw is a pure function of the context, so this changes nothing."""
+        rows: list[list[int] | None] = []
+        missing = []
+        kept_now: dict[int, _Kept] = {}
+        for i, req in enumerate(reqs):
+            kept = self._kept_at(req, len(req.token_ids)) if self._kept else None
+            if kept is not None and kept[1] + k <= len(kept[0][2]):
+                rows.append(kept[0][2][kept[1]:])
+                kept_now[id(req)] = kept[0]
+            else:
+                rows.append(None)
+                missing.append(i)
+        if missing:
+            drawn = [reqs[i] for i in missing]
+            tokens, hashes = self.draw_ahead(drawn, LAG + 1)
+            for i, req, row, h in zip(missing, drawn, tokens.tolist(), hashes, strict=True):
+                rows[i] = row
+                kept_now[id(req)] = (req, len(req.token_ids), row, h)
+        self._kept = kept_now
+        return rows  # type: ignore[return-value]
 
     def draw_ahead(self, reqs: Sequence[Request], k: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``k`` free tokens of each request (n × k), each drawn after the ones
@@ -215,41 +290,69 @@ class MockModel:
         requests beyond catching up their lag hashes; and the lag hash behind each draw
         (n × k). Every request must be unconstrained with more than ``LAG`` tokens, and
         ``k <= LAG + 1``: the hashes then cover only known tokens, so one NumPy pass draws
-        the whole window (the macro-stepping of virtual time, `macro.py`)."""
+        the whole window (the macro-stepping of virtual time, `macro.py`).
+
+        Speed: the call is dominated by NumPy's per-operation overhead at the batch sizes of
+        a run (8-30), so each request's numbers go into one array in one conversion and
+        every step works in place on whole (n × k) arrays; integer arithmetic mod 2^64 is
+        exact in any order, so the tokens are the same as the scalar draws'."""
         n = len(reqs)
         if not 1 <= k <= LAG + 1:
             raise ValueError(f"draw_ahead draws 1..{LAG + 1} tokens, not {k}")
-        h0 = np.fromiter(map(self.lag_hash, reqs), np.uint64, n)
-        seeds = np.fromiter((r.sampling_params.seed & _M64 for r in reqs), np.uint64, n)
-        lens, prompts, mins, may = np.array(
-            [(len(r.token_ids), r.num_prompt_tokens, r.sampling_params.min_tokens,
-              not r.sampling_params.ignore_eos) for r in reqs], np.int64).reshape(n, 4).T
-        with np.errstate(over="ignore"):
-            if k > 1:  # H(tokens[:S + j]) = B^j (H(tokens[:S]) + sum_{i<j} (t_{S+i}+1) B^-(i+1))
-                older = np.array([r.token_ids[r._lag_len:r._lag_len + k - 1] for r in reqs],
-                                 np.uint64).reshape(n, k - 1)
-                acc = np.zeros((n, k), np.uint64)
-                np.cumsum((older + np.uint64(1)) * _B_INV[1:k], axis=1, out=acc[:, 1:])
-                h = (h0[:, None] + acc) * _B_POW[:k]
+        km = k - 1
+        flat: list[int] = []
+        put = flat.extend
+        lag_hash = self.lag_hash
+        last_pos = km
+        may_end = False
+        for r in reqs:
+            sp = r.sampling_params
+            h = lag_hash(r)  # catches r._lag_len up to len(r.token_ids) - LAG
+            ln, prompt = len(r.token_ids), r.num_prompt_tokens
+            eos_from = _NEVER if sp.ignore_eos else prompt + sp.min_tokens
+            may_end = may_end or eos_from <= ln + last_pos
+            put((sp.seed & _M64, ln, eos_from, prompt, h))
+            if km:
+                a = r._lag_len
+                put(r.token_ids[a:a + km])
+        rows = _u64(flat).reshape(n, _HEAD + km)
+        if km:  # H(tokens[:S + j]) = B^j (H(tokens[:S]) + sum_{i<j} (t_{S+i}+1) B^-(i+1))
+            h = rows[:, _HEAD - 1:] * _B_INV[:k]
+            h += _B_INV0[:k]  # column 0 keeps H(tokens[:S]); the others get (t + 1) B^-j
+            np.add.accumulate(h, axis=1, out=h)  # np.cumsum without its Python wrapper
+            h *= _B_POW[:k]
+        else:
+            h = rows[:, _HEAD - 1:]
+        pos = rows[:, 1:2] + _STEPS_U[:k]  # the context length at each draw
+        x = pos * _GOLD_U
+        x += h
+        x ^= np.uint64((self.seed * _SEED_MIX) & _M64)
+        r = _mix_np(x)
+        r ^= rows[:, 0:1]
+        r = _mix_np(r)
+        tokens = self._vocab_np[r % np.uint64(len(self.vocab_ids))]
+        if may_end:
+            eos_ok = pos >= rows[:, 2:3]
+            if self.lengths.kind == "fixed":
+                stop = eos_ok & ((pos - rows[:, 3:4]).astype(np.int64) + 1 >= self.lengths.mean)
             else:
-                h = h0[:, None]
-            pos = lens[:, None] + _STEPS[:k]  # the context length at each draw
-            x = h + pos.astype(np.uint64) * np.uint64(_GOLD)
-            r = _mix_np(_mix_np(x ^ np.uint64((self.seed * _SEED_MIX) & _M64)) ^ seeds[:, None])
-            tokens = self._vocab_np[r % np.uint64(len(self.vocab_ids))]
-            outs = pos - prompts[:, None]
-            eos_ok = (may[:, None] != 0) & (outs >= mins[:, None])
-            if eos_ok.any():
-                if self.lengths.kind == "fixed":
-                    stop = eos_ok & (outs + 1 >= self.lengths.mean)
-                else:
-                    stop = eos_ok & (_mix_np(r ^ np.uint64(0x5EED)) < np.uint64(self._p_eos))
-                tokens = np.where(stop, self.eos_token_id, tokens)
+                stop = _mix_np(r ^ _EOS_SALT) < np.uint64(self._p_eos)
+                stop &= eos_ok
+            tokens[stop] = self.eos_token_id
         return tokens, h
 
 
-_VECTOR_MIN = 8  # below this many decodes, the scalar path is faster than NumPy's overhead
+_VECTOR_MIN = 14  # below this many draws the scalar path is faster than NumPy (measured: ~15)
 
+
+_HEAD = 5  # draw_ahead's numbers per request before its tokens: seed, length, EOS from,
+#            prompt length, lag hash
+_NEVER = 1 << 63  # "EOS from" of a request that ignores EOS
+_B_INV0 = _B_INV.copy()
+_B_INV0[0] = 0
+_STEPS_U = _STEPS.astype(np.uint64)
+_GOLD_U = np.uint64(_GOLD)
+_EOS_SALT = np.uint64(0x5EED)
 
 _C0, _C1, _C2 = (np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
                                          0x94D049BB133111EB))
@@ -257,8 +360,12 @@ _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def _mix_np(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser on uint64 arrays (wrapping multiplication, as `_mix`)."""
-    x = x + _C0
-    x = (x ^ (x >> _S30)) * _C1
-    x = (x ^ (x >> _S27)) * _C2
-    return x ^ (x >> _S31)
+    """splitmix64's finaliser on uint64 arrays (wrapping multiplication, as `_mix`), in
+    place: `x` is overwritten and returned."""
+    x += _C0
+    x ^= x >> _S30
+    x *= _C1
+    x ^= x >> _S27
+    x *= _C2
+    x ^= x >> _S31
+    return x

@@ -76,3 +76,40 @@ def test_lagged_tokens_depend_on_the_whole_context_but_its_last_lag_tokens():
     assert changed != a and changed[:LAG] != a[:LAG]
     # the same context reached another way continues the same
     assert continuation(base + a[:10]) == a[10:] + continuation(base + a)[:10]
+
+
+def test_a_kept_window_serves_the_scalar_tokens_to_later_steps_and_windows():
+    """`window` keeps each request's draws: the single steps after it (`next_tokens`) and a
+    window it covers take their tokens from them — the scalar draws all the same — and a
+    window it does not cover draws again."""
+    model = MockModel(range(1, 5000), EOS, OutputLengths("geometric", 40), seed=9)
+    scalar = MockModel(range(1, 5000), EOS, OutputLengths("geometric", 40), seed=9)
+    batch, single = _fleet(12), _fleet(12)
+    for r in batch + single:
+        r.token_ids.append(7)
+    rows = model.window(batch, 5)
+    assert all(len(row) == LAG + 1 for row in rows)  # drawn LAG + 1 ahead, kept
+    calls = []
+    for name in ("draw_ahead", "next_token"):
+        fn = getattr(model, name)
+        setattr(model, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
+    out = SchedulerOutput(tuple(ScheduledRequest(r.request_id, 1, r.num_tokens - 1, False, True)
+                                for r in batch))
+    for step in range(LAG + 3):
+        if step == 4:  # covered for 10 more steps: nothing drawn
+            again = model.window(batch, 10)
+            assert [row[:10] for row in again] == [row[4:14] for row in rows]
+        tokens = model.next_tokens(out, {r.request_id: r for r in batch})
+        one = {r.request_id: [scalar.next_token(r)] for r in single}
+        assert tokens == one
+        assert [model.lag_hash(r) for r in batch] == [scalar.lag_hash(r) for r in single]
+        if step <= LAG:  # all from the kept draws
+            assert calls == []
+            assert tokens == {r.request_id: [row[step]] for r, row in zip(batch, rows, strict=True)}
+        for reqs, toks in ((batch, tokens), (single, one)):
+            for r in reqs:
+                r.token_ids.append(toks[r.request_id][0])
+    assert calls  # past the kept draws: drawn
+    calls.clear()
+    model.window(batch, 2)
+    assert calls == ["draw_ahead"]  # not covered any more: all drawn again, at once
