@@ -27,34 +27,20 @@ from clients.report import RequestResult
 from server.engine.core import EngineCore, StepResult
 from server.engine.intake import queue_is_full
 from server.engine.interface import Constraint, InvalidRequest
-from server.engine.macro import Window, advance
 from server.engine.output import spread_times
 from server.engine.request import Request, SamplingParams
-from server.engine.scheduler_config import SchedulerOutput
+from sim.virtual_macro import LastStep, MacroWindows
 from sim.virtual_pd import Dispatch, Hop, PdHops
-
-_NOTHING_SCHEDULED = SchedulerOutput((), ())
-
 
 # --- speed (issue 16): macro-stepping unless a caller says otherwise (`simulate
 # --no-macro-steps` turns it off for the whole command, clusters included) ---
 MACRO_STEPS = {"default": True}
-MIN_WINDOW = 3  # mean steps before the next arrival below which single steps are cheaper
 
 # A cluster's router (sim/routers.py): (prompt token ids, outstanding requests per core) ->
 # the index of the core that gets the request, or None: hold it (no replica is ready, as when
 # an autoscaled pool is at zero; the loop routes it again after the control's next tick).
 # Called at the request's arrival time.
 Route = Callable[[Sequence[int], Sequence[int]], int | None]
-
-
-@dataclass
-class _LastStep:  # --- speed (issue 16): a macro window's last step, as `deliver` reads it ---
-    seconds: float
-    end: float  # when it ends (the window's head ran before it)
-    new_tokens: dict[str, list[int]]
-    finished: list[Request]
-    output: SchedulerOutput = _NOTHING_SCHEDULED  # no request is scheduled for the first time
 
 
 class Records(Protocol):
@@ -156,7 +142,7 @@ def _failed(rid: str, s: Conversation, ti: int, at: float, prompt_tokens: int, e
                          slo_class=s.slo_class, replica=replica)
 
 
-class _Runner(PdHops):
+class _Runner(PdHops, MacroWindows):
     """The event loop. A core's step is computed when it starts (the scheduler's state moves
     on then) and delivered when it ends: token times, finished records and the next turns
     due are all stamped at the step's end. At one instant, step ends come first, then the
@@ -318,7 +304,7 @@ class _Runner(PdHops):
         cores, arrivals = self.cores, self.arrivals
         n = len(cores)
         ends: list[float | None] = [None] * n  # when each core's running step ends
-        results: list[StepResult | None] = [None] * n
+        results: list[StepResult | LastStep | None] = [None] * n
         busy = usage_area = 0.0
         while True:
             for k, core in enumerate(cores):  # every free core with work starts a step
@@ -398,56 +384,7 @@ class _Runner(PdHops):
 
     # --- end fleet (issue 16) -------------------------------------------------------------
 
-    # --- speed (issue 16): macro-stepping (server/engine/macro.py) ---
-    def _window(self, core: EngineCore, k: int) -> _LastStep | None:
-        """Advance `core` by a window of decode steps from now; deliver all but its last step
-        here (at their own end times: nothing else happens before the next arrival, and no
-        finish can start another turn), and return the last as the step in flight."""
-        # the next event that changes a batch from outside: an arrival, a KV transfer ending
-        # (`timers`), an autoscaler's tick (it reads every replica's queue and KV then)
-        due = [q[0][0] for q in (self.arrivals, self.timers) if q]
-        if self.control is not None:
-            due.append(self.control.next_at)
-        until = min(due) if due else None
-        st = core.stats
-        if until is not None and st.steps and until - self.t < MIN_WINDOW * st.busy_s / st.steps:
-            return None  # a window of a step or two costs more than single steps
-        window = advance(core, self.t, until, self.follow_ups)
-        if window is None:
-            return None
-        return self._deliver_window(window, k)
-
-    def _deliver_window(self, w: Window, k: int) -> _LastStep:
-        seconds, usage, times, t0 = w.seconds, w.usage, self.times, self.t
-        ends, t = [], t0
-        for s in seconds:
-            t += s
-            ends.append(t)
-        head = len(seconds) - 1
-        busy = area = 0.0
-        for s, u in zip(seconds[:head], usage[:head], strict=False):
-            busy += s
-            area += u * s
-        self.macro_busy += busy
-        self.macro_area += area
-        if usage[:head]:
-            self.out.kv_usage_peak = max(self.out.kv_usage_peak, max(usage[:head]))
-        new_tokens: dict[str, list[int]] = {}
-        for req, last in w.requests:
-            rid = req.request_id
-            if rid in times:
-                times[rid].extend(ends[:min(last + 1, head)])
-                if last == head:
-                    new_tokens[rid] = [req.token_ids[-1]]
-        for j in range(head):
-            for req in w.finished.get(j, ()):
-                self.t = ends[j]
-                self.finished(req)
-        self.t = t0
-        return _LastStep(seconds[head], ends[head], new_tokens, w.finished.get(head, []))
-    # --- end speed ---
-
-    def deliver(self, result: StepResult | None) -> None:
+    def deliver(self, result: StepResult | LastStep | None) -> None:
         """A step's outputs, at its end (`self.t`)."""
         assert result is not None
         for rid, tokens in result.new_tokens.items():

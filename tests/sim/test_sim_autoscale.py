@@ -248,18 +248,19 @@ def test_autoscaled_run_is_the_same_macro_or_single_stepped(monkeypatch):
     the next tick, so scaling decisions and every request's tokens are those of
     single-stepping."""
     import sim.virtual as virtual
+    import sim.virtual_macro as virtual_macro
 
     runs = []
     for macro in (False, True):
         monkeypatch.setitem(virtual.MACRO_STEPS, "default", macro)
         calls = []
-        real = virtual.advance
-        monkeypatch.setattr(virtual, "advance",
+        real = virtual_macro.advance
+        monkeypatch.setattr(virtual_macro, "advance",
                             lambda *a, _real=real, _calls=calls, **k: _calls.append(1)
                             or _real(*a, **k))
         sr = run_scaled([A100], [POLICY], sessions(rate_shape=RAMP, ignore_eos=False),
                         "least-requests")
-        monkeypatch.setattr(virtual, "advance", real)
+        monkeypatch.setattr(virtual_macro, "advance", real)
         recs = sorted(sr.cluster.run.records, key=lambda r: r.request_id)
         runs.append((recs, (report(sr)["autoscaling"]["a100"]["events"], sr.control.samples),
                      len(calls), sr.cluster.run.duration_s))

@@ -14,6 +14,7 @@ import math
 import pytest
 
 import sim.virtual as virtual
+import sim.virtual_macro as virtual_macro
 from clients.workloads import WorkloadSpec, build_workload
 from server.engine.build import EngineOptions, build_core
 from server.engine.tokenizer import get_tokenizer
@@ -28,7 +29,7 @@ def _run(options: EngineOptions, spec: WorkloadSpec, macro: bool, monkeypatch) -
     spec = dataclasses.replace(spec, vocab_size=tok.vocab_size)
     core = build_core(options, tok)
     steps_in_windows = [0]
-    real = virtual.advance
+    real = virtual_macro.advance
 
     def counting(*a, **k):
         out = real(*a, **k)
@@ -36,7 +37,7 @@ def _run(options: EngineOptions, spec: WorkloadSpec, macro: bool, monkeypatch) -
             steps_in_windows[0] += len(out.seconds)
         return out
 
-    monkeypatch.setattr(virtual, "advance", counting)
+    monkeypatch.setattr(virtual_macro, "advance", counting)
     run = virtual.run_virtual(core, build_workload(spec, encode=tok.encode),
                               macro_steps=macro)
     s = core.scheduler.stats
@@ -152,15 +153,15 @@ def test_no_macro_steps_flag_gives_the_same_summary(capsys):
            "--quant", "bf16", "--workload", "random", "--isl", "200", "--osl", "64",
            "--num-requests", "40", "--rate", "20", "--json"]
     calls = []
-    real = virtual.advance
+    real = virtual_macro.advance
 
     def counting(*a, **k):
         calls.append(1)
         return real(*a, **k)
 
-    virtual_advance = virtual.advance
+    virtual_advance = virtual_macro.advance
     try:
-        virtual.advance = counting
+        virtual_macro.advance = counting
         summaries = []
         for extra in ([], ["--no-macro-steps"]):
             before = len(calls)
@@ -168,7 +169,7 @@ def test_no_macro_steps_flag_gives_the_same_summary(capsys):
             summaries.append((json.loads(capsys.readouterr().out.strip().splitlines()[-1]),
                               len(calls) - before))
     finally:
-        virtual.advance = virtual_advance
+        virtual_macro.advance = virtual_advance
         virtual.MACRO_STEPS["default"] = True
     (macro, n_macro), (single, n_single) = summaries
     assert n_macro > 0 and n_single == 0  # the flag really switched windows off
