@@ -7,26 +7,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clients.report import RequestResult, summarize
 from clients.workloads import build_workload
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions
 from server.engine.tokenizer import get_tokenizer
-from sim.admission import parse_admission
-from sim.autoscale import AutoscalePolicy
-from sim.autoscaled import policies, report, run_scaled, used
-from sim.cluster import (
-    ClusterRun,
-    build_replicas,
-    fleet_counters,
-    fleet_name,
-    replica_reports,
-    run_replicas,
-)
-from sim.pools import FleetError
-from sim.reports import class_reports, pool_reports, prefills_per_replica
 from sim.simulation import (
     FAULT_KEYS,
     SimulationError,
@@ -34,6 +21,10 @@ from sim.simulation import (
     with_goodput,
     workload_from_args,
 )
+
+if TYPE_CHECKING:  # the cluster modules load with a cluster run, not with every simulate
+    from sim.autoscale import AutoscalePolicy
+    from sim.cluster import ClusterRun
 
 
 def wants_cluster(args: argparse.Namespace) -> bool:
@@ -63,6 +54,17 @@ def fleet_options(args: argparse.Namespace) -> list[EngineOptions]:
 
 
 def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
+    from sim.admission import parse_admission
+    from sim.autoscaled import report, run_scaled, used
+    from sim.cluster import (
+        build_replicas,
+        fleet_counters,
+        fleet_name,
+        replica_reports,
+        run_replicas,
+    )
+    from sim.pools import FleetError
+
     deployments = fleet_options(args)
     for d in deployments:
         injected = [k for k in FAULT_KEYS if k != "failure_injection_seed" and getattr(d, k)]
@@ -121,6 +123,8 @@ def add_fleet_parts(summary: dict[str, Any], cr: ClusterRun, results: list[Reque
     """`pools` (when the fleet has several, roles or classes), `classes` (when requests have
     classes), `admission_refused` (with --admission); a P/D fleet's `kv_transfers` and each
     replica's `prefills`."""
+    from sim.reports import class_reports, pool_reports, prefills_per_replica
+
     d = cr.dispatch
     assert d is not None
     plain = len(d.pools) == 1 and d.pools[0].role == "both" and not d.pools[0].classes
@@ -143,6 +147,8 @@ def _scaled(args: argparse.Namespace, deployments: list[EngineOptions],
             ) -> tuple[list[AutoscalePolicy | None], float | None] | None:
     """(each deployment's autoscaling policy, the timeline interval) when the run autoscales
     or asks for a timeline; None for a fixed pool (sim/cluster.py as before)."""
+    from sim.autoscaled import policies
+
     try:
         pols = policies(deployments, getattr(args, "autoscale", None))
     except ValueError as e:

@@ -1,7 +1,8 @@
 """Start-up (issue 16): a one-request `doppelchip simulate` loads only what it runs — no
-grammar engine without a structured workload, no gateway/HTTP client, no gRPC, and the
-tokenizer's vocabulary is not parsed when only ids are drawn. Each check runs the command in a
-fresh interpreter (what a user starts) and lists what it imported."""
+grammar engine without a structured workload, no gateway/HTTP client, no gRPC, no cluster
+modules without a router, and the tokenizer's vocabulary is not parsed when only ids are
+drawn. Each check runs the command in a fresh interpreter (what a user starts) and lists what
+it imported."""
 
 from __future__ import annotations
 
@@ -35,9 +36,16 @@ def test_plain_simulate_loads_no_grammar_engine_gateway_or_grpc():
     assert got["rc"] == 0
     loaded = set(got["modules"])
     for absent in ("llguidance", "urllib.request", "http.client", "grpc",
-                   "doppelchip.cmd_gateway", "doppelchip.cmd_load"):
+                   "doppelchip.cmd_gateway", "doppelchip.cmd_load", "sim.cluster",
+                   "sim.autoscaled"):
         assert absent not in loaded, absent
     assert not got["vocabulary_parsed"]
+
+
+def test_a_routed_run_loads_the_cluster():
+    got = _run("--router", "round-robin", "--num-requests", "2")
+    assert got["rc"] == 0
+    assert {"sim.cluster", "sim.autoscaled"} <= set(got["modules"])
 
 
 def test_structured_workload_loads_what_it_needs():
