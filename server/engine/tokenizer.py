@@ -32,8 +32,10 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tokenizers import Tokenizer as HFTokenizer
+if TYPE_CHECKING:  # imported where the vocabulary is first parsed (see `Tokenizer._tok`)
+    from tokenizers import Tokenizer as HFTokenizer
 
 TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer_data"
 
@@ -89,7 +91,7 @@ class Tokenizer:
     def _tok(self) -> HFTokenizer:
         """The Rust tokenizer, parsed on first use (~0.1 s): a simulation that only draws ids
         needs just the ids file's figures."""
-        return HFTokenizer.from_file(str(self._dir / "tokenizer.json"))
+        return parse(self._dir)
 
     @functools.cached_property
     def _token_bytes(self) -> list[bytes]:
@@ -203,6 +205,14 @@ def _inputs_digest(directory: Path) -> str:
     return h.hexdigest()
 
 
+def parse(directory: Path) -> HFTokenizer:
+    """``directory/tokenizer.json`` as a ``tokenizers.Tokenizer`` (the Rust library is
+    imported here, on first use)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return HFTokenizer.from_file(str(directory / "tokenizer.json"))
+
+
 def vocabulary_ids(tok: HFTokenizer, config: Mapping[str, object]) -> dict[str, object]:
     """The ids the engine needs from the vocabulary: BOS/EOS/pad, the size, the special ids
     and the free-text ids (" word" tokens, see the module contract)."""
@@ -243,7 +253,7 @@ def write_ids(directory: Path) -> Path:
     """Write ``directory/token_ids.json`` from its tokenizer (scripts/train_tokenizer.py runs
     this after training; tests/engine/test_tokenizer_ids.py checks the shipped file)."""
     config = json.loads((directory / "tokenizer_config.json").read_text())
-    ids = vocabulary_ids(HFTokenizer.from_file(str(directory / "tokenizer.json")), config)
+    ids = vocabulary_ids(parse(directory), config)
     out = directory / IDS_FILE
     out.write_text(json.dumps({"inputs_sha256": _inputs_digest(directory), **ids}) + "\n")
     return out

@@ -12,8 +12,8 @@ import pytest
 from server.engine.tokenizer import (
     IDS_FILE,
     TOKENIZER_DIR,
-    HFTokenizer,
     Tokenizer,
+    parse,
     read_ids,
     vocabulary_ids,
     write_ids,
@@ -25,7 +25,7 @@ ATTRS = ("bos_token_id", "eos_token_id", "pad_token_id", "vocab_size", "special_
 
 def _from_vocabulary(directory: Path) -> dict[str, object]:
     config = json.loads((directory / "tokenizer_config.json").read_text())
-    return vocabulary_ids(HFTokenizer.from_file(str(directory / "tokenizer.json")), config)
+    return vocabulary_ids(parse(directory), config)
 
 
 @pytest.fixture
