@@ -34,7 +34,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -108,6 +107,8 @@ def load(digest: str, directory: Path) -> Table | None:
 
 def store(digest: str, table: Table, directory: Path) -> bool:
     """Write ``table`` for ``digest`` atomically; False (and nothing raised) if it cannot."""
+    import tempfile  # only when writing: a start-up that reads the table skips it
+
     text = json.dumps({"format": FORMAT, "digest": digest, "table": _encode(table)})
     try:
         directory.mkdir(parents=True, exist_ok=True)
