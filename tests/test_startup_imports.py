@@ -37,7 +37,7 @@ def test_plain_simulate_loads_no_grammar_engine_gateway_or_grpc():
     loaded = set(got["modules"])
     for absent in ("llguidance", "urllib.request", "http.client", "grpc",
                    "doppelchip.cmd_gateway", "doppelchip.cmd_load", "sim.cluster", "tokenizers",
-                   "sim.autoscaled"):
+                   "sim.autoscaled", "tomllib", "tempfile"):
         assert absent not in loaded, absent
     assert not got["vocabulary_parsed"]
 
