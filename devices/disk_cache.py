@@ -8,9 +8,9 @@ interpreter. So each result is stored once, keyed by a digest of exactly those i
 
 Contract:
 - ``inputs_digest(root)``: SHA-256 over every ``*.py`` and ``*.toml`` file under ``root`` (by
-  relative path and bytes), the memo format and the interpreter (version, float format). Any
-  changed byte of any input gives another digest, hence another file name: a stale memo is
-  never found. Computed once per process for the package itself.
+  relative path and bytes), the memo format and the platform (interpreter version, machine,
+  C library, float format). Any changed byte of any input gives another digest, hence another
+  file name: a stale memo is never found. Computed once per process for the package itself.
 - ``read(kind, digest, directory)``: the stored payload, or None when there is none, it does
   not parse, or the digest or format recorded inside differs (a file copied by hand).
 - ``write(kind, digest, payload, directory)``: JSON, written atomically (a temporary file, then
@@ -58,9 +58,20 @@ def _package_digest() -> str:
     return _digest(ROOT)
 
 
+def _platform() -> str:
+    """The interpreter and the maths library the floats came from (a home directory shared
+    by other machines may hold another's memo)."""
+    machine = os.uname().machine if hasattr(os, "uname") else ""
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (AttributeError, ValueError, OSError):
+        libc = ""
+    return f"{sys.version}\n{sys.platform} {machine} {libc}\n{sys.float_info!r}"
+
+
 def _digest(root: Path) -> str:
     h = hashlib.sha256()
-    h.update(f"format {FORMAT}\n{sys.version}\n{sys.float_info!r}\n".encode())
+    h.update(f"format {FORMAT}\n{_platform()}\n".encode())
     files = sorted(p for ext in ("*.py", "*.toml") for p in root.rglob(ext)
                    if "__pycache__" not in p.parts)
     for path in files:
