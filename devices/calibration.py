@@ -38,6 +38,7 @@ from dataclasses import replace
 from functools import cache
 
 from devices import catalog
+from devices.calibration_cache import cached_fit
 from devices.cost import step_cost
 from devices.deployment import BatchShape
 from devices.estimate import decode_contexts, estimate, prefill_steps
@@ -257,9 +258,12 @@ def _fit_throughput(
     return name, math.exp((a + b) / 2)
 
 
+@cache
 def fitted_factors() -> dict[Group, Factors]:
-    """The factor table used by default everywhere (fitted from every point)."""
-    return fit(POINTS)
+    """The factor table used by default everywhere (fitted from every point): read from the
+    on-disk memo when its inputs are unchanged (``devices.calibration_cache``), else fitted
+    and stored there; once per process either way."""
+    return cached_fit(lambda: fit(POINTS))
 
 
 def without(point_id: str, points: Iterable[Point] = POINTS) -> tuple[Point, ...]:

@@ -7,9 +7,7 @@ llama-bench-like setting; its group is (engine, chip class), never the chip or t
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 
 from devices import catalog
 from devices.deployment import DeploymentSpec
@@ -50,9 +48,7 @@ class Point:
 
 def load_points() -> tuple[Point, ...]:
     """The calibration table, ``devices/catalog/calibration.toml``."""
-    path = Path(catalog.__file__).parent / "calibration.toml"
-    with path.open("rb") as f:
-        return tuple(Point(**raw) for raw in tomllib.load(f)["points"])
+    return tuple(Point(**raw) for raw in catalog.toml("calibration")["points"])
 
 
 POINTS: tuple[Point, ...] = load_points()

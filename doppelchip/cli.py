@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from types import ModuleType
 
 from doppelchip import exit_codes
 
@@ -35,13 +36,63 @@ def _generate(args: argparse.Namespace) -> int:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The modules that register the other commands, in `doppelchip --help` order, and the commands
+# each registers: a command line naming one of them builds (and imports) only that module.
+_MODULES = ("cmd_serve", "cmd_pods", "cmd_devices", "cmd_simulate", "cmd_load", "cmd_whatif",
+            "cmd_plan", "cmd_gateway", "cmd_status")
+_COMMANDS = {"serve": "cmd_serve", "pods": "cmd_pods", "devices": "cmd_devices",
+             "estimate": "cmd_devices", "simulate": "cmd_simulate", "load": "cmd_load",
+             "whatif": "cmd_whatif", "plan": "cmd_plan", "gateway": "cmd_gateway",
+             "status": "cmd_status"}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``command`` (a subcommand name) only that subcommand's
+    parser, so a run imports just its own command module (the top-level help, which lists
+    every command, needs them all). Either parses that command's arguments alike."""
     parser = argparse.ArgumentParser(
         prog="doppelchip",
         description="An LLM-serving stand-in: a real gRPC server over emulated accelerators.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    if command in (None, "generate"):
+        _add_generate(sub)
+    modules = [_COMMANDS[command]] if command in _COMMANDS else (
+        [] if command == "generate" else list(_MODULES))
+    for name in modules:  # argparse only; each command imports its layers when it runs
+        _module(name).register(sub)
+    for subparser in sub.choices.values():  # one exit-status table for every command
+        exit_codes.document(subparser)
+    return parser
 
+
+def _module(name: str) -> ModuleType:
+    """The command module ``name``, imported now (spelled out, so the import graph and its
+    cycle check in tests/test_layering.py see every edge)."""
+    if name == "cmd_serve":
+        from doppelchip import cmd_serve as m
+    elif name == "cmd_pods":
+        from doppelchip import cmd_pods as m
+    elif name == "cmd_devices":
+        from doppelchip import cmd_devices as m
+    elif name == "cmd_simulate":
+        from doppelchip import cmd_simulate as m
+    elif name == "cmd_load":
+        from doppelchip import cmd_load as m
+    elif name == "cmd_whatif":
+        from doppelchip import cmd_whatif as m
+    elif name == "cmd_plan":
+        from doppelchip import cmd_plan as m
+    elif name == "cmd_gateway":
+        from doppelchip import cmd_gateway as m
+    elif name == "cmd_status":
+        from doppelchip import cmd_status as m
+    else:
+        raise KeyError(name)
+    return m
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="stream one completion to the terminal",
                        description="Send one prompt, stream the generated text to stdout, and "
                        "print a summary line to stderr: tokens, finish reason, TTFT, decode "
@@ -80,36 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_security_args(g)
     g.set_defaults(func=_generate)
 
-    # argparse only; each command imports its layers when it runs
-    from doppelchip import (
-        cmd_devices,
-        cmd_gateway,
-        cmd_load,
-        cmd_plan,
-        cmd_pods,
-        cmd_serve,
-        cmd_simulate,
-        cmd_whatif,
-    )
-
-    cmd_serve.register(sub)
-    cmd_pods.register(sub)
-    cmd_devices.register(sub)
-    cmd_simulate.register(sub)
-    cmd_load.register(sub)
-    cmd_whatif.register(sub)
-    cmd_plan.register(sub)
-    cmd_gateway.register(sub)
-    from doppelchip import cmd_status
-
-    cmd_status.register(sub)
-    for subparser in sub.choices.values():  # one exit-status table for every command
-        exit_codes.document(subparser)
-    return parser
-
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    first = argv[0] if argv else None
+    args = build_parser(first if first in (*_COMMANDS, "generate") else None).parse_args(argv)
     try:
         return args.func(args)
     except BrokenPipeError:  # `doppelchip devices | head`: the reader left; not an error

@@ -10,7 +10,9 @@ its pre-tokenizer split regex, byte-level BPE (``tokenizers``), whole-word looku
 before. The script writes ``tokenizer.json`` plus the Hugging Face side files
 (``tokenizer_config.json``, ``special_tokens_map.json``) so ``AutoTokenizer`` loads the
 directory offline, and records the corpus digest and library versions in
-``tokenizer_config.json``. Training twice on the same corpus gives the same ``tokenizer.json``.
+``tokenizer_config.json``, then ``token_ids.json`` (the ids the engine reads without parsing
+``tokenizer.json``, with the SHA-256 of the files they come from). Training twice on the same
+corpus gives the same ``tokenizer.json``.
 Nothing at run time trains or downloads a tokenizer: ``server/engine/tokenizer.py`` only loads
 the directory.
 """
@@ -26,6 +28,8 @@ from pathlib import Path
 
 import tokenizers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from server.engine.tokenizer import write_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "server" / "engine" / "tokenizer_data"
@@ -144,6 +148,7 @@ def main() -> None:
     for name, obj in [("tokenizer_config.json", config),
                       ("special_tokens_map.json", special_map)]:
         (args.out / name).write_text(json.dumps(obj, indent=2) + "\n")
+    write_ids(args.out)  # the ids the engine reads without parsing tokenizer.json
     for f in sorted(args.out.iterdir()):
         print(f"{f}: {f.stat().st_size} bytes")
 

@@ -29,9 +29,7 @@ Unknown keys are errors (a typo never silently falls back to a default).
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field, fields
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -270,7 +268,11 @@ def parse_fleet(doc: dict[str, Any], source: str = "fleet file") -> FleetConfig:
 
 def load_fleet(path: str | Path | None = None) -> FleetConfig:
     """The fleet at `path`, or the built-in default fleet."""
+    import tomllib  # here: a run from command-line flags reads no TOML at all
+
     if path is None:
+        from importlib import resources
+
         text = resources.files("server").joinpath("default_fleet.toml").read_text()
         return parse_fleet(tomllib.loads(text), "built-in default fleet")
     p = Path(path)

@@ -7,25 +7,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clients.workloads import stream_workload
 from server.config import ConfigError, load_fleet
 from server.engine.build import EngineOptions
 from server.engine.tokenizer import get_tokenizer
-from sim.admission import parse_admission
-from sim.autoscale_policy import AutoscalePolicy
-from sim.autoscaled import policies, report, run_scaled, used
-from sim.cluster import (
-    ClusterRun,
-    build_replicas,
-    fleet_counters,
-    fleet_name,
-    replica_reports,
-    run_replicas,
-)
-from sim.pools import FleetError, pools_of
-from sim.reports import FleetStream
 from sim.simulation import (
     FAULT_KEYS,
     SimulationError,
@@ -33,6 +20,11 @@ from sim.simulation import (
     slo_from_args,
     workload_from_args,
 )
+
+if TYPE_CHECKING:  # the cluster modules load with a cluster run, not with every simulate
+    from sim.autoscale_policy import AutoscalePolicy
+    from sim.cluster import ClusterRun
+    from sim.reports import FleetStream
 
 
 def wants_cluster(args: argparse.Namespace) -> bool:
@@ -62,6 +54,18 @@ def fleet_options(args: argparse.Namespace) -> list[EngineOptions]:
 
 
 def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
+    from sim.admission import parse_admission
+    from sim.autoscaled import report, run_scaled, used
+    from sim.cluster import (
+        build_replicas,
+        fleet_counters,
+        fleet_name,
+        replica_reports,
+        run_replicas,
+    )
+    from sim.pools import FleetError, pools_of
+    from sim.reports import FleetStream
+
     deployments = fleet_options(args)
     for d in deployments:
         injected = [k for k in FAULT_KEYS if k != "failure_injection_seed" and getattr(d, k)]
@@ -148,6 +152,8 @@ def _scaled(args: argparse.Namespace, deployments: list[EngineOptions],
             ) -> tuple[list[AutoscalePolicy | None], float | None] | None:
     """(each deployment's autoscaling policy, the timeline interval) when the run autoscales
     or asks for a timeline; None for a fixed pool (sim/cluster.py as before)."""
+    from sim.autoscaled import policies
+
     try:
         pols = policies(deployments, getattr(args, "autoscale", None))
     except ValueError as e:

@@ -8,26 +8,59 @@ The data lives beside this module in TOML files (``chips.toml``, ``engines.toml`
 from __future__ import annotations
 
 import math
-import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from devices import disk_cache
 from devices.errors import UnknownId
 from devices.specs import ChipSpec, EngineSpec, ModelSpec, QuantSpec, SchedulerDefaults, Tier
 
 _DIR = Path(__file__).parent
 
 
+def toml(name: str) -> dict[str, Any]:
+    """``name.toml`` of this folder, parsed (one shared dict: do not modify it)."""
+    return _tables()[name]
+
+
 @cache
-def _load(name: str) -> dict[str, Any]:
-    with (_DIR / f"{name}.toml").open("rb") as f:
-        return tomllib.load(f)
+def _tables() -> dict[str, dict[str, Any]]:
+    """Every TOML file of this folder, parsed: from the on-disk memo of ``devices.disk_cache``
+    when no input changed (JSON reads ~30x faster than ``tomllib`` parses), else parsed and
+    stored there. The memo is keyed by the digest of every file of ``devices``, these
+    included, so it is never stale."""
+    directory = disk_cache.cache_dir()
+    digest = None
+    if directory is not None:
+        try:
+            digest = disk_cache.inputs_digest()
+        except OSError:  # an unreadable input: no key to trust
+            directory = None
+    if directory is not None and digest is not None:
+        stored = disk_cache.read("catalog", digest, directory)
+        if isinstance(stored, dict):
+            return stored
+    tables = parse_tables()
+    if directory is not None and digest is not None:
+        disk_cache.write("catalog", digest, tables, directory)
+    return tables
+
+
+def parse_tables(folder: Path = _DIR) -> dict[str, dict[str, Any]]:
+    """Every ``*.toml`` of ``folder`` by stem, parsed with ``tomllib``."""
+    import tomllib  # only when parsing: a start-up that reads the memo skips it
+
+    out = {}
+    for path in sorted(folder.glob("*.toml")):
+        with path.open("rb") as f:
+            out[path.stem] = tomllib.load(f)
+    return out
 
 
 def pricing() -> dict[str, float]:
     """The price rule's constants (amortisation hours, $/kWh)."""
-    return dict(_load("chips")["pricing"])
+    return dict(toml("chips")["pricing"])
 
 
 def _usd_per_hour(raw: dict[str, Any]) -> tuple[float, str]:
@@ -84,7 +117,7 @@ def _chip(ident: str, raw: dict[str, Any]) -> ChipSpec:
 
 @cache
 def _chips() -> dict[str, ChipSpec]:
-    data = _load("chips")
+    data = toml("chips")
     out: dict[str, ChipSpec] = {}
     for section in ("chips", "hosts", "storage"):
         for ident, raw in data.get(section, {}).items():
@@ -106,7 +139,7 @@ def _scheduler(raw: dict[str, Any]) -> SchedulerDefaults:
 @cache
 def _engines() -> dict[str, EngineSpec]:
     out = {}
-    for ident, raw in _load("engines")["engines"].items():
+    for ident, raw in toml("engines")["engines"].items():
         out[ident] = EngineSpec(
             id=ident,
             name=raw["name"],
@@ -138,14 +171,14 @@ def _engines() -> dict[str, EngineSpec]:
 @cache
 def _models() -> dict[str, ModelSpec]:
     out = {}
-    for ident, raw in _load("models")["models"].items():
+    for ident, raw in toml("models")["models"].items():
         out[ident] = ModelSpec(id=ident, **raw)
     return out
 
 
 @cache
 def _quants() -> dict[str, QuantSpec]:
-    return {ident: QuantSpec(id=ident, **raw) for ident, raw in _load("quants")["quants"].items()}
+    return {ident: QuantSpec(id=ident, **raw) for ident, raw in toml("quants")["quants"].items()}
 
 
 def _get(kind: str, table: dict[str, Any], ident: str) -> Any:
@@ -191,7 +224,7 @@ def list_quants() -> list[QuantSpec]:
 
 def nearest_classes(chip_class: str) -> tuple[str, ...]:
     """The classes whose factors stand in for ``chip_class``'s missing ones, nearest first."""
-    return tuple(_load("chips").get("classes", {}).get(chip_class, ()))
+    return tuple(toml("chips").get("classes", {}).get(chip_class, ()))
 
 
 def chip_classes() -> list[str]:
@@ -202,4 +235,4 @@ def chip_classes() -> list[str]:
 # --- P/D (issue 13): links between machines (links.toml) ---
 def link_table() -> dict[str, dict[str, Any]]:
     """Every link of ``links.toml`` by id (raw records; ``devices.transfer`` builds Links)."""
-    return dict(_load("links")["links"])
+    return dict(toml("links")["links"])

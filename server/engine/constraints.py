@@ -25,12 +25,15 @@ import functools
 import json
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import llguidance
 import numpy as np
 
 from server.engine.interface import Constraint, InvalidRequest
 from server.engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # imported where a constraint is first compiled: most runs have none
+    import llguidance
 
 CACHE_SIZE = 256  # compiled grammars kept per tokenizer (LRU)
 MAX_DEPTH = 64  # default max_grammar_depth: nesting levels a constraint may have
@@ -165,6 +168,8 @@ class ConstraintCompiler:
 
     def _setup(self) -> tuple[llguidance.LLTokenizer, _Vocab]:
         if self._lltok is None or self._vocab is None:  # lazily: most deployments never need it
+            import llguidance
+
             tok = self.tokenizer
             self._lltok = llguidance.LLTokenizer(tok.to_json(), n_vocab=tok.vocab_size,
                                                  eos_token=tok.eos_token_id)
@@ -233,6 +238,8 @@ def nesting(text: str, quotes: str = "\"'") -> int:
 
 def _grammar(spec: Constraint) -> str:
     """The llguidance grammar of a constraint; ValueError when it cannot even be read."""
+    import llguidance
+
     if spec.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(spec.text)
     if spec.kind == "json_schema":
@@ -254,6 +261,8 @@ def _grammar(spec: Constraint) -> str:
 
 def _compile(lltok: llguidance.LLTokenizer, spec: Constraint) -> llguidance.LLMatcher | str:
     """A matcher in its start state, or the error message for the client."""
+    import llguidance
+
     try:
         grammar = _grammar(spec)
     except ValueError as e:

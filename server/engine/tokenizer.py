@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import codecs
 import functools
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tokenizers import Tokenizer as HFTokenizer
+if TYPE_CHECKING:  # imported where the vocabulary is first parsed (see `Tokenizer._tok`)
+    from tokenizers import Tokenizer as HFTokenizer
 
 TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer_data"
 
@@ -66,26 +69,29 @@ class Tokenizer:
     """The packaged tokenizer (or another directory in the same format): ids, text, bytes."""
 
     def __init__(self, directory: Path | str = TOKENIZER_DIR) -> None:
-        directory = Path(directory)
-        self._tok = HFTokenizer.from_file(str(directory / "tokenizer.json"))
+        self._dir = directory = Path(directory)
         self.config: dict = json.loads((directory / "tokenizer_config.json").read_text())
         self.chat_template: str = self.config["chat_template"]
         self.bos_token: str = self.config["bos_token"]
         self.eos_token: str = self.config["eos_token"]
-        self.bos_token_id = self._id(self.bos_token)
-        self.eos_token_id = self._id(self.eos_token)
-        pad = self.config.get("pad_token")
-        self.pad_token_id: int | None = self._id(pad) if pad else None
-        self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
-        self.special_token_ids = frozenset(
-            self._id(t.content) for t in self._tok.get_added_tokens_decoder().values()
-        )
+        ids = read_ids(directory)
+        if ids is None:  # no (or a stale) ids file: the vocabulary has them
+            ids = vocabulary_ids(self._tok, self.config)
+        self.bos_token_id: int = ids["bos_token_id"]
+        self.eos_token_id: int = ids["eos_token_id"]
+        self.pad_token_id: int | None = ids["pad_token_id"]
+        self.vocab_size: int = ids["vocab_size"]
+        self.special_token_ids = frozenset(ids["special_token_ids"])
         # " word" tokens straight from the byte-level vocabulary's strings (a space is "Ġ",
         # ASCII letters stand for themselves): what the mock model draws, without building
         # every token's bytes at start-up (`_token_bytes` is computed on first use)
-        self._free_ids = tuple(sorted(
-            i for token, i in self._tok.get_vocab(with_added_tokens=True).items()
-            if i not in self.special_token_ids and _FREE_WORD.fullmatch(token)))
+        self._free_ids: tuple[int, ...] = tuple(ids["free_text_token_ids"])
+
+    @functools.cached_property
+    def _tok(self) -> HFTokenizer:
+        """The Rust tokenizer, parsed on first use (~0.1 s): a simulation that only draws ids
+        needs just the ids file's figures."""
+        return parse(self._dir)
 
     @functools.cached_property
     def _token_bytes(self) -> list[bytes]:
@@ -184,6 +190,73 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """End of stream: an incomplete trailing character becomes U+FFFD."""
         return self._utf8.decode(b"", final=True)
+
+
+IDS_FILE = "token_ids.json"  # derived from the two files below; see `read_ids`
+_IDS_INPUTS = ("tokenizer.json", "tokenizer_config.json")
+
+
+def _inputs_digest(directory: Path) -> str:
+    h = hashlib.sha256()
+    for name in _IDS_INPUTS:
+        data = (directory / name).read_bytes()
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def parse(directory: Path) -> HFTokenizer:
+    """``directory/tokenizer.json`` as a ``tokenizers.Tokenizer`` (the Rust library is
+    imported here, on first use)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return HFTokenizer.from_file(str(directory / "tokenizer.json"))
+
+
+def vocabulary_ids(tok: HFTokenizer, config: Mapping[str, object]) -> dict[str, object]:
+    """The ids the engine needs from the vocabulary: BOS/EOS/pad, the size, the special ids
+    and the free-text ids (" word" tokens, see the module contract)."""
+    def token_id(token: object) -> int:
+        i = tok.token_to_id(str(token))
+        if i is None:
+            raise ValueError(f"token {token!r} is not in the vocabulary")
+        return i
+
+    special = sorted({token_id(t.content) for t in tok.get_added_tokens_decoder().values()})
+    free = sorted(i for token, i in tok.get_vocab(with_added_tokens=True).items()
+                  if i not in special and _FREE_WORD.fullmatch(token))
+    pad = config.get("pad_token")
+    return {"bos_token_id": token_id(config["bos_token"]),
+            "eos_token_id": token_id(config["eos_token"]),
+            "pad_token_id": token_id(pad) if pad else None,
+            "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+            "special_token_ids": special, "free_text_token_ids": free}
+
+
+def read_ids(directory: Path) -> dict[str, object] | None:
+    """``directory/token_ids.json`` if it was written from this ``tokenizer.json`` and
+    ``tokenizer_config.json`` (their SHA-256 is recorded in it), else None.
+
+    Why the file exists: parsing ``tokenizer.json`` costs ~0.1 s, most of a one-request
+    simulation's start-up, which needs only these ids; the digest makes a stale file
+    harmless (the ids then come from the vocabulary, as without the file)."""
+    try:
+        raw = json.loads((directory / IDS_FILE).read_text())
+        if raw.pop("inputs_sha256") != _inputs_digest(directory):
+            return None
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return None
+    return raw
+
+
+def write_ids(directory: Path) -> Path:
+    """Write ``directory/token_ids.json`` from its tokenizer (scripts/train_tokenizer.py runs
+    this after training; tests/engine/test_tokenizer_ids.py checks the shipped file)."""
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    ids = vocabulary_ids(parse(directory), config)
+    out = directory / IDS_FILE
+    out.write_text(json.dumps({"inputs_sha256": _inputs_digest(directory), **ids}) + "\n")
+    return out
 
 
 @functools.cache
