@@ -46,7 +46,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         rid = request.request_id or f"req-{uuid.uuid4().hex}"
         rlog = request_log(log, rid)
         if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining")
+            await wire.abort(context, grpc.StatusCode.UNAVAILABLE, "server is draining")
+            return
         try:
             request_ids.check(rid)
             client = self.fleet.resolve(request.deployment, request.model)
@@ -56,10 +57,12 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             streams = await parallel.submit_all(client, children, rid)
         except UnknownDeployment as e:
             rlog.info("rejected: %s", e)
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+            await wire.abort(context, grpc.StatusCode.NOT_FOUND, str(e))
+            return
         except EngineError as e:
             rlog.info("rejected: %s", e)
-            await context.abort(convert.status_code(e), str(e))
+            await wire.abort(context, convert.status_code(e), str(e))
+            return
         finished = 0
         try:  # from here on every way out frees what the engine holds
             if not await wire.send_headers(context, (
@@ -71,7 +74,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                     finished += chunk.finish is not None
                     yield convert.to_response(chunk, rid, client.name)
         except StreamFailed as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            await wire.abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
+            return
         finally:
             if finished < len(streams):  # client cancel, deadline, failed write: free at once
                 rlog.info("stream ended early (cancel or deadline); aborting in %s",

@@ -105,3 +105,12 @@ async def send_headers(context: grpc.aio.ServicerContext, metadata) -> bool:
             return False
         raise
     return True
+
+
+async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> None:
+    """`context.abort` (which raises, ending the handler), unless the client already left: a
+    cancelled call takes no status (grpc would refuse the batch and log a traceback), so this
+    returns and the handler must return after it."""
+    if context.cancelled() or context.done():
+        return
+    await context.abort(code, details)
