@@ -41,10 +41,15 @@ class StatsFile:
 
     # ---- writer ---------------------------------------------------------------------------
     def begin(self) -> None:
-        self._seq[0] += 1
+        """Odd while writing. A writer that was killed mid-update left the sequence odd: the
+        next writer (the supervisor marking the deployment FAILED, the restarted engine)
+        keeps it odd here and even at `end`, instead of inverting the parity for good."""
+        s = int(self._seq[0])
+        self._seq[0] = s + 1 if s % 2 == 0 else s + 2
 
     def end(self) -> None:
-        self._seq[0] += 1
+        s = int(self._seq[0])
+        self._seq[0] = s + 1 if s % 2 == 1 else s + 2
 
     def set_text(self, text: str) -> None:
         """Set the text (inside a begin/end pair); longer text is cut at a character."""
