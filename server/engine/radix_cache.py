@@ -154,11 +154,7 @@ class RadixCache(PrefixCache):
             child = node.children.get(tuple(token_ids[pos : pos + bs]))
             if child is None:
                 break
-            key = child.key
-            i = bs
-            klen = len(child.block_ids) * bs
-            while i < klen and pos + i < n and _eq(key, i, token_ids, pos + i, bs):
-                i += bs
+            i, klen = _matched(child, token_ids, pos, n, bs)
             if i < klen:
                 if not split:
                     return node, pos + i
@@ -315,11 +311,7 @@ class RadixCache(PrefixCache):
             child = node.children.get(tuple(token_ids[pos : pos + bs]))
             if child is None:
                 break
-            key = child.key
-            i = bs
-            klen = len(child.block_ids) * bs
-            while i < klen and pos + i < end and _eq(key, i, token_ids, pos + i, bs):
-                i += bs
+            i, klen = _matched(child, token_ids, pos, end, bs)
             if i < klen:
                 child = self._split(child, i)
             child.last_access = now
@@ -464,6 +456,15 @@ class RadixCache(PrefixCache):
                 f"counters drifted: evictable {self._evictable} vs {evictable}, "
                 f"cached {self._cached} vs {len(seen)}"
             )
+
+
+def _matched(child, token_ids, pos: int, end: int, bs: int) -> tuple[int, int]:
+    """How many tokens of `child`'s key (its first block already matched) equal `token_ids`
+    from `pos`, in whole blocks, before `end`; and the key's length in tokens."""
+    key, i, klen = child.key, bs, len(child.block_ids) * bs
+    while i < klen and pos + i < end and _eq(key, i, token_ids, pos + i, bs):
+        i += bs
+    return i, klen
 
 
 def _eq(key: tuple[int, ...], i: int, tokens: Sequence[int], j: int, n: int) -> bool:
