@@ -31,9 +31,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from clients.conversation import Conversation
 from server.engine.core import EngineCore
+from sim.admission import Admission
 from sim.autoscale_policy import AutoscalePolicy
 from sim.routers import kv_usage, make_router
+from sim.virtual import REFUSED
 
 OFF, BOOTING, READY, DRAINING = "off", "booting", "ready", "draining"
 
@@ -94,11 +97,14 @@ class Group:
 
 class Autoscaler:
     """The control of a cluster run (see the module docstring). `groups` partition the
-    slots; `initial[g]` slots of group g are ready at t = 0, the rest off."""
+    slots; `initial[g]` slots of group g are ready at t = 0, the rest off. With an
+    `admission`, the router sheds what no ready slot has room for (`refused` counts them)."""
 
     def __init__(self, cores: list[EngineCore], groups: list[Group], initial: list[int],
-                 router: str, seed: int = 0, sample_s: float | None = None) -> None:
+                 router: str, seed: int = 0, sample_s: float | None = None,
+                 admission: Admission | None = None) -> None:
         self.cores, self.groups, self.router_name, self.seed = cores, groups, router, seed
+        self.admission, self.refused = admission, 0
         self.state = [OFF] * len(cores)
         self.since = [0.0] * len(cores)  # when the state was entered
         self.ready_at: dict[int, float] = {}  # booting slot -> when it is ready
@@ -144,10 +150,13 @@ class Autoscaler:
             return False
         return s != OFF
 
-    def choose(self, prompt: Sequence[int], outstanding: Sequence[int]) -> int | None:
+    def choose(self, prompt: Sequence[int], outstanding: Sequence[int],
+               session: Conversation) -> int | None:
         """The router over the ready slots only (rebuilt when they change, as a gateway's
         endpoint list is); None (hold the request) while no slot is ready, which only a
-        pool that scales to zero allows."""
+        pool that scales to zero allows; REFUSED when the admission finds every ready slot
+        saturated (`sim.admission`: GIE's filter and breaker over the endpoints it lists,
+        the ready ones)."""
         if self._built != self._version:
             self._ready = [k for k, s in enumerate(self.state) if s == READY]
             self._policy = (make_router(self.router_name, [self.cores[k] for k in self._ready],
@@ -159,7 +168,14 @@ class Autoscaler:
             return None
         assert self._policy is not None
         i = self._policy.choose(prompt, [outstanding[k] for k in self._ready])
-        return self._ready[i]
+        if self.admission is None:
+            return self._ready[i]
+        k = self.admission.pick(self._ready[i], self._ready, self.cores, outstanding,
+                                session.slo_class)
+        if k is None:
+            self.refused += 1
+            return REFUSED
+        return k
 
     def can_serve_held(self) -> bool:
         """Will the requests held now ever be routed? Yes if a slot is ready or booting, or

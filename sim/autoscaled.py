@@ -17,6 +17,7 @@ from typing import Any
 
 from clients.conversation import Conversation
 from server.engine.build import EngineOptions, build_core
+from sim.admission import Admission
 from sim.autoscale import Autoscaler, Group, boot_seconds
 from sim.autoscale_policy import AutoscalePolicy, parse_policy
 from sim.cluster import ClusterRun, Replica, build_replicas
@@ -47,9 +48,11 @@ def policies(deployments: Sequence[EngineOptions], flag: str | None,
 
 def run_scaled(deployments: Sequence[EngineOptions], pols: Sequence[AutoscalePolicy | None],
                sessions: Iterable[Conversation], router: str, seed: int = 0,
-               sample_s: float | None = None, concurrency: int | None = None) -> ScaledRun:
+               sample_s: float | None = None, concurrency: int | None = None,
+               admission: Admission | None = None) -> ScaledRun:
     """Build the slots, run `sessions` through them behind `router` with the autoscaler as
-    the loop's control, and return the run with its controller (samples, events, billing)."""
+    the loop's control (and the router's `admission`, if any), and return the run with its
+    controller (samples, events, billing, requests shed)."""
     replicas: list[Replica] = []
     groups: list[Group] = []
     initial = []
@@ -67,7 +70,7 @@ def run_scaled(deployments: Sequence[EngineOptions], pols: Sequence[AutoscalePol
         groups.append(Group(d.name, slots, p, boot))
         initial.append(first)
     cores = [r.core for r in replicas]
-    control = Autoscaler(cores, groups, initial, router, seed, sample_s)
+    control = Autoscaler(cores, groups, initial, router, seed, sample_s, admission)
     run = run_cluster(cores, sessions, control.choose, [r.options.max_waiting for r in replicas],
                       [r.options.max_grammar_bytes for r in replicas], concurrency,
                       control=control)

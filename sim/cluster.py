@@ -70,7 +70,7 @@ def run_replicas(replicas: list[Replica], sessions: Iterable[Conversation], rout
     cores = [r.core for r in replicas]
     dispatch = FleetDispatch(replicas, router, seed, admission)
     dispatch.check_classes({s.slo_class for s in sessions})
-    run = run_cluster(cores, sessions, lambda prompt, outstanding: 0,
+    run = run_cluster(cores, sessions, lambda prompt, outstanding, s: 0,
                       [r.options.max_waiting for r in replicas],
                       [r.options.max_grammar_bytes for r in replicas], concurrency,
                       dispatch=dispatch, records=records)

@@ -87,10 +87,10 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     try:  # --- fleet (issue 16): pools, SLO classes, admission ---
         admission = parse_admission(getattr(args, "admission", None))
         if scaled is not None:  # its timeline reads every record: kept in a list
-            _check_scalable(args, deployments, admission)
+            _check_scalable(args, deployments)
             pols, sample_s = scaled
-            sr = run_scaled(deployments, pols, conversations,
-                            args.router or "round-robin", seed=args.seed, sample_s=sample_s)
+            sr = run_scaled(deployments, pols, conversations, args.router or "round-robin",
+                            seed=args.seed, sample_s=sample_s, admission=admission)
             cr = sr.cluster
             stream = FleetStream(pools_of(cr.replicas), len(cr.replicas), slo)
             for r in cr.run.records:
@@ -120,6 +120,8 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
         summary["max_num_seqs"] = sum(cr.replicas[k].core.scheduler.config.max_num_seqs
                                       for k in keep)
         summary.update(report(sr))
+        if admission is not None:
+            summary["admission_refused"] = sr.control.refused
     if slo is not None:  # as `simulate --slo` of one deployment
         summary["slo"] = slo
         summary["goodput"] = stream.fleet.goodput()
@@ -166,12 +168,11 @@ def _scaled(args: argparse.Namespace, deployments: list[EngineOptions],
     return pols, sample_s
 
 
-def _check_scalable(args: argparse.Namespace, deployments: list[EngineOptions],
-                    admission: object) -> None:
-    """Autoscaling routes with its own view of ready replicas: pools by role or class and
-    admission at the router do not combine with it (yet); say so instead of ignoring them."""
-    if admission is not None or args.router == "slo-class":
-        raise SimulationError("autoscaling does not combine with --admission or "
-                              "--router slo-class")
+def _check_scalable(args: argparse.Namespace, deployments: list[EngineOptions]) -> None:
+    """Autoscaling routes with its own view of ready replicas (admission at the router
+    included): pools by role or class do not combine with it (yet); say so instead of
+    ignoring them."""
+    if args.router == "slo-class":
+        raise SimulationError("autoscaling does not combine with --router slo-class")
     if any(d.role != "both" for d in deployments):
         raise SimulationError("autoscaling does not combine with P/D roles")

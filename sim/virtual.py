@@ -36,11 +36,13 @@ from sim.virtual_pd import Dispatch, Hop, PdHops
 # --no-macro-steps` turns it off for the whole command, clusters included) ---
 MACRO_STEPS = {"default": True}
 
-# A cluster's router (sim/routers.py): (prompt token ids, outstanding requests per core) ->
-# the index of the core that gets the request, or None: hold it (no replica is ready, as when
-# an autoscaled pool is at zero; the loop routes it again after the control's next tick).
-# Called at the request's arrival time.
-Route = Callable[[Sequence[int], Sequence[int]], int | None]
+# A cluster's router (sim/routers.py): (prompt token ids, outstanding requests per core, the
+# session: its SLO class) -> the index of the core that gets the request; None: hold it (no
+# replica is ready, as when an autoscaled pool is at zero; the loop routes it again after the
+# control's next tick); or REFUSED: the router's admission sheds it (RESOURCE_EXHAUSTED, as
+# `Dispatch.place`'s None). Called at the request's arrival time.
+Route = Callable[[Sequence[int], Sequence[int], Conversation], int | None]
+REFUSED = -1
 
 
 class Records(Protocol):
@@ -70,7 +72,7 @@ def run_virtual(
     `MACRO_STEPS["default"]`); the run is the same with it off (one Python step each), only
     slower. `sessions` is a list, or a lazy `clients.workloads.Workload` (in order of start,
     drawn as they start: with a `SummaryStream` as `records`, memory stays flat)."""
-    return run_cluster([core], sessions, lambda prompt, outstanding: 0, [max_waiting],
+    return run_cluster([core], sessions, lambda prompt, outstanding, s: 0, [max_waiting],
                        [max_grammar_bytes], concurrency, macro_steps=macro_steps,
                        records=records)
 
@@ -225,9 +227,12 @@ class _Runner(PdHops, MacroWindows):
         prompt = history + turn.user_ids
         prefill = None  # --- fleet (issue 16) ---
         if self.dispatch is None:
-            k = self.route(prompt, self.outstanding)
+            k = self.route(prompt, self.outstanding, s)
             if k is None:  # --- autoscale (issue 16): no replica ready: held at the router ---
                 self.held.append((at, si, ti, history))
+                return
+            if k == REFUSED:  # --- autoscale (issue 16): shed by its admission ---
+                self._refused(rid, si, ti, at, len(prompt))
                 return
         elif (placed := self.dispatch.place(prompt, self.outstanding, s)) is None:
             self._refused(rid, si, ti, at, len(prompt))

@@ -14,6 +14,7 @@ from clients.workloads import WorkloadSpec, build_workload
 from doppelchip.cli import main
 from server.engine.build import EngineOptions, build_core
 from server.engine.tokenizer import get_tokenizer
+from sim.admission import Admission
 from sim.autoscale import hpa_recommendation, stabilised
 from sim.autoscale_policy import AutoscalePolicy, parse_policy
 from sim.autoscaled import report, run_scaled
@@ -232,15 +233,66 @@ def test_scaled_in_replicas_drain_then_stop_being_billed(ramp_run):
 
 
 def test_autoscaling_refuses_what_it_cannot_combine_with(capsys):
-    """Autoscaling routes over its own ready replicas: admission at the router is refused
-    with a clear error (exit 2), not silently ignored."""
+    """Autoscaling routes over its own ready replicas: pools by SLO class are refused with a
+    clear error (exit 2), not silently ignored."""
     from doppelchip.cli import main
 
     code = main(["simulate", "--num-requests", "4", "--rate", "1",
                  "--autoscale", "metric=waiting,target=2,min=1,max=2",
-                 "--admission", "max-outstanding=4", "--json"])
+                 "--router", "slo-class", "--json"])
     assert code == 2
-    assert "autoscaling does not combine with --admission" in capsys.readouterr().err
+    assert "autoscaling does not combine with --router slo-class" in capsys.readouterr().err
+
+
+def _outstanding_peak(records, k: int) -> int:
+    """The most requests replica k held at once (routed to it, not yet ended)."""
+    edges = sorted([(r.scheduled_s, 1) for r in records if r.replica == k]
+                   + [(r.end_s, -1) for r in records if r.replica == k],
+                   key=lambda e: (e[0], e[1]))  # an end before an arrival at one instant
+    return max(itertools.accumulate(d for _, d in edges), default=0)
+
+
+def test_admission_sheds_over_the_ready_replicas_of_an_autoscaled_pool():
+    """GIE's breaker in front of an autoscaled pool: a request no ready replica has room for
+    is refused (RESOURCE_EXHAUSTED, on no replica), no replica ever holds more than the
+    limit, and the pool still scales on what its replicas run. On the queue metric the same
+    limit hides the load: max-outstanding = max_num_seqs leaves nothing waiting, so the
+    pool never grows and sheds more (what a planner combining the two must see)."""
+    limit = Admission(max_outstanding=4)
+    by_running = dataclasses.replace(POLICY, metric="running", target=3)
+    runs = {}
+    for policy in (by_running, POLICY):
+        work = sessions(rate_shape=RAMP)
+        sr = run_scaled([A100], [policy], work, "least-requests", admission=limit)
+        records = sr.cluster.run.records
+        assert len(records) == len(work)
+        shed = [r for r in records if r.error]
+        assert {r.error for r in shed} == {"RESOURCE_EXHAUSTED"}
+        assert all(r.replica == -1 for r in shed) and len(shed) == sr.control.refused
+        for k, replica in enumerate(sr.cluster.replicas):
+            assert _outstanding_peak(records, k) <= 4
+            assert not replica.core.has_unfinished()
+            replica.core.scheduler.check_integrity()
+        runs[policy.metric] = (sr, report(sr)["autoscaling"]["a100"]["events"])
+    sr, events = runs["running"]
+    assert sr.control.refused > 0 and max(e["to"] for e in events) > 1
+    queue_sr, queue_events = runs["waiting"]
+    assert not any(e["to"] > e["from"] for e in queue_events)
+    assert queue_sr.control.refused > sr.control.refused
+    unlimited = run_scaled([A100], [by_running], sessions(rate_shape=RAMP), "least-requests")
+    assert unlimited.control.refused == 0
+    assert all(r.ok for r in unlimited.cluster.run.records)
+
+
+def test_simulate_autoscale_with_admission_reports_what_it_shed(capsys):
+    code = main(["simulate", "--chip", "h100-sxm", "--engine", "vllm", "--model", "llama-2-7b",
+                 "--quant", "bf16", "--num-requests", "60", "--rate", "40", "--isl", "64",
+                 "--osl", "64", "--autoscale", "metric=running,target=4,min=1,max=2",
+                 "--admission", "max-outstanding=4", "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["admission_refused"] > 0
+    assert summary["errors"] == {"RESOURCE_EXHAUSTED": summary["admission_refused"]}
 
 
 def test_autoscaled_run_is_the_same_macro_or_single_stepped(monkeypatch):

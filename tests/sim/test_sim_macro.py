@@ -122,7 +122,7 @@ def _cluster(spec: WorkloadSpec, macro: bool) -> tuple:
     cores = [build_core(H100, tok) for _ in range(3)]
     turn = iter(range(10**9))
     run = virtual.run_cluster(cores, build_workload(spec, encode=tok.encode),
-                              lambda prompt, outstanding: next(turn) % 3, macro_steps=macro)
+                              lambda prompt, outstanding, s: next(turn) % 3, macro_steps=macro)
     counters = [(c.scheduler.stats.num_steps, c.stats.steps, c.scheduler.stats.num_preemptions)
                 for c in cores]
     floats = (run.duration_s, run.kv_usage_mean, run.kv_usage_peak,
