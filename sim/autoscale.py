@@ -36,7 +36,7 @@ from server.engine.core import EngineCore
 from sim.admission import Admission
 from sim.autoscale_policy import AutoscalePolicy
 from sim.routers import kv_usage, make_router
-from sim.virtual import REFUSED
+from sim.virtual_types import REFUSED
 
 OFF, BOOTING, READY, DRAINING = "off", "booting", "ready", "draining"
 

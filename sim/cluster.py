@@ -22,7 +22,8 @@ from server.engine.core import EngineCore
 from sim.admission import Admission
 from sim.pools import FleetDispatch
 from sim.reports import FleetStream
-from sim.virtual import Records, VirtualRun, run_cluster
+from sim.virtual import run_cluster
+from sim.virtual_types import Records, VirtualRun
 
 
 @dataclass(frozen=True)

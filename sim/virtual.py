@@ -18,9 +18,7 @@ Tokens of one step share its interval (`spread_times`).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Iterable, Sequence
 
 from clients.conversation import Conversation
 from clients.report import RequestResult
@@ -31,34 +29,20 @@ from server.engine.output import spread_times
 from server.engine.request import Request, SamplingParams
 from sim.virtual_macro import LastStep, MacroWindows
 from sim.virtual_pd import Dispatch, Hop, PdHops
+from sim.virtual_sessions import SessionSource
+from sim.virtual_types import (
+    REFUSED,
+    Control,
+    Records,
+    Route,
+    VirtualRun,
+    failed,
+    turn_id,
+)
 
 # --- speed (issue 16): macro-stepping unless a caller says otherwise (`simulate
 # --no-macro-steps` turns it off for the whole command, clusters included) ---
 MACRO_STEPS = {"default": True}
-
-# A cluster's router (sim/routers.py): (prompt token ids, outstanding requests per core, the
-# session: its SLO class) -> the index of the core that gets the request; None: hold it (no
-# replica is ready, as when an autoscaled pool is at zero; the loop routes it again after the
-# control's next tick); or REFUSED: the router's admission sheds it (RESOURCE_EXHAUSTED, as
-# `Dispatch.place`'s None). Called at the request's arrival time.
-Route = Callable[[Sequence[int], Sequence[int], Conversation], int | None]
-REFUSED = -1
-
-
-class Records(Protocol):
-    """Where a run puts each request's result: a list, or a `clients.report.SummaryStream`
-    (a million requests summarised in flat memory)."""
-
-    def append(self, result: RequestResult, /) -> None: ...
-
-
-@dataclass
-class VirtualRun:
-    records: list[RequestResult] | Records = field(default_factory=list)
-    duration_s: float = 0.0
-    kv_usage_mean: float = 0.0  # time-weighted over busy steps
-    kv_usage_peak: float = 0.0
-
 
 def run_virtual(
     core: EngineCore, sessions: Iterable[Conversation], max_waiting: int | None = None,
@@ -111,40 +95,7 @@ def run_cluster(
     return runner.run()
 
 
-# --- autoscale (issue 16) ---
-class Control(Protocol):
-    """A periodic controller of a cluster run (sim/autoscale.py): `tick(t)` is called once
-    the clock reaches `next_at` (after that instant's step ends, before its arrivals), and an
-    idle core k is charged idle power and money only while `bill_idle(k, t)` is true (an off
-    replica costs nothing). The run ends when the traffic does, whatever `next_at` says.
-    `held` is set before each tick to the number of requests the router holds; held requests
-    the control says it will never serve (`can_serve_held`) end as UNAVAILABLE."""
-
-    held: int
-
-    @property
-    def next_at(self) -> float: ...
-
-    def can_serve_held(self) -> bool: ...
-
-    def tick(self, t: float) -> None: ...
-
-    def bill_idle(self, k: int, t: float) -> bool: ...
-
-    def finish(self, t: float) -> None: ...
-# --- end autoscale ---
-
-
-def _failed(rid: str, s: Conversation, ti: int, at: float, prompt_tokens: int, error: str,
-            replica: int) -> RequestResult:
-    """A turn refused at its arrival (`error`: the status the server would answer)."""
-    return RequestResult(rid, scheduled_s=at, sent_s=at, token_times=(), end_s=at,
-                         prompt_tokens=prompt_tokens, output_tokens=0, finish_reason="error",
-                         error=error, conversation_id=s.conversation_id, turn=ti,
-                         slo_class=s.slo_class, replica=replica)
-
-
-class _Runner(PdHops, MacroWindows):
+class _Runner(SessionSource, PdHops, MacroWindows):
     """The event loop. A core's step is computed when it starts (the scheduler's state moves
     on then) and delivered when it ends: token times, finished records and the next turns
     due are all stamped at the step's end. At one instant, step ends come first, then the
@@ -160,10 +111,6 @@ class _Runner(PdHops, MacroWindows):
         self.control: Control | None = None  # --- autoscale (issue 16) ---
         self.held: list[tuple[float, int, int, tuple[int, ...]]] = []  # routed nowhere yet
         self.out = VirtualRun()
-        # (time, 0, session, ...) a session's first turn in open loop, before (time, 1, seq,
-        # ...) any other turn due at that instant, as when every session was queued first
-        self.arrivals: list[tuple[float, int, int, int, int, tuple[int, ...]]] = []
-        self.seq = 0
         self.live: dict[str, tuple[Request, int, int, float, int]] = {}
         self.first_sched: dict[str, float] = {}
         self.times: dict[str, list[float]] = {}
@@ -181,49 +128,11 @@ class _Runner(PdHops, MacroWindows):
         self.follow_ups = concurrency is not None or multi
         self.macro_busy = self.macro_area = 0.0  # the head steps of macro windows
         # --- end speed ---
-        # the sessions started and not yet over (a lazy workload's are drawn as they start)
-        self.sessions: dict[int, Conversation] = {}
-        self.source: Iterator[tuple[int, Conversation]] = (
-            (i, s) for i, s in enumerate(sessions) if s.turns)
-        self.closed = concurrency is not None
-        self.lazy = not isinstance(sessions, list)
-        if self.closed:
-            for _ in range(concurrency or 0):
-                self._next_session()
-        elif self.lazy:  # in order of start: the next one is always queued
-            self._pull()
-        else:
-            while self._pull():
-                pass
-
-    def _pull(self) -> bool:
-        """Open loop: queue the next session's first turn at its start."""
-        nxt = next(self.source, None)
-        if nxt is None:
-            return False
-        si, s = nxt
-        self.sessions[si] = s
-        heapq.heappush(self.arrivals, (s.start_s, 0, si, si, 0, ()))
-        return True
-
-    def _due(self, at: float, si: int, ti: int, history: tuple[int, ...]) -> None:
-        heapq.heappush(self.arrivals, (at, 1, self.seq, si, ti, history))
-        self.seq += 1
-
-    def _next_session(self) -> None:
-        """Closed loop: the next session in line starts now."""
-        if self.closed and (nxt := next(self.source, None)) is not None:
-            self.sessions[nxt[0]] = nxt[1]
-            self._due(self.t, nxt[0], 0, ())
-
-    def _session_over(self, si: int) -> None:
-        """A session's last turn ended (or one was refused): forget it, start the next."""
-        del self.sessions[si]
-        self._next_session()
+        self._start_sessions(sessions, concurrency)  # virtual_sessions
 
     def admit(self, at: float, si: int, ti: int, history: tuple[int, ...]) -> None:
         s, turn = self.sessions[si], self.sessions[si].turns[ti]
-        rid = f"{s.conversation_id}/{ti}" if len(s.turns) > 1 else s.conversation_id
+        rid = turn_id(s, ti)
         prompt = history + turn.user_ids
         prefill = None  # --- fleet (issue 16) ---
         if self.dispatch is None:
@@ -257,7 +166,7 @@ class _Runner(PdHops, MacroWindows):
             except InvalidRequest:
                 error = "INVALID_ARGUMENT"
         if error:
-            self.out.records.append(_failed(rid, s, ti, at, len(prompt), error, k))
+            self.out.records.append(failed(rid, s, ti, at, len(prompt), error, k))
             self._session_over(si)  # the session cannot go on without this turn
             return
         params = SamplingParams(max_tokens=turn.max_tokens, ignore_eos=s.ignore_eos, seed=s.seed)
@@ -357,10 +266,7 @@ class _Runner(PdHops, MacroWindows):
                 held, self.held = self.held, []
                 for item in held:  # routed again, in order of arrival (or held again)
                     self.admit(*item)
-            while arrivals and arrivals[0][0] <= self.t:
-                at, first, _, si, ti, history = heapq.heappop(arrivals)
-                if first == 0 and self.lazy:
-                    self._pull()
+            for at, _, _, si, ti, history in self._arrived():
                 self.admit(at, si, ti, history)
         self.out.duration_s = self.t
         if self.control is not None:  # --- autoscale (issue 16) ---
@@ -374,9 +280,9 @@ class _Runner(PdHops, MacroWindows):
         at zero its trigger will not wake): UNAVAILABLE, as a gateway's timeout answers."""
         for at, si, ti, history in self.held:
             s = self.sessions[si]
-            rid = f"{s.conversation_id}/{ti}" if len(s.turns) > 1 else s.conversation_id
+            rid = turn_id(s, ti)
             n = len(history) + len(s.turns[ti].user_ids)
-            self.out.records.append(_failed(rid, s, ti, at, n, "UNAVAILABLE", -1))
+            self.out.records.append(failed(rid, s, ti, at, n, "UNAVAILABLE", -1))
             self._session_over(si)
         self.held = []
 
@@ -384,7 +290,7 @@ class _Runner(PdHops, MacroWindows):
     def _refused(self, rid: str, si: int, ti: int, at: float, n: int) -> None:
         """Refused by the router's admission: a record on no core (replica -1), no KV."""
         s = self.sessions[si]
-        self.out.records.append(_failed(rid, s, ti, at, n, "RESOURCE_EXHAUSTED", -1))
+        self.out.records.append(failed(rid, s, ti, at, n, "RESOURCE_EXHAUSTED", -1))
         self._session_over(si)
 
     # --- end fleet (issue 16) -------------------------------------------------------------

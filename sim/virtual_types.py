@@ -1,0 +1,77 @@
+"""The virtual-time event loop's boundary (issue 16): what `sim.virtual.run_cluster` asks of
+the fleet around it, and what it gives back.
+
+Why it exists apart from `sim.virtual`: routers (sim/routers.py, sim/autoscale.py), controls
+(the autoscaler) and record sinks (`clients.report.SummaryStream`, `sim.reports.FleetStream`)
+are written against these, not against the loop; the fleet's `Dispatch` (admission, P/D) is in
+`sim.virtual_pd`. A refused turn's record is built here, the one way for every refusal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from clients.conversation import Conversation
+from clients.report import RequestResult
+
+# A cluster's router (sim/routers.py): (prompt token ids, outstanding requests per core, the
+# session: its SLO class) -> the index of the core that gets the request; None: hold it (no
+# replica is ready, as when an autoscaled pool is at zero; the loop routes it again after the
+# control's next tick); or REFUSED: the router's admission sheds it (RESOURCE_EXHAUSTED, as
+# `Dispatch.place`'s None). Called at the request's arrival time.
+Route = Callable[[Sequence[int], Sequence[int], Conversation], int | None]
+REFUSED = -1
+
+
+class Records(Protocol):
+    """Where a run puts each request's result: a list, or a `clients.report.SummaryStream`
+    (a million requests summarised in flat memory)."""
+
+    def append(self, result: RequestResult, /) -> None: ...
+
+
+@dataclass
+class VirtualRun:
+    records: list[RequestResult] | Records = field(default_factory=list)
+    duration_s: float = 0.0
+    kv_usage_mean: float = 0.0  # time-weighted over busy steps
+    kv_usage_peak: float = 0.0
+
+
+class Control(Protocol):
+    """A periodic controller of a cluster run (sim/autoscale.py): `tick(t)` is called once
+    the clock reaches `next_at` (after that instant's step ends, before its arrivals), and an
+    idle core k is charged idle power and money only while `bill_idle(k, t)` is true (an off
+    replica costs nothing). The run ends when the traffic does, whatever `next_at` says.
+    `held` is set before each tick to the number of requests the router holds; held requests
+    the control says it will never serve (`can_serve_held`) end as UNAVAILABLE."""
+
+    held: int
+
+    @property
+    def next_at(self) -> float: ...
+
+    def can_serve_held(self) -> bool: ...
+
+    def tick(self, t: float) -> None: ...
+
+    def bill_idle(self, k: int, t: float) -> bool: ...
+
+    def finish(self, t: float) -> None: ...
+
+
+def failed(rid: str, s: Conversation, ti: int, at: float, prompt_tokens: int, error: str,
+            replica: int) -> RequestResult:
+    """A turn refused at its arrival (`error`: the status the server would answer)."""
+    return RequestResult(rid, scheduled_s=at, sent_s=at, token_times=(), end_s=at,
+                         prompt_tokens=prompt_tokens, output_tokens=0, finish_reason="error",
+                         error=error, conversation_id=s.conversation_id, turn=ti,
+                         slo_class=s.slo_class, replica=replica)
+
+
+
+def turn_id(s: Conversation, ti: int) -> str:
+    """A turn's request id: the conversation's id, with `/turn` when it has several."""
+    return f"{s.conversation_id}/{ti}" if len(s.turns) > 1 else s.conversation_id
