@@ -60,6 +60,36 @@ def _ids(rng: np.random.Generator, n: int, vocab_size: int) -> tuple[int, ...]:
     return tuple(rng.integers(FIRST_ORDINARY_ID, vocab_size, size=n).tolist())
 
 
+def _id_rows(rng: np.random.Generator, k: int, n: int, vocab_size: int) -> list[tuple[int, ...]]:
+    """`k` prompts of `n` ids in one draw: the values of `k` calls of `_ids`."""
+    return [tuple(row) for row in
+            rng.integers(FIRST_ORDINARY_ID, vocab_size, size=(k, n)).tolist()]
+
+
+_BLOCK = 64  # fixed-length prompts drawn this many at a time
+
+
+def _prompts(spec: WorkloadSpec, rng: np.random.Generator,
+             count: int) -> Iterator[tuple[tuple[int, ...], int]]:
+    """`count` (prompt ids, output length) pairs, each prompt drawn after its lengths. With
+    fixed lengths (no randomness in the lengths) a block of prompts is one draw: NumPy's
+    generator gives the same values for one (k, n) draw as for k draws of n, and leaves the
+    same state — only faster (the values are the same workload). The lengths' arguments are
+    checked now, the prompts drawn as they are iterated."""
+    draw = _lengths(spec, rng)
+
+    def each() -> Iterator[tuple[tuple[int, ...], int]]:
+        if spec.length_dist != "fixed":
+            for _ in range(count):
+                isl, osl = draw()
+                yield _ids(rng, isl, spec.vocab_size), osl
+            return
+        for start in range(0, count, _BLOCK):
+            for ids in _id_rows(rng, min(_BLOCK, count - start), spec.isl, spec.vocab_size):
+                yield ids, spec.osl
+    return each()
+
+
 class Workload:
     """A workload's conversations in order of their scheduled start, each made as it is
     iterated, so a run of a million requests never holds a million prompts (issue 16: memory
@@ -224,13 +254,11 @@ def _mix(spec: WorkloadSpec, rng: np.random.Generator,
 # called, then draws one conversation at a time as it is iterated (see `Workload`).
 def _random(spec: WorkloadSpec, rng: np.random.Generator,
             starts: list[float]) -> Iterator[Conversation]:
-    draw = _lengths(spec, rng)
+    prompts = _prompts(spec, rng, spec.num_requests)
 
     def each() -> Iterator[Conversation]:
-        for i in range(spec.num_requests):
-            isl, osl = draw()
-            turn = Turn(_ids(rng, isl, spec.vocab_size), osl)
-            yield Conversation(f"r{i}", starts[i], (turn,), spec.ignore_eos, seed=i)
+        for i, (ids, osl) in enumerate(prompts):
+            yield Conversation(f"r{i}", starts[i], (Turn(ids, osl),), spec.ignore_eos, seed=i)
     return each()
 
 
@@ -238,13 +266,11 @@ def _structured(spec: WorkloadSpec, rng: np.random.Generator,
                 starts: list[float]) -> Iterator[Conversation]:
     """Random prompts, each asking for JSON of `clients.structured.ORDER_SCHEMA`; the output
     ends when the JSON is complete (EOS is never ignored), or at `osl` tokens."""
-    draw = _lengths(spec, rng)
+    prompts = _prompts(spec, rng, spec.num_requests)
 
     def each() -> Iterator[Conversation]:
-        for i in range(spec.num_requests):
-            isl, osl = draw()
-            turn = Turn(_ids(rng, isl, spec.vocab_size), osl)
-            yield Conversation(f"j{i}", starts[i], (turn,), ignore_eos=False, seed=i,
+        for i, (ids, osl) in enumerate(prompts):
+            yield Conversation(f"j{i}", starts[i], (Turn(ids, osl),), ignore_eos=False, seed=i,
                                constraint=structured_constraint())
     return each()
 
@@ -257,13 +283,11 @@ def _shared_prefix(spec: WorkloadSpec, rng: np.random.Generator,
     prefixes = [_ids(rng, spec.system_prompt_len, spec.vocab_size)
                 for _ in range(spec.num_prefixes)]
     per = spec.users_per_prefix or -(-spec.num_requests // spec.num_prefixes)
-    draw = _lengths(spec, rng)
+    prompts = _prompts(spec, rng, spec.num_requests)
 
     def each() -> Iterator[Conversation]:
-        for i in range(spec.num_requests):
-            prefix = prefixes[(i // per) % spec.num_prefixes]
-            isl, osl = draw()
-            turn = Turn(prefix + _ids(rng, isl, spec.vocab_size), osl)
+        for i, (ids, osl) in enumerate(prompts):
+            turn = Turn(prefixes[(i // per) % spec.num_prefixes] + ids, osl)
             yield Conversation(f"p{i}", starts[i], (turn,), spec.ignore_eos, seed=i)
     return each()
 
@@ -273,15 +297,14 @@ def _multi_turn(spec: WorkloadSpec, rng: np.random.Generator,
     """Conversations of `turns` turns; each turn resends the history (see module docstring)."""
     if spec.turns <= 0:
         raise ValueError("turns must be > 0")
-    draw = _lengths(spec, rng)
+    prompts = _prompts(spec, rng, spec.num_requests * spec.turns)
 
     def each() -> Iterator[Conversation]:
         for i in range(spec.num_requests):
             turns = []
             for k in range(spec.turns):
-                isl, osl = draw()
-                turns.append(Turn(_ids(rng, isl, spec.vocab_size), osl,
-                                  think_time_s=spec.think_time_s if k else 0.0))
+                ids, osl = next(prompts)
+                turns.append(Turn(ids, osl, think_time_s=spec.think_time_s if k else 0.0))
             yield Conversation(f"c{i}", starts[i], tuple(turns), spec.ignore_eos, seed=i)
     return each()
 

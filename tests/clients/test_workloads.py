@@ -85,3 +85,19 @@ def test_summary_from_known_results():
     assert math.isclose(s["itl_s"]["p50"], 0.1)
     assert s["cached_prompt_tokens"] == 8 and s["preemptions"] == 0
     assert stats([])["p99"] == 0.0
+
+
+@pytest.mark.parametrize("kind", ["random", "shared-prefix", "multi-turn", "structured"])
+def test_prompts_drawn_in_blocks_are_the_ones_drawn_one_by_one(kind, monkeypatch):
+    """Fixed-length prompts are drawn a block at a time (`_id_rows`); the workload is the one
+    drawn prompt by prompt, across block boundaries (70 requests: a block and a part)."""
+    import clients.workloads as workloads
+
+    spec = WorkloadSpec(kind=kind, num_requests=70, isl=9, osl=5, rate=10, seed=4,
+                        system_prompt_len=7, turns=2)
+    blocks = build_workload(spec)
+    monkeypatch.setattr(workloads, "_id_rows", lambda rng, k, n, v: [
+        workloads._ids(rng, n, v) for _ in range(k)])
+    assert build_workload(spec) == blocks
+    monkeypatch.setattr(workloads, "_BLOCK", 1)
+    assert build_workload(spec) == blocks

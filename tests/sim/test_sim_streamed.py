@@ -54,21 +54,30 @@ def test_a_lazy_workload_runs_as_the_list(name):
 
 
 def test_a_workload_is_drawn_as_it_is_iterated_and_again_the_same(monkeypatch):
-    calls = [0]
-    real = workloads._ids
+    drawn = [0]  # prompts drawn, one at a time (`_ids`) or a block at once (`_id_rows`)
+    one, rows = workloads._ids, workloads._id_rows
 
-    def counting(*a):
-        calls[0] += 1
-        return real(*a)
+    def count_one(*a):
+        drawn[0] += 1
+        return one(*a)
 
-    monkeypatch.setattr(workloads, "_ids", counting)
-    w = stream_workload(WorkloadSpec(kind="random", num_requests=1_000_000, isl=8, osl=8,
-                                     rate=100))
-    it = iter(w)
-    first = [next(it) for _ in range(3)]
-    assert calls[0] == 3 and len(w) == 1_000_000  # a million prompts were not drawn
-    again = iter(w)
-    assert [next(again) for _ in range(3)] == first
+    def count_rows(rng, k, *a):
+        drawn[0] += k
+        return rows(rng, k, *a)
+
+    monkeypatch.setattr(workloads, "_ids", count_one)
+    monkeypatch.setattr(workloads, "_id_rows", count_rows)
+    for lengths in ("uniform", "fixed"):  # drawn one by one, and in blocks
+        drawn[0] = 0
+        w = stream_workload(WorkloadSpec(kind="random", num_requests=1_000_000, isl=8, osl=8,
+                                         rate=100, length_dist=lengths, length_spread=0.5))
+        it = iter(w)
+        first = [next(it) for _ in range(3)]
+        # a million prompts were not drawn: three, or the one block holding them
+        assert drawn[0] == (3 if lengths == "uniform" else workloads._BLOCK)
+        assert len(w) == 1_000_000
+        again = iter(w)
+        assert [next(again) for _ in range(3)] == first
     assert not w.multi_turn and stream_workload(_spec("multi-turn")).multi_turn
     with pytest.raises(ValueError, match="num_prefixes"):  # bad arguments fail at once
         stream_workload(WorkloadSpec(kind="shared-prefix", num_prefixes=0))
