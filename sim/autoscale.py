@@ -121,6 +121,10 @@ class Autoscaler:
         self._ready: list[int] = []
         self._policy = None
         self.held = 0  # requests the router holds while no replica is ready (the loop's)
+        # the KEDA HTTP add-on's readiness timeout: the shortest a pool at zero sets
+        self.hold_timeout_s = min((g.policy.readiness_timeout_s for g in groups
+                                   if g.policy is not None and g.policy.readiness_timeout_s > 0),
+                                  default=0.0)
 
     # ---- the event loop's side ------------------------------------------------------------
     @property

@@ -28,6 +28,10 @@ class AutoscalePolicy:
     # --- scale to zero (KEDA ScaledObject: minReplicaCount 0, activation, cooldownPeriod) ---
     activation: float = 0.0  # the metric (or held requests) above which a pool at 0 wakes
     cooldown_s: float = 300.0  # inactive this long after the last active reading: 1 -> 0
+    # KEDA HTTP add-on (keda.sh/http-add-on/1.0, "Configure Timeouts"): a request its
+    # interceptor holds while no replica is ready fails 504 after this long (0: disabled, the
+    # add-on's default, which bounds the wait only by a request timeout, also 0 by default)
+    readiness_timeout_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
@@ -38,8 +42,9 @@ class AutoscalePolicy:
         if not (0 <= self.min <= self.max and self.max >= 1):
             raise ValueError(f"autoscaling needs 0 <= min <= max and max >= 1, got "
                              f"min={self.min} max={self.max}")
-        if self.activation < 0 or self.cooldown_s < 0:
-            raise ValueError("autoscaling: activation and cooldown_s must be >= 0")
+        if min(self.activation, self.cooldown_s, self.readiness_timeout_s) < 0:
+            raise ValueError("autoscaling: activation, cooldown_s and readiness_timeout_s "
+                             "must be >= 0")
         if self.tolerance < 0 or not self.sync_period_s > 0:
             raise ValueError("autoscaling: tolerance must be >= 0 and sync_period_s > 0")
         if min(self.scale_down_window_s, self.scale_up_window_s, self.provision_s) < 0:
@@ -53,7 +58,9 @@ _ALIASES = {"min_replicas": "min", "max_replicas": "max", "sync_period": "sync_p
             # KEDA's names (keda.sh/docs/latest/reference/scaledobject-spec/)
             "minReplicaCount": "min", "maxReplicaCount": "max", "pollingInterval":
             "sync_period_s", "cooldownPeriod": "cooldown_s", "cooldown": "cooldown_s",
-            "activationThreshold": "activation"}
+            "activationThreshold": "activation",
+            # the HTTP add-on's InterceptorRoute `timeouts.readiness`
+            "readiness": "readiness_timeout_s", "readinessTimeout": "readiness_timeout_s"}
 
 
 def parse_policy(spec: str | dict) -> AutoscalePolicy:

@@ -242,6 +242,8 @@ class _Runner(SessionSource, PdHops, MacroWindows):
             if self.timers:  # --- fleet (issue 16): KV transfers ending ---
                 due.append(self.timers[0][0])
             ctl = self.control  # --- autoscale (issue 16): its ticks are events too ---
+            if self.held and (expiry := self._hold_expiry()) is not None:
+                due.append(expiry)  # --- autoscale (issue 16): a held turn times out ---
             if not due and not (self.held and ctl is not None and ctl.can_serve_held()):
                 self._fail_held()
                 if any(core.has_unfinished() for core in cores):
@@ -260,6 +262,8 @@ class _Runner(SessionSource, PdHops, MacroWindows):
                     ends[k] = results[k] = None
             while self.timers and self.timers[0][0] <= self.t:  # --- fleet (issue 16) ---
                 self._decode(self.pd[heapq.heappop(self.timers)[2]])
+            if self.held:  # --- autoscale (issue 16) ---
+                self._expire_held()
             if ctl is not None and self.t >= ctl.next_at:  # --- autoscale (issue 16) ---
                 ctl.held = len(self.held)
                 ctl.tick(self.t)
@@ -274,17 +278,6 @@ class _Runner(SessionSource, PdHops, MacroWindows):
         busy, usage_area = busy + self.macro_busy, usage_area + self.macro_area  # speed
         self.out.kv_usage_mean = usage_area / busy if busy else 0.0
         return self.out
-
-    def _fail_held(self) -> None:
-        """The run is over and the router still holds requests no replica will take (a pool
-        at zero its trigger will not wake): UNAVAILABLE, as a gateway's timeout answers."""
-        for at, si, ti, history in self.held:
-            s = self.sessions[si]
-            rid = turn_id(s, ti)
-            n = len(history) + len(s.turns[ti].user_ids)
-            self.out.records.append(failed(rid, s, ti, at, n, "UNAVAILABLE", -1))
-            self._session_over(si)
-        self.held = []
 
     # --- fleet (issue 16): refusals at the router, and the P/D hop ---------------------------
     def _refused(self, rid: str, si: int, ti: int, at: float, n: int) -> None:

@@ -6,7 +6,8 @@ ahead, so memory stays flat), closed loop (`concurrency` sessions at once, the n
 when one ends), and follow-up turns due `think_time_s` after the one before ended — and the
 loop stays readable. `SessionSource` is a mixin of `virtual._Runner`: it keeps the `arrivals`
 heap (which `virtual_macro` reads to bound its windows), the sessions started and not yet
-over, and reads the runner's clock `t`.
+over, and the turns the router holds (`held`: no replica ready, a pool at zero) until they are
+routed or time out; it reads the runner's clock `t`, `control` and `out`.
 
 Arrivals are (time, 0, session, session, 0, ()) for a session's first turn in open loop, before
 (time, 1, seq, session, turn, history) any other turn due at that instant — as when every
@@ -17,8 +18,13 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from clients.conversation import Conversation
+from sim.virtual_types import failed, turn_id
+
+if TYPE_CHECKING:
+    from sim.virtual_types import Control, VirtualRun
 
 Arrival = tuple[float, int, int, int, int, tuple[int, ...]]
 
@@ -27,6 +33,9 @@ class SessionSource:
     """The session half of the event loop (see the module docstring)."""
 
     t: float
+    control: Control | None
+    out: VirtualRun
+    held: list[tuple[float, int, int, tuple[int, ...]]]  # (arrival, session, turn, history)
 
     def _start_sessions(self, sessions: Iterable[Conversation], concurrency: int | None) -> None:
         self.arrivals: list[Arrival] = []
@@ -81,3 +90,39 @@ class SessionSource:
             if item[1] == 0 and self.lazy:
                 self._pull()
             yield item
+
+    # ---- turns held at the router (autoscaling, issue 16) ---------------------------------
+    def _hold_expiry(self) -> float | None:
+        """When the first held turn times out (the control's `hold_timeout_s`), if ever."""
+        limit = self.control.hold_timeout_s if self.control is not None else 0.0
+        return min(at for at, *_ in self.held) + limit if limit > 0 else None
+
+    def _expire_held(self) -> None:
+        """Held turns past the control's timeout end at their deadline with DEADLINE_EXCEEDED
+        (KEDA's HTTP add-on answers 504 Gateway Timeout when its readiness timeout runs out
+        before a replica is ready)."""
+        limit = self.control.hold_timeout_s if self.control is not None else 0.0
+        if limit <= 0:
+            return
+        kept = []
+        for item in self.held:
+            if item[0] + limit <= self.t:
+                self._end_held(item, "DEADLINE_EXCEEDED", item[0] + limit)
+            else:
+                kept.append(item)
+        self.held = kept
+
+    def _fail_held(self) -> None:
+        """The run is over and the router still holds turns no replica will take (a pool at
+        zero its trigger will not wake): UNAVAILABLE."""
+        for item in self.held:
+            self._end_held(item, "UNAVAILABLE", item[0])
+        self.held = []
+
+    def _end_held(self, item: tuple[float, int, int, tuple[int, ...]], error: str,
+                  end_s: float) -> None:
+        at, si, ti, history = item
+        s = self.sessions[si]
+        n = len(history) + len(s.turns[ti].user_ids)
+        self.out.records.append(failed(turn_id(s, ti), s, ti, at, n, error, -1, end_s))
+        self._session_over(si)

@@ -45,10 +45,12 @@ class Control(Protocol):
     the clock reaches `next_at` (after that instant's step ends, before its arrivals), and an
     idle core k is charged idle power and money only while `bill_idle(k, t)` is true (an off
     replica costs nothing). The run ends when the traffic does, whatever `next_at` says.
-    `held` is set before each tick to the number of requests the router holds; held requests
-    the control says it will never serve (`can_serve_held`) end as UNAVAILABLE."""
+    `held` is set before each tick to the number of requests the router holds; a request
+    held `hold_timeout_s` (when > 0) ends DEADLINE_EXCEEDED then, and held requests the
+    control says it will never serve (`can_serve_held`) end as UNAVAILABLE."""
 
     held: int
+    hold_timeout_s: float  # a turn held longer ends DEADLINE_EXCEEDED (0: held until served)
 
     @property
     def next_at(self) -> float: ...
@@ -63,13 +65,14 @@ class Control(Protocol):
 
 
 def failed(rid: str, s: Conversation, ti: int, at: float, prompt_tokens: int, error: str,
-            replica: int) -> RequestResult:
-    """A turn refused at its arrival (`error`: the status the server would answer)."""
-    return RequestResult(rid, scheduled_s=at, sent_s=at, token_times=(), end_s=at,
+           replica: int, end_s: float | None = None) -> RequestResult:
+    """A turn refused at its arrival, or at `end_s` (`error`: the status the server or the
+    gateway would answer)."""
+    return RequestResult(rid, scheduled_s=at, sent_s=at, token_times=(),
+                         end_s=at if end_s is None else end_s,
                          prompt_tokens=prompt_tokens, output_tokens=0, finish_reason="error",
                          error=error, conversation_id=s.conversation_id, turn=ti,
                          slo_class=s.slo_class, replica=replica)
-
 
 
 def turn_id(s: Conversation, ti: int) -> str:

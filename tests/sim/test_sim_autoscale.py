@@ -377,10 +377,34 @@ def test_requests_a_pool_at_zero_will_not_wake_for_end_unavailable():
         r.core.scheduler.check_integrity()
 
 
+def test_held_requests_time_out_after_the_readiness_timeout():
+    """KEDA's HTTP add-on answers 504 when a request waited its readiness timeout for a
+    replica: the requests held through the 20-s cold start for longer than 10 s end
+    DEADLINE_EXCEEDED at their deadline, on no replica, the later ones are served."""
+    policy = dataclasses.replace(TO_ZERO, readiness_timeout_s=10)
+    work = sessions(rate_shape=GAP)
+    sr = run_scaled([A100], [policy], work, "least-requests")
+    records = sr.cluster.run.records
+    assert len(records) == len(work)
+    late = [r for r in records if r.scheduled_s >= 200]
+    timed_out = [r for r in late if not r.ok]
+    assert timed_out and {r.error for r in timed_out} == {"DEADLINE_EXCEEDED"}
+    for r in timed_out:
+        assert r.replica == -1 and r.end_s - r.scheduled_s == pytest.approx(10)
+    served = [r for r in late if r.ok]
+    assert served and max(r.ttft for r in served) < 11  # held < 10 s, then prefilled
+    assert min(r.scheduled_s for r in served) > max(r.scheduled_s for r in timed_out)
+    assert all(r.ok for r in records if r.scheduled_s < 200)  # the pool was up then
+    for r in sr.cluster.replicas:
+        assert not r.core.has_unfinished()
+        r.core.scheduler.check_integrity()
+
+
 def test_scale_to_zero_takes_keda_names_and_refuses_bad_bounds():
     p = parse_policy("minReplicaCount=0,maxReplicaCount=4,cooldownPeriod=120,"
                      "activationThreshold=2,pollingInterval=30")
     assert (p.min, p.max, p.cooldown_s, p.activation, p.sync_period_s) == (0, 4, 120, 2, 30)
-    for bad in ("min=0,max=0", "min=-1", "cooldown=-5", "activation=-1"):
+    assert parse_policy("min=0,readinessTimeout=15").readiness_timeout_s == 15
+    for bad in ("min=0,max=0", "min=-1", "cooldown=-5", "activation=-1", "readiness=-1"):
         with pytest.raises(ValueError):
             parse_policy(bad)
