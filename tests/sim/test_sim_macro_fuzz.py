@@ -1,0 +1,94 @@
+"""Macro-stepping against single-stepping over random configurations (a seeded fuzz beside
+the per-kind checks of test_sim_macro.py): chips, engines, seats, KV pool sizes (preemption
+under pressure), context limits, workload kinds, lengths, rates, EOS and think times vary; the
+records, every request's token ids, the counters and the figures must agree (times 1e-9
+relative), and windows must have run."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+import sim.virtual as virtual
+import sim.virtual_macro as virtual_macro
+from clients.workloads import WorkloadSpec, build_workload
+from server.engine.build import EngineOptions, build_core
+from server.engine.tokenizer import get_tokenizer
+
+SHAPES = [("llama-2-7b", "h100-sxm", "vllm"), ("llama-2-7b", "h100-sxm", "sglang"),
+          ("llama-3.1-8b", "a100-sxm-80g", "vllm"), ("llama-2-13b", "a100-sxm-80g", "vllm")]
+
+
+def _draw(rng: random.Random, vocab: int) -> tuple[EngineOptions, WorkloadSpec]:
+    model, chip, engine = rng.choice(SHAPES)
+    opts = EngineOptions(name="fuzz", model=model, quant="bf16", chip=chip, engine=engine,
+                         max_num_seqs=rng.choice([4, 8, 16, 64, None]),
+                         max_model_len=rng.choice([None, 2048, 4096]),
+                         kv_blocks=rng.choice([None, None, 300, 800, 2000]),
+                         seed=rng.randrange(1000))
+    spec = WorkloadSpec(kind=rng.choice(["random", "random", "shared-prefix", "multi-turn"]),
+                        num_requests=rng.randrange(5, 50),
+                        isl=rng.choice([20, 64, 200, 513, 1000]),
+                        osl=rng.choice([8, 40, 100, 300]),
+                        rate=rng.choice([math.inf, 5, 20, 100]),
+                        ignore_eos=rng.random() < 0.5,
+                        length_dist=rng.choice(["fixed", "uniform"]), length_spread=0.5,
+                        system_prompt_len=rng.choice([64, 300]), num_prefixes=2, turns=2,
+                        think_time_s=rng.choice([0.0, 0.3]), seed=rng.randrange(100),
+                        vocab_size=vocab)
+    return opts, spec
+
+
+def _run(opts: EngineOptions, spec: WorkloadSpec, macro: bool, monkeypatch) -> tuple:
+    tok = get_tokenizer()
+    core = build_core(opts, tok)
+    requests = []
+    add = core.add_request
+    monkeypatch.setattr(core, "add_request", lambda r: (requests.append(r), add(r))[1])
+    steps = [0]
+    real = virtual_macro.advance
+
+    def counting(*a, **k):
+        out = real(*a, **k)
+        steps[0] += len(out.seconds) if out is not None else 0
+        return out
+
+    monkeypatch.setattr(virtual_macro, "advance", counting)
+    run = virtual.run_virtual(core, build_workload(spec, encode=tok.encode), macro_steps=macro)
+    core.scheduler.check_integrity()
+    s = core.scheduler.stats
+    counters = (s.num_steps, s.num_generation_tokens, s.num_prefill_tokens, s.num_preemptions,
+                s.prefix_cache_hits, s.peak_num_running, core.stats.steps)
+    floats = (run.duration_s, run.kv_usage_mean, run.kv_usage_peak, core.stats.busy_s,
+              core.stats.joules, core.stats.dollars, core.stats.flops)
+    rows = [(r.request_id, r.output_tokens, r.cached_tokens, r.finish_reason, r.preemptions,
+             r.error) for r in run.records]
+    times = [(r.token_times, r.end_s, r.first_scheduled_s) for r in run.records]
+    tokens = [(r.request_id, tuple(r.token_ids)) for r in requests]
+    return counters, rows, tokens, floats, times, steps[0]
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_configurations_run_the_same_macro_or_single_stepped(seed, monkeypatch):
+    rng = random.Random(seed)
+    vocab = get_tokenizer().vocab_size
+    windows = 0
+    for _ in range(10):
+        opts, spec = _draw(rng, vocab)
+        single = _run(opts, spec, False, monkeypatch)
+        macro = _run(opts, spec, True, monkeypatch)
+        windows += macro[5]
+        assert single[:3] == macro[:3], (opts, spec)
+        assert all(_close(a, b) for a, b in zip(single[3], macro[3], strict=True))
+        for (t1, e1, f1), (t2, e2, f2) in zip(single[4], macro[4], strict=True):
+            assert len(t1) == len(t2) and all(map(_close, t1, t2)), (opts, spec)
+            assert _close(e1, e2) and _close(f1, f2)
+    assert windows > 0  # macro-stepping really ran
