@@ -43,27 +43,46 @@ def config_of(rec: dict[str, Any]) -> Config:
                   rec["mode"])
 
 
+# P/D pods as llm-d's P/D guides run them: both pools' vLLM takes the NIXL connector in both
+# directions (the routing sidecar decides which side prefills), and the `llm-d.ai/role` label
+# (prefill | decode) is what the endpoint picker's prefill and decode filters select on
+PD_KV_TRANSFER = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+ROLE_LABEL = "llm-d.ai/role"
+
+
 def manifests(rec: dict[str, Any]) -> dict[str, str]:
-    """File name → YAML text: the winner's Deployment + Service, and a kustomization."""
+    """File name → YAML text: a Deployment + Service per pool of the winner (one for an
+    aggregated fleet; a P/D fleet's prefill and decode pools, each labelled with its role and
+    taking the KV connector), and a kustomization."""
     from sim.plan_fleet import deployment_flags
 
-    if rec["mode"] != "aggregated":
+    if rec["mode"] not in ("aggregated", "pd"):
         raise RuntimeError(f"--write-k8s: {rec['mode']} fleets are not written yet "
-                           "(aggregated only)")
+                           "(aggregated and pd only)")
     gen = generator()
     config = config_of(rec)
-    opts = config.options(rec["replicas"])
     server = gen.ServerConfig()  # the server's defaults, as the generator reads them
-    name = gen.k8s_name("doppelchip-plan", opts.name)
-    labels = gen.pod_labels(name, opts)
-    svc_labels = {k: labels[k] for k in (gen.NAME, "app.kubernetes.io/instance", gen.COMPONENT)}
-    doc = gen.pod(name, labels, deployment_flags(config), gen.startup_seconds(opts, server),
-                  opts.data_parallel_size, opts.data_parallel_size, server)
-    doc["spec"]["replicas"] = rec["replicas"]
-    header = (f"doppelchip plan's winner: {rec['replicas']} replicas of {opts.name} "
-              f"(${rec['usd_per_hour']:.4g}/hour emulated), one vLLM-shaped pod each.")
-    files = {f"{opts.name}.yaml": gen.dump(header, [(doc, gen.probe_notes(server)),
-                                                   (gen.service(name, svc_labels, server), {})])}
+    pools: dict[str | None, int] = rec.get("pools") or {None: rec["replicas"]}
+    files = {}
+    for role, replicas in pools.items():
+        opts = config.options(replicas)
+        base = opts.name if role is None else f"{opts.name}-{role}"
+        name = gen.k8s_name("doppelchip-plan", base)
+        labels = gen.pod_labels(name, opts)
+        flags = deployment_flags(config)
+        if role is not None:
+            labels[ROLE_LABEL] = role
+            flags += ["--kv-transfer-config", PD_KV_TRANSFER]
+        svc_labels = {k: labels[k] for k in (gen.NAME, "app.kubernetes.io/instance",
+                                             gen.COMPONENT)}
+        doc = gen.pod(name, labels, flags, gen.startup_seconds(opts, server),
+                      opts.data_parallel_size, opts.data_parallel_size, server)
+        doc["spec"]["replicas"] = replicas
+        what = f"{replicas} replicas of {opts.name}" + (f" ({role} pool)" if role else "")
+        header = (f"doppelchip plan's winner: {what} (${rec['usd_per_hour']:.4g}/hour emulated "
+                  "for the fleet), one vLLM-shaped pod each.")
+        files[f"{base}.yaml"] = gen.dump(header, [(doc, gen.probe_notes(server)),
+                                                  (gen.service(name, svc_labels, server), {})])
     files["kustomization.yaml"] = gen.kustomization(sorted(files))
     note = sys.modules["emit"].NOTE  # the generator's "do not edit" line names its own input
     return {n: t.replace(note, "Written by `doppelchip plan --write-k8s` (deploy/k8s/"

@@ -57,3 +57,49 @@ def test_pd_is_offered_only_when_the_fleet_file_has_roles(capsys):
         assert rc in (0, 1)
     else:
         assert rc == 2 and "P/D pools need" in capsys.readouterr().err
+
+
+def test_pd_winner_as_kubernetes_manifests():
+    """`--write-k8s` of a P/D winner: a Deployment + Service per pool, each of its pool's
+    replica count, labelled with llm-d's role label (what the endpoint picker's prefill and
+    decode filters select on) and taking the NIXL connector, valid against the Kubernetes
+    schemas and a command line `doppelchip serve` accepts."""
+    import importlib.util
+    from pathlib import Path
+
+    from doppelchip.cli import build_parser
+    from server.engine.kv_transfer import KvTransferConfig
+    from sim.plan_deploy import ROLE_LABEL, manifests
+
+    space = SearchSpace(model="llama-3.1-8b", chips=("h100-sxm",), engines=("vllm",),
+                        quants=("bf16",), tps=(1,), modes=("pd",), max_replicas=8)
+    inputs = PlanInputs(space, WorkloadSpec(isl=128, osl=32, rate=1.0, ignore_eos=True),
+                        [], parse_plan_slo("ttft_p99=0.16,tpot_p99=0.021"), runners_up=0)
+    w = search(inputs, PoolExecutor(1), fake_pd)["winner"]
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location(
+        "k8s_validation", root / "tests" / "deploy" / "k8s_validation.py")
+    v = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(v)
+    import yaml
+
+    files = manifests(w)
+    assert sorted(files) == sorted([f"{w['deployment']}-prefill.yaml",
+                                    f"{w['deployment']}-decode.yaml", "kustomization.yaml"])
+    serve = build_parser()
+    for role, replicas in w["pools"].items():
+        docs = list(yaml.safe_load_all(files[f"{w['deployment']}-{role}.yaml"]))
+        assert [d["kind"] for d in docs] == ["Deployment", "Service"]
+        assert all(v.errors_of(d) == [] for d in docs)
+        deployment = docs[0]
+        assert deployment["spec"]["replicas"] == replicas
+        template = deployment["spec"]["template"]
+        assert template["metadata"]["labels"][ROLE_LABEL] == role
+        c = template["spec"]["containers"][0]
+        config = c["args"][c["args"].index("--kv-transfer-config") + 1]
+        assert KvTransferConfig.parse(config) is not None
+        serve.parse_args([*c["command"][1:], *c["args"]])  # exits (fails) if refused
+        assert docs[1]["spec"]["selector"] == {"app": deployment["metadata"]["name"]}
+    assert {d["spec"]["selector"]["app"] for f, t in files.items() if f != "kustomization.yaml"
+            for d in yaml.safe_load_all(t) if d["kind"] == "Service"} == {
+        f"doppelchip-plan-{w['deployment']}-prefill", f"doppelchip-plan-{w['deployment']}-decode"}
