@@ -207,7 +207,7 @@ def finish(plan: dict[str, Any], fleet_path: str) -> None:
             tuple(rec["argv"]), fleet_path if rec is plan["winner"] else "FLEET.toml")
     if plan["winner"]:
         w = plan["winner"]
-        pools = [(f"{w['deployment']}-{p}", n) for p, n in w["pools"].items()] \
+        pools = [(w["pool_shapes"][p]["deployment"], n) for p, n in w["pools"].items()] \
             if "pools" in w else [(w["deployment"], w["replicas"])]
         names = [name for name, n in pools for _ in range(n)]
         w["serve_commands"] = [shlex.join(
@@ -236,7 +236,9 @@ def json_output(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def _describe(r: dict[str, Any]) -> str:
-    return (f"{r['replicas']} × {r['deployment']} ({r['chips']} chips): "
+    from sim.plan_fleet import label
+
+    return (f"{label(r)} ({r['chips']} chips): "
             f"${r['usd_per_hour']:.4g}/h, ${r['usd_per_mtok']:.3g} per million output tokens; "
             f"TTFT p99 {r['latency']['ttft_p99'] * 1e3:.1f} ms, TPOT p99 "
             f"{r['latency']['tpot_p99'] * 1e3:.1f} ms"
@@ -246,6 +248,8 @@ def _describe(r: dict[str, Any]) -> str:
 
 def conclusions(plan: dict[str, Any]) -> list[str]:
     """What the terminal prints and the HTML report opens with: the same lines."""
+    from sim.plan_fleet import label
+
     s = plan["searched"]
     ex = plan["executor"]
     where = f"on Ray ({ex['address']})" if ex["name"] == "ray" else \
@@ -270,7 +274,7 @@ def conclusions(plan: dict[str, Any]) -> list[str]:
             out += [f"  {_describe(r)}" for r in plan["runners_up"]]
         out.append(f"Pareto frontier, cost vs {plan['frontier_metric']}:")
         out += [f"  ${r['usd_per_hour']:.4g}/h  {r['frontier_latency_s'] * 1e3:8.1f} ms  "
-                f"{r['replicas']} × {r['deployment']}" for r in plan["frontier"]]
+                f"{label(r)}" for r in plan["frontier"]]
     out.append(f"searched {s['configs']} configs: {s['pruned']} pruned by the analytic model, "
                f"{s['simulated']} candidates simulated in {s['batches']} batches {where}, "
                f"{s['wall_s']:.1f} s")

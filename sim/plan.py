@@ -3,16 +3,17 @@
 The search (docs/PLAN.md):
 
 1. the analytic model prunes the grid and gives each surviving config its price per replica
-   and the least replica count worth simulating (sim.plan_space);
-2. best first by fleet price: the cheapest untried (config, replicas) candidates, a batch of
+   and the least replica count worth simulating (sim.plan_space); the configs make the
+   search's units (an aggregated config; a P/D pair of a prefill and a decode shape);
+2. best first by fleet price: the cheapest untried (unit, replicas) candidates, a batch of
    `executor.jobs` at a time, are simulated in virtual time on the cluster simulator (the path
    of `doppelchip simulate --config FLEET.toml --router R`); a config that misses the SLO
-   comes back with one replica more, unless more replicas stopped helping (the misses did not
-   shrink) or it hit `max_replicas`;
-3. once `runners_up` + 1 configs have met the SLO, nothing dearer than the last of them is
+   comes back with one replica more (in each of its pools in turn), unless more replicas
+   stopped helping (the misses did not shrink) or it hit `max_replicas`;
+3. once `runners_up` + 1 units have met the SLO, nothing dearer than the last of them is
    tried: every candidate cheaper has been simulated (the first count meeting the SLO is a
-   config's cheapest, assuming more replicas never hurt), so the winner is the cheapest and
-   the runners-up are the next cheapest configs.
+   unit's cheapest, assuming more replicas never hurt), so the winner is the cheapest and
+   the runners-up are the next cheapest units.
 
 The answer is a function of the grid, the workload and the SLO only: batches never change
 which candidates at or under the final ceiling are simulated, so the pool, Ray and any `jobs`
@@ -31,15 +32,17 @@ from typing import Any
 from clients.workloads import WorkloadSpec
 from server.engine.build import EngineOptions
 from sim.plan_exec import Simulate, Task
-from sim.plan_fleet import fleet_text, simulate_argv
+from sim.plan_fleet import fleet_text, pd_names, simulate_argv
 from sim.plan_slo import PlanSlo, check
 from sim.plan_space import (
     POOLS,
     SearchSpace,
     Sized,
+    Unit,
     WorkloadShape,
     configs,
     output_mean,
+    units,
 )
 
 RUNNERS_UP = 3
@@ -99,22 +102,34 @@ def helped(now: list[float], before: list[float] | None) -> bool:
     return before is None or any(a < b * HELPED for a, b in zip(now, before, strict=True))
 
 
-def record(sized: Sized, counts: tuple[int, ...], out: dict[str, Any], inputs: PlanInputs,
+SHAPE_KEYS = ("chip", "engine", "quant", "model", "tp", "pp", "ep", "count", "max_num_seqs",
+              "max_model_len")
+
+
+def record(unit: Unit, counts: tuple[int, ...], out: dict[str, Any], inputs: PlanInputs,
            header: str, argv: tuple[str, ...]) -> dict[str, Any]:
-    """One simulated candidate: what it is, what it costs, how it did, where it ran."""
-    c = sized.config
-    replicas = sum(counts)
+    """One simulated candidate: what it is, what it costs, how it did, where it ran. The
+    shape keys (`chip`, `tp`, ...) are the config's; a P/D candidate also has `pools` (its
+    replica counts) and `pool_shapes` (each pool's deployment name in the fleet file and
+    shape), and for two shapes the top-level keys they differ in join them with "+"."""
+    configs = unit.configs
+    shape: dict[str, Any] = {}
+    for k in SHAPE_KEYS:
+        values = list(dict.fromkeys(getattr(c, k) for c in configs))
+        shape[k] = values[0] if len(values) == 1 else "+".join(map(str, values))
     rec: dict[str, Any] = {
-        "deployment": c.name, "chip": c.chip, "engine": c.engine, "quant": c.quant,
-        "model": c.model, "tp": c.tp, "pp": c.pp, "ep": c.ep, "count": c.count,
-        "max_num_seqs": c.max_num_seqs, "max_model_len": c.max_model_len, "mode": c.mode,
-        "replicas": replicas, **({"pools": dict(zip(POOLS[c.mode], counts, strict=True))}
-                                 if c.mode in POOLS else {}),
-        "chips": sized.chips * replicas,
-        "usd_per_hour": sized.usd_per_hour * replicas, "min_replicas": sized.min_replicas,
-        "fleet": fleet_text(c, counts, header), "argv": list(argv),
+        "deployment": unit.name, **shape, "mode": unit.mode, "replicas": sum(counts),
+        "chips": unit.chips(counts),
+        "usd_per_hour": unit.usd_per_hour(counts), "min_replicas": sum(unit.start),
+        "fleet": fleet_text(configs, counts, header), "argv": list(argv),
         "pid": out["pid"], **{k: out[k] for k in ("ray_worker_id", "ray_node_id") if k in out},
     }
+    if unit.mode in POOLS:
+        rec["pools"] = dict(zip(POOLS[unit.mode], counts, strict=True))
+        names = pd_names(configs)
+        rec["pool_shapes"] = {role: {"deployment": names[role],
+                                     **{k: getattr(c, k) for k in SHAPE_KEYS}}
+                              for role, c in zip(POOLS[unit.mode], configs, strict=True)}
     if "error" in out:
         return {**rec, "meets_slo": False, "misses": [out["error"]], "badness": math.inf,
                 "progress": None}
@@ -131,12 +146,6 @@ def record(sized: Sized, counts: tuple[int, ...], out: dict[str, Any], inputs: P
             "frontier_latency_s": s[f"{metric}_s"][stat]}
 
 
-def start_counts(sized: Sized) -> tuple[int, ...]:
-    """A config's first candidate: `min_replicas` (aggregated); for P/D one prefill replica
-    and `min_replicas` decode replicas (the decode pool alone must sustain the output rate)."""
-    return (1, sized.min_replicas) if sized.config.mode == "pd" else (sized.min_replicas,)
-
-
 def successors(counts: tuple[int, ...]) -> list[tuple[int, ...]]:
     """One replica more, in each pool in turn."""
     return [tuple(n + (k == j) for j, n in enumerate(counts)) for k in range(len(counts))]
@@ -148,16 +157,16 @@ def search(inputs: PlanInputs, executor: Any, simulate: Simulate,
     started = time.monotonic()
     work = shape(inputs.workload, inputs.eos_mean)
     kept, pruned = configs(inputs.space, work, inputs.slo)
+    found = units(kept)
     header = (f"doppelchip plan: {inputs.slo.text()} at {inputs.workload.rate:g} req/s "
               f"({inputs.workload.kind}, isl {inputs.workload.isl}, osl {inputs.workload.osl})")
     argv = simulate_argv(inputs.router, inputs.workload_argv, inputs.slo.simulate_flag())
     # (price, config index, replica counts, the progress of the candidate it came from)
     heap: list[tuple[float, int, tuple[int, ...], list[float] | None]] = [
-        (s.usd_per_hour * sum(start_counts(s)), i, start_counts(s), None)
-        for i, s in enumerate(kept)]
+        (u.usd_per_hour(u.start), i, u.start, None) for i, u in enumerate(found)]
     heapq.heapify(heap)
-    met: list[float] = []  # the prices of the configs that met the SLO, cheapest first
-    passed: set[int] = set()  # configs that met it: their cheapest fleet is found
+    met: list[float] = []  # the prices of the units that met the SLO, cheapest first
+    passed: set[int] = set()  # units that met it: their cheapest fleet is found
     tried: set[tuple[int, tuple[int, ...]]] = set()
     done: list[dict[str, Any]] = []
     batches = 0
@@ -172,10 +181,10 @@ def search(inputs: PlanInputs, executor: Any, simulate: Simulate,
         if not batch:
             break
         batches += 1
-        tasks = [Task(fleet_text(kept[i].config, n, header), argv) for _, i, n, _ in batch]
+        tasks = [Task(fleet_text(found[i].configs, n, header), argv) for _, i, n, _ in batch]
         for (cost, i, counts, parent), out in zip(batch, executor.map(simulate, tasks),
                                                   strict=True):
-            rec = record(kept[i], counts, out, inputs, header, argv)
+            rec = record(found[i], counts, out, inputs, header, argv)
             done.append(rec)
             if rec["meets_slo"]:
                 if i not in passed:
@@ -188,7 +197,7 @@ def search(inputs: PlanInputs, executor: Any, simulate: Simulate,
                 continue
             for nxt in successors(counts):
                 if sum(nxt) <= inputs.space.max_replicas:
-                    heapq.heappush(heap, (kept[i].usd_per_hour * sum(nxt), i, nxt,
+                    heapq.heappush(heap, (found[i].usd_per_hour(nxt), i, nxt,
                                           rec["progress"]))
         if progress:
             progress(f"batch {batches}: {len(done)} candidates simulated, "

@@ -37,10 +37,11 @@ def generator() -> ModuleType:
     return module
 
 
-def config_of(rec: dict[str, Any]) -> Config:
+def config_of(rec: dict[str, Any], mode: str | None = None) -> Config:
+    """The config of a candidate's record, or of one of its `pool_shapes`."""
     return Config(rec["chip"], rec["engine"], rec["quant"], rec["model"], rec["tp"], rec["pp"],
                   rec["ep"], rec["count"], rec["max_num_seqs"], rec.get("max_model_len"),
-                  rec["mode"])
+                  mode or rec["mode"])
 
 
 # P/D pods as llm-d's P/D guides run them: both pools' vLLM takes the NIXL connector in both
@@ -60,13 +61,14 @@ def manifests(rec: dict[str, Any]) -> dict[str, str]:
         raise RuntimeError(f"--write-k8s: {rec['mode']} fleets are not written yet "
                            "(aggregated and pd only)")
     gen = generator()
-    config = config_of(rec)
     server = gen.ServerConfig()  # the server's defaults, as the generator reads them
     pools: dict[str | None, int] = rec.get("pools") or {None: rec["replicas"]}
     files = {}
     for role, replicas in pools.items():
+        shape = rec["pool_shapes"][role] if role is not None else rec
+        config = config_of(shape, rec["mode"])
         opts = config.options(replicas)
-        base = opts.name if role is None else f"{opts.name}-{role}"
+        base = opts.name if role is None else shape["deployment"]
         name = gen.k8s_name("doppelchip-plan", base)
         labels = gen.pod_labels(name, opts)
         flags = deployment_flags(config)

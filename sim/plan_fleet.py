@@ -2,11 +2,11 @@
 server/config.py that `simulate --config` and `serve --config` read), the `doppelchip
 simulate` command that reproduces its result, and the deployment flags a `serve` pod takes.
 
-The serving mode picks the fleet writer (`WRITERS`), which takes the candidate's replica
-counts, one per pool: "aggregated" is one deployment with `replicas = N` behind the router;
-"pd" a prefill pool and a decode pool of the same deployment shape, in the fleet file's P/D
-syntax (`role = "prefill" | "decode"`, /work's fleet-schema of issue 16), offered by
-`sim.plan_space.MODES` once the fleet file knows `role` (docs/PLAN.md).
+The serving mode picks the fleet writer (`WRITERS`), which takes the candidate's configs and
+replica counts, one per pool: "aggregated" is one deployment with `replicas = N` behind the
+router; "pd" a prefill pool and a decode pool (of one shape or two), in the fleet file's P/D
+syntax (`role = "prefill" | "decode"`), offered by `sim.plan_space.MODES` once the fleet file
+knows `role` (docs/PLAN.md).
 """
 
 from __future__ import annotations
@@ -40,33 +40,45 @@ def _comment(header: str) -> list[str]:
     return [f"# {line}" for line in header.splitlines()]
 
 
-def aggregated_fleet(config: Config, counts: tuple[int, ...], header: str) -> str:
+def aggregated_fleet(configs: tuple[Config, ...], counts: tuple[int, ...], header: str) -> str:
     """One deployment, `counts[0]` copies of it behind the router."""
-    (replicas,) = counts
+    (config,), (replicas,) = configs, counts
     return "\n".join(_comment(header) + _table(config, replicas, config.name)) + "\n"
 
 
-def pd_fleet(config: Config, counts: tuple[int, ...], header: str) -> str:
-    """A prefill pool of `counts[0]` and a decode pool of `counts[1]` replicas."""
-    prefill, decode = counts
-    return "\n".join(_comment(header) + _table(config, prefill, f"{config.name}-prefill",
-                                               "prefill")
-                     + [""] + _table(config, decode, f"{config.name}-decode", "decode")) + "\n"
+def pd_names(configs: tuple[Config, ...]) -> dict[str, str]:
+    """Role -> the pool's deployment name in a P/D fleet file (`SHAPE-prefill`, ...)."""
+    return {role: f"{c.name}-{role}" for role, c in zip(("prefill", "decode"), configs,
+                                                       strict=True)}
 
 
-WRITERS: dict[str, Callable[[Config, tuple[int, ...], str], str]] = {
+def pd_fleet(configs: tuple[Config, ...], counts: tuple[int, ...], header: str) -> str:
+    """A prefill pool of `counts[0]` replicas of `configs[0]` and a decode pool of
+    `counts[1]` of `configs[1]` (the same shape or another)."""
+    names = pd_names(configs)
+    (pc, dc), (prefill, decode) = configs, counts
+    return "\n".join(_comment(header) + _table(pc, prefill, names["prefill"], "prefill")
+                     + [""] + _table(dc, decode, names["decode"], "decode")) + "\n"
+
+
+WRITERS: dict[str, Callable[[tuple[Config, ...], tuple[int, ...], str], str]] = {
     "aggregated": aggregated_fleet, "pd": pd_fleet}
 
 
-def fleet_text(config: Config, counts: int | tuple[int, ...], header: str = "") -> str:
-    """The candidate's fleet file: `counts` replicas per pool (an int: one pool)."""
+def fleet_text(configs: Config | tuple[Config, ...], counts: int | tuple[int, ...],
+               header: str = "") -> str:
+    """The candidate's fleet file: `counts` replicas per pool (an int: one pool) of
+    `configs`, one per pool (one config: every pool of it)."""
     counts = (counts,) if isinstance(counts, int) else tuple(counts)
+    if isinstance(configs, Config):
+        configs = (configs,) * len(counts)
+    mode = configs[0].mode
     try:
-        writer = WRITERS[config.mode]
+        writer = WRITERS[mode]
     except KeyError:
-        raise ValueError(f"serving mode {config.mode!r} has no fleet writer; "
+        raise ValueError(f"serving mode {mode!r} has no fleet writer; "
                          f"known: {', '.join(WRITERS)}") from None
-    return writer(config, counts, header)
+    return writer(tuple(configs), counts, header)
 
 
 def simulate_argv(router: str, workload_argv: list[str], slo_flag: str) -> tuple[str, ...]:
@@ -94,3 +106,12 @@ def deployment_flags(config: Config) -> list[str]:
         if value is not None:
             flags += [flag, str(value)]
     return flags
+
+
+def label(rec: dict) -> str:
+    """A candidate as people read it: `3 × SHAPE`; P/D `1 prefill × SHAPE + 2 decode × SHAPE`
+    (each pool's shape, the same or not)."""
+    if "pools" not in rec:
+        return f"{rec['replicas']} × {rec['deployment']}"
+    return " + ".join(f"{n} {role} × {rec['pool_shapes'][role]['deployment'][:-len(role) - 1]}"
+                      for role, n in rec["pools"].items())

@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from clients.html_report import page, png_base64, table
+from sim.plan_fleet import label as fleet_label
 
 COLUMNS = ["fleet", "$/hour", "$/Mtok", "chips", "TTFT p99 ms", "TPOT p99 ms", "E2E p99 ms",
            "goodput", "meets SLO", "why not"]
@@ -21,7 +22,7 @@ COLUMNS = ["fleet", "$/hour", "$/Mtok", "chips", "TTFT p99 ms", "TPOT p99 ms", "
 def _row(r: dict[str, Any]) -> list[Any]:
     lat = r.get("latency")
     ms = (lambda k: lat[k] * 1e3) if lat else (lambda k: None)
-    return [f"{r['replicas']} × {r['deployment']}", r["usd_per_hour"], r.get("usd_per_mtok"),
+    return [fleet_label(r), r["usd_per_hour"], r.get("usd_per_mtok"),
             r["chips"], ms("ttft_p99"), ms("tpot_p99"), ms("e2e_p99"),
             r.get("goodput_fraction"), r["meets_slo"], "; ".join(r["misses"]) or "-"]
 
@@ -43,7 +44,7 @@ def frontier_plot(plan: dict[str, Any]) -> str:
     if w:
         ax.scatter([w["usd_per_hour"]], [w["frontier_latency_s"] * 1e3], marker="*", s=240,
                    c="gold", edgecolors="k", zorder=5,
-                   label=f"winner: {w['replicas']} × {w['deployment']}")
+                   label=f"winner: {fleet_label(w)}")
     metric = plan["frontier_metric"]
     bound = plan.get("frontier_bound_s")
     if bound:

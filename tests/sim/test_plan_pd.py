@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import tomllib
 
+import pytest
+
 from clients.workloads import WorkloadSpec
 from sim.plan import PlanInputs, search
 from sim.plan_exec import PoolExecutor
@@ -103,3 +105,92 @@ def test_pd_winner_as_kubernetes_manifests():
     assert {d["spec"]["selector"]["app"] for f, t in files.items() if f != "kustomization.yaml"
             for d in yaml.safe_load_all(t) if d["kind"] == "Service"} == {
         f"doppelchip-plan-{w['deployment']}-prefill", f"doppelchip-plan-{w['deployment']}-decode"}
+
+
+def fake_shapes(argv: list[str]) -> dict:
+    """TTFT falls with prefill replicas and is 2.5 × longer on an A100 than on an H100;
+    TPOT falls with decode replicas on either chip."""
+    with open(argv[argv.index("--config") + 1], "rb") as f:
+        pools = {d["role"]: (d["chip"], d["replicas"]) for d in tomllib.load(f)["deployments"]}
+    (pchip, p), (_, d) = pools["prefill"], pools["decode"]
+    ttft = (0.1 if pchip == "h100-sxm" else 0.25) / p
+
+    def stat(v: float) -> dict:
+        return {"mean": v, "p50": v, "p90": v, "p95": v, "p99": v}
+    return {"errors": {}, "ttft_s": stat(ttft), "tpot_s": stat(0.04 / d), "itl_s": stat(0.01),
+            "e2e_s": stat(1.0), "usd_per_mtok": 1.0, "requests_per_s": 1.0,
+            "output_tokens_per_s": 1.0}
+
+
+def test_pd_pools_of_two_shapes_win_when_cheapest():
+    """Splitwise's point, found by the search: prefill where it is fast, decode where it is
+    cheap. Here an H100 prefills within the TTFT bound alone, an A100 needs three, and decode
+    needs two replicas of either; the search must return the cheapest of every (prefill chip,
+    decode chip, counts) fleet — H100 prefill with A100 decode — brute-forced here."""
+    import itertools
+
+    space = SearchSpace(model="llama-3.1-8b", chips=("h100-sxm", "a100-sxm-80g"),
+                        engines=("vllm",), quants=("bf16",), tps=(1,), modes=("pd",),
+                        max_replicas=8)
+    slo = parse_plan_slo("ttft_p99=0.11,tpot_p99=0.021")
+    inputs = PlanInputs(space, WorkloadSpec(isl=128, osl=32, rate=1.0, ignore_eos=True), [],
+                        slo, runners_up=1)
+    plan = search(inputs, PoolExecutor(1), fake_shapes)
+    price = {c["deployment"]: c["usd_per_replica_hour"] for c in plan["configs"]}
+    chip_of = {name: ("h100-sxm" if "h100" in name else "a100-sxm-80g") for name in price}
+    best = min((price[a] * p + price[b] * d, a, b, p, d)
+               for a, b in itertools.product(price, repeat=2)
+               for p, d in itertools.product(range(1, 5), repeat=2)
+               if (0.1 if chip_of[a] == "h100-sxm" else 0.25) / p <= 0.11 and 0.04 / d <= 0.021)
+    w = plan["winner"]
+    assert w["usd_per_hour"] == pytest.approx(best[0])
+    assert (w["pool_shapes"]["prefill"]["chip"], w["pool_shapes"]["decode"]["chip"]) == \
+        ("h100-sxm", "a100-sxm-80g")
+    assert w["pools"] == {"prefill": 1, "decode": 2} and w["chip"] == "h100-sxm+a100-sxm-80g"
+    fleet = tomllib.loads(w["fleet"])["deployments"]
+    assert [(d["role"], d["chip"], d["replicas"]) for d in fleet] == [
+        ("prefill", "h100-sxm", 1), ("decode", "a100-sxm-80g", 2)]
+    # all four pairings were searched, and every cheaper candidate was simulated and missed
+    shapes = {(r["pool_shapes"]["prefill"]["chip"], r["pool_shapes"]["decode"]["chip"])
+              for r in plan["candidates"]}
+    assert shapes == set(itertools.product(("h100-sxm", "a100-sxm-80g"), repeat=2))
+    assert all(not r["meets_slo"] for r in plan["candidates"]
+               if r["usd_per_hour"] < w["usd_per_hour"])
+
+
+def test_units_pair_pd_shapes_within_an_engine_model_and_quant():
+    from sim.plan_space import Sized, units
+
+    def sized(chip: str, engine: str, mode: str) -> Sized:
+        return Sized(Config(chip, engine, "bf16", "llama-3.1-8b", mode=mode), 1.0, 1, 1,
+                     1.0, 1.0, 1)
+    kept = [sized("h100-sxm", "vllm", "pd"), sized("a100-sxm-80g", "vllm", "pd"),
+            sized("h100-sxm", "sglang", "pd"), sized("h100-sxm", "vllm", "aggregated")]
+    pairs = [(u.mode, tuple((c.chip, c.engine) for c in u.configs)) for u in units(kept)]
+    assert sorted(pairs) == sorted([
+        ("pd", (("h100-sxm", "vllm"), ("h100-sxm", "vllm"))),
+        ("pd", (("h100-sxm", "vllm"), ("a100-sxm-80g", "vllm"))),
+        ("pd", (("a100-sxm-80g", "vllm"), ("h100-sxm", "vllm"))),
+        ("pd", (("a100-sxm-80g", "vllm"), ("a100-sxm-80g", "vllm"))),
+        ("pd", (("h100-sxm", "sglang"), ("h100-sxm", "sglang"))),
+        ("aggregated", (("h100-sxm", "vllm"),))])
+
+
+def test_a_fleet_of_two_pd_shapes_simulates_on_both_chips():
+    """The fleet file a two-shape candidate is written as runs: prefill on the H100 pool,
+    decode on the A100 pool, every request's KV crossing the link."""
+    from doppelchip.cmd_plan import run_simulate
+    from sim.plan_exec import Task, run_task
+    from sim.plan_fleet import simulate_argv
+
+    pre = Config("h100-sxm", "vllm", "bf16", "llama-3.1-8b", mode="pd")
+    dec = Config("a100-sxm-80g", "vllm", "bf16", "llama-3.1-8b", mode="pd")
+    argv = simulate_argv("least-requests", ["--isl", "256", "--osl", "16", "--ignore-eos",
+                                            "--num-requests", "12", "--rate", "4"], "")
+    out = run_task(run_simulate, Task(fleet_text((pre, dec), (1, 2)), argv))
+    s = out["summary"]
+    assert s["errors"] == {} and s["requests"] == 12
+    assert s["kv_transfers"]["count"] == 12
+    chips = {r["name"]: (r["chip"], r["requests"], r.get("prefills")) for r in s["replicas"]}
+    assert chips["vllm-h100-sxm-bf16-tp1-pd-prefill"] == ("h100-sxm", 0, 12)
+    assert sum(n for c, n, _ in chips.values() if c == "a100-sxm-80g") == 12
