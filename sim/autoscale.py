@@ -23,63 +23,25 @@ state: off (not billed, gets nothing), booting (billed at idle power: a booting 
 for; gets nothing until its cold start is over), ready (routed to), draining (scaled in: no
 new requests, finishes what it has, then off). This object is the loop's `control`: the
 event loop calls `tick` at `next_at` and asks `bill_idle` before charging an idle core.
+Its `choose` is the loop's router: over the ready slots (of the deployments serving the
+request's class, with `--router slo-class`), with the router's admission if one is given.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from clients.conversation import Conversation
 from server.engine.core import EngineCore
 from sim.admission import Admission
+from sim.autoscale_hpa import hpa_recommendation, metric_of, stabilised
 from sim.autoscale_policy import AutoscalePolicy
+from sim.pools import SLO_ROUTER
 from sim.routers import kv_usage, make_router
 from sim.virtual_types import REFUSED
 
 OFF, BOOTING, READY, DRAINING = "off", "booting", "ready", "draining"
-
-
-def stabilised(history: Sequence[tuple[float, int]], t: float, rec: int, current: int,
-               up_window_s: float, down_window_s: float) -> int:
-    """The HPA's stabilisation (KEP-853): scale up only to the lowest recommendation of the
-    scale-up window, down only to the highest of the scale-down window; `history` holds the
-    earlier (time, recommendation) pairs, `rec` is this pass's."""
-    up = min([r for at, r in history if at > t - up_window_s] + [rec])
-    down = max([r for at, r in history if at > t - down_window_s] + [rec])
-    return min(max(current, up), down)
-
-
-def metric_of(core: EngineCore, metric: str) -> float:
-    """What the autoscaler scrapes from one replica."""
-    sched = core.scheduler
-    if metric == "waiting":
-        return float(sched.num_waiting)
-    if metric == "running":
-        return float(sched.num_running)
-    return kv_usage(core)
-
-
-def hpa_recommendation(current: int, ready_values: Sequence[float], booting: int,
-                       target: float, tolerance: float) -> int:
-    """The replica count the HPA's replica calculator gives for a per-pod average target:
-    `ready_values` from the pods that report, `booting` pods without metrics yet."""
-    if not ready_values:
-        return current
-    ratio = sum(ready_values) / len(ready_values) / target
-    if booting == 0:
-        if abs(ratio - 1.0) <= tolerance:
-            return current
-        return math.ceil(ratio * len(ready_values))
-    if abs(ratio - 1.0) <= tolerance:
-        return current
-    fill = 0.0 if ratio > 1.0 else target  # missing metrics: 0 up, the target down
-    total = len(ready_values) + booting
-    new_ratio = (sum(ready_values) + fill * booting) / (target * total)
-    if abs(new_ratio - 1.0) <= tolerance or (new_ratio > 1.0) != (ratio > 1.0):
-        return current
-    return math.ceil(new_ratio * total)
 
 
 @dataclass
@@ -93,6 +55,10 @@ class Group:
     recommendations: list[tuple[float, int]] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     last_active: float = 0.0  # scale to zero: the last sync its trigger was active
+    classes: tuple[str, ...] = ()  # the SLO classes its deployment serves (none: any)
+
+    def serves(self, slo_class: str) -> bool:
+        return not self.classes or slo_class in self.classes
 
 
 class Autoscaler:
@@ -105,6 +71,10 @@ class Autoscaler:
                  admission: Admission | None = None) -> None:
         self.cores, self.groups, self.router_name, self.seed = cores, groups, router, seed
         self.admission, self.refused = admission, 0
+        # `--router slo-class`: a request goes to the ready slots of the deployments serving
+        # its class, least outstanding first (as sim.pools does for a fixed fleet)
+        self.by_class = router == SLO_ROUTER
+        self.group_of = {k: g for g in groups for k in g.slots}
         self.state = [OFF] * len(cores)
         self.since = [0.0] * len(cores)  # when the state was entered
         self.ready_at: dict[int, float] = {}  # booting slot -> when it is ready
@@ -119,8 +89,8 @@ class Autoscaler:
         self.samples: list[dict] = []
         self._version, self._built = 0, -1
         self._ready: list[int] = []
-        self._policy = None
-        self.held = 0  # requests the router holds while no replica is ready (the loop's)
+        self._routers: dict[str, tuple[list[int], object]] = {}  # class -> its ready slots
+        self.held: list[str] = []  # the classes of the requests the router holds (the loop's)
         # the KEDA HTTP add-on's readiness timeout: the shortest a pool at zero sets
         self.hold_timeout_s = min((g.policy.readiness_timeout_s for g in groups
                                    if g.policy is not None and g.policy.readiness_timeout_s > 0),
@@ -163,31 +133,51 @@ class Autoscaler:
         the ready ones)."""
         if self._built != self._version:
             self._ready = [k for k, s in enumerate(self.state) if s == READY]
-            self._policy = (make_router(self.router_name, [self.cores[k] for k in self._ready],
-                                        self.seed + self._version) if self._ready else None)
+            self._routers = {}
             self._built = self._version
-        if not self._ready:
-            if not any(g.policy is not None and g.policy.min == 0 for g in self.groups):
+        cls = session.slo_class if self.by_class else ""
+        if cls not in self._routers:
+            ready = [k for k in self._ready if self.group_of[k].serves(cls)]
+            name = "least-requests" if self.by_class else self.router_name
+            self._routers[cls] = (ready, make_router(name, [self.cores[k] for k in ready],
+                                                     self.seed + self._version)
+                                  if ready else None)
+        ready, policy = self._routers[cls]
+        if not ready:
+            if not any(g.serves(cls) and ((g.policy is not None and g.policy.min == 0)
+                                          or any(self.state[k] == BOOTING for k in g.slots))
+                       for g in self.groups):
                 raise RuntimeError("no ready replica to route to")
             return None
-        assert self._policy is not None
-        i = self._policy.choose(prompt, [outstanding[k] for k in self._ready])
+        i = policy.choose(prompt, [outstanding[k] for k in ready])  # type: ignore[union-attr]
         if self.admission is None:
-            return self._ready[i]
-        k = self.admission.pick(self._ready[i], self._ready, self.cores, outstanding,
-                                session.slo_class)
+            return ready[i]
+        k = self.admission.pick(ready[i], ready, self.cores, outstanding, session.slo_class)
         if k is None:
             self.refused += 1
             return REFUSED
         return k
 
     def can_serve_held(self) -> bool:
-        """Will the requests held now ever be routed? Yes if a slot is ready or booting, or
-        a pool at zero will wake for them (more held than its activation threshold)."""
-        if any(s in (READY, BOOTING) for s in self.state):
-            return True
-        return any(g.policy is not None and g.policy.min == 0
-                   and self.held > g.policy.activation for g in self.groups)
+        """Will any request held now be routed? Yes if a slot serving its class is ready or
+        booting, or a pool at zero serving it will wake (more held for it than its
+        activation threshold)."""
+        for cls in set(self.held) if self.by_class else {""}:
+            for g in self.groups:
+                if not g.serves(cls):
+                    continue
+                if any(self.state[k] in (READY, BOOTING) for k in g.slots):
+                    return True
+                if (g.policy is not None and g.policy.min == 0
+                        and self._held_for(g) > g.policy.activation):
+                    return True
+        return False
+
+    def _held_for(self, g: Group) -> int:
+        """The held requests `g` could serve: those of its classes under `slo-class`."""
+        if not self.by_class:
+            return len(self.held)
+        return sum(1 for c in self.held if g.serves(c))
 
     # ---- the controller -------------------------------------------------------------------
     def _enter(self, k: int, state: str, t: float) -> None:
@@ -205,7 +195,8 @@ class Autoscaler:
         values = [metric_of(self.cores[k], p.metric) for k in ready]
         active = False
         if p.min == 0:  # KEDA: active while a reading (or the held requests) is above it
-            active = self.held > p.activation or any(v > p.activation for v in values)
+            active = (self._held_for(g) > p.activation
+                      or any(v > p.activation for v in values))
             if active:
                 g.last_active = t
             if current == 0:  # at zero: wake one replica once active; the HPA takes over

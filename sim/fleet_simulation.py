@@ -122,6 +122,8 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
         summary.update(report(sr))
         if admission is not None:
             summary["admission_refused"] = sr.control.refused
+        if classes := stream.class_reports():  # as a fixed fleet's (its pools: `autoscaling`)
+            summary["classes"] = classes
     if slo is not None:  # as `simulate --slo` of one deployment
         summary["slo"] = slo
         summary["goodput"] = stream.fleet.goodput()
@@ -169,10 +171,8 @@ def _scaled(args: argparse.Namespace, deployments: list[EngineOptions],
 
 
 def _check_scalable(args: argparse.Namespace, deployments: list[EngineOptions]) -> None:
-    """Autoscaling routes with its own view of ready replicas (admission at the router
-    included): pools by role or class do not combine with it (yet); say so instead of
-    ignoring them."""
-    if args.router == "slo-class":
-        raise SimulationError("autoscaling does not combine with --router slo-class")
+    """Autoscaling routes with its own view of ready replicas (admission and SLO classes at
+    the router included): P/D roles do not combine with it (yet); say so instead of ignoring
+    them."""
     if any(d.role != "both" for d in deployments):
         raise SimulationError("autoscaling does not combine with P/D roles")

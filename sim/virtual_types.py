@@ -45,11 +45,12 @@ class Control(Protocol):
     the clock reaches `next_at` (after that instant's step ends, before its arrivals), and an
     idle core k is charged idle power and money only while `bill_idle(k, t)` is true (an off
     replica costs nothing). The run ends when the traffic does, whatever `next_at` says.
-    `held` is set before each tick to the number of requests the router holds; a request
-    held `hold_timeout_s` (when > 0) ends DEADLINE_EXCEEDED then, and held requests the
-    control says it will never serve (`can_serve_held`) end as UNAVAILABLE."""
+    `held` is set before each tick (and before `can_serve_held`) to the SLO class of each
+    request the router holds; a request held `hold_timeout_s` (when > 0) ends
+    DEADLINE_EXCEEDED then, and held requests the control says it will never serve
+    (`can_serve_held`) end as UNAVAILABLE."""
 
-    held: int
+    held: list[str]
     hold_timeout_s: float  # a turn held longer ends DEADLINE_EXCEEDED (0: held until served)
 
     @property

@@ -15,7 +15,7 @@ from doppelchip.cli import main
 from server.engine.build import EngineOptions, build_core
 from server.engine.tokenizer import get_tokenizer
 from sim.admission import Admission
-from sim.autoscale import hpa_recommendation, stabilised
+from sim.autoscale_hpa import hpa_recommendation, stabilised
 from sim.autoscale_policy import AutoscalePolicy, parse_policy
 from sim.autoscaled import report, run_scaled
 
@@ -233,15 +233,44 @@ def test_scaled_in_replicas_drain_then_stop_being_billed(ramp_run):
 
 
 def test_autoscaling_refuses_what_it_cannot_combine_with(capsys):
-    """Autoscaling routes over its own ready replicas: pools by SLO class are refused with a
-    clear error (exit 2), not silently ignored."""
+    """Autoscaling routes over its own ready replicas: P/D roles are refused with a clear
+    error (exit 2), not silently ignored."""
     from doppelchip.cli import main
 
-    code = main(["simulate", "--num-requests", "4", "--rate", "1",
-                 "--autoscale", "metric=waiting,target=2,min=1,max=2",
-                 "--router", "slo-class", "--json"])
+    code = main(["simulate", "--config", "examples/fleet-pd.toml", "--router", "least-requests",
+                 "--num-requests", "4", "--rate", "1",
+                 "--autoscale", "metric=waiting,target=2,min=1,max=2", "--json"])
     assert code == 2
-    assert "autoscaling does not combine with --router slo-class" in capsys.readouterr().err
+    assert "autoscaling does not combine with P/D roles" in capsys.readouterr().err
+
+
+def test_slo_classes_route_to_their_pools_and_wake_only_theirs():
+    """`--router slo-class` over autoscaled pools: a request goes to the ready replicas of the
+    pools serving its class, held while they are at zero; the held requests of one class
+    wake only the pools that serve it (KEDA's activation counts what each would serve)."""
+    policy = dataclasses.replace(TO_ZERO, cooldown_s=30)
+    a = dataclasses.replace(A100, name="a", slo_classes=("a",))
+    b = dataclasses.replace(A100, name="b", slo_classes=("b",))
+
+    def burst(cls: str, at: float, n: int) -> list:
+        return [dataclasses.replace(c, start_s=c.start_s + at,
+                                    conversation_id=f"{cls}{at:g}-{c.conversation_id}")
+                for c in sessions(num_requests=n, rate=1.0, slo_class_mix=((cls, 1.0),))]
+    # both classes for the first seconds; after both pools went to zero, class a alone
+    work = sorted(burst("a", 0, 5) + burst("b", 0, 5) + burst("a", 150, 5),
+                  key=lambda c: c.start_s)
+    sr = run_scaled([a, b], [policy, policy], work, "slo-class")
+    records = sr.cluster.run.records
+    assert len(records) == len(work) and all(r.ok for r in records)
+    group = {k: g.name for g in sr.groups for k in g.slots}
+    assert all(group[r.replica] == r.slo_class for r in records)  # its own pools only
+    events = report(sr)["autoscaling"]
+    for name in ("a", "b"):
+        assert any(e["to"] == 0 and e["t"] < 150 for e in events[name]["events"])
+    assert any(e["from"] == 0 and e["t"] >= 150 for e in events["a"]["events"])
+    assert not any(e["from"] == 0 for e in events["b"]["events"])  # class a's did not wake b
+    late = [r for r in records if r.scheduled_s >= 150]
+    assert min(r.ttft for r in late) >= 20  # held through a's cold start
 
 
 def _outstanding_peak(records, k: int) -> int:
