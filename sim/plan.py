@@ -38,12 +38,11 @@ from sim.plan_space import (
     POOLS,
     SearchSpace,
     Sized,
-    Unit,
     WorkloadShape,
     configs,
     output_mean,
-    units,
 )
+from sim.plan_units import Unit, units
 
 RUNNERS_UP = 3
 # the engine's mean output length when EOS is sampled (the plan's candidates keep its default)

@@ -159,7 +159,8 @@ def test_pd_pools_of_two_shapes_win_when_cheapest():
 
 
 def test_units_pair_pd_shapes_within_an_engine_model_and_quant():
-    from sim.plan_space import Sized, units
+    from sim.plan_space import Sized
+    from sim.plan_units import units
 
     def sized(chip: str, engine: str, mode: str) -> Sized:
         return Sized(Config(chip, engine, "bf16", "llama-3.1-8b", mode=mode), 1.0, 1, 1,
