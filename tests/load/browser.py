@@ -31,7 +31,24 @@ def find_chromium() -> tuple[str | None, str]:
 class Browser:
     """One headless Chromium process and one page target."""
 
+    STARTS = 3  # a Chromium that dies while starting (seen once on a loaded 2-core CI) is
+    #             started again; the page checks themselves are never retried
+
     def __init__(self, binary: str) -> None:
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (open for the browser's life)
+        for attempt in range(1, self.STARTS + 1):
+            try:
+                self._start(binary)
+                return
+            except (BrokenPipeError, RuntimeError):
+                self._stop_process()
+                if attempt == self.STARTS:
+                    self._log.seek(0)
+                    tail = self._log.read()[-2000:].decode(errors="replace")
+                    raise RuntimeError(f"chromium did not start ({self.STARTS} tries); its "
+                                       f"stderr ends:\n{tail}") from None
+
+    def _start(self, binary: str) -> None:
         self._to_r, self._to_w = os.pipe()
         self._from_r, self._from_w = os.pipe()
         self._profile = tempfile.TemporaryDirectory()
@@ -39,7 +56,7 @@ class Browser:
         self.proc = subprocess.Popen(
             [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
              "--remote-debugging-pipe", f"--user-data-dir={self._profile.name}", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
             pass_fds=(3, 4), preexec_fn=self._dup_fds)
         os.close(self._to_r)
         os.close(self._from_w)
@@ -122,4 +139,15 @@ class Browser:
             self.proc.wait()
         os.close(self._to_w)
         os.close(self._from_r)
+        self._profile.cleanup()
+        self._log.close()
+
+    def _stop_process(self) -> None:
+        """A start that failed: kill what is left of it and close its pipes and profile."""
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        self.proc.wait()
+        for fd in (self._to_w, self._from_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
         self._profile.cleanup()
