@@ -44,7 +44,9 @@ class RadixNode:
         self.lock_ref = 0
         self.last_access = last_access
         self.id = node_id
-        self.hashes: list[bytes] = []  # vLLM's block hashes, parallel to block_ids (KV events)
+        # vLLM's block hashes, parallel to block_ids, with KV events on (a list then); without
+        # them the shared empty tuple, so a node costs no list of its own
+        self.hashes: list[bytes] | tuple[()] = ()
 
     def __repr__(self) -> str:
         return f"RadixNode(id={self.id}, blocks={len(self.block_ids)}, lock={self.lock_ref})"
@@ -281,7 +283,7 @@ class RadixCache(PrefixCache):
         start: RadixNode | None,
         num_known: int,
         token_ids: Sequence[int],
-        block_ids: Sequence[int],
+        block_ids: list[int],
         num_blocks: int,
         lora: int = 0,
     ) -> tuple[RadixNode, list[int]]:
@@ -320,7 +322,7 @@ class RadixCache(PrefixCache):
             if i < klen:
                 break
         if pos < end:
-            new_blocks = list(block_ids[pos // bs : num_blocks])
+            new_blocks = block_ids[pos // bs : num_blocks]  # a new list: block_ids is one
             self.pool.share(new_blocks)
             key = tuple(token_ids[pos:end])
             leaf = RadixNode(key, new_blocks, node, next(self._ids), now)
@@ -351,6 +353,17 @@ class RadixCache(PrefixCache):
         if len(heap) > 2 * self._num_nodes + 64:  # mostly stale: rebuild
             heap[:] = [e for e in heap if self._valid(e)]
             heapq.heapify(heap)
+        if heap:  # the common case, a decode's block: the tail of the LRU leaf is enough
+            last, _, node = heap[0]
+            blocks = node.block_ids
+            if (num_blocks < len(blocks) and last == node.last_access and not node.lock_ref
+                    and not node.children and node.parent is not None and self.events is None):
+                victims = blocks[-num_blocks:]  # what the loop below does in its first pass
+                del blocks[-num_blocks:]
+                self.pool.free_sole(victims)
+                self._evictable -= num_blocks
+                self._cached -= num_blocks
+                return num_blocks
         bs, events, free_sole = self.block_size, self.events, self.pool.free_sole
         heappop, heapreplace = heapq.heappop, heapq.heapreplace
         freed = 0
