@@ -137,13 +137,15 @@ class RadixCache(PrefixCache):
         split: bool,
         start: tuple[RadixNode, int] | None = None,
         lora: int = 0,
+        limit: int | None = None,
     ) -> tuple[RadixNode, int]:
-        """Follow ``token_ids`` whole block by whole block (from ``start`` if given, else the
-        root); returns the deepest node reached and the number of tokens matched. With
-        ``split``, a match ending inside a node splits it so the returned node ends exactly
-        at the match."""
+        """Follow ``token_ids`` (its first ``limit`` if given) whole block by whole block (from
+        ``start`` if given, else the root); returns the deepest node reached and the number
+        of tokens matched. With ``split``, a match ending inside a node splits it so the
+        returned node ends exactly at the match."""
         bs = self.block_size
-        n = len(token_ids) - len(token_ids) % bs
+        n = len(token_ids) if limit is None else limit
+        n -= n % bs
         if start is not None and start[0] is not None:
             node, pos = start
         else:
@@ -169,8 +171,10 @@ class RadixCache(PrefixCache):
                 break
         return node, pos
 
-    def match_prefix(self, token_ids: Sequence[int], lora: int = 0) -> PrefixMatch:
-        node, num_tokens = self._walk(token_ids, touch=True, split=True, lora=lora)
+    def match_prefix(self, token_ids: Sequence[int], lora: int = 0, *,
+                     num_tokens: int | None = None) -> PrefixMatch:
+        node, num_tokens = self._walk(token_ids, touch=True, split=True, lora=lora,
+                                      limit=num_tokens)
         if num_tokens == 0:
             return PrefixMatch(0, [], None)
         return PrefixMatch(num_tokens, self.path_blocks(node), node)
