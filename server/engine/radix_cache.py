@@ -58,14 +58,15 @@ class RadixCache(RadixLru, PrefixCache):
     def reset(self) -> bool:
         """Empty the cache, as vLLM's ``reset_prefix_cache``: refused (False) while any request
         holds a block; on success the log gets one ``AllBlocksCleared``, no per-block removal."""
-        pool = self.pool
+        pool, roots = self.pool, self.roots.values()  # every adapter's tree (LoRA)
         if pool.num_free + self._cached != pool.num_blocks or any(
-                c.lock_ref for c in self.root.children.values()):
+                c.lock_ref for root in roots for c in root.children.values()):
             return False
         for node in self._iter_nodes():
             if node.parent is not None:
                 pool.free(node.block_ids)
-        self.root.children.clear()
+        for root in roots:
+            root.children.clear()
         self._heap.clear()
         self._evictable = self._cached = self._num_nodes = 0
         if self.events is not None:
