@@ -69,7 +69,8 @@ class KVCacheManager:
     def match(self, req: Request) -> PrefixMatch:
         if not self.cache.enabled or req.block_ids:
             return NO_MATCH
-        return self.cache.match_prefix(req.token_ids[: req.num_tokens - 1], req.lora_id)
+        tokens = req.token_ids
+        return self.cache.match_prefix(tokens, req.lora_id, num_tokens=len(tokens) - 1)
 
     def allocate_slots(
         self, req: Request, num_new_tokens: int, match: PrefixMatch = NO_MATCH

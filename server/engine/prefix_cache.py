@@ -46,9 +46,11 @@ class PrefixCache(ABC):
     enabled: bool
 
     @abstractmethod
-    def match_prefix(self, token_ids: Sequence[int], lora: int = 0) -> PrefixMatch:
+    def match_prefix(self, token_ids: Sequence[int], lora: int = 0, *,
+                     num_tokens: int | None = None) -> PrefixMatch:
         """``lora``: the adapter the tokens run with (0: the base model); each adapter has
-        its own cached prefixes (LoRA, issue 13)."""
+        its own cached prefixes (LoRA, issue 13). ``num_tokens``: match only the first that
+        many of ``token_ids`` (default: all), without the caller slicing them."""
 
     @abstractmethod
     def peek_prefix_len(self, token_ids: Sequence[int], lora: int = 0) -> int:
@@ -82,7 +84,7 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def insert_from(self, start: Any, num_known: int, token_ids: Sequence[int],
-                    block_ids: Sequence[int], num_blocks: int,
+                    block_ids: list[int], num_blocks: int,
                     lora: int = 0) -> tuple[Any, list[int]]:
         """A request's ``insert`` of its first ``num_blocks`` blocks (its lists unsliced),
         with its lock moved from ``start`` (its locked node, ending at token ``num_known``;
@@ -117,7 +119,8 @@ class NoPrefixCache(PrefixCache):
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
 
-    def match_prefix(self, token_ids: Sequence[int], lora: int = 0) -> PrefixMatch:
+    def match_prefix(self, token_ids: Sequence[int], lora: int = 0, *,
+                     num_tokens: int | None = None) -> PrefixMatch:
         return PrefixMatch(0, [], None)
 
     def peek_prefix_len(self, token_ids: Sequence[int], lora: int = 0) -> int:
@@ -142,7 +145,7 @@ class NoPrefixCache(PrefixCache):
         pass
 
     def insert_from(self, start: Any, num_known: int, token_ids: Sequence[int],
-                    block_ids: Sequence[int], num_blocks: int,
+                    block_ids: list[int], num_blocks: int,
                     lora: int = 0) -> tuple[Any, list[int]]:
         return None, []
 

@@ -7,72 +7,44 @@ inserted; it is freed with the request (the next request recomputes those < bloc
 Every cached block carries exactly one pool reference for the tree; requests using it hold
 their own. Hence an unlocked node's blocks have pool reference count exactly 1 (evicting them
 really frees memory), which ``check_integrity`` verifies.
+
+This module is the tree: lookup, node split, insertion, reset and the invariants. Locks, LRU
+times and eviction are its base `radix_lru.RadixLru`; the node is `radix_node.RadixNode`.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 
 from .block_pool import BlockPool
 from .kv_events import KvEventLog
 from .prefix_cache import NoPrefixCache, PrefixCache, PrefixMatch
+from .radix_lru import RadixLru
+from .radix_node import RadixNode, matched_len
 
 __all__ = ["NoPrefixCache", "PrefixCache", "PrefixMatch", "RadixCache", "RadixNode"]  # re-exported
 
 
-class RadixNode:
-    __slots__ = ("block_ids", "children", "hashes", "id", "key", "last_access", "lock_ref",
-                 "parent")
-
-    def __init__(
-        self,
-        key: tuple[int, ...],
-        block_ids: list[int],
-        parent: RadixNode | None,
-        node_id: int,
-        last_access: int = 0,
-    ) -> None:
-        # token ids: the node's are key[: len(block_ids) * block_size]. Eviction trims only
-        # block_ids (copying a long key per trimmed block would cost more than the trim); the
-        # dead tail beyond is never read.
-        self.key = key
-        self.block_ids = block_ids
-        self.parent = parent
-        self.children: dict[tuple[int, ...], RadixNode] = {}  # keyed by the child's first block
-        self.lock_ref = 0
-        self.last_access = last_access
-        self.id = node_id
-        self.hashes: list[bytes] = []  # vLLM's block hashes, parallel to block_ids (KV events)
-
-    def __repr__(self) -> str:
-        return f"RadixNode(id={self.id}, blocks={len(self.block_ids)}, lock={self.lock_ref})"
-
-
-class RadixCache(PrefixCache):
-    """SGLang-style radix tree over token ids, with block-aligned keys (see module docstring)."""
+class RadixCache(RadixLru, PrefixCache):
+    """SGLang-style radix tree over token ids, with block-aligned keys (see module docstring);
+    its locks, LRU order and eviction are `RadixLru`'s."""
 
     enabled = True
 
     def __init__(self, pool: BlockPool) -> None:
+        super().__init__()  # the LRU side: clock, evictable count, candidate heap
         self.pool = pool
         self.block_size = pool.block_size
         self._ids = itertools.count()
-        self._clock = 0  # logical LRU clock: exact and deterministic, unlike wall time
         self.root = RadixNode((), [], None, next(self._ids))
         self.root.lock_ref = 1  # the root is never evicted
         # --- LoRA (issue 13): one tree per adapter (0: the base model), so two adapters never
         # share a block and one adapter shares its own, as vLLM's block hashes keyed by the
         # LoRA name (extra_keys) do
         self.roots: dict[int, RadixNode] = {0: self.root}
-        self._evictable = 0
         self._cached = 0
         self._num_nodes = 0
-        # Eviction candidates: a lazy min-heap of (last_access, id, node), pushed whenever a
-        # node may have become an unlocked leaf or was touched while being one; stale entries
-        # are skipped when popped, and the heap is rebuilt when stale ones dominate.
-        self._heap: list[tuple[int, int, RadixNode]] = []
         self.events: KvEventLog | None = None  # KV events (issue 13): see attach_events
 
     # --- KV events (issue 13) ---
@@ -86,34 +58,21 @@ class RadixCache(PrefixCache):
     def reset(self) -> bool:
         """Empty the cache, as vLLM's ``reset_prefix_cache``: refused (False) while any request
         holds a block; on success the log gets one ``AllBlocksCleared``, no per-block removal."""
-        pool = self.pool
+        pool, roots = self.pool, self.roots.values()  # every adapter's tree (LoRA)
         if pool.num_free + self._cached != pool.num_blocks or any(
-                c.lock_ref for c in self.root.children.values()):
+                c.lock_ref for root in roots for c in root.children.values()):
             return False
         for node in self._iter_nodes():
             if node.parent is not None:
                 pool.free(node.block_ids)
-        self.root.children.clear()
+        for root in roots:
+            root.children.clear()
         self._heap.clear()
         self._evictable = self._cached = self._num_nodes = 0
         if self.events is not None:
             self.events.cleared()
         return True
     # --- end KV events ---
-
-    def _candidate(self, node: RadixNode) -> None:
-        if not node.children and node.lock_ref == 0 and node.parent is not None:
-            heapq.heappush(self._heap, (node.last_access, node.id, node))
-
-    @staticmethod
-    def _valid(entry: tuple[int, int, RadixNode]) -> bool:
-        node = entry[2]
-        return (
-            node.parent is not None
-            and not node.children
-            and node.lock_ref == 0
-            and entry[0] == node.last_access
-        )
 
     # -- lookup ----------------------------------------------------------------------------
     def _root(self, lora: int, create: bool) -> RadixNode | None:
@@ -123,10 +82,6 @@ class RadixCache(PrefixCache):
             root.lock_ref = 1
         return root
 
-    def _tick(self) -> int:
-        self._clock += 1
-        return self._clock
-
     def _walk(
         self,
         token_ids: Sequence[int],
@@ -135,13 +90,15 @@ class RadixCache(PrefixCache):
         split: bool,
         start: tuple[RadixNode, int] | None = None,
         lora: int = 0,
+        limit: int | None = None,
     ) -> tuple[RadixNode, int]:
-        """Follow ``token_ids`` whole block by whole block (from ``start`` if given, else the
-        root); returns the deepest node reached and the number of tokens matched. With
-        ``split``, a match ending inside a node splits it so the returned node ends exactly
-        at the match."""
+        """Follow ``token_ids`` (its first ``limit`` if given) whole block by whole block (from
+        ``start`` if given, else the root); returns the deepest node reached and the number
+        of tokens matched. With ``split``, a match ending inside a node splits it so the
+        returned node ends exactly at the match."""
         bs = self.block_size
-        n = len(token_ids) - len(token_ids) % bs
+        n = len(token_ids) if limit is None else limit
+        n -= n % bs
         if start is not None and start[0] is not None:
             node, pos = start
         else:
@@ -154,7 +111,7 @@ class RadixCache(PrefixCache):
             child = node.children.get(tuple(token_ids[pos : pos + bs]))
             if child is None:
                 break
-            i, klen = _matched(child, token_ids, pos, n, bs)
+            i, klen = matched_len(child, token_ids, pos, n, bs)
             if i < klen:
                 if not split:
                     return node, pos + i
@@ -167,8 +124,10 @@ class RadixCache(PrefixCache):
                 break
         return node, pos
 
-    def match_prefix(self, token_ids: Sequence[int], lora: int = 0) -> PrefixMatch:
-        node, num_tokens = self._walk(token_ids, touch=True, split=True, lora=lora)
+    def match_prefix(self, token_ids: Sequence[int], lora: int = 0, *,
+                     num_tokens: int | None = None) -> PrefixMatch:
+        node, num_tokens = self._walk(token_ids, touch=True, split=True, lora=lora,
+                                      limit=num_tokens)
         if num_tokens == 0:
             return PrefixMatch(0, [], None)
         return PrefixMatch(num_tokens, self.path_blocks(node), node)
@@ -202,24 +161,6 @@ class RadixCache(PrefixCache):
         upper.children[child.key[:bs]] = child
         return upper
 
-    # -- locking ---------------------------------------------------------------------------
-    def lock(self, node: RadixNode | None) -> None:
-        while node is not None and node.parent is not None:
-            if node.lock_ref == 0:
-                self._evictable -= len(node.block_ids)
-            node.lock_ref += 1
-            node = node.parent
-
-    def unlock(self, node: RadixNode | None) -> None:
-        while node is not None and node.parent is not None:
-            if node.lock_ref <= 0:
-                raise AssertionError(f"unlock of unlocked node {node}")
-            node.lock_ref -= 1
-            if node.lock_ref == 0:
-                self._evictable += len(node.block_ids)
-                self._candidate(node)
-            node = node.parent
-
     # -- insertion -------------------------------------------------------------------------
     def insert(
         self,
@@ -252,36 +193,12 @@ class RadixCache(PrefixCache):
             node = leaf
         return (node if node.parent is not None else None), tree_blocks
 
-    def touch(self, node: RadixNode | None) -> None:
-        now = self._tick()
-        while node is not None and node.parent is not None:
-            node.last_access = now
-            self._candidate(node)
-            node = node.parent
-
-    def touch_unlock(self, node: RadixNode | None) -> None:
-        """``touch(node)`` then ``unlock(node)`` in one pass up the path (a finishing request).
-        Exact because the path is locked while touched, so the touch queues nothing."""
-        now = self._tick()
-        heap = self._heap
-        while node is not None and node.parent is not None:
-            node.last_access = now
-            lock_ref = node.lock_ref - 1
-            if lock_ref < 0:
-                raise AssertionError(f"unlock of unlocked node {node}")
-            node.lock_ref = lock_ref
-            if lock_ref == 0:
-                self._evictable += len(node.block_ids)
-                if not node.children:
-                    heapq.heappush(heap, (now, node.id, node))
-            node = node.parent
-
     def insert_from(
         self,
         start: RadixNode | None,
         num_known: int,
         token_ids: Sequence[int],
-        block_ids: Sequence[int],
+        block_ids: list[int],
         num_blocks: int,
         lora: int = 0,
     ) -> tuple[RadixNode, list[int]]:
@@ -311,7 +228,7 @@ class RadixCache(PrefixCache):
             child = node.children.get(tuple(token_ids[pos : pos + bs]))
             if child is None:
                 break
-            i, klen = _matched(child, token_ids, pos, end, bs)
+            i, klen = matched_len(child, token_ids, pos, end, bs)
             if i < klen:
                 child = self._split(child, i)
             child.last_access = now
@@ -320,7 +237,7 @@ class RadixCache(PrefixCache):
             if i < klen:
                 break
         if pos < end:
-            new_blocks = list(block_ids[pos // bs : num_blocks])
+            new_blocks = block_ids[pos // bs : num_blocks]  # a new list: block_ids is one
             self.pool.share(new_blocks)
             key = tuple(token_ids[pos:end])
             leaf = RadixNode(key, new_blocks, node, next(self._ids), now)
@@ -342,58 +259,6 @@ class RadixCache(PrefixCache):
             up.lock_ref += 1
             up = up.parent  # type: ignore[assignment]
         return node, theirs
-
-    # -- eviction --------------------------------------------------------------------------
-    def evict(self, num_blocks: int) -> int:
-        if num_blocks <= 0 or self._evictable == 0:
-            return 0
-        heap = self._heap
-        if len(heap) > 2 * self._num_nodes + 64:  # mostly stale: rebuild
-            heap[:] = [e for e in heap if self._valid(e)]
-            heapq.heapify(heap)
-        bs, events, free_sole = self.block_size, self.events, self.pool.free_sole
-        heappop, heapreplace = heapq.heappop, heapq.heapreplace
-        freed = 0
-        released: list[int] = []  # in eviction order: the pool's free list gets them so
-        while freed < num_blocks and heap:
-            last, _, node = heap[0]  # the least recently used candidate
-            parent = node.parent
-            if parent is None or node.children or node.lock_ref or last != node.last_access:
-                heappop(heap)  # stale (see _valid)
-                continue
-            blocks = node.block_ids
-            take = num_blocks - freed
-            if take < len(blocks):  # trim the tail; the leaf keeps its head and its place
-                victims = blocks[-take:]
-                del blocks[-take:]
-                if events is not None:
-                    events.removed(node.hashes[-1 : -take - 1 : -1])
-                    del node.hashes[-take:]
-            else:
-                victims, take = blocks, len(blocks)
-                if events is not None:
-                    events.removed(node.hashes[::-1])
-                siblings = parent.children
-                if len(siblings) == 1:
-                    siblings.clear()
-                else:
-                    del siblings[node.key[:bs]]
-                node.parent = None
-                self._num_nodes -= 1
-                if not siblings and parent.lock_ref == 0 and parent.parent is not None:
-                    heapreplace(heap, (parent.last_access, parent.id, parent))  # _candidate
-                else:
-                    heappop(heap)
-            released += victims
-            freed += take
-        free_sole(released)
-        self._evictable -= freed
-        self._cached -= freed
-        return freed
-
-    @property
-    def evictable_blocks(self) -> int:
-        return self._evictable
 
     @property
     def cached_blocks(self) -> int:
@@ -456,17 +321,3 @@ class RadixCache(PrefixCache):
                 f"counters drifted: evictable {self._evictable} vs {evictable}, "
                 f"cached {self._cached} vs {len(seen)}"
             )
-
-
-def _matched(child, token_ids, pos: int, end: int, bs: int) -> tuple[int, int]:
-    """How many tokens of `child`'s key (its first block already matched) equal `token_ids`
-    from `pos`, in whole blocks, before `end`; and the key's length in tokens."""
-    key, i, klen = child.key, bs, len(child.block_ids) * bs
-    while i < klen and pos + i < end and _eq(key, i, token_ids, pos + i, bs):
-        i += bs
-    return i, klen
-
-
-def _eq(key: tuple[int, ...], i: int, tokens: Sequence[int], j: int, n: int) -> bool:
-    """key[i:i+n] == tokens[j:j+n] without building two slices."""
-    return key[i : i + n] == tuple(tokens[j : j + n])

@@ -26,6 +26,10 @@ from .radix_cache import RadixCache
 from .request import FinishReason, Request, RequestStatus
 from .scheduler_config import ScheduledRequest, SchedulerConfig, SchedulerOutput, SchedulerStats
 
+# ScheduledRequest(...) without the NamedTuple's Python-level __new__ (one per request per
+# step): the fields in order, num_draft_tokens included
+_new = tuple.__new__
+
 
 class LoraBudget:
     """The adapters one step runs, as vLLM v1's scheduler counts them
@@ -160,7 +164,7 @@ class Scheduler:
                     and computed < len(req.block_ids) * bs):
                 # a plain decode into a block it holds (what the general path below does)
                 rid = req.request_id
-                scheduled[rid] = ScheduledRequest(rid, 1, computed, False, True)
+                scheduled[rid] = _new(ScheduledRequest, (rid, 1, computed, False, True, 0))
                 if (computed + 1) // bs * bs > req._tree_len:  # completes a block: cache it
                     kv.cache_blocks(req, computed + 1)
                 budget -= 1
@@ -258,8 +262,8 @@ class Scheduler:
     def _entry(req: Request, num_new: int, drafts: int = 0) -> ScheduledRequest:
         start, n = req.num_computed_tokens, len(req.token_ids)
         is_decode = num_new == 1 and start == n - 1 and start >= req.num_prompt_tokens
-        return ScheduledRequest(req.request_id, num_new, start, not is_decode,
-                                start + num_new == n, drafts)
+        return _new(ScheduledRequest, (req.request_id, num_new, start, not is_decode,
+                                       start + num_new == n, drafts))
 
     def update(
         self, output: SchedulerOutput, sampled_tokens: Mapping[str, Sequence[int]]
@@ -271,20 +275,21 @@ class Scheduler:
         finished: list[Request] = []
         stats, requests, running = self.stats, self.requests, RequestStatus.RUNNING
         eos, max_len = self.eos_token_id, self.config.max_model_len
-        for s in output.scheduled:
-            req = requests.get(s.request_id)
-            if req is None or req.status != running:
+        plain = 0  # plain decodes' tokens, counted in the stats once at the end
+        for rid, num_new, _, is_prefill, samples_token, num_drafts in output.scheduled:
+            req = requests.get(rid)
+            if req is None or req.status is not running:
                 continue
-            req.num_computed_tokens += s.num_new_tokens
-            if s.is_prefill:
-                stats.num_prefill_tokens += s.num_new_tokens
+            req.num_computed_tokens += num_new
+            if is_prefill:
+                stats.num_prefill_tokens += num_new
             reason = None
-            if s.samples_token:
-                tokens = sampled_tokens[s.request_id]
-                if len(tokens) == 1 and not s.num_draft_tokens:  # a plain decode
+            if samples_token:
+                tokens = sampled_tokens[rid]
+                if len(tokens) == 1 and not num_drafts:  # a plain decode
                     token = tokens[0]
                     req.token_ids.append(token)
-                    stats.num_generation_tokens += 1
+                    plain += 1
                     sp = req.sampling_params
                     n_out = len(req.token_ids) - req.num_prompt_tokens
                     if (token == eos or n_out >= sp.max_tokens or len(req.token_ids) >= max_len
@@ -298,7 +303,7 @@ class Scheduler:
                         stats.num_generation_tokens += 1
                         if (reason := self._stop_reason(req, token)) is not None:
                             break
-                    if s.num_draft_tokens:  # accepted drafts had their KV computed by verify
+                    if num_drafts:  # accepted drafts had their KV computed by verify
                         req.num_computed_tokens += appended - 1
             if reason is None:
                 continue
@@ -308,6 +313,7 @@ class Scheduler:
             req.status, req.finish_reason = RequestStatus.for_reason(reason), reason
             del self.requests[req.request_id]
             finished.append(req)
+        stats.num_generation_tokens += plain
         if finished:
             self.running = [r for r in self.running if not r.is_finished]
             self.stats.num_finished += len(finished)
