@@ -12,10 +12,11 @@ Contract:
   hash, and ``rolling_hash(tokens)`` recomputes it. Arithmetic mod 2^64 is what NumPy's uint64
   does, so ``next_tokens`` draws a whole batch's decodes in a handful of array operations
   (the scalar ``next_token`` gives the same tokens, one request at a time).
-- Virtual time draws ahead: ``window`` draws a batch's next ``LAG + 1`` tokens per request in
-  one NumPy pass and keeps them (with their lag hashes) until its next call; a draw at
-  context length n depends only on the first n - LAG tokens, all known when it was drawn,
-  so the single steps and windows that follow take their tokens from it unchanged.
+- Virtual time draws ahead: ``window`` draws the next ``LAG + 1`` tokens of the requests of a
+  batch whose kept draws do not cover the steps asked for, in one NumPy pass, and keeps
+  every request's (with their lag hashes) until its next call; a draw at context length n
+  depends only on the first n - LAG tokens, all known when it was drawn, so the single
+  steps and windows that follow take their tokens from it unchanged.
 - Output lengths: unless ``ignore_eos``, EOS is drawn with the configured distribution —
   ``geometric`` (each output position ends with probability 1/mean, so lengths, EOS included,
   have that mean) or ``fixed`` (exactly ``mean`` tokens, the last being EOS). Other tokens are
@@ -256,23 +257,28 @@ class MockModel:
             out[rid] = [t]  # type: ignore[list-item]
         return out
 
-    def window(self, reqs: Sequence[Request], k: int) -> list[list[int]]:
-        """`draw_ahead`'s next ``k`` (or more) tokens of each request, as lists (row j: the
-        token at step j), drawing only the requests whose kept window does not cover the
-        ``k`` steps. Each request's draws (``LAG + 1`` of them from its context now) are
-        kept until the next call, so the single steps in between (`next_tokens`) and a
-        following window take their tokens from them while the request's tokens are the
-        ones drawn: a draw is a pure function of the context, so this changes nothing."""
-        rows: list[list[int] | None] = []
-        missing = []
+    def window(self, reqs: Sequence[Request], k: int, need: int | None = None
+               ) -> list[list[int]]:
+        """`draw_ahead`'s next tokens of each request as lists (item j: the token at step j):
+        at least ``need`` (default ``k``) of them, at most ``LAG + 1``. A request whose kept
+        draws cover ``need`` steps is served from them; the others are drawn, ``LAG + 1``
+        from their context now, in one NumPy pass. The rows are kept until the next call,
+        so the single steps in between (`next_tokens`) and the next windows take their tokens
+        from them while the request's tokens are the ones drawn (a draw is a pure function of
+        the context, so this changes nothing): with ``need`` the steps a window is expected
+        to run, each request is drawn about once per ``LAG + 1`` steps, not once per window."""
+        need = k if need is None else need
+        rows: list[list[int]] = []
+        missing: list[int] = []
         kept_now: dict[int, _Kept] = {}
+        kept_at = self._kept_at if self._kept else None
         for i, req in enumerate(reqs):
-            kept = self._kept_at(req, len(req.token_ids)) if self._kept else None
-            if kept is not None and kept[1] + k <= len(kept[0][2]):
+            kept = kept_at(req, len(req.token_ids)) if kept_at else None
+            if kept is not None and len(kept[0][2]) - kept[1] >= need:
                 rows.append(kept[0][2][kept[1]:])
                 kept_now[id(req)] = kept[0]
             else:
-                rows.append(None)
+                rows.append([])
                 missing.append(i)
         if missing:
             drawn = [reqs[i] for i in missing]
@@ -281,7 +287,7 @@ class MockModel:
                 rows[i] = row
                 kept_now[id(req)] = (req, len(req.token_ids), row, h)
         self._kept = kept_now
-        return rows  # type: ignore[return-value]
+        return rows
 
     def draw_ahead(self, reqs: Sequence[Request], k: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``k`` free tokens of each request (n × k), each drawn after the ones
