@@ -223,9 +223,10 @@ class MockModel:
         """One token for each scheduled request whose chunk reached its last known token.
 
         Unconstrained requests past ``LAG`` tokens (nearly every decode) take the token a
-        kept window drew for them (`window`), or are drawn together with NumPy when many
-        are left; the rest (a short context, a constrained request) one by one — the tokens
-        are the same either way."""
+        kept window drew for them (`window`); when ``_AHEAD_MIN`` or more have none, those
+        are drawn ``LAG + 1`` ahead with NumPy and kept (the steps and windows that follow
+        take their tokens from them), fewer one by one; the rest (a short context, a constrained
+        request) one by one — the tokens are the same either way."""
         out: dict[str, list[int]] = {}
         batch: list[tuple[str, Request]] = []
         for s in output.scheduled:
@@ -246,10 +247,14 @@ class MockModel:
                     drawn[i] = kept[0][2][kept[1]]
         else:
             missed = list(range(len(batch)))
-        if len(missed) >= _VECTOR_MIN:
-            tokens = self.draw_ahead([batch[i][1] for i in missed], 1)[0][:, 0].tolist()
-            for i, t in zip(missed, tokens, strict=True):
-                drawn[i] = t
+        if len(missed) >= _AHEAD_MIN:  # drawn LAG + 1 ahead, kept for the steps that follow
+            kept_now = {id(r): k for _, r in batch if (k := self._kept.get(id(r))) is not None}
+            ahead = [batch[i][1] for i in missed]
+            tokens, hashes = self.draw_ahead(ahead, LAG + 1)
+            for i, req, row, h in zip(missed, ahead, tokens.tolist(), hashes, strict=True):
+                drawn[i] = row[0]
+                kept_now[id(req)] = (req, len(req.token_ids), row, h)
+            self._kept = kept_now
         else:
             for i in missed:
                 drawn[i] = self.next_token(batch[i][1])
@@ -348,7 +353,7 @@ class MockModel:
         return tokens, h
 
 
-_VECTOR_MIN = 14  # below this many draws the scalar path is faster than NumPy (measured: ~15)
+_AHEAD_MIN = 3  # from this many requests without kept draws, a step draws them ahead (measured)
 
 
 _HEAD = 5  # draw_ahead's numbers per request before its tokens: seed, length, EOS from,

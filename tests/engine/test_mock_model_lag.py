@@ -81,7 +81,7 @@ def test_lagged_tokens_depend_on_the_whole_context_but_its_last_lag_tokens():
 def test_a_kept_window_serves_the_scalar_tokens_to_later_steps_and_windows():
     """`window` keeps each request's draws: the single steps after it (`next_tokens`) and a
     window it covers take their tokens from them — the scalar draws all the same — and a
-    window it does not cover draws again."""
+    window it does not cover draws again; a step past them draws them ahead, kept too."""
     model = MockModel(range(1, 5000), EOS, OutputLengths("geometric", 40), seed=9)
     scalar = MockModel(range(1, 5000), EOS, OutputLengths("geometric", 40), seed=9)
     batch, single = _fleet(12), _fleet(12)
@@ -109,9 +109,11 @@ def test_a_kept_window_serves_the_scalar_tokens_to_later_steps_and_windows():
         for reqs, toks in ((batch, tokens), (single, one)):
             for r in reqs:
                 r.token_ids.append(toks[r.request_id][0])
-    assert calls  # past the kept draws: drawn
+    assert calls == ["draw_ahead"]  # past the kept draws: all drawn ahead at once, and kept
     calls.clear()
     model.window(batch, 2)
+    assert calls == []  # covered by the draws of that step
+    model.window(batch, LAG + 1)
     assert calls == ["draw_ahead"]  # not covered any more: all drawn again, at once
 
 
