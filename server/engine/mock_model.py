@@ -15,9 +15,10 @@ Contract:
   computations are in `mock_draws`).
 - Virtual time draws ahead: ``window`` draws the next ``LAG + 1`` tokens of the requests of a
   batch whose kept draws do not cover the steps asked for, in one NumPy pass, and keeps
-  every request's (with their lag hashes) until its next call; a draw at context length n
-  depends only on the first n - LAG tokens, all known when it was drawn, so the single
-  steps and windows that follow take their tokens from it unchanged.
+  every request's (with their lag hashes) until the next such draw (``next_tokens`` draws
+  and keeps the same way when several requests of a step have none); a draw at context
+  length n depends only on the first n - LAG tokens, all known when it was drawn, so the
+  single steps and windows that follow take their tokens from it unchanged.
 - Output lengths: unless ``ignore_eos``, EOS is drawn with the configured distribution —
   ``geometric`` (each output position ends with probability 1/mean, so lengths, EOS included,
   have that mean) or ``fixed`` (exactly ``mean`` tokens, the last being EOS). Other tokens are
