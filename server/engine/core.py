@@ -113,6 +113,8 @@ class EngineCore:
         self.constraints = constraints  # compiles the requests' constraints (intake, virtual)
         self.speculative = speculative
         self.stats = CoreStats()
+        # the last macro window's last step (macro.py: how many steps a window may run)
+        self.decode_step_s = 0.0
         # --- LoRA (issue 13) ---
         self.lora = lora if lora is not None and lora.config.enabled else None
         self.lora_cost = LoraCostModel(placement) if self.lora is not None else None

@@ -6,12 +6,12 @@ a prefill chunk, a constrained or speculative request) every step of a virtual r
 same decode batch one token further on. Single-stepping pays the scheduler's loop, the
 sampling and the update in Python for each of those steps; `advance` takes the window's
 tokens for the whole batch from one NumPy pass (`MockModel.window`, which reuses the draws
-it kept from the last window when they cover this one: the very tokens `next_token`
-draws), finds in closed form the step at which each request crosses a block
-boundary or ends (EOS or length), and replays only those events — the same `allocate_slots`
-/ `cache_blocks` calls in the same order as `Scheduler.schedule` makes them, so block ids,
-prefix-cache insertions, LRU times and evictions are the same — and the finishes as
-`Scheduler.update` makes them. Each step is priced by the same `cycle_cost`, compile
+it kept from earlier windows where they cover the steps this one is expected to run: the
+very tokens `next_token` draws), finds in closed form the step at which each request
+crosses a block boundary or ends (EOS or length), and replays only those events — the same
+`allocate_slots` / `cache_blocks` calls in the same order as `Scheduler.schedule` makes
+them, so block ids, prefix-cache insertions, LRU times and evictions are the same — and the
+finishes as `Scheduler.update` makes them. Each step is priced by the same `cycle_cost`, compile
 strategy and jitter, so times and counters are the same floats.
 
 Contract: `advance` either returns None having changed nothing (the next step is not a plain
@@ -19,7 +19,10 @@ decode batch), or runs K >= 1 steps exactly as K calls of `EngineCore.step` woul
 tokens, scheduler, pool, cache and core state. It stops after the first step ending at or
 after `until`, after the first step that finishes a request when `stop_at_finish` (or when a
 waiting request would be admitted next), before a step whose block allocations the pool
-(free plus evictable) cannot cover (the scheduler then preempts), and after `LAG + 1` steps.
+(free plus evictable) cannot cover (the scheduler then preempts), and after the steps its
+tokens cover: at most `LAG + 1`, and fewer when the draws kept from an earlier step or window
+cover the steps estimated to run before `until` (from the last window's step time) — then
+nothing is drawn, and a window that stops short is followed by another.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from server.engine.policy import WaitingQueue
 from server.engine.request import FinishReason, Request, RequestStatus
 
 HORIZON = LAG + 1  # steps one window draws at most (MockModel.draw_ahead's limit)
+_MARGIN = 2  # steps added to a window's estimated length (its steps shorten as requests end)
 
 
 @dataclass
@@ -87,7 +91,11 @@ def advance(core: EngineCore, t: float, until: float | None,
     by_length = [min(r.sampling_params.max_tokens - r.num_output_tokens,
                      max_len - len(r.token_ids)) - 1 for r in running]
     k = min(HORIZON, max(by_length) + 1)
-    tokens = core.model.window(running, k)
+    need = k  # the steps the kept draws must cover not to draw again: those before `until`
+    if until is not None and core.decode_step_s:  # (estimated: a shorter window just stops)
+        need = min(k, int((until - t) / core.decode_step_s) + _MARGIN)
+    tokens = core.model.window(running, k, need)
+    k = min(k, min(map(len, tokens)))
     last = []  # the step at which each request finishes (or k: not in this window)
     for row, lim in zip(tokens, by_length, strict=True):
         end = min(lim, k - 1)
@@ -150,6 +158,7 @@ def advance(core: EngineCore, t: float, until: float | None,
         usage_at.append((j, (pool.num_used - cache.evictable_blocks) / cfg.num_blocks))
     if not done:
         return None
+    core.decode_step_s = float(costs.seconds[done - 1])
     _account(core, costs, done)
     stats = sched.stats
     stats.num_steps += done

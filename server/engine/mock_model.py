@@ -9,13 +9,16 @@ Contract:
   ``h(t_1..t_n) = Σ (t_i + 1)·B^(n-i) mod 2^64`` kept on the request and extended by the
   tokens appended since the last call; the draw mixes it with splitmix64. It is a pure
   function of the token sequence, so a recomputed request (after preemption) has the same
-  hash, and ``rolling_hash(tokens)`` recomputes it. Arithmetic mod 2^64 is what NumPy's uint64
-  does, so ``next_tokens`` draws a whole batch's decodes in a handful of array operations
-  (the scalar ``next_token`` gives the same tokens, one request at a time).
-- Virtual time draws ahead: ``window`` draws a batch's next ``LAG + 1`` tokens per request in
-  one NumPy pass and keeps them (with their lag hashes) until its next call; a draw at
-  context length n depends only on the first n - LAG tokens, all known when it was drawn,
-  so the single steps and windows that follow take their tokens from it unchanged.
+  hash, and ``rolling_hash(tokens)`` recomputes it. Arithmetic mod 2^64 is what NumPy's
+  uint64 does, so ``draw_ahead`` draws a whole batch's next tokens in a handful of array
+  operations (the scalar ``next_token`` gives the same tokens, one request at a time; both
+  computations are in `mock_draws`).
+- Virtual time draws ahead: ``window`` draws the next ``LAG + 1`` tokens of the requests of a
+  batch whose kept draws do not cover the steps asked for, in one NumPy pass, and keeps
+  every request's (with their lag hashes) until the next such draw (``next_tokens`` draws
+  and keeps the same way when several requests of a step have none); a draw at context
+  length n depends only on the first n - LAG tokens, all known when it was drawn, so the
+  single steps and windows that follow take their tokens from it unchanged.
 - Output lengths: unless ``ignore_eos``, EOS is drawn with the configured distribution —
   ``geometric`` (each output position ends with probability 1/mean, so lengths, EOS included,
   have that mean) or ``fixed`` (exactly ``mean`` tokens, the last being EOS). Other tokens are
@@ -30,77 +33,24 @@ Contract:
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from .mock_draws import _GOLD, _M64, _SEED_MIX, LAG, _mix, draw_ahead, rolling_hash
 from .request import Request
 from .scheduler_config import SchedulerOutput
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
-_B = 0x100000001B3  # base: odd, so the hash is a bijection of the last token mod 2^64
-_M64 = (1 << 64) - 1
-_SEED_MIX = 0x100000001B3
-_GOLD = 0x9E3779B97F4A7C15  # spreads the context length into a lagged draw
-# Free tokens depend on the context but its last LAG tokens (once it is longer than LAG): the
-# next LAG draws of a decode need no token drawn among them, so a window of decode steps is
-# drawn in one vectorised pass (`draw_ahead`). Any function of the context is a valid model.
-LAG = 32
-_B_POW = np.array([pow(_B, j, 1 << 64) for j in range(LAG + 2)], np.uint64)
-_B_INV = np.array([pow(_B, -j, 1 << 64) for j in range(LAG + 2)], np.uint64)
-_STEPS = np.arange(LAG + 2, dtype=np.int64)
+__all__ = ["LAG", "MockModel", "OutputLengths", "rolling_hash"]
+
 CLOSE_P = 0.25  # constrained output: chance per free token that the model winds the value up
 _P_CLOSE = int(CLOSE_P * (1 << 64))
 
-
-def rolling_hash(token_ids: Iterable[int], value: int = 0) -> int:
-    """Extend a rolling hash ``value`` by ``token_ids`` (start from 0 for the empty context).
-    A long list (a prompt) is hashed with NumPy: Σ (t_i + 1)·B^(n-1-i) + value·B^n, wrapping
-    uint64 arithmetic being arithmetic mod 2^64 — the same value as the loop."""
-    if isinstance(token_ids, list) and len(token_ids) > _NP_HASH_MIN:
-        n = len(token_ids)
-        powers = _powers(n)
-        # uint64 dot products wrap: the sum mod 2^64
-        total = int(np.dot(_u64(token_ids) + np.uint64(1), powers[n - 1::-1]))
-        return (total + value * int(powers[n])) & _M64 if value else total
-    for t in token_ids:
-        value = (value * _B + t + 1) & _M64
-    return value
-
-
-_NP_HASH_MIN = 96
-_POWERS: list[np.ndarray] = [np.ones(1, np.uint64)]
-
-
-def _powers(n: int) -> np.ndarray:
-    """B^0 .. B^n mod 2^64 (grown on demand, kept)."""
-    have = _POWERS[0]
-    if len(have) <= n:
-        size = max(n + 1, 2 * len(have))
-        out = [1] * size
-        for i in range(1, size):
-            out[i] = (out[i - 1] * _B) & _M64
-        _POWERS[0] = have = np.array(out, np.uint64)
-    return have
-
-
-def _u64(values: list[int]) -> np.ndarray:
-    """A uint64 array of `values` (all in 0 .. 2^64 - 1): through `array.array`, several
-    times faster than `np.array` on a list of Python ints."""
-    return np.frombuffer(array("Q", values), np.uint64)
-
-
-def _mix(x: int) -> int:
-    """splitmix64 finaliser: a well-spread 64-bit value from any integer."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +172,10 @@ class MockModel:
         """One token for each scheduled request whose chunk reached its last known token.
 
         Unconstrained requests past ``LAG`` tokens (nearly every decode) take the token a
-        kept window drew for them (`window`), or are drawn together with NumPy when many
-        are left; the rest (a short context, a constrained request) one by one — the tokens
-        are the same either way."""
+        kept window drew for them (`window`); when ``_AHEAD_MIN`` or more have none, those
+        are drawn ``LAG + 1`` ahead with NumPy and kept (the steps and windows that follow
+        take their tokens from them), fewer one by one; the rest (a short context, a constrained
+        request) one by one — the tokens are the same either way."""
         out: dict[str, list[int]] = {}
         batch: list[tuple[str, Request]] = []
         for s in output.scheduled:
@@ -245,10 +196,14 @@ class MockModel:
                     drawn[i] = kept[0][2][kept[1]]
         else:
             missed = list(range(len(batch)))
-        if len(missed) >= _VECTOR_MIN:
-            tokens = self.draw_ahead([batch[i][1] for i in missed], 1)[0][:, 0].tolist()
-            for i, t in zip(missed, tokens, strict=True):
-                drawn[i] = t
+        if len(missed) >= _AHEAD_MIN:  # drawn LAG + 1 ahead, kept for the steps that follow
+            kept_now = {id(r): k for _, r in batch if (k := self._kept.get(id(r))) is not None}
+            ahead = [batch[i][1] for i in missed]
+            tokens, hashes = self.draw_ahead(ahead, LAG + 1)
+            for i, req, row, h in zip(missed, ahead, tokens.tolist(), hashes, strict=True):
+                drawn[i] = row[0]
+                kept_now[id(req)] = (req, len(req.token_ids), row, h)
+            self._kept = kept_now
         else:
             for i in missed:
                 drawn[i] = self.next_token(batch[i][1])
@@ -256,23 +211,28 @@ class MockModel:
             out[rid] = [t]  # type: ignore[list-item]
         return out
 
-    def window(self, reqs: Sequence[Request], k: int) -> list[list[int]]:
-        """`draw_ahead`'s next ``k`` (or more) tokens of each request, as lists (row j: the
-        token at step j), drawing only the requests whose kept window does not cover the
-        ``k`` steps. Each request's draws (``LAG + 1`` of them from its context now) are
-        kept until the next call, so the single steps in between (`next_tokens`) and a
-        following window take their tokens from them while the request's tokens are the
-        ones drawn: a draw is a pure function of the context, so this changes nothing."""
-        rows: list[list[int] | None] = []
-        missing = []
+    def window(self, reqs: Sequence[Request], k: int, need: int | None = None
+               ) -> list[list[int]]:
+        """`draw_ahead`'s next tokens of each request as lists (item j: the token at step j):
+        at least ``need`` (default ``k``) of them, at most ``LAG + 1``. A request whose kept
+        draws cover ``need`` steps is served from them; the others are drawn, ``LAG + 1``
+        from their context now, in one NumPy pass. The rows are kept until the next call,
+        so the single steps in between (`next_tokens`) and the next windows take their tokens
+        from them while the request's tokens are the ones drawn (a draw is a pure function of
+        the context, so this changes nothing): with ``need`` the steps a window is expected
+        to run, each request is drawn about once per ``LAG + 1`` steps, not once per window."""
+        need = k if need is None else need
+        rows: list[list[int]] = []
+        missing: list[int] = []
         kept_now: dict[int, _Kept] = {}
+        kept_at = self._kept_at if self._kept else None
         for i, req in enumerate(reqs):
-            kept = self._kept_at(req, len(req.token_ids)) if self._kept else None
-            if kept is not None and kept[1] + k <= len(kept[0][2]):
+            kept = kept_at(req, len(req.token_ids)) if kept_at else None
+            if kept is not None and len(kept[0][2]) - kept[1] >= need:
                 rows.append(kept[0][2][kept[1]:])
                 kept_now[id(req)] = kept[0]
             else:
-                rows.append(None)
+                rows.append([])
                 missing.append(i)
         if missing:
             drawn = [reqs[i] for i in missing]
@@ -281,7 +241,7 @@ class MockModel:
                 rows[i] = row
                 kept_now[id(req)] = (req, len(req.token_ids), row, h)
         self._kept = kept_now
-        return rows  # type: ignore[return-value]
+        return rows
 
     def draw_ahead(self, reqs: Sequence[Request], k: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``k`` free tokens of each request (n × k), each drawn after the ones
@@ -296,76 +256,7 @@ class MockModel:
         a run (8-30), so each request's numbers go into one array in one conversion and
         every step works in place on whole (n × k) arrays; integer arithmetic mod 2^64 is
         exact in any order, so the tokens are the same as the scalar draws'."""
-        n = len(reqs)
-        if not 1 <= k <= LAG + 1:
-            raise ValueError(f"draw_ahead draws 1..{LAG + 1} tokens, not {k}")
-        km = k - 1
-        flat: list[int] = []
-        put = flat.extend
-        lag_hash = self.lag_hash
-        last_pos = km
-        may_end = False
-        for r in reqs:
-            sp = r.sampling_params
-            h = lag_hash(r)  # catches r._lag_len up to len(r.token_ids) - LAG
-            ln, prompt = len(r.token_ids), r.num_prompt_tokens
-            eos_from = _NEVER if sp.ignore_eos else prompt + sp.min_tokens
-            may_end = may_end or eos_from <= ln + last_pos
-            put((sp.seed & _M64, ln, eos_from, prompt, h))
-            if km:
-                a = r._lag_len
-                put(r.token_ids[a:a + km])
-        rows = _u64(flat).reshape(n, _HEAD + km)
-        if km:  # H(tokens[:S + j]) = B^j (H(tokens[:S]) + sum_{i<j} (t_{S+i}+1) B^-(i+1))
-            h = rows[:, _HEAD - 1:] * _B_INV[:k]
-            h += _B_INV0[:k]  # column 0 keeps H(tokens[:S]); the others get (t + 1) B^-j
-            np.add.accumulate(h, axis=1, out=h)  # np.cumsum without its Python wrapper
-            h *= _B_POW[:k]
-        else:
-            h = rows[:, _HEAD - 1:]
-        pos = rows[:, 1:2] + _STEPS_U[:k]  # the context length at each draw
-        x = pos * _GOLD_U
-        x += h
-        x ^= np.uint64((self.seed * _SEED_MIX) & _M64)
-        r = _mix_np(x)
-        r ^= rows[:, 0:1]
-        r = _mix_np(r)
-        tokens = self._vocab_np[r % np.uint64(len(self.vocab_ids))]
-        if may_end:
-            eos_ok = pos >= rows[:, 2:3]
-            if self.lengths.kind == "fixed":
-                stop = eos_ok & ((pos - rows[:, 3:4]).astype(np.int64) + 1 >= self.lengths.mean)
-            else:
-                stop = _mix_np(r ^ _EOS_SALT) < np.uint64(self._p_eos)
-                stop &= eos_ok
-            tokens[stop] = self.eos_token_id
-        return tokens, h
+        return draw_ahead(self, reqs, k)
 
 
-_VECTOR_MIN = 14  # below this many draws the scalar path is faster than NumPy (measured: ~15)
-
-
-_HEAD = 5  # draw_ahead's numbers per request before its tokens: seed, length, EOS from,
-#            prompt length, lag hash
-_NEVER = 1 << 63  # "EOS from" of a request that ignores EOS
-_B_INV0 = _B_INV.copy()
-_B_INV0[0] = 0
-_STEPS_U = _STEPS.astype(np.uint64)
-_GOLD_U = np.uint64(_GOLD)
-_EOS_SALT = np.uint64(0x5EED)
-
-_C0, _C1, _C2 = (np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
-                                         0x94D049BB133111EB))
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-
-
-def _mix_np(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser on uint64 arrays (wrapping multiplication, as `_mix`), in
-    place: `x` is overwritten and returned."""
-    x += _C0
-    x ^= x >> _S30
-    x *= _C1
-    x ^= x >> _S27
-    x *= _C2
-    x ^= x >> _S31
-    return x
+_AHEAD_MIN = 3  # from this many requests without kept draws, a step draws them ahead (measured)

@@ -81,7 +81,7 @@ def test_lagged_tokens_depend_on_the_whole_context_but_its_last_lag_tokens():
 def test_a_kept_window_serves_the_scalar_tokens_to_later_steps_and_windows():
     """`window` keeps each request's draws: the single steps after it (`next_tokens`) and a
     window it covers take their tokens from them — the scalar draws all the same — and a
-    window it does not cover draws again."""
+    window it does not cover draws again; a step past them draws them ahead, kept too."""
     model = MockModel(range(1, 5000), EOS, OutputLengths("geometric", 40), seed=9)
     scalar = MockModel(range(1, 5000), EOS, OutputLengths("geometric", 40), seed=9)
     batch, single = _fleet(12), _fleet(12)
@@ -109,7 +109,40 @@ def test_a_kept_window_serves_the_scalar_tokens_to_later_steps_and_windows():
         for reqs, toks in ((batch, tokens), (single, one)):
             for r in reqs:
                 r.token_ids.append(toks[r.request_id][0])
-    assert calls  # past the kept draws: drawn
+    assert calls == ["draw_ahead"]  # past the kept draws: all drawn ahead at once, and kept
     calls.clear()
     model.window(batch, 2)
+    assert calls == []  # covered by the draws of that step
+    model.window(batch, LAG + 1)
     assert calls == ["draw_ahead"]  # not covered any more: all drawn again, at once
+
+
+def test_a_window_draws_only_the_requests_its_kept_draws_do_not_cover_for_need_steps():
+    """`window(reqs, k, need)`: a request kept for `need` steps is served from its kept draws
+    (shorter than `k`: the window stops there), one kept for fewer is drawn afresh, alone,
+    and every row is still the scalar tokens."""
+    model = MockModel(range(1, 5000), EOS, OutputLengths("geometric", 40), seed=4)
+    scalar = MockModel(range(1, 5000), EOS, OutputLengths("geometric", 40), seed=4)
+    batch, single = _fleet(6), _fleet(6)
+    for r in batch + single:
+        r.token_ids.append(7)
+    first = model.window(batch, LAG + 1)
+    for reqs, rows in ((batch, first), (single, first)):  # 20 steps on: 13 kept draws left
+        for r, row in zip(reqs, rows, strict=True):
+            r.token_ids.extend(row[:20])
+    late = _fleet(1)[0]  # a request with no kept draws
+    late.token_ids.append(9)
+    drawn: list[int] = []
+    draw = model.draw_ahead
+    model.draw_ahead = lambda reqs, k: drawn.append(len(reqs)) or draw(reqs, k)
+    rows = model.window([*batch, late], LAG + 1, need=10)
+    assert drawn == [1]  # only the late request
+    assert [len(row) for row in rows] == [LAG + 1 - 20] * 6 + [LAG + 1]
+    rows = model.window(batch, LAG + 1, need=14)  # 13 left: all drawn again, together
+    assert drawn == [1, 6] and all(len(row) == LAG + 1 for row in rows)
+    for r, row in zip(single, rows, strict=True):
+        ahead = []
+        for _ in range(LAG + 1):
+            ahead.append(scalar.next_token(r))
+            r.token_ids.append(ahead[-1])
+        assert row == ahead
