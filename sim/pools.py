@@ -84,6 +84,7 @@ class FleetDispatch:
         self.cores = [r.core for r in self.replicas]
         self.pools = pools_of(self.replicas)
         self.pd = disaggregated(self.pools)
+        self.prefill_cores = [k for p in self.pools if p.role == "prefill" for k in p.replicas]
         if self.pd:
             models = {(r.options.model, r.options.quant) for r in self.replicas}
             if len(models) > 1:

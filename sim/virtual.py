@@ -87,11 +87,13 @@ def run_cluster(
         runner.out.records = records
     runner.dispatch = dispatch  # --- fleet (issue 16) ---
     runner.control = control  # --- autoscale (issue 16) ---
-    # --- speed (issue 16): macro-stepping, unless follow-up turns could interleave cores, or
-    # P/D hops (a KV transfer ends at a time no window can know when it starts) ---
+    # --- speed (issue 16): macro-stepping, unless follow-up turns could interleave cores; a
+    # P/D fleet's windows also end at its prefill cores' step ends (`feeders`: a prefill
+    # ending there starts a KV transfer, whose end is an arrival for a decode core) ---
     macro = MACRO_STEPS["default"] if macro_steps is None else macro_steps
-    runner.macro = (macro and (n == 1 or not runner.follow_ups)
-                    and not (dispatch is not None and dispatch.pd))
+    runner.macro = macro and (n == 1 or not runner.follow_ups)
+    if dispatch is not None and dispatch.pd:
+        runner.feeders = list(dispatch.prefill_cores)
     return runner.run()
 
 
@@ -121,6 +123,8 @@ class _Runner(SessionSource, PdHops, MacroWindows):
         self.pd: dict[str, Hop] = {}  # rid -> its P/D hop, from arrival to the decode's start
         # --- speed (issue 16) ---
         self.macro = False
+        self.feeders: list[int] = []  # P/D: cores whose step ends bound other cores' windows
+        self.ends: list[float | None] = [None] * len(cores)
         if isinstance(sessions, list):
             multi = any(len(s.turns) > 1 for s in sessions)
         else:  # a lazy workload says so itself
@@ -217,7 +221,7 @@ class _Runner(SessionSource, PdHops, MacroWindows):
     def run(self) -> VirtualRun:
         cores, arrivals = self.cores, self.arrivals
         n = len(cores)
-        ends: list[float | None] = [None] * n  # when each core's running step ends
+        self.ends = ends = [None] * n  # when each core's running step ends (None: free)
         results: list[StepResult | LastStep | None] = [None] * n
         busy = usage_area = 0.0
         while True:

@@ -5,7 +5,8 @@ would have been.
 Why it exists apart from `sim.virtual`: the window is one concern — when one may start (the
 next outside event bounds it), and how its K steps reach the records — and the loop stays
 readable. `MacroWindows` is a mixin of `virtual._Runner`: it reads the runner's `arrivals`,
-`timers`, `control`, `t`, `follow_ups`, `times` and `out`, calls its `finished`, and adds to
+`timers`, `control`, `t`, `follow_ups`, `times`, `out`, and in a P/D fleet `feeders` (its
+prefill cores), `ends` and `cores`; calls its `finished`, and adds to
 its `macro_busy`/`macro_area` (the head steps' busy time and KV-usage area).
 """
 
@@ -43,6 +44,9 @@ class MacroWindows:
 
     arrivals: list
     timers: list
+    feeders: list[int]
+    ends: list[float | None]
+    cores: list[EngineCore]
     control: Control | None
     t: float
     follow_ups: bool
@@ -62,6 +66,13 @@ class MacroWindows:
         due = [q[0][0] for q in (self.arrivals, self.timers) if q]
         if self.control is not None:
             due.append(self.control.next_at)
+        for j in self.feeders:  # P/D: a prefill core's step end may start a KV transfer here
+            if j != k:
+                end = self.ends[j]
+                if end is not None:
+                    due.append(end)
+                elif self.cores[j].has_unfinished():
+                    return None  # it starts a step at this instant: its end is not known yet
         until = min(due) if due else None
         st = core.stats
         if until is not None and st.steps and until - self.t < MIN_WINDOW * st.busy_s / st.steps:

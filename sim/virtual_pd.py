@@ -34,6 +34,7 @@ class Dispatch(Protocol):
     prefills it and when its KV has crossed the link."""
 
     pd: bool  # disaggregated: turns hop from a prefill core to a decode core
+    prefill_cores: Sequence[int]  # P/D: the cores whose step ends may start a KV transfer
 
     def place(self, prompt: Sequence[int], outstanding: Sequence[int],
               session: Conversation) -> tuple[int, int | None] | None:
