@@ -249,7 +249,7 @@ class _Runner(SessionSource, PdHops, MacroWindows):
             if self.held and (expiry := self._hold_expiry()) is not None:
                 due.append(expiry)  # --- autoscale (issue 16): a held turn times out ---
             if ctl is not None:
-                ctl.held = [self.sessions[si].slo_class for _, si, _, _ in self.held]
+                ctl.held = self._held_classes()
             if not due and not (self.held and ctl is not None and ctl.can_serve_held()):
                 self._fail_held()
                 if any(core.has_unfinished() for core in cores):
@@ -271,7 +271,7 @@ class _Runner(SessionSource, PdHops, MacroWindows):
             if self.held:  # --- autoscale (issue 16) ---
                 self._expire_held()
             if ctl is not None and self.t >= ctl.next_at:  # --- autoscale (issue 16) ---
-                ctl.held = [self.sessions[si].slo_class for _, si, _, _ in self.held]
+                ctl.held = self._held_classes()
                 ctl.tick(self.t)
                 held, self.held = self.held, []
                 for item in held:  # routed again, in order of arrival (or held again)

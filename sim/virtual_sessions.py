@@ -92,6 +92,10 @@ class SessionSource:
             yield item
 
     # ---- turns held at the router (autoscaling, issue 16) ---------------------------------
+    def _held_classes(self) -> list[str]:
+        """The SLO class of each held turn (what a control is told before it decides)."""
+        return [self.sessions[si].slo_class for _, si, _, _ in self.held]
+
     def _hold_expiry(self) -> float | None:
         """When the first held turn times out (the control's `hold_timeout_s`), if ever."""
         limit = self.control.hold_timeout_s if self.control is not None else 0.0
