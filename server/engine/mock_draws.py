@@ -82,14 +82,7 @@ def _mix(x: int) -> int:
 def draw_ahead(model: MockModel, reqs: Sequence[Request], k: int
                ) -> tuple[np.ndarray, np.ndarray]:
     """`MockModel.draw_ahead` (its contract is there): `model`'s next `k` free tokens of each
-    of `reqs` and the lag hash behind each."""
-    """The next ``k`` free tokens of each request (n × k), each drawn after the ones
-    before it were appended, with EOS where ``next_token`` would draw it (and draws after
-    an EOS as if it had not ended) — exactly ``next_token``'s tokens, without touching the
-    requests beyond catching up their lag hashes; and the lag hash behind each draw
-    (n × k). Every request must be unconstrained with more than ``LAG`` tokens, and
-    ``k <= LAG + 1``: the hashes then cover only known tokens, so one NumPy pass draws
-    the whole window (the macro-stepping of virtual time, `macro.py`).
+    of `reqs` and the lag hash behind each.
 
     Speed: the call is dominated by NumPy's per-operation overhead at the batch sizes of
     a run (8-30), so each request's numbers go into one array in one conversion and

@@ -250,12 +250,8 @@ class MockModel:
         requests beyond catching up their lag hashes; and the lag hash behind each draw
         (n × k). Every request must be unconstrained with more than ``LAG`` tokens, and
         ``k <= LAG + 1``: the hashes then cover only known tokens, so one NumPy pass draws
-        the whole window (the macro-stepping of virtual time, `macro.py`).
-
-        Speed: the call is dominated by NumPy's per-operation overhead at the batch sizes of
-        a run (8-30), so each request's numbers go into one array in one conversion and
-        every step works in place on whole (n × k) arrays; integer arithmetic mod 2^64 is
-        exact in any order, so the tokens are the same as the scalar draws'."""
+        the whole window (the macro-stepping of virtual time, `macro.py`; the NumPy pass is
+        `mock_draws.draw_ahead`)."""
         return draw_ahead(self, reqs, k)
 
 

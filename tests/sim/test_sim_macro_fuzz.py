@@ -10,9 +10,9 @@ import math
 import random
 
 import pytest
+from macro_helpers import count_window_steps
 
 import sim.virtual as virtual
-import sim.virtual_macro as virtual_macro
 from clients.workloads import WorkloadSpec, build_workload
 from server.engine.build import EngineOptions, build_core
 from server.engine.tokenizer import get_tokenizer
@@ -47,15 +47,7 @@ def _run(opts: EngineOptions, spec: WorkloadSpec, macro: bool, monkeypatch) -> t
     requests = []
     add = core.add_request
     monkeypatch.setattr(core, "add_request", lambda r: (requests.append(r), add(r))[1])
-    steps = [0]
-    real = virtual_macro.advance
-
-    def counting(*a, **k):
-        out = real(*a, **k)
-        steps[0] += len(out.seconds) if out is not None else 0
-        return out
-
-    monkeypatch.setattr(virtual_macro, "advance", counting)
+    steps = count_window_steps(monkeypatch)
     run = virtual.run_virtual(core, build_workload(spec, encode=tok.encode), macro_steps=macro)
     core.scheduler.check_integrity()
     s = core.scheduler.stats

@@ -10,9 +10,9 @@ import math
 
 import pytest
 from fleet_helpers import H100, assert_all_released, pool, sessions
+from macro_helpers import count_window_steps
 
 import sim.virtual as virtual
-import sim.virtual_macro as virtual_macro
 from sim.cluster import build_replicas, run_replicas
 
 A100 = pool(H100, "a100", chip="a100-sxm-80g")
@@ -31,15 +31,7 @@ WORKLOADS = {
 
 
 def _run(fleet, work, macro: bool, monkeypatch) -> tuple:
-    steps = [0]
-    real = virtual_macro.advance
-
-    def counting(*a, **k):
-        out = real(*a, **k)
-        steps[0] += len(out.seconds) if out is not None else 0
-        return out
-
-    monkeypatch.setattr(virtual_macro, "advance", counting)
+    steps = count_window_steps(monkeypatch)
     monkeypatch.setitem(virtual.MACRO_STEPS, "default", macro)
     cr = run_replicas(build_replicas(fleet), work, "least-requests")
     assert_all_released(cr)
