@@ -21,7 +21,7 @@ from sim.admission import Admission
 from sim.autoscale import Autoscaler, Group, boot_seconds
 from sim.autoscale_policy import AutoscalePolicy, parse_policy
 from sim.cluster import ClusterRun, Replica, build_replicas
-from sim.pools import SLO_ROUTER, FleetError
+from sim.pools import SLO_ROUTER, unserved
 from sim.timeline import timeline
 from sim.virtual import run_cluster
 
@@ -73,9 +73,7 @@ def run_scaled(deployments: Sequence[EngineOptions], pols: Sequence[AutoscalePol
     if router == SLO_ROUTER:  # every class of the run has a deployment serving it
         for c in sorted({s.slo_class for s in sessions}):
             if not any(g.serves(c) for g in groups):
-                what = f"SLO class {c!r}" if c else "untagged requests (no SLO class)"
-                raise FleetError(f"{what}: no pool serves it (give a pool slo_classes = "
-                                 "[...] listing it, or one without slo_classes)")
+                raise unserved(c)
     cores = [r.core for r in replicas]
     control = Autoscaler(cores, groups, initial, router, seed, sample_s, admission)
     run = run_cluster(cores, sessions, control.choose, [r.options.max_waiting for r in replicas],

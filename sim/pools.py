@@ -47,6 +47,13 @@ class FleetError(ValueError):
     """The fleet's pools cannot serve the run as asked; the message says why."""
 
 
+def unserved(slo_class: str, role: str = "both") -> FleetError:
+    """The error for a class (of a role) no pool serves."""
+    what = f"SLO class {slo_class!r}" if slo_class else "untagged requests (no SLO class)"
+    return FleetError(f"{what}: no {'' if role == 'both' else role + ' '}pool serves it (give "
+                      "a pool slo_classes = [...] listing it, or one without slo_classes)")
+
+
 def pools_of(replicas: Sequence) -> list[Pool]:
     """The pools of `replicas` (sim.cluster.Replica), one per deployment, in fleet order."""
     order: dict[str, list[int]] = {}
@@ -104,10 +111,7 @@ class FleetDispatch:
         for c in sorted(classes):
             for role in self._roles():
                 if not self._members(c, role):
-                    what = f"SLO class {c!r}" if c else "untagged requests (no SLO class)"
-                    raise FleetError(f"{what}: no {'' if role == 'both' else role + ' '}pool "
-                                     "serves it (give a pool slo_classes = [...] listing it, "
-                                     "or one without slo_classes)")
+                    raise unserved(c, role)
 
     def _roles(self) -> tuple[str, ...]:
         return ("prefill", "decode") if self.pd else ("both",)
