@@ -8,18 +8,20 @@ Every cached block carries exactly one pool reference for the tree; requests usi
 their own. Hence an unlocked node's blocks have pool reference count exactly 1 (evicting them
 really frees memory), which ``check_integrity`` verifies.
 
-This module is the tree: lookup, node split, insertion, reset and the invariants. Locks, LRU
-times and eviction are its base `radix_lru.RadixLru`; the node is `radix_node.RadixNode`.
+This module is the tree: lookup, node split, insertion and reset. Locks, LRU times and
+eviction are its base `radix_lru.RadixLru`; the node is `radix_node.RadixNode`; the
+invariants `radix_integrity.check_radix`.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from .block_pool import BlockPool
 from .kv_events import KvEventLog
 from .prefix_cache import NoPrefixCache, PrefixCache, PrefixMatch
+from .radix_integrity import check_radix, iter_nodes
 from .radix_lru import RadixLru
 from .radix_node import RadixNode, matched_len
 
@@ -62,7 +64,7 @@ class RadixCache(RadixLru, PrefixCache):
         if pool.num_free + self._cached != pool.num_blocks or any(
                 c.lock_ref for root in roots for c in root.children.values()):
             return False
-        for node in self._iter_nodes():
+        for node in iter_nodes(self):
             if node.parent is not None:
                 pool.free(node.block_ids)
         for root in roots:
@@ -265,59 +267,6 @@ class RadixCache(RadixLru, PrefixCache):
         return self._cached
 
     # -- invariants ------------------------------------------------------------------------
-    def _iter_nodes(self) -> Iterator[RadixNode]:
-        stack = list(self.roots.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
-
     def check_integrity(self) -> None:
-        """Raise AssertionError unless: keys cover whole blocks, parent/child links agree, lock
-        counts are ≥ 0 and a node's count ≥ the sum of its children's, no block is in two
-        nodes, every cached block is used in the pool (tree ⊆ pool), an unlocked node's blocks
-        are held by the tree alone, the evictable/cached/node counters match the tree, and
-        every unlocked leaf is queued for eviction with its current LRU time."""
-        bs = self.block_size
-        seen: set[int] = set()
-        evictable = 0
-        for node in self._iter_nodes():
-            if node.lock_ref < 0:
-                raise AssertionError(f"{node} has a negative lock count")
-            child_locks = 0
-            for first, child in node.children.items():
-                if child.parent is not node or child.key[:bs] != first:
-                    raise AssertionError(f"{child} is linked wrongly under {node}")
-                child_locks += child.lock_ref
-            if node.parent is None:
-                continue
-            if child_locks > node.lock_ref:
-                raise AssertionError(f"{node} has fewer locks than its children")
-            if not node.block_ids or len(node.key) < len(node.block_ids) * bs:
-                raise AssertionError(f"{node} key does not cover its blocks")
-            for b in node.block_ids:
-                if b in seen:
-                    raise AssertionError(f"block {b} owned by two nodes")
-                seen.add(b)
-                refs = self.pool.ref_count(b)
-                if refs < 1:
-                    raise AssertionError(f"cached block {b} is free in the pool")
-                if node.lock_ref == 0 and refs != 1:
-                    raise AssertionError(f"unlocked cached block {b} has {refs} holders")
-            if node.lock_ref == 0:
-                evictable += len(node.block_ids)
-            if self.events is not None and len(node.hashes) != len(node.block_ids):
-                raise AssertionError(f"{node} has {len(node.hashes)} hashes for "
-                                     f"{len(node.block_ids)} blocks")
-        nodes = [n for n in self._iter_nodes() if n.parent is not None]
-        if len(nodes) != self._num_nodes:
-            raise AssertionError(f"node count drifted: {self._num_nodes} vs {len(nodes)}")
-        queued = {e[2].id for e in self._heap if self._valid(e)}
-        for n in nodes:
-            if not n.children and n.lock_ref == 0 and n.id not in queued:
-                raise AssertionError(f"evictable leaf {n} is missing from the LRU heap")
-        if evictable != self._evictable or len(seen) != self._cached:
-            raise AssertionError(
-                f"counters drifted: evictable {self._evictable} vs {evictable}, "
-                f"cached {self._cached} vs {len(seen)}"
-            )
+        """The tree's invariants (`radix_integrity.check_radix`); AssertionError if broken."""
+        check_radix(self)

@@ -19,47 +19,28 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .block_pool import BlockPool
+from .kv_hold import KvHold
 from .kv_manager import KVCacheManager
+from .lora_budget import lora_budget
 from .policy import make_queue
 from .prefix_cache import NoPrefixCache, PrefixCache
 from .radix_cache import RadixCache
 from .request import FinishReason, Request, RequestStatus
-from .scheduler_config import ScheduledRequest, SchedulerConfig, SchedulerOutput, SchedulerStats
+from .scheduler_config import (
+    ScheduledRequest,
+    SchedulerConfig,
+    SchedulerOutput,
+    SchedulerStats,
+    is_decode,
+    scheduled_entry,
+)
 
 # ScheduledRequest(...) without the NamedTuple's Python-level __new__ (one per request per
 # step): the fields in order, num_draft_tokens included
 _new = tuple.__new__
 
 
-class LoraBudget:
-    """The adapters one step runs, as vLLM v1's scheduler counts them
-    (vllm/v1/core/sched/scheduler.py `scheduled_loras`): the running requests scheduled this
-    step fix the first ones; a waiting request whose adapter would make more than `max_loras`
-    distinct adapters is skipped (it keeps its place, later requests may be admitted);
-    base-model requests (id 0) never count."""
-
-    __slots__ = ("ids", "max_loras")
-
-    def __init__(self, max_loras: int, ids: set[int]) -> None:
-        self.max_loras, self.ids = max_loras, ids
-
-    def admits(self, lora_id: int) -> bool:
-        return lora_id == 0 or lora_id in self.ids or len(self.ids) < self.max_loras
-
-    def add(self, lora_id: int) -> None:
-        if lora_id:
-            self.ids.add(lora_id)
-
-
-def lora_budget(max_loras: int, running: list[Request],
-                scheduled: dict[str, ScheduledRequest]) -> LoraBudget | None:
-    if max_loras <= 0:
-        return None
-    return LoraBudget(max_loras, {r.lora_id for r in running
-                                  if r.lora_id and r.request_id in scheduled})
-
-
-class Scheduler:
+class Scheduler(KvHold):
     def __init__(self, config: SchedulerConfig, eos_token_id: int | None = None) -> None:
         self.config = config
         self.eos_token_id = eos_token_id
@@ -177,7 +158,7 @@ class Scheduler:
             drafts = self._drafts(req, num_new, budget) if speculates else 0
             end = computed + num_new
             if paged and end + drafts <= len(req.block_ids) * bs:  # fits the blocks it holds
-                scheduled[req.request_id] = self._entry(req, num_new, drafts)
+                scheduled[req.request_id] = scheduled_entry(req, num_new, drafts)
                 if end // bs * bs > req._tree_len:  # completes a block: offer it to the cache
                     kv.cache_blocks(req, end)
                 budget -= num_new + drafts
@@ -194,7 +175,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                scheduled[req.request_id] = self._entry(req, num_new, drafts)
+                scheduled[req.request_id] = scheduled_entry(req, num_new, drafts)
                 kv.cache_blocks(req, req.num_computed_tokens + num_new)
                 budget -= num_new + drafts
                 i += 1
@@ -233,7 +214,7 @@ class Scheduler:
                     self.stats.external_prefix_cache_queries += req.num_tokens
                     self.stats.external_prefix_cache_hits += external
                 if num_new:
-                    scheduled[req.request_id] = self._entry(req, num_new)
+                    scheduled[req.request_id] = scheduled_entry(req, num_new)
                     kv.cache_blocks(req, req.num_computed_tokens + num_new)
                     budget -= num_new
                 if loras is not None:
@@ -249,21 +230,9 @@ class Scheduler:
     def _drafts(self, req: Request, num_new: int, budget: int) -> int:
         """Draft tokens a decode verifies (speculative decoding), if the budget has room."""
         k = min(self.config.num_speculative_tokens, self.config.max_model_len - req.num_tokens)
-        if k < 1 or req.constraint is not None or not self._is_decode(req, num_new):
+        if k < 1 or req.constraint is not None or not is_decode(req, num_new):
             return 0
         return k if budget >= num_new + k else 0
-
-    @staticmethod
-    def _is_decode(req: Request, num_new: int) -> bool:
-        start = req.num_computed_tokens
-        return num_new == 1 and start == req.num_tokens - 1 and start >= req.num_prompt_tokens
-
-    @staticmethod
-    def _entry(req: Request, num_new: int, drafts: int = 0) -> ScheduledRequest:
-        start, n = req.num_computed_tokens, len(req.token_ids)
-        is_decode = num_new == 1 and start == n - 1 and start >= req.num_prompt_tokens
-        return _new(ScheduledRequest, (req.request_id, num_new, start, not is_decode,
-                                       start + num_new == n, drafts))
 
     def update(
         self, output: SchedulerOutput, sampled_tokens: Mapping[str, Sequence[int]]
@@ -331,28 +300,6 @@ class Scheduler:
         if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
-
-    # --- P/D (issue 13): KV held for a remote decode ------------------------------------
-    def _hold(self, req: Request) -> None:
-        """Keep a finished prefill's blocks (a pool reference each, its cache path locked so
-        eviction never counts them) until `release_held`: vLLM's delay_free_blocks."""
-        self.kv.cache_blocks(req)
-        node = req.cache_node
-        if node is not None:
-            self.cache.lock(node)
-        self.pool.share(req.block_ids)
-        self.held[req.request_id] = (list(req.block_ids), node)
-
-    def release_held(self, request_id: str) -> bool:
-        """Free the blocks a finished prefill kept; False if none are held under that id."""
-        entry = self.held.pop(request_id, None)
-        if entry is None:
-            return False
-        blocks, node = entry
-        if node is not None:
-            self.cache.unlock(node)
-        self.pool.free(blocks)
-        return True
 
     # -- invariants ------------------------------------------------------------------------
     def check_integrity(self) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+if TYPE_CHECKING:
+    from .request import Request
 
 Policy = Literal["fcfs", "priority", "lpm"]
 KVLayout = Literal["paged", "contiguous"]
@@ -69,6 +72,26 @@ class ScheduledRequest(NamedTuple):
     samples_token: bool  # the chunk reaches the last known token, so the model samples one
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified with this decode
 
+
+
+# ScheduledRequest(...) without the NamedTuple's Python-level __new__ (one per request per
+# step): the fields in order, num_draft_tokens included
+_new = tuple.__new__
+
+
+def is_decode(req: Request, num_new: int) -> bool:
+    """Whether `num_new` tokens from the request's computed ones are a decode of its last
+    output token (not a prefill chunk)."""
+    start = req.num_computed_tokens
+    return num_new == 1 and start == req.num_tokens - 1 and start >= req.num_prompt_tokens
+
+
+def scheduled_entry(req: Request, num_new: int, drafts: int = 0) -> ScheduledRequest:
+    """The request's entry in this step's output: `num_new` tokens from its computed ones."""
+    start, n = req.num_computed_tokens, len(req.token_ids)
+    decode = num_new == 1 and start == n - 1 and start >= req.num_prompt_tokens
+    return _new(ScheduledRequest, (req.request_id, num_new, start, not decode,
+                                   start + num_new == n, drafts))
 
 @dataclass(frozen=True, slots=True)
 class SchedulerOutput:
