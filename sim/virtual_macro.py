@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from server.engine.core import EngineCore
+from server.engine.core import EngineCore, StepResult
 from server.engine.macro import Window, advance
 from server.engine.request import Request
 from server.engine.scheduler_config import SchedulerOutput
@@ -36,7 +36,7 @@ class LastStep:
     end: float
     new_tokens: dict[str, list[int]]
     finished: list[Request]
-    output: SchedulerOutput = _NOTHING_SCHEDULED  # no request is scheduled for the first time
+    output: SchedulerOutput = _NOTHING_SCHEDULED  # first schedulings: noted by _deliver_window
 
 
 class MacroWindows:
@@ -51,13 +51,14 @@ class MacroWindows:
     t: float
     follow_ups: bool
     times: dict[str, list[float]]
+    first_sched: dict[str, float]
     out: VirtualRun
     macro_busy: float
     macro_area: float
 
     def finished(self, req: Request) -> None: ...
 
-    def _window(self, core: EngineCore, k: int) -> LastStep | None:
+    def _window(self, core: EngineCore, k: int) -> LastStep | StepResult | None:
         """Advance `core` by a window of decode steps from now; deliver all but its last step
         here (at their own end times: nothing else happens before the next arrival, and no
         finish can start another turn), and return the last as the step in flight."""
@@ -78,12 +79,15 @@ class MacroWindows:
         if until is not None and st.steps and until - self.t < MIN_WINDOW * st.busy_s / st.steps:
             return None  # a window of a step or two costs more than single steps
         window = advance(core, self.t, until, self.follow_ups)
-        if window is None:
-            return None
+        if window is None or isinstance(window, StepResult):
+            return window  # (an admission step a window cannot continue: run as one step)
         return self._deliver_window(window, k)
 
     def _deliver_window(self, w: Window, k: int) -> LastStep:
         seconds, usage, times, t0 = w.seconds, w.usage, self.times, self.t
+        if w.admission is not None:  # it began by admitting: they were first scheduled now
+            for s in w.admission.scheduled:
+                self.first_sched.setdefault(s.request_id, t0)
         ends, t = [], t0
         for s in seconds:
             t += s

@@ -132,6 +132,12 @@ class EngineCore:
         output = self.scheduler.schedule()
         if output.is_empty:
             return None
+        return self.run_step(output)
+
+    def run_step(self, output: SchedulerOutput) -> StepResult:
+        """The rest of `step` once the scheduler has decided `output` (not empty): price it,
+        sample, update the scheduler, account. (A macro window that scheduled a step itself
+        and found it not windowable finishes it here: `macro.advance`.)"""
         batch = self._shape(output)
         stall = self.compiler.before_step(batch)
         cycle = cycle_cost(self.placement, self.compiler.padded(batch))

@@ -14,9 +14,15 @@ them, so block ids, prefix-cache insertions, LRU times and evictions are the sam
 finishes as `Scheduler.update` makes them. Each step is priced by the same `cycle_cost`, compile
 strategy and jitter, so times and counters are the same floats.
 
-Contract: `advance` either returns None having changed nothing (the next step is not a plain
-decode batch), or runs K >= 1 steps exactly as K calls of `EngineCore.step` would — same
-tokens, scheduler, pool, cache and core state. It stops after the first step ending at or
+A window may begin with the step that admits waiting requests (`macro_head.py`): the
+scheduler decides it for real, and the requests it prefilled whole decode in the window's
+later steps like the others.
+
+Contract: `advance` either returns None having changed nothing (the next step is neither a
+plain decode batch nor an admission over one), or runs K >= 1 steps exactly as K calls of
+`EngineCore.step` would — same tokens, scheduler, pool, cache and core state — and returns
+them as a `Window`, or (an admission step a window cannot continue) runs that one step as
+`EngineCore.step` and returns its `StepResult`. It stops after the first step ending at or
 after `until`, after the first step that finishes a request when `stop_at_finish` (or when a
 waiting request would be admitted next), before a step whose block allocations the pool
 (free plus evictable) cannot cover (the scheduler then preempts), and after the steps its
@@ -32,11 +38,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from devices.cost_window import BOUNDS, DecodeCosts, closed_form, decode_costs
-from server.engine.core import EngineCore
+from devices.cost_window import BOUNDS, DecodeCosts, decode_costs
+from server.engine.core import EngineCore, StepResult
+from server.engine.macro_head import (
+    admits_next,
+    head_step,
+    no_admission_next,
+    plain_core,
+    plain_decodes,
+)
 from server.engine.mock_model import LAG
-from server.engine.policy import WaitingQueue
 from server.engine.request import FinishReason, Request, RequestStatus
+from server.engine.scheduler_config import SchedulerOutput
 
 HORIZON = LAG + 1  # steps one window draws at most (MockModel.draw_ahead's limit)
 _MARGIN = 2  # steps added to a window's estimated length (its steps shorten as requests end)
@@ -52,37 +65,28 @@ class Window:
     usage: list[float]
     requests: list[tuple[Request, int]]
     finished: dict[int, list[Request]] = field(default_factory=dict)
+    admission: SchedulerOutput | None = None  # the admission step it began with (macro_head.py)
 
 
 def eligible(core: EngineCore) -> bool:
     """Whether the next step is a plain decode batch with no admission and nothing a window
     cannot reproduce (then every step is one, until an event)."""
-    sched, cfg = core.scheduler, core.scheduler.config
-    running = sched.running
-    if (not running or core.speculative is not None or core.lora is not None
-            or core.compiler.kind != "none" or core.jitter.sigma or not closed_form(core.placement)
-            or sched.kv.contiguous or cfg.num_speculative_tokens
-            or len(running) > cfg.max_num_batched_tokens):
-        return False
-    # a waiting queue: admissions must be impossible (every seat taken) and it not reordered
-    if sched.waiting and (len(running) < cfg.max_num_seqs
-                          or type(sched.waiting).prepare is not WaitingQueue.prepare):
-        return False
-    bs, cache_on = sched.kv.block_size, sched.cache.enabled
-    for r in running:
-        n = len(r.token_ids)
-        if (r.constraint is not None or r.sampling_params.stop_token_ids or n <= LAG
-                or r.num_computed_tokens != n - 1 or n - 1 < r.num_prompt_tokens
-                or (cache_on and r._tree_len < (n - 1) // bs * bs)):
-            return False
-    return True
+    running = core.scheduler.running
+    return (bool(running) and len(running) <= core.scheduler.config.max_num_batched_tokens
+            and plain_core(core) and no_admission_next(core) and plain_decodes(core, running))
 
 
 def advance(core: EngineCore, t: float, until: float | None,
-            stop_at_finish: bool) -> Window | None:
+            stop_at_finish: bool) -> Window | StepResult | None:
     """Run decode steps from time `t` (see the module's contract)."""
+    head = None
     if not eligible(core):
-        return None
+        if not admits_next(core):
+            return None
+        head = head_step(core)  # the admission step, scheduled for real (macro_head.py)
+        if isinstance(head, StepResult):
+            return head
+    lo = 1 if head else 0  # the window's first decode-only step
     sched = core.scheduler
     cfg, kv, pool, cache = sched.config, sched.kv, sched.pool, sched.cache
     running = list(sched.running)
@@ -122,9 +126,13 @@ def advance(core: EngineCore, t: float, until: float | None,
         a += ending_n[j]
         b += ending_c[j]
         alive_n[j], ctx[j] = a, b + j * a
-    costs = decode_costs(core.placement, np.array(alive_n), np.array(ctx, np.float64))
+    costs = decode_costs(core.placement, np.array(alive_n[lo:]),
+                         np.array(ctx[lo:], np.float64)) if k > lo else None
+    seconds = [head.seconds] if head else []
+    if costs is not None:
+        seconds += costs.seconds.tolist()
     ends = []  # each step's end: t + s_0 + ... + s_j, added left to right (as np.cumsum)
-    for s in costs.seconds.tolist():
+    for s in seconds:
         t += s
         ends.append(t)
     n_steps = min(max(last), k - 1) + 1  # after the last request ends, nothing runs
@@ -157,11 +165,14 @@ def advance(core: EngineCore, t: float, until: float | None,
             finished[j] = [_finish(sched, running[i], starts[i], tokens[i], j) for i in ending]
         usage_at.append((j, (pool.num_used - cache.evictable_blocks) / cfg.num_blocks))
     if not done:
+        assert head is None, "macro step: the admission step's window ran no step"
         return None
-    core.decode_step_s = float(costs.seconds[done - 1])
-    _account(core, costs, done)
+    if done > lo:
+        assert costs is not None
+        core.decode_step_s = float(costs.seconds[done - 1 - lo])
+        _account(core, costs, done - lo)
     stats = sched.stats
-    stats.num_steps += done
+    stats.num_steps += done - lo  # (the admission step counted itself in `schedule`)
     stats.num_lora_deferred = 0
     usage = []
     for (_, u), (j1, _) in zip(usage_at, [*usage_at[1:], (done, 0.0)], strict=True):
@@ -181,8 +192,9 @@ def advance(core: EngineCore, t: float, until: float | None,
         gone = {id(r) for reqs in finished.values() for r in reqs}
         sched.running = [r for r in sched.running if id(r) not in gone]
         stats.num_finished += len(gone)
-    return Window(costs.seconds[:done].tolist(), usage,
-                  [(running[i], min(last[i], done - 1)) for i in range(len(running))], finished)
+    return Window(seconds[:done], usage,
+                  [(running[i], min(last[i], done - 1)) for i in range(len(running))], finished,
+                  head.output if head else None)
 
 
 def _account(core: EngineCore, costs: DecodeCosts, k: int) -> None:

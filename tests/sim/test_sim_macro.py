@@ -17,6 +17,7 @@ import sim.virtual as virtual
 import sim.virtual_macro as virtual_macro
 from clients.workloads import WorkloadSpec, build_workload
 from server.engine.build import EngineOptions, build_core
+from server.engine.macro import Window
 from server.engine.tokenizer import get_tokenizer
 
 H100 = EngineOptions(name="h100", model="llama-2-7b", quant="bf16", chip="h100-sxm",
@@ -33,7 +34,7 @@ def _run(options: EngineOptions, spec: WorkloadSpec, macro: bool, monkeypatch) -
 
     def counting(*a, **k):
         out = real(*a, **k)
-        if out is not None:
+        if isinstance(out, Window):
             steps_in_windows[0] += len(out.seconds)
         return out
 
@@ -181,3 +182,46 @@ def test_no_macro_steps_flag_gives_the_same_summary(capsys):
             assert all(_close(v, single[key][k]) for k, v in value.items()), key
         else:
             assert value == single[key], key
+
+
+def _count_heads(monkeypatch) -> dict[str, int]:
+    """Patch `virtual_macro.advance` to count the windows that began with an admission step
+    and the admission steps it ran alone (not windowable)."""
+    seen = {"windows": 0, "alone": 0}
+    real = virtual_macro.advance
+
+    def counting(*a, **k):
+        out = real(*a, **k)
+        if isinstance(out, Window) and out.admission is not None:
+            seen["windows"] += 1
+        elif out is not None and not isinstance(out, Window):
+            seen["alone"] += 1
+        return out
+
+    monkeypatch.setattr(virtual_macro, "advance", counting)
+    return seen
+
+
+def test_a_window_begins_with_the_step_that_admits_an_arrival(monkeypatch):
+    """Arrivals while others decode: the step that prefills each one heads a window (its
+    tokens and the new request's first one from the window's draws), and the run is still
+    single-stepping's, first-scheduled times included."""
+    spec = WorkloadSpec(kind="random", num_requests=40, isl=200, osl=96, rate=40,
+                        ignore_eos=False)
+    single = _run(H100, spec, False, monkeypatch)
+    seen = _count_heads(monkeypatch)
+    macro = _run(H100, spec, True, monkeypatch)
+    _assert_same(single, macro)
+    assert seen["windows"] >= 10, seen  # most arrivals find others decoding
+
+
+def test_an_admission_a_window_cannot_continue_runs_as_one_step(monkeypatch):
+    """Prompts longer than the step's token budget are prefilled in chunks: the admission
+    step leaves a chunk for the next step, so it runs alone, as `EngineCore.step` would."""
+    chunked = dataclasses.replace(H100, max_num_batched_tokens=128)
+    spec = WorkloadSpec(kind="random", num_requests=20, isl=300, osl=60, rate=40)
+    single = _run(chunked, spec, False, monkeypatch)
+    seen = _count_heads(monkeypatch)
+    macro = _run(chunked, spec, True, monkeypatch)
+    _assert_same(single, macro)
+    assert seen["alone"] > 0, seen
