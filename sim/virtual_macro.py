@@ -61,7 +61,9 @@ class MacroWindows:
     def _window(self, core: EngineCore, k: int) -> LastStep | StepResult | None:
         """Advance `core` by a window of decode steps from now; deliver all but its last step
         here (at their own end times: nothing else happens before the next arrival, and no
-        finish can start another turn), and return the last as the step in flight."""
+        finish can start another turn), and return the last as the step in flight. (An
+        admission step the window could not continue comes back as the `StepResult` of
+        that one step, already run.)"""
         # the next event that changes a batch from outside: an arrival, a KV transfer ending
         # (`timers`), an autoscaler's tick (it reads every replica's queue and KV then)
         due = [q[0][0] for q in (self.arrivals, self.timers) if q]
