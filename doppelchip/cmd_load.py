@@ -10,7 +10,8 @@ from typing import Any
 
 from doppelchip import exit_codes
 from doppelchip.client_flags import add_client_security_args
-from doppelchip.cmd_simulate import add_workload_args, format_summary
+from doppelchip.cmd_simulate import add_workload_args
+from doppelchip.simulate_format import format_summary
 
 
 def register(subparsers: Any) -> None:
