@@ -27,7 +27,7 @@ from collections import deque
 import zmq
 
 from server.engine.clock import Timeline
-from server.engine.core import EngineCore, StepResult
+from server.engine.core import EngineCore
 from server.engine.intake import Limits, admit
 from server.engine.interface import EngineError, FinishReason, Unavailable
 from server.engine.kv_events_config import KVEventsConfig
@@ -36,6 +36,7 @@ from server.engine.logs import request_log
 from server.engine_proc.faults import FaultDriver
 from server.engine_proc.kv_connector import NixlConnector
 from server.engine_proc.loop_controls import Live, LoopControls
+from server.engine_proc.loop_outputs import LoopOutputs
 from server.engine_proc.lora import LoraPublisher, lora_file
 from server.engine_proc.sleep import SleepState
 from server.engine_proc.stats import EngineStats
@@ -50,7 +51,7 @@ WARN_LAG_WALL_S = 0.02  # warn when a step ends this much wall time behind its d
 WARN_EVERY_S = 10.0
 
 
-class EngineLoop(LoopControls):
+class EngineLoop(LoopControls, LoopOutputs):
     def __init__(self, *, deployment: int, rank: int, epoch: int, core: EngineCore,
                  limits: Limits, stats: EngineStats, run_dir: RunDir, num_frontends: int,
                  timeline: Timeline, cold: bool, check_integrity: bool,
@@ -335,82 +336,6 @@ class EngineLoop(LoopControls):
         self.by_rid.discard(live.rid)
         request_log(log, live.rid).info("finished on %s: %s after %d tokens", self.name,
                                         reason.value, live.req.num_output_tokens)
-
-    # ---- messages out -----------------------------------------------------------------------
-    def _send(self, fe: int, payload: bytes) -> None:
-        if self.pending[fe]:
-            self.pending[fe].append(payload)
-            return
-        try:
-            self.outputs[fe].send(payload, zmq.NOBLOCK)
-        except zmq.Again:  # the front end is slow: keep order, flush when it can take more
-            self.pending[fe].append(payload)
-            self.poller.register(self.outputs[fe], zmq.POLLOUT)
-
-    def _flush(self, fe: int) -> None:
-        queue, sock = self.pending[fe], self.outputs[fe]
-        while queue:
-            try:
-                sock.send(queue[0], zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            queue.popleft()
-        self.poller.unregister(sock)
-
-    def _publish(self, result: StepResult, start: float) -> None:
-        n = len(self.outputs)
-        seqs: list[list[int]] = [[] for _ in range(n)]
-        counts: list[list[int]] = [[] for _ in range(n)]
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        first: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        jumped: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        finished: list[list[m.Finished]] = [[] for _ in range(n)]
-        preempted: list[list[int]] = [[] for _ in range(n)]
-        external: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        live_of = self.live.get
-        extra = self.faults.take_preempted() if self.faults is not None else ()
-        for rid in (*result.output.preempted_request_ids, *extra):
-            if (live := live_of(rid)) is not None:
-                preempted[live.frontend].append(live.seq)
-        for s in result.output.scheduled:
-            live = live_of(s.request_id)
-            if live is not None and not live.scheduled:
-                live.scheduled = True
-                first[live.frontend].append((live.seq, max(live.req.num_cached_tokens, 0)))
-                if live.req.num_external_tokens:  # P/D: its prompt KV was transferred in
-                    external[live.frontend].append((live.seq, live.req.num_external_tokens))
-        for rid, toks in result.new_tokens.items():
-            live = live_of(rid)
-            if live is not None:
-                fe = live.frontend
-                seqs[fe].append(live.seq)
-                counts[fe].append(len(toks))
-                tokens[fe].extend(toks)
-        for rid, n_jumped in result.jump_forward.items():
-            if (live := live_of(rid)) is not None:
-                jumped[live.frontend].append((live.seq, n_jumped))
-        for req in result.finished:
-            live = live_of(req.request_id)
-            if live is None:
-                continue
-            reason = req.finish_reason or FinishReason.STOP
-            out, sp = req.token_ids, req.sampling_params
-            stop_token = out[-1] if (reason is FinishReason.STOP and req.num_output_tokens
-                                     and out[-1] in sp.stop_token_ids) else None
-            kvp = (self.connector.prefill_finished(req.request_id, self._t)
-                   if self.connector is not None and req.hold_kv else None)
-            finished[live.frontend].append(m.Finished(live.seq, reason.value, stop_token, kvp))
-            self._forget(live, reason)
-        self.step_no += 1
-        for fe in range(n):
-            if seqs[fe] or first[fe] or finished[fe] or preempted[fe]:
-                self._send(fe, m.encode(m.StepOutputs(
-                    self.deployment, self.rank, self.epoch, self.step_no, start, self._t,
-                    seqs[fe], counts[fe], tokens[fe], first[fe], jumped[fe], finished[fe],
-                    self._lagging, preempted[fe], external[fe])))
-                if self._lagging:
-                    self.unacked[fe].append(self.step_no)
-
 
     def _shutdown(self) -> None:
         for live in list(self.live.values()):
