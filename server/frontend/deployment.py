@@ -5,8 +5,8 @@ their status, and the requests this front end has in flight on them.
 KV pool: no round trip to a busy engine for a bad request), sends it to the least-loaded
 ready rank, and awaits the engine's admission (waiting-queue limit, constraint compile) —
 so a refusal is still a status code before anything streams. `abort()` is safe for any
-stream, any number of times. Status and state come from the engines' stats files: reading
-them never waits on an engine.
+stream, any number of times. Status and state come from the engines' stats files
+(`deployment_status.py`): reading them never waits on an engine.
 """
 
 from __future__ import annotations
@@ -23,29 +23,24 @@ import zmq
 from server.engine.intake import check_request, check_sizes
 from server.engine.interface import (
     AlreadyExists,
-    Capacity,
     DeploymentState,
-    DeploymentStatus,
     EngineError,
     EngineRequest,
     FinishReason,
     InvalidRequest,
-    LoraAdapterStatus,
     NotPlaced,
     Overloaded,
     Unavailable,
 )
 from server.engine.output import RequestOutput, request_timings
 from server.engine.tokenizer import Tokenizer
+from server.frontend.deployment_status import DeploymentStatusView, EngineView
 from server.frontend.lora import LoraView
 from server.frontend.pacing import UNPACED, LoopPacer
 from server.frontend.stats import FrontendStats
 from server.frontend.stream import RequestStream
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
-from server.stats.layout import Layout
-from server.stats.schema import STATE_CODES, engine_metrics
-from server.stats.shm import StatsFile
 
 ERRORS: dict[str, type[EngineError]] = {
     c.__name__: c for c in (InvalidRequest, AlreadyExists, Overloaded, Unavailable, NotPlaced)}
@@ -53,24 +48,7 @@ _SEQ = itertools.count(1)  # unique per front-end process, across deployments
 INLINE_TOKENIZE_CHARS = 8192  # longer prompts are tokenized in a thread, off the event loop
 
 
-class EngineView:
-    """Read side of one engine's stats file: state, epoch, load, KV."""
-
-    def __init__(self, path, info: m.DeploymentInfo) -> None:
-        self.path, self.info = path, info
-        self.layout = Layout(engine_metrics(info))
-        self._file: StatsFile | None = None
-
-    def read(self):
-        if self._file is None:
-            self._file = StatsFile(self.path, self.layout.size)
-        return self._file.snapshot()
-
-    def value(self, values, name: str) -> float:
-        return float(values[self.layout.slot(name)])
-
-
-class DeploymentClient:
+class DeploymentClient(DeploymentStatusView):
     def __init__(self, index: int, infos: list[m.DeploymentInfo], *, frontend: int,
                  run_dir: RunDir, ctx: zmq.Context, tokenizer: Tokenizer, stream_interval: int,
                  clock: Callable[[], float], stats: FrontendStats,
@@ -105,48 +83,6 @@ class DeploymentClient:
         self.controls: dict[int, asyncio.Future[m.Admission]] = {}  # sleep mode (issue 13)
         self.faults = None  # request-level faults (issue 13): a frontend.faults.RequestFaults
 
-    # ---- status -----------------------------------------------------------------------------
-    def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
-        """(state, message, epoch, load) of one rank, from its stats file."""
-        view = self.views[rank]
-        values, text = view.read()
-        state = DeploymentState(STATE_CODES[int(view.value(values, "_state"))])
-        load = view.value(values, "vllm:num_requests_running") + view.value(
-            values, "vllm:num_requests_waiting")
-        return state, text, int(view.value(values, "_epoch")), load
-
-    def status(self) -> DeploymentStatus:
-        running = waiting = free = 0
-        states = []
-        for view in self.views:
-            values, text = view.read()
-            states.append((STATE_CODES[int(view.value(values, "_state"))], text))
-            running += int(view.value(values, "vllm:num_requests_running"))
-            waiting += int(view.value(values, "vllm:num_requests_waiting"))
-            free += int(view.value(values, "_kv_free"))
-        order = ("ready", "compiling", "draining", "failed")
-        state, message = min(states, key=lambda s: order.index(s[0]))
-        i, c = self.info, self.info.capacity
-        n = len(self.views)
-        capacity = Capacity(c.kv_blocks_total * n, free, c.block_size, c.max_model_len,
-                            c.max_num_seqs, c.max_concurrency * n, c.max_waiting)
-        return DeploymentStatus(
-            name=i.name, model=i.model, quant=i.quant, engine=i.engine, chip=i.chip,
-            chip_count=i.chip_count, tensor_parallel=i.tensor_parallel,
-            pipeline_parallel=i.pipeline_parallel, state=DeploymentState(state),
-            state_message=message, capacity=capacity, num_running=running,
-            num_waiting=waiting, adapters=tuple(  # --- LoRA (issue 13) ---
-                LoraAdapterStatus(a.name, a.id, a.path, a.base_model_name, a.rank)
-                for a in self.lora.adapters()))
-
-    def generated_tokens(self) -> int:
-        """Output tokens every rank has generated so far (all front ends)."""
-        total = 0
-        for view in self.views:
-            values, _ = view.read()
-            total += int(view.value(values, "_generated"))
-        return total
-
     def claim(self, client_id: str) -> None:
         """Reserve a client's request id for one request (its n streams, `submit(...,
         client_id=)`), or AlreadyExists while a request under that id is in flight here. The
@@ -176,9 +112,6 @@ class DeploymentClient:
     def find(self, request_id: str) -> list[RequestStream]:
         """This front end's streams in flight with this client request id."""
         return [s for s in self.streams.values() if s.request_id == request_id]
-
-    def is_ready(self) -> bool:
-        return any(self.rank_state(r)[0] is DeploymentState.READY for r in range(len(self.views)))
 
     # --- KV events (issue 13) ---
     async def reset_prefix_cache(self, timeout_s: float = 10.0) -> bool:

@@ -1,0 +1,88 @@
+"""A deployment's status as a front end sees it, read from its engines' stats files (reading
+never waits on an engine): `EngineView` reads one rank's file; `DeploymentStatusView`, a mixin
+of `DeploymentClient` (server/frontend/deployment.py, which owns `views`, `info` and `lora`),
+joins the ranks into the deployment's state, capacity and load.
+"""
+
+from __future__ import annotations
+
+from server.engine.interface import (
+    Capacity,
+    DeploymentState,
+    DeploymentStatus,
+    LoraAdapterStatus,
+)
+from server.frontend.lora import LoraView
+from server.ipc import messages as m
+from server.stats.layout import Layout
+from server.stats.schema import STATE_CODES, engine_metrics
+from server.stats.shm import StatsFile
+
+
+class EngineView:
+    """Read side of one engine's stats file: state, epoch, load, KV."""
+
+    def __init__(self, path, info: m.DeploymentInfo) -> None:
+        self.path, self.info = path, info
+        self.layout = Layout(engine_metrics(info))
+        self._file: StatsFile | None = None
+
+    def read(self):
+        if self._file is None:
+            self._file = StatsFile(self.path, self.layout.size)
+        return self._file.snapshot()
+
+    def value(self, values, name: str) -> float:
+        return float(values[self.layout.slot(name)])
+
+
+class DeploymentStatusView:
+    """DeploymentClient's status methods (see the module docstring)."""
+
+    views: list[EngineView]
+    info: m.DeploymentInfo
+    lora: LoraView
+
+    def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
+        """(state, message, epoch, load) of one rank, from its stats file."""
+        view = self.views[rank]
+        values, text = view.read()
+        state = DeploymentState(STATE_CODES[int(view.value(values, "_state"))])
+        load = view.value(values, "vllm:num_requests_running") + view.value(
+            values, "vllm:num_requests_waiting")
+        return state, text, int(view.value(values, "_epoch")), load
+
+    def status(self) -> DeploymentStatus:
+        running = waiting = free = 0
+        states = []
+        for view in self.views:
+            values, text = view.read()
+            states.append((STATE_CODES[int(view.value(values, "_state"))], text))
+            running += int(view.value(values, "vllm:num_requests_running"))
+            waiting += int(view.value(values, "vllm:num_requests_waiting"))
+            free += int(view.value(values, "_kv_free"))
+        order = ("ready", "compiling", "draining", "failed")
+        state, message = min(states, key=lambda s: order.index(s[0]))
+        i, c = self.info, self.info.capacity
+        n = len(self.views)
+        capacity = Capacity(c.kv_blocks_total * n, free, c.block_size, c.max_model_len,
+                            c.max_num_seqs, c.max_concurrency * n, c.max_waiting)
+        return DeploymentStatus(
+            name=i.name, model=i.model, quant=i.quant, engine=i.engine, chip=i.chip,
+            chip_count=i.chip_count, tensor_parallel=i.tensor_parallel,
+            pipeline_parallel=i.pipeline_parallel, state=DeploymentState(state),
+            state_message=message, capacity=capacity, num_running=running,
+            num_waiting=waiting, adapters=tuple(  # --- LoRA (issue 13) ---
+                LoraAdapterStatus(a.name, a.id, a.path, a.base_model_name, a.rank)
+                for a in self.lora.adapters()))
+
+    def generated_tokens(self) -> int:
+        """Output tokens every rank has generated so far (all front ends)."""
+        total = 0
+        for view in self.views:
+            values, _ = view.read()
+            total += int(view.value(values, "_generated"))
+        return total
+
+    def is_ready(self) -> bool:
+        return any(self.rank_state(r)[0] is DeploymentState.READY for r in range(len(self.views)))
