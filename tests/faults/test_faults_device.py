@@ -163,8 +163,13 @@ async def test_crash_fails_in_flight_streams_and_the_engine_comes_back(server):
         await assert_released(client, "crashy")
     text = await asyncio.to_thread(server.scrape)
     assert metric(text, "doppelchip_fault_events_total", deployment="crashy", fault="crash") == 1
-    assert metric(text, "vllm:request_success_total", deployment="crashy",
-                  finished_reason="error") == len(failed)
+    # every request the engine held ends as an error; a worker's next stream, submitted once
+    # the front end saw the crash (or still awaiting its admission then), is refused
+    # (UNAVAILABLE, "deployment 'crashy' is failed: ...") without ever being a request there,
+    # so the count lies between the streams failed mid-stream and all failed streams
+    errors = metric(text, "vllm:request_success_total", deployment="crashy",
+                    finished_reason="error")
+    assert sum(1 for times, _ in failed if times) <= errors <= len(failed)
     assert metric(text, "doppelchip_compile_events_total", deployment="crashy",
                   reason="cold_start") == 1  # the restart paid its cold start
     assert "fault injection: crashy crashes" in server.log
