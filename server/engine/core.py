@@ -35,6 +35,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from devices import BatchShape, CompileStrategy, Jitter, Placement, SpeculativeConfig, StepCost
+from devices.compile import Stall
 from devices.lora import NO_LORA, LoraCostModel, LoraStepCost
 from devices.pipeline import CycleCost, cycle_cost
 from server.engine.constraints import ConstraintCompiler
@@ -138,10 +139,7 @@ class EngineCore:
         """The rest of `step` once the scheduler has decided `output` (not empty): price it,
         sample, update the scheduler, account. (A macro window that scheduled a step itself
         and found it not windowable finishes it here: `macro.advance`.)"""
-        batch = self._shape(output)
-        stall = self.compiler.before_step(batch)
-        cycle = cycle_cost(self.placement, self.compiler.padded(batch))
-        busy = self.jitter.apply(cycle.seconds)
+        cycle, busy, stall = self.price(output)
         lora = self._lora(output) if self.lora is not None else NO_LORA
         busy += lora.seconds
         new_tokens, by_id, before, spec = self._sample(output)
@@ -155,6 +153,14 @@ class EngineCore:
             self.stats.bytes += lora.bytes
         return StepResult(busy + stall.seconds, stall.seconds, stall.reason, cycle.micro,
                           output, new_tokens, finished, cycle.micro_batches, jumped, lora)
+
+    def price(self, output: SchedulerOutput) -> tuple[CycleCost, float, Stall]:
+        """The step's device cost, its (jittered) busy seconds and its compile stall: the
+        batch as the device sees it, padded as its compiled program runs it."""
+        batch = self._shape(output)
+        stall = self.compiler.before_step(batch)
+        cycle = cycle_cost(self.placement, self.compiler.padded(batch))
+        return cycle, self.jitter.apply(cycle.seconds), stall
 
     def _lora(self, output: SchedulerOutput) -> LoraStepCost:
         """The adapters' share of the step: their tokens' low-rank matmuls, and the copy of

@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from devices.cost_window import closed_form
-from devices.pipeline import cycle_cost
 from server.engine.core import EngineCore, StepResult
 from server.engine.mock_model import LAG
 from server.engine.policy import WaitingQueue
@@ -95,10 +94,7 @@ def head_step(core: EngineCore) -> Head | StepResult:
             or any(r.constraint is not None or r.sampling_params.stop_token_ids
                    or len(r.token_ids) <= LAG for r in new)):
         return core.run_step(output)
-    batch = core._shape(output)
-    stall = core.compiler.before_step(batch)
-    cycle = cycle_cost(core.placement, core.compiler.padded(batch))
-    busy = core.jitter.apply(cycle.seconds)
+    cycle, busy, stall = core.price(output)  # as EngineCore.run_step prices it
     core._account(cycle, busy, stall.seconds)
     stats = sched.stats
     for s in output.scheduled:
