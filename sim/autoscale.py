@@ -56,9 +56,10 @@ class Group:
     events: list[dict] = field(default_factory=list)
     last_active: float = 0.0  # scale to zero: the last sync its trigger was active
     classes: tuple[str, ...] = ()  # the SLO classes its deployment serves (none: any)
+    role: str = "both"  # its deployment's P/D role (sim/autoscale_pd.py routes by it)
 
-    def serves(self, slo_class: str) -> bool:
-        return not self.classes or slo_class in self.classes
+    def serves(self, slo_class: str, role: str = "both") -> bool:
+        return (not self.classes or slo_class in self.classes) and self.role == role
 
 
 class Autoscaler:
@@ -91,6 +92,10 @@ class Autoscaler:
         self._ready: list[int] = []
         self._routers: dict[str, tuple[list[int], object]] = {}  # class -> its ready slots
         self.held: list[str] = []  # the classes of the requests the router holds (the loop's)
+        # P/D (sim/autoscale_pd.py): the roles a request needs a replica of, and the loop's
+        # outstanding requests per slot (a decode slot is busy while its KV is in transit)
+        self.roles = tuple(sorted({g.role for g in groups}, reverse=True))
+        self.outstanding: Sequence[int] = ()
         # the KEDA HTTP add-on's readiness timeout: the shortest a pool at zero sets
         self.hold_timeout_s = min((g.policy.readiness_timeout_s for g in groups
                                    if g.policy is not None and g.policy.readiness_timeout_s > 0),
@@ -119,10 +124,17 @@ class Autoscaler:
     def bill_idle(self, k: int, t: float) -> bool:
         """Is idle slot k paid for from `t` on? A draining slot with nothing left is off."""
         s = self.state[k]
-        if s == DRAINING and not self.cores[k].has_unfinished():
+        if s == DRAINING and not self._busy(k):
             self._enter(k, OFF, t)
             return False
         return s != OFF
+
+    def _busy(self, k: int) -> bool:
+        """Slot k still has work: requests, KV held for a decode replica to read, or a P/D
+        request whose KV is on its way to it."""
+        sched = self.cores[k].scheduler
+        return (self.cores[k].has_unfinished() or bool(sched.held)
+                or (bool(self.outstanding) and self.outstanding[k] > 0))
 
     def choose(self, prompt: Sequence[int], outstanding: Sequence[int],
                session: Conversation) -> int | None:
@@ -144,9 +156,7 @@ class Autoscaler:
                                   if ready else None)
         ready, policy = self._routers[cls]
         if not ready:
-            if not any(g.serves(cls) and ((g.policy is not None and g.policy.min == 0)
-                                          or any(self.state[k] == BOOTING for k in g.slots))
-                       for g in self.groups):
+            if not self.can_wake(cls, "both"):
                 raise RuntimeError("no ready replica to route to")
             return None
         i = policy.choose(prompt, [outstanding[k] for k in ready])  # type: ignore[union-attr]
@@ -158,26 +168,36 @@ class Autoscaler:
             return REFUSED
         return k
 
+    def can_wake(self, cls: str, role: str) -> bool:
+        """Can a slot of `role` serving `cls` become ready: one is booting, or its pool
+        scales to zero (and wakes when activated)?"""
+        return any(g.serves(cls, role) and ((g.policy is not None and g.policy.min == 0)
+                                            or any(self.state[k] == BOOTING for k in g.slots))
+                   for g in self.groups)
+
     def can_serve_held(self) -> bool:
-        """Will any request held now be routed? Yes if a slot serving its class is ready or
-        booting, or a pool at zero serving it will wake (more held for it than its
-        activation threshold)."""
-        for cls in set(self.held) if self.by_class else {""}:
-            for g in self.groups:
-                if not g.serves(cls):
-                    continue
-                if any(self.state[k] in (READY, BOOTING) for k in g.slots):
-                    return True
-                if (g.policy is not None and g.policy.min == 0
-                        and self._held_for(g) > g.policy.activation):
-                    return True
+        """Will any request held now be routed? Yes if, for each role it needs (P/D: both),
+        a slot serving its class is ready or booting, or a pool at zero serving it will
+        wake (more held for it than its activation threshold)."""
+        return any(all(self._can_serve(cls, role) for role in self.roles)
+                   for cls in (set(self.held) if self.by_class else {""}))
+
+    def _can_serve(self, cls: str, role: str) -> bool:
+        for g in self.groups:
+            if not g.serves(cls, role):
+                continue
+            if any(self.state[k] in (READY, BOOTING) for k in g.slots):
+                return True
+            if (g.policy is not None and g.policy.min == 0
+                    and self._held_for(g) > g.policy.activation):
+                return True
         return False
 
     def _held_for(self, g: Group) -> int:
         """The held requests `g` could serve: those of its classes under `slo-class`."""
         if not self.by_class:
             return len(self.held)
-        return sum(1 for c in self.held if g.serves(c))
+        return sum(1 for c in self.held if g.serves(c, g.role))
 
     # ---- the controller -------------------------------------------------------------------
     def _enter(self, k: int, state: str, t: float) -> None:

@@ -19,6 +19,7 @@ from clients.conversation import Conversation
 from server.engine.build import EngineOptions, build_core
 from sim.admission import Admission
 from sim.autoscale import Autoscaler, Group, boot_seconds
+from sim.autoscale_pd import ScaledDispatch
 from sim.autoscale_policy import AutoscalePolicy, parse_policy
 from sim.cluster import ClusterRun, Replica, build_replicas
 from sim.pools import SLO_ROUTER, unserved
@@ -68,18 +69,23 @@ def run_scaled(deployments: Sequence[EngineOptions], pols: Sequence[AutoscalePol
         slots = list(range(len(replicas), len(replicas) + n))
         replicas += built
         boot = boot_seconds(built[-1].core, p) if p else 0.0
-        groups.append(Group(d.name, slots, p, boot, classes=tuple(d.slo_classes)))
+        groups.append(Group(d.name, slots, p, boot, classes=tuple(d.slo_classes),
+                            role=d.role))
         initial.append(first)
-    if router == SLO_ROUTER:  # every class of the run has a deployment serving it
+    cores = [r.core for r in replicas]
+    control = Autoscaler(cores, groups, initial, router, seed, sample_s, admission)
+    dispatch = None
+    if any(g.role != "both" for g in groups):  # P/D pools, each scaled on its own
+        dispatch = ScaledDispatch(replicas, router, control, seed, admission)
+        dispatch.check_classes({s.slo_class for s in sessions})
+    elif router == SLO_ROUTER:  # every class of the run has a deployment serving it
         for c in sorted({s.slo_class for s in sessions}):
             if not any(g.serves(c) for g in groups):
                 raise unserved(c)
-    cores = [r.core for r in replicas]
-    control = Autoscaler(cores, groups, initial, router, seed, sample_s, admission)
     run = run_cluster(cores, sessions, control.choose, [r.options.max_waiting for r in replicas],
                       [r.options.max_grammar_bytes for r in replicas], concurrency,
-                      control=control)
-    return ScaledRun(ClusterRun(replicas, run, router), control, groups)
+                      dispatch=dispatch, control=control)
+    return ScaledRun(ClusterRun(replicas, run, router, dispatch), control, groups)
 
 
 def report(sr: ScaledRun) -> dict[str, Any]:

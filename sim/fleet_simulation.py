@@ -87,7 +87,6 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     try:  # --- fleet (issue 16): pools, SLO classes, admission ---
         admission = parse_admission(getattr(args, "admission", None))
         if scaled is not None:  # its timeline reads every record: kept in a list
-            _check_scalable(args, deployments)
             pols, sample_s = scaled
             sr = run_scaled(deployments, pols, conversations, args.router or "round-robin",
                             seed=args.seed, sample_s=sample_s, admission=admission)
@@ -120,8 +119,15 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
         summary["max_num_seqs"] = sum(cr.replicas[k].core.scheduler.config.max_num_seqs
                                       for k in keep)
         summary.update(report(sr))
-        if admission is not None:
-            summary["admission_refused"] = sr.control.refused
+        for row in summary.get("pools", ()):  # P/D: a pool's slots ever provisioned, and
+            g = next(g for g in sr.groups if g.name == row["name"])  # its billed cost per hour
+            row["replicas"] = sum(1 for k in g.slots if k in keep)
+            billed = sum(sr.control.billed_s[k] * cr.replicas[k].core.dollars_per_s
+                         for k in g.slots)
+            row["usd_per_hour"] = billed * 3600 / emulated_s if emulated_s else 0.0
+        if admission is not None:  # (a P/D fleet's dispatch counts its own)
+            summary["admission_refused"] = sr.control.refused + (cr.dispatch.refused
+                                                                 if cr.dispatch else 0)
         if classes := stream.class_reports():  # as a fixed fleet's (its pools: `autoscaling`)
             summary["classes"] = classes
     if slo is not None:  # as `simulate --slo` of one deployment
@@ -168,11 +174,3 @@ def _scaled(args: argparse.Namespace, deployments: list[EngineOptions],
     if sample_s is None and not any(pols):
         return None
     return pols, sample_s
-
-
-def _check_scalable(args: argparse.Namespace, deployments: list[EngineOptions]) -> None:
-    """Autoscaling routes with its own view of ready replicas (admission and SLO classes at
-    the router included): P/D roles do not combine with it (yet); say so instead of ignoring
-    them."""
-    if any(d.role != "both" for d in deployments):
-        raise SimulationError("autoscaling does not combine with P/D roles")

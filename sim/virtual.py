@@ -31,6 +31,7 @@ from sim.virtual_macro import LastStep, MacroWindows
 from sim.virtual_pd import Dispatch, Hop, PdHops
 from sim.virtual_sessions import SessionSource
 from sim.virtual_types import (
+    HELD,
     REFUSED,
     Control,
     Records,
@@ -149,6 +150,9 @@ class _Runner(SessionSource, PdHops, MacroWindows):
                 return
         elif (placed := self.dispatch.place(prompt, self.outstanding, s)) is None:
             self._refused(rid, si, ti, at, len(prompt))
+            return
+        elif placed is HELD:  # --- autoscale (issue 16): a P/D role has no ready replica ---
+            self.held.append((at, si, ti, history))
             return
         else:
             k, prefill = placed

@@ -23,6 +23,9 @@ from clients.report import RequestResult
 # `Dispatch.place`'s None). Called at the request's arrival time.
 Route = Callable[[Sequence[int], Sequence[int], Conversation], int | None]
 REFUSED = -1
+# `Dispatch.place`'s "hold it": a role of a P/D fleet has no ready replica yet (an autoscaled
+# pool at zero or still booting; sim/autoscale_pd.py); routed again after the next tick
+HELD: tuple[int, int | None] = (-2, None)
 
 
 class Records(Protocol):

@@ -232,18 +232,6 @@ def test_scaled_in_replicas_drain_then_stop_being_billed(ramp_run):
         assert sr.control.billed_s[k] == pytest.approx(drained - t_boot)
 
 
-def test_autoscaling_refuses_what_it_cannot_combine_with(capsys):
-    """Autoscaling routes over its own ready replicas: P/D roles are refused with a clear
-    error (exit 2), not silently ignored."""
-    from doppelchip.cli import main
-
-    code = main(["simulate", "--config", "examples/fleet-pd.toml", "--router", "least-requests",
-                 "--num-requests", "4", "--rate", "1",
-                 "--autoscale", "metric=waiting,target=2,min=1,max=2", "--json"])
-    assert code == 2
-    assert "autoscaling does not combine with P/D roles" in capsys.readouterr().err
-
-
 def test_slo_classes_route_to_their_pools_and_wake_only_theirs():
     """`--router slo-class` over autoscaled pools: a request goes to the ready replicas of the
     pools serving its class, held while they are at zero; the held requests of one class
