@@ -148,7 +148,8 @@ def advance(core: EngineCore, t: float, until: float | None,
     for j in sorted(events.keys() | {f for f in finish_at if f < n_steps}):
         step_events = [(i, a) for i, a in events.get(j, ()) if last[i] >= j]
         if step_events:
-            if sum(a for _, a in step_events) > pool.num_free + cache.evictable_blocks:
+            if (sum([a for _, a in step_events])  # (a list: faster than a generator here)
+                    > pool.num_free + cache.evictable_blocks):
                 done = j  # an allocation would preempt: the scheduler decides that
                 break
             for i, alloc in step_events:
@@ -241,24 +242,22 @@ def _finish(sched, req: Request, start: int, tokens: list[int], j: int) -> Reque
 def _block_events(running: list[Request], k: int, bs: int,
                   cache_on: bool) -> dict[int, list[tuple[int, bool]]]:
     """Step -> [(request index, allocates)] in running order: the steps whose decode needs a
-    new block (then offers its full blocks to the cache) or completes a block (offers it)."""
+    new block (then offers its full blocks to the cache) or completes a block (offers it).
+    A request appears once per step (a step that does both allocates), and the requests are
+    visited in order, so each step's list is in running order as it is built."""
     events: dict[int, list[tuple[int, bool]]] = {}
     for i, r in enumerate(running):
         c = r.num_computed_tokens
-        held = len(r.block_ids) * bs
-        steps: dict[int, bool] = {}
-        j = held - c  # end = c + j + 1 > held: the first step needing a block
+        first = len(r.block_ids) * bs - c  # end = c + j + 1 > held: the first step needing a block
+        j = first
         while j < k:
             if j >= 0:
-                steps[j] = True
+                events.setdefault(j, []).append((i, True))
             j += bs
         if cache_on:
             j = (-(c + 1)) % bs  # end = c + j + 1 a multiple of bs
             while j < k:
-                steps.setdefault(j, False)
+                if not (j >= first and (j - first) % bs == 0):  # (not one allocating already)
+                    events.setdefault(j, []).append((i, False))
                 j += bs
-        for j in steps:
-            events.setdefault(j, []).append((i, steps[j]))
-    for lst in events.values():
-        lst.sort()
     return events
