@@ -41,10 +41,15 @@ class Quantiles:
         self._chunks: list[np.ndarray] = []
         self._buckets: dict[int, int] | None = None  # the sketch, once exact values ran out
         self._zeros = 0  # values <= 0 in the sketch
+        # `extend_gaps`: the runs of times whose gaps are pending, where each run starts, and
+        # how many gaps they hold
+        self._runs: list[float] = []
+        self._run_starts: list[int] = []
+        self._gaps = 0
 
     @property
     def count(self) -> int:
-        return self._sealed + len(self._pending)
+        return self._sealed + len(self._pending) + self._gaps
 
     @property
     def exact(self) -> bool:
@@ -66,11 +71,29 @@ class Quantiles:
         if len(self._pending) >= _CHUNK:
             self._seal()
 
+    def extend_gaps(self, times: Sequence[float]) -> None:
+        """Add the gaps between consecutive `times` (b - a: np.diff's doubles, in order).
+        Why not `extend` of the gaps: a request's inter-token gaps are many short runs, and a
+        list comprehension per run costs more than one `np.diff` over many runs at once, so
+        the runs are kept as they come and differenced when sealed."""
+        if len(times) > 1:
+            self._run_starts.append(len(self._runs))
+            self._runs.extend(times)
+            self._gaps += len(times) - 1
+            if self._gaps >= _CHUNK:
+                self._seal()
+
     def _seal(self) -> None:
         if self._pending:
             chunk = np.asarray(self._pending, dtype=np.float64)
             self._pending = []
             self._take(chunk)
+        if self._runs:
+            gaps = np.diff(np.asarray(self._runs, dtype=np.float64))
+            if len(self._run_starts) > 1:  # not the gap from one run's end to the next's start
+                gaps = np.delete(gaps, np.asarray(self._run_starts[1:]) - 1)
+            self._runs, self._run_starts, self._gaps = [], [], 0
+            self._take(gaps)
 
     def _take(self, chunk: np.ndarray) -> None:
         self._sealed += len(chunk)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -124,8 +123,8 @@ class SummaryStream:
             self.ttft.add(times[0] - r.scheduled_s)
             if len(times) > 1:
                 self.tpot.add((times[-1] - times[0]) / (len(times) - 1))
-                if self.with_itl:  # np.diff's doubles, without an array per request
-                    self.itl.extend([b - a for a, b in pairwise(times)])
+                if self.with_itl:  # np.diff's doubles, in bulk over many requests
+                    self.itl.extend_gaps(times)
         self.e2e.add(r.e2e)
 
     append = add  # a runner appends its records to a list or to this alike

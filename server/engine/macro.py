@@ -92,8 +92,9 @@ def advance(core: EngineCore, t: float, until: float | None,
     running = list(sched.running)
     bs, max_len, eos = kv.block_size, cfg.max_model_len, core.model.eos_token_id
     # the step (0-based) at which each request ends by length; the window's horizon
-    by_length = [min(r.sampling_params.max_tokens - r.num_output_tokens,
-                     max_len - len(r.token_ids)) - 1 for r in running]
+    # (min(max_tokens - outputs, max_len - length) - 1, with outputs = length - prompt)
+    by_length = [min(r.sampling_params.max_tokens + r.num_prompt_tokens, max_len)
+                 - len(r.token_ids) - 1 for r in running]
     k = min(HORIZON, max(by_length) + 1)
     need = k  # the steps the kept draws must cover not to draw again: those before `until`
     if until is not None and core.decode_step_s:  # (estimated: a shorter window just stops)

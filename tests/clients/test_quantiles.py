@@ -29,6 +29,24 @@ def test_exact_below_the_bound_is_numpy_itself():
         assert s[f"p{p}"] == float(v)
 
 
+def test_gaps_of_many_runs_are_each_runs_own_gaps_in_order(monkeypatch):
+    """`extend_gaps` (a request's inter-token gaps, differenced in bulk when sealed) keeps
+    exactly the gaps within each run, in order, never one from a run's end to the next's
+    start — across seals too (a small chunk forces several)."""
+    monkeypatch.setattr(quantiles, "_CHUNK", 50)
+    rng = np.random.default_rng(4)
+    runs = [np.cumsum(rng.exponential(0.01, rng.integers(1, 30))) + 100.0 * i
+            for i in range(40)]
+    q = Quantiles()
+    for r in runs:
+        q.extend_gaps(tuple(r.tolist()))
+    expected = np.concatenate([np.diff(r) for r in runs])
+    assert q.count == len(expected) > 100
+    assert np.array_equal(q.values(), expected)  # no 100-s jump between runs, same order
+    s = q.stats(PERCENTILES)
+    assert s["mean"] == float(expected.mean()) and s["p99"] == float(np.percentile(expected, 99))
+
+
 def test_past_the_bound_every_percentile_is_within_alpha_of_its_order_statistic(monkeypatch):
     monkeypatch.setattr(quantiles, "EXACT_MAX", 1000)
     values = _lognormal(60_000, seed=3)
