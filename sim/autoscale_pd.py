@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from clients.conversation import Conversation
 from sim.admission import Admission
 from sim.autoscale import READY, Autoscaler
-from sim.pools import FleetDispatch, unserved
+from sim.pools import FleetDispatch
 from sim.virtual_types import HELD
 
 
@@ -35,9 +35,9 @@ class ScaledDispatch(FleetDispatch):
         self.control, self.base_seed = control, seed
         self._version = -1
 
-    def _members(self, slo_class: str, role: str) -> list[int]:
+    def _routable(self, ks: list[int]) -> list[int]:
         state = self.control.state
-        return [k for k in super()._members(slo_class, role) if state[k] == READY]
+        return [k for k in ks if state[k] == READY]
 
     def place(self, prompt: Sequence[int], outstanding: Sequence[int],
               session: Conversation) -> tuple[int, int | None] | None:
@@ -48,16 +48,9 @@ class ScaledDispatch(FleetDispatch):
             self.seed = self.base_seed + control._version
         cls = session.slo_class if self.by_class else ""
         for role in self._roles():
-            if not self._members(cls, role):
+            if not self._routable(self._members(cls, role)):
                 if not control.can_wake(cls, role):
                     raise RuntimeError(f"no ready {role} replica to route to")
                 return HELD
         return super().place(prompt, outstanding, session)
 
-    def check_classes(self, classes: set[str]) -> None:
-        """Every class has a pool of each role, ready or not (`FleetDispatch`'s check over
-        all slots)."""
-        for c in sorted(classes) if self.by_class else ():
-            for role in self._roles():
-                if not FleetDispatch._members(self, c, role):
-                    raise unserved(c, role)

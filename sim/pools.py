@@ -120,10 +120,15 @@ class FleetDispatch:
         return [k for p in self.pools if p.role == role
                 and (not self.by_class or p.serves(slo_class)) for k in p.replicas]
 
+    def _routable(self, ks: list[int]) -> list[int]:
+        """The members a request may go to now: all of them (an autoscaled fleet keeps only
+        its ready slots, sim/autoscale_pd.py)."""
+        return ks
+
     def _group(self, slo_class: str, role: str) -> tuple[list[int], object]:
         key = (slo_class if self.by_class else "", role)
         if key not in self.groups:
-            ks = self._members(*key)
+            ks = self._routable(self._members(*key))
             if not ks:  # check_classes ran first for a whole workload; a stray class here
                 raise FleetError(f"SLO class {slo_class!r}: no {role} pool serves it")
             policy = "least-requests" if self.by_class else self.router

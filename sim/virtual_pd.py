@@ -39,7 +39,8 @@ class Dispatch(Protocol):
     def place(self, prompt: Sequence[int], outstanding: Sequence[int],
               session: Conversation) -> tuple[int, int | None] | None:
         """(the core that serves the turn, the core that prefills it first or None), or None:
-        refused at the router (recorded as RESOURCE_EXHAUSTED, holding no KV)."""
+        refused at the router (recorded as RESOURCE_EXHAUSTED, holding no KV), or `HELD`:
+        no replica of a role it needs is ready yet (routed again after the next tick)."""
         ...
 
     def transfer(self, prefill: int, decode: int, num_tokens: int,
