@@ -25,6 +25,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import grpc
 
+from server import wire
+
 # Services any caller may use with --api-key on: probes and tooling, as vLLM leaves /health
 # and /metrics open on HTTP.
 OPEN_GRPC_SERVICES = (
@@ -85,11 +87,11 @@ def has_api_key(keys: ApiKeys, context: grpc.aio.ServicerContext) -> bool:
 
 
 async def _refuse(request: object, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+    await wire.abort(context, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
 
 async def _refuse_stream(request: object, context: grpc.aio.ServicerContext):
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+    await wire.abort(context, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
     yield  # pragma: no cover - an async generator, as a streaming handler is
 
 

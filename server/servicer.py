@@ -47,7 +47,6 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         rlog = request_log(log, rid)
         if self.draining:
             await wire.abort(context, grpc.StatusCode.UNAVAILABLE, "server is draining")
-            return
         try:
             request_ids.check(rid)
             client = self.fleet.resolve(request.deployment, request.model)
@@ -58,11 +57,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         except UnknownDeployment as e:
             rlog.info("rejected: %s", e)
             await wire.abort(context, grpc.StatusCode.NOT_FOUND, str(e))
-            return
         except EngineError as e:
             rlog.info("rejected: %s", e)
             await wire.abort(context, convert.status_code(e), str(e))
-            return
         finished = 0
         try:  # from here on every way out frees what the engine holds
             if not await wire.send_headers(context, (
@@ -75,7 +72,6 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                     yield convert.to_response(chunk, rid, client.name)
         except StreamFailed as e:
             await wire.abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
-            return
         finally:
             if finished < len(streams):  # client cancel, deadline, failed write: free at once
                 rlog.info("stream ended early (cancel or deadline); aborting in %s",
@@ -101,5 +97,5 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         try:
             client = self.fleet.get(request.name)
         except UnknownDeployment as e:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+            await wire.abort(context, grpc.StatusCode.NOT_FOUND, str(e))
         return convert.to_deployment(client.status(), request.name == self.fleet.default_name)

@@ -115,7 +115,7 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         peer = context.peer()
         self.last_receive = time.time()
         if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining")
+            await wire.abort(context, grpc.StatusCode.UNAVAILABLE, "server is draining")
         try:
             request_ids.check(rid)
             engine_request = vllm_convert.to_engine_request(request, rid)
@@ -124,7 +124,7 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
                 (stream,) = await parallel.submit_all(self.client, [engine_request], rid)
         except EngineError as e:
             rlog.info("rejected: %s", e)
-            await context.abort(convert.status_code(e), str(e))
+            await wire.abort(context, convert.status_code(e), str(e))
         if early_abort:  # its Abort overtook it: it ends at once, aborted, having run nothing
             rlog.info("aborted before it arrived (Abort from the client came first)")
             self.aborts.finished(peer, rid)
@@ -149,7 +149,7 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
                     ids = chunk.token_ids if request.stream else tuple(output_ids)
                     yield vllm_convert.to_complete(chunk, ids)
         except StreamFailed as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            await wire.abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
         finally:
             self.peers.pop(stream.seq, None)
             self.aborts.finished(peer, rid)
@@ -249,7 +249,7 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
         info = self.client.info  # rank 0, as smg's servicer relays rank 0 only
         if not info.kv_events_endpoint:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, kv_relay.DISABLED)
+            await wire.abort(context, grpc.StatusCode.UNIMPLEMENTED, kv_relay.DISABLED)
         await context.send_initial_metadata(())
         log.info("SubscribeKvEvents from %s: relaying %s from sequence %d", context.peer(),
                  info.kv_events_endpoint, request.start_sequence_number)

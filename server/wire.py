@@ -15,6 +15,7 @@ grpc.aio log a traceback) answers UNIMPLEMENTED with a message instead.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Callable
@@ -24,6 +25,7 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
+from grpc._cython.cygrpc import ExecuteBatchError  # what grpc.aio raises for a refused batch
 
 
 class Undecodable:
@@ -36,9 +38,9 @@ class Undecodable:
 
 
 async def reject(request: Undecodable, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                        f"the request message does not decode ({request.error}); string "
-                        "fields must be valid UTF-8")
+    await abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                f"the request message does not decode ({request.error}); string fields must "
+                "be valid UTF-8")
 
 
 def _deserializer(cls: Any) -> Callable[[bytes], Any]:
@@ -63,10 +65,10 @@ def _unimplemented(name: str, streaming: bool) -> Callable[..., Any]:
     message = f"{name} is not served by doppelchip"
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
+        await abort(context, grpc.StatusCode.UNIMPLEMENTED, message)
 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
+        await abort(context, grpc.StatusCode.UNIMPLEMENTED, message)
         yield  # an async generator, as grpc.aio expects of a streaming method
 
     return stream if streaming else unary
@@ -94,23 +96,44 @@ def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescr
     server.add_registered_method_handlers(service.full_name, handlers)
 
 
+def ended(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the call is over for the client: it cancelled, a status went out, or its
+    deadline passed. grpc.aio learns of a cancel or an expired deadline from a callback
+    that may run after the handler's next send, so a handler checks this before sending a
+    status: the send would be refused."""
+    if context.cancelled() or context.done():
+        return True
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
+
+
 async def send_headers(context: grpc.aio.ServicerContext, metadata) -> bool:
     """Send a streaming call's response headers; False when the call ended first (a client
     that cancels at once: grpc refuses the batch and would log a traceback), so the handler
     returns and its `finally` frees what the engine holds."""
     try:
         await context.send_initial_metadata(metadata)
+    except ExecuteBatchError:
+        return False  # core refused the batch: the call ended under it
     except Exception:
-        if context.cancelled() or context.done():
+        if ended(context):
             return False
         raise
     return True
 
 
 async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> None:
-    """`context.abort` (which raises, ending the handler), unless the client already left: a
-    cancelled call takes no status (grpc would refuse the batch and log a traceback), so this
-    returns and the handler must return after it."""
-    if context.cancelled() or context.done():
-        return
-    await context.abort(code, details)
+    """End the handler with `code` and `details` (`context.abort`, which raises); every
+    abort of the servicers goes through here.
+
+    When the call has already ended for the client (`ended`), or ends while the status is
+    being sent (core refuses the batch: the cancel or the deadline had reached core but not
+    yet grpc.aio's callback), there is nobody to tell: this raises `CancelledError`, what
+    grpc.aio itself raises into a handler whose client left, and what it logs at DEBUG.
+    Left to itself, grpc.aio would log the refused batch as an ERROR with a traceback."""
+    if ended(context):
+        raise asyncio.CancelledError("the call ended before its status was sent")
+    try:
+        await context.abort(code, details)
+    except ExecuteBatchError as e:
+        raise asyncio.CancelledError("the call ended while its status was sent") from e
