@@ -12,6 +12,9 @@ One turn:
    aborts that came meanwhile win over the step's tokens;
 5. publish one `StepOutputs` per front end with the new tokens, then write the stats array.
 
+What arrives is handled in `loop_inputs.py`, what leaves in `loop_outputs.py`, the work
+outside the steps (KV events, sleep, P/D timers) in `loop_controls.py`: mixins of `EngineLoop`.
+
 Flow control: when the engine is behind its timeline (the host cannot keep up), each step
 asks its front ends for an `Ack`, and the engine does not run more than `MAX_UNACKED` steps
 ahead of a front end that has not absorbed them: a lagging engine then spends its CPU in step
@@ -28,14 +31,14 @@ import zmq
 
 from server.engine.clock import Timeline
 from server.engine.core import EngineCore
-from server.engine.intake import Limits, admit
-from server.engine.interface import EngineError, FinishReason, Unavailable
+from server.engine.intake import Limits
+from server.engine.interface import FinishReason
 from server.engine.kv_events_config import KVEventsConfig
 from server.engine.kv_transfer import KvTransferConfig
-from server.engine.logs import request_log
 from server.engine_proc.faults import FaultDriver
 from server.engine_proc.kv_connector import NixlConnector
 from server.engine_proc.loop_controls import Live, LoopControls
+from server.engine_proc.loop_inputs import LoopInputs
 from server.engine_proc.loop_outputs import LoopOutputs
 from server.engine_proc.lora import LoraPublisher, lora_file
 from server.engine_proc.sleep import SleepState
@@ -51,7 +54,7 @@ WARN_LAG_WALL_S = 0.02  # warn when a step ends this much wall time behind its d
 WARN_EVERY_S = 10.0
 
 
-class EngineLoop(LoopControls, LoopOutputs):
+class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
     def __init__(self, *, deployment: int, rank: int, epoch: int, core: EngineCore,
                  limits: Limits, stats: EngineStats, run_dir: RunDir, num_frontends: int,
                  timeline: Timeline, cold: bool, check_integrity: bool,
@@ -222,120 +225,6 @@ class EngineLoop(LoopControls, LoopOutputs):
                 wall = wall_until(t)
                 if wall > 0:
                     time.sleep(wall)
-
-    # ---- messages in ------------------------------------------------------------------------
-    def _service(self, timeout_ms: int | None) -> None:
-        """Poll once (None: block until something arrives), then handle everything queued."""
-        events = dict(self.poller.poll(timeout_ms))
-        if self.connector is not None:
-            self.connector.handle(events)
-        for i, sock in enumerate(self.outputs):
-            if events.get(sock, 0) & zmq.POLLOUT:
-                self._flush(i)
-        if self.kv_pub is not None and self.kv_pub.replay in events:
-            self.kv_pub.service_replay()
-        if not events.get(self.input, 0) & zmq.POLLIN:
-            return
-        replies: dict[int, list[m.Admission]] = {}
-        rejected = 0
-        while True:
-            try:
-                raw = self.input.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            msg = m.to_engine(raw)
-            if isinstance(msg, m.AddRequest):
-                answer = self._add(msg)
-                rejected += answer.error == "Overloaded"
-                replies.setdefault(msg.frontend, []).append(answer)
-            elif isinstance(msg, m.Abort):
-                reason = FinishReason.STOP if msg.reason == "stop" else FinishReason.ABORT
-                for seq in msg.seqs:
-                    if (key := f"{msg.frontend}:{seq}") in self.live:
-                        self.aborts[key] = reason
-            elif isinstance(msg, m.Ack):
-                queue = self.unacked[msg.frontend]
-                while queue and queue[0] <= msg.step:
-                    queue.popleft()
-            elif isinstance(msg, m.FrontendGone):
-                for key, live in self.live.items():
-                    if live.frontend == msg.frontend:
-                        self.aborts[key] = FinishReason.ABORT
-                self.unacked[msg.frontend].clear()
-            elif isinstance(msg, m.Shutdown):
-                self.stopping = True
-            elif isinstance(msg, m.ResetPrefixCache):  # KV events (issue 13)
-                self._reset_prefix_cache(msg)
-            elif isinstance(msg, m.LoraOp):  # --- LoRA (issue 13) ---
-                answer = (self.lora.handle(msg, self.deployment, self.rank) if self.lora else
-                          m.LoraAnswer(self.deployment, self.rank, msg.op, 400,
-                                       "BadRequestError", f"LoRA is not enabled on deployment "
-                                       f"{self.name!r} (--enable-lora)"))
-                self._send(msg.frontend, m.encode(answer))
-            elif isinstance(msg, m.Sleep | m.WakeUp):  # sleep mode (issue 13)
-                answer = self._control(msg)
-                if answer is not None:
-                    replies.setdefault(msg.frontend, []).append(answer)
-        if replies:  # the waiting count a status query reads moves before the client knows
-            self.stats.queued(self.num_queued(), rejected)
-        for fe, items in replies.items():
-            self._send(fe, m.encode(m.Admissions(self.deployment, self.rank, items)))
-
-    def _add(self, msg: m.AddRequest) -> m.Admission:
-        r = msg.request
-        try:
-            if msg.epoch != self.epoch:
-                raise Unavailable(f"deployment {self.name!r} restarted; retry")
-            if self.state != "ready":
-                raise Unavailable(f"deployment {self.name!r} is {self.state}: "
-                                  f"{'building its engine' if self.state == 'compiling' else ''}")
-            params = r.kv_transfer_params if self.connector is not None else None
-            remote_decode = bool(params and params.get("do_remote_decode"))
-            req = admit(r, list(r.prompt_token_ids or ()),
-                        1 if remote_decode else msg.max_tokens, msg.arrival,
-                        limits=self.limits, num_queued=self.num_queued(),
-                        free_seats=self.core.scheduler.free_seats,
-                        in_flight=r.request_id in self.by_rid,
-                        constraints=self.core.constraints, lora=self.core.lora)
-        except EngineError as e:
-            request_log(log, r.request_id).info("rejected on %s: %s", self.name, e)
-            return m.Admission(msg.seq, type(e).__name__, str(e))
-        req.request_id = f"{msg.frontend}:{msg.seq}"
-        live = Live(req, msg.frontend, msg.seq, r.request_id)
-        self.live[req.request_id] = live
-        self.by_rid.add(r.request_id)
-        req.hold_kv = remote_decode  # P/D: a prefill keeps its KV for the decode side
-        if not (params and self.connector is not None
-                and self.connector.start(live, req.request_id, params, req.num_prompt_tokens)):
-            self.inbox.append(live)
-        request_log(log, r.request_id).info(
-            "queued on %s: %d prompt tokens, max_tokens=%d", self.name, req.num_prompt_tokens,
-            req.sampling_params.max_tokens)
-        return m.Admission(msg.seq)
-
-    def _take_inbox(self) -> None:
-        if self.inbox and not self.sleep.sleeping and self.pending_sleep is None:
-            for live in self.inbox:
-                if live.req.request_id not in self.aborts:
-                    self._latest_arrival = max(self._latest_arrival, live.req.arrival_time)
-                    self.core.add_request(live.req)
-            self.inbox.clear()
-        if self.aborts:
-            aborts, self.aborts = self.aborts, {}
-            for key, reason in aborts.items():
-                if (live := self.live.get(key)) is not None:
-                    if live in self.inbox:  # held while asleep
-                        self.inbox.remove(live)
-                    elif self.connector is not None:
-                        self.connector.abort(key)  # its KV was still pending
-                    self.core.scheduler.abort(live.req.request_id, reason)
-                    self._forget(live, reason)
-
-    def _forget(self, live: Live, reason: FinishReason) -> None:
-        del self.live[live.req.request_id]
-        self.by_rid.discard(live.rid)
-        request_log(log, live.rid).info("finished on %s: %s after %d tokens", self.name,
-                                        reason.value, live.req.num_output_tokens)
 
     def _shutdown(self) -> None:
         for live in list(self.live.values()):
