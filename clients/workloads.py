@@ -20,6 +20,7 @@ import numpy as np
 
 from clients.arrivals import arrival_times, parse_rate_shape, shaped_arrival_times
 from clients.conversation import FIRST_ORDINARY_ID, Conversation, Turn
+from clients.lengths import length_draw
 from clients.structured import structured_constraint
 
 
@@ -36,7 +37,7 @@ class WorkloadSpec:
     burstiness: float = 1.0  # gamma arrivals: shape (< 1 burstier than Poisson)
     ramp_up_s: float = 0.0  # the rate ramps linearly from 0 over this many seconds
     length_dist: str = "fixed"  # fixed | uniform | normal (around isl and osl) | histogram
-    length_file: str = ""  # histogram: CSV rows "input,output,weight" (see _histogram)
+    length_file: str = ""  # histogram: CSV rows "input,output,weight" (see clients/lengths.py)
     mix: tuple[tuple[str, float], ...] = ()  # mix: (workload kind, weight) pairs
     length_spread: float = 0.0  # uniform: ± this fraction; normal: std as this fraction
     seed: int = 0
@@ -76,7 +77,8 @@ def _prompts(spec: WorkloadSpec, rng: np.random.Generator,
     generator gives the same values for one (k, n) draw as for k draws of n, and leaves the
     same state — only faster (the values are the same workload). The lengths' arguments are
     checked now, the prompts drawn as they are iterated."""
-    draw = _lengths(spec, rng)
+    draw = length_draw(spec.length_dist, spec.isl, spec.osl, spec.length_spread,
+                       spec.length_file, rng)
 
     def each() -> Iterator[tuple[tuple[int, ...], int]]:
         if spec.length_dist != "fixed":
@@ -181,51 +183,6 @@ def with_classes(conversations: Iterable[Conversation], spec: WorkloadSpec,
 
 
 _CLASS_STREAM = 0x51C  # the class draw's own stream of the workload seed
-
-
-def _lengths(spec: WorkloadSpec, rng: np.random.Generator):
-    """A draw() of (input, output) lengths: fixed at isl/osl (consuming no randomness), uniform
-    within ±spread of them, or normal with a standard deviation of spread × mean (at least 1)."""
-    if spec.length_dist == "fixed":
-        return lambda: (spec.isl, spec.osl)
-    if spec.length_spread < 0:
-        raise ValueError("length_spread must be >= 0")
-    if spec.length_dist == "uniform":
-        lo = [max(1, round(m * (1 - spec.length_spread))) for m in (spec.isl, spec.osl)]
-        hi = [max(1, round(m * (1 + spec.length_spread))) for m in (spec.isl, spec.osl)]
-        return lambda: tuple(int(rng.integers(a, b + 1)) for a, b in zip(lo, hi, strict=True))
-    if spec.length_dist == "histogram":
-        pairs, weights = _histogram(spec.length_file)
-        return lambda: pairs[int(rng.choice(len(pairs), p=weights))]
-    if spec.length_dist == "normal":
-        return lambda: tuple(max(1, round(rng.normal(m, spec.length_spread * m)))
-                             for m in (spec.isl, spec.osl))
-    raise ValueError(f"unknown length distribution {spec.length_dist!r}; fixed, uniform, normal")
-
-
-def _histogram(path: str) -> tuple[list[tuple[int, int]], np.ndarray]:
-    """(input, output) length pairs and their probabilities from a CSV file of
-    `input,output,weight` rows (a header row and # comments are allowed)."""
-    if not path:
-        raise ValueError("the histogram length distribution needs a length file")
-    pairs, weights = [], []
-    with open(path) as f:
-        for n, line in enumerate(f, start=1):
-            line = line.split("#", 1)[0].strip()
-            if not line or line.lower().startswith("input"):
-                continue
-            try:
-                i, o, w = (float(x) for x in line.split(","))
-            except ValueError:
-                raise ValueError(f"{path}:{n}: expected input,output,weight") from None
-            if i < 1 or o < 1 or w < 0:
-                raise ValueError(f"{path}:{n}: lengths must be >= 1 and weights >= 0")
-            pairs.append((int(i), int(o)))
-            weights.append(w)
-    total = sum(weights)
-    if not pairs or total <= 0:
-        raise ValueError(f"{path}: no length with a positive weight")
-    return pairs, np.asarray(weights) / total
 
 
 def _mix(spec: WorkloadSpec, rng: np.random.Generator,

@@ -21,9 +21,13 @@ and `deployment`; device metrics use `deployment` and `chip`.
 
 from __future__ import annotations
 
-from server.engine.faults import FAILURE_TYPES
 from server.ipc.messages import DeploymentInfo
 from server.stats.layout import MetricDef
+from server.stats.schema_features import (
+    FAULT_ENGINE_METRICS,
+    FAULT_REQUEST_METRICS,
+    pd_sleep_metrics,
+)
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 WAITING_REASONS = ("capacity", "deferred")
@@ -227,56 +231,9 @@ def engine_metrics(info: DeploymentInfo) -> list[MetricDef]:
         MetricDef("doppelchip_step_seconds", "histogram",
                   "Emulated duration of one engine step (compile stall included).",
                   STEP_BUCKETS),
-        *_pd_sleep(),
+        *pd_sleep_metrics(),
         *(FAULT_ENGINE_METRICS if info.faults else ()),
     ]
-
-
-# --- P/D and sleep mode (issue 13) ------------------------------------------------------------
-KV_TRANSFER_OUTCOMES = ("ok", "failed")
-
-
-def _pd_sleep() -> list[MetricDef]:
-    """The KV transfers a decode pod pulled (docs/PD.md), the blocks a prefill pod holds for
-    its decode side, and the emulated time waking up cost."""
-    return [
-        MetricDef("doppelchip_kv_transfers", "counter",
-                  "KV-cache transfers pulled from a prefill pod (P/D), by outcome.",
-                  label="outcome", values=KV_TRANSFER_OUTCOMES),
-        MetricDef("doppelchip_kv_transfer_bytes", "counter",
-                  "KV-cache bytes pulled from prefill pods (P/D)."),
-        MetricDef("doppelchip_kv_transfer_seconds", "counter",
-                  "Emulated seconds the KV transfers took on the link (P/D)."),
-        MetricDef("doppelchip_kv_held_blocks", "gauge",
-                  "KV blocks a prefill pod holds for decode pods to read (P/D)."),
-        MetricDef("doppelchip_wake_seconds", "counter",
-                  "Emulated seconds spent bringing weights back on wake-up (sleep mode)."),
-    ]
-
-
-# --- failure injection (issue 13): docs/FAULTS.md ---------------------------------------------
-DEVICE_FAULTS = ("slowdown", "hang", "crash", "lost_chips")
-FAULT_REQUEST_METRICS = (
-    MetricDef("doppelchip_failure_injections", "counter",
-              "Generation requests refused by failure injection, by llm-d-inference-sim's "
-              "failure type.", label="failure_type", values=FAILURE_TYPES),
-    MetricDef("doppelchip_stream_cuts", "counter",
-              "Streams cut mid-response by fault injection."),
-)
-FAULT_ENGINE_METRICS = (
-    MetricDef("doppelchip_fault_events", "counter",
-              "Device faults injected (occurrences started), by kind.", label="fault",
-              values=DEVICE_FAULTS),
-    MetricDef("doppelchip_fault_active", "gauge",
-              "1 while a device fault is in force (hang: while steps are held back).",
-              label="fault", values=("slowdown", "hang", "lost_chips")),
-    MetricDef("doppelchip_slowdown_factor", "gauge",
-              "Factor on every step's device time (1 when no slowdown is in force)."),
-    MetricDef("doppelchip_hang_seconds", "counter",
-              "Emulated seconds the engine made no progress with requests in flight (hang)."),
-    MetricDef("doppelchip_kv_lost_blocks", "gauge",
-              "KV blocks out of service with lost chips (counted as used)."),
-)
 
 
 def _spec_decode(k: int) -> list[MetricDef]:

@@ -128,7 +128,7 @@ class _Stats:
 
     def __init__(self) -> None:
         from server.stats.layout import Layout
-        from server.stats.schema import FAULT_ENGINE_METRICS
+        from server.stats.schema_features import FAULT_ENGINE_METRICS
         self.layout = Layout(list(FAULT_ENGINE_METRICS))
         self.a = [0.0] * self.layout.size
         self.slot = self.layout.slot
