@@ -10,7 +10,7 @@ from typing import Any
 
 from doppelchip import exit_codes
 from doppelchip.client_flags import add_client_security_args
-from doppelchip.cmd_simulate import add_workload_args
+from doppelchip.sim_flags import add_workload_args
 from doppelchip.simulate_format import format_summary
 
 

@@ -15,7 +15,8 @@ import shlex
 import sys
 from typing import Any
 
-from doppelchip.cmd_simulate import ROUTERS, add_workload_args
+from doppelchip.cmd_simulate import ROUTERS
+from doppelchip.sim_flags import add_workload_args
 
 DEFAULT_MODEL = "llama-3.1-8b"
 

@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
                    "(vllm:gpu_cache_usage_perc, vllm:gpu_prefix_cache_*), which the "
                    "production-stack router reads")
     add_security_args(p)
-    from doppelchip.cmd_simulate import add_deployment_args
+    from doppelchip.sim_flags import add_deployment_args
 
     add_deployment_args(p, verb="serve alone, as a vLLM pod", with_config=False)
     pod = p.add_argument_group("pod mode (with --deployment or --chip/--engine/--model/--quant)")

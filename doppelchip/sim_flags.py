@@ -1,0 +1,188 @@
+"""The deployment and workload flags shared by several commands: `add_deployment_args`
+(simulate; serve's pod mode; load's `sim:` target), its failure-injection group
+`add_fault_args`, and `add_workload_args` (simulate, load, plan).
+
+Why it exists apart from `cmd_simulate`: these groups are parsing only, used by four commands;
+each command's own flags and its run stay in its `cmd_*.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
+                        with_config: bool = True) -> None:
+    """The deployment flags shared by simulate, serve's pod mode (and the load generator's
+    sim: target)."""
+    g = p.add_argument_group("deployment (a fleet file's deployment, or flags as in estimate)")
+    if with_config:
+        g.add_argument("--config", metavar="FILE",
+                       help="fleet TOML file to take a deployment from")
+    g.add_argument("--deployment", metavar="NAME",
+                   help=f"deployment of --config (or of the built-in fleet) to {verb}")
+    g.add_argument("--chip", help="chip id, e.g. h100-sxm (see `doppelchip devices`)")
+    g.add_argument("--engine", help="engine id, e.g. vllm, sglang, llama.cpp, groq")
+    g.add_argument("--model", help="model id, e.g. llama-3.1-8b")
+    g.add_argument("--quant", help="weight format id, e.g. bf16, fp8, q4_k_m")
+    g.add_argument("--count", type=int, help="total chips (default: tp × pp, or computed)")
+    g.add_argument("--tp", type=int, help="tensor-parallel degree")
+    g.add_argument("--pp", type=int, help="pipeline-parallel degree")
+    g.add_argument("--ep", type=int,
+                   help="expert-parallel degree (MoE): experts over ep of a stage's tp × dp "
+                   "chips; without --tp, attention runs data parallel (count = tp × pp × dp)")
+    g.add_argument("--kv-cache-dtype", choices=["auto", "fp8"],
+                   help="KV cache element type (auto: the quantisation's)")
+    g.add_argument("--speculative-config", metavar="JSON",
+                   help="vLLM's speculative_config JSON plus acceptance_rate, e.g. "
+                   '\'{"method": "eagle3", "num_speculative_tokens": 3, '
+                   '"acceptance_rate": 0.7}\'')
+    g.add_argument("--n-gpu-layers", type=int, help="llama.cpp: layers on the GPU")
+    g.add_argument("--built-for", help="TensorRT-LLM: GPU architecture the engine was built for")
+    g.add_argument("--max-model-len", type=int, help="context length (default: model's, capped)")
+    g.add_argument("--max-num-seqs", type=int, help="sequence cap per step (engine default)")
+    g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
+    g.add_argument("--policy", choices=["fcfs", "priority", "lpm"], help="queue policy")
+    g.add_argument("--prefix-cache", choices=["on", "off"], help="radix prefix cache on/off")
+    g.add_argument("--kv-layout", choices=["paged", "contiguous"],
+                   help="paged blocks, or the pre-vLLM contiguous max-length reservation")
+    g.add_argument("--batching", choices=["continuous", "static"], help="batching baseline")
+    g.add_argument("--output-len-mean", type=float,
+                   help="mean output length when EOS is sampled (default 128)")
+    g.add_argument("--cold", action="store_true", help="start cold: pay the build/compile time")
+    g.add_argument("--jump-forward", choices=["on", "off"],
+                   help="structured output: append grammar-forced tokens without decoding "
+                   "them (default: the engine's; on for sglang)")
+    # ---- request limits (issue 14; docs/OPERATIONS.md) -------------------------------------
+    g.add_argument("--max-prompt-bytes", type=int, metavar="BYTES",
+                   help="largest prompt text, checked before tokenizing (default 2000000)")
+    g.add_argument("--max-stop-strings", type=int, metavar="N",
+                   help="stop strings per request (default 256)")
+    g.add_argument("--max-stop-bytes", type=int, metavar="BYTES",
+                   help="longest stop string (default 1024)")
+    g.add_argument("--max-grammar-bytes", type=int, metavar="BYTES",
+                   help="largest constraint: regex, JSON schema or grammar (default 65536)")
+    g.add_argument("--max-grammar-depth", type=int, metavar="N",
+                   help="deepest nesting a constraint may have (default 100)")
+    # ---- end request limits ----------------------------------------------------------------
+    # --- KV events (issue 13) ---
+    g.add_argument("--kv-events-config", metavar="JSON",
+                   help="vLLM's KV-cache events config, e.g. "
+                   '\'{"enable_kv_cache_events": true, "publisher": "zmq", '
+                   '"replay_endpoint": "tcp://*:5558"}\' (ZeroMQ on 127.0.0.1:5557 by '
+                   "default; docs/KV_EVENTS.md)")
+    g.add_argument("--prefix-caching-hash-algo", choices=["sha256", "sha256_cbor"],
+                   help="vLLM's block hash of the prefix cache and its KV events "
+                   "(default sha256)")
+    # --- LoRA (issue 13): vLLM's flags (docs/LORA.md) ---
+    g.add_argument("--enable-lora", action="store_true", default=None,
+                   help="serve LoRA adapters (selected by a request's model name)")
+    g.add_argument("--max-loras", type=int, help="LoRA adapters one batch may run (default 1)")
+    g.add_argument("--max-lora-rank", type=int,
+                   help="largest adapter rank (default 16; 1, 8, 16, 32, 64, 128, 256, 320, 512)")
+    g.add_argument("--max-cpu-loras", type=int,
+                   help="adapters kept in host memory, LRU (default: --max-loras)")
+    g.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH|JSON",
+                   help='adapters at start-up: name=path or \'{"name": ..., "path": ..., '
+                   '"base_model_name": ..., "rank": ...}\' (the path is recorded, not read)')
+    # --- P/D and sleep mode (issue 13) ---
+    g.add_argument("--kv-transfer-config", metavar="JSON",
+                   help="vLLM's KV transfer config for disaggregated prefill/decode, e.g. "
+                   '\'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\' '
+                   '(kv_connector_extra_config.link: a link id; docs/PD.md)')
+    g.add_argument("--enable-sleep-mode", action="store_true",
+                   help="accepted for vLLM compatibility: sleep mode is always available")
+    add_fault_args(p)
+
+
+def add_fault_args(p: argparse.ArgumentParser) -> None:
+    """Failure injection (issue 13; docs/FAULTS.md): llm-d-inference-sim's request-level flags
+    and doppelchip's device faults. Each SPEC is key=value pairs, e.g. "at=30,for=10,factor=3";
+    times are emulated seconds since the server started."""
+    g = p.add_argument_group("failure injection (docs/FAULTS.md)")
+    g.add_argument("--failure-injection-rate", type=float, metavar="PERCENT",
+                   help="percent (0-100) of generation requests refused with an injected "
+                   "error, as llm-d-inference-sim")
+    g.add_argument("--failure-types", nargs="+", metavar="TYPE",
+                   help="the injected errors: rate_limit invalid_api_key context_length "
+                   "server_error invalid_request model_not_found (default: all)")
+    g.add_argument("--failure-injection-seed", type=int, metavar="N",
+                   help="seed of every fault draw (default: the deployment's seed)")
+    g.add_argument("--fault-slowdown", nargs="+", metavar="SPEC",
+                   help="steps cost FACTOR times more: at=T,for=D,factor=F or rate=R,for=D,"
+                   "factor=F (R: events per emulated second)")
+    g.add_argument("--fault-hang", nargs="+", metavar="SPEC",
+                   help="no step for D seconds (health stays SERVING): at=T,for=D or "
+                   "rate=R,for=D")
+    g.add_argument("--fault-crash", nargs="+", metavar="SPEC",
+                   help="the engine process dies (restarted after the back-off and its cold "
+                   "start): at=T or rate=R")
+    g.add_argument("--fault-lost-chips", nargs="+", metavar="SPEC",
+                   help="K chips' share of the KV pool is lost (preemptions follow): "
+                   "at=T,chips=K[,for=D] or rate=R,chips=K,for=D")
+    g.add_argument("--fault-stream-cut", nargs="+", metavar="SPEC",
+                   help="streams cut after K tokens (gRPC UNAVAILABLE, HTTP closed without "
+                   "[DONE]): after=K,at=T,for=D or after=K,percent=P")
+
+
+
+class _GivenRate(argparse.Action):
+    """--rate that also records it was given (`rate_given`): --rate-shape refuses an explicit
+    rate, not the default one."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.rate_given = True
+
+
+def add_workload_args(p: argparse.ArgumentParser, default_rate: float = math.inf) -> None:
+    """The workload flags of simulate and load; `default_rate` is --rate's default (inf: every
+    request at t=0, load's default; simulate passes SIMULATE_DEFAULT_RATE)."""
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", default="random",
+                   choices=["random", "shared-prefix", "multi-turn", "structured", "mix",
+                            "trace"],
+                   help="workload kind (structured: JSON-schema output with long fixed keys; "
+                   "mix: --mix weights; trace: replay --trace FILE)")
+    g.add_argument("--mix", default="random=1", metavar="KIND=W,...",
+                   help="mix: weights of the workloads to interleave, e.g. "
+                   "random=0.6,shared-prefix=0.3,structured=0.1")
+    g.add_argument("--trace", metavar="FILE",
+                   help="JSONL trace to replay: timestamp, prompt_token_ids | prompt | "
+                   "input_length, max_tokens per line (see clients/trace.py)")
+    g.add_argument("--isl", type=int, default=128, help="input (user message) tokens")
+    g.add_argument("--osl", type=int, default=128, help="output tokens (max_tokens)")
+    g.add_argument("--num-requests", type=int, default=None,
+                   help="requests (conversations for multi-turn); default 100")
+    g.add_argument("--duration", type=float, default=None,
+                   help="seconds of arrivals at --rate (instead of --num-requests)")
+    rate_help = ("arrivals per second (inf: all at once; the default)" if math.isinf(default_rate)
+                 else f"arrivals per second, --arrival poisson by default (default "
+                 f"{default_rate:g}; inf: all at once)")
+    g.add_argument("--rate", type=float, default=default_rate, help=rate_help, action=_GivenRate)
+    g.add_argument("--arrival", default="poisson", choices=["poisson", "constant", "gamma"],
+                   help="arrival process for a finite --rate")
+    g.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma arrivals: shape of the gaps (< 1 burstier than Poisson)")
+    g.add_argument("--ramp-up", type=float, default=0.0, metavar="SECONDS",
+                   help="the rate grows linearly from 0 to --rate over this many seconds")
+    g.add_argument("--length-dist", default="fixed",
+                   choices=["fixed", "uniform", "normal", "histogram"],
+                   help="input/output lengths around --isl/--osl (default fixed), or drawn "
+                   "from --length-file")
+    g.add_argument("--length-file", metavar="FILE",
+                   help="histogram of lengths: CSV rows input,output,weight")
+    g.add_argument("--length-spread", type=float, default=0.0,
+                   help="uniform: ± this fraction of the mean; normal: std as this fraction")
+    g.add_argument("--seed", type=int, default=0, help="workload seed")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="generate exactly --osl tokens (otherwise EOS is sampled)")
+    g.add_argument("--system-prompt-len", type=int, default=1024,
+                   help="shared-prefix: tokens of each shared system prompt")
+    g.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix: groups")
+    g.add_argument("--users-per-prefix", type=int, default=0,
+                   help="shared-prefix: users per group (0: spread evenly)")
+    g.add_argument("--turns", type=int, default=3, help="multi-turn: turns per conversation")
+    g.add_argument("--think-time", type=float, default=0.0,
+                   help="multi-turn: seconds between a reply and the next user turn")
