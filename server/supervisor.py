@@ -44,6 +44,7 @@ from server.ipc import messages as m
 from server.ipc.paths import RunDir
 from server.ports import PortInUse, check_free, claim, reserve
 from server.supervisor_engines import EngineSlot, crash_message
+from server.supervisor_stop import stop_children
 from server.supervisor_watch import Watcher
 
 log = logging.getLogger("doppelchip.server")
@@ -276,33 +277,7 @@ class Supervisor:
     # ---- shutdown ---------------------------------------------------------------------------
     async def _stop_all(self) -> None:
         self.stopping = True
-        grace = self.config.server.drain_grace_s
-        for proc in self.frontends.values():
-            if proc.is_alive():
-                os.kill(proc.pid, signal.SIGTERM)
-        await _join(list(self.frontends.values()), grace + 10.0)
-        for key, slot in self.engines.items():
-            if slot.process is not None and slot.process.is_alive():
-                sock = self.ctx.socket(zmq.PUSH)
-                sock.setsockopt(zmq.LINGER, 1000)
-                sock.connect(self.run_dir.engine_input(*key))
-                sock.send(m.encode(m.Shutdown()))
-                sock.close()
-        await _join([s.process for s in self.engines.values() if s.process], 10.0)
-        self.run_dir.remove()
-        log.info("stopped")
-
-
-async def _join(procs: list, timeout: float) -> None:
-    """Wait for the processes to exit; kill what is left at the timeout."""
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        left = max(0.0, deadline - time.monotonic())
-        await asyncio.to_thread(p.join, left)
-        if p.is_alive():
-            log.warning("%s did not stop in time: killing it", p.name)
-            p.kill()
-            await asyncio.to_thread(p.join, 5.0)
+        await stop_children(self)
 
 
 def serve(config: FleetConfig, options: ServeOptions) -> int:
