@@ -3,12 +3,18 @@
 vLLM's output processor in miniature, used by the front end that streams the request.
 `RequestOutput.add(token_ids)` turns new tokens into the text to send now: text that could
 still be the start of a stop string is held back until it cannot, so a client never sees text
-that a stop string later takes back. Several tokens of one step (jump-forward, or a consumer
-that fell behind) share the step's interval (`spread_times`). Synchronous and clock-free: it
-only records what it is told.
+that a stop string later takes back (with `include_stop_str_in_output` nothing is held: an
+included stop string takes nothing back). Stop strings and stop tokens apply as in vLLM
+0.33.0's `v1/engine/detokenizer.py`: searched only after the first `min_tokens` tokens' text,
+the one completing first wins, a stop token's text is kept only when asked. Several tokens of
+one step (jump-forward, or a consumer that fell behind) share the step's interval
+(`spread_times`). Synchronous and clock-free: it only records what it is told.
 """
 
 from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
 
 from server.engine.interface import EngineRequest, Timings
 from server.engine.tokenizer import Tokenizer
@@ -24,12 +30,50 @@ def spread_times(prev: float | None, t: float, n: int) -> list[float]:
     return [prev + (t - prev) * (i + 1) / n for i in range(n)]
 
 
-class RequestOutput:
-    """Detokenization and stop strings of one request (the text it streams)."""
+class _KeepSpecialDetokenizer:
+    """`IncrementalDetokenizer` for `skip_special_tokens` false: a special token's text is its
+    content (vLLM's DecodeStream with skip_special_tokens=False), other ids their bytes."""
 
-    __slots__ = ("_detok", "_hold", "_min_tokens", "_prompt_sent", "_sent", "_special",
-                 "_stop_ids", "_stops", "_text", "include_stop", "num_tokens", "prompt_ids",
-                 "request", "stop_str", "stopped")
+    __slots__ = ("_bytes", "_special", "_utf8")
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        added = tokenizer.config.get("added_tokens_decoder") or {}
+        self._special = {int(i): str(t["content"]).encode() for i, t in added.items()
+                         if int(i) in tokenizer.special_token_ids}
+        self._bytes = tokenizer.token_bytes
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push_many(self, token_ids: Sequence[int]) -> str:
+        special, raw = self._special, self._bytes
+        return self._utf8.decode(b"".join([special[i] if i in special else raw(i)
+                                           for i in token_ids]))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+def first_stop(text: str, new_chars: int, stops: tuple[str, ...]) -> tuple[str, int] | None:
+    """vLLM's `check_stop_strings` search: the stop string that completes earliest among those
+    ending in the last `new_chars` characters of `text` (ties: the first in `stops`), with
+    where it starts. Each is searched from `len - 1` characters before the new text, so one
+    straddling old and new text matches and already-searched text is not searched again."""
+    best: tuple[str, int] | None = None
+    best_end = len(text) + 1
+    window = len(text) - new_chars + 1
+    for s in stops:
+        pos = text.find(s, max(0, window - len(s)))
+        if pos >= 0 and pos + len(s) < best_end:
+            best, best_end = (s, pos), pos + len(s)
+    return best
+
+
+class RequestOutput:
+    """Detokenization and stop strings of one request (the text it streams), as vLLM's
+    `BaseIncrementalDetokenizer.update` and `get_next_output_text` (v1/engine/detokenizer.py)."""
+
+    __slots__ = ("_constrained", "_detok", "_enders", "_eos", "_hold", "_may_end",
+                 "_min_tokens", "_prompt_sent", "_sent", "_stops", "_text", "include_stop",
+                 "num_tokens", "prompt_ids", "request", "stop_str", "stopped")
 
     def __init__(self, request: EngineRequest, prompt_ids: tuple[int, ...],
                  tokenizer: Tokenizer) -> None:
@@ -38,14 +82,22 @@ class RequestOutput:
         self.num_tokens = 0
         self.stop_str: str | None = None
         self.stopped = False  # a stop string matched: the request ends with reason stop
-        self._detok = tokenizer.detokenizer()
-        self._special = tokenizer.special_token_ids
         sp = request.sampling
+        self._detok = (tokenizer.detokenizer() if sp.skip_special_tokens
+                       else _KeepSpecialDetokenizer(tokenizer))
         self._stops = sp.stop
-        self._stop_ids = frozenset(sp.stop_token_ids)
         self._min_tokens = sp.min_tokens
         self.include_stop = sp.include_stop_str_in_output
-        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        # the tokens that end the request past min_tokens, as the scheduler's `_stop_reason`
+        # decides (a constrained request's EOS ends it regardless)
+        self._eos = tokenizer.eos_token_id
+        self._constrained = request.constraint is not None
+        self._enders = frozenset(sp.stop_token_ids) | (
+            frozenset() if sp.ignore_eos else frozenset((self._eos,)))
+        self._may_end = (self._enders | {self._eos}) if self._constrained else self._enders
+        # vLLM's stop_buffer_length: an included stop string never takes text back
+        self._hold = (max(len(s) for s in self._stops) - 1
+                      if self._stops and not self.include_stop else 0)
         self._text = ""
         self._sent = 0  # characters of _text already streamed
         self._prompt_sent = False
@@ -54,39 +106,55 @@ class RequestOutput:
     def has_stops(self) -> bool:
         return bool(self._stops)
 
+    def _stop_terminated(self, last: int) -> bool:
+        """Whether the engine ends the request with reason stop at this token (EOS or a stop
+        token id): the step output's finish is only known after `add`, so the rule is the
+        scheduler's, applied to the token count so far."""
+        if last == self._eos and self._constrained:
+            return True
+        return last in self._enders and self.num_tokens > self._min_tokens
+
     def add(self, token_ids: list[int]) -> str:
         """The text to stream for these new tokens ("" while held back). After a stop string
-        matched (`stopped`), later tokens add nothing."""
+        matched (`stopped`), later tokens add nothing.
+
+        As vLLM's `update`: a stop token that ends the request adds no text unless
+        `include_stop_str_in_output` (then it is searched for stop strings too); stop strings
+        are searched only in text after the first `min_tokens` tokens' (`stop_check_offset`)."""
         if self.stopped or not token_ids:
             return ""
+        before = self.num_tokens
         self.num_tokens += len(token_ids)
         last = token_ids[-1]
-        if last in self._special or last in self._stop_ids:  # stop tokens add no text
+        if not self.include_stop and last in self._may_end and self._stop_terminated(last):
             token_ids = token_ids[:-1]
         if not self._stops:  # nothing to hold back or match: the delta is the text
             return self._detok.push_many(token_ids)
-        self._text += self._detok.push_many(token_ids)
-        self._match_stop()
+        if self.num_tokens > self._min_tokens:
+            inside = self._min_tokens - before  # new tokens still within min_tokens
+            if inside > 0:
+                self._text += self._detok.push_many(token_ids[:inside])
+                token_ids = token_ids[inside:]
+            offset = len(self._text)
+            self._text += self._detok.push_many(token_ids)
+            self._match_stop(len(self._text) - offset)
+        else:
+            self._text += self._detok.push_many(token_ids)
         hold = 0 if self.stopped else self._hold
         upto = max(self._sent, len(self._text) - hold)
         text = self._text[self._sent : upto]
         self._sent = upto
         return text
 
-    def _match_stop(self) -> None:
-        if self.num_tokens <= self._min_tokens:
+    def _match_stop(self, new_chars: int) -> None:
+        """Truncate at the stop string completing first in the new text, as vLLM: before it,
+        or after it when it is included in the output."""
+        if not new_chars or (found := first_stop(self._text, new_chars, self._stops)) is None:
             return
-        start = max(0, self._sent - self._hold - 1)
-        best: tuple[int, str] | None = None
-        for s in self._stops:
-            pos = self._text.find(s, start)
-            if pos >= 0 and (best is None or pos < best[0]):
-                best = (pos, s)
-        if best is not None:
-            pos, s = best
-            self._text = self._text[: pos + (len(s) if self.include_stop else 0)]
-            self._sent = min(self._sent, len(self._text))
-            self.stop_str, self.stopped = s, True
+        s, pos = found
+        self._text = self._text[: pos + (len(s) if self.include_stop else 0)]
+        self._sent = min(self._sent, len(self._text))
+        self.stop_str, self.stopped = s, True
 
     def rest(self) -> str:
         """At the end: whatever text is still held back (an incomplete trailing character
