@@ -49,6 +49,10 @@ def resolve_parallelism(spec: DeploymentSpec, chip: ChipSpec, model: ModelSpec,
     if min(tp, pp, ep, count) < 1 or count % (tp * pp):
         raise PlacementError(f"count {count} is not tp {tp} × pp {pp} × dp (a whole number)")
     dp = count // (tp * pp)
+    if engine.tp_divides_heads and model.n_heads % tp:
+        raise PlacementError(f"Total number of attention heads ({model.n_heads}) must be "
+                             f"divisible by tensor parallel size ({tp}) ({engine.name} shards "
+                             "the heads over the TP ranks)")
     if ep > 1:
         if not model.is_moe:
             raise PlacementError(f"ep {ep}: {model.name} has no experts to shard")

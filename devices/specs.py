@@ -165,6 +165,7 @@ class EngineSpec:
     shape_buckets: str = "exact"
     speculative_methods: tuple[str, ...] = ()  # vLLM speculative_config methods it runs
     expert_parallel: bool = False  # can shard MoE experts over ranks (ep > 1)
+    tp_divides_heads: bool = False  # TP shards attention heads: tp must divide their number
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def path_for(self, chip_class: str) -> str:

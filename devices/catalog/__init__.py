@@ -157,6 +157,7 @@ def _engines() -> dict[str, EngineSpec]:
             shape_buckets=raw.get("shape_buckets", "exact"),
             speculative_methods=tuple(raw.get("speculative_methods", ())),
             expert_parallel=bool(raw.get("expert_parallel", False)),
+            tp_divides_heads=bool(raw.get("tp_divides_heads", False)),
             jump_forward=bool(raw["jump_forward"]),
             deterministic=bool(raw["deterministic"]),
             offload=bool(raw["offload"]),

@@ -112,3 +112,16 @@ def test_memory_bytes_per_tier():
     mem = pl.memory_bytes(1000)
     assert set(mem) == {"unified"}
     assert mem["unified"] == pytest.approx(8.03e9 * 0.5625 + 1000 * 131072, rel=0.01)
+
+
+def test_tensor_parallelism_must_divide_the_heads_where_the_engine_shards_them():
+    """vLLM, SGLang and TensorRT-LLM split attention heads over TP ranks (the catalogue's
+    `tp_divides_heads`): Llama 3.1 8B's 32 heads take TP 1, 2, 4, 8 … not 3 or 6; an engine
+    without the trait (JetStream's XLA sharding here) places TP 3."""
+    for engine in ("vllm", "sglang"):
+        with pytest.raises(PlacementError, match=r"heads \(32\) must be divisible by tensor "
+                                                 r"parallel size \(3\)"):
+            place(DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", engine, tp=3))
+        assert place(DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", engine, tp=4)).chips == 4
+    assert not catalog.get_engine("jetstream").tp_divides_heads
+    assert place(DeploymentSpec("llama-3.1-8b", "bf16", "tpu-v5e", "jetstream", tp=3)).chips == 3
