@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -21,8 +22,8 @@ def arrival_times(n: int, rate: float, kind: str, rng: np.random.Generator,
         raise ValueError("n must be >= 0")
     if not rate > 0:
         raise ValueError(f"rate must be > 0 (or inf), got {rate}")
-    if ramp_up_s < 0:
-        raise ValueError("ramp_up_s must be >= 0")
+    if not (math.isfinite(ramp_up_s) and ramp_up_s >= 0):
+        raise ValueError(f"ramp_up_s must be a finite number >= 0, got {ramp_up_s}")
     if math.isinf(rate):
         return [0.0] * n
     if kind == "constant":
@@ -30,8 +31,8 @@ def arrival_times(n: int, rate: float, kind: str, rng: np.random.Generator,
     elif kind == "poisson":
         gaps = rng.exponential(1.0 / rate, size=n)
     elif kind == "gamma":
-        if burstiness <= 0:
-            raise ValueError("burstiness must be > 0")
+        if not (math.isfinite(burstiness) and burstiness > 0):
+            raise ValueError(f"burstiness must be a finite number > 0, got {burstiness}")
         gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), size=n)
     else:
         raise ValueError(f"unknown arrival process {kind!r}; constant, poisson or gamma")
@@ -54,13 +55,19 @@ def _ramp(steady: np.ndarray, ramp_s: float) -> np.ndarray:
 # --- time-varying traffic (issue 16; docs/AUTOSCALING.md) ---------------------------------
 class RateShape:
     """An arrival rate that changes with time: `rate(t)` requests per second for t >= 0,
-    bounded by `peak`. `end_s` is where the shape stops (None: it goes on for ever)."""
+    bounded by `peak`. `end_s` is where the shape stops (None: it goes on for ever);
+    `zero_from` where its rate falls to 0 for ever (None: never), so that no draw waits there
+    for an arrival that cannot come."""
 
     name = ""
     end_s: float | None = None
 
     def __init__(self, **params: float) -> None:
         self.p = params
+
+    @property
+    def zero_from(self) -> float | None:
+        return None
 
     def rate(self, t: float) -> float:
         raise NotImplementedError
@@ -82,6 +89,10 @@ class Ramp(RateShape):
     @property
     def peak(self) -> float:
         return max(self.p["from"], self.p["to"])
+
+    @property
+    def zero_from(self) -> float | None:
+        return self.p["over"] if self.p["to"] == 0 else None
 
 
 class Diurnal(RateShape):
@@ -110,7 +121,9 @@ class Burst(RateShape):
 
     @property
     def peak(self) -> float:
-        return max(self.p["low"], self.p["high"])
+        """The highest rate the shape reaches: `on=0` never reaches `high`, `off=0` never
+        `low`."""
+        return max([self.p["low"]] * (self.p["off"] > 0) + [self.p["high"]] * (self.p["on"] > 0))
 
 
 class Piecewise(RateShape):
@@ -144,6 +157,8 @@ def parse_rate_shape(text: str) -> RateShape:
     params: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, sep, value = part.partition("=")
+        if key.strip() in params:
+            raise ValueError(f"rate shape {name}: {key.strip()}= given twice")
         try:
             params[key.strip()] = float(value)
         except ValueError:
@@ -154,10 +169,12 @@ def parse_rate_shape(text: str) -> RateShape:
     keys = getattr(cls, "keys", None)
     if keys is not None and set(params) != set(keys):
         raise ValueError(f"rate shape {name} takes {', '.join(f'{k}=' for k in keys)}")
-    if cls is Piecewise and len(params) < 2:
-        raise ValueError("rate shape piecewise needs at least two T=RATE points")
-    if any(v < 0 for v in params.values()):
-        raise ValueError(f"rate shape {name}: values must be >= 0")
+    if cls is Piecewise:
+        _check_points(params)
+    if not all(math.isfinite(v) and v >= 0 for v in params.values()):
+        raise ValueError(f"rate shape {name}: values must be finite numbers >= 0")
+    if cls is Diurnal and params["min"] > params["max"]:
+        raise ValueError("rate shape diurnal: min must be <= max")
     for key in ("over", "period"):
         if key in params and not params[key] > 0:
             raise ValueError(f"rate shape {name}: {key} must be > 0")
@@ -169,13 +186,34 @@ def parse_rate_shape(text: str) -> RateShape:
     return shape
 
 
+def _check_points(params: dict[str, float]) -> None:
+    """piecewise's `T=RATE` points: at least two, their times finite and increasing as
+    written."""
+    if len(params) < 2:
+        raise ValueError("rate shape piecewise needs at least two T=RATE points")
+    try:
+        times = [float(k) for k in params]
+    except ValueError:
+        raise ValueError("rate shape piecewise: each point is T=RATE (seconds=requests per "
+                         "second)") from None
+    if not all(math.isfinite(t) for t in times):
+        raise ValueError("rate shape piecewise: times must be finite")
+    if any(b <= a for a, b in itertools.pairwise(times)):
+        raise ValueError("rate shape piecewise: times must increase from one point to the next")
+
+
 def shaped_arrival_times(shape: RateShape, rng: np.random.Generator, n: int | None = None,
                          duration_s: float | None = None) -> list[float]:
     """Send times of a non-homogeneous Poisson process with rate `shape.rate(t)`, by thinning
     (Lewis & Shedler 1979): candidates at the constant rate `shape.peak`, each kept with
     probability rate(t) / peak. Stops after `n` arrivals, at `duration_s`, or where the shape
-    ends, whichever comes first (one of them must be given or finite)."""
+    ends, whichever comes first (one of them must be given or finite). Without either bound,
+    a shape whose rate falls to 0 for ever stops there; fewer than `n` arrivals by then is a
+    ValueError (they would never come)."""
     horizon = min(x for x in (duration_s, shape.end_s, math.inf) if x is not None)
+    zero = shape.zero_from if math.isinf(horizon) else None
+    if zero is not None:
+        horizon = zero
     if n is None and math.isinf(horizon):
         raise ValueError(f"rate shape {shape.name} goes on for ever: give a duration or a "
                          "number of requests")
@@ -186,6 +224,11 @@ def shaped_arrival_times(shape: RateShape, rng: np.random.Generator, n: int | No
         for gap, u in zip(gaps, keep, strict=True):
             t += float(gap)
             if t >= horizon:
+                if zero is not None and n is not None and len(out) < n:
+                    raise ValueError(
+                        f"rate shape {shape.name}: the rate is 0 from {zero:g} s on, so only "
+                        f"{len(out)} of the {n} requests arrive; ask for fewer requests or "
+                        "give a duration")
                 return out
             if u * peak < shape.rate(t):
                 out.append(t)

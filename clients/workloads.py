@@ -237,6 +237,8 @@ def _shared_prefix(spec: WorkloadSpec, rng: np.random.Generator,
     """Groups of users sharing one long system prompt; each asks its own question."""
     if spec.num_prefixes <= 0:
         raise ValueError("num_prefixes must be > 0")
+    if spec.system_prompt_len < 0:
+        raise ValueError("system_prompt_len must be >= 0")
     prefixes = [_ids(rng, spec.system_prompt_len, spec.vocab_size)
                 for _ in range(spec.num_prefixes)]
     per = spec.users_per_prefix or -(-spec.num_requests // spec.num_prefixes)

@@ -70,6 +70,8 @@ def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list]:
         raise LoadError(str(e)) from e
     if args.concurrency is not None and args.concurrency < 1:
         raise LoadError("--concurrency must be >= 1")
+    if not 0 < args.slo_attainment <= 1:
+        raise LoadError(f"--slo-attainment must be in (0, 1], got {args.slo_attainment:g}")
     if getattr(args, "sweep_rates", None) or getattr(args, "sweep_concurrency", None):
         from sim.sweep import SweepError, sweep
 
@@ -82,8 +84,13 @@ def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list]:
 
 def cmd_load(args: argparse.Namespace) -> int:
     from doppelchip.loadrun import LoadError
+    from doppelchip.outpaths import unwritable
 
     try:
+        problem = unwritable([("--html", args.html), ("--output-json", args.output_json),
+                              ("--output-csv", args.output_csv)])
+        if problem:  # before the run, not after it
+            raise LoadError(problem)
         summary, results = run_load_command(args)
     except LoadError as e:
         print(json.dumps({"error": str(e)}) if args.json else f"error: {e}", file=sys.stderr)

@@ -152,11 +152,16 @@ def build_inputs(args: argparse.Namespace):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from doppelchip.outpaths import unwritable
     from sim.plan import search
     from sim.plan_exec import ExecError, make_executor
 
     try:
         inputs = build_inputs(args)
+        problem = unwritable([("--html", args.html), ("--write-fleet", args.write_fleet)],
+                             [("--write-k8s", args.write_k8s)])
+        if problem:  # before the search, not after it
+            raise ValueError(problem)
         executor = make_executor(args.ray, args.jobs)
     except (ValueError, ExecError) as e:
         print(json.dumps({"error": str(e)}) if args.json else f"error: {e}", file=sys.stderr)

@@ -100,6 +100,7 @@ def add_autoscale_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from doppelchip.outpaths import unwritable
     from sim.fleet_simulation import simulate_fleet, wants_cluster
     from sim.simulation import SimulationError, simulate
 
@@ -107,6 +108,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from sim.virtual import MACRO_STEPS
         MACRO_STEPS["default"] = False
     try:  # --- virtual-time clusters (issue 16) ---
+        problem = unwritable([("--html", getattr(args, "html", None))])
+        if problem:  # before the run, not after it
+            raise SimulationError(problem)
         summary = simulate_fleet(args) if wants_cluster(args) else simulate(args)
     except SimulationError as e:
         print(json.dumps({"error": str(e)}) if args.json else f"error: {e}", file=sys.stderr)

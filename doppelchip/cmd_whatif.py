@@ -36,18 +36,24 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
+    from devices import DeviceError, catalog
+    from doppelchip.outpaths import unwritable
     from sim.whatif import WhatIfConfig, run_whatif
 
-    try:
-        batches = tuple(int(b) for b in args.batches.split(",") if b.strip())
-    except ValueError:
-        batches = ()
-    if not batches or min(batches) < 1:
-        print(f"error: --batches needs integers >= 1, got {args.batches!r}", file=sys.stderr)
+    problem = check_args(args)
+    if not problem:
+        try:
+            catalog.get_model(args.model)
+        except DeviceError as e:  # UnknownId: the message lists the known ids
+            problem = f"--model: {e}"
+    problem = problem or unwritable([], [("--out", args.out)])
+    if problem:
+        print(json.dumps({"error": problem}) if args.json else f"error: {problem}",
+              file=sys.stderr)
         return 2
     result = run_whatif(WhatIfConfig(model=args.model, isl=args.isl, osl=args.osl,
-                                     batches=batches, count=args.count, tp=args.tp,
-                                     pp=args.pp, ep=args.ep))
+                                     batches=_batches(args.batches), count=args.count,
+                                     tp=args.tp, pp=args.pp, ep=args.ep))
     if args.out:
         from clients.whatif_report import render
 
@@ -57,6 +63,25 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         (out / "whatif.html").write_text(render(result, describe(result).splitlines()))
     print(json.dumps(result) if args.json else describe(result))
     return 0
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(b) for b in text.split(",") if b.strip())
+    except ValueError:
+        return ()
+
+
+def check_args(args: argparse.Namespace) -> str:
+    """What is wrong with whatif's numeric flags ("" when nothing)."""
+    batches = _batches(args.batches)
+    if not batches or min(batches) < 1:
+        return f"--batches needs integers >= 1, got {args.batches!r}"
+    for flag in ("isl", "osl", "count", "tp", "pp", "ep"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            return f"--{flag} must be >= 1, got {value}"
+    return ""
 
 
 def describe(r: dict[str, Any]) -> str:

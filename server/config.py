@@ -165,16 +165,21 @@ _CHOICES = {
 }
 
 
+# the EngineOptions fields that must be >= 1 when given (a fleet file's keys, and the
+# deployment flags of simulate, load's sim: target and serve's pod mode: sim/simulation.py)
+POSITIVE_KEYS = ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                 "max_waiting", "block_size", "kv_blocks", "max_grammar_bytes",
+                 "stream_interval", "data_parallel_size", "max_grammar_depth",
+                 "max_prompt_bytes", "max_stop_strings", "max_stop_bytes",
+                 "max_loras", "max_lora_rank", "max_cpu_loras",  # (LoRA: issue 13)
+                 "replicas")  # (virtual-time clusters: issue 16)
+
+
 def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     for key, choices in _CHOICES.items():
         if key in table and table[key] not in choices:
             raise ConfigError(f"{where}: {key} must be one of {', '.join(choices)}")
-    for key in ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                "max_waiting", "block_size", "kv_blocks", "max_grammar_bytes",
-                "stream_interval", "data_parallel_size", "max_grammar_depth",
-                "max_prompt_bytes", "max_stop_strings", "max_stop_bytes",
-                "max_loras", "max_lora_rank", "max_cpu_loras",  # (LoRA: issue 13)
-                "replicas"):  # (virtual-time clusters: issue 16)
+    for key in POSITIVE_KEYS:
         if key in table and isinstance(table[key], int) and table[key] < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
     # --- KV events (issue 13) ---

@@ -10,7 +10,7 @@ from typing import Any
 
 from clients.report import RequestResult, SummaryStream, parse_slo
 from clients.workloads import WorkloadSpec, stream_workload
-from server.config import ConfigError, load_fleet
+from server.config import POSITIVE_KEYS, ConfigError, load_fleet
 from server.engine.build import EngineOptions, build_core
 from server.engine.faults import check_options as check_fault_options
 from server.engine.tokenizer import get_tokenizer
@@ -141,9 +141,10 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         **{k: getattr(args, k, None) for k in REQUEST_LIMITS},
         # ---- end request limits ----
     }
-    for key in REQUEST_LIMITS:  # ---- request limits (issue 14) ----
-        if overrides[key] is not None and overrides[key] < 1:
-            raise SimulationError(f"--{key.replace('_', '-')} must be >= 1")
+    for key in POSITIVE_KEYS:  # what a fleet file refuses below 1 (request limits too)
+        if overrides.get(key) is not None and overrides[key] < 1:
+            raise SimulationError(f"--{key.replace('_', '-')} must be >= 1, got "
+                                  f"{overrides[key]}")
     # --- failure injection (issue 13) ---
     for key in FAULT_KEYS:
         value = getattr(args, key, None)
@@ -162,7 +163,28 @@ FAULT_KEYS = ("failure_injection_rate", "failure_types", "failure_injection_seed
               "fault_stream_cut")
 
 
+def check_workload_args(args: argparse.Namespace) -> None:
+    """The workload flags' ranges, each refused by name (SimulationError)."""
+    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
+        raise SimulationError(f"--duration must be a finite number of seconds > 0, got "
+                              f"{args.duration:g}")
+    if not (math.isfinite(args.think_time) and args.think_time >= 0):
+        raise SimulationError(f"--think-time must be a finite number of seconds >= 0, got "
+                              f"{args.think_time:g}")
+    if not (math.isfinite(args.ramp_up) and args.ramp_up >= 0):
+        raise SimulationError(f"--ramp-up must be a finite number of seconds >= 0, got "
+                              f"{args.ramp_up:g}")
+    if not (math.isfinite(args.burstiness) and args.burstiness > 0):
+        raise SimulationError(f"--burstiness must be a finite number > 0, got "
+                              f"{args.burstiness:g}")
+    if not 0 <= args.length_spread < 1:
+        raise SimulationError(f"--length-spread must be in [0, 1), got {args.length_spread:g}")
+    if args.system_prompt_len < 0:
+        raise SimulationError(f"--system-prompt-len must be >= 0, got {args.system_prompt_len}")
+
+
 def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
+    check_workload_args(args)
     n = args.num_requests
     shape = getattr(args, "rate_shape", None)  # --- time-varying traffic (issue 16) ---
     if shape:

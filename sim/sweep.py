@@ -30,6 +30,9 @@ def sweep(args: argparse.Namespace, spec, slo: dict[str, float], run_once: RunOn
           ) -> tuple[dict[str, Any], list[RequestResult]]:
     if args.sweep_rates and args.sweep_concurrency:
         raise SweepError("sweep rates or concurrencies, not both")
+    if args.sweep_rates and getattr(args, "concurrency", None) is not None:
+        raise SweepError("--sweep-rates runs open loop at each rate: not with --concurrency "
+                         "(a closed-loop sweep is --sweep-concurrency)")
     if args.sweep_concurrency:
         return sweep_concurrency(args, spec, slo, run_once)
     return sweep_rates(args, spec, slo, run_once)
