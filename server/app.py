@@ -70,6 +70,7 @@ class FrontendApp:
         self.stats = FrontendStats(run_dir.frontend_stats(frontend), keys, max(1, max_len),
                                    any(r.faults for d in infos for r in d))
         tokenizer = get_tokenizer()
+        tokenizer.warm()  # not at the first request: its TTFT would pay ~0.3 s
         self.pacer = LoopPacer()  # coalescing while this process's event loop is saturated
         self.clients = [
             DeploymentClient(d, ranks, frontend=frontend, run_dir=run_dir, ctx=self.ctx,

@@ -40,12 +40,12 @@ class _KeepSpecialDetokenizer:
         added = tokenizer.config.get("added_tokens_decoder") or {}
         self._special = {int(i): str(t["content"]).encode() for i, t in added.items()
                          if int(i) in tokenizer.special_token_ids}
-        self._bytes = tokenizer.token_bytes
+        self._bytes = tokenizer._token_bytes  # built now (at intake), not at the first token
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push_many(self, token_ids: Sequence[int]) -> str:
         special, raw = self._special, self._bytes
-        return self._utf8.decode(b"".join([special[i] if i in special else raw(i)
+        return self._utf8.decode(b"".join([special[i] if i in special else raw[i]
                                            for i in token_ids]))
 
     def flush(self) -> str:
