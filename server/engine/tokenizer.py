@@ -138,6 +138,18 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
+    def decode_with_special(self, ids: Sequence[int]) -> str:
+        """`decode` that writes special tokens out ("<|begin_of_text|>…"), as a Hugging Face
+        tokenizer's `decode(ids)` does by default (what vLLM's /detokenize and its echo of a
+        token-id prompt answer)."""
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        """Each id's vocabulary string: byte-level BPE's alphabet ("Ġworld" for " world"),
+        special tokens by name — Hugging Face's `convert_ids_to_tokens`."""
+        tok = self._tok
+        return [tok.id_to_token(i) or "" for i in ids]
+
     def to_json(self) -> str:
         """The tokenizer as `tokenizer.json` text (what grammar engines load)."""
         return self._tok.to_str()
@@ -166,6 +178,12 @@ class Tokenizer:
         """Chat messages to ids; the template's special tokens become their ids."""
         text = self.apply_chat_template(messages, add_generation_prompt)
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def warm(self) -> None:
+        """Parse the Rust tokenizer and build the byte table now (~0.3 s), as a serving process
+        does at start-up: otherwise its first request pays for them while it streams."""
+        self._tok  # noqa: B018  (cached properties: computed once)
+        self._token_bytes  # noqa: B018
 
     def detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self)

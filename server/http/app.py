@@ -2,9 +2,9 @@
 
 Error handlers turn every failure into vLLM's error shape: an `HttpError` as raised, a body
 that fails validation → 400 `Bad Request` naming `body.<field>` (vLLM answers 400, not
-FastAPI's 422), an unknown route → 404, a known route with another method → 405 with `Allow`,
-anything unexpected → 500 `InternalServerError`; a client that hangs up while its body is read
-is not an error (nobody is left to answer).
+FastAPI's 422; bodies are read by `server.http.body`), an unknown route → 404, a known route
+with another method → 405 with `Allow`, anything unexpected → 500 `InternalServerError`; a
+client that hangs up while its body is read is not an error (nobody is left to answer).
 
 `--api-key` (`ApiKeyMiddleware`): as vLLM's `AuthenticationMiddleware`, a request to a guarded
 path without `Authorization: Bearer <one of the keys>` gets 401 `{"error": "Unauthorized"}`
@@ -14,7 +14,8 @@ guarded — the guard is derived from the route table, so a route added later (`
 `/wake_up`, `/v1/load_lora_adapter`) is guarded without a change here. vLLM (commit baaf6e9,
 `vllm/entrypoints/serve/middleware/authenticate.py`) guards only the `/v1`, `/v2`,
 `/inference` and `/cohere` prefixes, leaving `/tokenize`, `/sleep` and `/wake_up` open;
-issue 14 asks for them guarded, and docs/OPERATIONS.md records the difference.
+issue 14 asks for them guarded, and docs/OPERATIONS.md records the difference. FastAPI's
+/openapi.json, /docs and /redoc (served as vLLM serves them) are guarded the same way.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from server.http.kv_events import add_kv_event_routes
 from server.http.metrics import instrument
 from server.http.routes import add_routes
 from server.http.sleep import add_sleep_routes
-from server.http.state import VLLM_VERSION, HttpState
+from server.http.state import HttpState
 
 log = logging.getLogger("doppelchip.http")
 
@@ -87,8 +88,9 @@ class ApiKeyMiddleware:
 
 
 def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
-    app = FastAPI(title="doppelchip", version=VLLM_VERSION, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    # vLLM's `FastAPI()`: its defaults — /openapi.json, /docs, /redoc, title "FastAPI"
+    # (vLLM's --disable-fastapi-docs has no doppelchip flag)
+    app = FastAPI()
     app.state.http = state
 
     @app.exception_handler(HttpError)
@@ -97,7 +99,7 @@ def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, e: RequestValidationError) -> Response:
-        return error_response(validation_error(list(e.errors())))
+        return error_response(validation_error(list(e.errors())))  # locations as FastAPI's
 
     @app.exception_handler(HTTPException)
     async def on_starlette(request: Request, e: HTTPException) -> Response:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from server.engine.interface import EngineRequest, TokenChunk
 from server.engine.tokenizer import Tokenizer
-from server.http import sampling, tools
+from server.http import lengths, sampling, tools
 from server.http.completions import stop_reason
 from server.http.errors import bad_request
 from server.http.generate import Choice, Run
@@ -64,11 +64,13 @@ def render(messages: list[ChatMessage], tok: Tokenizer, add_generation_prompt: b
 
 
 def engine_request(req: ChatCompletionRequest, request_id: str, ids: list[int],
-                   plan: tools.ToolPlan) -> tuple[EngineRequest, int]:
+                   plan: tools.ToolPlan, max_model_len: int) -> tuple[EngineRequest, int]:
+    """The engine request and n; its budget is clamped to the context (`lengths`)."""
     max_tokens, name = req.max_completion_tokens, "max_completion_tokens"
     if max_tokens is None:
         max_tokens, name = req.max_tokens, "max_tokens"
     n = sampling.check_common(req, max_tokens, name)
+    max_tokens = lengths.output_budget(max_tokens, len(ids), max_model_len, req.min_tokens)
     top = sampling.check_logprobs(req.top_logprobs, "top_logprobs")
     if top and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from server.engine.interface import EngineRequest, TokenChunk
 from server.engine.tokenizer import Tokenizer
-from server.http import sampling
+from server.http import lengths, sampling
 from server.http.errors import bad_request
 from server.http.generate import Choice, Run
 from server.http.logprobs import Logprobs, completion_logprobs
@@ -54,18 +54,27 @@ def prompt_texts(req: CompletionRequest) -> list[str]:
     return [p] if isinstance(p, str) else [t for t in p or () if isinstance(t, str)]
 
 
-def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[int]]
-                    ) -> tuple[list[EngineRequest], int]:
-    """One engine request per prompt (the n choices are fanned out later) and n."""
-    n = sampling.check_common(req, req.max_tokens, "max_tokens")
+def echo_only(req: CompletionRequest) -> bool:
+    """`echo` with `max_tokens: 0`: the answer is the prompt alone (lm-eval's log-likelihood
+    requests); one token is generated and not shown, as vLLM's `echo_without_generation`."""
+    return bool(req.echo) and req.max_tokens == 0
+
+
+def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[int]],
+                    max_model_len: int) -> tuple[list[EngineRequest], int]:
+    """One engine request per prompt (the n choices are fanned out later) and n; each one's
+    budget clamped to the context (`lengths.output_budget`)."""
+    asked = 1 if echo_only(req) else req.max_tokens
+    n = sampling.check_common(req, asked, "max_tokens")
     sampling.check_logprobs(req.logprobs, "logprobs")
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
-    sp = sampling.sampling_params(req, req.max_tokens)
     constraint = sampling.constraint(req)
     out = []
     for i, ids in enumerate(prompts):
         rid = request_id if len(prompts) == 1 else f"{request_id}_{i}"
+        budget = lengths.output_budget(asked, len(ids), max_model_len, req.min_tokens)
+        sp = sampling.sampling_params(req, budget)
         out.append(EngineRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp,
                                  priority=req.priority, constraint=constraint,
                                  kv_transfer_params=req.kv_transfer_params))
@@ -79,12 +88,17 @@ class CompletionShapes:
                  tok: Tokenizer, prompts: list[list[int]]) -> None:
         self.req, self.run, self.rid, self.model, self.tok = req, run, rid, model, tok
         self.created = int(time.time())
-        self.echo = [tok.decode(p) for p in prompts] if req.echo else None
+        # echo: a text prompt's text; a token-id prompt decoded as vLLM's renderer decodes it
+        # (`tokenizer.decode`: special tokens written out, BOS included)
+        self.echo = [tok.decode(p) if isinstance(req.prompt, str) or isinstance(req.prompt[i], str)
+                     else tok.decode_with_special(p) for i, p in enumerate(prompts)
+                     ] if req.echo else None
         self.lps = ({c.index: Logprobs(tok, c.seed) for c in run.choices}
                     if req.logprobs is not None else None)
         self.offsets = {c.index: len(self.echo[c.prompt]) if self.echo else 0
                         for c in run.choices}
         self.usage_each = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        self.hidden = echo_only(req)  # the one generated token is not shown
 
     def _base(self) -> dict:
         return {"id": self.rid, "object": "text_completion", "created": self.created,
@@ -102,25 +116,25 @@ class CompletionShapes:
     def response(self) -> dict:
         choices = []
         for c in self.run.choices:
-            text = "".join(c.text)
+            text = "" if self.hidden else "".join(c.text)
             if self.echo:
                 text = self.echo[c.prompt] + text
             f = c.finish
             choices.append({"index": c.index, "text": text,
-                            "logprobs": self._logprobs(c, c.ids, 0),
+                            "logprobs": self._logprobs(c, [] if self.hidden else c.ids, 0),
                             "finish_reason": f.reason.value if f else None,
                             "stop_reason": stop_reason(f)})
         return {**self._base(), "choices": choices, "usage": self.run.usage(),
                 "kv_transfer_params": self.run.kv_transfer_params()}
 
     def chunks(self, c: Choice, chunk: TokenChunk) -> list[dict]:
-        text = chunk.text
+        text, ids = ("", []) if self.hidden else (chunk.text, chunk.token_ids)
         if self.echo and chunk.index == 0:
             text = self.echo[c.prompt] + text
         f = chunk.finish
         event = {**self._base(), "choices": [{
             "index": c.index, "text": text,
-            "logprobs": self._logprobs(c, chunk.token_ids, chunk.index),
+            "logprobs": self._logprobs(c, ids, chunk.index),
             "finish_reason": f.reason.value if f else None, "stop_reason": stop_reason(f)}]}
         if self.usage_each:
             event["usage"] = self.run.choice_usage(c)

@@ -10,6 +10,8 @@ admission-control overload answers **429** (issue 12), where vLLM 0.33.0 answers
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from http import HTTPStatus
 
 import msgspec
@@ -104,20 +106,91 @@ def error_response(e: HttpError, request_id: str | None = None) -> Response:
 
 
 # pydantic's union-branch and wrapper markers in an error's `loc`, which vLLM leaves out of
-# `param` (`clean_loc_for_param`, vllm/entrypoints/serve/exception_handling/handlers/).
+# `param` and of the message (`clean_loc_for_param`, vllm/entrypoints/serve/exception_handling/
+# handlers/validation.py); a segment with brackets or parentheses is one too.
 _MARKERS = frozenset({"function-wrap", "function-after", "function-before", "function-plain",
                       "json-or-python", "lax-or-strict", "chain", "default", "nullable",
-                      "tagged-union", "union", "str", "int", "float", "bool", "bytes", "list",
-                      "tuple", "dict", "set", "none"})
+                      "tagged-union", "union", "call", "arguments", "is-instance",
+                      "is-subclass", "callable", "str", "int", "float", "bool", "bytes",
+                      "bytearray", "list", "tuple", "dict", "set", "frozenset", "complex",
+                      "none", "nonetype"})
+MAX_LISTED, MAX_INPUT, MAX_ENTRY = 10, 200, 1000  # vLLM's bounds on the message's size
 
 
-def validation_error(errors: list) -> HttpError:
-    """A pydantic error list as vLLM's 400 (`param`: the field's path, `body.<field>`)."""
-    first = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ())
-           if not any(c in str(p) for c in "[](){}") and str(p).lower() not in _MARKERS]
-    param = ".".join(["body", *loc]) if loc and loc[0] != "body" else ".".join(loc) or None
+def _marker(segment: str) -> bool:
+    return any(c in segment for c in "[](){}") or segment.lower() in _MARKERS
+
+
+def clean_loc(loc: Sequence[object]) -> str:
+    """An error location as vLLM's `param`: `("body", "union[…]", "prompt")` → "body.prompt"
+    (every segment when all are markers)."""
+    parts = [str(p) for p in loc if not _marker(str(p))]
+    return ".".join(parts or [str(p) for p in loc])
+
+
+def _summary(value: object) -> str:
+    """The bounded stand-in vLLM shows for an error's `input`."""
+    if isinstance(value, bytes | bytearray):
+        return f"<{type(value).__name__} of {len(value)} bytes>"
+    if isinstance(value, list | tuple | set | frozenset | dict):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except Exception:  # e.g. an int too long for str()
+        return f"<{type(value).__name__}>"
+    return text[:MAX_INPUT] + "...[truncated]" if len(text) > MAX_INPUT else text
+
+
+def _entry(error: object) -> str:
+    if isinstance(error, dict):
+        error = dict(error)
+        if "input" in error:
+            error["input"] = _summary(error["input"])
+        if isinstance(error.get("loc"), tuple | list):
+            error["loc"] = clean_loc(error["loc"])
+    text = str(error)
+    return text[:MAX_ENTRY] + "...[truncated]" if len(text) > MAX_ENTRY else text
+
+
+_SCRUB = ((re.compile(r" at 0x[0-9a-fA-F]+>"), ">"),
+          (re.compile(r'\n?\s*File "[^"]+", line \d+, in \S+(\n\s+.*)?'), ""),
+          (re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+"), "<path>"),
+          (re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+"), "<path>"))
+
+
+def scrub(message: str) -> str:
+    """vLLM's `sanitize_message`: no object addresses, traceback lines or file paths."""
+    for pattern, replacement in _SCRUB:
+        message = pattern.sub(replacement, message)
+    return message.strip()
+
+
+def validation_error(errors: Sequence[object]) -> HttpError:
+    """A request that fails validation, as vLLM's RequestValidationError handler answers it:
+    400 `Bad Request`, every error listed (up to ten) with its location cleaned, `param` the
+    first error's location (`body.<field>`). `errors`: pydantic's error dicts with their full
+    location, or plain strings (the media-type check's)."""
+    if not errors:
+        return HttpError(400, "Validation error")
+    first = errors[0]
+    loc = first.get("loc") if isinstance(first, dict) else None
     count = len(errors)
-    message = (f"{count} validation error{'s' if count != 1 else ''}: "
-               f"{param or 'body'}: {first.get('msg', 'invalid')}")
-    return HttpError(400, message, param=param)
+    label = "error" if count == 1 else "errors"
+    lines = [f"{count} validation {label}:", *(f"  {_entry(e)}" for e in errors[:MAX_LISTED])]
+    if count > MAX_LISTED:
+        lines.append(f"  ...and {count - MAX_LISTED} more {label}")
+    return HttpError(400, scrub("\n".join(lines)), param=clean_loc(loc) if loc else None)
+
+
+def body_errors(errors: Sequence[dict]) -> list[dict]:
+    """A request model's pydantic errors located as FastAPI locates a body's: under `body`."""
+    return [{**e, "loc": ("body", *e.get("loc", ()))} for e in errors]
+
+
+def vllm_invalid(message: str, parameter: str | None = None, value: object = None) -> HttpError:
+    """vLLM's `VLLMValidationError` as its handler answers it: 400 `BadRequestError`, the
+    message as the exception's `str` — followed by `(parameter=…, value=…)` for what is set."""
+    extras = [f"{k}={v}" for k, v in (("parameter", parameter), ("value", value))
+              if v is not None]
+    text = f"{message} ({', '.join(extras)})" if extras else message
+    return HttpError(400, scrub(text), "BadRequestError", parameter)

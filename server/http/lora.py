@@ -12,13 +12,14 @@ the body, all optional: `rank` (the adapter's rank; no adapter_config.json is re
 from __future__ import annotations
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import Response
 
 from server.fleet import UnknownDeployment
 from server.frontend.deployment import DeploymentClient
-from server.http.errors import HttpError, error_response, validation_error
+from server.http.body import parse_json
+from server.http.errors import HttpError, error_response
 from server.http.state import HttpState
 
 
@@ -57,10 +58,7 @@ async def _answer(client: DeploymentClient, kind: str, **fields) -> Response:
 
 async def parse(request: Request, model: type[BaseModel]):
     """The body, or vLLM's 400 for a malformed one (as `routes.parse`)."""
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as e:
-        raise validation_error(e.errors(include_url=False)) from None
+    return await parse_json(request, model)
 
 
 def add_lora_routes(app: FastAPI, state: HttpState) -> None:

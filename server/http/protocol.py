@@ -1,20 +1,26 @@
 """Request bodies, as vLLM 0.33.0's pydantic models accept them (`CompletionRequest`,
 `ChatCompletionRequest`, `TokenizeRequest`, `DetokenizeRequest`).
 
-Unknown fields are accepted and ignored (`extra="allow"`), as vLLM does. Field types are
-checked here (a wrong type is a 400 naming `body.<field>`); ranges and combinations are
-checked in `server.http.sampling`, which names the parameter as vLLM does. Beyond vLLM 0.33.0
-(which ignores them): the `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`
-aliases constrain the output (docs/HTTP.md).
+Unknown fields are accepted and ignored (`extra="allow"`), as vLLM does. vLLM's
+`mode="before"` validators run first (`server.http.prechecks`), then the field types are
+checked here (a wrong type is a 400 naming `body.<field>`; `structured_outputs` holds exactly
+one constraint, as vLLM's `StructuredOutputsParams.__post_init__` checks); ranges and
+combinations are checked in `server.http.sampling`, which names the parameter as vLLM does.
+Beyond vLLM 0.33.0 (which ignores them): the `guided_json` / `guided_regex` / `guided_choice` /
+`guided_grammar` aliases constrain the output (docs/HTTP.md).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from server.http import prechecks
+from server.http.errors import vllm_invalid
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+TokenId = Annotated[int, Field(ge=0)]
 
 
 class OpenAIBase(BaseModel):
@@ -49,6 +55,42 @@ class StructuredOutputs(OpenAIBase):
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
 
+    def vllm_fields(self, parsed: bool = False) -> dict[str, Any]:
+        """The fields as vLLM's `StructuredOutputsParams.__dict__` holds them (the two private
+        ones too when pydantic made it from the request: `parsed`)."""
+        out = {"json": self.json_, "regex": self.regex, "choice": self.choice,
+               "grammar": self.grammar, "json_object": self.json_object,
+               "disable_any_whitespace": self.disable_any_whitespace,
+               "disable_additional_properties": self.disable_additional_properties,
+               "whitespace_pattern": self.whitespace_pattern,
+               "structural_tag": self.structural_tag}
+        return {**out, "_backend": None, "_backend_was_auto": False} if parsed else out
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> StructuredOutputs:
+        """vLLM's `StructuredOutputsParams.__post_init__`, run when the request is parsed."""
+        check_one_kind(self.vllm_fields(parsed=True))
+        return self
+
+
+CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+# vLLM's `StructuredOutputsParams()` fields, in its order, as nothing sets them
+UNSET_FIELDS: dict[str, Any] = {"json": None, "regex": None, "choice": None, "grammar": None,
+                                "json_object": None, "disable_any_whitespace": False,
+                                "disable_additional_properties": False,
+                                "whitespace_pattern": None, "structural_tag": None}
+
+
+def check_one_kind(fields: dict[str, Any]) -> None:
+    """Exactly one structured-output constraint, else vLLM's error (no `param`)."""
+    count = sum(fields[k] is not None for k in CONSTRAINT_KEYS)
+    if count > 1:
+        raise vllm_invalid("You can only use one kind of structured outputs constraint but "
+                           f"multiple are specified: {fields}")
+    if count < 1:
+        raise vllm_invalid("You must use one kind of structured outputs constraint but none "
+                           f"are specified: {fields}")
+
 
 class GenerationFields(OpenAIBase):
     """What completions and chat share: sampling, structured output, scheduling."""
@@ -82,15 +124,29 @@ class GenerationFields(OpenAIBase):
     guided_grammar: str | None = None
     # --- P/D (issue 13): vLLM's NIXL connector parameters (docs/PD.md) ---
     kv_transfer_params: dict[str, Any] | None = None
+    # checked as vLLM checks them, not used: the front end's --stream-interval applies, and
+    # the prefix cache is not salted
+    stream_interval: Annotated[int, Field(ge=1)] | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    # how long the prompt may be: server.http.lengths (vLLM's TokenizeParams)
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
 
 
 class CompletionRequest(GenerationFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # vLLM's union, in its order; None (or "") is refused by `prechecks.completion`
+    prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None
+    n: int = 1  # not nullable here (chat's is)
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool | None = False
     suffix: str | None = None
     add_special_tokens: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_prechecks(cls, data: Any) -> Any:
+        return prechecks.completion(data)
 
 
 class FunctionDef(OpenAIBase):
@@ -128,11 +184,17 @@ class ChatCompletionRequest(GenerationFields):
     logprobs: bool | None = False
     top_logprobs: int | None = 0
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: (Literal["none"] | Literal["auto"] | Literal["required"] | NamedToolChoice
+                  | None) = None
     parallel_tool_calls: bool | None = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     echo: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_prechecks(cls, data: Any) -> Any:
+        return prechecks.chat(data)
 
 
 class TokenizeRequest(OpenAIBase):
@@ -148,4 +210,4 @@ class TokenizeRequest(OpenAIBase):
 
 class DetokenizeRequest(OpenAIBase):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Annotated[int, Field(ge=0, le=INT64_MAX)]]

@@ -17,7 +17,7 @@ from importlib.metadata import version
 from typing import Any, TypeVar
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -29,13 +29,8 @@ from server.frontend.deployment import DeploymentClient
 from server.frontend.lora import tag as lora_tag
 from server.http import chat, completions, generate, prompts, tools
 from server.http import lora as lora_routes
-from server.http.errors import (
-    HttpError,
-    draining,
-    error_response,
-    unknown_model,
-    validation_error,
-)
+from server.http.body import parse_json
+from server.http.errors import HttpError, draining, error_response, unknown_model
 from server.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -49,10 +44,8 @@ SSE_HEADERS = {"Cache-Control": "no-cache"}
 
 
 async def parse(request: Request, model: type[M]) -> M:
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as e:
-        raise validation_error(e.errors(include_url=False)) from None
+    """The JSON body as vLLM's routes take it (`server.http.body`)."""
+    return await parse_json(request, model)
 
 
 def resolve(state: HttpState, model: str | None) -> tuple[DeploymentClient, str]:
@@ -141,8 +134,8 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
         out: dict[str, Any] = {"count": len(ids),
                                "max_model_len": client.info.capacity.max_model_len,
                                "tokens": ids}
-        if body.return_token_strs:
-            out["token_strs"] = [tok.decode([i]) for i in ids]
+        # vLLM's TokenizeResponse: `token_strs` always there, the vocabulary's strings
+        out["token_strs"] = tok.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return out
 
     @app.post("/detokenize")
@@ -156,7 +149,8 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
         if bad is not None:
             raise HttpError(400, f"token id {bad} is outside the vocabulary [0, {size})",
                             "BadRequestError", "tokens")
-        return {"prompt": state.tokenizer.decode(body.tokens)}
+        # vLLM: `tokenizer.decode(ids)`, special tokens written out
+        return {"prompt": state.tokenizer.decode_with_special(body.tokens)}
 
     @app.post("/v1/completions")
     async def create_completion(request: Request) -> Response:
@@ -168,7 +162,8 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
                 raise draining()
             client, name = resolve(state, body.model)
             ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
-            reqs, n = completions.engine_requests(body, engine_id(f"cmpl-{rid}"), ids)
+            reqs, n = completions.engine_requests(body, engine_id(f"cmpl-{rid}"), ids,
+                                                  client.limits.max_model_len)
             reqs = [lora_tag(client, body.model, r) for r in reqs]  # --- LoRA (issue 13) ---
             run = await generate.admitted(client, reqs, n, rid)
         except HttpError as e:
@@ -188,10 +183,9 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
                 raise draining()
             client, name = resolve(state, body.model)
             plan = tools.plan(body)
-            ids = await prompts.chat_prompt(body.messages, state.tokenizer, client.limits,
-                                            body.add_generation_prompt,
-                                            body.continue_final_message)
-            req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan)
+            ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
+            req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan,
+                                         client.limits.max_model_len)
             req = lora_tag(client, body.model, req)  # --- LoRA (issue 13) ---
             run = await generate.admitted(client, [req], n, rid)
         except HttpError as e:

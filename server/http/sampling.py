@@ -3,10 +3,10 @@
 Ranges and combinations are checked here with vLLM 0.33.0's rules and messages
 (`vllm/sampling_params.py`, the protocol validators) and the parameter named in `param`; what
 the engine checks again (context length, KV pool, grammar compilation) it reports itself.
-Structured output comes from exactly one of `response_format` (json_schema / json_object),
-`structured_outputs` (json / regex / choice / grammar / json_object) or — beyond vLLM 0.33.0,
-which ignores them — the `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`
-aliases.
+Structured output comes from `structured_outputs` (json / regex / choice / grammar /
+json_object) with `response_format` (json_schema / json_object) merged into it as vLLM merges
+it, or — beyond vLLM 0.33.0, which ignores them — from one of the `guided_json` /
+`guided_regex` / `guided_choice` / `guided_grammar` aliases.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import math
 from typing import Any
 
 from server.engine.interface import Constraint, SamplingParams
+from server.engine.tokenizer import get_tokenizer
 from server.frontend.parallel import MAX_N
-from server.http.errors import bad_request
-from server.http.protocol import GenerationFields
+from server.http.errors import bad_request, vllm_invalid
+from server.http.protocol import CONSTRAINT_KEYS, UNSET_FIELDS, GenerationFields, check_one_kind
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 JSON_OBJECT = '{"type": "object"}'  # what json_object constrains to (any JSON object)
@@ -50,22 +51,23 @@ def check_common(req: GenerationFields, max_tokens: int | None, max_tokens_name:
     if max_tokens is not None and req.min_tokens > max_tokens:
         raise bad_request(f"min_tokens must be less than or equal to {max_tokens_name}="
                           f"{max_tokens}, got {req.min_tokens}.", "min_tokens")
-    if req.stream_options is not None and not req.stream:
-        raise bad_request("Stream options can only be defined when `stream=True`.",
-                          "stream_options")
     if any(t < 0 for t in req.stop_token_ids or ()):
         raise bad_request("stop_token_ids must be non-negative token ids.", "stop_token_ids")
     return n
 
 
 def check_logprobs(value: int | None, name: str) -> int | None:
+    """vLLM's checks of `logprobs` (completions) / `top_logprobs` (chat): ≥ 0, or -1 for the
+    whole vocabulary — which is more than `--max-logprobs` allows (the protocol's
+    before-validator, then `SamplingParams._validate_logprobs`, whose `param` is "logprobs")."""
     if value is None:
         return None
-    if value < 0:
-        raise bad_request(f"`{name}` must be a positive value or 0.", name)
-    if value > MAX_LOGPROBS:
-        raise bad_request(f"Requested sample logprobs of {value}, which is greater than max "
-                          f"allowed: {MAX_LOGPROBS}", name)
+    if value < 0 and value != -1:
+        raise vllm_invalid(f"`{name}` must be a positive value or -1.", name, value)
+    asked = get_tokenizer().vocab_size if value == -1 else value
+    if asked > MAX_LOGPROBS:
+        raise vllm_invalid(f"Requested sample logprobs of {asked}, which is greater than max "
+                           f"allowed: {MAX_LOGPROBS}", "logprobs", asked)
     return value
 
 
@@ -106,33 +108,32 @@ def _schema_text(schema: Any, param: str) -> str:
 
 
 def constraint(req: GenerationFields) -> Constraint | None:
-    """The structured-output constraint of the request, or None; a 400 when more than one
-    source or kind is given, or a kind doppelchip cannot compile."""
+    """The structured-output constraint of the request, or None. As vLLM
+    (`structured_outputs_from_response_format`): `response_format` sets `structured_outputs`'
+    `json` (json_schema: its `schema`, None when it has none) or `json_object`, and the result
+    must hold exactly one constraint (vLLM's error otherwise, no `param`). The guided_*
+    aliases are one more source; two sources are a 400."""
     found: list[tuple[str, Constraint]] = []
+    so = req.structured_outputs
+    fields = so.vllm_fields() if so is not None else None
     rf = req.response_format
     if rf is not None and rf.type != "text":
-        if rf.type == "json_object":
-            found.append(("response_format", Constraint("json_schema", JSON_OBJECT)))
-        elif rf.type == "json_schema":
-            if rf.json_schema is None:
-                raise bad_request("When response_format type is 'json_schema', the "
-                                  "'json_schema' field must be provided.", "response_format")
-            schema = rf.json_schema.json_schema
-            found.append(("response_format", Constraint(
-                "json_schema", _schema_text({} if schema is None else schema,
-                                            "response_format"))))
-        else:
+        if rf.type == "structural_tag":
             raise bad_request("response_format type 'structural_tag' is not supported.",
                               "response_format")
-    so = req.structured_outputs
-    if so is not None:
-        kinds = [k for k in ("json_", "regex", "choice", "grammar", "json_object",
-                             "structural_tag") if getattr(so, k) not in (None, False)]
-        if len(kinds) != 1:
-            raise bad_request("You must use exactly one kind of structured outputs constraint "
-                              "('json', 'regex', 'choice', 'grammar' or 'json_object'), got "
-                              f"{len(kinds)}.", "structured_outputs")
-        found.append(("structured_outputs", _kind(kinds[0], getattr(so, kinds[0]))))
+        fields = dict(fields or UNSET_FIELDS)
+        if rf.type == "json_object":
+            fields["json_object"] = True
+        elif rf.json_schema is None:  # the protocol's before-validator refuses it first
+            raise bad_request("When response_format type is 'json_schema', the "
+                              "'json_schema' field must be provided.", "response_format")
+        else:
+            fields["json"] = rf.json_schema.json_schema
+        check_one_kind(fields)
+    if fields is not None:
+        kind = next(k for k in CONSTRAINT_KEYS if fields[k] is not None)
+        found.append(("structured_outputs" if so is not None else "response_format",
+                      _kind("json_" if kind == "json" else kind, fields[kind])))
     for name, kind in (("guided_json", "json_"), ("guided_regex", "regex"),
                        ("guided_choice", "choice"), ("guided_grammar", "grammar")):
         value = getattr(req, name)
@@ -148,6 +149,9 @@ def _kind(kind: str, value: Any) -> Constraint:
     if kind == "json_":
         return Constraint("json_schema", _schema_text(value, "structured_outputs.json"))
     if kind == "json_object":
+        if value is False:  # vLLM's SamplingParams._validate_structured_outputs
+            raise vllm_invalid("structured_outputs.json_object must be True if set; omit "
+                               "structured_outputs to disable structured outputs")
         return Constraint("json_schema", JSON_OBJECT)
     if kind == "choice":
         return Constraint("choice", choices=tuple(value))

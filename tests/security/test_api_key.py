@@ -176,6 +176,9 @@ async def test_every_front_end_checks_the_key(server):
 
 # ---- HTTP --------------------------------------------------------------------------------
 BODIES = {("GET", "/v1/models"): None,
+          # FastAPI's docs, served as vLLM serves them (guarded here like every non-probe)
+          ("GET", "/openapi.json"): None, ("GET", "/docs"): None,
+          ("GET", "/docs/oauth2-redirect"): None, ("GET", "/redoc"): None,
           ("POST", "/v1/completions"): {"prompt": "hi", "max_tokens": 2},
           ("POST", "/v1/chat/completions"): {"messages": [{"role": "user", "content": "hi"}],
                                              "max_tokens": 2},
