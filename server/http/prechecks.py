@@ -89,7 +89,12 @@ def completion(data: Any) -> Any:
     _structured_outputs_count(data, "structured_outputs")
     _response_format(data)
     cache_salt(data.get("cache_salt"))
+    if data.get("max_tokens") is None and "max_tokens" in data:  # normalize_null_max_tokens
+        data = {**data, "max_tokens": DEFAULT_COMPLETION_MAX_TOKENS}
     return data
+
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # CompletionRequest.max_tokens' default, null included
 
 
 def chat(data: Any) -> Any:

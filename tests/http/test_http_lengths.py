@@ -139,3 +139,12 @@ async def test_echo_with_max_tokens_0_answers_the_prompt_alone(http, stream):
     assert text == "Hello there" and events[-1] == "[DONE]"
     r = await http.post("/v1/completions", json={**body, "echo": False, "stream": False})
     assert r.status_code == 400  # without echo, max_tokens 0 is still refused
+
+
+async def test_a_null_max_tokens_in_completions_is_16_as_vllm(http):
+    """vLLM's `normalize_null_max_tokens`: completions' `max_tokens: null` is the default 16
+    (not the rest of the context)."""
+    r = await http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi",
+                                                 "max_tokens": None, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 16
