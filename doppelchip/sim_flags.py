@@ -126,7 +126,6 @@ def add_fault_args(p: argparse.ArgumentParser) -> None:
                    "[DONE]): after=K,at=T,for=D or after=K,percent=P")
 
 
-
 class _GivenRate(argparse.Action):
     """--rate that also records it was given (`rate_given`): --rate-shape refuses an explicit
     rate, not the default one."""

@@ -127,7 +127,7 @@ class GenerationFields(OpenAIBase):
     # checked as vLLM checks them, not used: the front end's --stream-interval applies, and
     # the prefix cache is not salted
     stream_interval: Annotated[int, Field(ge=1)] | None = None
-    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    cache_salt: str | None = None  # its checks: prechecks.cache_salt (vLLM's, before parsing)
     # how long the prompt may be: server.http.lengths (vLLM's TokenizeParams)
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
     truncation_side: Literal["left", "right"] | None = None
