@@ -118,7 +118,8 @@ def build_inputs(args: argparse.Namespace):
     from sim.plan_space import MODES, PD_AVAILABLE, SearchSpace, check_ids
     from sim.simulation import SimulationError, workload_from_args
 
-    if not math.isfinite(args.rate) or args.rate <= 0:
+    if args.workload != "trace" and (  # (a trace has its own timestamps)
+            not math.isfinite(args.rate) or args.rate <= 0):
         raise ValueError("--rate: a finite rate > 0 (requests per second) to plan for")
     if args.jobs < 1 or args.max_replicas < 1:
         raise ValueError("--jobs and --max-replicas must be >= 1")
@@ -147,8 +148,10 @@ def build_inputs(args: argparse.Namespace):
                         pps=_ints(args.pp, "--pp"), eps=_ints(args.ep, "--ep") or (None,),
                         max_num_seqs=_ints(args.max_num_seqs, "--max-num-seqs") or (None,),
                         modes=modes, max_replicas=args.max_replicas)
-    return PlanInputs(space, workload, workload_argv(args), parse_plan_slo(args.slo),
-                      router=args.router, runners_up=args.runners_up)
+    inputs = PlanInputs(space, workload, workload_argv(args), parse_plan_slo(args.slo),
+                        router=args.router, runners_up=args.runners_up)
+    inputs.workload_shape()  # a trace's or a rate shape's traffic: read (and checked) now
+    return inputs
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

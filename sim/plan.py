@@ -42,6 +42,7 @@ from sim.plan_space import (
     configs,
     output_mean,
 )
+from sim.plan_trace import observed_shape
 from sim.plan_units import Unit, units
 
 RUNNERS_UP = 3
@@ -62,11 +63,20 @@ class PlanInputs:
     router: str = "least-requests"
     eos_mean: float = EOS_MEAN
     runners_up: int = RUNNERS_UP
+    work: WorkloadShape | None = None  # the workload's shape, once `shape` has read it
+
+    def workload_shape(self) -> WorkloadShape:
+        if self.work is None:
+            self.work = shape(self.workload, self.eos_mean)
+        return self.work
 
 
 def shape(w: WorkloadSpec, eos_mean: float) -> WorkloadShape:
     """The workload as the analytic model sees it. Lengths with a spread use their largest
-    value for the context; a trace's lengths are unknown (None: the context is not checked)."""
+    value for the context; a mix's and a length file's are unknown (None: the context is not
+    checked). A trace and a rate shape are read off their conversations (sim.plan_trace)."""
+    if w.kind == "trace" or w.rate_shape:
+        return observed_shape(w, eos_mean)
     spread = 1 + (w.length_spread * (3 if w.length_dist == "normal" else 1)
                   if w.length_dist in ("uniform", "normal") else 0)
     known = w.kind in ("random", "shared-prefix", "multi-turn", "structured") and \
@@ -77,6 +87,16 @@ def shape(w: WorkloadSpec, eos_mean: float) -> WorkloadShape:
     context = system + (isl + osl) * turns if known else None
     return WorkloadShape(rate=w.rate, prompt=w.isl, output_mean=output_mean(
         w.osl, w.ignore_eos, eos_mean), output_max=w.osl, context=context)
+
+
+def describe(w: WorkloadSpec, work: WorkloadShape) -> str:
+    """The traffic planned for, as the fleet file's header and the report say it."""
+    if w.kind == "trace":
+        return (f"{work.rate:.4g} req/s (the trace's mean rate: {w.trace_path}; prompts "
+                f"{work.prompt} tokens on average, outputs {work.output_mean:.4g})")
+    rate = f"{work.rate:.4g} req/s (the mean of {w.rate_shape})" if w.rate_shape else \
+        f"{w.rate:g} req/s"
+    return f"{rate} ({w.kind}, isl {w.isl}, osl {w.osl})"
 
 
 def badness(summary: dict[str, Any], slo: PlanSlo) -> float:
@@ -154,11 +174,11 @@ def search(inputs: PlanInputs, executor: Any, simulate: Simulate,
            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The plan: {"winner", "runners_up", "frontier", "pruned", "searched", ...}."""
     started = time.monotonic()
-    work = shape(inputs.workload, inputs.eos_mean)
+    work = inputs.workload_shape()
     kept, pruned = configs(inputs.space, work, inputs.slo)
     found = units(kept)
-    header = (f"doppelchip plan: {inputs.slo.text()} at {inputs.workload.rate:g} req/s "
-              f"({inputs.workload.kind}, isl {inputs.workload.isl}, osl {inputs.workload.osl})")
+    header = f"doppelchip plan: {inputs.slo.text()} at {describe(inputs.workload, work)}"
+
     argv = simulate_argv(inputs.router, inputs.workload_argv, inputs.slo.simulate_flag())
     # (price, config index, replica counts, the progress of the candidate it came from)
     heap: list[tuple[float, int, tuple[int, ...], list[float] | None]] = [
@@ -240,7 +260,7 @@ def summarize_search(inputs: PlanInputs, kept: list[Sized], pruned: list, done: 
         "pruned": [{"deployment": c.name, "why": why} for c, why in pruned],
         "searched": {"configs": len(kept) + len(pruned), "pruned": len(pruned),
                      "simulated": len(done), "batches": batches, "wall_s": wall_s},
-        "slo": inputs.slo.text(), "rate": inputs.workload.rate, "router": inputs.router,
+        "slo": inputs.slo.text(), "rate": inputs.workload_shape().rate, "router": inputs.router,
         "configs": [{"deployment": s.config.name, "usd_per_replica_hour": s.usd_per_hour,
                      "min_replicas": s.min_replicas,
                      "replica_output_tokens_per_s": s.replica_output_tokens_per_s,

@@ -1,0 +1,59 @@
+"""The workload shape `plan` sizes from when the flags do not give it: a trace's requests, or
+arrivals drawn from a rate shape, read off the very conversations a candidate's run replays.
+
+Why it exists: the analytic model (sim.plan_space) needs the offered rate, the prompt and the
+output lengths. For the synthetic kinds the flags say them (`--rate`, `--isl`, `--osl`); a
+trace carries its own timestamps and lengths and ignores those flags, and a rate shape
+(`--rate-shape`) replaces `--rate`. Sizing such a plan from the flags started the search from
+a replica count of a traffic nobody offered (too many replicas: a dearer winner than the
+cheapest; too few: only more candidates simulated).
+
+Contract: `observed_shape(spec, eos_mean)` iterates the workload once (`stream_workload`,
+with the engine's tokenizer for a trace's text prompts) and returns the mean rate (every
+request, follow-up turns included, over the span of the first turns' starts), the mean
+prompt (each turn's new tokens: a conversation's history is in the prefix cache), the mean
+expected output (each request's `max_tokens`, or the engine's EOS draw bounded by it), the
+largest `max_tokens` and the longest context a conversation reaches. A workload whose
+requests all start at one instant has no rate: ValueError, as for an empty trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from clients.workloads import WorkloadSpec, stream_workload
+from server.engine.tokenizer import get_tokenizer
+from sim.plan_space import WorkloadShape, output_mean
+
+
+def observed_shape(spec: WorkloadSpec, eos_mean: float) -> WorkloadShape:
+    """The workload's shape as its conversations have it (see the module's contract)."""
+    tok = get_tokenizer()
+    spec = dataclasses.replace(spec, vocab_size=tok.vocab_size)
+    conversations = requests = prompt = 0
+    output, output_max, context = 0.0, 0, 0
+    first = last = None
+    for conv in stream_workload(spec, encode=tok.encode):
+        conversations += 1
+        first = conv.start_s if first is None else min(first, conv.start_s)
+        last = conv.start_s if last is None else max(last, conv.start_s)
+        reach = 0
+        for turn in conv.turns:
+            requests += 1
+            prompt += len(turn.user_ids)
+            output += output_mean(turn.max_tokens, conv.ignore_eos, eos_mean)
+            output_max = max(output_max, turn.max_tokens)
+            reach += len(turn.user_ids) + turn.max_tokens
+        context = max(context, reach)
+    what = "the trace" if spec.kind == "trace" else f"the rate shape {spec.rate_shape!r}"
+    if first is None or last is None or not requests:
+        raise ValueError(f"{what} has no request to plan for")
+    span = last - first
+    if span <= 0:
+        raise ValueError(f"{what}: every request starts at one instant, so there is no rate to "
+                         "plan for (plan sizes a fleet for traffic over time)")
+    # n conversations start over the span from the first to the last: n - 1 gaps
+    rate = (conversations - 1) / span * (requests / conversations)
+    return WorkloadShape(rate=rate,
+                         prompt=round(prompt / requests), output_mean=output / requests,
+                         output_max=output_max, context=context)
