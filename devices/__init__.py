@@ -12,7 +12,7 @@ The interface the engine calls::
     placement = place(spec)              # raises devices.errors.PlacementError with the reason
     placement.kv_blocks(block_size=16)   # KV capacity in blocks
     placement.max_context, placement.chips, placement.weight_bytes, placement.max_concurrency()
-    compile = make_compile_strategy(placement, prebuilt=True)
+    compile = make_compile_strategy(placement)
     compile.startup_seconds(cold=False)  # build / load time before serving
     stall = compile.before_step(batch)   # Stall(seconds, reason) — compile stalls
     cost = step_cost(placement, compile.padded(batch))  # StepCost: seconds, interval_s, bytes

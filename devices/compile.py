@@ -11,6 +11,11 @@
 * ``static`` (Groq): one whole program for one (batch, context bucket); any other shape forces a
   recompile during which the pipeline idles. Padding/holding to the compiled shape instead is
   the scheduler's policy (``padded``/``fits_compiled`` tell it what that costs).
+
+A strategy starts in its built state (TensorRT-LLM's engine, JetStream's warmed buckets,
+Groq's first program). A cold start is paid once, up front, by whoever runs the engine
+(``startup_seconds(cold=True)``: the server's start-up window, a virtual replica's first
+seconds, an autoscaled replica's boot); it is not charged again at the first step.
 """
 
 from __future__ import annotations
@@ -58,9 +63,8 @@ class CompileStrategy:
 
     kind = "none"
 
-    def __init__(self, placement: Placement, prebuilt: bool = True) -> None:
+    def __init__(self, placement: Placement) -> None:
         self.placement = placement
-        self.prebuilt = prebuilt
         self.compiles = 0
         self.compile_seconds = 0.0
 
@@ -84,8 +88,8 @@ class CompileStrategy:
 class AheadOfTime(CompileStrategy):
     kind = "ahead_of_time"
 
-    def __init__(self, placement: Placement, prebuilt: bool = True) -> None:
-        super().__init__(placement, prebuilt)
+    def __init__(self, placement: Placement) -> None:
+        super().__init__(placement)
         spec = placement.spec
         self.max_batch = spec.max_batch
         self.max_seq_len = spec.max_seq_len or placement.max_context
@@ -118,11 +122,11 @@ class AheadOfTime(CompileStrategy):
 class PerShape(CompileStrategy):
     kind = "per_shape"
 
-    def __init__(self, placement: Placement, prebuilt: bool = True) -> None:
-        super().__init__(placement, prebuilt)
+    def __init__(self, placement: Placement) -> None:
+        super().__init__(placement)
         self.bucketed = placement.engine.shape_buckets == "pow2"
         self.seen: set[tuple[str, int]] = set()
-        if prebuilt and self.bucketed:  # JetStream compiles its buckets ahead (warm-up)
+        if self.bucketed:  # JetStream compiles its buckets ahead (its warm-up, at start-up)
             self.seen |= set(self._warm_keys())
 
     def _warm_keys(self) -> list[tuple[str, int]]:
@@ -169,14 +173,14 @@ class PerShape(CompileStrategy):
 class Static(CompileStrategy):
     kind = "static"
 
-    def __init__(self, placement: Placement, prebuilt: bool = True, hold: bool = False) -> None:
-        super().__init__(placement, prebuilt)
+    def __init__(self, placement: Placement, hold: bool = False) -> None:
+        super().__init__(placement)
         ctx = _bucket(placement.max_context)
         # hold: the program is compiled for the scheduler's batch cap and smaller batches are
         # padded to it (never a recompile); otherwise it follows the traffic and recompiles.
         self.hold = hold
         batch = placement.spec.max_batch if hold else 1
-        self.shape: tuple[int, int] | None = (batch, ctx) if prebuilt else None
+        self.shape: tuple[int, int] = (batch, ctx)
 
     def startup_seconds(self, cold: bool) -> float:
         compile_s = self.placement.engine.compile_seconds if cold else 0.0
@@ -187,13 +191,11 @@ class Static(CompileStrategy):
         return batch.num_seqs, _bucket(longest)
 
     def fits_compiled(self, batch: BatchShape) -> bool:
-        if self.shape is None:
-            return False
         b, ctx = self.shape_of(batch)
         return b <= self.shape[0] and ctx <= self.shape[1]
 
     def padded(self, batch: BatchShape) -> BatchShape:
-        if not self.fits_compiled(batch) or self.shape is None:
+        if not self.fits_compiled(batch):
             return batch
         missing = self.shape[0] - batch.num_seqs
         dec = batch.decode + (max(batch.decode, default=0),) * missing
@@ -201,17 +203,14 @@ class Static(CompileStrategy):
 
     def before_step(self, batch: BatchShape) -> Stall:
         b, ctx = self.shape_of(batch)
-        if self.shape is not None and ctx <= self.shape[1] and (
-            b == self.shape[0] or (self.hold and b <= self.shape[0])
-        ):
-            return NO_STALL
         old = self.shape
-        shape = (b, max(ctx, old[1] if old else ctx))
-        self.shape = shape
-        was = f"batch {old[0]} / context ≤ {old[1]}" if old else "nothing"
+        if ctx <= old[1] and (b == old[0] or (self.hold and b <= old[0])):
+            return NO_STALL
+        self.shape = shape = (b, max(ctx, old[1]))
         return self._stall(
             self.placement.engine.compile_seconds,
-            f"recompile: batch {shape[0]} / context ≤ {shape[1]} differs from compiled {was}",
+            f"recompile: batch {shape[0]} / context ≤ {shape[1]} differs from compiled batch "
+            f"{old[0]} / context ≤ {old[1]}",
         )
 
 
@@ -223,13 +222,11 @@ _KINDS: dict[str, type[CompileStrategy]] = {
 }
 
 
-def make_compile_strategy(
-    placement: Placement, prebuilt: bool = True, hold: bool = False
-) -> CompileStrategy:
-    """The engine's compile strategy for this placement (``prebuilt`` False = cold start).
+def make_compile_strategy(placement: Placement, hold: bool = False) -> CompileStrategy:
+    """The engine's compile strategy for this placement, built (see the module docstring).
 
     ``hold`` (static programs only): compile once for the batch cap and pad to it, instead of
     recompiling whenever the batch size changes."""
     if placement.engine.compile == "static":
-        return Static(placement, prebuilt, hold)
-    return _KINDS[placement.engine.compile](placement, prebuilt)
+        return Static(placement, hold)
+    return _KINDS[placement.engine.compile](placement)

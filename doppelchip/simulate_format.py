@@ -65,7 +65,9 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{s['prefill_tokens']} tokens prefilled",
         f"scheduler       {s['preemptions']} preemptions, peak {s['peak_running']} running, "
         f"KV usage mean {s['kv_usage_mean'] * 100:.1f}% peak {s['kv_usage_peak'] * 100:.1f}%",
-        f"compile         {s['compiles']} compiles, {s['compile_stall_s']:.3f} s stalled",
+        f"compile         {s['compiles']} compiles, {s['compile_stall_s']:.3f} s stalled"
+        + (f"; cold start {s['cold_start_s']:.1f} s before serving" if s.get("cold_start_s")
+           else ""),
         f"jump-forward    {s['jump_forward_tokens']} of {s['output_tokens']} output tokens "
         f"forced by the grammar, not decoded (jump-forward "
         f"{'on' if s.get('jump_forward') else 'off'})",

@@ -105,6 +105,7 @@ def fleet_counters(cr: ClusterRun) -> dict[str, Any]:
         "kv_usage_peak": cr.run.kv_usage_peak,
         "compiles": sum(s.compiles for s in stats),
         "compile_stall_s": sum(s.stall_s for s in stats),
+        "cold_start_s": max(r.core.startup_s for r in cr.replicas),  # they build at once
         "jump_forward": any(r.core.jump_forward for r in cr.replicas),
         "joules": sum(s.joules for s in stats),
         "dollars": sum(s.dollars for s in stats),

@@ -79,6 +79,7 @@ def simulate_streamed(
         kv_usage_peak=run.kv_usage_peak,
         compiles=stats.compiles,
         compile_stall_s=stats.stall_s,
+        cold_start_s=core.startup_s,
         jump_forward=core.jump_forward,
         joules_per_mtok=stats.joules * per_mtok,
         usd_per_mtok=stats.dollars * per_mtok,

@@ -227,6 +227,10 @@ class _Runner(SessionSource, PdHops, MacroWindows):
         n = len(cores)
         self.ends = ends = [None] * n  # when each core's running step ends (None: free)
         results: list[StepResult | LastStep | None] = [None] * n
+        for k, core in enumerate(cores):  # a cold core builds first: paid for, serving nothing
+            if core.startup_s > 0:
+                ends[k], results[k] = core.startup_s, LastStep(0.0, core.startup_s, {}, [])
+                core.account_idle(core.startup_s)
         busy = usage_area = 0.0
         while True:
             for k, core in enumerate(cores):  # every free core with work starts a step

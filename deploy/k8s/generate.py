@@ -99,9 +99,8 @@ def k8s_name(prefix: str, name: str) -> str:
 
 def startup_seconds(d: EngineOptions, server: ServerConfig) -> float:
     """Wall seconds the deployment spends building its engine before /health answers 200."""
-    cold = d.start == "cold"
-    compiler = make_compile_strategy(place(d.spec()), prebuilt=not cold)
-    return compiler.startup_seconds(cold) * server.time_scale
+    compiler = make_compile_strategy(place(d.spec()))
+    return compiler.startup_seconds(d.start == "cold") * server.time_scale
 
 
 def probes(build_s: float) -> Doc:

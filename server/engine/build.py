@@ -192,8 +192,7 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
         placement=placement,
         scheduler=Scheduler(config, eos_token_id=tok.eos_token_id),
         model=MockModel.from_tokenizer(tok, lengths, seed=opts.seed),
-        compiler=make_compile_strategy(placement, prebuilt=opts.start != "cold",
-                                       hold=opts.shape_policy == "hold"),
+        compiler=make_compile_strategy(placement, hold=opts.shape_policy == "hold"),
         jitter=make_jitter(placement, sigma=opts.jitter, seed=opts.seed),
         jump_forward=(opts.jump_forward if opts.jump_forward is not None
                       else placement.engine.jump_forward),
@@ -202,6 +201,7 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
         lora=LoraRegistry(lora, opts.served_model_name or (opts.model,)) if lora.enabled
         else None,
     )
+    core.startup_s = core.compiler.startup_seconds(opts.start == "cold")
     # --- KV events (issue 13) ---
     events = KVEventsConfig.parse(opts.kv_events_config)
     hasher = BlockHasher.from_env(opts.prefix_caching_hash_algo)  # also checks the algorithm

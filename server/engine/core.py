@@ -114,6 +114,7 @@ class EngineCore:
         self.constraints = constraints  # compiles the requests' constraints (intake, virtual)
         self.speculative = speculative
         self.stats = CoreStats()
+        self.startup_s = 0.0  # a cold start: seconds before it serves (build_core sets it)
         # the last macro window's last step (macro.py: how many steps a window may run)
         self.decode_step_s = 0.0
         # --- LoRA (issue 13) ---
