@@ -15,6 +15,7 @@ never a silent fallback to the pool.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -116,6 +117,7 @@ class RayExecutor:
                 ray.init(num_cpus=self.jobs, include_dashboard=False, log_to_driver=False,
                          configure_logging=False, _node_ip_address="127.0.0.1")
             else:
+                check_reachable(address)
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         except Exception as e:  # ConnectionError, RuntimeError, ValueError: say which
             raise ExecError(f"cannot start or reach Ray at {address!r}: {e}") from e
@@ -131,6 +133,19 @@ class RayExecutor:
     def close(self) -> None:
         if self.owned:
             self.ray.shutdown()
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse a head that does not answer in `timeout_s`: `ray.init` to a dead GCS retries
+    for minutes (measured: over 200 s for 127.0.0.1:1, Ray 2.x) before it gives up. Only an
+    explicit `host:port` or `ray://host:port` is checked; "auto" is Ray's to resolve."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(f"nothing answers at {host}:{port} ({e})") from e
 
 
 def make_executor(ray_address: str | None, jobs: int) -> PoolExecutor | RayExecutor:

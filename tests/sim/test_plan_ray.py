@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,7 @@ import pytest
 from plan_grid import GRID, SLO, WORKLOAD
 
 from doppelchip.cli import main
+from sim.plan_exec import check_reachable
 
 SAME = ("deployment", "replicas", "chips", "usd_per_hour", "usd_per_mtok", "latency",
         "goodput_fraction", "fleet", "simulate_command")
@@ -70,3 +72,20 @@ def test_ray_asked_for_and_missing_is_an_error(monkeypatch, capsys):
     assert captured.out == ""  # nothing ran
     err = json.loads(captured.err.strip().splitlines()[-1])
     assert "doppelchip[ray]" in err["error"] and "not installed" in err["error"]
+
+
+def test_a_head_that_does_not_answer_is_refused_at_once(capsys):
+    """`--ray host:port` with nothing listening there: a clear error before `ray.init`,
+    which would retry a dead head for minutes."""
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionError, match="nothing answers"):
+        check_reachable(f"ray://127.0.0.1:{port}")
+    check_reachable("auto")  # Ray's own to resolve: not checked here
+    rc = main(["plan", *GRID, *WORKLOAD, "--slo", SLO, "--ray", f"127.0.0.1:{port}", "--json"])
+    assert rc == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = json.loads(captured.err.strip().splitlines()[-1])
+    assert "cannot start or reach Ray" in err["error"] and "nothing answers" in err["error"]
