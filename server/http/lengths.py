@@ -18,12 +18,12 @@ In vLLM's order, per request:
    `truncation_side`; then a prompt longer than `max_model_len` is a 400 with vLLM's message
    (a text prompt "at least max_model_len + 1" tokens: vLLM's tokenizer stops counting there);
 3. `output_budget`, per prompt: the clamped `max_tokens` (0 left: vLLM's SamplingParams
-   refuses it, "max_tokens must be at least 1, got 0.").
+   refuses it, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)").
 """
 
 from __future__ import annotations
 
-from server.http.errors import bad_request
+from server.http.errors import bad_request, vllm_invalid
 
 
 def check_requested(max_tokens: int | None, name: str, truncate: int | None,
@@ -71,9 +71,9 @@ def output_budget(max_tokens: int | None, prompt_len: int, max_model_len: int,
     vLLM's `SamplingParams` checks the clamped value."""
     room = max_model_len - prompt_len
     budget = room if max_tokens is None else min(room, max_tokens)
-    if budget < 1:
-        raise bad_request(f"max_tokens must be at least 1, got {budget}.", None)
-    if min_tokens > budget:
-        raise bad_request(f"min_tokens must be less than or equal to max_tokens={budget}, got "
-                          f"{min_tokens}.", "min_tokens")
+    if budget < 1:  # vLLM's VLLMValidationError: param and tail name max_tokens
+        raise vllm_invalid(f"max_tokens must be at least 1, got {budget}.", "max_tokens", budget)
+    if min_tokens > budget:  # no parameter given: param null
+        raise vllm_invalid(f"min_tokens must be less than or equal to max_tokens={budget}, got "
+                           f"{min_tokens}.")
     return budget

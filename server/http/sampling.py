@@ -1,8 +1,9 @@
 """An HTTP request's fields → the engine's `SamplingParams` and `Constraint`; pure functions.
 
-Ranges and combinations are checked here with vLLM 0.33.0's rules and messages
-(`vllm/sampling_params.py`, the protocol validators) and the parameter named in `param`; what
-the engine checks again (context length, KV pool, grammar compilation) it reports itself.
+Ranges and combinations are checked here with vLLM's rules and messages
+(`vllm/sampling_params.py`, the protocol validators), `param` and the message's
+`(parameter=…, value=…)` tail where vLLM's `VLLMValidationError` sets them (`check_common`);
+what the engine checks again (context length, KV pool, grammar compilation) it reports itself.
 Structured output comes from `structured_outputs` (json / regex / choice / grammar /
 json_object) with `response_format` (json_schema / json_object) merged into it as vLLM merges
 it, or — beyond vLLM 0.33.0, which ignores them — from one of the `guided_json` /
@@ -26,33 +27,55 @@ JSON_OBJECT = '{"type": "object"}'  # what json_object constrains to (any JSON o
 
 
 def check_common(req: GenerationFields, max_tokens: int | None, max_tokens_name: str) -> int:
-    """Raise a 400 naming the first bad parameter; the number of choices per prompt."""
+    """Raise a 400 for the first bad parameter, in the order of vLLM's
+    `SamplingParams._verify_args`; the number of choices per prompt.
+
+    vLLM raises `VLLMValidationError`, whose `param` (and the message's `(parameter=…,
+    value=…)` tail, `vllm_invalid`) is set only for temperature, top_p and max_tokens: the
+    penalties, top_k, min_p, min_tokens and stop answer `param` null. Still unlike vLLM
+    (pinned by tests/http/test_http_routes.py `test_error_shapes`): `param` "n" for n < 1
+    (and doppelchip's own `MAX_N` cap), max_tokens < 1 without the tail and named after the
+    field asked (chat's max_completion_tokens), `param` "min_tokens" when it exceeds
+    max_tokens."""
     n = 1 if req.n is None else req.n
     if n < 1:
         raise bad_request(f"n must be at least 1, got {n}.", "n")
     if n > MAX_N:
         raise bad_request(f"n must be at most {MAX_N}, got {n}.", "n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None and not -2 <= value <= 2:
+            raise vllm_invalid(f"{name} must be in [-2, 2], got {value}.")
+    rp = req.repetition_penalty
+    if rp is not None and not math.isfinite(rp):
+        raise vllm_invalid(f"repetition_penalty must be a finite number, got {rp}.")
+    if rp is not None and rp <= 0:
+        raise vllm_invalid(f"repetition_penalty must be greater than zero, got {rp}.")
+    if (t := req.temperature) is not None:
+        problem = ("a finite number" if not math.isfinite(t) else "non-negative" if t < 0
+                   else "in [0, 2]" if t > 2 else None)
+        if problem:
+            raise vllm_invalid(f"temperature must be {problem}, got {t}.", "temperature", t)
+    if req.top_p is not None and not 0 < req.top_p <= 1:
+        raise vllm_invalid(f"top_p must be in (0, 1], got {req.top_p}.", "top_p", req.top_p)
+    if req.top_k is not None and req.top_k < -1:
+        raise vllm_invalid(f"top_k must be 0 (disable), or at least 1, got {req.top_k}.")
+    if req.min_p is not None and not 0 <= req.min_p <= 1:
+        raise vllm_invalid(f"min_p must be in [0, 1], got {req.min_p}.")
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"{max_tokens_name} must be at least 1, got {max_tokens}.",
                           max_tokens_name)
-    t = req.temperature
-    if t is not None and (not math.isfinite(t) or not 0 <= t <= 2):
-        raise bad_request(f"temperature must be in [0, 2], got {t}.", "temperature")
-    if req.top_p is not None and not 0 < req.top_p <= 1:
-        raise bad_request(f"top_p must be in (0, 1], got {req.top_p}.", "top_p")
-    if req.top_k is not None and req.top_k < -1:
-        raise bad_request(f"top_k must be 0 or -1 (disable), or at least 1, got {req.top_k}.",
-                          "top_k")
-    if req.min_p is not None and not 0 <= req.min_p <= 1:
-        raise bad_request(f"min_p must be in [0, 1], got {req.min_p}.", "min_p")
     if req.min_tokens < 0:
-        raise bad_request(f"min_tokens must be greater than or equal to 0, got "
-                          f"{req.min_tokens}.", "min_tokens")
+        raise vllm_invalid(f"min_tokens must be greater than or equal to 0, got "
+                           f"{req.min_tokens}.")
     if max_tokens is not None and req.min_tokens > max_tokens:
-        raise bad_request(f"min_tokens must be less than or equal to {max_tokens_name}="
+        raise bad_request(f"min_tokens must be less than or equal to max_tokens="
                           f"{max_tokens}, got {req.min_tokens}.", "min_tokens")
     if any(t < 0 for t in req.stop_token_ids or ()):
         raise bad_request("stop_token_ids must be non-negative token ids.", "stop_token_ids")
+    stops = req.stop if isinstance(req.stop, list) else [req.stop]
+    if any(s == "" for s in stops):  # a string is one stop string, as vLLM's __post_init__
+        raise vllm_invalid("stop cannot contain an empty string.")
     return n
 
 
