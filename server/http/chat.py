@@ -66,10 +66,9 @@ def render(messages: list[ChatMessage], tok: Tokenizer, add_generation_prompt: b
 def engine_request(req: ChatCompletionRequest, request_id: str, ids: list[int],
                    plan: tools.ToolPlan, max_model_len: int) -> tuple[EngineRequest, int]:
     """The engine request and n; its budget is clamped to the context (`lengths`)."""
-    max_tokens, name = req.max_completion_tokens, "max_completion_tokens"
-    if max_tokens is None:
-        max_tokens, name = req.max_tokens, "max_tokens"
-    n = sampling.check_common(req, max_tokens, name)
+    max_tokens = req.max_tokens if req.max_completion_tokens is None \
+        else req.max_completion_tokens
+    n = sampling.check_common(req, max_tokens)
     max_tokens = lengths.output_budget(max_tokens, len(ids), max_model_len, req.min_tokens)
     top = sampling.check_logprobs(req.top_logprobs, "top_logprobs")
     if top and not req.logprobs:

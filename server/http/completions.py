@@ -65,7 +65,7 @@ def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[
     """One engine request per prompt (the n choices are fanned out later) and n; each one's
     budget clamped to the context (`lengths.output_budget`)."""
     asked = 1 if echo_only(req) else req.max_tokens
-    n = sampling.check_common(req, asked, "max_tokens")
+    n = sampling.check_common(req, asked)
     sampling.check_logprobs(req.logprobs, "logprobs")
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")

@@ -26,20 +26,18 @@ MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 JSON_OBJECT = '{"type": "object"}'  # what json_object constrains to (any JSON object)
 
 
-def check_common(req: GenerationFields, max_tokens: int | None, max_tokens_name: str) -> int:
+def check_common(req: GenerationFields, max_tokens: int | None) -> int:
     """Raise a 400 for the first bad parameter, in the order of vLLM's
     `SamplingParams._verify_args`; the number of choices per prompt.
 
     vLLM raises `VLLMValidationError`, whose `param` (and the message's `(parameter=…,
-    value=…)` tail, `vllm_invalid`) is set only for temperature, top_p and max_tokens: the
-    penalties, top_k, min_p, min_tokens and stop answer `param` null. Still unlike vLLM
-    (pinned by tests/http/test_http_routes.py `test_error_shapes`): `param` "n" for n < 1
-    (and doppelchip's own `MAX_N` cap), max_tokens < 1 without the tail and named after the
-    field asked (chat's max_completion_tokens), `param` "min_tokens" when it exceeds
-    max_tokens."""
+    value=…)` tail, `vllm_invalid`) is set only for temperature, top_p and max_tokens (chat's
+    max_completion_tokens too: vLLM's SamplingParams calls it max_tokens); n, the penalties,
+    top_k, min_p, min_tokens and stop answer `param` null. doppelchip's own `MAX_N` cap
+    (vLLM's VLLM_MAX_N_SEQUENCES is 16384) names `n`."""
     n = 1 if req.n is None else req.n
     if n < 1:
-        raise bad_request(f"n must be at least 1, got {n}.", "n")
+        raise vllm_invalid(f"n must be at least 1, got {n}.")
     if n > MAX_N:
         raise bad_request(f"n must be at most {MAX_N}, got {n}.", "n")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -63,14 +61,14 @@ def check_common(req: GenerationFields, max_tokens: int | None, max_tokens_name:
     if req.min_p is not None and not 0 <= req.min_p <= 1:
         raise vllm_invalid(f"min_p must be in [0, 1], got {req.min_p}.")
     if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"{max_tokens_name} must be at least 1, got {max_tokens}.",
-                          max_tokens_name)
+        raise vllm_invalid(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens",
+                           max_tokens)
     if req.min_tokens < 0:
         raise vllm_invalid(f"min_tokens must be greater than or equal to 0, got "
                            f"{req.min_tokens}.")
     if max_tokens is not None and req.min_tokens > max_tokens:
-        raise bad_request(f"min_tokens must be less than or equal to max_tokens="
-                          f"{max_tokens}, got {req.min_tokens}.", "min_tokens")
+        raise vllm_invalid(f"min_tokens must be less than or equal to max_tokens="
+                           f"{max_tokens}, got {req.min_tokens}.")
     if any(t < 0 for t in req.stop_token_ids or ()):
         raise bad_request("stop_token_ids must be non-negative token ids.", "stop_token_ids")
     stops = req.stop if isinstance(req.stop, list) else [req.stop]

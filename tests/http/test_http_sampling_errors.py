@@ -28,7 +28,7 @@ ASK = [{"role": "user", "content": "x"}]
 def refusal(body: dict, max_tokens: int | None = 16) -> dict:
     """The error body `check_common` answers a completions request with."""
     with pytest.raises(HttpError) as e:
-        check_common(CompletionRequest(prompt="x", **body), max_tokens, "max_tokens")
+        check_common(CompletionRequest(prompt="x", **body), max_tokens)
     return e.value.body()["error"]
 
 
@@ -68,15 +68,15 @@ def test_checks_run_in_vllm_order():
     # in range, and None (the defaults): accepted
     ok = {"temperature": 2, "top_p": 1, "top_k": -1, "min_p": 0, "presence_penalty": -2,
           "frequency_penalty": 2, "repetition_penalty": 1.2, "stop": ["a"]}
-    assert check_common(CompletionRequest(prompt="x", **ok), 16, "max_tokens") == 1
-    assert check_common(CompletionRequest(prompt="x", stop=None), None, "max_tokens") == 1
+    assert check_common(CompletionRequest(prompt="x", **ok), 16) == 1
+    assert check_common(CompletionRequest(prompt="x", stop=None), None) == 1
 
 
 def test_min_tokens_over_max_tokens_names_the_sampling_field():
     # vLLM's message names SamplingParams.max_tokens, also for chat's max_completion_tokens
     req = ChatCompletionRequest(messages=ASK, max_completion_tokens=5, min_tokens=9)
     with pytest.raises(HttpError) as e:
-        check_common(req, 5, "max_completion_tokens")
+        check_common(req, 5)
     assert e.value.message == "min_tokens must be less than or equal to max_tokens=5, got 9."
 
 
