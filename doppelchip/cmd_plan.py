@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from doppelchip.cmd_simulate import ROUTERS
-from doppelchip.sim_flags import add_workload_args
+from doppelchip.sim_flags import add_traffic_args, add_workload_args
 
 DEFAULT_MODEL = "llama-3.1-8b"
 
@@ -29,6 +29,7 @@ def register(subparsers: Any) -> None:
         "model prunes, the cluster simulator decides (docs/PLAN.md). Prints the winner, the "
         "runners-up and the Pareto frontier of cost vs latency.")
     add_workload_args(p)
+    add_traffic_args(p.add_argument_group("traffic over time (docs/AUTOSCALING.md)"))
     g = p.add_argument_group("the question")
     g.add_argument("--model", default=DEFAULT_MODEL, help=f"model id (default {DEFAULT_MODEL})")
     g.add_argument("--slo", required=True, metavar="TERMS",
@@ -86,6 +87,7 @@ def workload_argv(args: argparse.Namespace) -> list[str]:
     path."""
     ref = argparse.ArgumentParser(add_help=False)
     add_workload_args(ref)
+    add_traffic_args(ref.add_argument_group())
     out: list[str] = []
     for action in ref._actions:
         value = getattr(args, action.dest)
@@ -118,7 +120,7 @@ def build_inputs(args: argparse.Namespace):
     from sim.plan_space import MODES, PD_AVAILABLE, SearchSpace, check_ids
     from sim.simulation import SimulationError, workload_from_args
 
-    if args.workload != "trace" and (  # (a trace has its own timestamps)
+    if args.workload != "trace" and not args.rate_shape and (  # (their own arrivals)
             not math.isfinite(args.rate) or args.rate <= 0):
         raise ValueError("--rate: a finite rate > 0 (requests per second) to plan for")
     if args.jobs < 1 or args.max_replicas < 1:

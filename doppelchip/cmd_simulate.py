@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from doppelchip.sim_flags import add_deployment_args, add_workload_args
+from doppelchip.sim_flags import add_deployment_args, add_traffic_args, add_workload_args
 
 # `simulate`'s arrivals when --rate is not given: a Poisson stream at this rate (issue 15; all
 # at once hides what static batching and contiguous KV cost a newcomer's first run)
@@ -85,14 +85,7 @@ def add_autoscale_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeline", type=float, metavar="SECONDS",
                    help="report the fleet over time every SECONDS (default with an "
                    "autoscaler: its sync period)")
-    g.add_argument("--rate-shape", metavar="SHAPE",
-                   help="time-varying arrivals (non-homogeneous Poisson) instead of --rate: "
-                   "ramp:from=1,to=20,over=600 | diurnal:period=3600,min=2,max=20 | "
-                   "burst:low=1,high=20,on=10,off=50 | piecewise:0=1,300=20,600=1 "
-                   "(with --duration and/or --num-requests)")
-    g.add_argument("--trace-format", default="auto",
-                   choices=["auto", "jsonl", "azure", "burstgpt", "mooncake"],
-                   help="format of --trace (default: sniffed from the file)")
+    add_traffic_args(g)
     g.add_argument("--html", metavar="FILE",
                    help="write an HTML report: replicas, queue, latency and dollars over time")
 # --- end autoscale ---

@@ -1,6 +1,7 @@
 """The deployment and workload flags shared by several commands: `add_deployment_args`
 (simulate; serve's pod mode; load's `sim:` target), its failure-injection group
-`add_fault_args`, and `add_workload_args` (simulate, load, plan).
+`add_fault_args`, `add_workload_args` (simulate, load, plan) and `add_traffic_args`
+(simulate, plan: traffic over time).
 
 Why it exists apart from `cmd_simulate`: these groups are parsing only, used by four commands;
 each command's own flags and its run stay in its `cmd_*.py`.
@@ -185,3 +186,16 @@ def add_workload_args(p: argparse.ArgumentParser, default_rate: float = math.inf
     g.add_argument("--turns", type=int, default=3, help="multi-turn: turns per conversation")
     g.add_argument("--think-time", type=float, default=0.0,
                    help="multi-turn: seconds between a reply and the next user turn")
+
+
+def add_traffic_args(g: argparse._ArgumentGroup) -> None:
+    """Traffic over time (issue 16): a time-varying rate and a public trace's format, into
+    `g` (simulate's autoscaling group; plan's workload)."""
+    g.add_argument("--rate-shape", metavar="SHAPE",
+                   help="time-varying arrivals (non-homogeneous Poisson) instead of --rate: "
+                   "ramp:from=1,to=20,over=600 | diurnal:period=3600,min=2,max=20 | "
+                   "burst:low=1,high=20,on=10,off=50 | piecewise:0=1,300=20,600=1 "
+                   "(with --duration and/or --num-requests)")
+    g.add_argument("--trace-format", default="auto",
+                   choices=["auto", "jsonl", "azure", "burstgpt", "mooncake"],
+                   help="format of --trace (default: sniffed from the file)")

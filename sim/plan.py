@@ -228,7 +228,10 @@ def search(inputs: PlanInputs, executor: Any, simulate: Simulate,
 
 
 def key(rec: dict[str, Any]) -> tuple:
-    return (rec["usd_per_hour"], rec["deployment"], rec["replicas"])
+    """Cheapest first; at one price the faster (so the winner is on the frontier), then by
+    name for a stable order."""
+    return (rec["usd_per_hour"], rec.get("frontier_latency_s", math.inf), rec["deployment"],
+            rec["replicas"])
 
 
 def pareto(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -77,3 +77,18 @@ def test_a_rate_shape_is_planned_at_its_mean_rate():
     work = observed_shape(spec, EOS_MEAN)
     assert work.rate == pytest.approx(2.0, rel=0.15)  # 200 arrivals over 100 s on average
     assert (work.prompt, work.output_max) == (64, 16)
+
+
+def test_plan_takes_simulates_rate_shape_flag():
+    """`plan --rate-shape` (a simulate workload flag) plans at the shape's mean rate and its
+    reproducing command replays the same shape; with an explicit --rate it is refused, as
+    simulate refuses it."""
+    shape_flags = ["--rate-shape", "ramp:from=1,to=3,over=100", "--duration", "100",
+                   "--isl", "64", "--osl", "16", "--ignore-eos"]
+    rc, out = plan(*shape_flags)
+    assert rc == 0, out
+    assert out["rate"] == pytest.approx(2.0, rel=0.15)
+    assert "--rate-shape ramp:from=1,to=3,over=100" in out["simulate_command"]
+    assert "the mean of ramp:from=1,to=3,over=100" in out["fleet"].splitlines()[0]
+    rc, err = plan(*shape_flags, "--rate", "5")
+    assert rc == 2 and "--rate-shape replaces --rate" in err["error"]
