@@ -60,9 +60,10 @@ def register(subparsers: Any) -> None:
 def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list]:
     """One run, or a sweep over rates or concurrencies: (summary, every request's result)."""
     from clients.report import parse_slo
-    from doppelchip.loadrun import LoadError, run_once
+    from doppelchip.loadrun import LoadError, check_target_flags, run_once
     from sim.simulation import SimulationError, workload_from_args
 
+    check_target_flags(args)
     try:
         slo = parse_slo(args.slo)
         spec = workload_from_args(args)

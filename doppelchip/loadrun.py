@@ -35,6 +35,24 @@ def _sim_target(spec: str) -> tuple[str | None, str]:
     return None, rest
 
 
+SERVER_ONLY = {"deployment": "", "time_limit": 3600.0, "api_key": None, "tls": False,
+               "ssl_ca_certs": None, "ssl_certfile": None, "ssl_keyfile": None}
+
+
+def check_target_flags(args: argparse.Namespace) -> None:
+    """A sim: target runs every request to its end in virtual time: the flags that only a
+    server target reads (its deployment, the emulated time limit, credentials) are refused
+    by name instead of ignored."""
+    if not args.target.startswith("sim:"):
+        return
+    for dest, default in SERVER_ONLY.items():
+        if getattr(args, dest, default) != default:
+            flag = "--" + dest.replace("_", "-")
+            hint = (" (a sim: target names its deployment: sim:[FLEET.toml#]DEPLOYMENT)"
+                    if dest == "deployment" else "")
+            raise LoadError(f"{flag} applies to a server target, not to {args.target!r}{hint}")
+
+
 def run_once(args: argparse.Namespace, spec, slo: dict[str, float]
               ) -> tuple[dict[str, Any], list[RequestResult]]:
     if args.target.startswith("sim:"):

@@ -182,6 +182,27 @@ def check_workload_args(args: argparse.Namespace) -> None:
         raise SimulationError(f"--length-spread must be in [0, 1), got {args.length_spread:g}")
     if args.system_prompt_len < 0:
         raise SimulationError(f"--system-prompt-len must be >= 0, got {args.system_prompt_len}")
+    check_flags_apply(args)
+
+
+def check_flags_apply(args: argparse.Namespace) -> None:
+    """A workload flag the chosen workload, arrival process or length distribution would
+    ignore is refused by name: `--trace t.jsonl` without `--workload trace` ran random prompts
+    and reported them as if the trace had been replayed."""
+    trace_format = getattr(args, "trace_format", "auto")
+    for given, applies, needs in (
+            (bool(args.trace), args.workload == "trace", "--trace FILE needs --workload trace"),
+            (trace_format != "auto", args.workload == "trace",
+             f"--trace-format {trace_format} needs --workload trace"),
+            (args.mix != "random=1", args.workload == "mix", "--mix needs --workload mix"),
+            (args.burstiness != 1.0, args.arrival == "gamma",
+             "--burstiness shapes gamma arrivals: it needs --arrival gamma"),
+            (bool(args.length_file), args.length_dist == "histogram",
+             "--length-file needs --length-dist histogram"),
+            (args.length_spread != 0, args.length_dist in ("uniform", "normal"),
+             "--length-spread needs --length-dist uniform or normal")):
+        if given and not applies:
+            raise SimulationError(f"{needs} (otherwise it is ignored)")
 
 
 def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:

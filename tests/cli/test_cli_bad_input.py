@@ -155,3 +155,35 @@ def test_out_of_range_values_name_their_flag(capsys: pytest.CaptureFixture[str],
 ])
 def test_arrival_parameters_that_used_to_hang(argv: list[str], flag: str):
     assert flag in usage_error_within([*argv, "--num-requests", "3"])
+
+
+# --- 5. a flag the run would ignore is refused, not silently dropped -------------------------
+PLAN = ["plan", "--slo", "ttft=1", "--rate", "1", "--chips", "h100-sxm", "--engines", "vllm",
+        "--quants", "bf16", "--jobs", "1"]
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    ([*SIM, "--trace", "t.jsonl"], "--trace FILE needs --workload trace"),
+    ([*LOAD, "--trace", "t.jsonl"], "--trace FILE needs --workload trace"),
+    ([*PLAN, "--trace", "t.jsonl"], "--trace FILE needs --workload trace"),
+    ([*SIM, "--trace-format", "azure"], "--trace-format azure needs --workload trace"),
+    ([*SIM, "--mix", "random=1,structured=1"], "--mix needs --workload mix"),
+    ([*SIM, "--burstiness", "0.5"], "needs --arrival gamma"),
+    ([*SIM, "--length-file", "lengths.csv"], "--length-file needs --length-dist histogram"),
+    ([*SIM, "--length-spread", "0.2"], "--length-spread needs --length-dist uniform or normal"),
+    ([*LOAD, "--deployment", "vllm-h100"], "sim:[FLEET.toml#]DEPLOYMENT"),
+    ([*LOAD, "--time-limit", "60"], "--time-limit applies to a server target"),
+    ([*LOAD, "--api-key", "k"], "--api-key applies to a server target"),
+])
+def test_a_flag_the_run_would_ignore_is_refused(capsys: pytest.CaptureFixture[str],
+                                                argv: list[str], says: str):
+    assert says in usage_error(capsys, [*argv, "--num-requests", "3"])
+
+
+def test_the_flags_run_where_they_apply(capsys: pytest.CaptureFixture[str]):
+    """The same flags with the workload, arrival or distribution they shape are accepted."""
+    for extra in (["--workload", "mix", "--mix", "random=1,structured=1"],
+                  ["--arrival", "gamma", "--burstiness", "0.5"],
+                  ["--length-dist", "uniform", "--length-spread", "0.2"]):
+        assert main([*SIM, *extra, "--num-requests", "3", "--json"]) == exit_codes.OK, extra
+        assert '"requests": 3' in capsys.readouterr().out
