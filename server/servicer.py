@@ -62,10 +62,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             await wire.abort(context, convert.status_code(e), str(e))
         finished = 0
         try:  # from here on every way out frees what the engine holds
-            if not await wire.send_headers(context, (
-                    ("x-request-id", request_ids.metadata_value(rid)),
-                    ("x-doppelchip-frontend", self.frontend))):
-                return
+            await wire.send_headers(context, (
+                ("x-request-id", request_ids.metadata_value(rid)),
+                ("x-doppelchip-frontend", self.frontend)))
             async with contextlib.aclosing(parallel.in_order(streams)) as chunks:
                 async for chunk in chunks:
                     finished += chunk.finish is not None

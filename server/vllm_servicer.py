@@ -135,9 +135,8 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         output_ids: list[int] = []
         finished = False
         try:  # from here on every way out frees what the engine holds
-            if not await wire.send_headers(
-                    context, (("x-request-id", request_ids.metadata_value(rid)),)):
-                return
+            await wire.send_headers(context,
+                                    (("x-request-id", request_ids.metadata_value(rid)),))
             async for chunk in stream.outputs():
                 output_ids.extend(chunk.token_ids)
                 finished = chunk.finish is not None

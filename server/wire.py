@@ -107,19 +107,22 @@ def ended(context: grpc.aio.ServicerContext) -> bool:
     return remaining is not None and remaining <= 0
 
 
-async def send_headers(context: grpc.aio.ServicerContext, metadata) -> bool:
-    """Send a streaming call's response headers; False when the call ended first (a client
-    that cancels at once: grpc refuses the batch and would log a traceback), so the handler
-    returns and its `finally` frees what the engine holds."""
+async def send_headers(context: grpc.aio.ServicerContext, metadata) -> None:
+    """Send a streaming call's response headers. When the call ended first (a client that
+    cancels at once: core refuses or fails the batch) this raises `CancelledError`, as
+    `abort` does, so the handler's `finally` frees what the engine holds and grpc.aio sends
+    no status. A handler that returned instead had grpc.aio send its final status with the
+    headers again, which core refused (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS: it had taken
+    the failed headers) and grpc.aio logged as an ERROR with a traceback."""
     try:
         await context.send_initial_metadata(metadata)
-    except ExecuteBatchError:
-        return False  # core refused the batch: the call ended under it
+    except ExecuteBatchError as e:  # core refused the batch: the call ended under it
+        raise asyncio.CancelledError("the call ended before its headers were sent") from e
     except Exception:
         if ended(context):
-            return False
+            raise asyncio.CancelledError("the call ended before its headers were sent") \
+                from None
         raise
-    return True
 
 
 async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> None:
