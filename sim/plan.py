@@ -22,6 +22,7 @@ give the same winner, runners-up and frontier.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -73,7 +74,8 @@ class PlanInputs:
 
 def shape(w: WorkloadSpec, eos_mean: float) -> WorkloadShape:
     """The workload as the analytic model sees it. Lengths with a spread use their largest
-    value for the context; a mix's and a length file's are unknown (None: the context is not
+    value for the context and the run's own prompts for the quantiles of the latency floors;
+    a length file's lengths are the run's own; a mix's context is unknown (None: not
     checked). A trace and a rate shape are read off their conversations (sim.plan_trace)."""
     if w.kind == "trace" or w.rate_shape:
         return observed_shape(w, eos_mean)
@@ -85,8 +87,14 @@ def shape(w: WorkloadSpec, eos_mean: float) -> WorkloadShape:
     turns = w.turns if w.kind == "multi-turn" else 1
     system = w.system_prompt_len if w.kind == "shared-prefix" else 0
     context = system + (isl + osl) * turns if known else None
-    return WorkloadShape(rate=w.rate, prompt=w.isl, output_mean=output_mean(
+    base = WorkloadShape(rate=w.rate, prompt=w.isl, output_mean=output_mean(
         w.osl, w.ignore_eos, eos_mean), output_max=w.osl, context=context)
+    if w.length_dist == "fixed":
+        return base
+    seen = observed_shape(w, eos_mean, rate=w.rate, shared=system)  # the run's own lengths
+    if w.length_dist == "histogram":  # --isl and --osl play no part: the file's lengths do
+        return dataclasses.replace(seen, context=seen.context if context is None else context)
+    return dataclasses.replace(base, prompt_quantiles=seen.prompt_quantiles)
 
 
 def describe(w: WorkloadSpec, work: WorkloadShape) -> str:

@@ -9,7 +9,10 @@ serving mode); a candidate is a config times a replica count. `configs()` expand
 - the deployment places (`devices.place`: weights + KV fit; TP divides the heads, ...) and its
   context holds the workload's longest request;
 - its unloaded latency (`devices.estimate` at batch 1) is within every SLO bound: no replica
-  count lowers a latency a lone request already exceeds.
+  count lowers a latency a lone request already exceeds. With lengths that vary, the lone
+  request is the shortest one the SLO constrains: a goodput fraction f is met only if the
+  f·N shortest requests meet it, so the floor is taken at the prompt of quantile f (or of the
+  statistic's percentile), never above the mean prompt (`prompt_floor`).
 
 Each survivor carries its price per replica-hour and `min_replicas`, the least replica count
 worth simulating: the offered output tokens per second over an upper bound on one replica's
@@ -112,6 +115,34 @@ class WorkloadShape:
     output_mean: float
     output_max: int
     context: int | None
+    # prompts at quantiles 0, 0.01, ..., 1 of the run's requests, each no longer than the
+    # longest of the ceil(q·N) shortest (None: every prompt is `prompt`; see `prompt_at`)
+    prompt_quantiles: tuple[int, ...] | None = None
+
+    def prompt_at(self, q: float) -> int:
+        """A prompt no longer than the longest of the q·N shortest requests' prompts."""
+        if self.prompt_quantiles is None:
+            return self.prompt
+        return self.prompt_quantiles[math.floor(q * 100 + 1e-9)]
+
+
+def prompt_quantiles(prompts: Sequence[int]) -> tuple[int, ...]:
+    """`WorkloadShape.prompt_quantiles` of these prompts (at least one)."""
+    ordered, n = sorted(prompts), len(prompts)
+    return tuple(ordered[max(0, math.ceil(i * n / 100) - 1)] for i in range(101))
+
+
+PERCENTILE_SHARE = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "mean": 1.0}
+
+
+def prompt_floor(work: WorkloadShape, slo: PlanSlo) -> int:
+    """The prompt a lone request's latency floor is taken at: that of the smallest share of
+    requests the SLO constrains (the goodput fraction of its per-request bounds, a
+    statistic's percentile), capped at the mean prompt (a mean statistic's floor, and the
+    rule before lengths varied)."""
+    shares = [slo.goodput] if slo.bounds else []
+    shares += [PERCENTILE_SHARE[stat] for _, stat in slo.stats]
+    return min(work.prompt, work.prompt_at(min(shares, default=1.0)))
 
 
 @dataclass(frozen=True)
@@ -183,7 +214,9 @@ def size(config: Config, work: WorkloadShape, slo: PlanSlo) -> Sized | str:
     alone = estimate(spec, work.prompt, work.output_max, 1)
     if not alone["fits"]:
         return f"does not fit one request: {alone['error']}"
-    floor = floors(alone, work)
+    low = prompt_floor(work, slo)
+    floor = floors(alone if low == work.prompt else estimate(spec, low, work.output_max, 1),
+                   work)
     for metric, bound in slo.bounds.items():
         if floor[metric] > bound:
             return f"unloaded {metric} {floor[metric] * 1e3:.1f} ms > {bound * 1e3:g} ms"

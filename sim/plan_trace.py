@@ -13,8 +13,11 @@ with the engine's tokenizer for a trace's text prompts) and returns the mean rat
 request, follow-up turns included, over the span of the first turns' starts), the mean
 prompt (each turn's new tokens: a conversation's history is in the prefix cache), the mean
 expected output (each request's `max_tokens`, or the engine's EOS draw bounded by it), the
-largest `max_tokens` and the longest context a conversation reaches. A workload whose
-requests all start at one instant has no rate: ValueError, as for an empty trace.
+largest `max_tokens`, the longest context a conversation reaches and the prompts'
+quantiles. A workload whose requests all start at one instant has no rate: ValueError, as for
+an empty trace. With `rate` given (a synthetic workload whose lengths vary: the flags say
+its rate, not its lengths' quantiles) the span is not read; `shared` tokens of every prompt
+(a shared-prefix group's system prompt) are taken as cached.
 """
 
 from __future__ import annotations
@@ -23,16 +26,18 @@ import dataclasses
 
 from clients.workloads import WorkloadSpec, stream_workload
 from server.engine.tokenizer import get_tokenizer
-from sim.plan_space import WorkloadShape, output_mean
+from sim.plan_space import WorkloadShape, output_mean, prompt_quantiles
 
 
-def observed_shape(spec: WorkloadSpec, eos_mean: float) -> WorkloadShape:
+def observed_shape(spec: WorkloadSpec, eos_mean: float, rate: float | None = None,
+                   shared: int = 0) -> WorkloadShape:
     """The workload's shape as its conversations have it (see the module's contract)."""
     tok = get_tokenizer()
     spec = dataclasses.replace(spec, vocab_size=tok.vocab_size)
     conversations = requests = prompt = 0
     output, output_max, context = 0.0, 0, 0
     first = last = None
+    prompts: list[int] = []
     for conv in stream_workload(spec, encode=tok.encode):
         conversations += 1
         first = conv.start_s if first is None else min(first, conv.start_s)
@@ -40,20 +45,26 @@ def observed_shape(spec: WorkloadSpec, eos_mean: float) -> WorkloadShape:
         reach = 0
         for turn in conv.turns:
             requests += 1
-            prompt += len(turn.user_ids)
+            new = max(1, len(turn.user_ids) - shared)
+            prompt += new
+            prompts.append(new)
             output += output_mean(turn.max_tokens, conv.ignore_eos, eos_mean)
             output_max = max(output_max, turn.max_tokens)
             reach += len(turn.user_ids) + turn.max_tokens
         context = max(context, reach)
-    what = "the trace" if spec.kind == "trace" else f"the rate shape {spec.rate_shape!r}"
+    what = ("the trace" if spec.kind == "trace" else
+            f"the rate shape {spec.rate_shape!r}" if spec.rate_shape else "the workload")
     if first is None or last is None or not requests:
         raise ValueError(f"{what} has no request to plan for")
     span = last - first
-    if span <= 0:
+    if rate is None and span <= 0:
         raise ValueError(f"{what}: every request starts at one instant, so there is no rate to "
                          "plan for (plan sizes a fleet for traffic over time)")
     # n conversations start over the span from the first to the last: n - 1 gaps
-    rate = (conversations - 1) / span * (requests / conversations)
+    if rate is None:
+        rate = (conversations - 1) / span * (requests / conversations)
     return WorkloadShape(rate=rate,
                          prompt=round(prompt / requests), output_mean=output / requests,
-                         output_max=output_max, context=context)
+                         output_max=output_max, context=context,
+                         prompt_quantiles=prompt_quantiles(prompts))
+
