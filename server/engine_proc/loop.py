@@ -71,6 +71,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self.ctx = zmq.Context()
         self.input = self.ctx.socket(zmq.PULL)
         self.input.setsockopt(zmq.LINGER, 0)
+        self.input.setsockopt(zmq.RCVHWM, 0)  # a burst queues here; max_waiting refuses it
         self.input.bind(run_dir.engine_input(deployment, rank))
         self.outputs = []
         for i in range(num_frontends):

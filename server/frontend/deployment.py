@@ -68,6 +68,10 @@ class DeploymentClient(DeploymentStatusView):
             s = ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.IMMEDIATE, 1)  # never queue for an engine that is not there
+            # nor refuse a burst for one that is: with zmq's default high-water mark (1,000
+            # messages) a burst of 3,000 requests met a busy engine's full pipe and 8 were
+            # answered UNAVAILABLE "not reachable" instead of the engine's admission control
+            s.setsockopt(zmq.SNDHWM, 0)
             s.setsockopt(zmq.RECONNECT_IVL, 10)
             s.connect(run_dir.engine_input(index, info.rank))
             self.sockets.append(s)
