@@ -83,6 +83,17 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 
+    def stops_at(self, token: int, num_output: int, eos: int, constrained: bool) -> bool:
+        """Whether `token`, the request's `num_output`-th output token, ends it with reason
+        stop: EOS that a grammar allowed always does; past `min_tokens`, EOS (unless
+        `ignore_eos`) or a stop token id. The one rule of the scheduler, which ends the
+        request, and of the front end's detokenizer, which must know it before the finish
+        arrives to drop the stop token's text."""
+        if token == eos and constrained:
+            return True
+        return num_output > self.min_tokens and (
+            (token == eos and not self.ignore_eos) or token in self.stop_token_ids)
+
     def validate(self) -> None:
         """Raise InvalidRequest naming the first out-of-range option."""
         if self.max_tokens is not None and self.max_tokens <= 0:

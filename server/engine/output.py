@@ -71,7 +71,7 @@ class RequestOutput:
     """Detokenization and stop strings of one request (the text it streams), as vLLM's
     `BaseIncrementalDetokenizer.update` and `get_next_output_text` (v1/engine/detokenizer.py)."""
 
-    __slots__ = ("_constrained", "_detok", "_enders", "_eos", "_hold", "_may_end",
+    __slots__ = ("_constrained", "_detok", "_eos", "_hold", "_may_end",
                  "_min_tokens", "_prompt_sent", "_sent", "_stops", "_text", "include_stop",
                  "num_tokens", "prompt_ids", "request", "stop_str", "stopped")
 
@@ -88,13 +88,11 @@ class RequestOutput:
         self._stops = sp.stop
         self._min_tokens = sp.min_tokens
         self.include_stop = sp.include_stop_str_in_output
-        # the tokens that end the request past min_tokens, as the scheduler's `_stop_reason`
-        # decides (a constrained request's EOS ends it regardless)
+        # the tokens that may end the request with reason stop (`SamplingParams.stops_at`,
+        # the scheduler's rule, decides; the set lets every other token pass at once)
         self._eos = tokenizer.eos_token_id
         self._constrained = request.constraint is not None
-        self._enders = frozenset(sp.stop_token_ids) | (
-            frozenset() if sp.ignore_eos else frozenset((self._eos,)))
-        self._may_end = (self._enders | {self._eos}) if self._constrained else self._enders
+        self._may_end = frozenset(sp.stop_token_ids) | {self._eos}
         # vLLM's stop_buffer_length: an included stop string never takes text back
         self._hold = (max(len(s) for s in self._stops) - 1
                       if self._stops and not self.include_stop else 0)
@@ -105,14 +103,6 @@ class RequestOutput:
     @property
     def has_stops(self) -> bool:
         return bool(self._stops)
-
-    def _stop_terminated(self, last: int) -> bool:
-        """Whether the engine ends the request with reason stop at this token (EOS or a stop
-        token id): the step output's finish is only known after `add`, so the rule is the
-        scheduler's, applied to the token count so far."""
-        if last == self._eos and self._constrained:
-            return True
-        return last in self._enders and self.num_tokens > self._min_tokens
 
     def add(self, token_ids: list[int]) -> str:
         """The text to stream for these new tokens ("" while held back). After a stop string
@@ -126,7 +116,9 @@ class RequestOutput:
         before = self.num_tokens
         self.num_tokens += len(token_ids)
         last = token_ids[-1]
-        if not self.include_stop and last in self._may_end and self._stop_terminated(last):
+        if (not self.include_stop and last in self._may_end
+                and self.request.sampling.stops_at(last, self.num_tokens, self._eos,
+                                                   self._constrained)):
             token_ids = token_ids[:-1]
         if not self._stops:  # nothing to hold back or match: the delta is the text
             return self._detok.push_many(token_ids)

@@ -290,12 +290,8 @@ class Scheduler(KvHold):
 
     def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
         sp = req.sampling_params
-        if token == self.eos_token_id and req.constraint is not None:
-            return FinishReason.STOP  # the grammar allowed EOS: it ends the output
-        may_stop = req.num_output_tokens > sp.min_tokens
-        if may_stop and (
-            (token == self.eos_token_id and not sp.ignore_eos) or token in sp.stop_token_ids
-        ):
+        if sp.stops_at(token, req.num_output_tokens, self.eos_token_id,
+                       req.constraint is not None):
             return FinishReason.STOP
         if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= self.config.max_model_len:
             return FinishReason.LENGTH
