@@ -21,7 +21,6 @@ import heapq
 from collections.abc import Iterable, Sequence
 
 from clients.conversation import Conversation
-from clients.report import RequestResult
 from server.engine.core import EngineCore, StepResult
 from server.engine.intake import queue_is_full
 from server.engine.interface import Constraint, InvalidRequest
@@ -37,6 +36,7 @@ from sim.virtual_types import (
     Records,
     Route,
     VirtualRun,
+    completed,
     failed,
     turn_id,
 )
@@ -209,18 +209,9 @@ class _Runner(SessionSource, PdHops, MacroWindows):
             self._session_over(si)
 
     def _record(self, r: Request, si: int, ti: int, at: float, k: int, **pd) -> None:
-        self.out.records.append(RequestResult(
-            r.request_id, scheduled_s=at, sent_s=at,
-            token_times=tuple(self.times.pop(r.request_id)), end_s=self.t,
-            prompt_tokens=r.num_prompt_tokens, output_tokens=r.num_output_tokens,
-            cached_tokens=max(r.num_cached_tokens, 0),
-            jump_forward_tokens=r.num_jump_forward_tokens,
-            finish_reason=r.finish_reason.value if r.finish_reason else "stop",
-            conversation_id=self.sessions[si].conversation_id, turn=ti,
-            slo_class=self.sessions[si].slo_class,
-            first_scheduled_s=self.first_sched.pop(r.request_id, None),
-            preemptions=r.num_preemptions, replica=k, **pd,
-        ))
+        self.out.records.append(completed(r, self.sessions[si], ti, at, self.t,
+                                          self.times.pop(r.request_id),
+                                          self.first_sched.pop(r.request_id, None), k, **pd))
 
     def run(self) -> VirtualRun:
         cores, arrivals = self.cores, self.arrivals

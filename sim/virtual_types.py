@@ -15,6 +15,7 @@ from typing import Protocol
 
 from clients.conversation import Conversation
 from clients.report import RequestResult
+from server.engine.request import Request
 
 # A cluster's router (sim/routers.py): (prompt token ids, outstanding requests per core, the
 # session: its SLO class) -> the index of the core that gets the request; None: hold it (no
@@ -77,6 +78,21 @@ def failed(rid: str, s: Conversation, ti: int, at: float, prompt_tokens: int, er
                          prompt_tokens=prompt_tokens, output_tokens=0, finish_reason="error",
                          error=error, conversation_id=s.conversation_id, turn=ti,
                          slo_class=s.slo_class, replica=replica)
+
+
+def completed(r: Request, s: Conversation, ti: int, at: float, end_s: float,
+              token_times: list[float], first_scheduled_s: float | None, replica: int,
+              **pd: float | None) -> RequestResult:
+    """A turn that ran to its finish on core `replica` (`pd`: its P/D hop's fields)."""
+    return RequestResult(
+        r.request_id, scheduled_s=at, sent_s=at, token_times=tuple(token_times), end_s=end_s,
+        prompt_tokens=r.num_prompt_tokens, output_tokens=r.num_output_tokens,
+        cached_tokens=max(r.num_cached_tokens, 0), jump_forward_tokens=r.num_jump_forward_tokens,
+        finish_reason=r.finish_reason.value if r.finish_reason else "stop",
+        conversation_id=s.conversation_id, turn=ti, slo_class=s.slo_class,
+        first_scheduled_s=first_scheduled_s, preemptions=r.num_preemptions, replica=replica,
+        **pd,
+    )
 
 
 def turn_id(s: Conversation, ti: int) -> str:
