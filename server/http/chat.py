@@ -101,8 +101,9 @@ class ChatShapes:
     """Builds one request's response bodies and stream events."""
 
     def __init__(self, req: ChatCompletionRequest, run: Run, rid: str, model: str,
-                 tok: Tokenizer, plan: tools.ToolPlan) -> None:
+                 tok: Tokenizer, plan: tools.ToolPlan, prompt: list[int]) -> None:
         self.req, self.run, self.rid, self.model, self.plan = req, run, rid, model, plan
+        self.prompt = prompt if req.return_token_ids else None  # (vLLM's return_token_ids)
         self.created = int(time.time())
         self.role = "assistant" if req.add_generation_prompt else (
             req.messages[-1].role if req.messages else "assistant")
@@ -111,7 +112,13 @@ class ChatShapes:
         self.streamers = ({c.index: tools.ToolStreamer(plan) for c in run.choices}
                           if plan.mode != "text" else None)
         self.called = {c.index: False for c in run.choices}
-        self.usage_each = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        # vLLM's `should_include_usage`: per-chunk usage only with include_usage as well
+        opts = req.stream_options
+        self.usage_each = bool(opts and opts.include_usage and opts.continuous_usage_stats)
+        # `echo`: the last message's content first, when it is the answer's role (vLLM)
+        last = req.messages[-1] if req.messages else None
+        self.echo = (_content(last) if req.echo and last is not None and last.role == self.role
+                     else "")
 
     def _base(self, obj: str) -> dict:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
@@ -127,25 +134,38 @@ class ChatShapes:
         for c in self.run.choices:
             text = "".join(c.text)
             calls = tools.parse_calls(self.plan, text) if self.plan.mode != "text" else []
-            message = {"role": self.role, "content": "" if self.plan.mode != "text" else text,
-                       "tool_calls": calls, "reasoning": None}
-            if self.plan.mode != "text" and not calls:
-                message["content"] = ""
+            # vLLM's ChatMessage.model_dump(): None fields kept, tool_calls only when made
+            message = {"role": self.role,
+                       "content": self.echo + ("" if self.plan.mode != "text" else text),
+                       "refusal": None, "annotations": None, "audio": None,
+                       "function_call": None, **({"tool_calls": calls} if calls else {}),
+                       "reasoning": None}
             choices.append({"index": c.index, "message": message,
                             "logprobs": self._logprobs(c, c.ids, 0),
                             "finish_reason": finish_reason(c.finish, self.plan, bool(calls)),
-                            "stop_reason": stop_reason(c.finish)})
-        return {**self._base("chat.completion"), "choices": choices,
-                "usage": self.run.usage(), "kv_transfer_params": self.run.kv_transfer_params()}
+                            "stop_reason": stop_reason(c.finish),
+                            "token_ids": list(c.ids) if self.prompt is not None else None,
+                            "routed_experts": None, "weight_versions": None})
+        return {**self._base("chat.completion"), "choices": choices, "service_tier": None,
+                "system_fingerprint": None, "usage": self.run.usage_dump(),
+                "prompt_logprobs": None, "prompt_token_ids": self.prompt, "prompt_text": None,
+                "kv_transfer_params": self.run.kv_transfer_params(),
+                "ec_transfer_params": None, "metrics": None}
 
     def head(self) -> list[dict]:
         """The role chunk of each choice (with continuous usage stats, its usage: no
-        completion tokens yet, as vLLM's first chunk)."""
+        completion tokens yet, as vLLM's first chunk), then with `echo` the echoed content."""
         events = [{**self._base("chat.completion.chunk"), "choices": [{
             "index": c.index, "delta": {"role": self.role, "content": ""}, "logprobs": None,
-            "finish_reason": None}]} for c in self.run.choices]
+            "finish_reason": None}], "prompt_token_ids": self.prompt, "prompt_text": None}
+            for c in self.run.choices]
+        if self.echo:
+            events += [{**self._base("chat.completion.chunk"), "choices": [{
+                "index": c.index, "delta": {"content": self.echo}, "logprobs": None,
+                "finish_reason": None}]} for c in self.run.choices]
         if self.usage_each:
-            for event, c in zip(events, self.run.choices, strict=True):
+            for event in events:
+                c = self.run.choices[event["choices"][0]["index"]]
                 p = self.run.prompt_lens[c.prompt]
                 event["usage"] = {"prompt_tokens": p, "completion_tokens": 0, "total_tokens": p}
         return events
@@ -163,9 +183,11 @@ class ChatShapes:
         if not delta and f is None and lp is None:
             return []
         choice = {"index": c.index, "delta": delta, "logprobs": lp,
-                  "finish_reason": finish_reason(f, self.plan, self.called[c.index])}
+                  "finish_reason": finish_reason(f, self.plan, self.called[c.index]),
+                  "token_ids": list(chunk.token_ids) if self.prompt is not None else None}
         if f is not None:
             choice["stop_reason"] = stop_reason(f)
+            choice["weight_versions"] = None
         event = {**self._base("chat.completion.chunk"), "choices": [choice]}
         if self.usage_each:
             event["usage"] = self.run.choice_usage(c)

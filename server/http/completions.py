@@ -97,8 +97,11 @@ class CompletionShapes:
                     if req.logprobs is not None else None)
         self.offsets = {c.index: len(self.echo[c.prompt]) if self.echo else 0
                         for c in run.choices}
-        self.usage_each = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        # vLLM's `should_include_usage`: per-chunk usage only with include_usage as well
+        opts = req.stream_options
+        self.usage_each = bool(opts and opts.include_usage and opts.continuous_usage_stats)
         self.hidden = echo_only(req)  # the one generated token is not shown
+        self.prompts = prompts if req.return_token_ids else None  # (vLLM's return_token_ids)
 
     def _base(self) -> dict:
         return {"id": self.rid, "object": "text_completion", "created": self.created,
@@ -119,23 +122,33 @@ class CompletionShapes:
             text = "" if self.hidden else "".join(c.text)
             if self.echo:
                 text = self.echo[c.prompt] + text
-            f = c.finish
+            f, ids = c.finish, [] if self.hidden else c.ids
+            back = self.prompts  # the token ids asked for back (return_token_ids)
             choices.append({"index": c.index, "text": text,
-                            "logprobs": self._logprobs(c, [] if self.hidden else c.ids, 0),
+                            "logprobs": self._logprobs(c, ids, 0),
                             "finish_reason": f.reason.value if f else None,
-                            "stop_reason": stop_reason(f)})
-        return {**self._base(), "choices": choices, "usage": self.run.usage(),
-                "kv_transfer_params": self.run.kv_transfer_params()}
+                            "stop_reason": stop_reason(f),
+                            "token_ids": list(ids) if back else None, "prompt_logprobs": None,
+                            "prompt_token_ids": back[c.prompt] if back else None,
+                            "routed_experts": None, "weight_versions": None})
+        # vLLM's CompletionResponse.model_dump(): every field, None included
+        return {**self._base(), "choices": choices, "service_tier": None,
+                "system_fingerprint": None, "usage": self.run.usage_dump(),
+                "kv_transfer_params": self.run.kv_transfer_params(),
+                "ec_transfer_params": None, "metrics": None}
 
     def chunks(self, c: Choice, chunk: TokenChunk) -> list[dict]:
         text, ids = ("", []) if self.hidden else (chunk.text, chunk.token_ids)
         if self.echo and chunk.index == 0:
             text = self.echo[c.prompt] + text
-        f = chunk.finish
+        f, back = chunk.finish, self.prompts
+        # the fields vLLM's stream choice sets (None too: it dumps with exclude_unset)
         event = {**self._base(), "choices": [{
             "index": c.index, "text": text,
             "logprobs": self._logprobs(c, ids, chunk.index),
-            "finish_reason": f.reason.value if f else None, "stop_reason": stop_reason(f)}]}
+            "finish_reason": f.reason.value if f else None, "stop_reason": stop_reason(f),
+            "prompt_token_ids": back[c.prompt] if back and chunk.index == 0 else None,
+            "token_ids": list(ids) if back else None, "weight_versions": None}]}
         if self.usage_each:
             event["usage"] = self.run.choice_usage(c)
         return [event]

@@ -73,6 +73,14 @@ class Run:
                 "completion_tokens": completion,
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
+    def usage_dump(self) -> dict:
+        """`usage` as vLLM's non-streamed answer writes it (`UsageInfo.model_dump()`): every
+        field, None included; streamed answers leave the None ones out (`usage`)."""
+        usage = self.usage()
+        return {**usage, "prompt_tokens_details": {
+            **usage["prompt_tokens_details"], "created_cache_tokens": None,
+            "multimodal_tokens": None}, "completion_tokens_details": None}
+
     def choice_usage(self, c: Choice) -> dict:
         """vLLM's `continuous_usage_stats`: one choice's usage so far, on each of its chunks."""
         p, done = self.prompt_lens[c.prompt], len(c.ids)

@@ -20,6 +20,7 @@ from server.fleet import UnknownDeployment
 from server.frontend.deployment import DeploymentClient
 from server.http.body import parse_json
 from server.http.errors import HttpError, error_response
+from server.http.models import model_card
 from server.http.state import HttpState
 
 
@@ -97,8 +98,6 @@ def model_cards(state: HttpState, created: int) -> list[dict]:
     cards = []
     for client in state.fleet.clients.values():
         for a in client.lora.adapters():
-            cards.append({"id": a.name, "object": "model", "created": created,
-                          "owned_by": "doppelchip", "root": a.path,
-                          "parent": a.base_model_name or client.info.model_name,
-                          "max_model_len": None, "permission": []})
+            cards.append(model_card(a.name, a.path,
+                                    a.base_model_name or client.info.model_name, None, created))
     return cards

@@ -131,6 +131,8 @@ class GenerationFields(OpenAIBase):
     # how long the prompt may be: server.http.lengths (vLLM's TokenizeParams)
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
     truncation_side: Literal["left", "right"] | None = None
+    # the prompt's and each choice's token ids in the answer (vLLM's, for RL and tracing)
+    return_token_ids: bool | None = None
 
 
 class CompletionRequest(GenerationFields):

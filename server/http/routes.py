@@ -31,6 +31,7 @@ from server.http import chat, completions, generate, prompts, tools
 from server.http import lora as lora_routes
 from server.http.body import parse_json
 from server.http.errors import HttpError, draining, error_response, unknown_model
+from server.http.models import model_card
 from server.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -83,7 +84,6 @@ def healthy(state: HttpState) -> bool:
 
 
 def add_routes(app: FastAPI, state: HttpState) -> None:
-    started = int(time.time())
     lora_routes.add_lora_routes(app, state)  # --- LoRA (issue 13) ---
 
     @app.get("/health")
@@ -105,13 +105,13 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
 
     @app.get("/v1/models")
     async def models() -> dict:
+        now = int(time.time())  # vLLM's cards are made when asked: `created` is now
         cards = []
         for name, clients in state.fleet.models.items():
             c = clients[0]
-            cards.append({"id": name, "object": "model", "created": started,
-                          "owned_by": "doppelchip", "root": c.info.model, "parent": None,
-                          "max_model_len": c.info.capacity.max_model_len, "permission": []})
-        cards += lora_routes.model_cards(state, started)  # --- LoRA (issue 13) ---
+            cards.append(model_card(name, c.info.model, None, c.info.capacity.max_model_len,
+                                    now))
+        cards += lora_routes.model_cards(state, now)  # --- LoRA (issue 13) ---
         return {"object": "list", "data": cards}
 
     @app.post("/tokenize")
@@ -190,7 +190,8 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
             run = await generate.admitted(client, [req], n, rid)
         except HttpError as e:
             return error_response(e, rid)
-        shapes = chat.ChatShapes(body, run, f"chatcmpl-{rid}", name, state.tokenizer, plan)
+        shapes = chat.ChatShapes(body, run, f"chatcmpl-{rid}", name, state.tokenizer, plan,
+                                 list(req.prompt_token_ids or ()))
         head = shapes.head() if body.stream else []
         return await _answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
                              head, shapes.tail, rid)

@@ -32,7 +32,7 @@ BAD_INPUTS = [
     (dict(min_tokens=10, max_tokens=5), grpc.StatusCode.INVALID_ARGUMENT, "min_tokens"),
     (dict(presence_penalty=3.0), grpc.StatusCode.INVALID_ARGUMENT, "presence_penalty"),
     (dict(stop=[""]), grpc.StatusCode.INVALID_ARGUMENT, "stop strings must not be empty"),
-    (dict(prompt=[7, 999999]), grpc.StatusCode.INVALID_ARGUMENT, "outside the vocabulary"),
+    (dict(prompt=[7, 999999]), grpc.StatusCode.INVALID_ARGUMENT, "999999 is out of vocabulary"),
     (dict(temperature=float("nan")), grpc.StatusCode.INVALID_ARGUMENT, "finite number"),
     (dict(repetition_penalty=float("inf")), grpc.StatusCode.INVALID_ARGUMENT, "finite number"),
     (dict(min_tokens=10_000), grpc.StatusCode.INVALID_ARGUMENT,
