@@ -72,6 +72,9 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from server import forkserver
+
+    forkserver.start_early()  # it preloads on the other core while the lines below run
     from server.config import ConfigError, load_fleet, server_problem
     from server.supervisor import ServeOptions, serve
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from server import forkserver
 from server.config import FleetConfig
 from server.engine.kv_events_config import with_port_offsets
 from server.engine.tokenizer import get_tokenizer
@@ -71,8 +72,7 @@ class Supervisor:
         self.num_frontends = cfg.api_server_count or default_api_server_count()
         self.run_dir = RunDir.create()
         self.wall0 = time.monotonic()
-        self.mp = mp.get_context("forkserver")
-        self.mp.set_forkserver_preload(["server.preload"])
+        self.mp = forkserver.context()
         self.engines: dict[tuple[int, int], EngineSlot] = {}
         self.frontends: dict[int, mp.process.BaseProcess] = {}
         self.infos: list[list[m.DeploymentInfo | None]] = [
