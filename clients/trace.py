@@ -14,6 +14,7 @@ Lines are replayed in timestamp order; a malformed line is an error naming its l
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,8 +48,9 @@ def load_trace(
             raise ValueError(f"{path}:{n}: not JSON: {e.msg}") from None
     if not rows:
         raise ValueError(f"{path}: the trace is empty")
-    rows.sort(key=lambda r: float(r[1].get("timestamp", 0.0)))
-    t0 = float(rows[0][1].get("timestamp", 0.0))
+    times = {n: _timestamp(row, f"{path}:{n}") for n, row in rows}
+    rows.sort(key=lambda r: times[r[0]])
+    t0 = times[rows[0][0]]
     out = []
     for i, (n, row) in enumerate(rows):
         where = f"{path}:{n}"
@@ -56,14 +58,20 @@ def load_trace(
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"{where}: max_tokens (or output_length) must be an integer >= 1")
         if "prompt_token_ids" in row:
-            ids = tuple(int(t) for t in row["prompt_token_ids"])
+            given = row["prompt_token_ids"]
+            if not isinstance(given, list) or not all(_integer(t) and t >= 0 for t in given):
+                raise ValueError(f"{where}: prompt_token_ids must be a list of token ids >= 0")
+            ids = tuple(given)
         elif "prompt" in row:
             if encode is None:
                 raise ValueError(f"{where}: a text prompt needs a tokenizer")
             ids = tuple(encode(str(row["prompt"])))
         elif "input_length" in row:
+            length = row["input_length"]
+            if not _integer(length) or length < 1:
+                raise ValueError(f"{where}: input_length must be an integer >= 1")
             ids = tuple(int(x) for x in rng.integers(FIRST_ORDINARY_ID, vocab_size,
-                                                      size=int(row["input_length"])))
+                                                      size=length))
         else:
             raise ValueError(f"{where}: needs prompt_token_ids, prompt or input_length")
         if not ids:
@@ -71,9 +79,26 @@ def load_trace(
         slo_class = row.get("slo_class", "")
         if not isinstance(slo_class, str):
             raise ValueError(f"{where}: slo_class must be a string (a class name)")
+        seed = row.get("seed", i)
+        if not _integer(seed) or seed < 0:
+            raise ValueError(f"{where}: seed must be an integer >= 0")
         out.append(Conversation(
-            f"t{i}", float(row.get("timestamp", 0.0)) - t0, (Turn(ids, max_tokens),),
-            ignore_eos=bool(row.get("ignore_eos", True)), seed=int(row.get("seed", i)),
+            f"t{i}", times[n] - t0, (Turn(ids, max_tokens),),
+            ignore_eos=bool(row.get("ignore_eos", True)), seed=seed,
             slo_class=slo_class.strip(),
         ))
     return out
+
+
+def _integer(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _timestamp(row: object, where: str) -> float:
+    """A line's `timestamp` (0 when absent): a finite number of seconds."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: a line must be a JSON object")
+    t = row.get("timestamp", 0.0)
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+        raise ValueError(f"{where}: timestamp must be a finite number (seconds), got {t!r}")
+    return float(t)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -102,7 +103,7 @@ def _blocks(hashes: list[int], isl: int, vocab_size: int, seed: int,
 def _int(value: str | None, where: str, name: str, low: int) -> int:
     try:
         n = int(float(value or ""))
-    except ValueError:
+    except (ValueError, OverflowError):  # (not a number, NaN; infinite)
         raise ValueError(f"{where}: {name} must be an integer, got {value!r}") from None
     if n < low:
         raise ValueError(f"{where}: {name} must be >= {low}, got {n}")
@@ -148,6 +149,8 @@ def _burstgpt(path: Path) -> list:
         where = f"{path}:{n}"
         try:
             t = float(row["Timestamp"])
+            if not math.isfinite(t):
+                raise ValueError
         except ValueError:
             raise ValueError(f"{where}: Timestamp must be seconds, got "
                              f"{row['Timestamp']!r}") from None
@@ -173,6 +176,8 @@ def _mooncake(path: Path) -> list:
             raise ValueError(f"{where}: hash_ids must be a list of integers")
         try:
             t = float(row["timestamp"]) / 1000.0  # milliseconds
+            if not math.isfinite(t):
+                raise ValueError
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{where}: timestamp (milliseconds) is missing or not a "
                              "number") from None
