@@ -178,6 +178,9 @@ def parse_slo(text: str) -> dict[str, float]:
             slo[name] = float(value)
         except ValueError:
             raise ValueError(f"bad SLO value in {part!r}: not a number") from None
+        if not 0 < slo[name] < math.inf:  # (NaN too: every comparison with it is false)
+            raise ValueError(f"SLO bound {name} must be a finite number of seconds > 0, "
+                             f"got {value!r}")
     return slo
 
 

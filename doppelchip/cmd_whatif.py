@@ -43,9 +43,13 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     problem = check_args(args)
     if not problem:
         try:
-            catalog.get_model(args.model)
+            model = catalog.get_model(args.model)
         except DeviceError as e:  # UnknownId: the message lists the known ids
             problem = f"--model: {e}"
+        else:
+            if args.isl + args.osl > model.max_context:
+                problem = (f"--isl + --osl is {args.isl + args.osl} tokens; {args.model}'s "
+                           f"context is {model.max_context}")
     problem = problem or unwritable([], [("--out", args.out)])
     if problem:
         print(json.dumps({"error": problem}) if args.json else f"error: {problem}",
@@ -53,7 +57,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         return 2
     result = run_whatif(WhatIfConfig(model=args.model, isl=args.isl, osl=args.osl,
                                      batches=_batches(args.batches), count=args.count,
-                                     tp=args.tp, pp=args.pp, ep=args.ep))
+                                     tp=args.tp, pp=args.pp, ep=args.ep,
+                                     # the context the workload needs (SRAM chips hold it)
+                                     max_model_len=max(WhatIfConfig.max_model_len,
+                                                       args.isl + args.osl)))
     if args.out:
         from clients.whatif_report import render
 
@@ -101,6 +108,8 @@ def describe(r: dict[str, Any]) -> str:
     for engine, rows in ttft["series"].items():
         lines.append(f"  {engine:<10} " + "  ".join(f"{x['prompt_tokens']}: {x['ttft_s']:.3f}"
                                                    for x in rows))
+    for engine, why in ttft.get("failed", {}).items():
+        lines.append(f"  {engine:<10} cannot run: {why}")
     lines.append("llama.cpp on an RTX 4090 box (batch-1 decode tok/s):")
     for row in r["llamacpp_tiers"]:
         value = f"{row['decode_tokens_per_s']:.2f}" if "decode_tokens_per_s" in row else \

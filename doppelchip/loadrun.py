@@ -78,7 +78,15 @@ def _run_sim(target: str, spec, concurrency: int | None
     name = name or fleet.default_deployment
     options = next((d for d in fleet.deployments if d.name == name), None)
     if options is None:
-        raise LoadError(f"unknown deployment {name!r} in {path or 'the built-in fleet'}")
+        known = ", ".join(d.name for d in fleet.deployments)
+        raise LoadError(f"unknown deployment {name!r} in {path or 'the built-in fleet'} "
+                        f"(known: {known})")
+    if options.replicas > 1 or options.autoscaling is not None:
+        # a sim: target is one engine core; the pool runs behind a router in `simulate`
+        pool = "replicas = " + str(options.replicas) if options.replicas > 1 else "autoscaling"
+        raise LoadError(f"deployment {name!r} has {pool}: a sim: target simulates one "
+                        f"replica; run the pool with `doppelchip simulate --config "
+                        f"{path or 'FLEET.toml'} --deployment {name}` (docs/PLANNING.md)")
     try:
         return simulate_conversations(options, spec, concurrency)
     except SimulationError as e:

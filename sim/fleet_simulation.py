@@ -41,9 +41,12 @@ def wants_cluster(args: argparse.Namespace) -> bool:
 
 
 def fleet_options(args: argparse.Namespace) -> list[EngineOptions]:
-    """The deployments to pool: `--deployment`'s alone, or every one of the file (the built-in
-    fleet without --config), each with the command line's overrides."""
-    if args.chip or args.model or args.engine or args.quant or args.deployment:
+    """The deployments to pool: `--deployment`'s alone, or every one of `--config`'s file, each
+    with the command line's overrides. Without --config, the built-in fleet's default
+    deployment alone, as `simulate` without a router: its other deployments serve other
+    models (a Llama 2 70B on Groq), which no workload of one model is meant to reach."""
+    if (args.chip or args.model or args.engine or args.quant or args.deployment
+            or not getattr(args, "config", None)):
         return [options_from_args(args)]
     try:
         fleet = load_fleet(args.config)

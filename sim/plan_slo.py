@@ -17,6 +17,7 @@ Every request must also succeed: a candidate with any error (refused, too long) 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,8 +70,10 @@ def parse_plan_slo(text: str) -> PlanSlo:
                 number = float(value) if sep else float("nan")
             except ValueError:
                 raise ValueError(f"bad SLO value in {part!r}: not a number") from None
-            if number != number:  # nan: no '=' or 'nan'
+            if not sep:
                 raise ValueError(f"bad SLO term {part!r}: use NAME=VALUE")
+            if not -math.inf < number < math.inf:
+                raise ValueError(f"SLO bound {name} must be a finite number, got {value!r}")
             if name == "goodput":
                 if not 0 < number <= 1:
                     raise ValueError(f"goodput must be in (0, 1], got {value}")

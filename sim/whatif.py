@@ -60,10 +60,12 @@ AUTO_COUNTS = (1, 2, 4, 8, 16, 32, 64)  # HBM families: chip counts tried when n
 
 def _options(name: str, cfg: WhatIfConfig, batch: int | None = None,
              **extra: Any) -> EngineOptions:
-    """The family's deployment for `cfg` (at `batch`, for sizing SRAM chips)."""
+    """The family's deployment for `cfg`, configured for `batch` sequences (its batch cap, and
+    SRAM chips sized for it): a point of the curve does not depend on the other batch sizes
+    asked for (a static-shape compiler pads every step to the cap)."""
     fam = {k: v for k, v in FAMILIES[name].items() if k != "memory"}
     opts = EngineOptions(name=name, model=cfg.model, max_model_len=cfg.max_model_len,
-                         max_num_seqs=max(cfg.batches), **fam, **extra)
+                         max_num_seqs=batch or max(cfg.batches), **fam, **extra)
     chip = catalog.get_chip(opts.chip)
     if chip.placement == "sram":
         spec = opts.spec()
@@ -102,6 +104,9 @@ def cost_vs_speed(cfg: WhatIfConfig) -> dict[str, Any]:
             except SimulationError as e:
                 failed[name] = str(e)
                 break
+            if not s["tpot_s"]["p50"]:  # no request decoded a second token
+                failed[name] = f"no request completed at batch {batch} ({s['errors']})"
+                break
             points.append({"batch": batch, "per_user_tokens_per_s": 1 / s["tpot_s"]["p50"],
                            "usd_per_mtok": s["usd_per_mtok"], "chips": s["chips"],
                            "output_tokens_per_s": s["output_tokens_per_s"]})
@@ -128,16 +133,22 @@ def long_prompt_ttft(cfg: WhatIfConfig, chip: str = "m4-max-40",
                      prompts: tuple[int, ...] = (256, 1024, 4096)) -> dict[str, Any]:
     engines = {"mlx": "mlx-4bit", "llama.cpp": "q4_0"}
     out: dict[str, list[dict[str, float]]] = {}
+    failed: dict[str, str] = {}  # engines that cannot hold the model on this chip
     for engine, quant in engines.items():
         opts = EngineOptions(name=engine, model=cfg.model, quant=quant, chip=chip,
                              engine=engine, max_model_len=max(prompts) + 64)
-        out[engine] = []
-        for n in prompts:
-            s, _ = simulate_conversations(opts, WorkloadSpec(num_requests=1, isl=n, osl=16,
-                                                             ignore_eos=True))
-            out[engine].append({"prompt_tokens": n, "ttft_s": s["ttft_s"]["p50"],
-                                "decode_tokens_per_s": 1 / s["tpot_s"]["p50"]})
-    return {"chip": chip, "series": out}
+        rows = []
+        try:
+            for n in prompts:
+                s, _ = simulate_conversations(opts, WorkloadSpec(num_requests=1, isl=n, osl=16,
+                                                                 ignore_eos=True))
+                rows.append({"prompt_tokens": n, "ttft_s": s["ttft_s"]["p50"],
+                             "decode_tokens_per_s": 1 / s["tpot_s"]["p50"]})
+        except SimulationError as e:
+            failed[engine] = str(e)
+            continue
+        out[engine] = rows
+    return {"chip": chip, "series": out, "failed": failed}
 
 
 def llamacpp_tiers(models: tuple[str, ...] = ("llama-3.1-8b", "llama-2-13b", "llama-3.1-70b"),

@@ -187,3 +187,50 @@ def test_the_flags_run_where_they_apply(capsys: pytest.CaptureFixture[str]):
                   ["--length-dist", "uniform", "--length-spread", "0.2"]):
         assert main([*SIM, *extra, "--num-requests", "3", "--json"]) == exit_codes.OK, extra
         assert '"requests": 3' in capsys.readouterr().out
+
+
+# --- 5. SLO bounds that no latency can be compared with; whatif's context and fit --------
+@pytest.mark.parametrize("slo", ["ttft=nan", "ttft=inf", "tpot=0", "e2e=-1"])
+@pytest.mark.parametrize("cmd", [SIM, LOAD])
+def test_an_slo_bound_must_be_a_finite_positive_time(capsys: pytest.CaptureFixture[str],
+                                                      cmd: list[str], slo: str):
+    """NaN once passed every request (no comparison with it is true) and `--json` wrote
+    `NaN`, which is not JSON."""
+    line = usage_error(capsys, [*cmd, "--num-requests", "2", "--slo", slo])
+    assert "SLO bound" in line and slo.split("=")[0] in line
+
+
+@pytest.mark.parametrize("slo", ["ttft_p99=nan", "goodput=nan", "e2e_p50=inf"])
+def test_plan_statistics_must_be_finite(capsys: pytest.CaptureFixture[str], slo: str):
+    line = usage_error(capsys, ["plan", "--slo", f"ttft=1,{slo}", "--rate", "1",
+                                "--num-requests", "5"])
+    assert "must be" in line and slo.split("=")[0] in line
+
+
+def test_whatif_refuses_a_workload_longer_than_the_models_context(
+        capsys: pytest.CaptureFixture[str]):
+    line = usage_error(capsys, ["whatif", "--isl", "200000", "--batches", "1"])
+    assert "context is 131072" in line
+
+
+def test_whatif_reports_an_engine_that_cannot_hold_the_model():
+    """A model too big for the Apple chip: its long-prompt series says why, the rest runs."""
+    from sim.whatif import WhatIfConfig, long_prompt_ttft
+
+    r = long_prompt_ttft(WhatIfConfig(model="llama-3.1-405b"), prompts=(256,))
+    assert not r["series"] and set(r["failed"]) == {"mlx", "llama.cpp"}
+    assert all("does not fit" in why for why in r["failed"].values())
+
+
+def test_a_sim_target_refuses_a_pool_it_would_run_as_one_replica(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path):
+    """`replicas = 3` once ran as one replica (3× the load on it) without a word."""
+    fleet = tmp_path / "f.toml"
+    fleet.write_text('[[deployments]]\nname = "a"\nengine = "vllm"\nchip = "h100-sxm"\n'
+                     'model = "llama-3.1-8b"\nquant = "bf16"\nreplicas = 3\n')
+    line = usage_error(capsys, [*LOAD[:1], "--target", f"sim:{fleet}#a", *LOAD[3:],
+                                "--num-requests", "2"])
+    assert "replicas = 3" in line and f"simulate --config {fleet} --deployment a" in line
+    line = usage_error(capsys, [*LOAD[:1], "--target", f"sim:{fleet}#b", *LOAD[3:],
+                                "--num-requests", "2"])
+    assert "unknown deployment 'b'" in line and "(known: a)" in line

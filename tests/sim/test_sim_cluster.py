@@ -132,6 +132,14 @@ def test_a_fleet_file_pools_every_deployment(tmp_path, capsys):
     assert one["router"] == "round-robin"  # replicas > 1: pooled even without --router
 
 
+def test_a_router_without_a_fleet_file_pools_the_default_deployment_alone(capsys):
+    """The built-in fleet's other deployments serve other models (a 70B on Groq): a router,
+    timeline or SLO-class flag without --config does not send an 8B workload to them."""
+    s = simulate(capsys, "--router", "least-requests", *WORK)
+    assert [r["deployment"] for r in s["replicas"]] == ["vllm-h100"]
+    assert s["deployment"] == "vllm-h100"
+
+
 def test_replicas_must_be_positive(tmp_path, capsys):
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(FLEET_ONE + "replicas = 0\n")

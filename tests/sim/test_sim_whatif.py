@@ -67,3 +67,12 @@ def test_whatif_command_writes_its_report(capsys, tmp_path):
     assert groq[("hold", "varied")]["compiles"] == 0
     page = (tmp_path / "whatif.html").read_text()
     assert page.count('src="data:image/png;base64,') == 4
+
+
+def test_a_point_does_not_depend_on_the_other_batch_sizes_asked_for():
+    """Each point's deployment is configured for its own batch: Groq at batch 1 is the same
+    whether or not batch 256 is also asked for (a static-shape compiler configured for 256
+    sequences pads a batch of one to them, which made batch 1 half as fast)."""
+    alone = cost_vs_speed(WhatIfConfig(families=("groq",), batches=(1,), isl=128, osl=32))
+    both = cost_vs_speed(WhatIfConfig(families=("groq",), batches=(1, 256), isl=128, osl=32))
+    assert both["curves"]["groq"][0] == alone["curves"]["groq"][0]
