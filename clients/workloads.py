@@ -125,6 +125,8 @@ def stream_workload(
 ) -> Workload:
     """`build_workload`'s conversations, made lazily (a trace and a mix are read or built
     whole first: a mix draws each kind's requests in turn, then sorts them by start)."""
+    if spec.seed < 0:  # (NumPy's own words do not say which number)
+        raise ValueError(f"seed must be >= 0, got {spec.seed}")
     if spec.kind == "trace":
         from clients.trace import load_trace
 
@@ -145,6 +147,9 @@ def stream_workload(
         raise ValueError("num_requests must be > 0")
     if spec.isl <= 0 or spec.osl <= 0:
         raise ValueError("isl and osl must be > 0")
+    if spec.users_per_prefix < 0:
+        raise ValueError(f"users_per_prefix must be >= 1 (0: the requests split evenly over "
+                         f"the prefixes), got {spec.users_per_prefix}")
     if not spec.rate_shape:
         starts = arrival_times(spec.num_requests, spec.rate, spec.arrival, rng,
                                spec.burstiness, spec.ramp_up_s)
@@ -174,8 +179,8 @@ def with_classes(conversations: Iterable[Conversation], spec: WorkloadSpec,
     weights = np.asarray([w for _, w in spec.slo_class_mix], dtype=float)
     if any(not n for n in names) or len(set(names)) != len(names):
         raise ValueError("SLO class mix: class names must be distinct and not empty")
-    if (weights < 0).any() or weights.sum() <= 0:
-        raise ValueError("SLO class mix: weights must be >= 0 and not all 0")
+    if not np.isfinite(weights).all() or (weights < 0).any() or weights.sum() <= 0:
+        raise ValueError("SLO class mix: weights must be finite, >= 0 and not all 0")
     rng = np.random.default_rng([spec.seed, _CLASS_STREAM])
     drawn = rng.choice(len(names), size=count, p=weights / weights.sum())
     return (c if c.slo_class else replace(c, slo_class=names[int(k)])
@@ -193,8 +198,8 @@ def _mix(spec: WorkloadSpec, rng: np.random.Generator,
     if not kinds or any(k in ("mix", "trace") or k not in _BUILDERS for k in kinds):
         raise ValueError("mix needs weights over random, shared-prefix, multi-turn, structured")
     weights = np.asarray([w for _, w in spec.mix], dtype=float)
-    if (weights < 0).any() or weights.sum() <= 0:
-        raise ValueError("mix weights must be >= 0 and not all 0")
+    if not np.isfinite(weights).all() or (weights < 0).any() or weights.sum() <= 0:
+        raise ValueError("mix weights must be finite, >= 0 and not all 0")
     drawn = rng.choice(len(kinds), size=spec.num_requests, p=weights / weights.sum())
     out: list[Conversation] = []
     for k, kind in enumerate(kinds):

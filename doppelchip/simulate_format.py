@@ -45,7 +45,9 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{s['output_tokens_per_s']:.1f} output tok/s, {s['input_tokens_per_s']:.1f} input tok/s"
         " (per emulated second)",
     ]
-    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+    if not s["requests"]:  # zeros would read as latencies
+        lines.append("latencies       none: no request succeeded")
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s") if s["requests"] else ():
         st = s[key]
         lines.append(f"{key[:-2]:<15} mean {st['mean'] * 1e3:9.2f} ms  p50 {st['p50'] * 1e3:9.2f}"
                      f"  p90 {st['p90'] * 1e3:9.2f}  p99 {st['p99'] * 1e3:9.2f}")

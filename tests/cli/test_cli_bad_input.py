@@ -234,3 +234,19 @@ def test_a_sim_target_refuses_a_pool_it_would_run_as_one_replica(
     line = usage_error(capsys, [*LOAD[:1], "--target", f"sim:{fleet}#b", *LOAD[3:],
                                 "--num-requests", "2"])
     assert "unknown deployment 'b'" in line and "(known: a)" in line
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--seed", "-1"], "seed must be >= 0"),
+    (["--workload", "mix", "--mix", "random=inf,structured=1"], "mix weights must be finite"),
+    (["--workload", "shared-prefix", "--users-per-prefix", "-1"], "users_per_prefix"),
+])
+def test_workload_numbers_are_checked_by_name(capsys: pytest.CaptureFixture[str],
+                                              argv: list[str], says: str):
+    assert says in usage_error(capsys, [*SIM, "--num-requests", "4", *argv])
+
+
+def test_a_run_where_every_request_failed_prints_no_latencies(capsys: pytest.CaptureFixture[str]):
+    assert main([*SIM, "--num-requests", "3", "--isl", "200000"]) == 0
+    out = capsys.readouterr().out
+    assert "latencies       none: no request succeeded" in out and "ttft " not in out
