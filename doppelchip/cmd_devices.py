@@ -181,12 +181,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     )
     if not result and min(args.prompt, args.output - 1, args.batch - 1) < 0:
         result = {"fits": False, "error": "--prompt must be >= 0, --output and --batch >= 1"}
+    if not result and args.max_context is not None and args.max_context < 1:
+        result = {"fits": False, "error": f"--max-context must be >= 1, got {args.max_context}"}
+    usage = bool(result)  # a flag's value, not the placement, is what is wrong
     if not result:
         result = estimate(spec, args.prompt, args.output, args.batch)
     if args.json:
         print(json.dumps(result))
     elif not result["fits"]:
-        print(f"does not fit: {result['error']}", file=sys.stderr)
+        print(f"{'error' if usage else 'does not fit'}: {result['error']}", file=sys.stderr)
     else:
         print(format_estimate(result))
     return 0 if result["fits"] else 2

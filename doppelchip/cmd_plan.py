@@ -117,7 +117,7 @@ def build_inputs(args: argparse.Namespace):
     from devices import catalog
     from sim.plan import PlanInputs
     from sim.plan_slo import parse_plan_slo
-    from sim.plan_space import MODES, PD_AVAILABLE, SearchSpace, check_ids
+    from sim.plan_space import MODES, PD_AVAILABLE, SearchSpace, check_ids, check_not_empty
     from sim.simulation import SimulationError, workload_from_args
 
     if args.workload != "trace" and not args.rate_shape and (  # (their own arrivals)
@@ -150,6 +150,7 @@ def build_inputs(args: argparse.Namespace):
                         pps=_ints(args.pp, "--pp"), eps=_ints(args.ep, "--ep") or (None,),
                         max_num_seqs=_ints(args.max_num_seqs, "--max-num-seqs") or (None,),
                         modes=modes, max_replicas=args.max_replicas)
+    check_not_empty(space)
     inputs = PlanInputs(space, workload, workload_argv(args), parse_plan_slo(args.slo),
                         router=args.router, runners_up=args.runners_up)
     inputs.workload_shape()  # a trace's or a rate shape's traffic: read (and checked) now

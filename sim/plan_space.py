@@ -192,6 +192,16 @@ def expand(space: SearchSpace) -> Iterator[Config]:
                                          ep, None, seqs, None, mode)
 
 
+def check_not_empty(space: SearchSpace) -> None:
+    """ValueError when the lists allow no combination: an empty search is a usage error."""
+    if next(expand(space), None) is None:
+        runs = sorted({e for c in space.chips for e in space.engines
+                       if catalog.get_chip(c).chip_class in catalog.get_engine(e).chip_classes})
+        what = (f"no quantisation of {', '.join(space.quants)} runs on {', '.join(runs)}" if runs
+                else f"no engine of {', '.join(space.engines)} runs on {', '.join(space.chips)}")
+        raise ValueError(f"{what}: the search space is empty")
+
+
 def size(config: Config, work: WorkloadShape, slo: PlanSlo) -> Sized | str:
     """The analytic verdict on one config: `Sized`, or why it is pruned (a sentence)."""
     chip = catalog.get_chip(config.chip)

@@ -111,7 +111,8 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         name = args.deployment or fleet.default_deployment
         found = [d for d in fleet.deployments if d.name == name]
         if not found:
-            raise SimulationError(f"unknown deployment {name!r}")
+            known = ", ".join(d.name for d in fleet.deployments)
+            raise SimulationError(f"unknown deployment {name!r} (known: {known})")
         base = found[0]
     overrides = {
         "count": args.count, "tp": args.tp, "pp": args.pp, "ep": getattr(args, "ep", None),

@@ -250,3 +250,21 @@ def test_a_run_where_every_request_failed_prints_no_latencies(capsys: pytest.Cap
     assert main([*SIM, "--num-requests", "3", "--isl", "200000"]) == 0
     out = capsys.readouterr().out
     assert "latencies       none: no request succeeded" in out and "ttft " not in out
+
+
+EST = ["estimate", "--chip", "h100-sxm", "--engine", "vllm", "--model", "llama-3.1-8b",
+       "--quant", "bf16"]
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    ([*EST, "--prompt", "-1"], "--prompt must be >= 0"),  # a flag, not "does not fit:"
+    ([*EST, "--max-context", "0"], "--max-context must be >= 1"),
+    (["simulate", "--deployment", "x", "--num-requests", "2"], "(known: vllm-h100, "),
+    (["plan", "--chips", "rtx-4090", "--engines", "mlx", "--rate", "1", "--slo", "ttft=1",
+      "--num-requests", "5"], "no engine of mlx runs on rtx-4090: the search space is empty"),
+    (["plan", "--chips", "h100-sxm", "--engines", "vllm", "--quants", "q4_k_m", "--rate", "1",
+      "--slo", "ttft=1", "--num-requests", "5"], "no quantisation of q4_k_m runs on vllm"),
+])
+def test_usage_errors_say_what_to_change(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                         says: str):
+    assert says in usage_error(capsys, argv)
