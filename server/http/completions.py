@@ -18,7 +18,7 @@ from server.engine.tokenizer import Tokenizer
 from server.http import lengths, sampling
 from server.http.errors import bad_request
 from server.http.generate import Choice, Run
-from server.http.logprobs import Logprobs, completion_logprobs
+from server.http.logprobs import Logprobs, completion_logprobs, echo_logprobs, prompt_logprobs
 from server.http.protocol import CompletionRequest
 
 
@@ -67,6 +67,7 @@ def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[
     asked = 1 if echo_only(req) else req.max_tokens
     n = sampling.check_common(req, asked)
     sampling.check_logprobs(req.logprobs, "logprobs")
+    sampling.check_prompt_logprobs(req.prompt_logprobs)
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
     constraint = sampling.constraint(req)
@@ -95,8 +96,16 @@ class CompletionShapes:
                      ] if req.echo else None
         self.lps = ({c.index: Logprobs(tok, c.seed) for c in run.choices}
                     if req.logprobs is not None else None)
-        self.offsets = {c.index: len(self.echo[c.prompt]) if self.echo else 0
-                        for c in run.choices}
+        # the prompt's logprobs (vLLM: `prompt_logprobs`, or `logprobs` with `echo`) depend on
+        # the prompt alone; with echo the completions logprobs begin with them
+        k = req.prompt_logprobs if req.prompt_logprobs is not None else (
+            req.logprobs if req.echo else None)
+        self.prompt_lp = [prompt_logprobs(Logprobs(tok, 0), p, k) for p in prompts
+                          ] if k is not None else None
+        self.heads = [echo_logprobs(Logprobs(tok, 0), p, req.logprobs or 0) for p in prompts
+                      ] if req.echo and req.logprobs is not None else None
+        self.offsets = {c.index: _end(self.heads[c.prompt]) if self.heads else
+                        len(self.echo[c.prompt]) if self.echo else 0 for c in run.choices}
         # vLLM's `should_include_usage`: per-chunk usage only with include_usage as well
         opts = req.stream_options
         self.usage_each = bool(opts and opts.include_usage and opts.continuous_usage_stats)
@@ -113,7 +122,9 @@ class CompletionShapes:
         out = completion_logprobs(self.lps[c.index], ids, start, self.req.logprobs or 0,
                                   self.offsets[c.index])
         if out["tokens"]:
-            self.offsets[c.index] = out["text_offset"][-1] + len(out["tokens"][-1])
+            self.offsets[c.index] = _end(out)
+        if self.heads and start == 0:  # echo: the prompt's positions come first
+            out = {key: self.heads[c.prompt][key] + out[key] for key in out}
         return out
 
     def response(self) -> dict:
@@ -128,7 +139,9 @@ class CompletionShapes:
                             "logprobs": self._logprobs(c, ids, 0),
                             "finish_reason": f.reason.value if f else None,
                             "stop_reason": stop_reason(f),
-                            "token_ids": list(ids) if back else None, "prompt_logprobs": None,
+                            "token_ids": list(ids) if back else None,
+                            "prompt_logprobs": self.prompt_lp[c.prompt] if self.prompt_lp
+                            else None,
                             "prompt_token_ids": back[c.prompt] if back else None,
                             "routed_experts": None, "weight_versions": None})
         # vLLM's CompletionResponse.model_dump(): every field, None included
@@ -158,6 +171,11 @@ class CompletionShapes:
         if opts is None or not opts.include_usage:
             return []
         return [{**self._base(), "choices": [], "usage": self.run.usage()}]
+
+
+def _end(lps: dict) -> int:
+    """Where the text after a logprobs object's tokens starts (its `text_offset`s' end)."""
+    return lps["text_offset"][-1] + len(lps["tokens"][-1]) if lps["tokens"] else 0
 
 
 def stop_reason(f) -> str | int | None:

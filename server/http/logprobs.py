@@ -10,7 +10,9 @@ whose seed is `s` (the request's seed, 0 when unset, + the choice index for n > 
   model generates (never `t`, no repeats) with probability `(1 − p0)·2^−k`, so the listed
   probabilities are in decreasing order and sum to less than 1.
 The same request therefore gets the same logprobs streamed or not, on every run; forced tokens
-of a grammar get the same synthetic values (their real probability is 1).
+of a grammar get the same synthetic values (their real probability is 1). A prompt's tokens
+(`prompt_logprobs`, completions `echo`) follow the same rule with seed 0 at positions of their
+own (`PROMPT + i`), so a prompt scores the same whatever the request's seed and choices.
 """
 
 from __future__ import annotations
@@ -57,6 +59,39 @@ class Logprobs:
 
     def text(self, token: int) -> str:
         return self.tok.decode([token])
+
+
+PROMPT = -(1 << 32)  # prompt position i is PROMPT + i: a stream of its own (outputs are >= 0)
+
+
+def prompt_logprobs(lp: Logprobs, prompt: Sequence[int], k: int) -> list[dict | None]:
+    """vLLM's `prompt_logprobs` of a prompt: None for its first token (nothing precedes it),
+    then for each token `{id: {"logprob", "rank", "decoded_token"}}` — the token (by the rule,
+    the most likely, rank 1) and the next alternatives, `max(1, k)` in all."""
+    out: list[dict | None] = [None]
+    for i, t in enumerate(prompt[1:], 1):
+        top = lp.top(PROMPT + i, t, max(1, k))
+        out.append({str(a): {"logprob": v, "rank": r, "decoded_token": lp.text(a)}
+                    for r, (a, v) in enumerate(top, 1)})
+    return out
+
+
+def echo_logprobs(lp: Logprobs, prompt: Sequence[int], k: int) -> dict:
+    """The completions `logprobs` of an echoed prompt, as vLLM writes the prompt's positions
+    before the output's: the first token with a None logprob and no top (written out with its
+    special text, `tokenizer.decode`), offsets from 0 over each token's text."""
+    out: dict[str, list] = {"text_offset": [], "token_logprobs": [], "tokens": [],
+                            "top_logprobs": []}
+    offset = 0
+    for i, t in enumerate(prompt):
+        text = lp.tok.decode_with_special([t]) if i == 0 else lp.text(t)
+        top = lp.top(PROMPT + i, t, max(1, k)) if i else None
+        out["tokens"].append(text)
+        out["token_logprobs"].append(top[0][1] if top else None)
+        out["top_logprobs"].append({lp.text(a): v for a, v in top} if top else None)
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
 
 
 def completion_logprobs(lp: Logprobs, ids: Sequence[int], start: int, k: int,

@@ -92,6 +92,15 @@ def check_logprobs(value: int | None, name: str) -> int | None:
     return value
 
 
+def check_prompt_logprobs(value: int | None) -> None:
+    """vLLM's `_validate_logprobs` of `prompt_logprobs` (its sign and stream checks ran in
+    `prechecks`): -1 is the whole vocabulary, more than `--max-logprobs`."""
+    asked = get_tokenizer().vocab_size if value == -1 else value
+    if asked and asked > MAX_LOGPROBS:
+        raise vllm_invalid(f"Requested prompt logprobs of {asked}, which is greater than max "
+                           f"allowed: {MAX_LOGPROBS}", "prompt_logprobs", asked)
+
+
 def sampling_params(req: GenerationFields, max_tokens: int | None) -> SamplingParams:
     """The engine's sampling parameters (validated again by the engine's own rules)."""
     d = SamplingParams()

@@ -153,3 +153,45 @@ async def test_a_token_id_out_of_the_vocabulary_is_vllms_400(http, bad):
     r = await http.post("/v1/completions", json={"prompt": [5, bad, 7], "max_tokens": 2})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"] == f"Token id {bad} is out of vocabulary"
+
+
+async def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(http):
+    """lm-eval's log-likelihood request: echo, max_tokens 0, logprobs — one logprob per prompt
+    token (the first None), and the same values in `prompt_logprobs`, keyed by token id."""
+    ids = [TOK.bos_token_id, *TOK.encode("Hello world")]
+    r = (await http.post("/v1/completions", json={"prompt": "Hello world", "max_tokens": 0,
+                                                  "logprobs": 1, "echo": True})).json()
+    choice = r["choices"][0]
+    lp = choice["logprobs"]
+    assert choice["text"] == "Hello world"
+    assert lp["tokens"] == [TOK.decode_with_special([ids[0]]),
+                            *(TOK.decode([t]) for t in ids[1:])]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert all(v <= 0 for v in lp["token_logprobs"][1:])
+    ends = [o + len(t) for o, t in zip(lp["text_offset"], lp["tokens"], strict=True)]
+    assert lp["text_offset"] == [0, *ends[:-1]]
+    plp = choice["prompt_logprobs"]
+    assert len(plp) == len(ids) and plp[0] is None
+    for entry, token, value in zip(plp[1:], ids[1:], lp["token_logprobs"][1:], strict=True):
+        assert entry[str(token)] == {"logprob": value, "rank": 1,
+                                     "decoded_token": TOK.decode([token])}
+
+
+async def test_echoed_logprobs_stream_as_they_answer(http):
+    body = {"prompt": "Hello world", "max_tokens": 3, "logprobs": 2, "echo": True,
+            "ignore_eos": True}
+    whole = (await http.post("/v1/completions", json=body)).json()["choices"][0]["logprobs"]
+    _, events = await stream_events(http, "/v1/completions", {**body, "stream": True})
+    parts = [e["choices"][0]["logprobs"] for e in events if isinstance(e, dict)
+             and e.get("choices")]
+    joined = {k: [x for p in parts for x in p[k]] for k in whole}
+    assert joined == whole
+    assert len(whole["tokens"]) == 3 + 3  # BOS, "Hello", " world", then the 3 generated
+
+
+async def test_prompt_logprobs_over_the_max_is_vllms_400(http):
+    r = await http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1,
+                                                 "prompt_logprobs": 21})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith(
+        "Requested prompt logprobs of 21, which is greater than max allowed: 20")
