@@ -107,8 +107,8 @@ class ChatShapes:
         self.created = int(time.time())
         self.role = "assistant" if req.add_generation_prompt else (
             req.messages[-1].role if req.messages else "assistant")
-        self.lps = ({c.index: Logprobs(tok, c.seed) for c in run.choices}
-                    if req.logprobs else None)
+        self.lps = ({c.index: Logprobs(tok, c.seed, bool(req.return_tokens_as_token_ids))
+                     for c in run.choices} if req.logprobs else None)
         self.streamers = ({c.index: tools.ToolStreamer(plan) for c in run.choices}
                           if plan.mode != "text" else None)
         self.called = {c.index: False for c in run.choices}

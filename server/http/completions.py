@@ -94,7 +94,8 @@ class CompletionShapes:
         self.echo = [tok.decode(p) if isinstance(req.prompt, str) or isinstance(req.prompt[i], str)
                      else tok.decode_with_special(p) for i, p in enumerate(prompts)
                      ] if req.echo else None
-        self.lps = ({c.index: Logprobs(tok, c.seed) for c in run.choices}
+        ids_only = bool(req.return_tokens_as_token_ids)
+        self.lps = ({c.index: Logprobs(tok, c.seed, ids_only) for c in run.choices}
                     if req.logprobs is not None else None)
         # the prompt's logprobs (vLLM: `prompt_logprobs`, or `logprobs` with `echo`) depend on
         # the prompt alone; with echo the completions logprobs begin with them
@@ -102,7 +103,8 @@ class CompletionShapes:
             req.logprobs if req.echo else None)
         self.prompt_lp = [prompt_logprobs(Logprobs(tok, 0), p, k) for p in prompts
                           ] if k is not None else None
-        self.heads = [echo_logprobs(Logprobs(tok, 0), p, req.logprobs or 0) for p in prompts
+        self.heads = [echo_logprobs(Logprobs(tok, 0, ids_only), p, req.logprobs or 0)
+                      for p in prompts
                       ] if req.echo and req.logprobs is not None else None
         self.offsets = {c.index: _end(self.heads[c.prompt]) if self.heads else
                         len(self.echo[c.prompt]) if self.echo else 0 for c in run.choices}

@@ -35,10 +35,11 @@ def _mix(x: int) -> int:
 class Logprobs:
     """The synthetic distribution at each position of one sequence."""
 
-    def __init__(self, tokenizer: Tokenizer, seed: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, seed: int, as_ids: bool = False) -> None:
         self.tok = tokenizer
         self.seed = seed & _M64
         self.pool = tokenizer.free_text_token_ids
+        self.as_ids = as_ids  # vLLM's return_tokens_as_token_ids: "token_id:N", not text
 
     def top(self, position: int, token: int, k: int) -> list[tuple[int, float]]:
         """The `k` most likely tokens at `position` (the generated one first) with their
@@ -57,8 +58,11 @@ class Logprobs:
             out.append((alt, math.log((1 - p0) * 2.0 ** -(len(out)))))
         return out
 
-    def text(self, token: int) -> str:
-        return self.tok.decode([token])
+    def text(self, token: int, special: bool = False) -> str:
+        """A token as the logprobs name it (`special`: its special text written out)."""
+        if self.as_ids:
+            return f"token_id:{token}"
+        return self.tok.decode_with_special([token]) if special else self.tok.decode([token])
 
 
 PROMPT = -(1 << 32)  # prompt position i is PROMPT + i: a stream of its own (outputs are >= 0)
@@ -84,7 +88,7 @@ def echo_logprobs(lp: Logprobs, prompt: Sequence[int], k: int) -> dict:
                             "top_logprobs": []}
     offset = 0
     for i, t in enumerate(prompt):
-        text = lp.tok.decode_with_special([t]) if i == 0 else lp.text(t)
+        text = lp.text(t, special=i == 0)
         top = lp.top(PROMPT + i, t, max(1, k)) if i else None
         out["tokens"].append(text)
         out["token_logprobs"].append(top[0][1] if top else None)

@@ -133,6 +133,7 @@ class GenerationFields(OpenAIBase):
     truncation_side: Literal["left", "right"] | None = None
     # the prompt's and each choice's token ids in the answer (vLLM's, for RL and tracing)
     return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None  # logprobs name tokens "token_id:N"
 
 
 class CompletionRequest(GenerationFields):

@@ -195,3 +195,17 @@ async def test_prompt_logprobs_over_the_max_is_vllms_400(http):
     assert r.status_code == 400
     assert r.json()["error"]["message"].startswith(
         "Requested prompt logprobs of 21, which is greater than max allowed: 20")
+
+
+async def test_return_tokens_as_token_ids_names_the_ids(http):
+    r = (await http.post("/v1/completions", json={
+        "prompt": "Hello", "max_tokens": 3, "ignore_eos": True, "logprobs": 2,
+        "return_tokens_as_token_ids": True, "return_token_ids": True})).json()["choices"][0]
+    assert r["logprobs"]["tokens"] == [f"token_id:{t}" for t in r["token_ids"]]
+    assert all(k.startswith("token_id:") for top in r["logprobs"]["top_logprobs"] for k in top)
+    chat = (await http.post("/v1/chat/completions", json={
+        **CHAT_BODY, "logprobs": True, "top_logprobs": 1, "return_tokens_as_token_ids": True,
+        "return_token_ids": True})).json()["choices"][0]
+    content = chat["logprobs"]["content"]
+    assert [c["token"] for c in content] == [f"token_id:{t}" for t in chat["token_ids"]]
+    assert content[0]["bytes"] == list(content[0]["token"].encode())
