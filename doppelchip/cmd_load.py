@@ -73,7 +73,8 @@ def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list]:
         raise LoadError("--concurrency must be >= 1")
     if not 0 < args.slo_attainment <= 1:
         raise LoadError(f"--slo-attainment must be in (0, 1], got {args.slo_attainment:g}")
-    if getattr(args, "sweep_rates", None) or getattr(args, "sweep_concurrency", None):
+    if (getattr(args, "sweep_rates", None) is not None  # ("" too: refused by the sweep)
+            or getattr(args, "sweep_concurrency", None) is not None):
         from sim.sweep import SweepError, sweep
 
         try:

@@ -39,6 +39,9 @@ class AutoscalePolicy:
                              f"got {self.metric!r}")
         if not self.target > 0:
             raise ValueError("autoscaling target must be > 0")
+        if self.metric == "kv" and self.target > 1:
+            raise ValueError(f"autoscaling on kv: the target is a fraction of the KV cache in "
+                             f"(0, 1], got {self.target:g}")
         if not (0 <= self.min <= self.max and self.max >= 1):
             raise ValueError(f"autoscaling needs 0 <= min <= max and max >= 1, got "
                              f"min={self.min} max={self.max}")

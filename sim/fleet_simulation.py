@@ -32,7 +32,7 @@ def wants_cluster(args: argparse.Namespace) -> bool:
     deployment simulated has several replicas."""
     if any(getattr(args, k, None) for k in ("router", "admission", "slo_class_mix")):
         return True
-    if getattr(args, "autoscale", None) or getattr(args, "timeline", None):  # (autoscale)
+    if getattr(args, "autoscale", None) or getattr(args, "timeline", None) is not None:
         return True
     if args.chip or args.model or args.engine or args.quant:
         return False

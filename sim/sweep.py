@@ -28,12 +28,12 @@ class SweepError(ValueError):
 
 def sweep(args: argparse.Namespace, spec, slo: dict[str, float], run_once: RunOnce
           ) -> tuple[dict[str, Any], list[RequestResult]]:
-    if args.sweep_rates and args.sweep_concurrency:
+    if args.sweep_rates is not None and args.sweep_concurrency is not None:
         raise SweepError("sweep rates or concurrencies, not both")
-    if args.sweep_rates and getattr(args, "concurrency", None) is not None:
+    if args.sweep_rates is not None and getattr(args, "concurrency", None) is not None:
         raise SweepError("--sweep-rates runs open loop at each rate: not with --concurrency "
                          "(a closed-loop sweep is --sweep-concurrency)")
-    if args.sweep_concurrency:
+    if args.sweep_concurrency is not None:
         return sweep_concurrency(args, spec, slo, run_once)
     return sweep_rates(args, spec, slo, run_once)
 

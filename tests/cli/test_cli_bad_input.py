@@ -268,3 +268,14 @@ EST = ["estimate", "--chip", "h100-sxm", "--engine", "vllm", "--model", "llama-3
 def test_usage_errors_say_what_to_change(capsys: pytest.CaptureFixture[str], argv: list[str],
                                          says: str):
     assert says in usage_error(capsys, argv)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    ([*SIM, "--num-requests", "4", "--timeline", "0"], "--timeline must be > 0"),  # was ignored
+    ([*LOAD, "--num-requests", "4", "--sweep-rates", ""], "--sweep-rates needs"),  # ran once
+    ([*LOAD, "--num-requests", "4", "--sweep-concurrency", ""], "--sweep-concurrency needs"),
+    ([*SIM, "--num-requests", "4", "--autoscale", "metric=kv,target=2"], "fraction of the KV"),
+])
+def test_a_falsy_value_is_checked_not_dropped(capsys: pytest.CaptureFixture[str],
+                                              argv: list[str], says: str):
+    assert says in usage_error(capsys, argv)
