@@ -67,9 +67,9 @@ def prompt_ids(request: EngineRequest, vocab_size: int,
                encode: Callable[[str], list[int]]) -> list[int]:
     if request.prompt_token_ids is not None:
         ids = list(request.prompt_token_ids)
-        if ids and (min(ids) < 0 or max(ids) >= vocab_size):  # vLLM's words and order
-            bad = min(ids) if min(ids) < 0 else max(ids)  # (`validate_token_ids`)
-            raise InvalidRequest(f"Token id {bad} is out of vocabulary")
+        lo, hi = (min(ids), max(ids)) if ids else (0, 0)
+        if lo < 0 or hi >= vocab_size:  # vLLM's words and order (`validate_token_ids`)
+            raise InvalidRequest(f"Token id {lo if lo < 0 else hi} is out of vocabulary")
     else:
         ids = encode(request.prompt_text or "")
     if not ids:

@@ -112,9 +112,7 @@ class ChatShapes:
         self.streamers = ({c.index: tools.ToolStreamer(plan) for c in run.choices}
                           if plan.mode != "text" else None)
         self.called = {c.index: False for c in run.choices}
-        # vLLM's `should_include_usage`: per-chunk usage only with include_usage as well
-        opts = req.stream_options
-        self.usage_each = bool(opts and opts.include_usage and opts.continuous_usage_stats)
+        self.usage_each = req.stream_options is not None and req.stream_options.usage_each
         # `echo`: the last message's content first, when it is the answer's role (vLLM)
         last = req.messages[-1] if req.messages else None
         self.echo = (_content(last) if req.echo and last is not None and last.role == self.role

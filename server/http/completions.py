@@ -108,9 +108,7 @@ class CompletionShapes:
                       ] if req.echo and req.logprobs is not None else None
         self.offsets = {c.index: _end(self.heads[c.prompt]) if self.heads else
                         len(self.echo[c.prompt]) if self.echo else 0 for c in run.choices}
-        # vLLM's `should_include_usage`: per-chunk usage only with include_usage as well
-        opts = req.stream_options
-        self.usage_each = bool(opts and opts.include_usage and opts.continuous_usage_stats)
+        self.usage_each = req.stream_options is not None and req.stream_options.usage_each
         self.hidden = echo_only(req)  # the one generated token is not shown
         self.prompts = prompts if req.return_token_ids else None  # (vLLM's return_token_ids)
 

@@ -31,6 +31,11 @@ class StreamOptions(OpenAIBase):
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
 
+    @property
+    def usage_each(self) -> bool:
+        """vLLM's `should_include_usage`: per-chunk usage only with include_usage as well."""
+        return bool(self.include_usage and self.continuous_usage_stats)
+
 
 class JsonSchemaFormat(OpenAIBase):
     name: str
