@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from server.engine.build import EngineOptions
 from server.engine.core import EngineCore, StepResult
@@ -74,25 +74,24 @@ class FaultDriver:
 
     def advance(self, t: float) -> None:
         """Open what is due at `t`, close what ended; a due crash ends the process here."""
-        changed = False
+        opened: list[str] = []
         for w in self.schedule.due(t):
-            changed = True
-            self._count(w.kind)
             if w.kind == "crash":
+                self._count(w.kind)
                 log.error("fault injection: %s crashes (engine process exits) at t=%.3f s "
                           "(emulated)", self.name, w.start)
                 logging.shutdown()
                 os._exit(CRASH_EXIT_STATUS)
             self._open(w, t)
+            opened.append(w.kind)
         ended = [w for w in self.active if w.end <= t]
         if ended:
-            changed = True
             self.active = [w for w in self.active if w.end > t]
             for w in ended:
                 log.info("fault injection: %s %s ended at t=%.3f s", self.name, w.kind, w.end)
-        if changed:
+        if opened or ended:
             self._rebalance()
-            self._gauges()
+            self._gauges(opened)  # counts with gauges: no scrape sees one without the other
 
     def _open(self, w: Window, t: float) -> None:
         log.warning("fault injection: %s %s from t=%.3f s to %s (emulated)", self.name, w.kind,
@@ -171,9 +170,12 @@ class FaultDriver:
         return out
 
     # ---- metrics ----------------------------------------------------------------------------
-    def _gauges(self) -> None:
+    def _gauges(self, opened: Iterable[str] = ()) -> None:
+        """The gauges, and the events of the faults that just `opened`, in one update."""
         f = self.stats
         f.file.begin()
+        for kind in opened:
+            f.a[f.slot("doppelchip_fault_events", kind)] += 1.0
         for kind in ("slowdown", "lost_chips"):
             on = any(w.kind == kind for w in self.active)
             f.a[f.slot("doppelchip_fault_active", kind)] = float(on)

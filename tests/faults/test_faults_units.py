@@ -158,8 +158,20 @@ def test_lost_chips_preempt_to_take_their_share_and_give_every_block_back():
     stats = _Stats()
     driver = FaultDriver(schedule_of(opts), core, stats, 1.0, "d")
     driver.start(0.0)
+    seen, rebalance = [], driver._rebalance
+
+    def watched() -> None:  # a scrape while the pool shrinks (preempting takes a while)
+        seen.append((stats.a[stats.slot("doppelchip_fault_events", "lost_chips")],
+                     stats.a[stats.slot("doppelchip_fault_active", "lost_chips")]))
+        rebalance()
+
+    driver._rebalance = watched
     driver.advance(10.0)
     assert len(driver.held) == 20 and stats.a[stats.slot("doppelchip_kv_lost_blocks")] == 20
+    # counted and active in one update: never an event counted while its fault shows inactive
+    assert seen == [(0.0, 0.0)]
+    assert stats.a[stats.slot("doppelchip_fault_events", "lost_chips")] == 1
+    assert stats.a[stats.slot("doppelchip_fault_active", "lost_chips")] == 1
     assert sched.stats.num_preemptions >= 1 and driver.take_preempted()
     assert sched.pool.num_free + sched.cache.evictable_blocks <= 20
     while core.has_unfinished():  # the survivors finish in the smaller pool
