@@ -2,7 +2,9 @@
 provisioned and ready, the queue, TTFT of the requests arriving in each interval, and dollars
 so far, on one time axis, with each scale event and each replica's boot drawn as a band —
 the cold-start dip (TTFT up while a new replica boots) is where the bands are. It opens with
-the conclusions the terminal prints and ends with the timeline as a table.
+the conclusions the terminal prints, then the terminal's summary, replicas, pools and SLO
+classes as tables, and ends with the timeline as a table (a run without `--timeline` or an
+autoscaler has no timeline: its page is the conclusion and the tables).
 """
 
 from __future__ import annotations
@@ -68,8 +70,45 @@ def conclusions(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_timeline(summary: dict[str, Any]) -> str:
-    """The whole report as one HTML document (figures embedded)."""
+def summary_table(lines: list[str]) -> str:
+    """The terminal's `key   value` summary lines as two columns."""
+    return table(["", "value"], [[line[:16].strip(), line[16:].strip()] for line in lines],
+                 "summary")
+
+
+def fleet_tables(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Per replica, per pool and per SLO class, as the terminal's tables."""
+    out = []
+    if summary.get("replicas"):
+        pd = any("prefills" in r for r in summary["replicas"])
+        header = ["replica", "deployment", "chip", "requests", "errors"]
+        header += ["prefilled"] if pd else []
+        body = [[r["name"], r["deployment"], r["chip"], r["requests"], r["errors"]]
+                + ([r["prefills"]] if pd else []) + [f"{r['prefix_cache_hit_rate']:.1%}"]
+                for r in summary["replicas"]]
+        out.append(("Replicas", table([*header, "prefix cache hit"], body, "replicas")))
+    lat = ["TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms"]
+
+    def ms(r: dict[str, Any]) -> list[float]:
+        return [r[k][q] * 1e3 for k in ("ttft_s", "tpot_s") for q in ("p50", "p99")]
+
+    if summary.get("pools"):
+        body = [[p["name"], p["role"], ",".join(p["classes"]) or "any", p["replicas"],
+                 p["requests"], p["errors"], *ms(p), p["usd_per_hour"]]
+                for p in summary["pools"]]
+        out.append(("Pools", table(["pool", "role", "classes", "replicas", "requests", "errors",
+                                    *lat, "$/h"], body, "pools")))
+    if summary.get("classes"):
+        body = [[name, c["requests"], c["errors"], *ms(c)]
+                for name, c in summary["classes"].items()]
+        out.append(("SLO classes", table(["class", "requests", "errors", *lat], body,
+                                         "classes")))
+    return out
+
+
+def render_timeline(summary: dict[str, Any], lines: list[str] = ()) -> str:
+    """The whole report as one HTML document (figures embedded); `lines`: the summary lines
+    the terminal prints (doppelchip.simulate_format), shown as the summary table."""
     rows = summary.get("timeline") or []
     figures = [("Replicas, queue, latency and dollars over time",
                 timeline_plot(rows, boots_of(summary)))] if rows else []
@@ -80,6 +119,8 @@ def render_timeline(summary: dict[str, Any]) -> str:
              None if r["ttft_p50_s"] is None else r["ttft_p50_s"] * 1e3,
              None if r["ttft_p99_s"] is None else r["ttft_p99_s"] * 1e3, r["dollars"]]
             for r in rows]
-    tables = [("Timeline", table(header, body, "timeline"))] if rows else []
+    tables = [("Summary", summary_table(list(lines)))] if lines else []
+    tables += fleet_tables(summary)
+    tables += [("Timeline", table(header, body, "timeline"))] if rows else []
     return page(f"doppelchip simulate: {summary['deployment']}", figures, tables,
                 conclusions(summary))

@@ -87,7 +87,9 @@ def add_autoscale_args(p: argparse.ArgumentParser) -> None:
                    "autoscaler: its sync period)")
     add_traffic_args(g)
     g.add_argument("--html", metavar="FILE",
-                   help="write an HTML report: replicas, queue, latency and dollars over time")
+                   help="write an HTML report: the summary, replicas and pools as tables, "
+                   "and (with --timeline or an autoscaler) replicas, queue, latency and "
+                   "dollars over time")
 # --- end autoscale ---
 
 
@@ -110,18 +112,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 2
     if getattr(args, "html", None):  # --- autoscale (issue 16): the report over time ---
         from clients.timeline_report import render_timeline
+        from doppelchip.simulate_format import fleet_notes, format_summary
 
-        with open(args.html, "w") as f:
-            f.write(render_timeline(summary))
+        with open(args.html, "w") as f:  # the terminal's summary lines, as a table
+            f.write(render_timeline(summary, format_summary(summary).splitlines()
+                                    + fleet_notes(summary)))
     if args.json:
         print(json.dumps(summary))
     else:
-        from doppelchip.simulate_format import format_fleet, format_summary
+        from doppelchip.simulate_format import format_fleet, format_summary, replica_lines
 
         print(format_summary(summary))
-        for r in summary.get("replicas", ()):  # --- virtual-time clusters (issue 16) ---
-            print(f"replica         {r['name']:<24} {r['requests']:6d} requests, prefix cache "
-                  f"{r['prefix_cache_hit_rate'] * 100:5.1f}% hit ({r['chip']})")
+        for line in replica_lines(summary):  # --- virtual-time clusters (issue 16) ---
+            print(line)
         fleet_tables = format_fleet(summary)  # --- fleet (issue 16) ---
         if fleet_tables:
             print(fleet_tables)

@@ -21,6 +21,12 @@ def format_fleet(s: dict[str, Any]) -> str:
         lines.append(f"{'classes':<16}{'requests':>8} {'errors':>6} {lat}")
         for name, r in s["classes"].items():
             lines.append(f"  {name:<14}{r['requests']:8d} {r['errors']:6d} {_latencies(r)}")
+    return "\n".join(lines + fleet_notes(s))
+
+
+def fleet_notes(s: dict[str, Any]) -> list[str]:
+    """The router's refusals and the P/D KV transfers, a line each (when there are any)."""
+    lines = []
     if "admission_refused" in s:
         lines.append(f"admission       {s['admission_refused']} requests refused at the router "
                      "(RESOURCE_EXHAUSTED)")
@@ -28,7 +34,7 @@ def format_fleet(s: dict[str, Any]) -> str:
         kv = s["kv_transfers"]
         lines.append(f"KV transfers    {kv['count']} prefill→decode, {kv['bytes'] / 1e9:.3f} GB, "
                      f"{kv['seconds'] * 1e3:.1f} ms on the links")
-    return "\n".join(lines)
+    return lines
 
 
 def _latencies(r: dict[str, Any]) -> str:
@@ -77,3 +83,14 @@ def format_summary(s: dict[str, Any]) -> str:
         f"per million output tokens",
     ]
     return "\n".join(lines)
+
+
+def replica_lines(s: dict[str, Any]) -> list[str]:
+    """--- virtual-time clusters (issue 16) --- one line per replica: what it served, what it
+    prefilled for a decode replica (P/D), its own prefix-cache hit rate."""
+    out = []
+    for r in s.get("replicas", ()):
+        prefilled = f", {r['prefills']} prefilled" if r.get("prefills") else ""
+        out.append(f"replica         {r['name']:<24} {r['requests']:6d} requests{prefilled}, "
+                   f"prefix cache {r['prefix_cache_hit_rate'] * 100:5.1f}% hit ({r['chip']})")
+    return out

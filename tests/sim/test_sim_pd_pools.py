@@ -7,6 +7,8 @@ aggregated, on long prompts, decode is steadier (no prefill chunk in its steps).
 from __future__ import annotations
 
 import json
+import re
+from html import escape as html_escape
 
 import pytest
 from fleet_helpers import H100, assert_all_released, pool, run, sessions
@@ -105,3 +107,27 @@ def test_the_command_reports_both_sides(capsys):
     assert [r["requests"] for r in s["replicas"]] == [0, 0, 4, 4]
     assert s["kv_transfers"]["count"] == 8
     assert s["kv_transfers"]["seconds"] == pytest.approx(8 * expected_transfer(2048))
+
+
+def test_the_terminal_and_the_html_report_show_what_each_replica_did(tmp_path, capsys):
+    html = tmp_path / "pd.html"
+    assert main(["simulate", "--config", "examples/fleet-pd.toml", "--router", "round-robin",
+                 "--num-requests", "8", "--isl", "2048", "--osl", "8", "--html", str(html)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    replicas = [line.split() for line in out if line.startswith("replica ")]
+    # prefill replicas serve no request themselves: the line says what they prefilled
+    assert [r[1:6] for r in replicas[:2]] == [[f"prefill/{k}", "0", "requests,", "4",
+                                              "prefilled,"] for k in (0, 1)]
+    assert all("prefilled," not in r for r in replicas[2:])
+    page = html.read_text()
+    # the terminal's summary lines are the page's summary table, one row each
+    rows = re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>",
+                      page.split('id="summary"')[1].split("</table>")[0])
+    said = [line for line in out if line[:16].strip() and not line.startswith(
+        ("replica ", "pools ", "  "))]
+    assert rows == [(html_escape(line[:16].strip()), html_escape(line[16:].strip()))
+                    for line in said]
+    assert any(k == "KV transfers" for k, _ in rows)
+    cells = re.findall(r"<td>([^<]*)</td>", page.split('id="replicas"')[1].split("</table>")[0])
+    assert cells[:7] == ["prefill/0", "prefill", "h100-sxm", "0", "0", "4", "0.0%"]
+    assert 'id="pools"' in page
