@@ -67,7 +67,9 @@ def _id_rows(rng: np.random.Generator, k: int, n: int, vocab_size: int) -> list[
             rng.integers(FIRST_ORDINARY_ID, vocab_size, size=(k, n)).tolist()]
 
 
-_BLOCK = 64  # fixed-length prompts drawn this many at a time
+_BLOCK = 64  # fixed-length prompts drawn this many at a time,
+_BLOCK_TOKENS = 1 << 20  # or fewer, so that a block holds at most this many ids
+MAX_LENGTH = 1 << 24  # tokens of a prompt or an output: beyond any catalogued model's context
 
 
 def _prompts(spec: WorkloadSpec, rng: np.random.Generator,
@@ -86,8 +88,9 @@ def _prompts(spec: WorkloadSpec, rng: np.random.Generator,
                 isl, osl = draw()
                 yield _ids(rng, isl, spec.vocab_size), osl
             return
-        for start in range(0, count, _BLOCK):
-            for ids in _id_rows(rng, min(_BLOCK, count - start), spec.isl, spec.vocab_size):
+        block = max(1, min(_BLOCK, _BLOCK_TOKENS // spec.isl))
+        for start in range(0, count, block):
+            for ids in _id_rows(rng, min(block, count - start), spec.isl, spec.vocab_size):
                 yield ids, spec.osl
     return each()
 
@@ -147,6 +150,9 @@ def stream_workload(
         raise ValueError("num_requests must be > 0")
     if spec.isl <= 0 or spec.osl <= 0:
         raise ValueError("isl and osl must be > 0")
+    if max(spec.isl, spec.osl) > MAX_LENGTH:
+        raise ValueError(f"isl and osl must be at most {MAX_LENGTH} tokens (longer than any "
+                         f"model's context), got isl {spec.isl}, osl {spec.osl}")
     if spec.users_per_prefix < 0:
         raise ValueError(f"users_per_prefix must be >= 1 (0: the requests split evenly over "
                          f"the prefixes), got {spec.users_per_prefix}")

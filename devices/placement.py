@@ -48,6 +48,13 @@ def resolve(spec: DeploymentSpec) -> tuple[ModelSpec, QuantSpec, ChipSpec, Engin
             f"({chip.arch}): the engine plan file is generated on an incompatible device; "
             f"rebuild the engine for {chip.arch}"
         )
+    if spec.max_context and spec.max_context > model.max_context:
+        # vLLM's ModelConfig (_get_and_verify_max_len): positions past the trained context
+        # are NaN under RoPE, out of bounds with absolute positions
+        raise PlacementError(
+            f"User-specified max_model_len ({spec.max_context}) is greater than the derived "
+            f"max_model_len (max_position_embeddings={model.max_context} in {model.name}'s "
+            "config.json)")
     sp = spec.speculative
     if sp is not None and sp.method not in engine.speculative_methods:
         raise PlacementError(

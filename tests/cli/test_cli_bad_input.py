@@ -4,6 +4,7 @@ path that cannot be written is refused before the run, not after it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -279,3 +280,15 @@ def test_usage_errors_say_what_to_change(capsys: pytest.CaptureFixture[str], arg
 def test_a_falsy_value_is_checked_not_dropped(capsys: pytest.CaptureFixture[str],
                                               argv: list[str], says: str):
     assert says in usage_error(capsys, argv)
+
+
+def test_lengths_past_any_context_are_refused_not_drawn(capsys: pytest.CaptureFixture[str]):
+    # 1e20 tokens overflowed NumPy's draw (a traceback)
+    line = usage_error(capsys, [*SIM, "--isl", str(10**20), "--num-requests", "3"])
+    assert "isl and osl must be at most 16777216 tokens" in line
+    # plan gave SRAM candidates a max_model_len past the model's and simulated them for ever
+    assert main(["plan", "--chips", "groq-lpu-v1", "--engines", "groq", "--isl", "200000",
+                 "--rate", "1", "--slo", "ttft=1", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["searched"]["simulated"] == 0
+    assert all("greater than the derived max_model_len" in p["why"] for p in out["pruned"])

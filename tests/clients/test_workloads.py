@@ -48,7 +48,8 @@ def test_multi_turn_has_the_asked_turns_and_think_time():
 
 @pytest.mark.parametrize("bad", [dict(num_requests=0), dict(isl=0), dict(kind="nope"),
                                  dict(kind="shared-prefix", num_prefixes=0),
-                                 dict(kind="multi-turn", turns=0), dict(rate=0.0)])
+                                 dict(kind="multi-turn", turns=0), dict(rate=0.0),
+                                 dict(osl=(1 << 24) + 1)])
 def test_bad_workload_arguments(bad):
     with pytest.raises(ValueError):
         build_workload(WorkloadSpec(**bad))
@@ -101,3 +102,19 @@ def test_prompts_drawn_in_blocks_are_the_ones_drawn_one_by_one(kind, monkeypatch
     assert build_workload(spec) == blocks
     monkeypatch.setattr(workloads, "_BLOCK", 1)
     assert build_workload(spec) == blocks
+
+
+def test_long_prompts_are_drawn_in_smaller_blocks(monkeypatch):
+    """A block holds at most `_BLOCK_TOKENS` ids (64 prompts of a million tokens were 6 GB of
+    Python ints); the prompts are the same as with whole blocks."""
+    import clients.workloads as workloads
+
+    spec = WorkloadSpec(num_requests=10, isl=300, osl=5, rate=10, seed=2)
+    whole = build_workload(spec)
+    sizes = []
+    draw = workloads._id_rows
+    monkeypatch.setattr(workloads, "_id_rows", lambda rng, k, n, v: sizes.append(k) or
+                        draw(rng, k, n, v))
+    monkeypatch.setattr(workloads, "_BLOCK_TOKENS", 1000)
+    assert build_workload(spec) == whole
+    assert sizes == [3, 3, 3, 1]  # 1000 // 300 prompts a block

@@ -125,3 +125,15 @@ def test_tensor_parallelism_must_divide_the_heads_where_the_engine_shards_them()
         assert place(DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", engine, tp=4)).chips == 4
     assert not catalog.get_engine("jetstream").tp_divides_heads
     assert place(DeploymentSpec("llama-3.1-8b", "bf16", "tpu-v5e", "jetstream", tp=3)).chips == 3
+
+
+def test_a_max_model_len_past_the_models_context_is_refused_as_vllm_refuses_it():
+    """vLLM's ModelConfig refuses a max_model_len above max_position_embeddings (positions
+    past the trained context are NaN under RoPE); on every engine, SRAM chips too."""
+    for chip, engine in (("h100-sxm", "vllm"), ("groq-lpu-v1", "groq")):
+        with pytest.raises(PlacementError, match=r"User-specified max_model_len \(262144\) is "
+                                                 r"greater than the derived max_model_len "
+                                                 r"\(max_position_embeddings=131072"):
+            place(DeploymentSpec("llama-3.1-8b", "bf16", chip, engine, max_context=262144))
+    assert place(DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", "vllm",
+                                max_context=131072)).max_context == 131072
