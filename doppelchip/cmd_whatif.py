@@ -72,6 +72,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_BATCH = 4096  # a bound on the run: a point of batch B simulates B requests to the end
+
+
 def _batches(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(b) for b in text.split(",") if b.strip())
@@ -84,6 +87,9 @@ def check_args(args: argparse.Namespace) -> str:
     batches = _batches(args.batches)
     if not batches or min(batches) < 1:
         return f"--batches needs integers >= 1, got {args.batches!r}"
+    if max(batches) > MAX_BATCH:  # a simulated request per sequence: 1024 take ~40 s here
+        return (f"--batches: at most {MAX_BATCH} sequences (each one simulated), "
+                f"got {max(batches)}")
     for flag in ("isl", "osl", "count", "tp", "pp", "ep"):
         value = getattr(args, flag)
         if value is not None and value < 1:

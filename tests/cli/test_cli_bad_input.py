@@ -214,6 +214,12 @@ def test_whatif_refuses_a_workload_longer_than_the_models_context(
     assert "context is 131072" in line
 
 
+def test_whatif_bounds_its_batches(capsys: pytest.CaptureFixture[str]):
+    # batch 100000 was 100000 simulated requests per engine: hours
+    line = usage_error(capsys, ["whatif", "--batches", "1,100000"])
+    assert "--batches: at most 4096" in line and "100000" in line
+
+
 def test_whatif_reports_an_engine_that_cannot_hold_the_model():
     """A model too big for the Apple chip: its long-prompt series says why, the rest runs."""
     from sim.whatif import WhatIfConfig, long_prompt_ttft
