@@ -20,7 +20,7 @@ from server.http import lengths, sampling, tools
 from server.http.completions import stop_reason
 from server.http.errors import bad_request
 from server.http.generate import Choice, Run
-from server.http.logprobs import Logprobs, chat_logprobs
+from server.http.logprobs import Logprobs, chat_logprobs, prompt_logprobs
 from server.http.protocol import ChatCompletionRequest, ChatMessage
 
 
@@ -71,6 +71,7 @@ def engine_request(req: ChatCompletionRequest, request_id: str, ids: list[int],
     n = sampling.check_common(req, max_tokens)
     max_tokens = lengths.output_budget(max_tokens, len(ids), max_model_len, req.min_tokens)
     top = sampling.check_logprobs(req.top_logprobs, "top_logprobs")
+    sampling.check_prompt_logprobs(req.prompt_logprobs)
     if top and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.",
                           "top_logprobs")
@@ -112,6 +113,9 @@ class ChatShapes:
         self.streamers = ({c.index: tools.ToolStreamer(plan) for c in run.choices}
                           if plan.mode != "text" else None)
         self.called = {c.index: False for c in run.choices}
+        # the rendered prompt's logprobs (chat template included), at the response's top level
+        self.prompt_lp = (prompt_logprobs(Logprobs(tok, 0), prompt, req.prompt_logprobs)
+                          if req.prompt_logprobs is not None else None)
         self.usage_each = req.stream_options is not None and req.stream_options.usage_each
         # `echo`: the last message's content first, when it is the answer's role (vLLM)
         last = req.messages[-1] if req.messages else None
@@ -146,7 +150,8 @@ class ChatShapes:
                             "routed_experts": None, "weight_versions": None})
         return {**self._base("chat.completion"), "choices": choices, "service_tier": None,
                 "system_fingerprint": None, "usage": self.run.usage_dump(),
-                "prompt_logprobs": None, "prompt_token_ids": self.prompt, "prompt_text": None,
+                "prompt_logprobs": self.prompt_lp, "prompt_token_ids": self.prompt,
+                "prompt_text": None,
                 "kv_transfer_params": self.run.kv_transfer_params(),
                 "ec_transfer_params": None, "metrics": None}
 

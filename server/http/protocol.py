@@ -192,6 +192,7 @@ class ChatCompletionRequest(GenerationFields):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = 0
+    prompt_logprobs: int | None = None  # the rendered prompt's, as completions' (top level)
     tools: list[Tool] | None = None
     tool_choice: (Literal["none"] | Literal["auto"] | Literal["required"] | NamedToolChoice
                   | None) = None

@@ -197,6 +197,26 @@ async def test_prompt_logprobs_over_the_max_is_vllms_400(http):
         "Requested prompt logprobs of 21, which is greater than max allowed: 20")
 
 
+async def test_chat_prompt_logprobs_score_the_rendered_prompt(http):
+    """As completions' `prompt_logprobs`, over the chat template's tokens (the response's top
+    level); over the max is the same 400; streamed is refused before the request runs."""
+    body = {"messages": [{"role": "user", "content": "Hello world"}], "max_tokens": 2,
+            "return_token_ids": True}
+    r = (await http.post("/v1/chat/completions", json={**body, "prompt_logprobs": 2})).json()
+    ids, plp = r["prompt_token_ids"], r["prompt_logprobs"]
+    assert len(ids) > 5 and len(plp) == len(ids) and plp[0] is None
+    for entry, token in zip(plp[1:], ids[1:], strict=True):
+        assert len(entry) == 2 and entry[str(token)]["rank"] == 1
+    assert (await http.post("/v1/chat/completions", json=body)).json()["prompt_logprobs"] \
+        is None
+    over = await http.post("/v1/chat/completions", json={**body, "prompt_logprobs": 21})
+    assert over.status_code == 400 and over.json()["error"]["message"].startswith(
+        "Requested prompt logprobs of 21, which is greater than max allowed: 20")
+    streamed = await http.post("/v1/chat/completions",
+                               json={**body, "prompt_logprobs": 1, "stream": True})
+    assert streamed.status_code == 400
+
+
 async def test_return_tokens_as_token_ids_names_the_ids(http):
     r = (await http.post("/v1/completions", json={
         "prompt": "Hello", "max_tokens": 3, "ignore_eos": True, "logprobs": 2,
