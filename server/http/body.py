@@ -24,7 +24,7 @@ import email.message
 import json
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.requests import Request
 
 from server.http.errors import HttpError, body_errors, validation_error
@@ -60,7 +60,7 @@ def media_type_ok(content_type: str) -> bool:
     return content_type.lower().split(";", maxsplit=1)[0] == "application/json"
 
 
-async def parse_json(request: Request, model: type[M]) -> M:
+async def parse_json(request: Request, model: type[M] | TypeAdapter) -> M:
     """The request's body as `model`, or the error vLLM answers for it."""
     raw = await request.body()
     content_type = request.headers.get("content-type", "")
@@ -70,7 +70,9 @@ async def parse_json(request: Request, model: type[M]) -> M:
     if not raw:
         raise validation_error([{"type": "missing", "loc": ("body",), "msg": "Field required",
                                  "input": None}])
-    try:
-        return model.model_validate(data)
+    try:  # a model, or a TypeAdapter of a union of them
+        validate = model.validate_python if isinstance(model, TypeAdapter) else \
+            model.model_validate
+        return validate(data)
     except ValidationError as e:
         raise validation_error(body_errors(e.errors(include_url=False))) from None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from server.http import prechecks
 from server.http.errors import vllm_invalid
@@ -207,15 +207,29 @@ class ChatCompletionRequest(GenerationFields):
         return prechecks.chat(data)
 
 
-class TokenizeRequest(OpenAIBase):
-    """`/tokenize` takes either a prompt or chat messages (vLLM's two request forms)."""
+class TokenizeCompletionRequest(OpenAIBase):
+    """`/tokenize` of a prompt: BOS added unless `add_special_tokens` is false."""
 
     model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    prompt: str
     add_special_tokens: bool = True
-    add_generation_prompt: bool = True
     return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(OpenAIBase):
+    """`/tokenize` of chat messages, through the chat template (which writes BOS itself)."""
+
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool | None = False
+
+
+# vLLM's two request forms, validated as the union (a body that is neither gets pydantic's
+# error for each form: `body.TokenizeCompletionRequest.prompt`, `...TokenizeChatRequest...`)
+TokenizeRequest = TypeAdapter(TokenizeCompletionRequest | TokenizeChatRequest)
 
 
 class DetokenizeRequest(OpenAIBase):

@@ -17,7 +17,7 @@ from importlib.metadata import version
 from typing import Any, TypeVar
 
 from fastapi import FastAPI
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -36,6 +36,7 @@ from server.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    TokenizeChatRequest,
     TokenizeRequest,
 )
 from server.http.state import VLLM_VERSION, HttpState
@@ -44,7 +45,7 @@ M = TypeVar("M", bound=BaseModel)
 SSE_HEADERS = {"Cache-Control": "no-cache"}
 
 
-async def parse(request: Request, model: type[M]) -> M:
+async def parse(request: Request, model: type[M] | TypeAdapter) -> M:
     """The JSON body as vLLM's routes take it (`server.http.body`)."""
     return await parse_json(request, model)
 
@@ -122,15 +123,13 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
         client, _ = resolve(state, body.model)
         tok = state.tokenizer
         limits = client.limits
-        if body.messages is not None:
-            ids = await prompts.chat_prompt(body.messages, tok, limits, body.add_generation_prompt)
-        elif body.prompt is not None:
-            ids = await prompts.text_prompt(body.prompt, tok, limits)
-            if body.add_special_tokens and ids:
-                ids = [tok.bos_token_id, *ids]
+        if isinstance(body, TokenizeChatRequest):
+            ids = await prompts.chat_prompt(body.messages, tok, limits, body.add_generation_prompt,
+                                            body.continue_final_message)
         else:
-            raise HttpError(400, "either `prompt` or `messages` is required", "BadRequestError",
-                            "prompt")
+            ids = await prompts.text_prompt(body.prompt, tok, limits)
+        if body.add_special_tokens and ids:
+            ids = [tok.bos_token_id, *ids]
         out: dict[str, Any] = {"count": len(ids),
                                "max_model_len": client.info.capacity.max_model_len,
                                "tokens": ids}

@@ -56,6 +56,15 @@ async def test_tokenize_detokenize_roundtrip(http):
     chat = (await http.post("/tokenize", json={"messages": [{"role": "user",
                                                              "content": "hi"}]})).json()
     assert chat["tokens"] == TOK.encode_chat([{"role": "user", "content": "hi"}])
+    # the chat form: no BOS on top of the template's unless asked; continue_final_message
+    bos = (await http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}],
+                                              "add_special_tokens": True})).json()
+    assert bos["tokens"] == [TOK.bos_token_id, *chat["tokens"]]
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]
+    cont = (await http.post("/tokenize", json={"messages": msgs, "add_generation_prompt": False,
+                                               "continue_final_message": True})).json()
+    assert cont["tokens"] == TOK.encode(
+        TOK.apply_chat_template(msgs, False).removesuffix(TOK.eos_token))
     back = (await http.post("/detokenize", json={"tokens": plain["tokens"]})).json()
     assert back == {"prompt": "Hello world"}
     err = error_of(await http.post("/detokenize", json={"tokens": [10**9]}), 400)
@@ -244,3 +253,16 @@ async def test_continuous_usage_stats_on_every_chunk(http, route):
     assert all(e["usage"]["total_tokens"] == e["usage"]["prompt_tokens"] + n
                for e, n in zip(chunks, used, strict=True))
     assert len({e["usage"]["prompt_tokens"] for e in chunks}) == 1
+
+
+async def test_tokenize_without_prompt_or_messages_is_vllms_union_error(http):
+    """vLLM validates /tokenize's body as the union of its two forms: neither is one error for
+    each (FastAPI's RequestValidationError, answered by vLLM's handler)."""
+    err = error_of(await http.post("/tokenize", json={}), 400)
+    assert err["message"] == (
+        "2 validation errors:\n"
+        "  {'type': 'missing', 'loc': 'body.TokenizeCompletionRequest.prompt', "
+        "'msg': 'Field required', 'input': '<dict of 0 items>'}\n"
+        "  {'type': 'missing', 'loc': 'body.TokenizeChatRequest.messages', "
+        "'msg': 'Field required', 'input': '<dict of 0 items>'}")
+    assert err["param"] == "body.TokenizeCompletionRequest.prompt"
