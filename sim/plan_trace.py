@@ -17,7 +17,10 @@ largest `max_tokens`, the longest context a conversation reaches and the prompts
 quantiles. A workload whose requests all start at one instant has no rate: ValueError, as for
 an empty trace. With `rate` given (a synthetic workload whose lengths vary: the flags say
 its rate, not its lengths' quantiles) the span is not read; `shared` tokens of every prompt
-(a shared-prefix group's system prompt) are taken as cached.
+(a shared-prefix group's system prompt) are taken as cached, and so is every leading block
+of `BLOCK` tokens an earlier prompt began with (a trace's shared system prompts and
+documents: Mooncake's hash ids, JSONL token ids). The prompt is the prefill bound's
+(sim.plan_space), a lower bound: the best case, where every repeated prefix hits a cache.
 """
 
 from __future__ import annotations
@@ -27,6 +30,29 @@ import dataclasses
 from clients.workloads import WorkloadSpec, stream_workload
 from server.engine.tokenizer import get_tokenizer
 from sim.plan_space import WorkloadShape, output_mean, prompt_quantiles
+
+BLOCK = 16  # tokens: vLLM's default KV block, the unit a prefix-cache hit comes in
+MAX_SEEN_BLOCKS = 1 << 20  # prefix blocks remembered (~70 MB); later ones are not added
+
+
+class SeenPrefixes:
+    """Which leading blocks of the prompts so far were seen: `hit(ids)` is how many leading
+    tokens of `ids` (whole blocks) an earlier prompt began with; it then remembers `ids`'."""
+
+    def __init__(self) -> None:
+        self.blocks: set[int] = set()
+
+    def hit(self, ids: tuple[int, ...]) -> int:
+        h, hit, missed = 0, 0, False
+        for start in range(0, len(ids) - BLOCK + 1, BLOCK):
+            h = hash((h, ids[start:start + BLOCK]))  # the block and everything before it
+            if not missed and h in self.blocks:
+                hit = start + BLOCK
+                continue
+            missed = True
+            if len(self.blocks) < MAX_SEEN_BLOCKS:
+                self.blocks.add(h)
+        return hit
 
 
 def observed_shape(spec: WorkloadSpec, eos_mean: float, rate: float | None = None,
@@ -38,6 +64,7 @@ def observed_shape(spec: WorkloadSpec, eos_mean: float, rate: float | None = Non
     output, output_max, context = 0.0, 0, 0
     first = last = None
     prompts: list[int] = []
+    seen = SeenPrefixes()
     for conv in stream_workload(spec, encode=tok.encode):
         conversations += 1
         first = conv.start_s if first is None else min(first, conv.start_s)
@@ -45,7 +72,8 @@ def observed_shape(spec: WorkloadSpec, eos_mean: float, rate: float | None = Non
         reach = 0
         for turn in conv.turns:
             requests += 1
-            new = max(1, len(turn.user_ids) - shared)
+            ids = tuple(turn.user_ids)
+            new = max(1, len(ids) - max(shared, seen.hit(ids)))
             prompt += new
             prompts.append(new)
             output += output_mean(turn.max_tokens, conv.ignore_eos, eos_mean)

@@ -92,3 +92,26 @@ def test_plan_takes_simulates_rate_shape_flag():
     assert "the mean of ramp:from=1,to=3,over=100" in out["fleet"].splitlines()[0]
     rc, err = plan(*shape_flags, "--rate", "5")
     assert rc == 2 and "--rate-shape replaces --rate" in err["error"]
+
+
+def test_a_traces_shared_prefixes_are_taken_as_cached(tmp_path):
+    """200 requests that all begin with one 1024-token document, then 64 tokens of their own:
+    every prompt after the first prefills its own 64 at best (the prefill bound's prompt);
+    the context is still the whole prompt's."""
+    rng = np.random.default_rng(3)
+    doc = rng.integers(1000, 30000, 1024).tolist()
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({
+        "timestamp": 0.5 * i, "max_tokens": 8,
+        "prompt_token_ids": doc + rng.integers(1000, 30000, 64).tolist()}) + "\n"
+        for i in range(200)))
+    work = observed_shape(WorkloadSpec(kind="trace", trace_path=str(trace)), EOS_MEAN)
+    assert work.prompt == round((1088 + 199 * 64) / 200)
+    assert work.context == 1088 + 8
+    # a prefix shared only in part (its first 512 tokens) is cached only so far
+    trace.write_text("".join(json.dumps({
+        "timestamp": 0.5 * i, "max_tokens": 8,
+        "prompt_token_ids": doc[:512] + rng.integers(1000, 30000, 576).tolist()}) + "\n"
+        for i in range(200)))
+    work = observed_shape(WorkloadSpec(kind="trace", trace_path=str(trace)), EOS_MEAN)
+    assert work.prompt == round((1088 + 199 * 576) / 200)
