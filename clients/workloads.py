@@ -250,6 +250,10 @@ def _shared_prefix(spec: WorkloadSpec, rng: np.random.Generator,
         raise ValueError("num_prefixes must be > 0")
     if spec.system_prompt_len < 0:
         raise ValueError("system_prompt_len must be >= 0")
+    if spec.num_prefixes * spec.system_prompt_len > MAX_LENGTH:  # all held, drawn up front
+        raise ValueError(f"the shared prefixes (num_prefixes {spec.num_prefixes} × "
+                         f"system_prompt_len {spec.system_prompt_len} tokens) must total at "
+                         f"most {MAX_LENGTH} tokens")
     prefixes = [_ids(rng, spec.system_prompt_len, spec.vocab_size)
                 for _ in range(spec.num_prefixes)]
     per = spec.users_per_prefix or -(-spec.num_requests // spec.num_prefixes)
@@ -267,6 +271,10 @@ def _multi_turn(spec: WorkloadSpec, rng: np.random.Generator,
     """Conversations of `turns` turns; each turn resends the history (see module docstring)."""
     if spec.turns <= 0:
         raise ValueError("turns must be > 0")
+    if spec.turns * (spec.isl + spec.osl) > MAX_LENGTH:
+        raise ValueError(f"a conversation of {spec.turns} turns of isl {spec.isl} + osl "
+                         f"{spec.osl} reaches more than {MAX_LENGTH} tokens (longer than any "
+                         "model's context)")
     prompts = _prompts(spec, rng, spec.num_requests * spec.turns)
 
     def each() -> Iterator[Conversation]:

@@ -165,14 +165,17 @@ FAULT_KEYS = ("failure_injection_rate", "failure_types", "failure_injection_seed
               "fault_stream_cut")
 
 
+MAX_THINK_S = 1e9  # ~32 years: a think time past it overflowed the emulated clock's sums
+
+
 def check_workload_args(args: argparse.Namespace) -> None:
     """The workload flags' ranges, each refused by name (SimulationError)."""
     if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
         raise SimulationError(f"--duration must be a finite number of seconds > 0, got "
                               f"{args.duration:g}")
-    if not (math.isfinite(args.think_time) and args.think_time >= 0):
-        raise SimulationError(f"--think-time must be a finite number of seconds >= 0, got "
-                              f"{args.think_time:g}")
+    if not (math.isfinite(args.think_time) and 0 <= args.think_time <= MAX_THINK_S):
+        raise SimulationError(f"--think-time must be a number of seconds in [0, "
+                              f"{MAX_THINK_S:g}], got {args.think_time:g}")
     if not (math.isfinite(args.ramp_up) and args.ramp_up >= 0):
         raise SimulationError(f"--ramp-up must be a finite number of seconds >= 0, got "
                               f"{args.ramp_up:g}")

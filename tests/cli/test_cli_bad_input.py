@@ -298,3 +298,14 @@ def test_lengths_past_any_context_are_refused_not_drawn(capsys: pytest.CaptureFi
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert out["searched"]["simulated"] == 0
     assert all("greater than the derived max_model_len" in p["why"] for p in out["pruned"])
+
+
+@pytest.mark.parametrize(("argv", "says"), [  # each was a MemoryError or OverflowError
+    (["--workload", "shared-prefix", "--system-prompt-len", str(10**9)], "the shared prefixes"),
+    (["--workload", "shared-prefix", "--num-prefixes", str(10**9)], "the shared prefixes"),
+    (["--workload", "multi-turn", "--turns", str(10**9)], "a conversation of 1000000000 turns"),
+    (["--workload", "multi-turn", "--think-time", "1e308"], "--think-time must be"),
+])
+def test_sizes_that_ran_out_of_memory_are_refused(capsys: pytest.CaptureFixture[str],
+                                                  argv: list[str], says: str):
+    assert says in usage_error(capsys, [*SIM, *argv, "--num-requests", "3"])
