@@ -42,6 +42,7 @@ from sim.routers import kv_usage, make_router
 from sim.virtual_types import REFUSED
 
 OFF, BOOTING, READY, DRAINING = "off", "booting", "ready", "draining"
+MAX_TICKS = 200_000  # syncs plus samples in a run: a bound on the loop (and the timeline)
 
 
 @dataclass
@@ -87,6 +88,7 @@ class Autoscaler:
         self.period = min(periods)
         self.sample_s = sample_s or self.period
         self.next_sync, self.next_sample = 0.0, 0.0
+        self.ticks = 0
         self.samples: list[dict] = []
         self._version, self._built = 0, -1
         self._ready: list[int] = []
@@ -108,6 +110,11 @@ class Autoscaler:
 
     def tick(self, t: float) -> None:
         """Boots that are over, then (on the sync period) one HPA pass, then a sample."""
+        self.ticks += 1
+        if self.ticks > MAX_TICKS:
+            raise ValueError(f"more than {MAX_TICKS} autoscaler syncs and timeline samples in "
+                             f"the run (sync period {self.period:g} s, timeline every "
+                             f"{self.sample_s:g} s): take longer ones")
         for k, at in sorted(self.ready_at.items()):
             if at <= t:
                 del self.ready_at[k]

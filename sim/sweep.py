@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -107,8 +108,12 @@ def sweep_rates(args: argparse.Namespace, spec, slo: dict[str, float], run_once:
 
 
 def _needed(rate: float, service_s: float) -> int:
-    """Requests whose arrivals span the window and its warm-up (a quarter more)."""
-    return math.ceil(rate * WINDOW_SERVICE_TIMES * 1.25 * service_s)
+    """Requests whose arrivals span the window and its warm-up (a quarter more); none before
+    a service time is known (the first rate), and the most there can be past a float's."""
+    if service_s <= 0:
+        return 0
+    need = rate * WINDOW_SERVICE_TIMES * 1.25 * service_s
+    return math.ceil(need) if math.isfinite(need) else sys.maxsize
 
 
 SATURATION_GAIN = 1.05  # a concurrency saturates when throughput gains less than 5%

@@ -47,8 +47,9 @@ class SessionSource:
         self.closed = concurrency is not None
         self.lazy = not isinstance(sessions, list)
         if self.closed:
-            for _ in range(concurrency or 0):
-                self._next_session()
+            for _ in range(concurrency or 0):  # (no more than there are sessions)
+                if not self._next_session():
+                    break
         elif self.lazy:  # in order of start: the next one is always queued
             self._pull()
         else:
@@ -70,11 +71,13 @@ class SessionSource:
         heapq.heappush(self.arrivals, (at, 1, self.seq, si, ti, history))
         self.seq += 1
 
-    def _next_session(self) -> None:
-        """Closed loop: the next session in line starts now."""
+    def _next_session(self) -> bool:
+        """Closed loop: the next session in line starts now (False: there is none)."""
         if self.closed and (nxt := next(self.source, None)) is not None:
             self.sessions[nxt[0]] = nxt[1]
             self._due(self.t, nxt[0], 0, ())
+            return True
+        return False
 
     def _session_over(self, si: int) -> None:
         """A session's last turn ended (or one was refused): forget it, start the next."""

@@ -309,3 +309,24 @@ def test_lengths_past_any_context_are_refused_not_drawn(capsys: pytest.CaptureFi
 def test_sizes_that_ran_out_of_memory_are_refused(capsys: pytest.CaptureFixture[str],
                                                   argv: list[str], says: str):
     assert says in usage_error(capsys, [*SIM, *argv, "--num-requests", "3"])
+
+
+def test_a_closed_loop_wider_than_the_workload_starts_what_there_is():
+    # --concurrency 1e9 of 5 requests tried to start a billion sessions before the first step
+    done = subprocess.run([sys.executable, "-m", "doppelchip.cli", "load", "--target",
+                           "sim:vllm-h100", "--num-requests", "5", "--concurrency", str(10**9),
+                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["requests"] == 5
+
+
+def test_an_absurd_sweep_rate_saturates_instead_of_failing(capsys: pytest.CaptureFixture[str]):
+    # the first rate's request count was rate × 0 s of service: inf × 0, NaN, a traceback
+    assert main([*LOAD, "--num-requests", "5", "--sweep-rates", "1e308"]) == 0
+    assert "saturated at 1e+308 req/s" in capsys.readouterr().out
+
+
+def test_a_timeline_of_too_many_samples_is_refused_during_the_run(
+        capsys: pytest.CaptureFixture[str]):
+    line = usage_error(capsys, [*SIM, "--num-requests", "3", "--timeline", "1e-9"])
+    assert "more than 200000 autoscaler syncs and timeline samples" in line
