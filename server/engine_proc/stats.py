@@ -84,9 +84,13 @@ class EngineStats:
         a, slot, sched = self.a, self.slot, core.scheduler
         cost, n = result.cost, result.micro_batches  # `cost` is one micro-batch's
         busy = max(0.0, result.seconds - result.stall_s)
+        # the step that finished the last request leaves the deployment idle from `t`: it is
+        # written so in the same write (a client that has its last token and scrapes must not
+        # find a stale lag, nor the idle-power extrapolation waiting for the loop's next turn)
+        idle = not core.has_unfinished()
         self.file.begin()
-        self._gauges(core, num_queued, lag, t)
-        a[slot("_idle")] = 0
+        self._gauges(core, num_queued, 0.0 if idle else lag, t)
+        a[slot("_idle")] = int(idle)
         a[slot("_steps")] += 1
         a[slot("_generated")] += sum(len(t) for t in result.new_tokens.values())
         st = sched.stats

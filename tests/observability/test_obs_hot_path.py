@@ -123,3 +123,21 @@ def test_engine_writes_per_step_not_per_request(tmp_path, monkeypatch, batch):
         stats.step(core, core.step(), 0.0, 1.0, 0)
     assert calls.prometheus == 0
     assert calls.writes == 5 * 2  # iteration tokens and step seconds
+
+
+def test_the_step_that_empties_the_deployment_writes_it_idle(tmp_path):
+    """The lag gauge is the lag of running work: the step that finishes the last request
+    writes 0 (and idle) in the same write as its tokens, so a client that has its last token
+    and scrapes never finds the lag of a deployment that is already idle (CI's race: the scrape
+    came before the engine loop's next turn wrote its idle stats)."""
+    tok = get_tokenizer()
+    core = build_core(OPTS, tok)
+    stats = EngineStats(tmp_path / "e.stats", placed_info(OPTS, 0, core, tok), 0, 1)
+    lag, idle = stats.slot("doppelchip_realtime_lag_seconds"), stats.slot("_idle")
+    core.add_request(Request("r", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True)))
+    seen = []
+    while core.has_unfinished():
+        stats.step(core, core.step(), 5.0, 1.0, 0)
+        seen.append((stats.a[lag], stats.a[idle]))
+    assert seen[:-1] == [(5.0, 0)] * (len(seen) - 1) and len(seen) > 1
+    assert seen[-1] == (0.0, 1)
