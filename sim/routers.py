@@ -29,7 +29,9 @@ class RoundRobin:
 
 
 class LeastRequests:
-    """Fewest outstanding requests (vLLM production-stack's and Envoy's least-request)."""
+    """Fewest outstanding requests, ties to the lower index: Vidur's `lor` global scheduler
+    (a `min` over the replicas); production-stack's router breaks its lowest-QPS ties the same
+    way (the first endpoint). Envoy's LEAST_REQUEST compares two random hosts: `PowerOfTwo`."""
 
     def __init__(self, cores: Sequence[EngineCore], seed: int = 0) -> None:
         pass
