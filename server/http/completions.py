@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from server.engine.interface import EngineRequest, TokenChunk
 from server.engine.tokenizer import Tokenizer
 from server.http import lengths, sampling
-from server.http.errors import bad_request
+from server.http.errors import bad_request, vllm_invalid
 from server.http.generate import Choice, Run
 from server.http.logprobs import Logprobs, completion_logprobs, echo_logprobs, prompt_logprobs
 from server.http.protocol import CompletionRequest
@@ -30,8 +30,8 @@ def prompt_ids(req: CompletionRequest, tok: Tokenizer,
     p = req.prompt
     if isinstance(p, str):
         texts: Sequence[str | list[int]] = [p]
-    elif not p:
-        raise bad_request("prompt must not be empty", "prompt")
+    elif not p:  # vLLM's renderer: `prompt_to_seq([])` gives no prompt at all
+        raise vllm_invalid("You must pass at least one prompt", "prompt")
     elif all(isinstance(x, int) for x in p):
         texts = [list(p)]  # type: ignore[arg-type]
     else:
@@ -43,6 +43,8 @@ def prompt_ids(req: CompletionRequest, tok: Tokenizer,
             if req.add_special_tokens and ids:
                 ids = [tok.bos_token_id, *ids]
             out.append(ids)
+        elif not t:  # vLLM's input processor: a token prompt of no token
+            raise vllm_invalid("The decoder prompt cannot be empty")
         else:
             out.append(list(t))
     return out

@@ -92,6 +92,14 @@ async def test_empty_prompts(http):
         assert err == {"message": "Either prompt or prompt_embeds must be provided and "
                                   "non-empty. (parameter=prompt)",
                        "type": "BadRequestError", "param": "prompt", "code": 400}
+    # vLLM's renderer finds no prompt in [], its input processor an empty one in [[]]
+    err = await refused(http, "/v1/completions", {"prompt": []})
+    assert err == {"message": "You must pass at least one prompt (parameter=prompt)",
+                   "type": "BadRequestError", "param": "prompt", "code": 400}
+    for prompt in ([[]], [[1, 2], []]):
+        err = await refused(http, "/v1/completions", {"prompt": prompt})
+        assert err == {"message": "The decoder prompt cannot be empty",
+                       "type": "BadRequestError", "param": None, "code": 400}
 
 
 async def test_json_schema_without_schema_has_no_constraint(http):
