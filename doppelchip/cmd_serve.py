@@ -54,6 +54,9 @@ def register(subparsers: Any) -> None:
                    help="as vLLM's flag: 0.10 also exports vLLM 0.11.x's deprecated names "
                    "(vllm:gpu_cache_usage_perc, vllm:gpu_prefix_cache_*), which the "
                    "production-stack router reads")
+    p.add_argument("--enable-server-load-tracking", action="store_true", default=None,
+                   help="as vLLM's flag: GET /load answers {\"server_load\": N}, the completions "
+                   "and chat requests this front end has in flight (0 without the flag)")
     add_security_args(p)
     from doppelchip.sim_flags import add_deployment_args
 
@@ -87,6 +90,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             api_server_count=args.api_server_count, stream_interval=args.stream_interval,
             engine_restart_backoff_s=args.engine_restart_backoff,
             show_hidden_metrics_for_version=args.show_hidden_metrics_for_version,
+            enable_server_load_tracking=args.enable_server_load_tracking,
             **security_overrides(args),
         )
         fleet = with_env_api_key(fleet, os.environ)

@@ -99,7 +99,8 @@ class FrontendApp:
         collector = StatsCollector(infos, run_dir, num_frontends, cfg.time_scale, wall0,
                                    cfg.show_hidden_metrics_for_version == "0.10", cfg.pod)
         self.http_state = HttpState(self.fleet, tokenizer,
-                                    MetricsView(collector, run_dir.prometheus_dir()))
+                                    MetricsView(collector, run_dir.prometheus_dir()),
+                                    load_tracking=cfg.enable_server_load_tracking)
         # Always SO_REUSEPORT: the supervisor holds a reserved socket on the HTTP port.
         self.http = HttpServer(build_app(self.http_state, ApiKeys(cfg.api_key)), cfg.host,
                                http_port, reuse_port=True, options=ListenerOptions.of(cfg))

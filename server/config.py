@@ -61,6 +61,8 @@ class ServerConfig:
     # vLLM's --show-hidden-metrics-for-version: "0.10" also exports vLLM 0.11.x's deprecated
     # names (vllm:gpu_cache_usage_perc, vllm:gpu_prefix_cache_*), as 0.11.x did
     show_hidden_metrics_for_version: str = ""
+    # vLLM's --enable-server-load-tracking: GET /load counts this front end's requests in flight
+    enable_server_load_tracking: bool = False
     # One deployment per pod (`serve --deployment`/catalogue flags): the vllm: series carry
     # vLLM's own labels only (model_name, engine), no `deployment` label, as a vLLM pod's
     pod: bool = False

@@ -9,8 +9,8 @@ client that hangs up while its body is read is not an error (nobody is left to a
 `--api-key` (`ApiKeyMiddleware`): as vLLM's `AuthenticationMiddleware`, a request to a guarded
 path without `Authorization: Bearer <one of the keys>` gets 401 `{"error": "Unauthorized"}`
 (vLLM's exact body) before any route runs; OPTIONS is never guarded. Which paths: every route
-of the app except the probes' (`/health`, `/ping`, `/version`, `/metrics`), with `/v1` always
-guarded — the guard is derived from the route table, so a route added later (`/sleep`,
+of the app except the probes' (`/health`, `/ping`, `/version`, `/metrics`, `/load`), with
+`/v1` always guarded — the guard is derived from the route table, so a route added later (`/sleep`,
 `/wake_up`, `/v1/load_lora_adapter`) is guarded without a change here. vLLM (commit baaf6e9,
 `vllm/entrypoints/serve/middleware/authenticate.py`) guards only the `/v1`, `/v2`,
 `/inference` and `/cohere` prefixes, leaving `/tokenize`, `/sleep` and `/wake_up` open;
@@ -42,7 +42,7 @@ log = logging.getLogger("doppelchip.http")
 
 
 # vLLM's PUBLIC_ENDPOINTS that exist here: open whatever the keys; `/v1` is always guarded.
-PUBLIC_PATHS = ("/health", "/ping", "/version", "/metrics")
+PUBLIC_PATHS = ("/health", "/ping", "/version", "/metrics", "/load")
 GUARDED_FLOOR = ("/v1",)
 
 

@@ -11,13 +11,16 @@ hex>` (vLLM's `assign_request_id`), so clients may reuse ids.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable
 from importlib.metadata import version
 from typing import Any, TypeVar
 
 from fastapi import FastAPI
 from pydantic import BaseModel, TypeAdapter
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -39,7 +42,7 @@ from server.http.protocol import (
     TokenizeChatRequest,
     TokenizeRequest,
 )
-from server.http.state import VLLM_VERSION, HttpState
+from server.http.state import VLLM_VERSION, HttpState, InFlight
 
 M = TypeVar("M", bound=BaseModel)
 SSE_HEADERS = {"Cache-Control": "no-cache"}
@@ -94,6 +97,10 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
     @app.api_route("/ping", methods=["GET", "POST"])
     async def ping() -> Response:
         return Response(status_code=200 if healthy(state) else 503)
+
+    @app.get("/load")
+    async def load() -> dict:  # vLLM's: 0 unless --enable-server-load-tracking
+        return {"server_load": state.server_load}
 
     @app.get("/version")
     async def version_() -> dict:
@@ -154,6 +161,9 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
     @app.post("/v1/completions")
     async def create_completion(request: Request) -> Response:
         body = await parse(request, CompletionRequest)
+        return await _counted(state.load(), _completion(request, body))
+
+    async def _completion(request: Request, body: CompletionRequest) -> Response:
         rid = request_id(request, body.request_id)
         try:
             checked_id(rid)
@@ -175,6 +185,9 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
     @app.post("/v1/chat/completions")
     async def create_chat_completion(request: Request) -> Response:
         body = await parse(request, ChatCompletionRequest)
+        return await _counted(state.load(), _chat_completion(request, body))
+
+    async def _chat_completion(request: Request, body: ChatCompletionRequest) -> Response:
         rid = request_id(request, body.request_id)
         try:
             checked_id(rid)
@@ -194,6 +207,31 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
         head = shapes.head() if body.stream else []
         return await _answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
                              head, shapes.tail, rid)
+
+
+async def _counted(load: InFlight, answer: Awaitable[Response]) -> Response:
+    """vLLM's `load_aware_call` (--enable-server-load-tracking): the request counts in
+    `server_load` until its response is sent — a stream until its last event or until the
+    client is gone (its body's end), any other answer until its bytes are out."""
+    try:
+        response = await answer
+    except BaseException:
+        load.done()
+        raise
+    if isinstance(response, StreamingResponse):
+        response.body_iterator = _until_sent(response.body_iterator, load)
+    else:
+        response.background = BackgroundTask(load.done)
+    return response
+
+
+async def _until_sent(body: AsyncIterator[Any], load: InFlight) -> AsyncIterator[Any]:
+    async with contextlib.aclosing(body) as parts:
+        try:
+            async for part in parts:
+                yield part
+        finally:
+            load.done()
 
 
 async def _answer(request: Request, run: generate.Run, stream: bool, response, chunks,

@@ -14,9 +14,34 @@ VLLM_VERSION = "0.33.0"  # the vLLM release whose HTTP API this mirrors (docs/HT
 @dataclass
 class HttpState:
     """The fleet, the tokenizer, the metrics view, and whether the front end is draining (new
-    requests get 503, /health turns 503)."""
+    requests get 503, /health turns 503); with load tracking (vLLM's
+    --enable-server-load-tracking) the completions and chat requests in flight, which GET /load
+    reports."""
 
     fleet: Fleet
     tokenizer: Tokenizer
     metrics: MetricsView
     draining: bool = False
+    load_tracking: bool = False
+    server_load: int = 0
+
+    def load(self) -> InFlight:
+        """One request in flight from now (`InFlight.done` ends it)."""
+        return InFlight(self)
+
+
+class InFlight:
+    """One request counted in `HttpState.server_load` until `done()`: vLLM's
+    `load_aware_call`, which counts a request from its handler's start until its response has
+    been sent (a stream's last byte, or the client gone). `done` may be called more than once
+    (the stream's end and the response's background task both call it)."""
+
+    def __init__(self, state: HttpState) -> None:
+        self.state = state if state.load_tracking else None
+        if self.state is not None:
+            self.state.server_load += 1
+
+    def done(self) -> None:
+        if self.state is not None:
+            self.state.server_load -= 1
+            self.state = None

@@ -1,0 +1,82 @@
+"""vLLM's GET /load: `{"server_load": N}`, the completions and chat requests one front end has
+in flight, counted only with --enable-server-load-tracking (0 without, as vLLM)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from conftest import assert_released, fleet_doc
+from server_proc import ServerProcess
+
+SLOW = {"model": "llama-3.1-70b", "max_tokens": 2000, "ignore_eos": True}  # ~30 s of wall time
+CHAT = {"messages": [{"role": "user", "content": "wait"}], "stream": True, **SLOW}
+
+
+async def load(h: httpx.AsyncClient) -> int:
+    r = await h.get("/load")
+    assert r.status_code == 200 and set(r.json()) == {"server_load"}, r.text
+    return r.json()["server_load"]
+
+
+async def until_load(h: httpx.AsyncClient, n: int) -> None:
+    """Polls /load until it reads `n` (a response's count ends just after its last byte)."""
+    for _ in range(1000):
+        if await load(h) == n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"server_load never became {n}: {await load(h)}")
+
+
+async def first_event(r: httpx.Response):
+    """Reads `r` up to its first event; returns its line iterator (keep it: a dropped one
+    closes the response)."""
+    lines = r.aiter_lines()
+    async for line in lines:
+        if line.startswith("data: "):
+            return lines
+    raise AssertionError("no event")
+
+
+async def test_load_counts_requests_in_flight_until_their_response_ends():
+    """Two streams (one running, one queued behind it on a one-sequence deployment) count 2
+    from when their headers arrive; a refused request leaves nothing counted; a stream whose
+    client leaves stops counting, as does a non-streaming request whose client leaves."""
+    with ServerProcess(fleet_doc({"api_server_count": 1}), "--enable-server-load-tracking"
+                       ) as server:
+        async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as h:
+            assert await load(h) == 0
+            one = await h.send(h.build_request("POST", "/v1/completions", json={
+                "prompt": "hold", "stream": True, **SLOW}), stream=True)
+            kept = await first_event(one)
+            two = await h.send(h.build_request("POST", "/v1/chat/completions", json=CHAT),
+                               stream=True)
+            assert await load(h) == 2  # both handlers have answered their headers
+            bad = await h.post("/v1/completions", json={"prompt": "x", "temperature": -1,
+                                                        **SLOW})
+            assert bad.status_code == 400
+            await until_load(h, 2)
+            await one.aclose()
+            await until_load(h, 1)
+            await two.aclose()
+            await until_load(h, 0)
+            del kept
+            waiting = asyncio.create_task(h.post("/v1/completions", json={"prompt": "w",
+                                                                          **SLOW}))
+            await until_load(h, 1)
+            waiting.cancel()  # the client hangs up on a non-streaming request
+            await until_load(h, 0)
+        from clients.client import AsyncClient
+
+        async with AsyncClient(server.target) as client:
+            await assert_released(client, "slow")
+
+
+async def test_load_is_zero_without_tracking(server, client):
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as h:
+        r = await h.send(h.build_request("POST", "/v1/completions", json={
+            "prompt": "untracked", "stream": True, **SLOW}), stream=True)
+        kept = await first_event(r)
+        assert await load(h) == 0 and kept
+        await r.aclose()
+    await assert_released(client, "slow")
