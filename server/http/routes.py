@@ -11,18 +11,17 @@ hex>` (vLLM's `assign_request_id`), so clients may reuse ids.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from importlib.metadata import version
 from typing import Any, TypeVar
 
 from fastapi import FastAPI
 from pydantic import BaseModel, TypeAdapter
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from server import metrics as exposition
 from server.engine.interface import DeploymentState, InvalidRequest
@@ -211,27 +210,31 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
 
 async def _counted(load: InFlight, answer: Awaitable[Response]) -> Response:
     """vLLM's `load_aware_call` (--enable-server-load-tracking): the request counts in
-    `server_load` until its response is sent — a stream until its last event or until the
-    client is gone (its body's end), any other answer until its bytes are out."""
+    `server_load` until its response has been sent — a stream's last event, a JSON answer's
+    bytes — or abandoned (the client gone, before or during the body)."""
     try:
         response = await answer
     except BaseException:
         load.done()
         raise
-    if isinstance(response, StreamingResponse):
-        response.body_iterator = _until_sent(response.body_iterator, load)
-    else:
-        response.background = BackgroundTask(load.done)
-    return response
+    return Counted(response, load)
 
 
-async def _until_sent(body: AsyncIterator[Any], load: InFlight) -> AsyncIterator[Any]:
-    async with contextlib.aclosing(body) as parts:
+class Counted(Response):
+    """`response`, sent as it is, whose `InFlight` ends when the sending ends however it ends
+    (a stream's body is not even started when its client left first: no generator `finally`
+    or background task would run then)."""
+
+    def __init__(self, response: Response, load: InFlight) -> None:  # (no body of its own)
+        self.response, self.load, self.background = response, load, None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async for part in parts:
-                yield part
+            await self.response(scope, receive, send)
         finally:
-            load.done()
+            self.load.done()
+        if self.background is not None:  # FastAPI's, had the route any
+            await self.background()
 
 
 async def _answer(request: Request, run: generate.Run, stream: bool, response, chunks,

@@ -33,8 +33,8 @@ class HttpState:
 class InFlight:
     """One request counted in `HttpState.server_load` until `done()`: vLLM's
     `load_aware_call`, which counts a request from its handler's start until its response has
-    been sent (a stream's last byte, or the client gone). `done` may be called more than once
-    (the stream's end and the response's background task both call it)."""
+    been sent (a stream's last byte, or the client gone). `done` ends it once, however often
+    it is called."""
 
     def __init__(self, state: HttpState) -> None:
         self.state = state if state.load_tracking else None
