@@ -23,6 +23,15 @@ def sse_events(lines: list[str]) -> list[dict | str]:
     return out
 
 
+async def first_data(lines) -> str:
+    """The first SSE data line of `lines` (an aiter_lines() iterator, consumed that far; keep
+    it: a dropped iterator closes the response)."""
+    async for line in lines:
+        if line.startswith("data: "):
+            return line
+    raise AssertionError("no event")
+
+
 def openai_client(server) -> openai.AsyncOpenAI:
     """The official client on the server's HTTP port (use with `async with`)."""
     return openai.AsyncOpenAI(base_url=f"{server.http_url}/v1", api_key="none",

@@ -10,19 +10,12 @@ import socket
 import httpx
 import pytest
 from conftest import TEST_FLEET, assert_released, fleet_doc
+from http_helpers import first_data
 from server_proc import ServerProcess, metric
 
 from clients.client import AsyncClient
 
 SLOW = {"model": "llama-3.1-70b", "max_tokens": 2000, "ignore_eos": True}
-
-
-async def first_data(lines) -> str:
-    """The first SSE data line of `lines` (an aiter_lines() iterator, consumed that far)."""
-    async for line in lines:
-        if line.startswith("data: "):
-            return line
-    raise AssertionError("no event")
 
 
 @pytest.mark.parametrize("path,body", [

@@ -7,7 +7,10 @@ import asyncio
 
 import httpx
 from conftest import assert_released, fleet_doc
+from http_helpers import first_data
 from server_proc import ServerProcess
+
+from clients.client import AsyncClient
 
 SLOW = {"model": "llama-3.1-70b", "max_tokens": 2000, "ignore_eos": True}  # ~30 s of wall time
 CHAT = {"messages": [{"role": "user", "content": "wait"}], "stream": True, **SLOW}
@@ -28,16 +31,6 @@ async def until_load(h: httpx.AsyncClient, n: int) -> None:
     raise AssertionError(f"server_load never became {n}: {await load(h)}")
 
 
-async def first_event(r: httpx.Response):
-    """Reads `r` up to its first event; returns its line iterator (keep it: a dropped one
-    closes the response)."""
-    lines = r.aiter_lines()
-    async for line in lines:
-        if line.startswith("data: "):
-            return lines
-    raise AssertionError("no event")
-
-
 async def test_load_counts_requests_in_flight_until_their_response_ends():
     """Two streams (one running, one queued behind it on a one-sequence deployment) count 2
     from when their headers arrive; a refused request leaves nothing counted; a stream whose
@@ -48,7 +41,8 @@ async def test_load_counts_requests_in_flight_until_their_response_ends():
             assert await load(h) == 0
             one = await h.send(h.build_request("POST", "/v1/completions", json={
                 "prompt": "hold", "stream": True, **SLOW}), stream=True)
-            kept = await first_event(one)
+            kept = one.aiter_lines()
+            await first_data(kept)
             two = await h.send(h.build_request("POST", "/v1/chat/completions", json=CHAT),
                                stream=True)
             assert await load(h) == 2  # both handlers have answered their headers
@@ -66,8 +60,6 @@ async def test_load_counts_requests_in_flight_until_their_response_ends():
             await until_load(h, 1)
             waiting.cancel()  # the client hangs up on a non-streaming request
             await until_load(h, 0)
-        from clients.client import AsyncClient
-
         async with AsyncClient(server.target) as client:
             await assert_released(client, "slow")
 
@@ -76,7 +68,8 @@ async def test_load_is_zero_without_tracking(server, client):
     async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as h:
         r = await h.send(h.build_request("POST", "/v1/completions", json={
             "prompt": "untracked", "stream": True, **SLOW}), stream=True)
-        kept = await first_event(r)
-        assert await load(h) == 0 and kept
+        kept = r.aiter_lines()
+        await first_data(kept)
+        assert await load(h) == 0
         await r.aclose()
     await assert_released(client, "slow")
