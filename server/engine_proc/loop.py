@@ -189,7 +189,9 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         """After idling, the timeline resumes at the earliest arrival that woke it (the device
         could have started then: the IPC hop costs the client nothing on the emulated
         timeline, and shows as lag if the host is late), else at the wall clock; the gap is
-        charged as idle."""
+        charged as idle. An idle engine woken by anything else (a front end's ack, a status
+        message) does not resync: a request stamped before that wake-up may still be on its
+        way, and resuming at the wall clock would charge it the host's delay as queue time."""
         resume = min((live.req.arrival_time for live in self.inbox), default=self.now())
         if resume > self._t:
             self.core.account_idle(resume - self._t)
@@ -228,6 +230,10 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                     time.sleep(wall)
 
     def _shutdown(self) -> None:
+        now = self.now()
+        if not self.core.has_unfinished() and now > self._t:  # idle up to the stop
+            self.core.account_idle(now - self._t)
+            self._t = now
         for live in list(self.live.values()):
             self.core.scheduler.abort(live.req.request_id)
             self._forget(live, FinishReason.ABORT)

@@ -86,8 +86,8 @@ class LoopControls:
         fault_ms = self._idle_timeout_ms()  # failure injection: the next fault event
         if deadline is None:
             self._service(fault_ms)
-            if self.inbox or self.connector is None or not self.connector.pending:
-                self._resync()  # (a request awaiting its KV keeps the timeline where it is)
+            if self.inbox:  # only an arrival moves the timeline (see _resync)
+                self._resync()
             return
         wall = self.timeline.wall_until(deadline)
         if wall > 0:
@@ -100,9 +100,11 @@ class LoopControls:
             self._t = deadline
 
     def _end_now(self, live: Live, reason: FinishReason) -> None:
-        """End a request outside a step (sleep's abort, a failed KV load): tell its front end."""
+        """End a request outside a step (sleep's abort, a failed KV load): tell its front end.
+        It ends now (an idle timeline stays at its last step's end until an arrival)."""
+        t = max(self._t, self.now())
         self._send(live.frontend, m.encode(m.StepOutputs(
-            self.deployment, self.rank, self.epoch, self.step_no, self._t, self._t, [], [], [],
+            self.deployment, self.rank, self.epoch, self.step_no, t, t, [], [], [],
             [], [], [m.Finished(live.seq, reason.value)])))
         self._forget(live, reason)
 
