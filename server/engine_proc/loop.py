@@ -192,10 +192,14 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         charged as idle. An idle engine woken by anything else (a front end's ack, a status
         message) does not resync: a request stamped before that wake-up may still be on its
         way, and resuming at the wall clock would charge it the host's delay as queue time."""
-        resume = min((live.req.arrival_time for live in self.inbox), default=self.now())
-        if resume > self._t:
-            self.core.account_idle(resume - self._t)
-            self._t = resume
+        self._idle_until(min((live.req.arrival_time for live in self.inbox),
+                             default=self.now()))
+
+    def _idle_until(self, t: float) -> None:
+        """Move the idle timeline forward to `t` (never back), charging the gap as idle."""
+        if t > self._t:
+            self.core.account_idle(t - self._t)
+            self._t = t
 
     def _idle_timeout_ms(self) -> int | None:
         """How long an idle engine may block: until its next fault event, else forever."""
@@ -230,10 +234,8 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                     time.sleep(wall)
 
     def _shutdown(self) -> None:
-        now = self.now()
-        if not self.core.has_unfinished() and now > self._t:  # idle up to the stop
-            self.core.account_idle(now - self._t)
-            self._t = now
+        if not self.core.has_unfinished():
+            self._idle_until(self.now())  # idle up to the stop (no arrival resynced it)
         for live in list(self.live.values()):
             self.core.scheduler.abort(live.req.request_id)
             self._forget(live, FinishReason.ABORT)

@@ -95,9 +95,8 @@ class LoopControls:
             self._service(timeout if fault_ms is None else min(timeout, fault_ms))
         if self.inbox:
             self._resync()
-        elif self.timeline.wall_until(deadline) <= 0 and deadline > self._t:
-            self.core.account_idle(deadline - self._t)
-            self._t = deadline
+        elif self.timeline.wall_until(deadline) <= 0:
+            self._idle_until(deadline)
 
     def _end_now(self, live: Live, reason: FinishReason) -> None:
         """End a request outside a step (sleep's abort, a failed KV load): tell its front end.
