@@ -27,8 +27,9 @@ RUN = [b for b in BLOCKS if b.not_run is None and "fresh-clone" not in b.fence.a
 
 
 @pytest.fixture(scope="module")
-def results():
-    """Every runnable block, run once, several at a time (the tests below read the results)."""
+def results(start_fresh_clone):
+    """Every runnable block, run once, several at a time (the tests below read the results);
+    the fresh-clone run (conftest.py) is started first, to run beside them."""
     server = SharedServer(ROOT)
     try:
         yield run_blocks(RUN, ROOT, server.ensure)
