@@ -23,7 +23,7 @@ import re
 
 import grpc
 import pytest
-from conftest import assert_released
+from fleets import assert_released
 from server_proc import ServerProcess, metric, until
 
 from clients.client import AsyncClient

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import assert_released
+from fleets import assert_released
 from server_proc import ServerProcess, metric
 
 from clients.client import AsyncClient, build_request

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conftest import fleet_doc
+from fleets import fleet_doc
 from server_proc import ServerProcess
 
 SMG = shutil.which("smg", path=str(Path(sys.executable).parent)) or shutil.which("smg")

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from conftest import assert_released, fleet_doc, make_fleet
+from fleets import assert_released, fleet_doc, make_fleet
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from server_proc import ServerProcess, until
 from smg_grpc_proto import vllm_engine_pb2 as vpb

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from conftest import assert_released
+from fleets import assert_released
 from gateway_harness import SMG, Gateway, gateway, gateway_fleet
 from server_proc import until
 from smg_grpc_proto import vllm_engine_pb2 as vpb

@@ -9,7 +9,7 @@ import socket
 
 import httpx
 import pytest
-from conftest import TEST_FLEET, assert_released, fleet_doc
+from fleets import TEST_FLEET, assert_released, fleet_doc
 from http_helpers import first_data
 from server_proc import ServerProcess, metric
 

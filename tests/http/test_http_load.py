@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from conftest import assert_released, fleet_doc
+from fleets import assert_released, fleet_doc
 from http_helpers import first_data
 from server_proc import ServerProcess
 

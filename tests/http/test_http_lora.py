@@ -8,7 +8,7 @@ import asyncio
 import re
 
 import httpx
-from conftest import assert_released, fleet_doc
+from fleets import assert_released, fleet_doc
 from server_proc import ServerProcess, metric, until
 
 from clients.client import AsyncClient

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import httpx
 import openai
 import pytest
-from conftest import assert_released
+from fleets import assert_released
 from http_helpers import TOK, http_client, openai_client, retokenized
 
 MODEL = "llama-3.1-8b"  # the test fleet's default deployment ("fast") serves it

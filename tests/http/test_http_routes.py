@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from conftest import assert_released
+from fleets import assert_released
 from http_helpers import TOK, http_client, stream_events
 from server_proc import metric
 

@@ -12,7 +12,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from conftest import assert_released
+from fleets import assert_released
 from http_helpers import http_client, openai_client, stream_events
 
 MODEL = "llama-3.1-8b"

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import fleet_doc
+from fleets import fleet_doc
 from server_proc import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "observability"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import fleet_doc, make_fleet
+from fleets import fleet_doc, make_fleet
 from server_proc import ServerProcess
 
 from clients.loadgen import run_load

@@ -9,7 +9,7 @@ import json
 from html.parser import HTMLParser
 
 import pytest
-from conftest import TEST_FLEET
+from fleets import TEST_FLEET
 from server_proc import ServerProcess
 
 from clients.server_metrics import scrape

@@ -8,7 +8,7 @@ import asyncio
 
 import grpc
 import pytest
-from conftest import TEST_FLEET, fleet_doc
+from fleets import TEST_FLEET, fleet_doc
 from server_proc import ServerProcess, metric, until
 
 from clients.client import AsyncClient, build_request

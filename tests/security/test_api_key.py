@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import grpc
 import httpx
 import pytest
-from conftest import fleet_doc
+from fleets import fleet_doc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from ready import wait_ready

@@ -9,7 +9,7 @@ import json
 import grpc
 import httpx
 import pytest
-from conftest import TEST_FLEET, fleet_doc
+from fleets import TEST_FLEET, fleet_doc
 from ready import wait_ready
 from server_proc import ServerProcess
 from smg_grpc_proto import vllm_engine_pb2 as vpb

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import grpc
 import httpx
 import pytest
-from conftest import fleet_doc
+from fleets import fleet_doc
 from ready import wait_ready
 from server_proc import ServerProcess
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 import httpx
 import pytest
-from conftest import fleet_doc
+from fleets import fleet_doc
 from ready import wait_ready
 from server_proc import ServerProcess, released
 from smg_grpc_proto import vllm_engine_pb2 as vpb

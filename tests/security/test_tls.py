@@ -13,7 +13,7 @@ import grpc
 import httpx
 import pytest
 from certs import Certs, make_certs
-from conftest import TEST_FLEET
+from fleets import TEST_FLEET
 from ready import wait_ready
 from server_proc import ServerProcess
 

@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 import pytest
-from conftest import assert_released
+from fleets import assert_released
 
 from clients.client import build_request
 from doppelchip.v1 import inference_pb2 as pb

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from conftest import assert_released
+from fleets import assert_released
 
 from doppelchip.v1 import inference_pb2 as pb
 from server.engine.tokenizer import get_tokenizer

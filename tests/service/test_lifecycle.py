@@ -9,7 +9,7 @@ from collections import Counter
 
 import grpc
 import pytest
-from conftest import TEST_FLEET, assert_released, fleet_doc
+from fleets import TEST_FLEET, assert_released, fleet_doc
 from grpc_health.v1 import health_pb2
 from server_proc import ServerProcess
 

@@ -11,7 +11,7 @@ import sys
 
 import grpc
 import pytest
-from conftest import TEST_FLEET
+from fleets import TEST_FLEET
 from server_proc import ROOT, ServerProcess, free_run, metric, toml_text
 
 from clients.client import AsyncClient

@@ -15,7 +15,7 @@ import time
 
 import grpc
 import pytest
-from conftest import TEST_FLEET, assert_released, fleet_doc
+from fleets import TEST_FLEET, assert_released, fleet_doc
 from server_proc import ROOT, ServerProcess, metric, toml_text, until
 
 from clients.client import AsyncClient, build_request

@@ -11,7 +11,7 @@ import time
 
 import grpc
 import pytest
-from conftest import fleet_doc
+from fleets import fleet_doc
 from server_proc import ServerProcess
 
 from clients.client import AsyncClient

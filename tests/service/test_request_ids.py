@@ -10,7 +10,7 @@ import asyncio
 import grpc
 import httpx
 import pytest
-from conftest import assert_released, fleet_doc
+from fleets import assert_released, fleet_doc
 from server_proc import ServerProcess, until
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc

@@ -4,7 +4,7 @@ the engine process (both call `intake.queue_is_full`)."""
 
 from __future__ import annotations
 
-from conftest import TEST_FLEET, fleet_doc
+from fleets import TEST_FLEET, fleet_doc
 
 from clients.conversation import Conversation, Turn
 from server.config import parse_fleet

@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 import pytest
-from conftest import assert_released
+from fleets import assert_released
 from server_proc import metric
 
 from clients.client import build_request

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 import jsonschema
 import pytest
-from conftest import assert_released
+from fleets import assert_released
 from server_proc import ServerProcess, metric
 
 from clients.client import AsyncClient

@@ -7,7 +7,7 @@ import re
 
 import jsonschema
 import pytest
-from conftest import assert_released
+from fleets import assert_released
 from structured_cases import CHOICES, REGEXES, SCHEMAS
 
 from doppelchip.v1 import inference_pb2 as pb

@@ -1,0 +1,46 @@
+"""The test fleet and the helpers tests share with it: imported by name (`from fleets import
+...`), never from conftest.py, which holds fixtures only (a conftest is imported as the module
+`conftest`, and a second one anywhere under tests/ would shadow the first for every test
+module collected after it)."""
+
+from __future__ import annotations
+
+from server_proc import released
+
+from server.config import parse_fleet
+
+# time_scale 0.05: an emulated second takes 50 ms of wall time.
+TEST_FLEET = {
+    "server": {"time_scale": 0.05, "default_deployment": "fast", "drain_grace_s": 5.0},
+    "deployments": [
+        # Llama 3.1 8B on an H100 with vLLM: ~6 ms per output token (0.3 ms of wall time).
+        {"name": "fast", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
+         "engine": "vllm", "max_model_len": 256},
+        # Llama 3.1 70B Q4 on an RTX 4090 box with llama.cpp offload: ~0.3 s per token (15 ms
+        # of wall time), for cancel/deadline/drain tests; one sequence at a time and a
+        # two-deep waiting queue for admission control.
+        {"name": "slow", "model": "llama-3.1-70b", "quant": "q4_k_m", "chip": "rtx-4090",
+         "engine": "llama.cpp", "max_num_seqs": 1, "max_waiting": 2},
+    ],
+}
+
+
+def fleet_doc(server: dict | None = None, deployments: list[dict] | None = None) -> dict:
+    """The test fleet's document with `server` keys overridden / other deployments."""
+    doc = {"server": {**TEST_FLEET["server"], **(server or {})},
+           "deployments": list(deployments or TEST_FLEET["deployments"])}
+    if deployments:
+        doc["server"].setdefault("default_deployment", deployments[0]["name"])
+        if doc["server"]["default_deployment"] not in {d["name"] for d in deployments}:
+            doc["server"]["default_deployment"] = deployments[0]["name"]
+    return doc
+
+
+def make_fleet(overrides: dict | None = None):
+    """The test fleet as a parsed FleetConfig (for tests of configuration, not serving)."""
+    return parse_fleet(fleet_doc(overrides), "test fleet")
+
+
+async def assert_released(client, name: str) -> None:
+    """Deployment `name` holds no request and no KV block (see server_proc.released)."""
+    await released(client, name)
