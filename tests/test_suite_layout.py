@@ -17,8 +17,12 @@ def conftest_imports(root: Path) -> list[str]:
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
             if any(n.split(".")[-1] == "conftest" for n in names):
                 found.append(f"{path.relative_to(root)}:{node.lineno}")
     return found
