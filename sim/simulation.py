@@ -166,6 +166,8 @@ FAULT_KEYS = ("failure_injection_rate", "failure_types", "failure_injection_seed
 
 
 MAX_THINK_S = 1e9  # ~32 years: a think time past it overflowed the emulated clock's sums
+MAX_SPAN_S = 1e9  # the arrivals' expected span: past it the emulated clock (a float of seconds)
+#                   cannot tell a request's arrival from its first token (ulp(1e300) >> 1 ms)
 
 
 def check_workload_args(args: argparse.Namespace) -> None:
@@ -173,6 +175,12 @@ def check_workload_args(args: argparse.Namespace) -> None:
     if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
         raise SimulationError(f"--duration must be a finite number of seconds > 0, got "
                               f"{args.duration:g}")
+    n = args.num_requests or 1
+    span = n / args.rate if args.rate > 0 else 0.0  # (a rate <= 0 is refused with the workload)
+    if span > MAX_SPAN_S:
+        raise SimulationError(f"--rate {args.rate:g} spreads {n} arrivals over ~{span:.3g} s of "
+                              f"emulated time, past {MAX_SPAN_S:g} s (~32 years): raise --rate "
+                              f"or lower --num-requests")
     if not (math.isfinite(args.think_time) and 0 <= args.think_time <= MAX_THINK_S):
         raise SimulationError(f"--think-time must be a number of seconds in [0, "
                               f"{MAX_THINK_S:g}], got {args.think_time:g}")

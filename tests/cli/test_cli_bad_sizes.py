@@ -27,13 +27,17 @@ def test_lengths_past_any_context_are_refused_not_drawn(capsys: pytest.CaptureFi
     assert all("greater than the derived max_model_len" in p["why"] for p in out["pruned"])
 
 
-@pytest.mark.parametrize(("argv", "says"), [  # each was a MemoryError or OverflowError
+@pytest.mark.parametrize(("argv", "says"), [  # a MemoryError, an OverflowError, nonsense
     (["--workload", "shared-prefix", "--system-prompt-len", str(10**9)], "the shared prefixes"),
     (["--workload", "shared-prefix", "--num-prefixes", str(10**9)], "the shared prefixes"),
     (["--workload", "multi-turn", "--turns", str(10**9)], "a conversation of 1000000000 turns"),
     (["--workload", "multi-turn", "--think-time", "1e308"], "--think-time must be"),
+    # arrivals 1e300 s apart: a report of durations of 1e301 s and a TTFT p50 of 0.00 (the
+    # arrival plus a prefill's milliseconds rounds back to the arrival at 1e300)
+    (["--rate", "1e-300"], "--rate 1e-300 spreads 3 arrivals over ~3e+300 s"),
+    (["--rate", "1e-9"], "past 1e+09 s"),
 ])
-def test_sizes_that_ran_out_of_memory_are_refused(capsys: pytest.CaptureFixture[str],
+def test_sizes_past_what_a_run_can_hold_are_refused(capsys: pytest.CaptureFixture[str],
                                                   argv: list[str], says: str):
     assert says in usage_error(capsys, [*SIM, *argv, "--num-requests", "3"])
 
