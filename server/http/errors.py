@@ -11,7 +11,7 @@ admission-control overload answers **429** (issue 12), where vLLM 0.33.0 answers
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 
 import msgspec
@@ -98,11 +98,13 @@ def _param_of(message: str) -> str | None:
     return None
 
 
-def error_response(e: HttpError, request_id: str | None = None) -> Response:
-    """The JSON error answer (with `X-Request-Id` when the request has one)."""
+def error_response(e: HttpError, request_id: str | None = None,
+                   body: Callable[[HttpError], dict] = HttpError.body) -> Response:
+    """The JSON error answer (with `X-Request-Id` when the request has one); `body` writes it
+    (the Messages API has its own: `server.http.messages.error_body`)."""
     headers = {"X-Request-Id": request_ids.metadata_value(request_id)} if request_id else None
-    return Response(e.json(), status_code=e.status, media_type="application/json",
-                    headers=headers)
+    return Response(msgspec.json.encode(body(e)), status_code=e.status,
+                    media_type="application/json", headers=headers)
 
 
 # pydantic's union-branch and wrapper markers in an error's `loc`, which vLLM leaves out of

@@ -24,11 +24,27 @@ from server.engine.interface import EngineError, EngineRequest, Finish, TokenChu
 from server.frontend import parallel
 from server.frontend.deployment import DeploymentClient
 from server.frontend.stream import RequestStream, StreamCut, StreamFailed
-from server.http.errors import bad_request, engine_failed, from_engine
+from server.http.errors import HttpError, bad_request, engine_failed, from_engine
 
 log = logging.getLogger("doppelchip.http")
 
 _json = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How an answer's stream events are written and its errors answered. OpenAI's (`OPENAI`):
+    `data:` lines closed by `data: [DONE]`, errors as `{"error": …}`; the Messages API's
+    (`server.http.messages.FRAMING`): named events with no closing line, its own error body."""
+
+    event: Callable[[dict], bytes]
+    stream_error: Callable[[HttpError], bytes]  # an engine failure in the middle of a stream
+    done: bytes  # after the last event
+    error_body: Callable[[HttpError], dict]  # a JSON answer's error
+
+
+OPENAI = Framing(lambda e: b"data: " + _json.encode(e) + b"\n\n",
+                 lambda e: b"data: " + e.json() + b"\n\n", b"data: [DONE]\n\n", HttpError.body)
 
 
 @dataclass
@@ -152,29 +168,31 @@ async def _disconnected(request: Request) -> None:
 Chunker = Callable[[Choice, TokenChunk], list[dict]]
 
 
-async def sse(run: Run, chunks: Chunker, head: list[dict], tail: Callable[[], list[dict]]
-              ) -> AsyncIterator[bytes]:
+async def sse(run: Run, chunks: Chunker, head: list[dict], tail: Callable[[], list[dict]],
+              framing: Framing = OPENAI) -> AsyncIterator[bytes]:
     """Server-sent events: `head` events, then `chunks(choice, chunk)` per engine chunk, then
-    `tail()` (e.g. the usage chunk), then `data: [DONE]`. An engine failure becomes an error
-    event. The generator's `finally` aborts what is still running."""
+    `tail()` (e.g. the usage chunk), then `framing.done` (`data: [DONE]`). An engine failure
+    becomes an error event. The generator's `finally` aborts what is still running."""
+    event = framing.event
     try:
-        for event in head:
-            yield b"data: " + _json.encode(event) + b"\n\n"
+        for e in head:
+            yield event(e)
         async with contextlib.aclosing(parallel.merged(run.streams)) as merged:
             async for i, chunk in merged:
                 choice = run.choices[i]
                 choice.add(chunk)
-                for event in chunks(choice, chunk):
-                    yield b"data: " + _json.encode(event) + b"\n\n"
-        for event in tail():
-            yield b"data: " + _json.encode(event) + b"\n\n"
+                for e in chunks(choice, chunk):
+                    yield event(e)
+        for e in tail():
+            yield event(e)
     except StreamCut:  # fault injection: the connection is cut, no [DONE] (issue 13)
         raise
     except StreamFailed as e:
-        yield b"data: " + engine_failed(str(e)).json() + b"\n\n"
+        yield framing.stream_error(engine_failed(str(e)))
     finally:
         run.abort()
-    yield b"data: [DONE]\n\n"
+    if framing.done:
+        yield framing.done
 
 
 async def admitted(client: DeploymentClient, prompts: list[EngineRequest], n: int,

@@ -160,7 +160,7 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
     @app.post("/v1/completions")
     async def create_completion(request: Request) -> Response:
         body = await parse(request, CompletionRequest)
-        return await _counted(state.load(), _completion(request, body))
+        return await counted(state.load(), _completion(request, body))
 
     async def _completion(request: Request, body: CompletionRequest) -> Response:
         rid = request_id(request, body.request_id)
@@ -178,37 +178,45 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
             return error_response(e, rid)
         shapes = completions.CompletionShapes(body, run, f"cmpl-{rid}", name, state.tokenizer,
                                               ids)
-        return await _answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
-                             [], shapes.tail, rid)
+        return await answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
+                            [], shapes.tail, rid)
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(request: Request) -> Response:
         body = await parse(request, ChatCompletionRequest)
-        return await _counted(state.load(), _chat_completion(request, body))
+        return await counted(state.load(), _chat_completion(request, body))
 
     async def _chat_completion(request: Request, body: ChatCompletionRequest) -> Response:
         rid = request_id(request, body.request_id)
         try:
-            checked_id(rid)
-            if state.draining:
-                raise draining()
-            client, name = resolve(state, body.model)
-            plan = tools.plan(body)
-            ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
-            req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan,
-                                         client.limits.max_model_len)
-            req = lora_tag(client, body.model, req)  # --- LoRA (issue 13) ---
-            run = await generate.admitted(client, [req], n, rid)
+            run, shapes = await start_chat(state, rid, body)
         except HttpError as e:
             return error_response(e, rid)
-        shapes = chat.ChatShapes(body, run, f"chatcmpl-{rid}", name, state.tokenizer, plan,
-                                 list(req.prompt_token_ids or ()))
         head = shapes.head() if body.stream else []
-        return await _answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
-                             head, shapes.tail, rid)
+        return await answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
+                            head, shapes.tail, rid)
 
 
-async def _counted(load: InFlight, answer: Awaitable[Response]) -> Response:
+async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest
+                     ) -> tuple[generate.Run, chat.ChatShapes]:
+    """A chat request admitted to its deployment (or its HttpError): the run and the shapes
+    of its answer. `/v1/chat/completions` and `/v1/messages` (`server.http.messages_routes`)
+    both start here."""
+    checked_id(rid)
+    if state.draining:
+        raise draining()
+    client, name = resolve(state, body.model)
+    plan = tools.plan(body)
+    ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
+    req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan,
+                                 client.limits.max_model_len)
+    req = lora_tag(client, body.model, req)  # --- LoRA (issue 13) ---
+    run = await generate.admitted(client, [req], n, rid)
+    return run, chat.ChatShapes(body, run, f"chatcmpl-{rid}", name, state.tokenizer, plan,
+                                list(req.prompt_token_ids or ()))
+
+
+async def counted(load: InFlight, answer: Awaitable[Response]) -> Response:
     """vLLM's `load_aware_call` (--enable-server-load-tracking): the request counts in
     `server_load` until its response has been sent — a stream's last event, a JSON answer's
     bytes — or abandoned (the client gone, before or during the body)."""
@@ -237,17 +245,19 @@ class Counted(Response):
             await self.background()
 
 
-async def _answer(request: Request, run: generate.Run, stream: bool, response, chunks,
-                  head: list[dict], tail, rid: str) -> Response:
+async def answer(request: Request, run: generate.Run, stream: bool, response, chunks,
+                 head: list[dict], tail, rid: str,
+                 framing: generate.Framing = generate.OPENAI) -> Response:
+    """The run's answer: streamed (`framing` writes the events) or collected into `response()`
+    (an error in `framing`'s error shape)."""
     headers = {"X-Request-Id": request_ids.metadata_value(rid)}
     if stream:
-        return StreamingResponse(generate.sse(run, chunks, head, tail),
+        return StreamingResponse(generate.sse(run, chunks, head, tail, framing),
                                  media_type="text/event-stream",
                                  headers={**SSE_HEADERS, **headers})
     try:
         await generate.collect(run, request)
     except HttpError as e:
-        return error_response(e, rid)
+        return error_response(e, rid, framing.error_body)
     return Response(generate.encode(response()), media_type="application/json",
                     headers=headers)
-

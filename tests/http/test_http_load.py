@@ -1,5 +1,5 @@
-"""vLLM's GET /load: `{"server_load": N}`, the completions and chat requests one front end has
-in flight, counted only with --enable-server-load-tracking (0 without, as vLLM)."""
+"""vLLM's GET /load: `{"server_load": N}`, the completions, chat and Messages requests one front
+end has in flight, counted only with --enable-server-load-tracking (0 without, as vLLM)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from clients.client import AsyncClient
 
 SLOW = {"model": "llama-3.1-70b", "max_tokens": 2000, "ignore_eos": True}  # ~30 s of wall time
 CHAT = {"messages": [{"role": "user", "content": "wait"}], "stream": True, **SLOW}
+MESSAGE = {"model": "llama-3.1-70b", "max_tokens": 2000, "stream": True,  # Anthropic's API
+           "messages": [{"role": "user", "content": "wait"}]}
 
 
 async def load(h: httpx.AsyncClient) -> int:
@@ -32,12 +34,13 @@ async def until_load(h: httpx.AsyncClient, n: int) -> None:
 
 
 async def test_load_counts_requests_in_flight_until_their_response_ends():
-    """Two streams (one running, one queued behind it on a one-sequence deployment) count 2
+    """Three streams (one running, two queued behind it on a one-sequence deployment) count 3
     from when their headers arrive; a refused request leaves nothing counted; a stream whose
     client leaves stops counting, as does a non-streaming request whose client leaves."""
     with ServerProcess(fleet_doc({"api_server_count": 1}), "--enable-server-load-tracking"
                        ) as server:
-        async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as h:
+        async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as h, \
+                AsyncClient(server.target) as client:
             assert await load(h) == 0
             one = await h.send(h.build_request("POST", "/v1/completions", json={
                 "prompt": "hold", "stream": True, **SLOW}), stream=True)
@@ -45,22 +48,28 @@ async def test_load_counts_requests_in_flight_until_their_response_ends():
             await first_data(kept)
             two = await h.send(h.build_request("POST", "/v1/chat/completions", json=CHAT),
                                stream=True)
-            assert await load(h) == 2  # both handlers have answered their headers
+            three = await h.send(h.build_request("POST", "/v1/messages", json=MESSAGE),
+                                 stream=True)
+            assert await load(h) == 3  # the three handlers have answered their headers
             bad = await h.post("/v1/completions", json={"prompt": "x", "temperature": -1,
                                                         **SLOW})
             assert bad.status_code == 400
+            await until_load(h, 3)
+            await three.aclose()  # (first: it has no ignore_eos, and could end by itself)
             await until_load(h, 2)
             await one.aclose()
             await until_load(h, 1)
             await two.aclose()
             await until_load(h, 0)
             del kept
+            # the aborts reach the engine after the responses end: wait for its queue to
+            # empty, or the next request may find it full (max_waiting 2) and get a 429
+            await assert_released(client, "slow")
             waiting = asyncio.create_task(h.post("/v1/completions", json={"prompt": "w",
                                                                           **SLOW}))
             await until_load(h, 1)
             waiting.cancel()  # the client hangs up on a non-streaming request
             await until_load(h, 0)
-        async with AsyncClient(server.target) as client:
             await assert_released(client, "slow")
 
 
