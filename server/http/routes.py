@@ -216,12 +216,12 @@ async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest
                                 list(req.prompt_token_ids or ()))
 
 
-async def counted(load: InFlight, answer: Awaitable[Response]) -> Response:
+async def counted(load: InFlight, answering: Awaitable[Response]) -> Response:
     """vLLM's `load_aware_call` (--enable-server-load-tracking): the request counts in
     `server_load` until its response has been sent — a stream's last event, a JSON answer's
     bytes — or abandoned (the client gone, before or during the body)."""
     try:
-        response = await answer
+        response = await answering
     except BaseException:
         load.done()
         raise

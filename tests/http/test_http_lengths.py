@@ -4,23 +4,14 @@ refused; what cannot fit at all is a 400 with vLLM's message and `param`."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import httpx
 import pytest
 from fleets import assert_released
-from http_helpers import TOK, http_client, stream_events
+from http_helpers import TOK, stream_events
 
 from server.http.errors import HttpError
 from server.http.lengths import check_requested, fit_prompt, output_budget
 
 MODEL, CTX = "llama-3.1-8b", 256  # the test fleet's "fast" deployment and its context
-
-
-@pytest.fixture
-async def http(server) -> AsyncIterator[httpx.AsyncClient]:
-    async with http_client(server) as c:
-        yield c
 
 
 def error(fn, *args, **kw) -> HttpError:

@@ -9,12 +9,10 @@ import json
 from collections.abc import AsyncIterator
 
 import anthropic
-import httpx
 import jsonschema
 import openai
 import pytest
 from fleets import assert_released
-from http_helpers import http_client, openai_client
 
 MODEL = "llama-3.1-8b"  # the test fleet's default deployment ("fast") serves it
 SYSTEM = "You answer briefly."
@@ -28,18 +26,6 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city",
 async def claude(server) -> AsyncIterator[anthropic.AsyncAnthropic]:
     async with anthropic.AsyncAnthropic(base_url=server.http_url, api_key="none",
                                         max_retries=0, timeout=30) as c:
-        yield c
-
-
-@pytest.fixture
-async def oai(server) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai_client(server) as c:
-        yield c
-
-
-@pytest.fixture
-async def http(server) -> AsyncIterator[httpx.AsyncClient]:
-    async with http_client(server) as c:
         yield c
 
 

@@ -3,27 +3,10 @@ and not, exact usage, prefix-cache hits in `prompt_tokens_details`, n > 1."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import httpx
-import openai
-import pytest
 from fleets import assert_released
-from http_helpers import TOK, http_client, openai_client, retokenized
+from http_helpers import TOK, retokenized
 
 MODEL = "llama-3.1-8b"  # the test fleet's default deployment ("fast") serves it
-
-
-@pytest.fixture
-async def oai(server) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai_client(server) as c:
-        yield c
-
-
-@pytest.fixture
-async def http(server) -> AsyncIterator[httpx.AsyncClient]:
-    async with http_client(server) as c:
-        yield c
 
 
 async def tokens_of(http, **body) -> int:

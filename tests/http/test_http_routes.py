@@ -5,21 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 from fleets import assert_released
-from http_helpers import TOK, http_client, stream_events
+from http_helpers import TOK, stream_events
 from server_proc import metric
 
 ERROR_KEYS = {"message", "type", "param", "code"}
-
-
-@pytest.fixture
-async def http(server) -> AsyncIterator[httpx.AsyncClient]:
-    async with http_client(server) as c:
-        yield c
 
 
 def error_of(r: httpx.Response, status: int) -> dict:

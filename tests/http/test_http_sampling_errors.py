@@ -11,11 +11,8 @@ left the tail out, wrote its own top_k wording and one temperature message for t
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
 
-import httpx
 import pytest
-from http_helpers import http_client
 
 from server.http.errors import HttpError
 from server.http.lengths import output_budget
@@ -89,12 +86,6 @@ def test_the_clamped_budget_is_checked_as_sampling_params_checks_it():
         output_budget(16, 10, 20, min_tokens=15)
     assert e.value.body()["error"] == bad(
         "min_tokens must be less than or equal to max_tokens=10, got 15.")
-
-
-@pytest.fixture
-async def http(server) -> AsyncIterator[httpx.AsyncClient]:
-    async with http_client(server) as c:
-        yield c
 
 
 @pytest.mark.parametrize(("path", "base"), [("/v1/completions", {"prompt": "x"}),

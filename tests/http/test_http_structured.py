@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
 
-import httpx
 import jsonschema
-import openai
 import pytest
 from fleets import assert_released
-from http_helpers import http_client, openai_client, stream_events
+from http_helpers import stream_events
 
 MODEL = "llama-3.1-8b"
 PERSON = {"type": "object",
@@ -32,18 +29,6 @@ TIME = {"type": "function", "function": {
                                                                "maxLength": 8}},
                                        "required": ["zone"]}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-@pytest.fixture
-async def oai(server) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai_client(server) as c:
-        yield c
-
-
-@pytest.fixture
-async def http(server) -> AsyncIterator[httpx.AsyncClient]:
-    async with http_client(server) as c:
-        yield c
 
 
 @pytest.mark.parametrize("extra", [

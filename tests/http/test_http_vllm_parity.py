@@ -6,11 +6,10 @@ location), special tokens in /tokenize, /detokenize and echo, and the FastAPI do
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from http_helpers import TOK, http_client
+from http_helpers import TOK
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 MEDIA = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
@@ -24,12 +23,6 @@ JSON_ROUTES = {
     "/v1/load_lora_adapter": {"lora_name": "a", "lora_path": "/nowhere"},
     "/v1/unload_lora_adapter": {"lora_name": "a"},
 }
-
-
-@pytest.fixture
-async def http(server) -> AsyncIterator[httpx.AsyncClient]:
-    async with http_client(server) as c:
-        yield c
 
 
 def error_of(r: httpx.Response, status: int = 400) -> dict:

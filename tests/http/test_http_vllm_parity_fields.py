@@ -5,23 +5,16 @@ against the real server): `n`, `stream_interval`, `cache_salt`, `logprobs`, empt
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from http_helpers import TOK, http_client
+from http_helpers import TOK
 
 ASK = [{"role": "user", "content": "x"}]
 NO_CONSTRAINT = ("{'json': None, 'regex': None, 'choice': None, 'grammar': None, "
                  "'json_object': None, 'disable_any_whitespace': False, "
                  "'disable_additional_properties': False, 'whitespace_pattern': None, "
                  "'structural_tag': None")
-
-
-@pytest.fixture
-async def http(server) -> AsyncIterator[httpx.AsyncClient]:
-    async with http_client(server) as c:
-        yield c
 
 
 async def refused(http: httpx.AsyncClient, path: str, body: dict) -> dict:

@@ -5,11 +5,8 @@ when made), stream chunks carry the fields its serving code sets; `return_token_
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import httpx
 import pytest
-from http_helpers import TOK, http_client, stream_events
+from http_helpers import TOK, stream_events
 
 # vLLM 0.33.0's field order: completion/protocol.py, chat_completion/protocol.py,
 # serve/engine/protocol.py (UsageInfo, PromptTokenUsageInfo, ModelPermission)
@@ -31,12 +28,6 @@ PERMISSION = ["id", "object", "created", "allow_create_engine", "allow_sampling"
               "organization", "group", "is_blocking"]
 CHAT_BODY = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
              "ignore_eos": True}
-
-
-@pytest.fixture
-async def http(server) -> AsyncIterator[httpx.AsyncClient]:
-    async with http_client(server) as c:
-        yield c
 
 
 async def test_completion_is_vllms_model_dump(http):
