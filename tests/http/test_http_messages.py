@@ -69,6 +69,13 @@ async def test_the_stream_is_the_messages_events_in_order(claude, http, client):
     assert "".join(e.delta.text for e in events[2:-3]) == whole.content[0].text
     assert events[-2].delta.stop_reason == whole.stop_reason
     assert events[-2].usage.output_tokens == whole.usage.output_tokens
+    # the SDK's own accumulator (what agents read) rebuilds the same message from the events
+    async with claude.messages.stream(model=MODEL, system=SYSTEM, messages=ASK,
+                                      max_tokens=24) as helper:
+        final = await helper.get_final_message()
+    assert final.content[0].text == whole.content[0].text
+    assert (final.stop_reason, final.usage.output_tokens) == (whole.stop_reason,
+                                                              whole.usage.output_tokens)
     # the wire: each `data:` line follows the `event:` line naming its type
     async with http.stream("POST", "/v1/messages", json={
             "model": MODEL, "system": SYSTEM, "messages": ASK, "max_tokens": 5,
@@ -119,6 +126,12 @@ async def test_a_streamed_tool_call_arrives_as_input_json(claude, client):
     partial = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta")
     jsonschema.validate(json.loads(partial), WEATHER["input_schema"])
     assert events[-2].type == "message_delta"
+    async with claude.messages.stream(model=MODEL, messages=ASK, max_tokens=200,
+                                      tools=[WEATHER],
+                                      tool_choice={"type": "tool", "name": "get_weather"}) as h:
+        final = await h.get_final_message()  # the SDK parses the streamed arguments itself
+    assert [b.type for b in final.content] == ["tool_use"]
+    assert final.content[0].input == json.loads(partial)
     await assert_released(client, "fast")
 
 
