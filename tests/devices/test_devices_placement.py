@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from devices import (
@@ -114,17 +116,21 @@ def test_memory_bytes_per_tier():
     assert mem["unified"] == pytest.approx(8.03e9 * 0.5625 + 1000 * 131072, rel=0.01)
 
 
-def test_tensor_parallelism_must_divide_the_heads_where_the_engine_shards_them():
-    """vLLM, SGLang and TensorRT-LLM split attention heads over TP ranks (the catalogue's
-    `tp_divides_heads`): Llama 3.1 8B's 32 heads take TP 1, 2, 4, 8 … not 3 or 6; an engine
-    without the trait (JetStream's XLA sharding here) places TP 3."""
-    for engine in ("vllm", "sglang"):
+def test_tensor_parallelism_must_divide_the_heads_where_the_engine_shards_them(monkeypatch):
+    """vLLM, SGLang, TensorRT-LLM and JetStream (JAX shards an array's heads axis evenly
+    only) split attention heads over TP ranks (the catalogue's `tp_divides_heads`): Llama 3.1
+    8B's 32 heads take TP 1, 2, 4, 8 … not 3 or 6; an engine without the trait (llama.cpp's
+    row split, were it placed over GPUs here) would place TP 3: the trait decides, not the
+    engine's name."""
+    for engine, chip in (("vllm", "h100-sxm"), ("sglang", "h100-sxm"), ("jetstream", "tpu-v5e")):
         with pytest.raises(PlacementError, match=r"heads \(32\) must be divisible by tensor "
                                                  r"parallel size \(3\)"):
-            place(DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", engine, tp=3))
-        assert place(DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", engine, tp=4)).chips == 4
-    assert not catalog.get_engine("jetstream").tp_divides_heads
-    assert place(DeploymentSpec("llama-3.1-8b", "bf16", "tpu-v5e", "jetstream", tp=3)).chips == 3
+            place(DeploymentSpec("llama-3.1-8b", "bf16", chip, engine, tp=3))
+        assert place(DeploymentSpec("llama-3.1-8b", "bf16", chip, engine, tp=4)).chips == 4
+    get_engine, vllm = catalog.get_engine, catalog.get_engine("vllm")
+    monkeypatch.setattr(catalog, "get_engine", lambda name: dataclasses.replace(
+        vllm, tp_divides_heads=False) if name == "vllm" else get_engine(name))
+    assert place(DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", "vllm", tp=3)).chips == 3
 
 
 def test_a_max_model_len_past_the_models_context_is_refused_as_vllm_refuses_it():
