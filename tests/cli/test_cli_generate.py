@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fleets import TEST_FLEET, fleet_doc
 from server_proc import ServerProcess, free_run, metric
 
 from clients.generate import Progress, summary_line
@@ -26,19 +27,16 @@ from server.engine.tokenizer import get_tokenizer
 
 CLI = [sys.executable, "-m", "doppelchip.cli"]
 
-FLEET = {
-    "server": {"time_scale": 0.05, "default_deployment": "fast", "drain_grace_s": 5.0},
-    "deployments": [
-        {"name": "fast", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
-         "engine": "vllm", "max_model_len": 256},
-        # ~0.3 emulated s per token (15 ms of wall time): streams long enough to interrupt
-        {"name": "slow", "model": "llama-3.1-70b", "quant": "q4_k_m", "chip": "rtx-4090",
-         "engine": "llama.cpp", "max_num_seqs": 1},
-        # Llama 4 Scout's context (10M) holds a 140k-word prompt; FP8 on two H100s
-        {"name": "long", "model": "llama-4-scout", "quant": "fp8", "chip": "h100-sxm",
-         "engine": "vllm", "count": 2, "max_model_len": 200_000},
-    ],
-}
+FAST, SLOW = TEST_FLEET["deployments"]
+FLEET = fleet_doc(deployments=[
+    FAST,
+    # ~0.3 emulated s per token (15 ms of wall time): streams long enough to interrupt (no
+    # 2-deep waiting queue here: nothing is refused for admission)
+    {k: v for k, v in SLOW.items() if k != "max_waiting"},
+    # Llama 4 Scout's context (10M) holds a 140k-word prompt; FP8 on two H100s
+    {"name": "long", "model": "llama-4-scout", "quant": "fp8", "chip": "h100-sxm",
+     "engine": "vllm", "count": 2, "max_model_len": 200_000},
+])
 
 RATE = r"(?:[\d.]+|n/a) tokens/s"  # n/a: every token came in one chunk (nothing to time)
 SUMMARY = (r"(?m)^\[(?P<dep>[\w-]+)\] (?P<n>\d+) tokens, finish=(?P<finish>\w+), "
