@@ -35,6 +35,7 @@ from server.http.errors import HttpError, error_response, validation_error
 from server.http.kv_events import add_kv_event_routes
 from server.http.messages_routes import add_messages_routes
 from server.http.metrics import instrument
+from server.http.responses_routes import add_responses_routes
 from server.http.routes import add_routes
 from server.http.sleep import add_sleep_routes
 from server.http.state import HttpState
@@ -122,6 +123,7 @@ def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
     add_kv_event_routes(app, state)  # KV events (issue 13)
     add_sleep_routes(app, state)  # sleep mode (issue 13)
     add_messages_routes(app, state)  # Anthropic's Messages API (vLLM's /v1/messages)
+    add_responses_routes(app, state)  # OpenAI's Responses API (vLLM's /v1/responses)
     if keys:  # inside the metrics middleware: refused requests are counted (status 4xx)
         app.add_middleware(ApiKeyMiddleware, keys=keys, routes=lambda: app.router.routes)
     instrument(app)

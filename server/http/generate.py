@@ -43,6 +43,11 @@ class Framing:
     error_body: Callable[[HttpError], dict]  # a JSON answer's error
 
 
+def named_event(event: dict) -> bytes:
+    """A server-sent event named by its `type` (the Messages and Responses APIs' framing)."""
+    return f"event: {event['type']}\ndata: ".encode() + _json.encode(event) + b"\n\n"
+
+
 OPENAI = Framing(lambda e: b"data: " + _json.encode(e) + b"\n\n",
                  lambda e: b"data: " + e.json() + b"\n\n", b"data: [DONE]\n\n", HttpError.body)
 

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from server.http.errors import HttpError, bad_request
-from server.http.generate import Framing, encode
+from server.http.generate import Framing, named_event
 from server.http.messages_protocol import ContentBlock, CountTokensRequest, MessagesRequest
 from server.http.protocol import ChatCompletionRequest
 
@@ -182,14 +182,10 @@ def error_body(e: HttpError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": e.type, "message": e.message}}
 
 
-def _named_event(event: dict[str, Any]) -> bytes:
-    return f"event: {event['type']}\ndata: ".encode() + encode(event) + b"\n\n"
-
-
 def _stream_error(e: HttpError) -> bytes:
-    return _named_event({"type": "error", "error": {"type": "internal_error",
+    return named_event({"type": "error", "error": {"type": "internal_error",
                                                     "message": e.message}})
 
 
 # the Messages API's stream: named events, an `error` event on failure, no closing line
-FRAMING = Framing(_named_event, _stream_error, b"", error_body)
+FRAMING = Framing(named_event, _stream_error, b"", error_body)

@@ -1,0 +1,104 @@
+"""Unit tests of the Responses API's conversion into a chat request
+(`server.http.responses.to_chat`, vLLM's `construct_input_messages`) and of its stream's error
+event (`ResponseEvents.error` through `generate.sse`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server.engine.interface import TokenChunk
+from server.engine.tokenizer import get_tokenizer
+from server.frontend.stream import StreamFailed
+from server.http import tools
+from server.http.chat import ChatShapes
+from server.http.errors import HttpError
+from server.http.generate import Choice, Run, sse
+from server.http.responses import framing, to_chat
+from server.http.responses_protocol import ResponsesRequest
+from server.http.responses_stream import ResponseEvents
+
+CONTEXT = 4096
+
+
+def chat_of(**fields):
+    return to_chat(ResponsesRequest.model_validate({"model": "m", **fields}), CONTEXT)
+
+
+def test_items_become_vllms_chat_messages_in_order():
+    chat = chat_of(instructions="Be brief.", input=[
+        {"role": "developer", "content": "Use metric units."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather?"},
+                                     {"type": "input_image", "image_url": "data:x"}]},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "look it up"}]},
+        {"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"a":1}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ])
+    got = [m.model_dump(exclude_none=True) for m in chat.messages]
+    assert got == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "system", "content": "Use metric units."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather?"},
+                                     {"type": "image_url", "image_url": {"url": "data:x"}}]},
+        {"role": "assistant", "reasoning": "look it up"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "w", "arguments": '{"a":1}'}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+    ]
+    assert chat.add_generation_prompt and not chat.continue_final_message
+
+
+def test_encrypted_reasoning_is_refused_as_vllm_refuses_it():
+    with pytest.raises(HttpError) as e:
+        chat_of(input=[{"type": "reasoning", "summary": [], "encrypted_content": "xyz"}])
+    assert e.value.status == 400 and "Encrypted content" in e.value.message
+
+
+def test_tools_choices_and_budget_carry_over():
+    weather = {"type": "function", "name": "w", "parameters": {"type": "object"}}
+    named = chat_of(input="hi", tools=[weather], tool_choice={"type": "function", "name": "w"},
+                    max_output_tokens=10 * CONTEXT, parallel_tool_calls=False)
+    assert named.tools[0].function.name == "w"
+    assert named.tool_choice.function.name == "w" and named.parallel_tool_calls is False
+    assert named.max_tokens == CONTEXT  # clamped to the context, as vLLM clamps it
+    none = chat_of(input="hi", tools=[weather], tool_choice="none")
+    assert none.tools is None  # vLLM renders no tools for tool_choice "none"
+    streamed = chat_of(input="hi", stream=True, include=["message.output_text.logprobs"],
+                       top_logprobs=3)
+    assert streamed.stream and streamed.stream_options.include_usage
+    assert streamed.logprobs and streamed.top_logprobs == 3
+
+
+class _DyingStream:
+    """A request stream whose engine dies after one chunk."""
+
+    async def outputs(self):
+        yield TokenChunk(token_ids=(5,), text=" hi")
+        raise StreamFailed("engine process for deployment 'fast' died")
+
+
+class _Run(Run):
+    aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+async def test_an_engine_death_mid_stream_is_an_error_event_in_sequence():
+    req = ResponsesRequest.model_validate({"model": "m", "input": "hi", "stream": True})
+    chat = to_chat(req, CONTEXT)
+    run = _Run(None, [_DyingStream()], [Choice(0, 0, 0)], [3])  # type: ignore[arg-type]
+    shapes = ChatShapes(chat, run, "chatcmpl-x", "m", get_tokenizer(), tools.plan(chat), [1])
+    events = ResponseEvents(req, "x", shapes, CONTEXT)
+    out = [e async for e in sse(run, events.chunks, events.head(), events.tail,
+                                framing(events.error))]
+    lines = [e.decode().strip().split("\n") for e in out]
+    names = [name.removeprefix("event: ") for name, _ in lines]
+    assert names == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", "response.output_text.delta", "error"]
+    error = json.loads(lines[-1][1].removeprefix("data: "))
+    assert error == {"type": "error", "code": "InternalServerError",
+                     "message": "engine process for deployment 'fast' died", "param": None,
+                     "sequence_number": 5}  # numbered after the events before it
+    assert run.aborted
