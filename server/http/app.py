@@ -37,6 +37,7 @@ from server.http.messages_routes import add_messages_routes
 from server.http.metrics import instrument
 from server.http.responses_routes import add_responses_routes
 from server.http.routes import add_routes
+from server.http.sagemaker import add_sagemaker_routes
 from server.http.sleep import add_sleep_routes
 from server.http.state import HttpState
 
@@ -124,6 +125,7 @@ def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
     add_sleep_routes(app, state)  # sleep mode (issue 13)
     add_messages_routes(app, state)  # Anthropic's Messages API (vLLM's /v1/messages)
     add_responses_routes(app, state)  # OpenAI's Responses API (vLLM's /v1/responses)
+    add_sagemaker_routes(app, state)  # SageMaker's /invocations (vLLM's)
     if keys:  # inside the metrics middleware: refused requests are counted (status 4xx)
         app.add_middleware(ApiKeyMiddleware, keys=keys, routes=lambda: app.router.routes)
     instrument(app)

@@ -160,41 +160,45 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
     @app.post("/v1/completions")
     async def create_completion(request: Request) -> Response:
         body = await parse(request, CompletionRequest)
-        return await counted(state.load(), _completion(request, body))
-
-    async def _completion(request: Request, body: CompletionRequest) -> Response:
-        rid = request_id(request, body.request_id)
-        try:
-            checked_id(rid)
-            if state.draining:
-                raise draining()
-            client, name = resolve(state, body.model)
-            ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
-            reqs, n = completions.engine_requests(body, engine_id(f"cmpl-{rid}"), ids,
-                                                  client.limits.max_model_len)
-            reqs = [lora_tag(client, body.model, r) for r in reqs]  # --- LoRA (issue 13) ---
-            run = await generate.admitted(client, reqs, n, rid)
-        except HttpError as e:
-            return error_response(e, rid)
-        shapes = completions.CompletionShapes(body, run, f"cmpl-{rid}", name, state.tokenizer,
-                                              ids)
-        return await answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
-                            [], shapes.tail, rid)
+        return await counted(state.load(), completion(state, request, body))
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(request: Request) -> Response:
         body = await parse(request, ChatCompletionRequest)
-        return await counted(state.load(), _chat_completion(request, body))
+        return await counted(state.load(), chat_completion(state, request, body))
 
-    async def _chat_completion(request: Request, body: ChatCompletionRequest) -> Response:
-        rid = request_id(request, body.request_id)
-        try:
-            run, shapes = await start_chat(state, rid, body)
-        except HttpError as e:
-            return error_response(e, rid)
-        head = shapes.head() if body.stream else []
-        return await answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
-                            head, shapes.tail, rid)
+
+async def completion(state: HttpState, request: Request, body: CompletionRequest) -> Response:
+    """A completions request's answer (`/v1/completions`, and `/invocations`'s)."""
+    rid = request_id(request, body.request_id)
+    try:
+        checked_id(rid)
+        if state.draining:
+            raise draining()
+        client, name = resolve(state, body.model)
+        ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
+        reqs, n = completions.engine_requests(body, engine_id(f"cmpl-{rid}"), ids,
+                                              client.limits.max_model_len)
+        reqs = [lora_tag(client, body.model, r) for r in reqs]  # --- LoRA (issue 13) ---
+        run = await generate.admitted(client, reqs, n, rid)
+    except HttpError as e:
+        return error_response(e, rid)
+    shapes = completions.CompletionShapes(body, run, f"cmpl-{rid}", name, state.tokenizer, ids)
+    return await answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
+                        [], shapes.tail, rid)
+
+
+async def chat_completion(state: HttpState, request: Request, body: ChatCompletionRequest
+                          ) -> Response:
+    """A chat request's answer (`/v1/chat/completions`, and `/invocations`'s)."""
+    rid = request_id(request, body.request_id)
+    try:
+        run, shapes = await start_chat(state, rid, body)
+    except HttpError as e:
+        return error_response(e, rid)
+    head = shapes.head() if body.stream else []
+    return await answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
+                        head, shapes.tail, rid)
 
 
 async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest

@@ -1,6 +1,6 @@
-"""vLLM's GET /load: `{"server_load": N}`, the completions, chat, Messages and Responses
-requests one front end has in flight, counted only with --enable-server-load-tracking (0
-without, as vLLM)."""
+"""vLLM's GET /load: `{"server_load": N}`, the completions, chat, Messages, Responses and
+/invocations requests one front end has in flight, counted only with
+--enable-server-load-tracking (0 without, as vLLM)."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ async def until_load(h: httpx.AsyncClient, n: int) -> None:
 async def test_load_counts_requests_in_flight_until_their_response_ends():
     """Three streams (one running, two queued behind it on a one-sequence deployment) count 3
     from when their headers arrive; a refused request leaves nothing counted; a stream whose
-    client leaves stops counting (a Responses stream too), as does a non-streaming request
-    whose client leaves."""
+    client leaves stops counting (a Responses stream and an /invocations one too), as does a
+    non-streaming request whose client leaves."""
     with ServerProcess(fleet_doc({"api_server_count": 1}), "--enable-server-load-tracking"
                        ) as server:
         async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as h, \
@@ -69,11 +69,13 @@ async def test_load_counts_requests_in_flight_until_their_response_ends():
             # the aborts reach the engine after the responses end: wait for its queue to
             # empty, or the next request may find it full (max_waiting 2) and get a 429
             await assert_released(client, "slow")
-            four = await h.send(h.build_request("POST", "/v1/responses", json=RESPONSE),
-                                stream=True)
-            assert await load(h) == 1
-            await four.aclose()
-            await until_load(h, 0)
+            for path, body in (("/v1/responses", RESPONSE),
+                               ("/invocations", {"prompt": "hold", "stream": True, **SLOW})):
+                four = await h.send(h.build_request("POST", path, json=body), stream=True)
+                assert await load(h) == 1, path
+                await four.aclose()
+                await until_load(h, 0)
+                await assert_released(client, "slow")
             await assert_released(client, "slow")
             waiting = asyncio.create_task(h.post("/v1/completions", json={"prompt": "w",
                                                                           **SLOW}))

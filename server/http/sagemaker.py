@@ -1,0 +1,55 @@
+"""SageMaker's inference route as vLLM serves it (`vllm/entrypoints/sagemaker/api_router.py`):
+`POST /invocations` takes any generation body and answers it as the route whose request it is —
+a chat request first, then a completions request (vLLM's `INVOCATION_TYPES` order for a
+generating model) — so a SageMaker-style container test (`/ping` + `/invocations`) runs against
+a doppelchip pod as against a vLLM pod.
+
+As vLLM: the body must be `application/json` (the same 400 as every route's); bad JSON is a 400
+"JSON decode error: …"; a body that validates as neither is a 400 "Cannot find suitable handler
+for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']"; a vLLM check
+inside a request's own validation (`server.http.prechecks`: say `stream_options` without
+`stream`, or a body with no `prompt` that was not chat) is that request's 400, not a
+fall-through, since vLLM's `VLLMValidationError` is no pydantic error; the
+`X-Amzn-SageMaker-Adapter-Identifier` header names the model (a LoRA adapter,
+`inject_adapter_id`); the request counts in `/load` like the route it becomes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import FastAPI
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from server.http.body import UNSUPPORTED_MEDIA, media_type_ok
+from server.http.errors import HttpError, bad_request, validation_error
+from server.http.protocol import ChatCompletionRequest, CompletionRequest
+from server.http.routes import chat_completion, completion, counted
+from server.http.state import HttpState
+
+ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
+_HANDLERS = ((ChatCompletionRequest, chat_completion), (CompletionRequest, completion))
+
+
+def add_sagemaker_routes(app: FastAPI, state: HttpState) -> None:
+    @app.post("/invocations")
+    async def invocations(request: Request) -> Response:
+        if not media_type_ok(request.headers.get("content-type", "")):
+            raise validation_error([UNSUPPORTED_MEDIA])
+        try:
+            body = json.loads(await request.body())
+        except ValueError as e:
+            raise HttpError(400, f"JSON decode error: {e}") from None
+        adapter = request.headers.get(ADAPTER_HEADER)
+        if adapter and isinstance(body, dict):
+            body = {**body, "model": adapter}
+        for model, handler in _HANDLERS:
+            try:
+                req = model.model_validate(body)
+            except ValidationError:
+                continue
+            return await counted(state.load(), handler(state, request, req))
+        names = [m.__name__ for m, _ in _HANDLERS]
+        raise bad_request(f"Cannot find suitable handler for request. Expected one of: {names}")
