@@ -36,6 +36,7 @@ from server.frontend.stats import FrontendStats
 from server.grpc_server import add_port, build_server
 from server.http.app import build_app
 from server.http.metrics import enable_multiprocess
+from server.http.responses_store import ResponseStore
 from server.http.server import HttpServer, ListenerOptions
 from server.http.state import HttpState
 from server.ipc.messages import DeploymentInfo
@@ -100,7 +101,8 @@ class FrontendApp:
                                    cfg.show_hidden_metrics_for_version == "0.10", cfg.pod)
         self.http_state = HttpState(self.fleet, tokenizer,
                                     MetricsView(collector, run_dir.prometheus_dir()),
-                                    load_tracking=cfg.enable_server_load_tracking)
+                                    load_tracking=cfg.enable_server_load_tracking,
+                                    responses=ResponseStore.from_env())
         # Always SO_REUSEPORT: the supervisor holds a reserved socket on the HTTP port.
         self.http = HttpServer(build_app(self.http_state, ApiKeys(cfg.api_key)), cfg.host,
                                http_port, reuse_port=True, options=ListenerOptions.of(cfg))

@@ -43,8 +43,8 @@ def toml_text(doc: dict[str, Any]) -> str:
 
 class ServerProcess:
     def __init__(self, doc: dict[str, Any] | None = None, *extra: str,
-                 check_integrity: bool = True) -> None:
-        self.doc, self.extra = doc, list(extra)
+                 check_integrity: bool = True, env: dict[str, str] | None = None) -> None:
+        self.doc, self.extra, self.env = doc, list(extra), env or {}
         self.check_integrity = check_integrity
         self.lines: list[str] = []
         self._cond = threading.Condition()
@@ -68,7 +68,7 @@ class ServerProcess:
             cmd.append("--check-integrity")
         self.proc = subprocess.Popen(cmd + self.extra, cwd=ROOT, stderr=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         threading.Thread(target=self._read, daemon=True).start()
         pattern = (r"listening on 127\.0\.0\.1:(\d+) \((?:HTTP and )?metrics on "
                    r"127\.0\.0\.1:(\d+)\)")

@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -37,9 +38,9 @@ class Framing:
     `data:` lines closed by `data: [DONE]`, errors as `{"error": …}`; the Messages API's
     (`server.http.messages.FRAMING`): named events with no closing line, its own error body."""
 
-    event: Callable[[dict], bytes]
-    stream_error: Callable[[HttpError], bytes]  # an engine failure in the middle of a stream
-    done: bytes  # after the last event
+    event: Callable[[dict], Any]  # bytes on the wire (a background run keeps the dicts)
+    stream_error: Callable[[HttpError], Any]  # an engine failure in the middle of a stream
+    done: bytes  # after the last event (none if empty)
     error_body: Callable[[HttpError], dict]  # a JSON answer's error
 
 
@@ -132,10 +133,11 @@ async def start(client: DeploymentClient, prompts: list[EngineRequest], n: int,
     return Run(client, streams, choices, lens)
 
 
-async def collect(run: Run, request: Request) -> None:
+async def collect(run: Run, request: Request | None) -> None:
     """Every choice to its end; raises HttpError 500 if the engine died. A client that
     disconnects first cancels the collection (the request is aborted) and gets, as vLLM
-    answers it, a 400 "Client disconnected" that nobody reads."""
+    answers it, a 400 "Client disconnected" that nobody reads. No `request`: nobody waits
+    (a background response), so nothing is watched."""
     for stream in run.streams:  # stream cuts (issue 13) cut streamed responses only
         stream.cut = None
 
@@ -145,7 +147,8 @@ async def collect(run: Run, request: Request) -> None:
                 run.choices[i].add(chunk)
 
     work = asyncio.ensure_future(gather())
-    watch = asyncio.ensure_future(_disconnected(request))
+    watch = asyncio.ensure_future(_disconnected(request) if request is not None
+                                  else asyncio.Event().wait())
     try:
         await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
         if not work.done():

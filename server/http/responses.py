@@ -1,11 +1,13 @@
-"""OpenAI's Responses API over the chat machinery, as vLLM serves it without a response store
-(`vllm/entrypoints/openai/responses/`; `VLLM_ENABLE_RESPONSES_API_STORE` unset, its default):
+"""OpenAI's Responses API over the chat machinery, as vLLM serves it for a plain (not gpt-oss)
+model (`vllm/entrypoints/openai/responses/`; its optional store: `responses_store.py`):
 a `/v1/responses` request becomes a chat request (`to_chat`), runs as one
 (`routes.start_chat`), and its answer is rewritten — a chat completion into a response
 (`response`), a chat stream into the Responses API's events (`ResponseEvents`). docs/HTTP.md
 lists where this differs from vLLM.
 
-1. `to_chat`: `instructions` as the system message, then the input (a string is one user
+1. `to_chat`: `instructions` as the system message, then the stored conversation a
+   `previous_response_id` continues (with `VLLM_ENABLE_RESPONSES_API_STORE=1`:
+   `responses_store.py`), then the input (a string is one user
    message; items in order: messages, an earlier `function_call` as the assistant's tool call,
    a `function_call_output` as a `tool` message, a `reasoning` item as the assistant's
    reasoning), as vLLM's `construct_input_messages`; a last assistant message left
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -43,10 +46,13 @@ from server.http.responses_protocol import (
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def to_chat(req: ResponsesRequest, max_model_len: int) -> ChatCompletionRequest:
+def to_chat(req: ResponsesRequest, max_model_len: int,
+            history: Sequence[dict[str, Any]] = ()) -> ChatCompletionRequest:
     """The chat request vLLM makes of a Responses request (a 400 if chat refuses it; a 501
-    for `json_object`, which vLLM does not implement)."""
+    for `json_object`, which vLLM does not implement); `history`: the stored conversation a
+    `previous_response_id` continues (`ResponseStore.history`), after the instructions."""
     messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    messages += list(history)
     if isinstance(req.input, str):
         messages.append({"role": "user", "content": req.input})
     else:

@@ -16,6 +16,7 @@ Every event has its `sequence_number`, from 0.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from server.engine.interface import TokenChunk
@@ -39,11 +40,12 @@ Event = dict[str, Any]
 
 class ResponseEvents:
     """`head` / `chunks` / `tail` of a streamed `/v1/responses` answer (`generate.sse`'s
-    arguments), over the chat request's `ChatShapes`; `error` is its stream's error event."""
+    arguments), over the chat request's `ChatShapes`; `error` is its stream's error event;
+    `on_done` gets the final response (to store it)."""
 
     def __init__(self, req: ResponsesRequest, rid: str, shapes: ChatShapes,
-                 max_model_len: int) -> None:
-        self.req, self.rid, self.shapes = req, rid, shapes
+                 max_model_len: int, on_done: Callable[[Event], None] | None = None) -> None:
+        self.req, self.rid, self.shapes, self.on_done = req, rid, shapes, on_done
         self.created = int(time.time())
         self.max_tokens = budget(req, shapes.run.prompt_lens[0], max_model_len)
         self.seq = 0
@@ -76,8 +78,10 @@ class ResponseEvents:
         out = self._close()
         last = self.shapes.tail()
         status = "incomplete" if self.finish == "length" else "completed"
-        out.append(self._n({"type": "response.completed", "response": self._response(
-            self.output, status, usage(last[-1]["usage"]))}))
+        done = self._response(self.output, status, usage(last[-1]["usage"]))
+        if self.on_done is not None:
+            self.on_done(done)  # (stored: VLLM_ENABLE_RESPONSES_API_STORE)
+        out.append(self._n({"type": "response.completed", "response": done}))
         return out
 
     def error(self, e: HttpError) -> Event:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from server.engine.tokenizer import Tokenizer
 from server.fleet import Fleet
+from server.http.responses_store import ResponseStore
 from server.metrics import MetricsView
 
 VLLM_VERSION = "0.33.0"  # the vLLM release whose HTTP API this mirrors (docs/HTTP.md)
@@ -24,6 +25,7 @@ class HttpState:
     draining: bool = False
     load_tracking: bool = False
     server_load: int = 0
+    responses: ResponseStore | None = None  # VLLM_ENABLE_RESPONSES_API_STORE=1 (vLLM's)
 
     def load(self) -> InFlight:
         """One request in flight from now (`InFlight.done` ends it)."""

@@ -1,9 +1,10 @@
 """Unit tests of the Responses API's conversion into a chat request
-(`server.http.responses.to_chat`, vLLM's `construct_input_messages`) and of its stream's error
-event (`ResponseEvents.error` through `generate.sse`)."""
+(`server.http.responses.to_chat`, vLLM's `construct_input_messages`), of its stream's error
+event (`ResponseEvents.error` through `generate.sse`) and of the response store's bounds."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -17,6 +18,7 @@ from server.http.errors import HttpError
 from server.http.generate import Choice, Run, sse
 from server.http.responses import framing, to_chat
 from server.http.responses_protocol import ResponsesRequest
+from server.http.responses_store import ENV, ResponseStore
 from server.http.responses_stream import ResponseEvents
 
 CONTEXT = 4096
@@ -102,3 +104,42 @@ async def test_an_engine_death_mid_stream_is_an_error_event_in_sequence():
                      "message": "engine process for deployment 'fast' died", "param": None,
                      "sequence_number": 5}  # numbered after the events before it
     assert run.aborted
+
+
+def _stored(rid: str, status: str = "completed", text: str = "hi") -> dict:
+    return {"id": rid, "status": status, "output": [
+        {"type": "message", "content": [{"type": "output_text", "text": text}]},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]}
+
+
+async def test_the_store_keeps_at_most_its_capacity_but_never_drops_a_running_response():
+    store = ResponseStore(capacity=2)
+    running = asyncio.get_running_loop().create_future()
+    store.put(_stored("a", "queued"), [{"role": "user", "content": "A"}])
+    task = asyncio.create_task(asyncio.wait_for(running, None))
+    store.run("a", task)
+    for rid in "bcd":
+        store.put(_stored(rid), [{"role": "user", "content": rid}])
+    assert list(store.responses) == ["a", "d"]  # b, c dropped, oldest first; a still runs
+    assert set(store.messages) == {"a", "d"}
+    running.set_result(None)
+    await task  # (the store's done callback, registered first, has run)
+    store.put(_stored("e"))
+    assert list(store.responses) == ["d", "e"]
+
+
+def test_a_cancelled_response_stays_cancelled_and_history_is_the_text_only():
+    store = ResponseStore()
+    store.put(_stored("r", "cancelled"), [{"role": "user", "content": "Q"}])
+    store.put(_stored("r", "completed", "late"))
+    assert store.get("r")["status"] == "cancelled"
+    assert store.history("r") == [{"role": "user", "content": "Q"},
+                                  {"role": "assistant", "content": "hi"}]  # (no call: vLLM's)
+
+
+def test_the_store_is_on_only_when_vllms_variable_asks(monkeypatch):
+    for value, on in (("1", True), ("0", False), ("", False)):
+        monkeypatch.setenv(ENV, value)
+        assert (ResponseStore.from_env() is not None) == on
+    monkeypatch.delenv(ENV)
+    assert ResponseStore.from_env() is None
