@@ -5,7 +5,8 @@ server process is there: supervisor, forkserver, engine cores, front ends) and d
 the mixed load of `benchmarks/soak_load.py` from this process for `--minutes`. Every
 `--interval` seconds it samples the resident memory (RSS) and open file descriptors summed
 over ALL the server's processes (the supervisor and its descendants, through psutil), prints
-a row and, at the end, writes the table (one row per minute) to `--out`.
+a row and, at the end, writes the table (one row per minute) to `--out` (default
+`out/bench_soak.md`, git-ignored).
 
 Verdict: RSS flat within 10 MB after warm-up (the first `--warmup` minutes): the spread of the
 per-minute medians after warm-up. Then the logging check: a malformed IPC message is pushed
@@ -187,7 +188,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=24)
     ap.add_argument("--interval", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=2.0, help="minutes of warm-up")
-    ap.add_argument("--out", default="bench_soak.md", help="the table, as Markdown")
+    ap.add_argument("--out", default="out/bench_soak.md",  # (out/ is git-ignored)
+                    help="the table, as Markdown")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as d:
         proc, grpc_port, http_port, log = start(Path(d))
@@ -220,6 +222,7 @@ def main() -> None:
                   f"faults' tracebacks in the one log: {found}; exit status {code}; load "
                   f"average at the end {os.getloadavg()[0]:.2f}\n")
         print(report)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(report)
         print(f"written to {args.out}")
 
