@@ -36,7 +36,8 @@ _json = msgspec.json.Encoder()
 class Framing:
     """How an answer's stream events are written and its errors answered. OpenAI's (`OPENAI`):
     `data:` lines closed by `data: [DONE]`, errors as `{"error": …}`; the Messages API's
-    (`server.http.messages.FRAMING`): named events with no closing line, its own error body."""
+    (`server.http.messages.FRAMING`): named events with no closing line, its own error body;
+    the Responses API's (`server.http.responses.framing`): named, numbered events."""
 
     event: Callable[[dict], Any]  # bytes on the wire (a background run keeps the dicts)
     stream_error: Callable[[HttpError], Any]  # an engine failure in the middle of a stream

@@ -184,7 +184,7 @@ def error_body(e: HttpError) -> dict[str, Any]:
 
 def _stream_error(e: HttpError) -> bytes:
     return named_event({"type": "error", "error": {"type": "internal_error",
-                                                    "message": e.message}})
+                                                   "message": e.message}})
 
 
 # the Messages API's stream: named events, an `error` event on failure, no closing line

@@ -161,11 +161,6 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def response_id(req: ResponsesRequest, rid: str) -> str:
-    """vLLM's `request_id` (default `resp_<uuid>`); here `resp_<X-Request-Id>` by default."""
-    return req.request_id or f"resp_{rid}"
-
-
 def text_item(item_id: str, text: str, logprobs: list[dict] | None) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": "completed",
             "content": [{"type": "output_text", "text": text, "annotations": [],
@@ -181,7 +176,7 @@ def shell(req: ResponsesRequest, rid: str, model: str, created: int, max_tokens:
           output: list[dict], status: str, usage: dict | None) -> dict[str, Any]:
     """A response object (vLLM's `ResponsesResponse.from_request`, every field dumped)."""
     return {
-        "id": response_id(req, rid), "created_at": created,
+        "id": req.request_id, "created_at": created,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
         else None,
         "instructions": req.instructions, "metadata": req.metadata, "model": model,

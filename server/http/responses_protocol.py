@@ -119,7 +119,7 @@ class ResponsesRequest(BaseModel):
     truncation: Literal["auto", "disabled"] | None = "disabled"
     user: str | None = None
     # --- vLLM's own ---
-    request_id: str | None = None  # the response's id (default: resp_<X-Request-Id>)
+    request_id: str | None = None  # the response's id (default: resp_<random hex>, as vLLM)
     priority: int = 0
     cache_salt: str | None = None
     previous_input_messages: list[Any] | None = None

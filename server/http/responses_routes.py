@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from server.http import responses_background as background
 from server.http.errors import HttpError, draining, error_response
 from server.http.generate import named_event
-from server.http.responses import budget, framing, response, shell, to_chat
+from server.http.responses import budget, framing, new_id, response, shell, to_chat
 from server.http.responses_protocol import ResponsesRequest
 from server.http.responses_store import ResponseStore
 from server.http.responses_stream import ResponseEvents
@@ -56,6 +56,7 @@ def add_responses_routes(app: FastAPI, state: HttpState) -> None:
         return await counted(state.load(), _response(request, body))
 
     async def _response(request: Request, body: ResponsesRequest) -> Response:
+        body.request_id = body.request_id or new_id("resp")  # the response's id (vLLM's)
         rid = request_id(request, body.request_id)
         store = state.responses if body.store else None  # (vLLM: off without its store)
         try:

@@ -221,3 +221,17 @@ async def test_a_client_that_leaves_mid_stream_frees_its_blocks(http, client):
             if line.startswith("event: response.output_text.delta"):
                 break  # leaves with the request still generating
     await assert_released(client, "slow")
+
+
+async def test_the_id_is_the_bodys_request_id_else_a_new_one_each_time(http):
+    same = {"X-Request-Id": "client-chosen"}
+    ids = []
+    for _ in range(2):
+        r = await http.post("/v1/responses", headers=same,
+                            json={"model": MODEL, "input": ASK, "max_output_tokens": 2})
+        assert r.status_code == 200 and r.headers["x-request-id"] == "client-chosen"
+        ids.append(r.json()["id"])
+    assert ids[0] != ids[1] and all(i.startswith("resp_") for i in ids)  # vLLM's resp_<uuid>
+    r = await http.post("/v1/responses", json={"model": MODEL, "input": ASK,
+                                               "max_output_tokens": 2, "request_id": "mine"})
+    assert r.json()["id"] == "mine"
