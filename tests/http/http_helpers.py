@@ -1,5 +1,6 @@
 """What the HTTP tests share: the real server's HTTP base URL, the official `openai` client and
-an httpx client on it, SSE parsing, and the tokenizer the server uses (to check usage)."""
+an httpx client on it, SSE parsing, a run whose engine dies under it, and the tokenizer the
+server uses (to check usage)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import json
 import httpx
 import openai
 
+from server.engine.interface import TokenChunk
 from server.engine.tokenizer import get_tokenizer
+from server.frontend.stream import StreamFailed
+from server.http.generate import Run
 
 TOK = get_tokenizer()
 
@@ -52,3 +56,33 @@ async def stream_events(http: httpx.AsyncClient, path: str, body: dict,
 def retokenized(text: str) -> int:
     """How many tokens a client that re-tokenizes the received text counts."""
     return len(TOK.encode(text))
+
+
+class DyingStream:
+    """A request stream whose engine dies after one chunk."""
+
+    async def outputs(self):
+        yield TokenChunk(token_ids=(5,), text=" hi")
+        raise StreamFailed("engine process for deployment 'fast' died")
+
+
+class WatchedRun(Run):
+    """A run that records whether it was aborted."""
+
+    aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+async def named_events(http: httpx.AsyncClient, path: str, body: dict) -> list[dict]:
+    """A stream of named events (the Messages and Responses APIs'), checked on the wire: each
+    `data:` line follows the `event:` line naming its type, and no `[DONE]` closes it."""
+    async with http.stream("POST", path, json=body) as r:
+        lines = [line async for line in r.aiter_lines() if line]
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert len(lines) % 2 == 0 and "[DONE]" not in "".join(lines)
+    events = [json.loads(data.removeprefix("data: ")) for data in lines[1::2]]
+    for name, event in zip(lines[::2], events, strict=True):
+        assert name == "event: " + event["type"]
+    return events

@@ -22,9 +22,14 @@ SLOW = {"model": "llama-3.1-70b", "max_tokens": 2000, "ignore_eos": True}
     ("/v1/completions", {"prompt": "leave early", "stream": True, **SLOW}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "leave"}],
                               "stream": True, "n": 2, **SLOW}),
+    # (no ignore_eos in these two APIs: the seeded answer to this prompt is long enough)
+    ("/v1/messages", {"model": "llama-3.1-70b", "max_tokens": 2000, "stream": True,
+                      "messages": [{"role": "user", "content": "leave"}]}),
+    ("/v1/responses", {"model": "llama-3.1-70b", "max_output_tokens": 2000, "stream": True,
+                       "input": "leave"}),
 ])
 async def test_stream_disconnect_frees_blocks(server, client, path, body):
-    rid = f"gone-{len(body)}"
+    rid = f"gone-{path.rsplit('/', 1)[-1]}"
     async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as h:
         r = await h.send(h.build_request("POST", path, json=body,
                                          headers={"X-Request-Id": rid}), stream=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from server.engine.interface import TokenChunk
-from server.frontend.stream import StreamFailed
-from server.http.generate import Choice, Run, sse
+from http_helpers import DyingStream, WatchedRun
+
+from server.http.generate import Choice, sse
 from server.http.messages import FRAMING, message, to_chat
 from server.http.messages_protocol import CountTokensRequest, MessagesRequest
 
@@ -83,23 +83,8 @@ def test_a_cut_tool_call_has_empty_input_and_each_finish_its_stop_reason():
     assert "stop_reason" not in message(chat)
 
 
-class _DyingStream:
-    """A request stream whose engine dies after one chunk."""
-
-    async def outputs(self):
-        yield TokenChunk(token_ids=(5,), text=" hi")
-        raise StreamFailed("engine process for deployment 'fast' died")
-
-
-class _Run(Run):
-    aborted = False
-
-    def abort(self) -> None:
-        self.aborted = True
-
-
 async def test_an_engine_death_mid_stream_is_an_error_event_and_nothing_after_it():
-    run = _Run(None, [_DyingStream()], [Choice(0, 0, 0)], [3])  # type: ignore[arg-type]
+    run = WatchedRun(None, [DyingStream()], [Choice(0, 0, 0)], [3])  # type: ignore[arg-type]
     events = [e async for e in sse(run, lambda c, chunk: [{"type": "ping"}], [], list,
                                    FRAMING)]
     assert events[0] == b'event: ping\ndata: {"type":"ping"}\n\n'

@@ -8,14 +8,13 @@ import asyncio
 import json
 
 import pytest
+from http_helpers import DyingStream, WatchedRun
 
-from server.engine.interface import TokenChunk
 from server.engine.tokenizer import get_tokenizer
-from server.frontend.stream import StreamFailed
 from server.http import tools
 from server.http.chat import ChatShapes
 from server.http.errors import HttpError
-from server.http.generate import Choice, Run, sse
+from server.http.generate import Choice, sse
 from server.http.responses import framing, to_chat
 from server.http.responses_protocol import ResponsesRequest
 from server.http.responses_store import ENV, ResponseStore
@@ -72,25 +71,10 @@ def test_tools_choices_and_budget_carry_over():
     assert streamed.logprobs and streamed.top_logprobs == 3
 
 
-class _DyingStream:
-    """A request stream whose engine dies after one chunk."""
-
-    async def outputs(self):
-        yield TokenChunk(token_ids=(5,), text=" hi")
-        raise StreamFailed("engine process for deployment 'fast' died")
-
-
-class _Run(Run):
-    aborted = False
-
-    def abort(self) -> None:
-        self.aborted = True
-
-
 async def test_an_engine_death_mid_stream_is_an_error_event_in_sequence():
     req = ResponsesRequest.model_validate({"model": "m", "input": "hi", "stream": True})
     chat = to_chat(req, CONTEXT)
-    run = _Run(None, [_DyingStream()], [Choice(0, 0, 0)], [3])  # type: ignore[arg-type]
+    run = WatchedRun(None, [DyingStream()], [Choice(0, 0, 0)], [3])  # type: ignore[arg-type]
     shapes = ChatShapes(chat, run, "chatcmpl-x", "m", get_tokenizer(), tools.plan(chat), [1])
     events = ResponseEvents(req, "x", shapes, CONTEXT)
     out = [e async for e in sse(run, events.chunks, events.head(), events.tail,
