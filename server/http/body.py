@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import email.message
 import json
+import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -46,13 +47,45 @@ def _decodes_json(content_type: str) -> bool:
 
 def _decoded(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        data = json.loads(raw)
     except json.JSONDecodeError as e:
         raise validation_error([{"type": "json_invalid", "loc": ("body", e.pos),
                                  "msg": "JSON decode error", "input": {},
                                  "ctx": {"error": e.msg}}]) from None
     except Exception:  # not UTF-8 (or -16/-32) text, nested too deep: FastAPI's answer
         raise HttpError(400, "There was an error parsing the body") from None
+    unicode_checked(raw, data)
+    return data
+
+
+# what a lone surrogate looks like in a body's bytes: an escaped one (a pair matches too: the
+# decoded strings are then checked), its own three bytes, or a body that is not UTF-8 at all
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def unicode_checked(raw: bytes, data: Any) -> None:
+    """A 400 if a string of the decoded body (a key included) holds a lone surrogate: JSON lets
+    one through (an escaped `\\ud800`, or the bytes of one, which `json.loads` accepts), no
+    tokenizer, grammar compiler or encoder takes it, and FastAPI would pass it on (vLLM then
+    fails wherever it lands). The strings are walked only when the bytes may hold one."""
+    if not (_MAYBE_SURROGATE.search(raw) or b"\x00" in raw[:4]):
+        return
+    stack = [data]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode()
+                except UnicodeEncodeError as e:
+                    raise HttpError(400, "There was an error parsing the body: a string holds "
+                                    f"a lone surrogate (U+{ord(v[e.start]):04X}), which is not "
+                                    "Unicode text") from None
+        elif isinstance(v, dict):
+            stack += v.keys()
+            stack += v.values()
+        elif isinstance(v, list):
+            stack += v
 
 
 def media_type_ok(content_type: str) -> bool:

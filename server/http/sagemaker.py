@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.http.body import UNSUPPORTED_MEDIA, media_type_ok
+from server.http.body import UNSUPPORTED_MEDIA, media_type_ok, unicode_checked
 from server.http.errors import HttpError, bad_request, validation_error
 from server.http.protocol import ChatCompletionRequest, CompletionRequest
 from server.http.routes import chat_completion, completion, counted
@@ -38,10 +38,14 @@ def add_sagemaker_routes(app: FastAPI, state: HttpState) -> None:
     async def invocations(request: Request) -> Response:
         if not media_type_ok(request.headers.get("content-type", "")):
             raise validation_error([UNSUPPORTED_MEDIA])
+        raw = await request.body()
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw)
         except ValueError as e:
             raise HttpError(400, f"JSON decode error: {e}") from None
+        except RecursionError:  # nested too deep for `json.loads`: FastAPI's answer
+            raise HttpError(400, "There was an error parsing the body") from None
+        unicode_checked(raw, body)
         adapter = request.headers.get(ADAPTER_HEADER)
         if adapter and isinstance(body, dict):
             body = {**body, "model": adapter}

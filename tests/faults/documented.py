@@ -5,7 +5,8 @@ The fault-tolerance tests assert that nothing else ever comes back. Sources:
 - `server/frontend/request_ids.py`: ALREADY_EXISTS / 409 for an id in flight;
 - `server/vllm_servicer.py` (its docstring): vllm.grpc.engine.VllmEngine; the methods it does
   not serve (Embed, profiling, KV events) are UNIMPLEMENTED, as any gRPC server answers them;
-- `server/http/errors.py` and `server/http/app.py`: the HTTP API (vLLM's error shape);
+- `server/http/errors.py` and `server/http/app.py`: the HTTP API (vLLM's error shape); 501
+  is the Responses API's `json_object` (`server/http/responses.py`: vLLM's NotImplementedError);
 - grpc itself: a message above the server's receive limit is RESOURCE_EXHAUSTED.
 
 `HEALTHY` narrows them to what a server that is serving (not draining, no engine down, every
@@ -23,11 +24,11 @@ INFERENCE = frozenset({C.OK, C.NOT_FOUND, C.INVALID_ARGUMENT, C.RESOURCE_EXHAUST
                        C.ALREADY_EXISTS})
 VLLM_ENGINE = frozenset({C.OK, C.INVALID_ARGUMENT, C.RESOURCE_EXHAUSTED, C.UNAVAILABLE,
                          C.ALREADY_EXISTS, C.UNIMPLEMENTED, C.DEADLINE_EXCEEDED, C.CANCELLED})
-HTTP = frozenset({200, 400, 404, 405, 409, 429, 500, 503})
+HTTP = frozenset({200, 400, 404, 405, 409, 429, 500, 501, 503})
 
 HEALTHY_GRPC = frozenset({C.OK, C.NOT_FOUND, C.INVALID_ARGUMENT, C.RESOURCE_EXHAUSTED,
                           C.ALREADY_EXISTS, C.UNIMPLEMENTED})
-HEALTHY_HTTP = frozenset({200, 400, 404, 405, 409, 429})
+HEALTHY_HTTP = frozenset({200, 400, 404, 405, 409, 429, 501})
 CLIENT_ENDED = {"cancel": C.CANCELLED, "deadline": C.DEADLINE_EXCEEDED}
 
 

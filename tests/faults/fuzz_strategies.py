@@ -228,11 +228,34 @@ def http_body(draw, route: str) -> dict:
     if draw(st.integers(0, 9)):
         body["model"] = draw(st.one_of(st.just(MODEL), st.just("llama-3-8b"), SAFE_TEXT,
                                        JSON_VALUE))
-    if route == "/v1/chat/completions":
+    if route == "/invocations":  # SageMaker's: a chat or a completions body
+        route = draw(st.sampled_from(("/v1/chat/completions", "/v1/completions")))
+    if route in ("/v1/chat/completions", "/v1/messages"):
         role = st.sampled_from(("user", "system", "assistant", "tool", "nobody"))
         body["messages"] = draw(st.one_of(
             st.lists(st.fixed_dictionaries({"role": role, "content": SAFE_TEXT}), max_size=3),
             JSON_VALUE))
+    elif route == "/v1/responses":
+        item = st.one_of(
+            st.fixed_dictionaries({"role": st.sampled_from(("user", "developer", "nobody")),
+                                   "content": SAFE_TEXT}),
+            st.fixed_dictionaries({"type": st.just("function_call_output"),
+                                   "call_id": SAFE_TEXT, "output": SAFE_TEXT}),
+            st.fixed_dictionaries({"type": st.just("function_call")}), JSON_VALUE)
+        body["input"] = draw(st.one_of(SAFE_TEXT, st.lists(item, max_size=3), JSON_VALUE))
+        body.update(draw(st.fixed_dictionaries({}, optional={
+            "max_output_tokens": st.one_of(st.integers(-3, 300), JSON_VALUE),
+            "instructions": st.one_of(SAFE_TEXT, JSON_VALUE),
+            "text": st.sampled_from(({"format": {"type": "json_object"}},
+                                     {"format": {"type": "json_schema", "name": "x",
+                                                 "schema": {"type": "object"}}},
+                                     {"format": {"type": "nothing"}})),
+            "tools": st.sampled_from(([{"type": "function", "name": "f"}],
+                                      [{"type": "web_search_preview"}], [])),
+            "tool_choice": st.sampled_from(("auto", "required", "none", {"type": "x"})),
+            "previous_response_id": SAFE_TEXT, "background": st.booleans(),
+            "store": st.booleans(),
+        })))
     elif route in ("/v1/completions", "/tokenize"):
         body["prompt"] = draw(st.one_of(SAFE_TEXT, TOKEN_IDS, st.lists(SAFE_TEXT, max_size=3),
                                         JSON_VALUE, PROMPT_TEXT))
@@ -265,10 +288,12 @@ def _loads(text: str) -> Any:
         return text
 
 
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/messages",
+          "/v1/responses", "/invocations")
 RAW_BODIES = st.one_of(
     st.binary(max_size=40), BAD_UTF8.map(lambda b: b'{"prompt": "' + b + b'"}'),
     st.integers(1000, 100_000).map(lambda n: b"[" * n), st.just(b'{"prompt": NaN}'),
+    st.sampled_from((b'{"prompt": "\\ud800"}', b'{"stop": ["\xed\xa0\x80"], "prompt": "a"}')),
     st.integers(0, 39).map(lambda k: b'{"prompt": "' + b"z" * (5_000_000 if not k else 10)
                            + b'"}'),
 )

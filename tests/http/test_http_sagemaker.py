@@ -60,3 +60,10 @@ async def test_refusals_are_vllms(http, client):
     r = await http.post("/invocations", json={**CHAT, "stream_options": {"include_usage": True}})
     assert r.status_code == 400 and "stream=True" in r.json()["error"]["message"]
     await assert_released(client, "fast")
+
+
+async def test_json_nested_past_the_decoder_is_a_400(http):
+    r = await http.post("/invocations", content=b"[" * 100_000,
+                        headers={"Content-Type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "There was an error parsing the body"  # FastAPI's
