@@ -7,10 +7,12 @@ and be cancelled.
 Why it exists apart from the routes: it is the one writer of that state, and it is bounded.
 vLLM keeps every response forever ("This may cause a memory leak since we never remove
 responses from the store"); a stand-in under load tests must not, so the oldest finished
-responses (with their messages and events) are dropped beyond `capacity` — a response still
-running in the background is never dropped. Each front end has its own store, as each of
-vLLM's API servers has (`--api-server-count` > 1: a later request may land on a front end that
-never saw the response, and get vLLM's 404).
+responses (with their messages and events) are dropped beyond `capacity` responses or
+`max_chars` characters of stored text (prompts and answers: a 2 MB prompt counts), and the
+oldest finished background streams' events beyond `event_logs` streams (a stream keeps one
+event per token) — a response still running in the background is never dropped. Each front
+end has its own store, as each of vLLM's API servers has (`--api-server-count` > 1: a later
+request may land on a front end that never saw the response, and get vLLM's 404).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 ENV = "VLLM_ENABLE_RESPONSES_API_STORE"
-CAPACITY = 4096  # responses kept (each with its input messages and, if streamed, its events)
+CAPACITY = 4096  # responses kept (each with its input messages)
+MAX_CHARS = 50_000_000  # characters of stored prompt and answer text, all responses together
+EVENT_LOGS = 256  # background streams whose events are kept (for `starting_after` replays)
 
 Event = dict[str, Any]
 
@@ -32,12 +36,15 @@ class ResponseStore:
     later `previous_response_id` continues), a background stream's events, and the background
     task still running it."""
 
-    def __init__(self, capacity: int = CAPACITY) -> None:
-        self.capacity = capacity
+    def __init__(self, capacity: int = CAPACITY, max_chars: int = MAX_CHARS,
+                 event_logs: int = EVENT_LOGS) -> None:
+        self.capacity, self.max_chars, self.event_logs = capacity, max_chars, event_logs
         self.responses: OrderedDict[str, Event] = OrderedDict()
         self.messages: dict[str, list[Event]] = {}
         self.events: dict[str, tuple[list[Event], asyncio.Event]] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.chars: dict[str, int] = {}  # each response's stored text
+        self.total_chars = 0
 
     @classmethod
     def from_env(cls) -> ResponseStore | None:
@@ -56,6 +63,9 @@ class ResponseStore:
         self.responses[rid] = response
         if messages is not None:
             self.messages[rid] = messages
+        size = _chars(self.messages.get(rid, ()), response)
+        self.total_chars += size - self.chars.get(rid, 0)
+        self.chars[rid] = size
         self._bound()
 
     def history(self, response_id: str) -> list[Event]:
@@ -75,6 +85,7 @@ class ResponseStore:
 
     def open_events(self, response_id: str) -> tuple[list[Event], asyncio.Event]:
         self.events[response_id] = (events := [], signal := asyncio.Event())
+        self._bound()
         return events, signal
 
     async def replay(self, response_id: str, starting_after: int | None
@@ -104,10 +115,31 @@ class ResponseStore:
             self.events[response_id][1].set()
 
     def _bound(self) -> None:
-        while len(self.responses) > self.capacity:
+        """Drops the oldest finished responses past the bounds (their events with them), then
+        the oldest finished streams' events past `event_logs`."""
+        while len(self.responses) > self.capacity or self.total_chars > self.max_chars:
             rid = next((r for r in self.responses if r not in self.tasks), None)
             if rid is None:
-                return
+                break
             del self.responses[rid]
             self.messages.pop(rid, None)
             self.events.pop(rid, None)
+            self.total_chars -= self.chars.pop(rid, 0)
+        while len(self.events) > self.event_logs:
+            rid = next((r for r in self.events if r not in self.tasks), None)
+            if rid is None:
+                break
+            del self.events[rid]
+
+
+def _chars(messages: Iterable[Event], response: Event) -> int:
+    """The text a stored response holds: its messages' and its output's (what can be large)."""
+    n = 0
+    for m in messages:
+        content = m.get("content")
+        n += len(content) if isinstance(content, str) else sum(
+            len(str(p.get("text", ""))) for p in content or () if isinstance(p, dict))
+    for item in response.get("output", ()):
+        n += len(item.get("arguments", "")) + sum(len(p.get("text", ""))
+                                                  for p in item.get("content", ()))
+    return n

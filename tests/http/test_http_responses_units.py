@@ -127,3 +127,19 @@ def test_the_store_is_on_only_when_vllms_variable_asks(monkeypatch):
         assert (ResponseStore.from_env() is not None) == on
     monkeypatch.delenv(ENV)
     assert ResponseStore.from_env() is None
+
+
+def test_the_store_is_bounded_in_text_and_in_kept_streams_too():
+    # (each `_stored` answer holds its text and a call's two characters of arguments)
+    store = ResponseStore(max_chars=100, event_logs=1)
+    store.put(_stored("a", text="x" * 40), [{"role": "user", "content": "q" * 20}])  # 62
+    store.put(_stored("b", text="y" * 30))  # 32: 94, both kept
+    assert list(store.responses) == ["a", "b"] and store.total_chars == 94
+    store.put(_stored("c", text="z" * 20), [{"role": "user", "content": [
+        {"type": "text", "text": "w" * 10}]}])  # 32: 126, so a goes
+    assert list(store.responses) == ["b", "c"] and store.total_chars == 64
+    store.put(_stored("c", text="z" * 25))  # an update replaces its own count
+    assert store.total_chars == 69 and store.chars["c"] == 37
+    store.open_events("b")
+    store.open_events("c")  # one stream's events kept: the older goes
+    assert list(store.events) == ["c"]
