@@ -165,9 +165,10 @@ FAULT_KEYS = ("failure_injection_rate", "failure_types", "failure_injection_seed
               "fault_stream_cut")
 
 
-MAX_THINK_S = 1e9  # ~32 years: a think time past it overflowed the emulated clock's sums
-MAX_SPAN_S = 1e9  # the arrivals' expected span: past it the emulated clock (a float of seconds)
-#                   cannot tell a request's arrival from its first token (ulp(1e300) >> 1 ms)
+# ~32 years of emulated time: the most a think time, or the arrivals' expected span, may take.
+# Past it the emulated clock (a float of seconds) overflowed its sums (think times) or could
+# not tell a request's arrival from its first token (a span: ulp(1e300) >> 1 ms).
+MAX_EMULATED_S = 1e9
 
 
 def check_workload_args(args: argparse.Namespace) -> None:
@@ -177,13 +178,13 @@ def check_workload_args(args: argparse.Namespace) -> None:
                               f"{args.duration:g}")
     n = args.num_requests or 1
     span = n / args.rate if args.rate > 0 else 0.0  # (a rate <= 0 is refused with the workload)
-    if span > MAX_SPAN_S:
+    if span > MAX_EMULATED_S:
         raise SimulationError(f"--rate {args.rate:g} spreads {n} arrivals over ~{span:.3g} s of "
-                              f"emulated time, past {MAX_SPAN_S:g} s (~32 years): raise --rate "
+                              f"emulated time, past {MAX_EMULATED_S:g} s (~32 years): raise --rate "
                               f"or lower --num-requests")
-    if not (math.isfinite(args.think_time) and 0 <= args.think_time <= MAX_THINK_S):
+    if not (math.isfinite(args.think_time) and 0 <= args.think_time <= MAX_EMULATED_S):
         raise SimulationError(f"--think-time must be a number of seconds in [0, "
-                              f"{MAX_THINK_S:g}], got {args.think_time:g}")
+                              f"{MAX_EMULATED_S:g}], got {args.think_time:g}")
     if not (math.isfinite(args.ramp_up) and args.ramp_up >= 0):
         raise SimulationError(f"--ramp-up must be a finite number of seconds >= 0, got "
                               f"{args.ramp_up:g}")

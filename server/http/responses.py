@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -172,7 +172,7 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str) -> dict[str
             "arguments": arguments, "status": "completed"}
 
 
-def shell(req: ResponsesRequest, rid: str, model: str, created: int, max_tokens: int | None,
+def shell(req: ResponsesRequest, model: str, created: int, max_tokens: int | None,
           output: list[dict], status: str, usage: dict | None) -> dict[str, Any]:
     """A response object (vLLM's `ResponsesResponse.from_request`, every field dumped)."""
     return {
@@ -208,8 +208,7 @@ def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
             "total_tokens": prompt + done}
 
 
-def response(req: ResponsesRequest, rid: str, chat: dict[str, Any], max_model_len: int
-             ) -> dict[str, Any]:
+def response(req: ResponsesRequest, chat: dict[str, Any], max_model_len: int) -> dict[str, Any]:
     """A chat completion as the Responses API's answer."""
     choice = chat["choices"][0]
     msg = choice["message"]
@@ -222,7 +221,7 @@ def response(req: ResponsesRequest, rid: str, chat: dict[str, Any], max_model_le
                          c["function"]["arguments"]) for c in msg.get("tool_calls") or ()]
     status = "incomplete" if choice["finish_reason"] == "length" else "completed"
     u = chat["usage"]
-    return shell(req, rid, chat["model"], int(time.time()),
+    return shell(req, chat["model"], int(time.time()),
                  budget(req, u["prompt_tokens"], max_model_len), output, status, usage(u))
 
 
@@ -250,6 +249,6 @@ def error_event(e: HttpError, sequence_number: int) -> dict[str, Any]:
             "sequence_number": sequence_number}
 
 
-def framing(stream_error: Any) -> Framing:
+def framing(stream_error: Callable[[HttpError], dict[str, Any]]) -> Framing:
     """The Responses API's stream: named events (`event: <type>`), no closing line."""
     return Framing(named_event, lambda e: named_event(stream_error(e)), b"", HttpError.body)

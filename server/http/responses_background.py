@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from server.http import generate
+from server.http.chat import ChatShapes
 from server.http.errors import HttpError
 from server.http.responses import response
 from server.http.responses_protocol import ResponsesRequest
@@ -31,21 +33,21 @@ log = logging.getLogger("doppelchip.http")
 
 
 def start(store: ResponseStore, queued: dict[str, Any], messages: list[dict[str, Any]],
-          work: Any) -> None:
+          work: Coroutine[Any, Any, None]) -> None:
     """Stores the queued response and runs `work` (a coroutine) as its task."""
     store.put(queued, messages)
     store.run(queued["id"], asyncio.create_task(work, name=f"create_{queued['id']}"))
 
 
-async def collected(store: ResponseStore, body: ResponsesRequest, rid: str, run: generate.Run,
-                    shapes: Any, max_model_len: int, response_id: str) -> None:
+async def collected(store: ResponseStore, body: ResponsesRequest, run: generate.Run,
+                    shapes: ChatShapes, max_model_len: int, response_id: str) -> None:
     """Step 2, not streamed: every token, then the final response stored."""
     try:
         await generate.collect(run, None)
     except HttpError as e:
         _failed(store, response_id, e)
         return
-    store.put(response(body, rid, shapes.response(), max_model_len))
+    store.put(response(body, shapes.response(), max_model_len))
 
 
 async def streamed(store: ResponseStore, events: ResponseEvents, run: generate.Run,

@@ -22,8 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from server.http import responses_background as background
+from server.http.chat import ChatShapes
 from server.http.errors import HttpError, draining, error_response
-from server.http.generate import named_event
+from server.http.generate import Run, named_event
 from server.http.responses import budget, framing, new_id, response, shell, to_chat
 from server.http.responses_protocol import ResponsesRequest
 from server.http.responses_store import ResponseStore
@@ -70,33 +71,33 @@ def add_responses_routes(app: FastAPI, state: HttpState) -> None:
         messages = [m.model_dump(exclude_none=True) for m in chat.messages]
         if body.background:
             assert store is not None  # (`_checks`: background needs the store)
-            return _background(store, body, rid, run, shapes, limit, messages)
+            return _background(store, body, run, shapes, limit, messages)
         if body.stream:
-            events = ResponseEvents(body, rid, shapes, limit, on_done=(
+            events = ResponseEvents(body, shapes, limit, on_done=(
                 None if store is None else lambda done: store.put(done, messages)))
             return await answer(request, run, True, None, events.chunks, events.head(),
                                 events.tail, rid, framing(events.error))
 
         def answered() -> dict:
-            done = response(body, rid, shapes.response(), limit)
+            done = response(body, shapes.response(), limit)
             if store is not None:
                 store.put(done, messages)
             return done
         return await answer(request, run, False, answered, None, [], None, rid)
 
-    def _background(store: ResponseStore, body: ResponsesRequest, rid: str, run, shapes,
-                    limit: int, messages: list[dict]) -> Response:
-        queued = shell(body, rid, shapes.model, int(time.time()),
+    def _background(store: ResponseStore, body: ResponsesRequest, run: Run,
+                    shapes: ChatShapes, limit: int, messages: list[dict]) -> Response:
+        queued = shell(body, shapes.model, int(time.time()),
                        budget(body, run.prompt_lens[0], limit), [], "queued", None)
         key = queued["id"]
         if body.stream:
-            events = ResponseEvents(body, rid, shapes, limit, on_done=store.put)
+            events = ResponseEvents(body, shapes, limit, on_done=store.put)
             background.start(store, queued, messages,
                              background.streamed(store, events, run, key))
             return StreamingResponse((named_event(e) async for e in store.replay(key, None)),
                                      media_type="text/event-stream", headers=SSE_HEADERS)
         background.start(store, queued, messages,
-                         background.collected(store, body, rid, run, shapes, limit, key))
+                         background.collected(store, body, run, shapes, limit, key))
         return JSONResponse(queued)
 
     @app.get("/v1/responses/{response_id}")

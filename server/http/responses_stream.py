@@ -43,9 +43,9 @@ class ResponseEvents:
     arguments), over the chat request's `ChatShapes`; `error` is its stream's error event;
     `on_done` gets the final response (to store it)."""
 
-    def __init__(self, req: ResponsesRequest, rid: str, shapes: ChatShapes,
-                 max_model_len: int, on_done: Callable[[Event], None] | None = None) -> None:
-        self.req, self.rid, self.shapes, self.on_done = req, rid, shapes, on_done
+    def __init__(self, req: ResponsesRequest, shapes: ChatShapes, max_model_len: int,
+                 on_done: Callable[[Event], None] | None = None) -> None:
+        self.req, self.shapes, self.on_done = req, shapes, on_done
         self.created = int(time.time())
         self.max_tokens = budget(req, shapes.run.prompt_lens[0], max_model_len)
         self.seq = 0
@@ -153,5 +153,5 @@ class ResponseEvents:
         return event
 
     def _response(self, output: list[Event], status: str, use: Event | None) -> Event:
-        return shell(self.req, self.rid, self.shapes.model, self.created, self.max_tokens,
+        return shell(self.req, self.shapes.model, self.created, self.max_tokens,
                      output, status, use)

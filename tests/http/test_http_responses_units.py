@@ -76,7 +76,7 @@ async def test_an_engine_death_mid_stream_is_an_error_event_in_sequence():
     chat = to_chat(req, CONTEXT)
     run = WatchedRun(None, [DyingStream()], [Choice(0, 0, 0)], [3])  # type: ignore[arg-type]
     shapes = ChatShapes(chat, run, "chatcmpl-x", "m", get_tokenizer(), tools.plan(chat), [1])
-    events = ResponseEvents(req, "x", shapes, CONTEXT)
+    events = ResponseEvents(req, shapes, CONTEXT)
     out = [e async for e in sse(run, events.chunks, events.head(), events.tail,
                                 framing(events.error))]
     lines = [e.decode().strip().split("\n") for e in out]
