@@ -42,6 +42,12 @@ class Unavailable(EngineError):
     """The deployment is compiling, restarting or draining (UNAVAILABLE)."""
 
 
+class Paused(Unavailable):
+    """Generation is paused (vLLM's `/pause`, modes abort and wait) until it resumes: a
+    retryable refusal (UNAVAILABLE; HTTP 503 ServiceUnavailableError, as vLLM's
+    RetryableRequestError)."""
+
+
 class NotPlaced(EngineError):
     """The deployment could not be placed on its device (FAILED_PRECONDITION)."""
 

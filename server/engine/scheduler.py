@@ -57,6 +57,7 @@ class Scheduler(KvHold):
         self.stats = SchedulerStats()
         # --- P/D (issue 13): KV kept for a decode side to read (vLLM's delay_free_blocks) ---
         self.held: dict[str, tuple[list[int], object]] = {}  # request id -> (blocks, node)
+        self.paused_new = False  # vLLM's PauseState.PAUSED_NEW: no waiting request is admitted
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -180,7 +181,7 @@ class Scheduler(KvHold):
                 budget -= num_new + drafts
                 i += 1
 
-        if not preempted and not static_locked:
+        if not preempted and not static_locked and not self.paused_new:
             self.waiting.prepare(self.cache)
             # --- LoRA (issue 13): vLLM v1's max_loras rule (see lora_budget) ---
             loras = lora_budget(cfg.max_loras, self.running, scheduled)

@@ -41,6 +41,7 @@ from server.engine_proc.loop_controls import Live, LoopControls
 from server.engine_proc.loop_inputs import LoopInputs
 from server.engine_proc.loop_outputs import LoopOutputs
 from server.engine_proc.lora import LoraPublisher, lora_file
+from server.engine_proc.pause import PauseState
 from server.engine_proc.sleep import SleepState
 from server.engine_proc.stats import EngineStats
 from server.ipc import messages as m
@@ -113,6 +114,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self.sleep = SleepState()
         self.pending_sleep: tuple[int, int, int] | None = None  # (frontend, seq, level)
         self.timers: list[tuple[float, int, int]] = []  # (emulated t, frontend, seq) replies
+        self.pause = PauseState()  # vLLM's /pause (server/engine_proc/pause.py)
         self.faults = faults  # device faults (issue 13): server/engine_proc/faults.py
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -134,6 +136,8 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self._resync()
         while not self.stopping:
             self._tick()
+            if self.pause.commands:
+                self._apply_pause_commands()
             self._take_inbox()
             if not core.has_unfinished():
                 self._publish_kv_events()  # what aborts and finishes stored or evicted
@@ -142,7 +146,9 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                 self.pending_sleep = None
                 self._send(fe, m.encode(m.Admissions(self.deployment, self.rank,
                                                      [self._fall_asleep(level, "wait", seq)])))
-            if not core.has_unfinished() or self.sleep.sleeping:
+            if self.pause.waiters and not core.scheduler.running:
+                self._pause_holds()  # mode wait: the last running one finished
+            if not core.has_unfinished() or self.sleep.sleeping or self.pause.frozen:
                 if self.faults is not None:
                     self.faults.advance(self.now())
                 if (self.check_integrity and not core.has_unfinished()

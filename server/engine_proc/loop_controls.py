@@ -1,7 +1,8 @@
 """The engine loop's work outside its steps (issue 13), as a mixin of `EngineLoop`
 (server/engine_proc/loop.py), which owns every attribute used here: publishing the prefix
-cache's KV events and resetting it; sleep mode (sleep, wake-up and its emulated cost); P/D's
-timers (KV holds expiring, transfers ending) and how an idle engine waits for them.
+cache's KV events and resetting it; sleep mode (sleep, wake-up and its emulated cost);
+pausing generation (`pause.py`); P/D's timers (KV holds expiring, transfers ending) and how
+an idle engine waits for them.
 
 Why a mixin: these are the same single writer's state changes (one engine loop per rank),
 kept out of `loop.py` so that the step loop reads on its own.
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from server.engine.interface import FinishReason
 from server.engine.request import Request
+from server.engine_proc import pause
 from server.engine_proc.sleep import LEVELS, MODES
 from server.ipc import messages as m
 
@@ -130,6 +132,69 @@ class LoopControls:
             self.pending_sleep = (msg.frontend, msg.seq, msg.level)
             return None
         return self._fall_asleep(msg.level, msg.mode, msg.seq)
+
+    # --- pausing generation (vLLM's /pause and /resume, server/engine_proc/pause.py) ---
+    def _apply_pause_commands(self) -> None:
+        """The pause commands that arrived since the last step, in order, each answered now
+        or (mode wait) once the running requests finished."""
+        commands, self.pause.commands = self.pause.commands, []
+        for msg in commands:
+            answer = self._pause(msg)
+            if answer is not None:
+                self._send(msg.frontend, m.encode(m.Admissions(self.deployment, self.rank,
+                                                               [answer])))
+
+    def _pause(self, msg: m.Pause | m.Resume) -> m.Admission | None:
+        """Pause (mode abort, wait or keep) or resume; the answer now, or None when it comes
+        once the running requests finished (mode wait)."""
+        sched, state = self.core.scheduler, self.pause
+        if isinstance(msg, m.Resume):
+            self._pause_holds()  # a pause still waiting ends with the resume
+            if state.frozen or not sched.running:  # the paused time was idle on the timeline
+                self._idle_until(self.now())
+            state.mode, sched.paused_new = None, False
+            self.stats.paused(False)
+            log.info("%s resumed generation", self.name)
+            return m.Admission(msg.seq)
+        if msg.mode not in pause.MODES:
+            return m.Admission(msg.seq, "InvalidRequest", f"Invalid pause mode: {msg.mode}")
+        if msg.mode == "abort":  # everything in flight or queued ends now
+            for live in list(self.live.values()):
+                if live in self.inbox:
+                    self.inbox.remove(live)
+                elif self.connector is not None:
+                    self.connector.abort(live.req.request_id)
+                sched.abort(live.req.request_id)
+                self._end_now(live, FinishReason.ABORT)
+        state.mode, sched.paused_new = msg.mode, msg.mode != "keep"
+        self.stats.paused(True)
+        log.info("%s paused generation (mode %s)", self.name, msg.mode)
+        if msg.mode == "wait" and sched.running:
+            state.waiters.append((msg.frontend, msg.seq))
+            state.clear_cache |= msg.clear_cache
+            return None
+        if msg.clear_cache and msg.mode != "keep":
+            self._clear_cache()
+        return m.Admission(msg.seq)
+
+    def _pause_holds(self) -> None:
+        """Answer the pauses that waited for the running requests (mode wait)."""
+        state = self.pause
+        if not state.waiters:
+            return
+        if state.clear_cache:
+            self._clear_cache()
+        for fe, seq in state.waiters:
+            self._send(fe, m.encode(m.Admissions(self.deployment, self.rank,
+                                                 [m.Admission(seq)])))
+        state.waiters, state.clear_cache = [], False
+
+    def _clear_cache(self) -> None:
+        reset = getattr(self.core.scheduler.cache, "reset", None)
+        if reset is not None and not reset():
+            log.info("prefix cache not reset on %s: requests hold blocks", self.name)
+        self._publish_kv_events()
+    # --- end pausing generation ---
 
     def _fall_asleep(self, level: int, mode: str, seq: int) -> m.Admission:
         sched = self.core.scheduler

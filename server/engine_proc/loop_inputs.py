@@ -1,7 +1,8 @@
 """The engine loop's messages in, as a mixin of `EngineLoop` (server/engine_proc/loop.py),
 which owns every attribute used here: the front ends' requests (each admitted or refused at
 once, `_add`, and answered in one `Admissions` per front end), aborts, acks, a front end
-gone, shutdown and the control messages (prefix-cache reset, LoRA, sleep mode), drained
+gone, shutdown and the control messages (prefix-cache reset, LoRA, sleep mode, pausing
+generation), drained
 from the input socket in one `_service` call; and `_take_inbox`, which moves the accepted
 requests into the scheduler and applies the aborts between steps.
 
@@ -16,9 +17,10 @@ import logging
 import zmq
 
 from server.engine.intake import admit
-from server.engine.interface import EngineError, FinishReason, Unavailable
+from server.engine.interface import EngineError, FinishReason, Paused, Unavailable
 from server.engine.logs import request_log
 from server.engine_proc.loop_controls import Live
+from server.engine_proc.pause import PAUSED_MESSAGE
 from server.ipc import messages as m
 
 log = logging.getLogger("doppelchip.engine")
@@ -80,6 +82,8 @@ class LoopInputs:
                 answer = self._control(msg)
                 if answer is not None:
                     replies.setdefault(msg.frontend, []).append(answer)
+            elif isinstance(msg, m.Pause | m.Resume):  # applied between steps
+                self.pause.commands.append(msg)
         if replies:  # the waiting count a status query reads moves before the client knows
             self.stats.queued(self.num_queued(), rejected)
         for fe, items in replies.items():
@@ -90,6 +94,8 @@ class LoopInputs:
         try:
             if msg.epoch != self.epoch:
                 raise Unavailable(f"deployment {self.name!r} restarted; retry")
+            if self.pause.rejects_new:  # vLLM's _reject_add_while_paused
+                raise Paused(PAUSED_MESSAGE)
             if self.state != "ready":
                 raise Unavailable(f"deployment {self.name!r} is {self.state}: "
                                   f"{'building its engine' if self.state == 'compiling' else ''}")
@@ -118,7 +124,8 @@ class LoopInputs:
         return m.Admission(msg.seq)
 
     def _take_inbox(self) -> None:
-        if self.inbox and not self.sleep.sleeping and self.pending_sleep is None:
+        if (self.inbox and not self.sleep.sleeping and self.pending_sleep is None
+                and not self.pause.paused):
             for live in self.inbox:
                 if live.req.request_id not in self.aborts:
                     self._latest_arrival = max(self._latest_arrival, live.req.arrival_time)

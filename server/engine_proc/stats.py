@@ -39,7 +39,8 @@ class EngineStats:
         self.a[self.slot("_epoch")] = epoch
         self.a[self.slot("_pid")] = pid
         for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                     "doppelchip_realtime_lag_seconds", "_kv_used"):
+                     "doppelchip_realtime_lag_seconds", "_kv_used",
+                     "doppelchip_generation_paused"):
             self.a[self.slot(name)] = 0
         self.a[self.slot("_kv_free")] = info.capacity.kv_blocks_total
         for state in ("awake", "weights_offloaded", "discard_all"):
@@ -55,6 +56,12 @@ class EngineStats:
             self.a[self.slot("_t")] = t
         f.set_text(message)
         f.end()
+
+    def paused(self, paused: bool) -> None:
+        """doppelchip_generation_paused (vLLM's /pause), which `/is_paused` reads."""
+        self.file.begin()
+        self.a[self.slot("doppelchip_generation_paused")] = float(paused)
+        self.file.end()
 
     def queued(self, num_queued: int, rejected: int = 0) -> None:
         """Admissions happened: the waiting count now, and the requests the waiting-queue

@@ -30,6 +30,7 @@ from server.engine.interface import (
     InvalidRequest,
     NotPlaced,
     Overloaded,
+    Paused,
     Unavailable,
 )
 from server.engine.output import RequestOutput, request_timings
@@ -43,7 +44,8 @@ from server.ipc import messages as m
 from server.ipc.paths import RunDir
 
 ERRORS: dict[str, type[EngineError]] = {
-    c.__name__: c for c in (InvalidRequest, AlreadyExists, Overloaded, Unavailable, NotPlaced)}
+    c.__name__: c for c in (InvalidRequest, AlreadyExists, Overloaded, Unavailable, NotPlaced,
+                            Paused)}
 _SEQ = itertools.count(1)  # unique per front-end process, across deployments
 INLINE_TOKENIZE_CHARS = 8192  # longer prompts are tokenized in a thread, off the event loop
 
@@ -265,11 +267,17 @@ class DeploymentClient(DeploymentStatusView):
                     continue
                 self.record_finish(stream, FinishReason.ERROR)
                 stream.fail(message)
+        for seq, control in list(self.controls.items()):  # a command no engine will answer
+            if not control.done():
+                control.set_result(m.Admission(seq, "Unavailable", message))
+            del self.controls[seq]
 
-    # ---- sleep mode (issue 13) --------------------------------------------------------------
-    async def control(self, make: Callable[[int, int], m.Sleep | m.WakeUp]) -> None:
-        """Send a sleep-mode command to every rank and wait for each engine's answer (an
-        `Admissions` item for its seq); raises the engine's typed error if one refused."""
+    # ---- sleep mode (issue 13) and pausing generation ----------------------------------------
+    async def control(self, make: Callable[[int, int], m.Sleep | m.WakeUp | m.Pause | m.Resume]
+                      ) -> None:
+        """Send a sleep-mode or pause command to every rank and wait for each engine's answer
+        (an `Admissions` item for its seq); raises the engine's typed error if one refused,
+        Unavailable if a rank died before answering."""
         loop = asyncio.get_running_loop()
         futures = []
         for sock in self.sockets:
@@ -294,3 +302,12 @@ class DeploymentClient(DeploymentStatusView):
             if not values[view.layout.slot("vllm:engine_sleep_state", "awake")]:
                 return True
         return False
+
+    def is_paused(self) -> bool:
+        """Whether any rank's scheduler is paused: by `/pause` (doppelchip_generation_paused)
+        or by sleeping, as vLLM's `is_scheduler_paused` answers."""
+        for view in self.views:
+            values, _ = view.read()
+            if values[view.layout.slot("doppelchip_generation_paused")]:
+                return True
+        return self.is_sleeping()

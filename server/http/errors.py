@@ -23,6 +23,7 @@ from server.engine.interface import (
     InvalidRequest,
     NotPlaced,
     Overloaded,
+    Paused,
     Unavailable,
 )
 from server.fleet import UnknownDeployment
@@ -70,6 +71,8 @@ def from_engine(e: EngineError | UnknownDeployment) -> HttpError:
         return HttpError(409, str(e), "ConflictError", "request_id")
     if isinstance(e, Overloaded):
         return HttpError(429, str(e))
+    if isinstance(e, Paused):  # vLLM's RetryableRequestError
+        return HttpError(503, str(e), "ServiceUnavailableError")
     if isinstance(e, Unavailable):
         return HttpError(503, str(e))
     if isinstance(e, NotPlaced):

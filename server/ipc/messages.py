@@ -146,8 +146,26 @@ class WakeUp(msgspec.Struct, frozen=True, array_like=True, tag="wake"):
     tags: tuple[str, ...] = ()
 
 
+class Pause(msgspec.Struct, frozen=True, array_like=True, tag="pause"):
+    """vLLM's pause_generation(mode, clear_cache) for weight updates (`POST /pause`): mode
+    abort | wait | keep (the in-flight ones); answered once the pause holds (mode wait: once
+    the running requests finished)."""
+
+    frontend: int
+    seq: int
+    mode: str = "abort"
+    clear_cache: bool = True
+
+
+class Resume(msgspec.Struct, frozen=True, array_like=True, tag="resume"):
+    """vLLM's resume_generation (`POST /resume`): generation goes on, held requests run."""
+
+    frontend: int
+    seq: int
+
+
 ToEngine = (AddRequest | Abort | Ack | Shutdown | FrontendGone | ResetPrefixCache | LoraOp
-            | Sleep | WakeUp)
+            | Sleep | WakeUp | Pause | Resume)
 
 
 # ---- engine / supervisor → front end ---------------------------------------------------------

@@ -10,7 +10,9 @@ fails when a service, method or route has no entry — so a new one is covered t
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
+from unittest import mock
 
 import grpc
 import httpx
@@ -31,6 +33,7 @@ from server.engine.tokenizer import get_tokenizer
 from server.http.app import PUBLIC_PATHS, build_app
 
 KEYS = ("key-one", "key-two")
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}  # vLLM's development routes (/pause, ...) too
 TOK = get_tokenizer()
 FRONT_ENDS = 2
 SERVICES = {s.full_name: s for s in (pb.DESCRIPTOR.services_by_name["Inference"],
@@ -44,7 +47,7 @@ def server():
     for d in doc["deployments"]:  # LoRA's routes answer 200 on a deployment serving adapters
         if d["name"] == "slow":
             d.update(enable_lora=True, max_loras=2)
-    with ServerProcess(doc, "--api-key", *KEYS) as s:
+    with ServerProcess(doc, "--api-key", *KEYS, env=DEV_MODE) as s:
         wait_ready(s.target, api_key=KEYS[0])
         yield s
 
@@ -198,6 +201,10 @@ BODIES = {("GET", "/v1/models"): None,
           ("POST", "/wake_up"): None,
           ("GET", "/kv_event_sources"): None,
           ("POST", "/reset_prefix_cache"): None,
+          ("POST", "/pause"): None,  # (then resumed: AFTER)
+          ("POST", "/resume"): None,
+          ("GET", "/is_paused"): None,
+          ("POST", "/abort_requests"): {"request_ids": ["nobody"]},
           ("POST", "/v1/load_lora_adapter"):
               lambda key: {"lora_name": f"load-{key}", "lora_path": "/a", "deployment": "slow"},
           ("POST", "/v1/unload_lora_adapter"):
@@ -206,7 +213,8 @@ BODIES = {("GET", "/v1/models"): None,
 BEFORE = {("POST", "/v1/unload_lora_adapter"): lambda key: (
     "POST", "/v1/load_lora_adapter",
     {"lora_name": f"unload-{key}", "lora_path": "/a", "deployment": "slow"})}
-AFTER = {("POST", "/sleep"): lambda key: ("POST", "/wake_up", None)}
+AFTER = {("POST", "/sleep"): lambda key: ("POST", "/wake_up", None),
+         ("POST", "/pause"): lambda key: ("POST", "/resume", None)}
 # what a route answers past the key when not 200: no response is ever stored (vLLM's default)
 ANSWERS = {("GET", "/v1/responses/{response_id}"): (404, "not found"),
            ("POST", "/v1/responses/{response_id}/cancel"): (404, "not found")}
@@ -214,7 +222,8 @@ ANSWERS = {("GET", "/v1/responses/{response_id}"): (404, "not found"),
 
 def route_table() -> list[tuple[str, str]]:
     """(method, path) of every route the server's app registers (HEAD aside: GET's twin)."""
-    app = build_app(None)  # type: ignore[arg-type]  # routes only; nothing is served
+    with mock.patch.dict(os.environ, DEV_MODE):  # as the server is started
+        app = build_app(None)  # type: ignore[arg-type]  # routes only; nothing is served
     return sorted((m, r.path) for r in app.router.routes
                   for m in getattr(r, "methods", None) or () if m != "HEAD")
 

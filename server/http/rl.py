@@ -1,0 +1,102 @@
+"""vLLM's RL routes for pausing generation around weight updates, as vLLM 0.33.0 serves them
+with VLLM_SERVER_DEV_MODE=1 (vllm/entrypoints/rl/online/api_router.py): `POST /pause?mode=
+&clear_cache=`, `POST /resume`, `GET /is_paused`, `POST /abort_requests`.
+
+Why: RL trainers (verl, SkyRL, prime-rl and the like) drive their vLLM pods through these
+between rollouts; a doppelchip pod answers them as such a pod does. What a pause does to the
+requests is the engine's (server/engine_proc/pause.py); a command reaches every deployment
+this front end serves (a pod serves one) and returns once every engine applied it — with mode
+wait, once the running requests finished. `/abort_requests` ends this front end's requests,
+as each of vLLM's API servers aborts its own. The weight-transfer routes are not served:
+there are no weights to move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from typing import Annotated, Literal
+
+from fastapi import FastAPI, Query
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from server.engine.interface import EngineError, FinishReason, InvalidRequest
+from server.frontend.stream import RequestStream
+from server.http.errors import HttpError, error_response
+from server.http.state import HttpState
+from server.ipc import messages as m
+
+ENV = "VLLM_SERVER_DEV_MODE"
+# an engine id (routes.engine_id): [n>1 child "j_"] client-facing id "-" 8 hex [prompt "_i"]
+_ENGINE_ID = re.compile(r"(?:\d+_)?(.+)-[0-9a-f]{8}(?:_\d+)?")
+
+
+def dev_mode() -> bool:
+    """vLLM's development endpoints are on (`VLLM_SERVER_DEV_MODE=1`)."""
+    return os.environ.get(ENV, "0").strip() not in ("", "0")
+
+
+def external_ids(stream: RequestStream) -> set[str]:
+    """The ids an abort may name a request by: the response's id (`chatcmpl-<id>`,
+    `cmpl-<id>`: vLLM's external request id), the engine's id, and the client's own."""
+    ids = {stream.request_id}
+    if (found := _ENGINE_ID.fullmatch(stream.request_id)) is not None:
+        ids.add(found.group(1))
+    if stream.client_id is not None:
+        ids.add(stream.client_id)
+    return ids
+
+
+def add_rl_routes(app: FastAPI, state: HttpState) -> None:
+    async def to_all(make) -> None:
+        await asyncio.gather(*(c.control(make) for c in state.fleet.clients.values()))
+
+    async def run(make, done: str, failed: str) -> JSONResponse:
+        try:
+            await to_all(make)
+        except InvalidRequest as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        except EngineError as e:
+            return JSONResponse({"error": f"Failed to {failed}: {e}"}, status_code=500)
+        return JSONResponse({"status": done})
+
+    @app.post("/pause")
+    async def pause(mode: Annotated[Literal["abort", "wait", "keep"], Query()] = "abort",
+                    clear_cache: Annotated[bool, Query()] = True) -> JSONResponse:
+        return await run(lambda fe, seq: m.Pause(fe, seq, mode, clear_cache), "paused",
+                         "pause generation")
+
+    @app.post("/resume")
+    async def resume() -> JSONResponse:
+        return await run(lambda fe, seq: m.Resume(fe, seq), "resumed", "resume generation")
+
+    @app.get("/is_paused")
+    async def is_paused() -> JSONResponse:
+        return JSONResponse({"is_paused": any(
+            c.is_paused() for c in state.fleet.clients.values())})
+
+    @app.post("/abort_requests")
+    async def abort_requests(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return error_response(HttpError(400, "Invalid JSON format"))
+        if not isinstance(body, dict):
+            return error_response(HttpError(400, "Request body must be a JSON object"))
+        ids = body.get("request_ids")
+        if isinstance(ids, str):
+            ids = [ids]
+        if ids and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+            return error_response(HttpError(400, "request_ids must be a list of strings",
+                                            "BadRequestError", "request_ids"))
+        aborted = 0
+        for client in state.fleet.clients.values():
+            for stream in list(client.streams.values()):
+                if not ids or not external_ids(stream).isdisjoint(ids):
+                    client.abort(stream)
+                    stream.finish(FinishReason.ABORT)
+                    aborted += 1
+        return JSONResponse({"status": "aborted", "aborted": len(ids) if ids else aborted})
