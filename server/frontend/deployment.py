@@ -294,20 +294,3 @@ class DeploymentClient(DeploymentStatusView):
         for answer in await asyncio.gather(*futures):
             if answer.error:
                 raise ERRORS.get(answer.error, Unavailable)(answer.message)
-
-    def is_sleeping(self) -> bool:
-        """Whether any rank is asleep (vllm:engine_sleep_state{sleep_state="awake"} == 0)."""
-        for view in self.views:
-            values, _ = view.read()
-            if not values[view.layout.slot("vllm:engine_sleep_state", "awake")]:
-                return True
-        return False
-
-    def is_paused(self) -> bool:
-        """Whether any rank's scheduler is paused: by `/pause` (doppelchip_generation_paused)
-        or by sleeping, as vLLM's `is_scheduler_paused` answers."""
-        for view in self.views:
-            values, _ = view.read()
-            if values[view.layout.slot("doppelchip_generation_paused")]:
-                return True
-        return self.is_sleeping()

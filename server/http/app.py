@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.auth import ApiKeys
+from server.http.chat_batch import add_chat_batch_routes
 from server.http.errors import HttpError, error_response, validation_error
 from server.http.kv_events import add_kv_event_routes
 from server.http.messages_routes import add_messages_routes
@@ -122,6 +123,7 @@ def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
                                         "InternalServerError"))
 
     add_routes(app, state)
+    add_chat_batch_routes(app, state)  # vLLM's /v1/chat/completions/batch
     add_kv_event_routes(app, state)  # KV events (issue 13)
     add_sleep_routes(app, state)  # sleep mode (issue 13)
     add_messages_routes(app, state)  # Anthropic's Messages API (vLLM's /v1/messages)

@@ -230,11 +230,13 @@ def http_body(draw, route: str) -> dict:
                                        JSON_VALUE))
     if route == "/invocations":  # SageMaker's: a chat or a completions body
         route = draw(st.sampled_from(("/v1/chat/completions", "/v1/completions")))
-    if route in ("/v1/chat/completions", "/v1/messages"):
+    if route in ("/v1/chat/completions", "/v1/messages", "/v1/chat/completions/batch"):
         role = st.sampled_from(("user", "system", "assistant", "tool", "nobody"))
-        body["messages"] = draw(st.one_of(
-            st.lists(st.fixed_dictionaries({"role": role, "content": SAFE_TEXT}), max_size=3),
-            JSON_VALUE))
+        conversation = st.lists(st.fixed_dictionaries({"role": role, "content": SAFE_TEXT}),
+                                max_size=3)
+        if route.endswith("/batch"):  # vLLM's batch chat: a list of conversations
+            conversation = st.lists(st.one_of(conversation, JSON_VALUE), max_size=3)
+        body["messages"] = draw(st.one_of(conversation, JSON_VALUE))
     elif route == "/v1/responses":
         item = st.one_of(
             st.fixed_dictionaries({"role": st.sampled_from(("user", "developer", "nobody")),
@@ -289,7 +291,7 @@ def _loads(text: str) -> Any:
 
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/messages",
-          "/v1/responses", "/invocations")
+          "/v1/responses", "/invocations", "/v1/chat/completions/batch")
 RAW_BODIES = st.one_of(
     st.binary(max_size=40), BAD_UTF8.map(lambda b: b'{"prompt": "' + b + b'"}'),
     st.integers(1000, 100_000).map(lambda n: b"[" * n), st.just(b'{"prompt": NaN}'),

@@ -40,7 +40,7 @@ async def test_load_counts_requests_in_flight_until_their_response_ends():
     """Three streams (one running, two queued behind it on a one-sequence deployment) count 3
     from when their headers arrive; a refused request leaves nothing counted; a stream whose
     client leaves stops counting (a Responses stream and an /invocations one too), as does a
-    non-streaming request whose client leaves."""
+    non-streaming request whose client leaves (a batch chat request too)."""
     with ServerProcess(fleet_doc({"api_server_count": 1}), "--enable-server-load-tracking"
                        ) as server:
         async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as h, \
@@ -81,6 +81,12 @@ async def test_load_counts_requests_in_flight_until_their_response_ends():
                                                                           **SLOW}))
             await until_load(h, 1)
             waiting.cancel()  # the client hangs up on a non-streaming request
+            await until_load(h, 0)
+            await assert_released(client, "slow")
+            batch = asyncio.create_task(h.post("/v1/chat/completions/batch", json={
+                "messages": [[{"role": "user", "content": "b"}]], **SLOW}))
+            await until_load(h, 1)  # a batch chat request counts once, as vLLM's
+            batch.cancel()
             await until_load(h, 0)
             await assert_released(client, "slow")
 

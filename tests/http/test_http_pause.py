@@ -46,12 +46,14 @@ async def client(server) -> AsyncIterator[AsyncClient]:
 
 
 def body(max_tokens: int, stream: bool = False, prompt=PROMPT) -> dict:
+    usage = {"stream_options": {"include_usage": True}} if stream else {}
     return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-            "stream": stream}
+            "stream": stream, **usage}
 
 
 class Stream:
-    """A streamed completion read in a task: its first chunk awaited, its finish kept."""
+    """A streamed completion read in a task: its first chunk awaited, its finish and its
+    completion tokens (the usage chunk's: a chunk may carry several tokens) kept."""
 
     def __init__(self, http: httpx.AsyncClient, max_tokens: int, rid: str | None = None):
         self.http, self.max_tokens, self.rid = http, max_tokens, rid
@@ -67,9 +69,11 @@ class Stream:
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                choice = json.loads(line.removeprefix("data: "))["choices"][0]
-                self.tokens += bool(choice["text"])
-                self.finish = choice["finish_reason"] or self.finish
+                event = json.loads(line.removeprefix("data: "))
+                if event.get("usage"):
+                    self.tokens = event["usage"]["completion_tokens"]
+                for choice in event["choices"]:
+                    self.finish = choice["finish_reason"] or self.finish
                 self.started.set()
 
     async def ended(self) -> str:

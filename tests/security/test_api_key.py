@@ -185,6 +185,8 @@ BODIES = {("GET", "/v1/models"): None,
           ("POST", "/v1/completions"): {"prompt": "hi", "max_tokens": 2},
           ("POST", "/v1/chat/completions"): {"messages": [{"role": "user", "content": "hi"}],
                                              "max_tokens": 2},
+          ("POST", "/v1/chat/completions/batch"): {
+              "messages": [[{"role": "user", "content": "hi"}]], "max_tokens": 2},
           ("POST", "/v1/messages"): {"model": "llama-3.1-8b", "max_tokens": 2,
                                      "messages": [{"role": "user", "content": "hi"}]},
           ("POST", "/v1/messages/count_tokens"): {
