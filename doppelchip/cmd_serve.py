@@ -57,6 +57,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--enable-server-load-tracking", action="store_true", default=None,
                    help="as vLLM's flag: GET /load answers {\"server_load\": N}, the completions "
                    "and chat requests this front end has in flight (0 without the flag)")
+    p.add_argument("--enable-scale-out", action="store_true", default=None,
+                   help="as vLLM's flag: serve the render routes (/v1/chat/completions/render, "
+                   "/v1/completions/render, /v1/messages/render) and token-in/token-out "
+                   "generation (/inference/v1/generate); 403 without it")
     add_security_args(p)
     from doppelchip.sim_flags import add_deployment_args
 
@@ -91,6 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             engine_restart_backoff_s=args.engine_restart_backoff,
             show_hidden_metrics_for_version=args.show_hidden_metrics_for_version,
             enable_server_load_tracking=args.enable_server_load_tracking,
+            enable_scale_out=args.enable_scale_out,
             **security_overrides(args),
         )
         fleet = with_env_api_key(fleet, os.environ)

@@ -63,6 +63,8 @@ class ServerConfig:
     show_hidden_metrics_for_version: str = ""
     # vLLM's --enable-server-load-tracking: GET /load counts this front end's requests in flight
     enable_server_load_tracking: bool = False
+    # vLLM's --enable-scale-out: the render and token-in/token-out routes (403 without it)
+    enable_scale_out: bool = False
     # One deployment per pod (`serve --deployment`/catalogue flags): the vllm: series carry
     # vLLM's own labels only (model_name, engine), no `deployment` label, as a vLLM pod's
     pod: bool = False

@@ -40,6 +40,7 @@ from server.http.responses_routes import add_responses_routes
 from server.http.rl import add_rl_routes, dev_mode
 from server.http.routes import add_routes
 from server.http.sagemaker import add_sagemaker_routes
+from server.http.scale_out import add_scale_out_routes
 from server.http.sleep import add_sleep_routes
 from server.http.state import HttpState
 
@@ -129,6 +130,8 @@ def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
     add_messages_routes(app, state)  # Anthropic's Messages API (vLLM's /v1/messages)
     add_responses_routes(app, state)  # OpenAI's Responses API (vLLM's /v1/responses)
     add_sagemaker_routes(app, state)  # SageMaker's /invocations (vLLM's)
+    # vLLM's render and token-in/token-out routes (403 stubs without --enable-scale-out)
+    add_scale_out_routes(app, state, state is not None and state.scale_out)
     if dev_mode():  # vLLM's RL routes: /pause, /resume, /is_paused, /abort_requests
         add_rl_routes(app, state)
     if keys:  # inside the metrics middleware: refused requests are counted (status 4xx)

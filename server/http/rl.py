@@ -92,11 +92,18 @@ def add_rl_routes(app: FastAPI, state: HttpState) -> None:
         if ids and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
             return error_response(HttpError(400, "request_ids must be a list of strings",
                                             "BadRequestError", "request_ids"))
-        aborted = 0
-        for client in state.fleet.clients.values():
-            for stream in list(client.streams.values()):
-                if not ids or not external_ids(stream).isdisjoint(ids):
-                    client.abort(stream)
-                    stream.finish(FinishReason.ABORT)
-                    aborted += 1
+        aborted = abort_matching(state, ids or None)
         return JSONResponse({"status": "aborted", "aborted": len(ids) if ids else aborted})
+
+
+def abort_matching(state: HttpState, ids: list[str] | None) -> int:
+    """End this front end's requests named by `ids` (`external_ids`; None: every one) with
+    finish reason abort, freeing their KV (vLLM's `abort(request_ids)`); how many ended."""
+    aborted = 0
+    for client in state.fleet.clients.values():
+        for stream in list(client.streams.values()):
+            if ids is None or not external_ids(stream).isdisjoint(ids):
+                client.abort(stream)
+                stream.finish(FinishReason.ABORT)
+                aborted += 1
+    return aborted

@@ -26,6 +26,7 @@ class HttpState:
     load_tracking: bool = False
     server_load: int = 0
     responses: ResponseStore | None = None  # VLLM_ENABLE_RESPONSES_API_STORE=1 (vLLM's)
+    scale_out: bool = False  # --enable-scale-out (vLLM's): render and generate routes
 
     def load(self) -> InFlight:
         """One request in flight from now (`InFlight.done` ends it)."""

@@ -230,6 +230,20 @@ def http_body(draw, route: str) -> dict:
                                        JSON_VALUE))
     if route == "/invocations":  # SageMaker's: a chat or a completions body
         route = draw(st.sampled_from(("/v1/chat/completions", "/v1/completions")))
+    route = route.removesuffix("/render")  # vLLM's render: the route's own body
+    if route == "/inference/v1/generate":  # token-in/token-out: ids and vLLM's SamplingParams
+        body["token_ids"] = draw(st.one_of(TOKEN_IDS, JSON_VALUE))
+        body["sampling_params"] = draw(st.one_of(st.fixed_dictionaries({}, optional={
+            "max_tokens": st.one_of(st.integers(-3, 300), JSON_VALUE), "temperature": FLOAT,
+            "n": st.integers(-1, 4), "logprobs": JSON_VALUE, "stop": _stops(),
+            "ignore_eos": st.booleans(), "seed": JSON_VALUE,
+            "structured_outputs": st.sampled_from(({"choice": ["a", "b"]}, {"regex": "["},
+                                                   {}))}), JSON_VALUE))
+        body.update(draw(st.fixed_dictionaries({}, optional={
+            "stream": st.booleans(), "return_token_ids": st.booleans(),
+            "output_mode": st.sampled_from(("tokens", "text", "derender", "x")),
+            "request_id": REQUEST_ID})))
+        return body
     if route in ("/v1/chat/completions", "/v1/messages", "/v1/chat/completions/batch"):
         role = st.sampled_from(("user", "system", "assistant", "tool", "nobody"))
         conversation = st.lists(st.fixed_dictionaries({"role": role, "content": SAFE_TEXT}),
@@ -291,7 +305,8 @@ def _loads(text: str) -> Any:
 
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/messages",
-          "/v1/responses", "/invocations", "/v1/chat/completions/batch")
+          "/v1/responses", "/invocations", "/v1/chat/completions/batch",
+          "/v1/chat/completions/render", "/v1/completions/render", "/inference/v1/generate")
 RAW_BODIES = st.one_of(
     st.binary(max_size=40), BAD_UTF8.map(lambda b: b'{"prompt": "' + b + b'"}'),
     st.integers(1000, 100_000).map(lambda n: b"[" * n), st.just(b'{"prompt": NaN}'),

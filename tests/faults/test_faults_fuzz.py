@@ -41,7 +41,7 @@ FUZZ_FLEET = {
 
 @pytest.fixture(scope="module")
 def fuzz_server():
-    with ServerProcess(FUZZ_FLEET) as s:
+    with ServerProcess(FUZZ_FLEET, "--enable-scale-out") as s:  # its routes fuzzed too
         yield s
 
 

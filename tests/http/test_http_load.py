@@ -39,10 +39,10 @@ async def until_load(h: httpx.AsyncClient, n: int) -> None:
 async def test_load_counts_requests_in_flight_until_their_response_ends():
     """Three streams (one running, two queued behind it on a one-sequence deployment) count 3
     from when their headers arrive; a refused request leaves nothing counted; a stream whose
-    client leaves stops counting (a Responses stream and an /invocations one too), as does a
-    non-streaming request whose client leaves (a batch chat request too)."""
-    with ServerProcess(fleet_doc({"api_server_count": 1}), "--enable-server-load-tracking"
-                       ) as server:
+    client leaves stops counting (a Responses, an /invocations and a token-in/token-out stream
+    too), as does a non-streaming request whose client leaves (a batch chat request too)."""
+    with ServerProcess(fleet_doc({"api_server_count": 1}), "--enable-server-load-tracking",
+                       "--enable-scale-out") as server:
         async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as h, \
                 AsyncClient(server.target) as client:
             assert await load(h) == 0
@@ -70,7 +70,11 @@ async def test_load_counts_requests_in_flight_until_their_response_ends():
             # empty, or the next request may find it full (max_waiting 2) and get a 429
             await assert_released(client, "slow")
             for path, body in (("/v1/responses", RESPONSE),
-                               ("/invocations", {"prompt": "hold", "stream": True, **SLOW})):
+                               ("/invocations", {"prompt": "hold", "stream": True, **SLOW}),
+                               ("/inference/v1/generate", {
+                                   "model": SLOW["model"], "token_ids": [7, 8], "stream": True,
+                                   "sampling_params": {"max_tokens": 2000,
+                                                       "ignore_eos": True}})):
                 four = await h.send(h.build_request("POST", path, json=body), stream=True)
                 assert await load(h) == 1, path
                 await four.aclose()

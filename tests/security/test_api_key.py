@@ -47,7 +47,7 @@ def server():
     for d in doc["deployments"]:  # LoRA's routes answer 200 on a deployment serving adapters
         if d["name"] == "slow":
             d.update(enable_lora=True, max_loras=2)
-    with ServerProcess(doc, "--api-key", *KEYS, env=DEV_MODE) as s:
+    with ServerProcess(doc, "--api-key", *KEYS, "--enable-scale-out", env=DEV_MODE) as s:
         wait_ready(s.target, api_key=KEYS[0])
         yield s
 
@@ -207,6 +207,18 @@ BODIES = {("GET", "/v1/models"): None,
           ("POST", "/resume"): None,
           ("GET", "/is_paused"): None,
           ("POST", "/abort_requests"): {"request_ids": ["nobody"]},
+          # vLLM's scale-out routes (the server runs with --enable-scale-out)
+          ("POST", "/v1/chat/completions/render"): {"messages": [{"role": "user",
+                                                                  "content": "hi"}]},
+          ("POST", "/v1/messages/render"): {"model": "llama-3.1-8b", "max_tokens": 2,
+                                            "messages": [{"role": "user", "content": "hi"}]},
+          ("POST", "/v1/completions/render"): {"prompt": "hi"},
+          ("POST", "/v1/responses/render"): None,
+          ("POST", "/v1/chat/completions/derender"): None,
+          ("POST", "/v1/completions/derender"): None,
+          ("POST", "/inference/v1/generate"): {"token_ids": [1, 2],
+                                               "sampling_params": {"max_tokens": 2}},
+          ("POST", "/inference/v1/abort_requests"): {"request_ids": ["nobody"]},
           ("POST", "/v1/load_lora_adapter"):
               lambda key: {"lora_name": f"load-{key}", "lora_path": "/a", "deployment": "slow"},
           ("POST", "/v1/unload_lora_adapter"):
@@ -219,7 +231,10 @@ AFTER = {("POST", "/sleep"): lambda key: ("POST", "/wake_up", None),
          ("POST", "/pause"): lambda key: ("POST", "/resume", None)}
 # what a route answers past the key when not 200: no response is ever stored (vLLM's default)
 ANSWERS = {("GET", "/v1/responses/{response_id}"): (404, "not found"),
-           ("POST", "/v1/responses/{response_id}/cancel"): (404, "not found")}
+           ("POST", "/v1/responses/{response_id}/cancel"): (404, "not found"),
+           **{("POST", p): (501, "not served by doppelchip") for p in (
+               "/v1/responses/render", "/v1/chat/completions/derender",
+               "/v1/completions/derender")}}
 
 
 def route_table() -> list[tuple[str, str]]:
