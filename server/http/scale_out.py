@@ -1,8 +1,9 @@
 """vLLM 0.33.0's scale-out routes (vllm/entrypoints/scale_out/): rendering a request into the
 token ids and sampling parameters the engine would run (`/v1/chat/completions/render`,
-`/v1/completions/render`, `/v1/messages/render`), and generating from token ids
-(`/inference/v1/generate`, `/inference/v1/abort_requests`) — served with `--enable-scale-out`
-(`[server] enable_scale_out`), each a 403 PermissionDeniedError without it, as vLLM.
+`/v1/completions/render`, `/v1/messages/render`, `/v1/responses/render`), and generating
+from token ids (`/inference/v1/generate`, `/inference/v1/abort_requests`) — served with
+`--enable-scale-out` (`[server] enable_scale_out`), each a 403 PermissionDeniedError without
+it, as vLLM.
 
 Why: routers that route on tokens (prefix-cache-aware endpoint pickers) ask a pod to render
 a request before they pick one, and RL rollouts render a conversation once, then generate
@@ -11,7 +12,7 @@ token ids the chat and completions routes would run (the same `prompts` and `len
 functions), with vLLM's `SamplingParams` as it serializes (`scale_out_protocol`); generate
 runs the token ids as a completions request over token ids would run them, and answers
 vLLM's `GenerateTokensResponse` (or `GenerateTextResponse`, `output_mode: "text"`), JSON or
-SSE. Derendering and the Responses render are 501: decode ids with `/detokenize`.
+SSE. Derendering is 501: decode ids with `/detokenize`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from server.http.errors import HttpError, bad_request, draining, error_response
 from server.http.messages_protocol import MessagesRequest
 from server.http.messages_routes import to_chat
 from server.http.protocol import ChatCompletionRequest, CompletionRequest
+from server.http.responses import new_id
+from server.http.responses import to_chat as to_chat_request
+from server.http.responses_protocol import ResponsesRequest
 from server.http.rl import abort_matching
 from server.http.routes import answer, checked_id, counted, engine_id, parse, request_id, resolve
 from server.http.scale_out_generate import GenerateShapes, completion_body
@@ -68,6 +72,21 @@ async def render_chat(state: HttpState, request: Request, body: ChatCompletionRe
                or {},
                "history_tool_call_cnt": sum(len(m.tool_calls or ()) for m in body.messages)}
     return generate_request(f"chatcmpl-{rid}", ids, params, body, context)
+
+
+async def render_responses(state: HttpState, request: Request, body: ResponsesRequest
+                           ) -> dict:
+    """A Responses request rendered (vLLM's `render_responses_request`): the chat request
+    the Responses route runs, under the response's id, with no parse context; stateless, so
+    `previous_response_id` is refused."""
+    client, _ = resolve(state, body.model)
+    if body.previous_response_id is not None:
+        raise HttpError(400, "previous_response_id is not supported by the stateless render "
+                        "endpoint.", "invalid_request_error", "previous_response_id")
+    rendered = await render_chat(state, request, to_chat_request(
+        body, client.limits.max_model_len))
+    return {**rendered, "request_id": body.request_id or new_id("resp"),
+            "return_token_ids": None, "parse_context": None, "stream_options": None}
 
 
 async def render_completion(state: HttpState, request: Request, body: CompletionRequest
@@ -147,12 +166,17 @@ def add_scale_out_routes(app: FastAPI, state: HttpState, enabled: bool) -> None:
         body = await parse(request, CompletionRequest)
         return await rendered(request, render_completion(state, request, body))
 
-    async def not_served() -> Response:
-        return error_response(HttpError(501, "Derendering and the Responses render are not "
-                                        "served by doppelchip: decode token ids with "
-                                        "/detokenize", "NotImplementedError"))
+    @app.post("/v1/responses/render")
+    async def render_responses_route(request: Request) -> Response:
+        body = await parse(request, ResponsesRequest)
+        return await rendered(request, render_responses(state, request, body))
 
-    for path in ("/v1/responses/render", *DERENDER):
+    async def not_served() -> Response:
+        return error_response(HttpError(501, "Derendering is not served by doppelchip: "
+                                        "decode token ids with /detokenize",
+                                        "NotImplementedError"))
+
+    for path in DERENDER:
         app.add_api_route(path, not_served, methods=["POST"], include_in_schema=False)
 
     @app.post("/inference/v1/generate")

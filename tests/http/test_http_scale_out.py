@@ -95,6 +95,17 @@ async def test_render_completions_one_request_per_prompt(h):
     for g, text in zip(r.json(), ("one two", "three"), strict=True):
         tokens = (await h.post("/tokenize", json={"prompt": text})).json()["tokens"]
         assert g["token_ids"] == tokens and g["sampling_params"]["max_tokens"] == 3
+    resp = await h.post("/v1/responses/render", json={
+        "model": MODEL, "instructions": "Be brief.", "input": "Hi", "max_output_tokens": 4,
+        "request_id": "resp_r"})
+    assert resp.status_code == 200, resp.text
+    chat = (await h.post("/tokenize", json={"model": MODEL, "messages": MESSAGES})).json()
+    assert resp.json()["token_ids"] == chat["tokens"]  # the chat request it runs as
+    assert resp.json()["request_id"] == "resp_r" and resp.json()["parse_context"] is None
+    assert resp.json()["sampling_params"]["max_tokens"] == 4
+    gone = await h.post("/v1/responses/render", json={"input": "Hi",
+                                                      "previous_response_id": "resp_x"})
+    assert gone.status_code == 400 and gone.json()["error"]["param"] == "previous_response_id"
     msg = await h.post("/v1/messages/render", json={"model": MODEL, "max_tokens": 5,
                                                     "messages": [{"role": "user",
                                                                   "content": "Hi"}]})

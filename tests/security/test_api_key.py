@@ -213,7 +213,7 @@ BODIES = {("GET", "/v1/models"): None,
           ("POST", "/v1/messages/render"): {"model": "llama-3.1-8b", "max_tokens": 2,
                                             "messages": [{"role": "user", "content": "hi"}]},
           ("POST", "/v1/completions/render"): {"prompt": "hi"},
-          ("POST", "/v1/responses/render"): None,
+          ("POST", "/v1/responses/render"): {"model": "llama-3.1-8b", "input": "hi"},
           ("POST", "/v1/chat/completions/derender"): None,
           ("POST", "/v1/completions/derender"): None,
           ("POST", "/inference/v1/generate"): {"token_ids": [1, 2],
@@ -233,8 +233,7 @@ AFTER = {("POST", "/sleep"): lambda key: ("POST", "/wake_up", None),
 ANSWERS = {("GET", "/v1/responses/{response_id}"): (404, "not found"),
            ("POST", "/v1/responses/{response_id}/cancel"): (404, "not found"),
            **{("POST", p): (501, "not served by doppelchip") for p in (
-               "/v1/responses/render", "/v1/chat/completions/derender",
-               "/v1/completions/derender")}}
+               "/v1/chat/completions/derender", "/v1/completions/derender")}}
 
 
 def route_table() -> list[tuple[str, str]]:
