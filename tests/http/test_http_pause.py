@@ -125,20 +125,24 @@ async def test_wait_lets_the_running_request_finish_and_holds_the_queued_one(ser
     async with http_client(server) as http:
         running = Stream(http, 60)
         await running.started.wait()
-        held = asyncio.create_task(http.post("/v1/completions", json=body(8)))
+        held = asyncio.create_task(http.post("/v1/completions", json=body(100)))
         await queued(client, 1)
         r = await http.post("/pause", params={"mode": "wait"})
         assert r.status_code == 200 and r.json() == {"status": "paused"}
         # the pause answered once the running request had ended in the engine
         d = await client.get_deployment("pod")
         assert d.load.num_running == 0 and d.load.num_waiting == 1
+        made = metric(server.scrape(), "vllm:generation_tokens_total")
         assert await running.ended() == "length" and running.tokens == 60
-        assert not held.done()
         await refused_as_paused(http)
+        # the queued request stays queued (vLLM's PAUSED_NEW): nothing more was generated
+        d = await client.get_deployment("pod")
+        assert d.load.num_running == 0 and d.load.num_waiting == 1 and not held.done()
+        assert metric(server.scrape(), "vllm:generation_tokens_total") == made
         assert (await http.post("/resume")).status_code == 200
         r = await held
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
-        assert r.json()["usage"]["completion_tokens"] == 8
+        assert r.json()["usage"]["completion_tokens"] == 100
     await assert_released(client, "pod")
 
 
