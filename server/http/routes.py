@@ -176,16 +176,24 @@ async def completion(state: HttpState, request: Request, body: CompletionRequest
         if state.draining:
             raise draining()
         client, name = resolve(state, body.model)
-        ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
-        reqs, n = completions.engine_requests(body, engine_id(f"cmpl-{rid}"), ids,
-                                              client.limits.max_model_len)
-        reqs = [lora_tag(client, body.model, r) for r in reqs]  # --- LoRA (issue 13) ---
-        run = await generate.admitted(client, reqs, n, rid)
+        run, ids = await start_completion(state, client, body, f"cmpl-{rid}", rid)
     except HttpError as e:
         return error_response(e, rid)
     shapes = completions.CompletionShapes(body, run, f"cmpl-{rid}", name, state.tokenizer, ids)
     return await answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
                         [], shapes.tail, rid)
+
+
+async def start_completion(state: HttpState, client: DeploymentClient, body: CompletionRequest,
+                           response_id: str, rid: str) -> tuple[generate.Run, list[list[int]]]:
+    """A completions request admitted to its deployment (or its HttpError): the run and each
+    prompt's token ids; the engine sees `<response_id>-<8 hex>`. `/v1/completions` (and
+    `/invocations`) and `/inference/v1/generate` (`server.http.scale_out`) start here."""
+    ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
+    reqs, n = completions.engine_requests(body, engine_id(response_id), ids,
+                                          client.limits.max_model_len)
+    reqs = [lora_tag(client, body.model, r) for r in reqs]  # --- LoRA (issue 13) ---
+    return await generate.admitted(client, reqs, n, rid), ids
 
 
 async def chat_completion(state: HttpState, request: Request, body: ChatCompletionRequest

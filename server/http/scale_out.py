@@ -23,8 +23,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.frontend.lora import tag as lora_tag
-from server.http import chat, completions, generate, prompts, tools
+from server.http import chat, completions, prompts, tools
 from server.http.errors import HttpError, bad_request, draining, error_response
 from server.http.messages_protocol import MessagesRequest
 from server.http.messages_routes import to_chat
@@ -33,7 +32,15 @@ from server.http.responses import new_id
 from server.http.responses import to_chat as to_chat_request
 from server.http.responses_protocol import ResponsesRequest
 from server.http.rl import abort_matching
-from server.http.routes import answer, checked_id, counted, engine_id, parse, request_id, resolve
+from server.http.routes import (
+    answer,
+    checked_id,
+    counted,
+    parse,
+    request_id,
+    resolve,
+    start_completion,
+)
 from server.http.scale_out_generate import GenerateShapes, completion_body
 from server.http.scale_out_protocol import GenerateRequest, generate_request, sampling_params
 from server.http.state import HttpState
@@ -120,12 +127,8 @@ async def generate_tokens(state: HttpState, request: Request, body: GenerateRequ
             raise HttpError(501, "output_mode='derender' is not served by doppelchip: decode "
                             "the token ids with /detokenize", "NotImplementedError")
         client, name = resolve(state, body.model)
-        cmpl = completion_body(body)
-        ids = await prompts.completion_prompts(cmpl, state.tokenizer, client.limits)
-        reqs, n = completions.engine_requests(cmpl, engine_id(f"generate-tokens-{rid}"), ids,
-                                              client.limits.max_model_len)
-        reqs = [lora_tag(client, body.model, r) for r in reqs]  # --- LoRA (issue 13) ---
-        run = await generate.admitted(client, reqs, n, rid)
+        run, ids = await start_completion(state, client, completion_body(body),
+                                          f"generate-tokens-{rid}", rid)
     except HttpError as e:
         return error_response(e, rid)
     shapes = GenerateShapes(body, run, f"generate-tokens-{rid}", name, state.tokenizer,
@@ -151,25 +154,19 @@ def add_scale_out_routes(app: FastAPI, state: HttpState, enabled: bool) -> None:
         except HttpError as e:
             return error_response(e, request.headers.get("x-request-id"))
 
-    @app.post("/v1/chat/completions/render")
-    async def render_chat_route(request: Request) -> Response:
-        body = await parse(request, ChatCompletionRequest)
-        return await rendered(request, render_chat(state, request, body))
+    def render_route(model, render):
+        async def route(request: Request) -> Response:
+            body = await parse(request, model)
+            return await rendered(request, render(state, request, body))
+        return route
 
-    @app.post("/v1/messages/render")
-    async def render_messages_route(request: Request) -> Response:
-        body = await parse(request, MessagesRequest)
-        return await rendered(request, render_chat(state, request, to_chat(body)))
-
-    @app.post("/v1/completions/render")
-    async def render_completion_route(request: Request) -> Response:
-        body = await parse(request, CompletionRequest)
-        return await rendered(request, render_completion(state, request, body))
-
-    @app.post("/v1/responses/render")
-    async def render_responses_route(request: Request) -> Response:
-        body = await parse(request, ResponsesRequest)
-        return await rendered(request, render_responses(state, request, body))
+    for path, model, render in (
+            ("/v1/chat/completions/render", ChatCompletionRequest, render_chat),
+            ("/v1/messages/render", MessagesRequest,
+             lambda state, request, body: render_chat(state, request, to_chat(body))),
+            ("/v1/completions/render", CompletionRequest, render_completion),
+            ("/v1/responses/render", ResponsesRequest, render_responses)):
+        app.add_api_route(path, render_route(model, render), methods=["POST"])
 
     async def not_served() -> Response:
         return error_response(HttpError(501, "Derendering is not served by doppelchip: "
