@@ -2,13 +2,16 @@
 (abort ends everything and refuses new requests with a retryable 503; wait lets the running
 request finish, holds the queued one and refuses new ones; keep freezes every request and
 queues new ones), `/resume`, `/is_paused`, the prefix cache emptied or kept, and
-`/abort_requests` by id and for all — every request released afterwards. Without the
-variable the routes do not exist, as in vLLM."""
+`/abort_requests` by id and for all — every request released afterwards; a pause waiting on
+an engine that dies fails (500) instead of hanging. Without the variable the routes do not
+exist, as in vLLM."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import AsyncIterator
 
 import grpc
@@ -70,6 +73,9 @@ class Stream:
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line.removeprefix("data: "))
+                if "error" in event:  # the engine died under the stream
+                    self.finish = "error"
+                    continue
                 if event.get("usage"):
                     self.tokens = event["usage"]["completion_tokens"]
                 for choice in event["choices"]:
@@ -222,6 +228,29 @@ async def test_sigterm_while_frozen_stops_cleanly():
             s.signal()
             assert await frozen.ended() == "abort"
         assert s.stop() == 0
+
+
+async def test_a_pause_waiting_on_an_engine_that_dies_fails_instead_of_hanging():
+    with ServerProcess(doc(), env=DEV) as s:
+        async with http_client(s) as http:
+            running = Stream(http, 400)
+            await running.started.wait()
+            pause = asyncio.create_task(http.post("/pause", params={"mode": "wait"}))
+            await until_paused(http)  # the engine holds the pause, waiting for the request
+            os.kill(s.engine_pid("pod"), signal.SIGKILL)
+            r = await asyncio.wait_for(pause, 30)
+            assert r.status_code == 500, r.text
+            assert r.json()["error"].startswith("Failed to pause generation: ")
+            assert "killed by SIGKILL" in r.json()["error"]
+            assert await running.ended() == "error"  # the stream it waited for failed too
+
+
+async def until_paused(http: httpx.AsyncClient) -> None:
+    for _ in range(500):
+        if (await http.get("/is_paused")).json()["is_paused"]:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the engine never paused")
 
 
 async def test_the_routes_exist_only_in_dev_mode():
