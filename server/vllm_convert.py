@@ -74,18 +74,21 @@ def to_engine_request(req: vpb.GenerateRequest, request_id: str) -> EngineReques
     if which is None:
         raise InvalidRequest("input is missing: set tokenized or text")
     sp = req.sampling_params
+    rank = req.data_parallel_rank if req.HasField("data_parallel_rank") else None
     if which == "text":
         if not req.text:
             raise InvalidRequest("prompt is empty")
         return EngineRequest(request_id=request_id, prompt_text=req.text,
-                             sampling=to_sampling(sp), constraint=to_constraint(sp))
+                             sampling=to_sampling(sp), constraint=to_constraint(sp),
+                             data_parallel_rank=rank)
     ids = tuple(req.tokenized.input_ids)
     if sp.HasField("truncate_prompt_tokens") and sp.truncate_prompt_tokens > 0:
         ids = ids[-sp.truncate_prompt_tokens :]
     if not ids:
         raise InvalidRequest("prompt is empty (no input_ids)")
     return EngineRequest(request_id=request_id, prompt_token_ids=ids,
-                         sampling=to_sampling(sp), constraint=to_constraint(sp))
+                         sampling=to_sampling(sp), constraint=to_constraint(sp),
+                         data_parallel_rank=rank)
 
 
 def to_chunk(chunk: TokenChunk, prompt_tokens: int, cached: int) -> vpb.GenerateResponse:

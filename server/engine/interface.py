@@ -176,6 +176,9 @@ class EngineRequest(msgspec.Struct, frozen=True):
     lora_name: str | None = None  # the adapter the request's `model` named (None: the base)
     # --- P/D (issue 13): vLLM's kv_transfer_params (NIXL connector), as the client sent it
     kv_transfer_params: dict[str, Any] | None = None
+    # vLLM's data_parallel_rank: the engine core (rank) a router pinned the request to
+    # (HTTP `X-data-parallel-rank`, VllmEngine's field); None: the least-loaded rank
+    data_parallel_rank: int | None = None
 
 
 class Usage(msgspec.Struct, frozen=True):

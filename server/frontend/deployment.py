@@ -144,10 +144,20 @@ class DeploymentClient(DeploymentStatusView):
                 del self.resets[token]
 
     # ---- requests ---------------------------------------------------------------------------
-    def _pick_rank(self) -> tuple[int, int]:
+    def _pick_rank(self, pinned: int | None = None) -> tuple[int, int]:
         """The least-loaded ready rank and its epoch, or the error a client should see. Load
         is what the rank reports (every front end's requests) plus this front end's requests
-        it has not answered yet; ties go round robin (vLLM's data-parallel balancing)."""
+        it has not answered yet; ties go round robin (vLLM's data-parallel balancing).
+        `pinned`: the rank a router chose (vLLM's data_parallel_rank), checked as vLLM's
+        input processor checks it."""
+        if pinned is not None:
+            if not 0 <= pinned < len(self.views):
+                raise InvalidRequest(f"data_parallel_rank {pinned} is out of range "
+                                     f"[0, {len(self.views)}).")
+            state, text, epoch, _ = self.rank_state(pinned)
+            if state is not DeploymentState.READY:
+                self._refuse(state, text)
+            return pinned, epoch
         if len(self.views) == 1:
             state, text, epoch, _ = self.rank_state(0)
             if state is DeploymentState.READY:
@@ -181,7 +191,7 @@ class DeploymentClient(DeploymentStatusView):
                      ) -> RequestStream:
         """Check, send, await admission; the stream to iterate, or a typed EngineError.
         `client_id`: the id `claim()` reserved, held until this stream ends."""
-        rank, epoch = self._pick_rank()
+        rank, epoch = self._pick_rank(request.data_parallel_rank)
         check_sizes(request, self.limits)  # before any work: a huge prompt is refused at once
         text = request.prompt_text
         if text is not None and len(text) > INLINE_TOKENIZE_CHARS:  # off the event loop

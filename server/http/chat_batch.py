@@ -37,7 +37,16 @@ from server.http.errors import (
 )
 from server.http.errors import vllm_invalid as invalid
 from server.http.protocol import ChatCompletionRequest, ChatMessage, OpenAIBase
-from server.http.routes import checked_id, counted, engine_id, parse, request_id, resolve
+from server.http.routes import (
+    checked_id,
+    counted,
+    data_parallel_rank,
+    engine_id,
+    parse,
+    pinned,
+    request_id,
+    resolve,
+)
 from server.http.state import HttpState
 
 
@@ -105,7 +114,8 @@ async def batch_chat_completion(state: HttpState, request: Request,
                                          client.limits.max_model_len)
             reqs.append(lora_tag(client, body.model, req))  # --- LoRA (issue 13) ---
             shapes_of.append((single, plan))
-        run = await generate.admitted(client, reqs, 1, rid)
+        run = await generate.admitted(client, pinned(reqs, data_parallel_rank(request)), 1,
+                                      rid)
         await generate.collect(run, request)
     except HttpError as e:
         return error_response(e, rid)

@@ -20,7 +20,15 @@ from server.http.generate import encode
 from server.http.messages import FRAMING, error_body, message, to_chat
 from server.http.messages_protocol import CountTokensRequest, MessagesRequest
 from server.http.messages_stream import MessageEvents
-from server.http.routes import answer, counted, parse, request_id, resolve, start_chat
+from server.http.routes import (
+    answer,
+    counted,
+    data_parallel_rank,
+    parse,
+    request_id,
+    resolve,
+    start_chat,
+)
 from server.http.state import HttpState
 
 
@@ -33,7 +41,7 @@ def add_messages_routes(app: FastAPI, state: HttpState) -> None:
     async def _message(request: Request, body: MessagesRequest) -> Response:
         rid = request_id(request, None)
         try:
-            run, shapes = await start_chat(state, rid, to_chat(body))
+            run, shapes = await start_chat(state, rid, to_chat(body), data_parallel_rank(request))
         except HttpError as e:
             return error_response(e, rid, error_body)
         if body.stream:

@@ -33,6 +33,7 @@ from server.http.routes import (
     SSE_HEADERS,
     answer,
     counted,
+    data_parallel_rank,
     parse,
     request_id,
     resolve,
@@ -65,7 +66,7 @@ def add_responses_routes(app: FastAPI, state: HttpState) -> None:
             history = _checks(body)
             limit = client.limits.max_model_len
             chat = to_chat(body, limit, history)
-            run, shapes = await start_chat(state, rid, chat)
+            run, shapes = await start_chat(state, rid, chat, data_parallel_rank(request))
         except HttpError as e:
             return error_response(e, rid)
         messages = [m.model_dump(exclude_none=True) for m in chat.messages]

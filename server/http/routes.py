@@ -17,6 +17,7 @@ from collections.abc import Awaitable
 from importlib.metadata import version
 from typing import Any, TypeVar
 
+import msgspec
 from fastapi import FastAPI
 from pydantic import BaseModel, TypeAdapter
 from starlette.requests import Request
@@ -24,7 +25,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from server import metrics as exposition
-from server.engine.interface import DeploymentState, InvalidRequest
+from server.engine.interface import DeploymentState, EngineRequest, InvalidRequest
 from server.fleet import UnknownDeployment
 from server.frontend import request_ids
 from server.frontend.deployment import DeploymentClient
@@ -63,6 +64,24 @@ def resolve(state: HttpState, model: str | None) -> tuple[DeploymentClient, str]
 
 def request_id(request: Request, body_id: str | None) -> str:
     return request.headers.get("x-request-id") or body_id or uuid.uuid4().hex
+
+
+def data_parallel_rank(request: Request) -> int | None:
+    """The engine core a router pinned the request to: vLLM's `X-data-parallel-rank` header
+    (`_get_data_parallel_rank`: None when absent or not an integer; out of range is the
+    deployment's 400)."""
+    text = request.headers.get("x-data-parallel-rank")
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def pinned(reqs: list[EngineRequest], rank: int | None) -> list[EngineRequest]:
+    """The requests pinned to engine core `rank` (None: left to the least-loaded rank)."""
+    if rank is None:
+        return reqs
+    return [msgspec.structs.replace(r, data_parallel_rank=rank) for r in reqs]
 
 
 def checked_id(rid: str) -> None:
@@ -176,7 +195,8 @@ async def completion(state: HttpState, request: Request, body: CompletionRequest
         if state.draining:
             raise draining()
         client, name = resolve(state, body.model)
-        run, ids = await start_completion(state, client, body, f"cmpl-{rid}", rid)
+        run, ids = await start_completion(state, client, body, f"cmpl-{rid}", rid,
+                                          data_parallel_rank(request))
     except HttpError as e:
         return error_response(e, rid)
     shapes = completions.CompletionShapes(body, run, f"cmpl-{rid}", name, state.tokenizer, ids)
@@ -185,15 +205,17 @@ async def completion(state: HttpState, request: Request, body: CompletionRequest
 
 
 async def start_completion(state: HttpState, client: DeploymentClient, body: CompletionRequest,
-                           response_id: str, rid: str) -> tuple[generate.Run, list[list[int]]]:
+                           response_id: str, rid: str, rank: int | None = None
+                           ) -> tuple[generate.Run, list[list[int]]]:
     """A completions request admitted to its deployment (or its HttpError): the run and each
-    prompt's token ids; the engine sees `<response_id>-<8 hex>`. `/v1/completions` (and
-    `/invocations`) and `/inference/v1/generate` (`server.http.scale_out`) start here."""
+    prompt's token ids; the engine sees `<response_id>-<8 hex>`; `rank` as `start_chat`'s.
+    `/v1/completions` (and `/invocations`) and `/inference/v1/generate`
+    (`server.http.scale_out`) start here."""
     ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
     reqs, n = completions.engine_requests(body, engine_id(response_id), ids,
                                           client.limits.max_model_len)
     reqs = [lora_tag(client, body.model, r) for r in reqs]  # --- LoRA (issue 13) ---
-    return await generate.admitted(client, reqs, n, rid), ids
+    return await generate.admitted(client, pinned(reqs, rank), n, rid), ids
 
 
 async def chat_completion(state: HttpState, request: Request, body: ChatCompletionRequest
@@ -201,7 +223,7 @@ async def chat_completion(state: HttpState, request: Request, body: ChatCompleti
     """A chat request's answer (`/v1/chat/completions`, and `/invocations`'s)."""
     rid = request_id(request, body.request_id)
     try:
-        run, shapes = await start_chat(state, rid, body)
+        run, shapes = await start_chat(state, rid, body, data_parallel_rank(request))
     except HttpError as e:
         return error_response(e, rid)
     head = shapes.head() if body.stream else []
@@ -209,11 +231,11 @@ async def chat_completion(state: HttpState, request: Request, body: ChatCompleti
                         head, shapes.tail, rid)
 
 
-async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest
-                     ) -> tuple[generate.Run, chat.ChatShapes]:
+async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
+                     rank: int | None = None) -> tuple[generate.Run, chat.ChatShapes]:
     """A chat request admitted to its deployment (or its HttpError): the run and the shapes
-    of its answer. `/v1/chat/completions` and `/v1/messages` (`server.http.messages_routes`)
-    both start here."""
+    of its answer; `rank`: the engine core a router pinned it to (`data_parallel_rank`).
+    `/v1/chat/completions`, `/v1/messages` and `/v1/responses` start here."""
     checked_id(rid)
     if state.draining:
         raise draining()
@@ -223,7 +245,7 @@ async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest
     req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan,
                                  client.limits.max_model_len)
     req = lora_tag(client, body.model, req)  # --- LoRA (issue 13) ---
-    run = await generate.admitted(client, [req], n, rid)
+    run = await generate.admitted(client, pinned([req], rank), n, rid)
     return run, chat.ChatShapes(body, run, f"chatcmpl-{rid}", name, state.tokenizer, plan,
                                 list(req.prompt_token_ids or ()))
 

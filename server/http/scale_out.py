@@ -36,6 +36,7 @@ from server.http.routes import (
     answer,
     checked_id,
     counted,
+    data_parallel_rank,
     parse,
     request_id,
     resolve,
@@ -128,7 +129,8 @@ async def generate_tokens(state: HttpState, request: Request, body: GenerateRequ
                             "the token ids with /detokenize", "NotImplementedError")
         client, name = resolve(state, body.model)
         run, ids = await start_completion(state, client, completion_body(body),
-                                          f"generate-tokens-{rid}", rid)
+                                          f"generate-tokens-{rid}", rid,
+                                          data_parallel_rank(request))
     except HttpError as e:
         return error_response(e, rid)
     shapes = GenerateShapes(body, run, f"generate-tokens-{rid}", name, state.tokenizer,
