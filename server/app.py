@@ -25,7 +25,6 @@ from server import wire
 from server.auth import ApiKeys
 from server.config import FleetConfig
 from server.engine.clock import Timeline
-from server.engine.interface import FinishReason
 from server.engine.tokenizer import get_tokenizer
 from server.fleet import Fleet
 from server.frontend.deployment import DeploymentClient
@@ -161,8 +160,7 @@ class FrontendApp:
             log.warning("grace expired: aborting %d requests", self.fleet.num_unfinished())
             for client in self.clients:
                 for stream in list(client.streams.values()):
-                    client.abort(stream)
-                    stream.finish(FinishReason.ABORT)
+                    client.cancel(stream)
         await asyncio.gather(self.server.stop(1.0), self.http.stop())
         self.receiver.stop()
         self.pacer.stop()

@@ -178,8 +178,7 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
                 continue
             request_log(log, rid).info("Abort from the client; aborting in %s", self.client.name)
             for stream in mine:
-                self.client.abort(stream)
-                stream.finish(FinishReason.ABORT)
+                self.client.cancel(stream)
         return vpb.AbortResponse()
 
     def _has_api_key(self, context: grpc.aio.ServicerContext) -> bool:

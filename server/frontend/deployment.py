@@ -244,6 +244,13 @@ class DeploymentClient(DeploymentStatusView):
         self.tell_engine(stream, "abort")
         self.record_finish(stream, FinishReason.ABORT)
 
+    def cancel(self, stream: RequestStream) -> None:
+        """End a request someone other than its client ended (an Abort RPC, `/abort_requests`,
+        a drain's grace running out): `abort` it, and end its stream with finish reason abort,
+        which its reader then answers."""
+        self.abort(stream)
+        stream.finish(FinishReason.ABORT)
+
     def tell_engine(self, stream: RequestStream, reason: str) -> None:
         """Ask the engine to free the request (reason "stop": a stop string matched)."""
         with contextlib.suppress(zmq.Again):  # the engine is gone: nothing holds it there

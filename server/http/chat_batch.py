@@ -31,21 +31,19 @@ from server.http import chat, generate, prompts, tools
 from server.http.errors import (
     HttpError,
     body_errors,
-    draining,
     error_response,
     validation_error,
 )
 from server.http.errors import vllm_invalid as invalid
 from server.http.protocol import ChatCompletionRequest, ChatMessage, OpenAIBase
 from server.http.routes import (
-    checked_id,
     counted,
     data_parallel_rank,
     engine_id,
+    opened,
     parse,
     pinned,
     request_id,
-    resolve,
 )
 from server.http.state import HttpState
 
@@ -101,10 +99,7 @@ async def batch_chat_completion(state: HttpState, request: Request,
                                 body: BatchChatCompletionRequest) -> Response:
     rid = request_id(request, body.request_id)
     try:
-        checked_id(rid)
-        if state.draining:
-            raise draining()
-        client, name = resolve(state, body.model)
+        client, name = opened(state, rid, body.model)
         singles = conversations(body)
         reqs, shapes_of = [], []
         for i, single in enumerate(singles):

@@ -23,7 +23,7 @@ from fastapi import FastAPI, Query
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.engine.interface import EngineError, FinishReason, InvalidRequest
+from server.engine.interface import EngineError, InvalidRequest
 from server.frontend.stream import RequestStream
 from server.http.errors import HttpError, error_response
 from server.http.state import HttpState
@@ -103,7 +103,6 @@ def abort_matching(state: HttpState, ids: list[str] | None) -> int:
     for client in state.fleet.clients.values():
         for stream in list(client.streams.values()):
             if ids is None or not external_ids(stream).isdisjoint(ids):
-                client.abort(stream)
-                stream.finish(FinishReason.ABORT)
+                client.cancel(stream)
                 aborted += 1
     return aborted

@@ -66,6 +66,15 @@ def request_id(request: Request, body_id: str | None) -> str:
     return request.headers.get("x-request-id") or body_id or uuid.uuid4().hex
 
 
+def opened(state: HttpState, rid: str, model: str | None) -> tuple[DeploymentClient, str]:
+    """A generation request's first checks, in vLLM's order: its id, a draining server, then
+    the deployment its `model` names (and the name to answer with)."""
+    checked_id(rid)
+    if state.draining:
+        raise draining()
+    return resolve(state, model)
+
+
 def data_parallel_rank(request: Request) -> int | None:
     """The engine core a router pinned the request to: vLLM's `X-data-parallel-rank` header
     (`_get_data_parallel_rank`: None when absent or not an integer; out of range is the
@@ -191,10 +200,7 @@ async def completion(state: HttpState, request: Request, body: CompletionRequest
     """A completions request's answer (`/v1/completions`, and `/invocations`'s)."""
     rid = request_id(request, body.request_id)
     try:
-        checked_id(rid)
-        if state.draining:
-            raise draining()
-        client, name = resolve(state, body.model)
+        client, name = opened(state, rid, body.model)
         run, ids = await start_completion(state, client, body, f"cmpl-{rid}", rid,
                                           data_parallel_rank(request))
     except HttpError as e:
@@ -236,10 +242,7 @@ async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
     """A chat request admitted to its deployment (or its HttpError): the run and the shapes
     of its answer; `rank`: the engine core a router pinned it to (`data_parallel_rank`).
     `/v1/chat/completions`, `/v1/messages` and `/v1/responses` start here."""
-    checked_id(rid)
-    if state.draining:
-        raise draining()
-    client, name = resolve(state, body.model)
+    client, name = opened(state, rid, body.model)
     plan = tools.plan(body)
     ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
     req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan,
