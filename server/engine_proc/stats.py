@@ -40,7 +40,7 @@ class EngineStats:
         self.a[self.slot("_pid")] = pid
         for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                      "doppelchip_realtime_lag_seconds", "_kv_used",
-                     "doppelchip_generation_paused"):
+                     "_paused"):
             self.a[self.slot(name)] = 0
         self.a[self.slot("_kv_free")] = info.capacity.kv_blocks_total
         for state in ("awake", "weights_offloaded", "discard_all"):
@@ -58,9 +58,10 @@ class EngineStats:
         f.end()
 
     def paused(self, paused: bool) -> None:
-        """doppelchip_generation_paused (vLLM's /pause), which `/is_paused` reads."""
+        """Whether vLLM's /pause holds this engine (an internal slot: `/is_paused` reads it;
+        vLLM exports no pause metric, and every scrape would carry one more series)."""
         self.file.begin()
-        self.a[self.slot("doppelchip_generation_paused")] = float(paused)
+        self.a[self.slot("_paused")] = float(paused)
         self.file.end()
 
     def queued(self, num_queued: int, rejected: int = 0) -> None:

@@ -96,10 +96,10 @@ class DeploymentStatusView:
         return False
 
     def is_paused(self) -> bool:
-        """Whether any rank's scheduler is paused: by `/pause` (doppelchip_generation_paused)
-        or by sleeping, as vLLM's `is_scheduler_paused` answers."""
+        """Whether any rank's scheduler is paused: by `/pause` (its `_paused` slot) or by
+        sleeping, as vLLM's `is_scheduler_paused` answers."""
         for view in self.views:
             values, _ = view.read()
-            if values[view.layout.slot("doppelchip_generation_paused")]:
+            if values[view.layout.slot("_paused")]:
                 return True
         return self.is_sleeping()

@@ -18,7 +18,7 @@ KV_TRANSFER_OUTCOMES = ("ok", "failed")
 
 def pd_sleep_metrics() -> list[MetricDef]:
     """The KV transfers a decode pod pulled (docs/PD.md), the blocks a prefill pod holds for
-    its decode side, the emulated time waking up cost, and whether generation is paused."""
+    its decode side, and the emulated time waking up cost."""
     return [
         MetricDef("doppelchip_kv_transfers", "counter",
                   "KV-cache transfers pulled from a prefill pod (P/D), by outcome.",
@@ -31,8 +31,6 @@ def pd_sleep_metrics() -> list[MetricDef]:
                   "KV blocks a prefill pod holds for decode pods to read (P/D)."),
         MetricDef("doppelchip_wake_seconds", "counter",
                   "Emulated seconds spent bringing weights back on wake-up (sleep mode)."),
-        MetricDef("doppelchip_generation_paused", "gauge",
-                  "1 while generation is paused (vLLM's /pause until /resume), else 0."),
     ]
 
 
