@@ -61,6 +61,12 @@ def register(subparsers: Any) -> None:
                    help="as vLLM's flag: serve the render routes (/v1/chat/completions/render, "
                    "/v1/completions/render, /v1/messages/render) and token-in/token-out "
                    "generation (/inference/v1/generate); 403 without it")
+    p.add_argument("--custom-histogram-buckets", metavar="JSON",
+                   help="as vLLM's flag: replace a bucket family's bounds in every vllm: "
+                   "histogram of it, e.g. '{\"time_to_first_token\": [0.05, 0.1, 0.5]}' "
+                   "(families: request_latency, time_to_first_token, inter_token_latency, "
+                   "iteration_tokens, request_params_n, request_num_preemptions, "
+                   "request_tokens, kv_cache_residency)")
     add_security_args(p)
     from doppelchip.sim_flags import add_deployment_args
 
@@ -83,6 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     forkserver.start_early()  # it preloads on the other core while the lines below run
     from server.config import ConfigError, load_fleet, server_problem
+    from server.stats.buckets import parse_custom_histogram_buckets
     from server.supervisor import ServeOptions, serve
 
     try:
@@ -96,12 +103,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             show_hidden_metrics_for_version=args.show_hidden_metrics_for_version,
             enable_server_load_tracking=args.enable_server_load_tracking,
             enable_scale_out=args.enable_scale_out,
+            custom_histogram_buckets=args.custom_histogram_buckets,
             **security_overrides(args),
         )
         fleet = with_env_api_key(fleet, os.environ)
         problem = server_problem(fleet.server)
         if problem:
             raise ConfigError(problem)
+        parse_custom_histogram_buckets(fleet.server.custom_histogram_buckets)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -94,6 +94,14 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
                    '(kv_connector_extra_config.link: a link id; docs/PD.md)')
     g.add_argument("--enable-sleep-mode", action="store_true",
                    help="accepted for vLLM compatibility: sleep mode is always available")
+    # --- vLLM's observability flags (docs/OBSERVABILITY.md) ---
+    g.add_argument("--kv-cache-metrics", action="store_true", default=None,
+                   help="as vLLM's flag: export the KV residency histograms "
+                   "(vllm:kv_block_{lifetime,idle_before_evict,reuse_gap}_seconds) of a sample "
+                   "of the blocks, on the emulated timeline")
+    g.add_argument("--kv-cache-metrics-sample", type=float, metavar="FRACTION",
+                   help="share of the KV blocks --kv-cache-metrics follows, (0, 1] (default "
+                   "0.01, vLLM's)")
     add_fault_args(p)
 
 

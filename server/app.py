@@ -42,6 +42,7 @@ from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.metrics import MetricsView
 from server.servicer import InferenceServicer
+from server.stats.buckets import parse_custom_histogram_buckets
 from server.stats.collector import StatsCollector
 from server.vllm_servicer import SERVICE_NAME as VLLM_SERVICE_NAME
 from server.vllm_servicer import VLLM_SERVICE, VllmEngineServicer
@@ -67,8 +68,9 @@ class FrontendApp:
         self.input.bind(run_dir.frontend_input(frontend))
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
         keys = [(d, r.rank) for d, ranks in enumerate(infos) for r in ranks]
+        buckets = parse_custom_histogram_buckets(cfg.custom_histogram_buckets)
         self.stats = FrontendStats(run_dir.frontend_stats(frontend), keys, max(1, max_len),
-                                   any(r.faults for d in infos for r in d))
+                                   any(r.faults for d in infos for r in d), buckets)
         tokenizer = get_tokenizer()
         tokenizer.warm()  # not at the first request: its TTFT would pay ~0.3 s
         self.pacer = LoopPacer()  # coalescing while this process's event loop is saturated
@@ -97,7 +99,8 @@ class FrontendApp:
         self.port = 0
         enable_multiprocess(run_dir.prometheus_dir())
         collector = StatsCollector(infos, run_dir, num_frontends, cfg.time_scale, wall0,
-                                   cfg.show_hidden_metrics_for_version == "0.10", cfg.pod)
+                                   cfg.show_hidden_metrics_for_version == "0.10", cfg.pod,
+                                   buckets)
         self.http_state = HttpState(self.fleet, tokenizer,
                                     MetricsView(collector, run_dir.prometheus_dir()),
                                     load_tracking=cfg.enable_server_load_tracking,

@@ -29,6 +29,7 @@ Unknown keys are errors (a typo never silently falls back to a default).
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,10 @@ class ServerConfig:
     enable_server_load_tracking: bool = False
     # vLLM's --enable-scale-out: the render and token-in/token-out routes (403 without it)
     enable_scale_out: bool = False
+    # vLLM's --custom-histogram-buckets: JSON {family: [bounds]} replacing the bounds of the vllm:
+    # histograms of a family (server/stats/buckets.py, which `serve` checks it with); in a
+    # fleet file also a table
+    custom_histogram_buckets: str = ""
     # One deployment per pod (`serve --deployment`/catalogue flags): the vllm: series carry
     # vLLM's own labels only (model_name, engine), no `deployment` label, as a vLLM pod's
     pod: bool = False
@@ -98,6 +103,8 @@ ALIASES = {"metrics_port": "http_port"}  # [server] keys accepted under another 
 
 def _server_table(table: dict[str, Any], where: str) -> dict[str, Any]:
     out = dict(table)
+    if isinstance(out.get("custom_histogram_buckets"), dict):  # a TOML table: as the flag's JSON
+        out["custom_histogram_buckets"] = json.dumps(out["custom_histogram_buckets"])
     for alias, key in ALIASES.items():
         if alias in out:
             value = out.pop(alias)
@@ -186,6 +193,9 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     for key in POSITIVE_KEYS:
         if key in table and isinstance(table[key], int) and table[key] < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
+    sample = table.get("kv_cache_metrics_sample", 0.01)  # vLLM's --kv-cache-metrics-sample
+    if isinstance(sample, (int, float)) and not 0 < sample <= 1:
+        raise ConfigError(f"{where}: kv_cache_metrics_sample must be in (0, 1], got {sample}")
     # --- KV events (issue 13) ---
     if "kv_events_port_offset" in table:
         raise ConfigError(f"{where}: kv_events_port_offset is set by the server, not the file")

@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import msgspec
 import zmq
 
 from server import forkserver
@@ -44,6 +45,7 @@ from server.frontend.main import FrontendSpec, frontend_main
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
 from server.ports import PortInUse, check_free, claim, reserve
+from server.stats.buckets import parse_custom_histogram_buckets
 from server.supervisor_engines import EngineSlot, crash_message
 from server.supervisor_stop import stop_children
 from server.supervisor_watch import Watcher
@@ -184,7 +186,13 @@ class Supervisor:
                           num_frontends=self.num_frontends, time_scale=cfg.time_scale,
                           wall0=self.wall0, cold=cold, log_level=self.options.log_level,
                           check_integrity=self.options.check_integrity,
+                          histogram_buckets=self._histogram_buckets(),
                           supervisor_pid=os.getpid())
+
+    def _histogram_buckets(self) -> tuple[tuple[str, tuple[float, ...]], ...]:
+        """The server's --custom-histogram-buckets, as every engine's info carries them."""
+        return tuple(parse_custom_histogram_buckets(
+            self.config.server.custom_histogram_buckets).items())
 
     def _start_engine(self, slot: EngineSlot, cold: bool) -> None:
         proc = self.mp.Process(target=engine_main, args=(self._engine_spec(slot, cold),),
@@ -244,8 +252,9 @@ class Supervisor:
     def _fail_startup(self, slot: EngineSlot) -> None:
         """An engine that died before its hello: FAILED with the reason, the rest serve."""
         why = crash_message(slot.process.exitcode if slot.process else None)
-        info = failed_info(slot.options, slot.rank, f"engine process died at start-up: {why}",
-                           get_tokenizer().vocab_size)
+        info = msgspec.structs.replace(
+            failed_info(slot.options, slot.rank, f"engine process died at start-up: {why}",
+                        get_tokenizer().vocab_size), histogram_buckets=self._histogram_buckets())
         self.infos[slot.deployment][slot.rank] = info
         slot.mark_failed(self.run_dir, info, info.failure)
 

@@ -139,6 +139,9 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         # --- P/D and sleep mode (issue 13) ---
         "kv_transfer_config": getattr(args, "kv_transfer_config", None),
         "enable_sleep_mode": getattr(args, "enable_sleep_mode", None) or None,
+        # --- vLLM's --kv-cache-metrics (docs/OBSERVABILITY.md) ---
+        "kv_cache_metrics": getattr(args, "kv_cache_metrics", None),
+        "kv_cache_metrics_sample": getattr(args, "kv_cache_metrics_sample", None),
         # ---- request limits (issue 14) ----
         **{k: getattr(args, k, None) for k in REQUEST_LIMITS},
         # ---- end request limits ----
@@ -147,6 +150,9 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         if overrides.get(key) is not None and overrides[key] < 1:
             raise SimulationError(f"--{key.replace('_', '-')} must be >= 1, got "
                                   f"{overrides[key]}")
+    sample = overrides.get("kv_cache_metrics_sample")  # vLLM's --kv-cache-metrics-sample
+    if sample is not None and not 0 < sample <= 1:
+        raise SimulationError(f"--kv-cache-metrics-sample must be in (0, 1], got {sample}")
     # --- failure injection (issue 13) ---
     for key in FAULT_KEYS:
         value = getattr(args, key, None)

@@ -33,6 +33,8 @@ def toml_text(doc: dict[str, Any]) -> str:
             return "true" if v else "false"
         if isinstance(v, str):
             return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, dict):  # an inline table
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
         return repr(v)
 
     lines = ["[server]"] + [f"{k} = {value(v)}" for k, v in doc.get("server", {}).items()]

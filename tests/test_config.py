@@ -37,6 +37,8 @@ DEP = {"name": "a", "model": "m", "quant": "bf16", "chip": "h100-sxm", "engine":
         ({"server": {"default_deployment": "b"}, "deployments": [DEP]}, "is not one of"),
         ({"server": {"event_loop": "trio"}, "deployments": [DEP]}, "event_loop must be"),
         ({"fleet": {}, "deployments": [DEP]}, "unknown section(s) fleet"),
+        ({"deployments": [{**DEP, "kv_cache_metrics_sample": 0}]},
+         "kv_cache_metrics_sample must be in (0, 1], got 0"),
     ],
 )
 def test_bad_fleet_files_name_the_problem(doc, message):
@@ -57,3 +59,15 @@ def test_unreadable_and_invalid_files(tmp_path):
     bad.write_text("[server\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_fleet(bad)
+
+
+def test_custom_histogram_buckets_as_a_table_or_the_flags_json():
+    """[server] custom_histogram_buckets: a TOML table reads as vLLM's flag JSON would."""
+    import json
+
+    table = {"time_to_first_token": [0.1, 1.0]}
+    as_table = parse_fleet({"server": {"custom_histogram_buckets": table}, "deployments": [DEP]})
+    as_json = parse_fleet({"server": {"custom_histogram_buckets": json.dumps(table)},
+                           "deployments": [DEP]})
+    assert json.loads(as_table.server.custom_histogram_buckets) == table
+    assert as_table.server == as_json.server

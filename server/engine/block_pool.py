@@ -8,11 +8,16 @@ Contract:
   one holder per id and returns a block to the free list when its last holder lets go.
 - ``allocate(n)`` is all-or-nothing: callers ask ``can_allocate(n)`` first (or catch
   ``NoFreeBlocksError``). Nothing is ever evicted here; making room is the cache's job.
+- ``metrics`` (vLLM's ``--kv-cache-metrics``, off by default) is told of every block handed out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .kv_metrics import KVCacheMetricsCollector
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -28,6 +33,7 @@ class BlockPool:
         self._ref_counts = [0] * num_blocks
         # A stack: popping from the end reuses the most recently freed block first.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.metrics: KVCacheMetricsCollector | None = None
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -60,6 +66,8 @@ class BlockPool:
         if n == 1:  # a decode crossing into a new block: the common case
             b = free.pop()
             self._ref_counts[b] = 1
+            if self.metrics is not None:
+                self.metrics.on_allocated((b,))
             return [b]
         blocks = free[-n:]
         del free[-n:]
@@ -67,6 +75,8 @@ class BlockPool:
         refs = self._ref_counts
         for b in blocks:
             refs[b] = 1
+        if self.metrics is not None:
+            self.metrics.on_allocated(blocks)
         return blocks
 
     def share(self, block_ids: Iterable[int]) -> None:

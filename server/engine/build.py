@@ -38,6 +38,7 @@ from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
 from server.engine.kv_events import KvEventLog
 from server.engine.kv_events_config import KVEventsConfig
+from server.engine.kv_metrics import KVCacheMetricsCollector
 from server.engine.kv_transfer import KvTransferConfig
 from server.engine.lora import LoraConfig, LoraRegistry
 from server.engine.mock_model import MockModel, OutputLengths
@@ -132,6 +133,9 @@ class EngineOptions:
     # --- autoscale (issue 16): sim/autoscale.py, docs/AUTOSCALING.md ---
     autoscaling: str | None = None  # "metric=waiting,target=4,min=1,max=8" (the file's table)
     # --- end autoscale ---
+    # --- vLLM's --kv-cache-metrics: server/engine/kv_metrics.py, docs/OBSERVABILITY.md ---
+    kv_cache_metrics: bool = False  # the KV residency histograms (vllm:kv_block_*_seconds)
+    kv_cache_metrics_sample: float = 0.01  # share of the blocks handed out that are followed
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
@@ -213,4 +217,7 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
             log.lora_names = core.lora.names
         core.scheduler.cache.attach_events(log)
     # --- end KV events ---
+    if opts.kv_cache_metrics:  # vLLM's --kv-cache-metrics: the pool reports to it
+        core.scheduler.pool.metrics = KVCacheMetricsCollector(
+            opts.kv_cache_metrics_sample, evictions=config.enable_prefix_caching, seed=opts.seed)
     return core

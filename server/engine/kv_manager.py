@@ -105,6 +105,8 @@ class KVCacheManager:
             self.cache.evict(need - pool.num_free)
         if match.node is not None:
             pool.share(match.block_ids)
+            if pool.metrics is not None:  # vLLM's --kv-cache-metrics: a hit is an access
+                pool.metrics.on_accessed(match.block_ids)
             req.block_ids = list(match.block_ids)
             req.cache_node = match.node
             req.num_computed_tokens = match.num_tokens

@@ -59,7 +59,8 @@ class RadixCache(RadixLru, PrefixCache):
 
     def reset(self) -> bool:
         """Empty the cache, as vLLM's ``reset_prefix_cache``: refused (False) while any request
-        holds a block; on success the log gets one ``AllBlocksCleared``, no per-block removal."""
+        holds a block; on success the log gets one ``AllBlocksCleared``, no per-block removal,
+        and the pool's residency metrics start afresh."""
         pool, roots = self.pool, self.roots.values()  # every adapter's tree (LoRA)
         if pool.num_free + self._cached != pool.num_blocks or any(
                 c.lock_ref for root in roots for c in root.children.values()):
@@ -73,6 +74,8 @@ class RadixCache(RadixLru, PrefixCache):
         self._evictable = self._cached = self._num_nodes = 0
         if self.events is not None:
             self.events.cleared()
+        if pool.metrics is not None:  # vLLM's --kv-cache-metrics forget the sampled blocks
+            pool.metrics.reset()
         return True
     # --- end KV events ---
 

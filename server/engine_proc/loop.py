@@ -116,6 +116,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self.timers: list[tuple[float, int, int]] = []  # (emulated t, frontend, seq) replies
         self.pause = PauseState()  # vLLM's /pause (server/engine_proc/pause.py)
         self.faults = faults  # device faults (issue 13): server/engine_proc/faults.py
+        self.kv_metrics = core.scheduler.pool.metrics  # vLLM's --kv-cache-metrics (or None)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -166,6 +167,8 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
             if self.faults is not None:  # a crash exits here; a hang holds the step back
                 self.faults.advance(start)
                 start = self.faults.hang(start, self._wait_until)
+            if self.kv_metrics is not None:  # --kv-cache-metrics: the step allocates at start
+                self.kv_metrics.now = start
             result = core.step()
             if result is None:  # everything waiting is blocked: wait for an abort or arrival
                 self._service(self._idle_timeout_ms())

@@ -54,6 +54,8 @@ class EngineSpec:
     cold: bool  # pay the cold start (a restart rebuilds what the crash lost)
     log_level: str
     check_integrity: bool = False  # run the scheduler's check_integrity() whenever it idles
+    # the server's --custom-histogram-buckets, (family, bounds) pairs (server/stats/buckets.py)
+    histogram_buckets: tuple[tuple[str, tuple[float, ...]], ...] = ()
     supervisor_pid: int = 0  # exit when it is gone (server.ipc.lifeline); 0: no lifeline
 
 
@@ -77,14 +79,16 @@ def engine_main(spec: EngineSpec) -> None:
     try:
         core = build_core(opts, tokenizer)
     except (DeviceError, ValueError) as e:
-        info = failed_info(opts, spec.rank, str(e), tokenizer.vocab_size)
+        info = msgspec.structs.replace(failed_info(opts, spec.rank, str(e), tokenizer.vocab_size),
+                                       histogram_buckets=spec.histogram_buckets)
         stats = EngineStats(run.engine_stats(spec.deployment, spec.rank), info, spec.epoch,
                             os.getpid())
         stats.set_state("failed", f"could not be placed: {e}")
         _hello(run, spec, info)
         log.warning("deployment %s could not be placed: %s", opts.name, e)
         return
-    info = placed_info(opts, spec.rank, core, tokenizer)
+    info = msgspec.structs.replace(placed_info(opts, spec.rank, core, tokenizer),
+                                   histogram_buckets=spec.histogram_buckets)
     stats = EngineStats(run.engine_stats(spec.deployment, spec.rank), info, spec.epoch,
                         os.getpid())
     stats.set_state("compiling", "starting")

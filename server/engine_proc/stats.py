@@ -14,7 +14,7 @@ from pathlib import Path
 from server.engine.core import EngineCore, StepResult
 from server.ipc.messages import DeploymentInfo
 from server.stats.layout import HistogramWriter, Layout
-from server.stats.schema import STATE_CODES, compile_reason, engine_metrics
+from server.stats.schema import KV_RESIDENCY, STATE_CODES, compile_reason, engine_metrics
 from server.stats.shm import StatsFile
 
 
@@ -27,6 +27,8 @@ class EngineStats:
         self.slot = layout.slot
         self.iteration_tokens = HistogramWriter(self.a, layout, "vllm:iteration_tokens_total")
         self.step_seconds = HistogramWriter(self.a, layout, "doppelchip_step_seconds")
+        self.residency = tuple(HistogramWriter(self.a, layout, name) for name in KV_RESIDENCY
+                               ) if info.kv_cache_metrics else ()  # --kv-cache-metrics
         self._tier_slots = {t: layout.slot("doppelchip_tier_bytes", t) for t in info.tiers}
         self._seen = (0, 0, 0)  # scheduler's preemptions, prefix queries, prefix hits
         self._pd_seen = (0, 0)  # scheduler's external prefix queries, hits (P/D)
@@ -117,6 +119,8 @@ class EngineStats:
         if self.info.num_speculative_tokens:
             self._spec(core)
         self.step_seconds.observe(result.seconds)
+        if self.residency:
+            self._residency(core)
         a[slot("doppelchip_busy_seconds")] += busy
         a[slot("doppelchip_bound_seconds", cost.bound)] += busy
         a[slot("doppelchip_flops")] += cost.flops * n
@@ -135,6 +139,17 @@ class EngineStats:
         a[slot("doppelchip_energy_joules")] = core.stats.joules + self._base_joules
         a[slot("doppelchip_cost_dollars")] = core.stats.dollars + self._base_dollars
         self.file.end()
+
+    def _residency(self, core: EngineCore) -> None:
+        """vLLM's KV residency histograms, from the blocks the pool's sampler saw evicted
+        (server/engine/kv_metrics.py); called inside an open write."""
+        metrics = core.scheduler.pool.metrics
+        events = metrics.drain_events() if metrics is not None else ()
+        if events:
+            lifetime, idle, reuse = self.residency
+            lifetime.observe_many([e.lifetime_seconds for e in events])
+            idle.observe_many([e.idle_seconds for e in events])
+            reuse.observe_many([g for e in events for g in e.reuse_gaps_seconds])
 
     def resume(self) -> None:
         """Energy and cost continue from what an earlier incarnation of this engine spent."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from server.stats.buckets import Overrides
 from server.stats.layout import HistogramWriter, Layout
 from server.stats.schema import request_metrics
 from server.stats.shm import StatsFile
@@ -83,8 +84,8 @@ class FrontendStats:
     """The stats file of one front end: a block per (deployment, rank) in fleet order."""
 
     def __init__(self, path: Path, keys: Sequence[tuple[int, int]], max_model_len: int,
-                 faults: bool = False) -> None:
-        self.layout = Layout(request_metrics(max_model_len, faults))
+                 faults: bool = False, buckets: Overrides | None = None) -> None:
+        self.layout = Layout(request_metrics(max_model_len, faults, buckets))
         self.keys = list(keys)
         self.file = StatsFile(path, self.layout.size * len(self.keys), create=True)
         self.blocks = {key: RequestStatsBlock(self.file.values, self.layout,

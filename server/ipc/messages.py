@@ -62,6 +62,10 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     # --- LoRA (issue 13) ---
     max_loras: int = 0  # --enable-lora: adapters one step may run (0: LoRA off)
     faults: bool = False  # failure injection configured (issue 13): its metrics are exported
+    # --- vLLM's observability flags: the engine's histograms (server/stats/buckets.py) ---
+    kv_cache_metrics: bool = False  # --kv-cache-metrics: the KV residency histograms
+    histogram_buckets: tuple[tuple[str, tuple[float, ...]], ...] = ()  # the server's
+    #                                   --custom-histogram-buckets, (family, bounds) pairs
 
     @property
     def model_name(self) -> str:

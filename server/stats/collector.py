@@ -18,6 +18,7 @@ import numpy as np
 
 from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
+from server.stats.buckets import Overrides
 from server.stats.exposition import Exposition, Scrape
 from server.stats.layout import Layout, MetricDef
 from server.stats.lora import LORA_INFO, LORA_INFO_HELP, lora_info_lines
@@ -28,14 +29,14 @@ from server.stats.shm import StatsFile
 class StatsCollector:
     def __init__(self, infos: list[list[DeploymentInfo]], run_dir: RunDir, num_frontends: int,
                  time_scale: float, wall0: float, show_hidden_metrics: bool = False,
-                 pod: bool = False) -> None:
+                 pod: bool = False, buckets: Overrides | None = None) -> None:
         self.infos, self.run, self.num_frontends = infos, run_dir, num_frontends
         self.pod = pod
         self.show_hidden = show_hidden_metrics
         self.scale, self.wall0 = time_scale, wall0
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
         faults = any(r.faults for d in infos for r in d)  # failure injection (issue 13)
-        self.request_layout = Layout(request_metrics(max(1, max_len), faults))
+        self.request_layout = Layout(request_metrics(max(1, max_len), faults, buckets))
         self.keys = [(d, r.rank) for d, ranks in enumerate(infos) for r in ranks]
         self.engine_layouts = {(d, r.rank): Layout(engine_metrics(r))
                                for d, ranks in enumerate(infos) for r in ranks}

@@ -22,6 +22,7 @@ and `deployment`; device metrics use `deployment` and `chip`.
 from __future__ import annotations
 
 from server.ipc.messages import DeploymentInfo
+from server.stats.buckets import Overrides, family_buckets
 from server.stats.layout import MetricDef
 from server.stats.schema_features import (
     FAULT_ENGINE_METRICS,
@@ -35,25 +36,10 @@ SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHE_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
-REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
-REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 BOUNDS = ("memory", "compute", "overhead", "link")
 COMPILE_REASONS = ("cold_start", "recompile", "new_shape", "other")
 STATE_CODES = ("compiling", "ready", "failed", "draining")
 
-REQUEST_LATENCY_BUCKETS = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0, 7680.0,
-)
-TIME_TO_FIRST_TOKEN_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)
-INTER_TOKEN_LATENCY_BUCKETS = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0,
-)
-ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # 50 µs … 10 ms: an SRAM chip's decode step (Groq, Cerebras) and a GPU's at batch 1 are under
 # vLLM's first bucket (10 ms); from there on vLLM's own inter-token histogram resolves them
 # (and a pod's scrape stays small).
@@ -63,68 +49,73 @@ FINE_ITL_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.
 STEP_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0)
 
 
-def build_1_2_5_buckets(max_value: int) -> list[int]:
-    """vLLM's 1-2-5 series up to `max_value`: build_1_2_5_buckets(100) = [1, 2, 5, ..., 100]."""
-    out: list[int] = []
-    exponent = 0
-    while True:
-        for m in (1, 2, 5):
-            value = m * 10**exponent
-            if value > max_value:
-                return out
-            out.append(value)
-        exponent += 1
-
-
-# name -> (help, buckets: a tuple, or "1-2-5" for build_1_2_5_buckets(max_model_len))
-HISTOGRAMS: dict[str, tuple[str, tuple[float, ...] | str]] = {
-    "vllm:request_prompt_tokens": ("Number of prefill tokens processed.", "1-2-5"),
-    "vllm:request_generation_tokens": ("Number of generation tokens processed.", "1-2-5"),
+# name -> (help, its bucket family: server/stats/buckets.py)
+HISTOGRAMS: dict[str, tuple[str, str]] = {
+    "vllm:request_prompt_tokens": ("Number of prefill tokens processed.", "request_tokens"),
+    "vllm:request_generation_tokens": ("Number of generation tokens processed.", "request_tokens"),
     "vllm:iteration_tokens_total": ("Histogram of number of tokens per engine_step.",
-                                    ITERATION_TOKENS_BUCKETS),
+                                    "iteration_tokens"),
     "vllm:request_params_max_tokens": ("Histogram of the max_tokens request parameter.",
-                                       "1-2-5"),
+                                       "request_tokens"),
     "vllm:time_to_first_token_seconds": ("Histogram of time to first token in seconds.",
-                                         TIME_TO_FIRST_TOKEN_BUCKETS),
+                                         "time_to_first_token"),
     "vllm:inter_token_latency_seconds": ("Histogram of inter-token latency in seconds.",
-                                         INTER_TOKEN_LATENCY_BUCKETS),
+                                         "inter_token_latency"),
     "vllm:e2e_request_latency_seconds": ("Histogram of e2e request latency in seconds.",
-                                         REQUEST_LATENCY_BUCKETS),
+                                         "request_latency"),
     "vllm:request_queue_time_seconds": ("Histogram of time spent in WAITING phase for request.",
-                                        REQUEST_LATENCY_BUCKETS),
+                                        "request_latency"),
     "vllm:request_inference_time_seconds": (
-        "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS),
+        "Histogram of time spent in RUNNING phase for request.", "request_latency"),
     "vllm:request_prefill_time_seconds": (
-        "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS),
+        "Histogram of time spent in PREFILL phase for request.", "request_latency"),
     "vllm:request_decode_time_seconds": (
-        "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS),
+        "Histogram of time spent in DECODE phase for request.", "request_latency"),
 }
 # vLLM 0.33.0 (docs/VLLM_REFERENCE.md, tests/observability/vllm_reference.json "series")
-HISTOGRAMS_0_33: dict[str, tuple[str, tuple[float, ...] | str]] = {
+HISTOGRAMS_0_33: dict[str, tuple[str, str]] = {
     "vllm:request_max_num_generation_tokens": (
-        "Histogram of maximum number of requested generation tokens.", "1-2-5"),
+        "Histogram of maximum number of requested generation tokens.", "request_tokens"),
     "vllm:request_params_n": ("Histogram of the n request parameter.",
-                              REQUEST_PARAMS_N_BUCKETS),
+                              "request_params_n"),
     "vllm:request_time_per_output_token_seconds": (
-        "Histogram of time_per_output_token_seconds per request.", INTER_TOKEN_LATENCY_BUCKETS),
+        "Histogram of time_per_output_token_seconds per request.", "inter_token_latency"),
     "vllm:request_num_preemptions": (
         "Histogram of the number of times a request was preempted.",
-        REQUEST_NUM_PREEMPTIONS_BUCKETS),
+        "request_num_preemptions"),
     "vllm:request_prefill_kv_computed_tokens": (
         "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-        "1-2-5"),
+        "request_tokens"),
 }
 
 
-def _vllm_hist(name: str, max_model_len: int) -> MetricDef:
-    doc, buckets = HISTOGRAMS[name] if name in HISTOGRAMS else HISTOGRAMS_0_33[name]
-    b = tuple(build_1_2_5_buckets(max_model_len)) if buckets == "1-2-5" else buckets
-    return MetricDef(name, "histogram", doc, tuple(float(x) for x in b))
+# vLLM's KV-cache residency histograms (--kv-cache-metrics; vllm/v1/metrics/loggers.py:1041),
+# written by the engine core from its sampled blocks (server/engine/kv_metrics.py)
+KV_RESIDENCY: dict[str, tuple[str, str]] = {
+    "vllm:kv_block_lifetime_seconds": (
+        "Histogram of KV cache block lifetime from allocation to eviction. Sampled metrics "
+        "(controlled by --kv-cache-metrics-sample).", "kv_cache_residency"),
+    "vllm:kv_block_idle_before_evict_seconds": (
+        "Histogram of idle time before KV cache block eviction. Sampled metrics (controlled by "
+        "--kv-cache-metrics-sample).", "kv_cache_residency"),
+    "vllm:kv_block_reuse_gap_seconds": (
+        "Histogram of time gaps between consecutive KV cache block accesses. Only the most "
+        "recent accesses are recorded (ring buffer). Sampled metrics (controlled by "
+        "--kv-cache-metrics-sample).", "kv_cache_residency"),
+}
 
 
-def request_metrics(max_model_len: int, faults: bool = False) -> list[MetricDef]:
+def _vllm_hist(name: str, max_model_len: int, overrides: Overrides | None = None
+               ) -> MetricDef:
+    doc, family = (HISTOGRAMS.get(name) or HISTOGRAMS_0_33.get(name) or KV_RESIDENCY[name])
+    return MetricDef(name, "histogram", doc, family_buckets(family, max_model_len, overrides))
+
+
+def request_metrics(max_model_len: int, faults: bool = False,
+                    buckets: Overrides | None = None) -> list[MetricDef]:
     """What a front end writes per (deployment, rank); `faults`: some deployment of the
-    server has failure injection configured (its counters are exported)."""
+    server has failure injection configured (its counters are exported); `buckets`: the
+    server's --custom-histogram-buckets."""
     return [
         MetricDef("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
         MetricDef("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
@@ -134,8 +125,9 @@ def request_metrics(max_model_len: int, faults: bool = False) -> list[MetricDef]
                   "Number of prompt tokens by source.", label="source", values=PROMPT_SOURCES),
         MetricDef("vllm:prompt_tokens_cached", "counter",
                   "Number of cached prompt tokens (local + external)."),
-        *(_vllm_hist(n, max_model_len) for n in HISTOGRAMS if n != "vllm:iteration_tokens_total"),
-        *(_vllm_hist(n, max_model_len) for n in HISTOGRAMS_0_33),
+        *(_vllm_hist(n, max_model_len, buckets) for n in HISTOGRAMS
+          if n != "vllm:iteration_tokens_total"),
+        *(_vllm_hist(n, max_model_len, buckets) for n in HISTOGRAMS_0_33),
         MetricDef("doppelchip_inter_token_latency_seconds", "histogram",
                   "Inter-token latency (emulated), sub-millisecond buckets.",
                   FINE_ITL_BUCKETS),
@@ -144,8 +136,10 @@ def request_metrics(max_model_len: int, faults: bool = False) -> list[MetricDef]
 
 
 def engine_metrics(info: DeploymentInfo) -> list[MetricDef]:
-    """What the engine core of one (deployment, rank) writes; `_`-names are internal."""
+    """What the engine core of one (deployment, rank) writes; `_`-names are internal. The
+    server's --custom-histogram-buckets and --kv-cache-metrics come with `info`."""
     tiers = info.tiers
+    buckets = dict(info.histogram_buckets)
     return [
         *(MetricDef(n, "gauge", "internal") for n in (
             "_state", "_epoch", "_pid", "_idle", "_t", "_kv_free", "_kv_used", "_steps",
@@ -198,7 +192,8 @@ def engine_metrics(info: DeploymentInfo) -> list[MetricDef]:
                   "Prefix cache queries, in terms of number of queried tokens."),
         MetricDef("vllm:prefix_cache_hits", "counter",
                   "Prefix cache hits, in terms of number of cached tokens."),
-        _vllm_hist("vllm:iteration_tokens_total", info.capacity.max_model_len),
+        _vllm_hist("vllm:iteration_tokens_total", info.capacity.max_model_len, buckets),
+        *(_vllm_hist(n, 0, buckets) for n in (KV_RESIDENCY if info.kv_cache_metrics else ())),
         MetricDef("doppelchip_realtime_lag_seconds", "gauge",
                   "How far the last engine step ended behind its emulated deadline "
                   "(emulated seconds; 0 when idle)."),

@@ -10,7 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess
 
-from server.stats.schema import HISTOGRAMS, build_1_2_5_buckets
+from server.stats.buckets import FAMILY_DEFAULTS, build_1_2_5_buckets
+from server.stats.schema import HISTOGRAMS, HISTOGRAMS_0_33, KV_RESIDENCY
 
 REFERENCE = json.loads((Path(__file__).parent / "vllm_reference.json").read_text())
 MAX_LEN = 512
@@ -34,10 +35,30 @@ def test_build_1_2_5_buckets_matches_vllm():
 def test_histogram_table_is_the_transcription():
     ref = REFERENCE["histograms"]
     assert set(HISTOGRAMS) == set(ref)
-    for name, (doc, buckets) in HISTOGRAMS.items():
+    for name, (doc, family) in HISTOGRAMS.items():
         assert doc == ref[name]["help"], name
         expected = ref[name]["buckets"]
-        assert (buckets == "1-2-5") if expected == "1-2-5" else list(buckets) == expected, name
+        default = FAMILY_DEFAULTS[family]
+        assert default is None if expected == "1-2-5" else list(default) == expected, name
+
+
+def test_every_histogram_draws_from_vllms_family():
+    """Each vllm: histogram (the KV residency ones too) has vLLM's help, bucket family and
+    default bounds, so --custom-histogram-buckets replaces what vLLM's replaces."""
+    series = REFERENCE["series"]
+    ours = {**HISTOGRAMS, **HISTOGRAMS_0_33, **KV_RESIDENCY}
+    theirs = {n for n, s in series.items() if s["type"] == "histogram" and s.get("bucket_family")}
+    assert set(ours) == theirs
+    for name, (doc, family) in ours.items():
+        spec = series[name]
+        assert (doc, family) == (spec["help"], spec["bucket_family"]), name
+        want = spec["buckets"]
+        assert (FAMILY_DEFAULTS[family] is None if want == "1-2-5"
+                else list(FAMILY_DEFAULTS[family]) == want), name
+    assert set(FAMILY_DEFAULTS) == set(REFERENCE["bucket_families"])
+    for family, bounds in REFERENCE["bucket_families"].items():
+        if FAMILY_DEFAULTS[family] is not None:
+            assert list(FAMILY_DEFAULTS[family]) == bounds, family
 
 
 def expected_labels(name: str) -> set[str]:
@@ -116,3 +137,9 @@ def test_finished_reasons_are_vllms(families):
     exported = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
     pending = set(REFERENCE["doppelchip_pending"]["finished_reasons"])
     assert exported == set(REFERENCE["finished_reasons"]) - pending
+
+
+def test_kv_residency_series_need_their_flag(families):
+    """vLLM registers vllm:kv_block_*_seconds only with --kv-cache-metrics, and so does this
+    server (test_obs_kv_residency.py turns it on)."""
+    assert [n for n in families if n.startswith("vllm:kv_block_")] == []
