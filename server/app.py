@@ -105,7 +105,7 @@ class FrontendApp:
                                     MetricsView(collector, run_dir.prometheus_dir()),
                                     load_tracking=cfg.enable_server_load_tracking,
                                     scale_out=cfg.enable_scale_out,
-                                    responses=ResponseStore.from_env())
+                                    responses=ResponseStore.from_env(), now=self.now)
         # Always SO_REUSEPORT: the supervisor holds a reserved socket on the HTTP port.
         self.http = HttpServer(build_app(self.http_state, ApiKeys(cfg.api_key)), cfg.host,
                                http_port, reuse_port=True, options=ListenerOptions.of(cfg))

@@ -58,8 +58,10 @@ class LoopControls:
     def _tick(self) -> None:
         """Due replies (a wake-up answers once its weights are back), expired KV holds, and
         KV transfers that ended: their requests join the scheduler (or end, policy fail)."""
-        t = max(self._t, self.now())
-        for timer in [x for x in self.timers if x[0] <= t]:
+        now = self.now()
+        t = max(self._t, now)
+        # a reply is due when the timeline reaches it (not `_t`: a wake-up moves `_t` to its end)
+        for timer in [x for x in self.timers if x[0] <= now]:
             self.timers.remove(timer)
             self._send(timer[1], m.encode(m.Admissions(self.deployment, self.rank,
                                                        [m.Admission(timer[2])])))
@@ -114,6 +116,8 @@ class LoopControls:
         wake-up whose weights take emulated time to come back)."""
         if isinstance(msg, m.WakeUp):
             seconds = self.sleep.wake(msg.tags, self.core.placement)
+            if not self.sleep.sleeping and self.pause.paused:
+                self._resume()  # vLLM 0.33.0: fully awake resumes the scheduler (a /pause too)
             self.stats.pd_sleep(self.core, self.sleep, self.connector)  # before the answer
             if seconds <= 0:
                 return m.Admission(msg.seq)
@@ -149,12 +153,7 @@ class LoopControls:
         once the running requests finished (mode wait)."""
         sched, state = self.core.scheduler, self.pause
         if isinstance(msg, m.Resume):
-            self._pause_holds()  # a pause still waiting ends with the resume
-            if state.frozen or not sched.running:  # the paused time was idle on the timeline
-                self._idle_until(self.now())
-            state.mode, sched.paused_new = None, False
-            self.stats.paused(False)
-            log.info("%s resumed generation", self.name)
+            self._resume()
             return m.Admission(msg.seq)
         if msg.mode not in pause.MODES:
             return m.Admission(msg.seq, "InvalidRequest", f"Invalid pause mode: {msg.mode}")
@@ -176,6 +175,16 @@ class LoopControls:
         if msg.clear_cache and msg.mode != "keep":
             self._clear_cache()
         return m.Admission(msg.seq)
+
+    def _resume(self) -> None:
+        """Lift the pause (`/resume`, or a wake-up that left nothing asleep)."""
+        sched, state = self.core.scheduler, self.pause
+        self._pause_holds()  # a pause still waiting ends with the resume
+        if state.frozen or not sched.running:  # the paused time was idle on the timeline
+            self._idle_until(self.now())
+        state.mode, sched.paused_new = None, False
+        self.stats.paused(False)
+        log.info("%s resumed generation", self.name)
 
     def _pause_holds(self) -> None:
         """Answer the pauses that waited for the running requests (mode wait)."""

@@ -16,8 +16,8 @@ from vllm/v1/engine/core.py (`EngineCoreProc.pause_generation`, `pause_scheduler
   (`PAUSED_MESSAGE`; HTTP 503); in mode keep it is accepted and queued.
 - `clear_cache` (default true, ignored in mode keep): the prefix cache is emptied once the
   pause holds (vLLM's `_reset_caches`; refused, as vLLM's reset, while a request holds blocks).
-- The pause is independent of sleep mode: a paused engine that sleeps and wakes is still
-  paused until `/resume`.
+- A wake-up that leaves nothing asleep resumes a paused engine, as vLLM 0.33.0's `wake_up`
+  calls `resume_scheduler`; `/resume` lifts the pause only (a sleeping engine stays asleep).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ is gone, what waking costs on the emulated timeline, what the metric says.
 Why it exists: RL trainers and autoscalers put idle vLLM engines to sleep to free the GPU and
 wake them later; they measure (and route around) the wake-up time. vLLM's semantics,
 followed from vllm/v1/engine/core.py (`sleep`, `pause_scheduler`, `wake_up`) and
-vllm/v1/metrics/loggers.py (`record_sleep_state`) as of v0.26:
+vllm/v1/metrics/loggers.py (`record_sleep_state`) as of v0.26, checked at v0.33.0:
 
 - level 0 pauses scheduling; level 1 offloads the weights to host memory and discards the KV
   cache; level 2 discards both. Level >= 1 resets the prefix cache.

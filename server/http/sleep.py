@@ -1,60 +1,97 @@
-"""Sleep mode over HTTP, as vLLM serves it (vllm/entrypoints/serve/sleep/api_router.py @
-09cb327): `POST /sleep?level=&mode=`, `POST /wake_up?tags=...`, `GET /is_sleeping`.
+"""Sleep mode over HTTP, as vLLM 0.33.0 serves it (vllm/entrypoints/serve/dev/sleep/
+api_router.py and metrics.py): `POST /sleep?level=&mode=` → `{"status": "sleeping", "level"}`,
+`POST /wake_up?tags=...` → `{"status": "awake" | "sleeping", "tags"}`, `GET /is_sleeping`, and
+the sleep-mode operation metrics.
 
 vLLM mounts these only with VLLM_SERVER_DEV_MODE=1; here they are always there (issue 13:
 sleep mode always available, `--enable-sleep-mode` accepted). The command reaches every
 deployment this front end serves (a pod serves one) and returns when every engine applied it:
-a wake-up returns once the weights are back on the emulated timeline. Bad level or mode:
-400 in vLLM's error shape.
+a wake-up returns once the weights are back on the emulated timeline. A level outside 0..2 or
+an unknown mode is FastAPI's validation error (400, as vLLM answers it); an unknown tag a 400.
+
+- `/wake_up`'s status is "awake" once nothing is asleep any more (vLLM's `fully_awake`), else
+  "sleeping" (a wake-up of some tags only); `tags` echoes the tags asked for, null for none.
+- `/is_sleeping` is true while an engine sleeps or while `/pause` holds it, as vLLM 0.33.0's
+  `is_sleeping` (`is_scheduler_paused() or executor sleeping`).
+- `vllm:sleep_mode_operation_duration_seconds{operation}` and
+  `vllm:sleep_mode_operations_in_flight{operation}` (`sleep`, `wake`; vLLM's labels, buckets and
+  multiprocess mode `livesum`) are created by the first sleep-mode call, as vLLM creates them,
+  and kept in prometheus_client's multiprocess files with the HTTP series. The duration is in
+  emulated seconds (a wake-up's weights coming back takes its emulated time at any
+  `time_scale`), as every vllm: latency here.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Literal
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from server.engine.interface import EngineError, InvalidRequest
-from server.engine_proc.sleep import LEVELS, MODES, TAGS
+from server.engine_proc.sleep import TAGS
 from server.http.errors import HttpError, error_response
 from server.http.state import HttpState
 from server.ipc import messages as m
 
+BUCKETS = (0.01, 0.1, 1, 10, 30, 60, 120, 300, 600)  # vLLM's
 
-def _int(text: str, name: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise HttpError(400, f"{name} must be an integer, got {text!r}", "BadRequestError",
-                        name) from None
+
+class SleepModeOperationMetrics:
+    """vLLM's two sleep-mode series, created on the first operation (as vLLM's are)."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        registry = CollectorRegistry(auto_describe=False)  # values go to the multiprocess files
+        self.now = now
+        self.duration = Histogram("vllm:sleep_mode_operation_duration_seconds",
+                                  "Duration of one sleep-mode operation.", ["operation"],
+                                  buckets=BUCKETS, registry=registry)
+        self.in_flight = Gauge("vllm:sleep_mode_operations_in_flight",
+                               "Sleep-mode operations currently awaited.", ["operation"],
+                               multiprocess_mode="livesum", registry=registry)
+
+    @contextmanager
+    def record(self, operation: str) -> Iterator[None]:
+        active = self.in_flight.labels(operation)
+        started = self.now()
+        active.inc()
+        try:
+            yield
+        finally:
+            active.dec()
+            self.duration.labels(operation).observe(max(0.0, self.now() - started))
 
 
 def add_sleep_routes(app: FastAPI, state: HttpState) -> None:
-    async def to_all(make) -> None:
-        await asyncio.gather(*(c.control(make) for c in state.fleet.clients.values()))
+    metrics: list[SleepModeOperationMetrics] = []  # created by the first operation
 
-    async def run(make) -> Response:
+    def record(operation: str):
+        if not metrics:
+            metrics.append(SleepModeOperationMetrics(state.now))
+        return metrics[0].record(operation)
+
+    async def run(make, operation: str) -> Response | None:
+        """Send the command to every deployment; None when all applied it, else the error."""
         try:
-            await to_all(make)
+            with record(operation):
+                await asyncio.gather(*(c.control(make) for c in state.fleet.clients.values()))
         except InvalidRequest as e:
             return error_response(HttpError(400, str(e), "BadRequestError"), "")
         except EngineError as e:
             return error_response(HttpError(503, str(e), "ServiceUnavailableError"), "")
-        return Response(status_code=200)
+        return None
 
     @app.post("/sleep")
-    async def sleep(request: Request) -> Response:
-        try:
-            level = _int(request.query_params.get("level", "1"), "level")
-            mode = request.query_params.get("mode", "abort")
-            if level not in LEVELS or mode not in MODES:
-                raise HttpError(400, f"sleep level must be one of {LEVELS} and mode one of "
-                                f"{MODES}", "BadRequestError", "level")
-        except HttpError as e:
-            return error_response(e, "")
-        return await run(lambda fe, seq: m.Sleep(fe, seq, level, mode))
+    async def sleep(level: Annotated[int, Query(ge=0, le=2)] = 1,
+                    mode: Annotated[Literal["abort", "wait", "keep"], Query()] = "abort"
+                    ) -> Response:
+        failed = await run(lambda fe, seq: m.Sleep(fe, seq, level, mode), "sleep")
+        return failed or JSONResponse({"status": "sleeping", "level": level})
 
     @app.post("/wake_up")
     async def wake_up(request: Request) -> Response:
@@ -63,9 +100,12 @@ def add_sleep_routes(app: FastAPI, state: HttpState) -> None:
         if bad:
             return error_response(HttpError(400, f"unknown wake_up tags {bad}; known: "
                                             f"{list(TAGS)}", "BadRequestError", "tags"), "")
-        return await run(lambda fe, seq: m.WakeUp(fe, seq, tags))
+        failed = await run(lambda fe, seq: m.WakeUp(fe, seq, tags), "wake")
+        awake = not any(c.is_sleeping() for c in state.fleet.clients.values())
+        return failed or JSONResponse({"status": "awake" if awake else "sleeping",
+                                       "tags": list(tags) or None})
 
     @app.get("/is_sleeping")
     async def is_sleeping() -> JSONResponse:
         return JSONResponse({"is_sleeping": any(
-            c.is_sleeping() for c in state.fleet.clients.values())})
+            c.is_paused() for c in state.fleet.clients.values())})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from server.engine.tokenizer import Tokenizer
@@ -27,6 +29,7 @@ class HttpState:
     server_load: int = 0
     responses: ResponseStore | None = None  # VLLM_ENABLE_RESPONSES_API_STORE=1 (vLLM's)
     scale_out: bool = False  # --enable-scale-out (vLLM's): render and generate routes
+    now: Callable[[], float] = time.monotonic  # the emulated timeline (the front end's clock)
 
     def load(self) -> InFlight:
         """One request in flight from now (`InFlight.done` ends it)."""

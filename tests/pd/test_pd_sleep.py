@@ -1,7 +1,9 @@
-"""Sleep mode over HTTP on a real pod: the routes, vllm:engine_sleep_state as vLLM sets it,
-the KV cache freed, a request sent while asleep queued until the wake-up, and the wake-up's
-emulated cost — weights per chip over the host link (level 1) or from storage (level 2),
-computed here from the catalogue."""
+"""Sleep mode over HTTP on a real pod, as vLLM 0.33.0 serves it: the routes and their answers,
+vllm:engine_sleep_state as vLLM sets it, the KV cache freed, a request sent while asleep queued
+until the wake-up, the wake-up's emulated cost — weights per chip over the host link (level 1)
+or from storage (level 2), computed here from the catalogue — and the sleep-mode operation
+metrics, in emulated seconds. A wake-up that leaves nothing asleep resumes a paused engine, and
+`/is_sleeping` is true while `/pause` holds, as vLLM 0.33.0's."""
 
 from __future__ import annotations
 
@@ -31,8 +33,15 @@ def states(text: str) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess(None, *POD) as s:
+    with ServerProcess(None, *POD, env={"VLLM_SERVER_DEV_MODE": "1"}) as s:  # for /pause
         yield s
+
+
+def operations(text: str, name: str, operation: str) -> float:
+    """A sleep-mode series' value (0 before the first operation creates the family)."""
+    if f'{name}{{operation="{operation}"}}' not in text:
+        return 0.0
+    return metric(text, name, operation=operation)
 
 
 async def until_waiting(server: ServerProcess, n: int) -> None:
@@ -56,7 +65,11 @@ async def test_sleep_wake_round_trip(server, level):
         assert (await http.post("/v1/completions", json=body)).status_code == 200
         assert states(server.scrape()) == {"awake": 1, "weights_offloaded": 0,
                                            "discard_all": 0}
-        assert (await http.post(f"/sleep?level={level}")).status_code == 200
+        text = server.scrape()
+        wake_sum = operations(text, "vllm:sleep_mode_operation_duration_seconds_sum", "wake")
+        sleeps = operations(text, "vllm:sleep_mode_operation_duration_seconds_count", "sleep")
+        r = await http.post(f"/sleep?level={level}")
+        assert r.status_code == 200 and r.json() == {"status": "sleeping", "level": level}
         assert (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
         text = server.scrape()
         assert states(text) == {"awake": 0, "weights_offloaded": float(level == 1),
@@ -69,7 +82,8 @@ async def test_sleep_wake_round_trip(server, level):
         pending = asyncio.create_task(http.post("/v1/completions", json=body))
         await until_waiting(server, 1)
         assert not pending.done()
-        assert (await http.post("/wake_up")).status_code == 200
+        r = await http.post("/wake_up")
+        assert r.status_code == 200 and r.json() == {"status": "awake", "tags": None}
         r = await pending
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
         assert (await http.get("/is_sleeping")).json() == {"is_sleeping": False}
@@ -79,6 +93,12 @@ async def test_sleep_wake_round_trip(server, level):
     # its TTFT includes bringing the weights back; the prefix cache was reset by the sleep
     assert metric(text, "vllm:time_to_first_token_seconds_sum") - ttft_sum >= wake
     assert metric(text, "vllm:prefix_cache_hits_total") == hits
+    # vLLM's sleep-mode operation series: the wake-up lasted its emulated weight transfer
+    duration = "vllm:sleep_mode_operation_duration_seconds"
+    assert operations(text, f"{duration}_count", "sleep") == sleeps + 1
+    assert operations(text, f"{duration}_sum", "wake") - wake_sum >= wake
+    assert all(operations(text, "vllm:sleep_mode_operations_in_flight", op) == 0
+               for op in ("sleep", "wake"))
 
 
 async def test_sleep_aborts_in_flight_requests_and_refuses_bad_levels(server):
@@ -96,7 +116,24 @@ async def test_sleep_aborts_in_flight_requests_and_refuses_bad_levels(server):
         r = await running
         assert r.json()["choices"][0]["finish_reason"] == "abort"
         # waking the weights only: still asleep until the KV cache is back too (vLLM's tags)
-        assert (await http.post("/wake_up?tags=weights")).status_code == 200
+        r = await http.post("/wake_up?tags=weights")
+        assert r.json() == {"status": "sleeping", "tags": ["weights"]}
         assert (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
-        assert (await http.post("/wake_up?tags=kv_cache")).status_code == 200
+        r = await http.post("/wake_up?tags=kv_cache")
+        assert r.json() == {"status": "awake", "tags": ["kv_cache"]}
         assert (await http.get("/is_sleeping")).json() == {"is_sleeping": False}
+
+
+async def test_a_paused_engine_is_sleeping_until_a_wake_up_resumes_it(server):
+    """vLLM 0.33.0: `is_sleeping` is `is_scheduler_paused() or executor sleeping`, and a wake-up
+    that leaves nothing asleep resumes the scheduler, a `/pause` too."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=60) as http:
+        assert (await http.post("/pause?mode=abort")).status_code == 200
+        assert (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
+        assert (await http.post("/v1/completions", json=body)).status_code == 503
+        r = await http.post("/wake_up")
+        assert r.json() == {"status": "awake", "tags": None}
+        assert (await http.get("/is_paused")).json() == {"is_paused": False}
+        assert (await http.get("/is_sleeping")).json() == {"is_sleeping": False}
+        assert (await http.post("/v1/completions", json=body)).status_code == 200
