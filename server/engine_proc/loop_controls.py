@@ -45,8 +45,14 @@ class LoopControls:
                 self.kv_pub.publish(events)
 
     def _reset_prefix_cache(self, msg: m.ResetPrefixCache) -> None:
-        reset = getattr(self.core.scheduler.cache, "reset", None)
-        ok = bool(reset()) if reset is not None and not self.core.has_unfinished() else False
+        """vLLM's reset_prefix_cache: refused while a request holds blocks, unless
+        `reset_running` preempts the running ones first (they recompute, as vLLM's)."""
+        sched = self.core.scheduler
+        if msg.reset_running:
+            while sched.running:  # from the back: they return to the queue in their order
+                sched.preempt(sched.running[-1].request_id)
+        reset = getattr(sched.cache, "reset", None)
+        ok = bool(reset()) if reset is not None else False
         log.info("prefix cache reset on %s (rank %d): %s", self.name, self.rank,
                  "done" if ok else "refused, requests hold blocks")
         self._publish_kv_events()
@@ -111,9 +117,11 @@ class LoopControls:
             [], [], [m.Finished(live.seq, reason.value)])))
         self._forget(live, reason)
 
-    def _control(self, msg: m.Sleep | m.WakeUp) -> m.Admission | None:
-        """Sleep or wake up; the answer now, or None when it comes later (mode wait, or a
-        wake-up whose weights take emulated time to come back)."""
+    def _control(self, msg: m.Sleep | m.WakeUp | m.ReleaseKvCache) -> m.Admission | None:
+        """Sleep, wake up or release the KV cache; the answer now, or None when it comes later
+        (mode wait, or a wake-up whose weights take emulated time to come back)."""
+        if isinstance(msg, m.ReleaseKvCache):
+            return self._release_kv_cache(msg.seq)
         if isinstance(msg, m.WakeUp):
             seconds = self.sleep.wake(msg.tags, self.core.placement)
             if not self.sleep.sleeping and self.pause.paused:
@@ -136,6 +144,23 @@ class LoopControls:
             self.pending_sleep = (msg.frontend, msg.seq, msg.level)
             return None
         return self._fall_asleep(msg.level, msg.mode, msg.seq)
+
+    def _release_kv_cache(self, seq: int) -> m.Admission:
+        """vLLM 0.33.0's release_kv_cache_memory: refused unless a pause is complete (no request
+        left, queued ones too) and weights and KV cache are resident; then the prefix cache is
+        emptied and the KV cache sleeps until a wake-up."""
+        paused = self.pause.paused or "scheduling" in self.sleep.asleep_tags
+        if not paused or self.pause.waiters or self.core.has_unfinished() or self.inbox:
+            return m.Admission(seq, "InvalidRequest",
+                               "release_kv_cache_memory() requires a completed pause first")
+        if self.sleep.memory_asleep:
+            return m.Admission(seq, "InvalidRequest", "release_kv_cache_memory() requires all "
+                               "executor memory to be resident")
+        self._clear_cache()
+        self.sleep.release_kv()
+        self.stats.pd_sleep(self.core, self.sleep, self.connector)
+        log.info("%s released its KV cache memory", self.name)
+        return m.Admission(seq)
 
     # --- pausing generation (vLLM's /pause and /resume, server/engine_proc/pause.py) ---
     def _apply_pause_commands(self) -> None:

@@ -13,7 +13,9 @@ vllm/v1/metrics/loggers.py (`record_sleep_state`) as of v0.26, checked at v0.33.
   preemption — after waking). Requests that arrive while asleep are accepted and queued
   (PAUSED_NEW), and run once the engine is awake.
 - wake_up(tags): tags among weights, kv_cache, scheduling (none: all). The engine is
-  asleep until every tag it put to sleep is back.
+  asleep until its weights and KV cache are back; then scheduling resumes too (vLLM 0.33.0:
+  `fully_awake` resumes the scheduler). release_kv_cache_memory (after a completed pause)
+  puts the KV cache alone to sleep.
 - `vllm:engine_sleep_state{sleep_state=awake|weights_offloaded|discard_all}`: awake 1 when
   awake; asleep, awake 0 and weights_offloaded 1 at level 1, discard_all 1 at level 2.
 
@@ -48,14 +50,28 @@ class SleepState:
         self.level = level
         self.asleep_tags = {"scheduling"} if level == 0 else {"weights", "kv_cache"}
 
+    @property
+    def memory_asleep(self) -> bool:
+        """Weights or KV cache are not resident (vLLM's executor `is_sleeping`)."""
+        return bool(self.asleep_tags - {"scheduling"})
+
+    def release_kv(self) -> None:
+        """vLLM 0.33.0's release_kv_cache_memory: the KV cache's memory is discarded until a
+        wake-up brings tag kv_cache back (vllm:engine_sleep_state all 0, as vLLM records it)."""
+        self.level = 0 if self.level is None else self.level
+        self.asleep_tags.add("kv_cache")
+
     def wake(self, tags: tuple[str, ...], placement: Placement) -> float:
-        """Wake `tags` (all when empty); the emulated seconds it costs."""
+        """Wake `tags` (all when empty); the emulated seconds it costs. Once no memory is
+        asleep the engine is awake, scheduling too (vLLM: `fully_awake` resumes the
+        scheduler)."""
         if self.level is None:
             return 0.0
         woken = set(tags) & self.asleep_tags if tags else set(self.asleep_tags)
         seconds = wake_seconds(placement, self.level) if "weights" in woken else 0.0
         self.asleep_tags -= woken
-        if not self.asleep_tags:
+        if not self.memory_asleep:
+            self.asleep_tags.clear()
             self.level = None
         self.wake_seconds_total += seconds
         return seconds

@@ -120,9 +120,11 @@ class DeploymentClient(DeploymentStatusView):
         return [s for s in self.streams.values() if s.request_id == request_id]
 
     # --- KV events (issue 13) ---
-    async def reset_prefix_cache(self, timeout_s: float = 10.0) -> bool:
+    async def reset_prefix_cache(self, timeout_s: float = 10.0, reset_running: bool = False
+                                 ) -> bool:
         """vLLM's reset_prefix_cache on every rank: True when every rank emptied its cache
-        (refused where requests hold blocks; a rank not answering counts as refused)."""
+        (refused where requests hold blocks, unless `reset_running` preempts the running ones
+        first; a rank not answering counts as refused)."""
         loop = asyncio.get_running_loop()
         waits = []
         for sock in self.sockets:
@@ -131,8 +133,8 @@ class DeploymentClient(DeploymentStatusView):
             self.resets[self._reset_token] = fut
             waits.append(fut)
             try:
-                sock.send(m.encode(m.ResetPrefixCache(self.frontend, self._reset_token)),
-                          zmq.NOBLOCK)
+                sock.send(m.encode(m.ResetPrefixCache(self.frontend, self._reset_token,
+                                                      reset_running)), zmq.NOBLOCK)
             except zmq.Again:
                 fut.set_result(False)
         try:
@@ -290,8 +292,8 @@ class DeploymentClient(DeploymentStatusView):
             del self.controls[seq]
 
     # ---- sleep mode (issue 13) and pausing generation ----------------------------------------
-    async def control(self, make: Callable[[int, int], m.Sleep | m.WakeUp | m.Pause | m.Resume]
-                      ) -> None:
+    async def control(self, make: Callable[[int, int], m.Sleep | m.WakeUp | m.ReleaseKvCache
+                                           | m.Pause | m.Resume]) -> None:
         """Send a sleep-mode or pause command to every rank and wait for each engine's answer
         (an `Admissions` item for its seq); raises the engine's typed error if one refused,
         Unavailable if a rank died before answering."""

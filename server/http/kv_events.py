@@ -1,5 +1,7 @@
 """KV-event routes of a vLLM pod (0.33.0): `POST /reset_prefix_cache` (vLLM registers it in
-dev mode only; always here) answers `{"success": bool}`, false while requests hold blocks;
+dev mode only; always here) answers `{"success": bool}`, false while requests hold blocks
+(`?reset_running_requests=true` preempts the running ones first, as vLLM's; `reset_external`
+is accepted: no connector here keeps a cache of its own);
 `GET /kv_event_sources` the resolved publisher config per data-parallel rank (the bound
 endpoints, port 0 resolved), `{}` when the deployment publishes nothing. Both act on the
 deployment `?model=` names, else the default one (a pod's only one)."""
@@ -17,9 +19,12 @@ from server.http.state import HttpState
 
 def add_kv_event_routes(app: FastAPI, state: HttpState) -> None:
     @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache(request: Request) -> JSONResponse:
+    async def reset_prefix_cache(request: Request, reset_running_requests: bool = False,
+                                 reset_external: bool = False) -> JSONResponse:
         client, _ = resolve(state, request.query_params.get("model"))
-        return JSONResponse({"success": await client.reset_prefix_cache()})
+        # reset_external: no connector keeps a prefix cache of its own here, nothing to add
+        return JSONResponse({"success": await client.reset_prefix_cache(
+            reset_running=reset_running_requests)})
 
     @app.get("/kv_event_sources")
     async def kv_event_sources(request: Request) -> JSONResponse:

@@ -13,8 +13,12 @@ an unknown mode is FastAPI's validation error (400, as vLLM answers it); an unkn
   "sleeping" (a wake-up of some tags only); `tags` echoes the tags asked for, null for none.
 - `/is_sleeping` is true while an engine sleeps or while `/pause` holds it, as vLLM 0.33.0's
   `is_sleeping` (`is_scheduler_paused() or executor sleeping`).
+- `POST /release_kv_cache_memory` → `{"status": "kv_cache_released"}`: after a completed
+  `/pause` (no request left) the prefix cache is emptied and the KV cache sleeps until a
+  wake-up; otherwise vLLM's 500 "Call to release_kv_cache_memory method failed: ...".
 - `vllm:sleep_mode_operation_duration_seconds{operation}` and
-  `vllm:sleep_mode_operations_in_flight{operation}` (`sleep`, `wake`; vLLM's labels, buckets and
+  `vllm:sleep_mode_operations_in_flight{operation}` (`sleep`, `release_kv_cache_memory`,
+  `wake`; vLLM's labels, buckets and
   multiprocess mode `livesum`) are created by the first sleep-mode call, as vLLM creates them,
   and kept in prometheus_client's multiprocess files with the HTTP series. The duration is in
   emulated seconds (a wake-up's weights coming back takes its emulated time at any
@@ -92,6 +96,22 @@ def add_sleep_routes(app: FastAPI, state: HttpState) -> None:
                     ) -> Response:
         failed = await run(lambda fe, seq: m.Sleep(fe, seq, level, mode), "sleep")
         return failed or JSONResponse({"status": "sleeping", "level": level})
+
+    @app.post("/release_kv_cache_memory")
+    async def release_kv_cache_memory() -> Response:
+        """vLLM 0.33.0: after a completed pause, the KV cache's memory is discarded until a
+        wake-up; refused otherwise with vLLM's 500 (its engine's RuntimeError)."""
+        try:
+            with record("release_kv_cache_memory"):
+                await asyncio.gather(*(c.control(lambda fe, seq: m.ReleaseKvCache(fe, seq))
+                                       for c in state.fleet.clients.values()))
+        except InvalidRequest as e:
+            return error_response(HttpError(
+                500, f"Call to release_kv_cache_memory method failed: {e}",
+                "InternalServerError"), "")
+        except EngineError as e:
+            return error_response(HttpError(503, str(e), "ServiceUnavailableError"), "")
+        return JSONResponse({"status": "kv_cache_released"})
 
     @app.post("/wake_up")
     async def wake_up(request: Request) -> Response:

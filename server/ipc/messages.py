@@ -112,10 +112,12 @@ class FrontendGone(msgspec.Struct, frozen=True, array_like=True, tag="fe_gone"):
 # --- KV events (issue 13) ---
 class ResetPrefixCache(msgspec.Struct, frozen=True, array_like=True, tag="reset_cache"):
     """Empty the prefix cache (vLLM's reset_prefix_cache; smg's FlushCache); `token` names
-    the answer, a `CacheReset`."""
+    the answer, a `CacheReset`. `reset_running`: preempt the running requests first (vLLM's
+    reset_running_requests), so that their blocks do not stop the reset."""
 
     frontend: int
     token: int
+    reset_running: bool = False
 
 
 # --- LoRA (issue 13) ---
@@ -150,6 +152,14 @@ class WakeUp(msgspec.Struct, frozen=True, array_like=True, tag="wake"):
     tags: tuple[str, ...] = ()
 
 
+class ReleaseKvCache(msgspec.Struct, frozen=True, array_like=True, tag="release_kv"):
+    """vLLM 0.33.0's release_kv_cache_memory: after a completed pause, empty the prefix cache
+    and discard the KV cache's memory until a wake-up (tag kv_cache) brings it back."""
+
+    frontend: int
+    seq: int
+
+
 class Pause(msgspec.Struct, frozen=True, array_like=True, tag="pause"):
     """vLLM's pause_generation(mode, clear_cache) for weight updates (`POST /pause`): mode
     abort | wait | keep (the in-flight ones); answered once the pause holds (mode wait: once
@@ -169,7 +179,7 @@ class Resume(msgspec.Struct, frozen=True, array_like=True, tag="resume"):
 
 
 ToEngine = (AddRequest | Abort | Ack | Shutdown | FrontendGone | ResetPrefixCache | LoraOp
-            | Sleep | WakeUp | Pause | Resume)
+            | Sleep | WakeUp | ReleaseKvCache | Pause | Resume)
 
 
 # ---- engine / supervisor → front end ---------------------------------------------------------

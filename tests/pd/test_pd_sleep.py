@@ -137,3 +137,55 @@ async def test_a_paused_engine_is_sleeping_until_a_wake_up_resumes_it(server):
         assert (await http.get("/is_paused")).json() == {"is_paused": False}
         assert (await http.get("/is_sleeping")).json() == {"is_sleeping": False}
         assert (await http.post("/v1/completions", json=body)).status_code == 200
+
+
+async def test_release_kv_cache_memory_after_a_completed_pause(server):
+    """vLLM 0.33.0's /release_kv_cache_memory: refused (500, the engine's RuntimeError) unless
+    a pause is complete and all memory resident; then the prefix cache is gone and the KV
+    cache sleeps until a wake-up, which also resumes the pause."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "ignore_eos": True}
+    failed = "Call to release_kv_cache_memory method failed: release_kv_cache_memory() requires"
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=60) as http:
+        assert (await http.post("/v1/completions", json=body)).status_code == 200  # cached
+        r = await http.post("/release_kv_cache_memory")
+        assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
+        assert r.json()["error"]["message"] == f"{failed} a completed pause first"
+        assert (await http.post("/pause?mode=abort")).status_code == 200
+        r = await http.post("/release_kv_cache_memory")
+        assert r.status_code == 200 and r.json() == {"status": "kv_cache_released"}
+        text = server.scrape()
+        assert states(text) == {"awake": 0, "weights_offloaded": 0, "discard_all": 0}
+        assert operations(text, "vllm:sleep_mode_operation_duration_seconds_count",
+                          "release_kv_cache_memory") == 2  # the refused call counts too
+        assert (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
+        r = await http.post("/release_kv_cache_memory")
+        assert r.json()["error"]["message"] == (f"{failed} all executor memory to be "
+                                                "resident")
+        r = await http.post("/wake_up?tags=kv_cache")
+        assert r.json() == {"status": "awake", "tags": ["kv_cache"]}
+        assert (await http.get("/is_paused")).json() == {"is_paused": False}
+        r = await http.post("/v1/completions", json=body)
+        assert r.status_code == 200  # its prefix was released with the KV cache
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert states(server.scrape())["awake"] == 1
+
+
+async def test_reset_prefix_cache_can_preempt_the_running_requests(server):
+    """vLLM's ?reset_running_requests=true: the running request is preempted (it recomputes
+    and still finishes) so that the reset succeeds; without it the reset is refused."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3000, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=60) as http:
+        preemptions = metric(server.scrape(), "vllm:num_preemptions_total")
+        running = asyncio.create_task(http.post("/v1/completions", json=body))
+        for _ in range(500):
+            if metric(server.scrape(), "vllm:num_requests_running") == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert (await http.post("/reset_prefix_cache")).json() == {"success": False}
+        r = await http.post("/reset_prefix_cache?reset_running_requests=true&reset_external=1")
+        assert r.json() == {"success": True}
+        assert not running.done()
+        r = await running
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+        assert r.json()["usage"]["completion_tokens"] == 3000
+    assert metric(server.scrape(), "vllm:num_preemptions_total") == preemptions + 1

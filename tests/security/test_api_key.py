@@ -201,6 +201,7 @@ BODIES = {("GET", "/v1/models"): None,
           ("GET", "/is_sleeping"): None,
           ("POST", "/sleep"): None,  # (then woken up: AFTER)
           ("POST", "/wake_up"): None,
+          ("POST", "/release_kv_cache_memory"): None,  # (refused: nothing is paused)
           ("GET", "/kv_event_sources"): None,
           ("POST", "/reset_prefix_cache"): None,
           ("POST", "/pause"): None,  # (then resumed: AFTER)
@@ -231,6 +232,7 @@ AFTER = {("POST", "/sleep"): lambda key: ("POST", "/wake_up", None),
          ("POST", "/pause"): lambda key: ("POST", "/resume", None)}
 # what a route answers past the key when not 200: no response is ever stored (vLLM's default)
 ANSWERS = {("GET", "/v1/responses/{response_id}"): (404, "not found"),
+           ("POST", "/release_kv_cache_memory"): (500, "requires a completed pause first"),
            ("POST", "/v1/responses/{response_id}/cancel"): (404, "not found"),
            **{("POST", p): (501, "not served by doppelchip") for p in (
                "/v1/chat/completions/derender", "/v1/completions/derender")}}
