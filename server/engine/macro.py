@@ -230,7 +230,7 @@ def _finish(sched, req: Request, start: int, tokens: list[int], j: int) -> Reque
     del req.token_ids[start + 1:]
     req.token_ids.extend(tokens[:j + 1])
     req.num_computed_tokens = start + j + 1
-    reason = sched._stop_reason(req, tokens[j])
+    reason = req.stop_reason(tokens[j], sched.eos_token_id, sched.config.max_model_len)
     assert reason is not None, "macro step: a request ended without a stop reason"
     if req.hold_kv and reason is FinishReason.LENGTH:
         sched._hold(req)

@@ -172,6 +172,17 @@ class Request:
             self._hash_len, self._hash_value = hash_len, hash_value
             self._lag_len, self._lag_value = lag
 
+    def stop_reason(self, token: int, eos_token_id: int | None, max_model_len: int
+                    ) -> FinishReason | None:
+        """Why the request ends with `token` just appended (STOP: EOS or a stop token; LENGTH:
+        max_tokens or the context), or None if it goes on."""
+        sp = self.sampling_params
+        if sp.stops_at(token, self.num_output_tokens, eos_token_id, self.constraint is not None):
+            return FinishReason.STOP
+        if self.num_output_tokens >= sp.max_tokens or self.num_tokens >= max_model_len:
+            return FinishReason.LENGTH
+        return None
+
     def max_len(self, max_model_len: int) -> int:
         """The most tokens this request can ever hold (what a contiguous layout reserves)."""
         return min(self.num_prompt_tokens + self.sampling_params.max_tokens, max_model_len)

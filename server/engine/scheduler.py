@@ -31,7 +31,7 @@ from .scheduler_config import (
     SchedulerConfig,
     SchedulerOutput,
     SchedulerStats,
-    is_decode,
+    draft_tokens,
     scheduled_entry,
 )
 
@@ -156,7 +156,7 @@ class Scheduler(KvHold):
                 i += 1  # a whole prefill that does not fit this step waits for the next
                 continue
             num_new = min(remaining, budget)
-            drafts = self._drafts(req, num_new, budget) if speculates else 0
+            drafts = draft_tokens(cfg, req, num_new, budget) if speculates else 0
             end = computed + num_new
             if paged and end + drafts <= len(req.block_ids) * bs:  # fits the blocks it holds
                 scheduled[req.request_id] = scheduled_entry(req, num_new, drafts)
@@ -228,13 +228,6 @@ class Scheduler(KvHold):
         self.stats.peak_num_running = max(self.stats.peak_num_running, len(self.running))
         return SchedulerOutput(tuple(scheduled.values()), tuple(preempted))
 
-    def _drafts(self, req: Request, num_new: int, budget: int) -> int:
-        """Draft tokens a decode verifies (speculative decoding), if the budget has room."""
-        k = min(self.config.num_speculative_tokens, self.config.max_model_len - req.num_tokens)
-        if k < 1 or req.constraint is not None or not is_decode(req, num_new):
-            return 0
-        return k if budget >= num_new + k else 0
-
     def update(
         self, output: SchedulerOutput, sampled_tokens: Mapping[str, Sequence[int]]
     ) -> list[Request]:
@@ -264,14 +257,14 @@ class Scheduler(KvHold):
                     n_out = len(req.token_ids) - req.num_prompt_tokens
                     if (token == eos or n_out >= sp.max_tokens or len(req.token_ids) >= max_len
                             or sp.stop_token_ids):
-                        reason = self._stop_reason(req, token)
+                        reason = req.stop_reason(token, eos, max_len)
                 else:
                     appended = 0
                     for token in tokens:
                         req.token_ids.append(token)
                         appended += 1
                         stats.num_generation_tokens += 1
-                        if (reason := self._stop_reason(req, token)) is not None:
+                        if (reason := req.stop_reason(token, eos, max_len)) is not None:
                             break
                     if num_drafts:  # accepted drafts had their KV computed by verify
                         req.num_computed_tokens += appended - 1
@@ -288,15 +281,6 @@ class Scheduler(KvHold):
             self.running = [r for r in self.running if not r.is_finished]
             self.stats.num_finished += len(finished)
         return finished
-
-    def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
-        sp = req.sampling_params
-        if sp.stops_at(token, req.num_output_tokens, self.eos_token_id,
-                       req.constraint is not None):
-            return FinishReason.STOP
-        if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= self.config.max_model_len:
-            return FinishReason.LENGTH
-        return None
 
     # -- invariants ------------------------------------------------------------------------
     def check_integrity(self) -> None:

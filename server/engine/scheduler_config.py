@@ -86,6 +86,15 @@ def is_decode(req: Request, num_new: int) -> bool:
     return num_new == 1 and start == req.num_tokens - 1 and start >= req.num_prompt_tokens
 
 
+def draft_tokens(config: SchedulerConfig, req: Request, num_new: int, budget: int) -> int:
+    """Draft tokens a decode verifies this step (speculative decoding), if the budget has
+    room: none for a prefill chunk, a constrained request, or at the context's end."""
+    k = min(config.num_speculative_tokens, config.max_model_len - req.num_tokens)
+    if k < 1 or req.constraint is not None or not is_decode(req, num_new):
+        return 0
+    return k if budget >= num_new + k else 0
+
+
 def scheduled_entry(req: Request, num_new: int, drafts: int = 0) -> ScheduledRequest:
     """The request's entry in this step's output: `num_new` tokens from its computed ones."""
     start, n = req.num_computed_tokens, len(req.token_ids)

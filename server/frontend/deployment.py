@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -24,17 +23,15 @@ from server.engine.intake import check_request, check_sizes
 from server.engine.interface import (
     AlreadyExists,
     DeploymentState,
-    EngineError,
     EngineRequest,
     FinishReason,
     InvalidRequest,
     NotPlaced,
-    Overloaded,
-    Paused,
     Unavailable,
 )
 from server.engine.output import RequestOutput, request_timings
 from server.engine.tokenizer import Tokenizer
+from server.frontend.deployment_controls import ERRORS, SEQ, DeploymentControls
 from server.frontend.deployment_status import DeploymentStatusView, EngineView
 from server.frontend.lora import LoraView
 from server.frontend.pacing import UNPACED, LoopPacer
@@ -43,14 +40,10 @@ from server.frontend.stream import RequestStream
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
 
-ERRORS: dict[str, type[EngineError]] = {
-    c.__name__: c for c in (InvalidRequest, AlreadyExists, Overloaded, Unavailable, NotPlaced,
-                            Paused)}
-_SEQ = itertools.count(1)  # unique per front-end process, across deployments
 INLINE_TOKENIZE_CHARS = 8192  # longer prompts are tokenized in a thread, off the event loop
 
 
-class DeploymentClient(DeploymentStatusView):
+class DeploymentClient(DeploymentStatusView, DeploymentControls):
     def __init__(self, index: int, infos: list[m.DeploymentInfo], *, frontend: int,
                  run_dir: RunDir, ctx: zmq.Context, tokenizer: Tokenizer, stream_interval: int,
                  clock: Callable[[], float], stats: FrontendStats,
@@ -119,32 +112,6 @@ class DeploymentClient(DeploymentStatusView):
         """This front end's streams in flight with this client request id."""
         return [s for s in self.streams.values() if s.request_id == request_id]
 
-    # --- KV events (issue 13) ---
-    async def reset_prefix_cache(self, timeout_s: float = 10.0, reset_running: bool = False
-                                 ) -> bool:
-        """vLLM's reset_prefix_cache on every rank: True when every rank emptied its cache
-        (refused where requests hold blocks, unless `reset_running` preempts the running ones
-        first; a rank not answering counts as refused)."""
-        loop = asyncio.get_running_loop()
-        waits = []
-        for sock in self.sockets:
-            self._reset_token += 1
-            fut: asyncio.Future[bool] = loop.create_future()
-            self.resets[self._reset_token] = fut
-            waits.append(fut)
-            try:
-                sock.send(m.encode(m.ResetPrefixCache(self.frontend, self._reset_token,
-                                                      reset_running)), zmq.NOBLOCK)
-            except zmq.Again:
-                fut.set_result(False)
-        try:
-            return all(await asyncio.wait_for(asyncio.gather(*waits), timeout_s))
-        except TimeoutError:
-            return False
-        finally:
-            for token in [t for t, f in self.resets.items() if f in waits]:
-                del self.resets[token]
-
     # ---- requests ---------------------------------------------------------------------------
     def _pick_rank(self, pinned: int | None = None) -> tuple[int, int]:
         """The least-loaded ready rank and its epoch, or the error a client should see. Load
@@ -205,7 +172,7 @@ class DeploymentClient(DeploymentStatusView):
             encode = self.tokenizer.encode
         ids, max_tokens = check_request(request, self.limits, encode)
         arrival = self.clock()
-        seq = next(_SEQ)
+        seq = next(SEQ)
         prompt = tuple(ids)
         stream = RequestStream(
             request, RequestOutput(request, prompt, self.tokenizer), seq=seq,
@@ -290,26 +257,3 @@ class DeploymentClient(DeploymentStatusView):
             if not control.done():
                 control.set_result(m.Admission(seq, "Unavailable", message))
             del self.controls[seq]
-
-    # ---- sleep mode (issue 13) and pausing generation ----------------------------------------
-    async def control(self, make: Callable[[int, int], m.Sleep | m.WakeUp | m.ReleaseKvCache
-                                           | m.Pause | m.Resume]) -> None:
-        """Send a sleep-mode or pause command to every rank and wait for each engine's answer
-        (an `Admissions` item for its seq); raises the engine's typed error if one refused,
-        Unavailable if a rank died before answering."""
-        loop = asyncio.get_running_loop()
-        futures = []
-        for sock in self.sockets:
-            seq = next(_SEQ)
-            future: asyncio.Future[m.Admission] = loop.create_future()
-            self.controls[seq] = future
-            try:
-                sock.send(m.encode(make(self.frontend, seq)), zmq.NOBLOCK)
-            except zmq.Again:
-                self.controls.pop(seq, None)
-                raise Unavailable(f"deployment {self.name!r}: its engine process is not "
-                                  "reachable") from None
-            futures.append(future)
-        for answer in await asyncio.gather(*futures):
-            if answer.error:
-                raise ERRORS.get(answer.error, Unavailable)(answer.message)
