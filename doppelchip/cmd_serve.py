@@ -67,6 +67,10 @@ def register(subparsers: Any) -> None:
                    "(families: request_latency, time_to_first_token, inter_token_latency, "
                    "iteration_tokens, request_params_n, request_num_preemptions, "
                    "request_tokens, kv_cache_residency)")
+    p.add_argument("--profiler-config", metavar="JSON",
+                   help="as vLLM's flag: '{\"profiler\": \"torch\", \"torch_profiler_dir\": "
+                   "\"DIR\"}' serves /start_profile and /stop_profile, which write each engine "
+                   "core's emulated steps as a trace (Perfetto, TensorBoard) into DIR")
     add_security_args(p)
     from doppelchip.sim_flags import add_deployment_args
 
@@ -104,6 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             enable_server_load_tracking=args.enable_server_load_tracking,
             enable_scale_out=args.enable_scale_out,
             custom_histogram_buckets=args.custom_histogram_buckets,
+            profiler_config=args.profiler_config,
             **security_overrides(args),
         )
         fleet = with_env_api_key(fleet, os.environ)

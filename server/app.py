@@ -25,6 +25,7 @@ from server import wire
 from server.auth import ApiKeys
 from server.config import FleetConfig
 from server.engine.clock import Timeline
+from server.engine.profiler_config import ProfilerConfig
 from server.engine.tokenizer import get_tokenizer
 from server.fleet import Fleet
 from server.frontend.deployment import DeploymentClient
@@ -105,7 +106,8 @@ class FrontendApp:
                                     MetricsView(collector, run_dir.prometheus_dir()),
                                     load_tracking=cfg.enable_server_load_tracking,
                                     scale_out=cfg.enable_scale_out,
-                                    responses=ResponseStore.from_env(), now=self.now)
+                                    responses=ResponseStore.from_env(), now=self.now,
+                                    profiler=ProfilerConfig.parse(cfg.profiler_config).enabled)
         # Always SO_REUSEPORT: the supervisor holds a reserved socket on the HTTP port.
         self.http = HttpServer(build_app(self.http_state, ApiKeys(cfg.api_key)), cfg.host,
                                http_port, reuse_port=True, options=ListenerOptions.of(cfg))

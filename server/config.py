@@ -38,6 +38,7 @@ from server.engine.block_hash import hash_function
 from server.engine.build import EngineOptions
 from server.engine.faults import check_options as check_fault_options
 from server.engine.kv_events_config import KVEventsConfig
+from server.engine.profiler_config import ProfilerConfig
 
 DeploymentConfig = EngineOptions  # a [[deployments]] table is exactly the engine's options
 
@@ -70,6 +71,9 @@ class ServerConfig:
     # histograms of a family (server/stats/buckets.py, which `serve` checks it with); in a
     # fleet file also a table
     custom_histogram_buckets: str = ""
+    # vLLM's --profiler-config: JSON; with profiler "torch", /start_profile and /stop_profile
+    # write each engine core's emulated steps as a trace (server/engine/profiler_config.py)
+    profiler_config: str = ""
     # One deployment per pod (`serve --deployment`/catalogue flags): the vllm: series carry
     # vLLM's own labels only (model_name, engine), no `deployment` label, as a vLLM pod's
     pod: bool = False
@@ -103,8 +107,9 @@ ALIASES = {"metrics_port": "http_port"}  # [server] keys accepted under another 
 
 def _server_table(table: dict[str, Any], where: str) -> dict[str, Any]:
     out = dict(table)
-    if isinstance(out.get("custom_histogram_buckets"), dict):  # a TOML table: as the flag's JSON
-        out["custom_histogram_buckets"] = json.dumps(out["custom_histogram_buckets"])
+    for key in ("custom_histogram_buckets", "profiler_config"):  # a TOML table: the flag's JSON
+        if isinstance(out.get(key), dict):
+            out[key] = json.dumps(out[key])
     for alias, key in ALIASES.items():
         if alias in out:
             value = out.pop(alias)
@@ -239,6 +244,10 @@ def server_problem(s: ServerConfig) -> str:
                 "h11_max_header_count"):
         if getattr(s, key) < 1:
             return f"{key} must be >= 1"
+    try:
+        ProfilerConfig.parse(s.profiler_config)
+    except ValueError as e:
+        return str(e)
     if s.grpc_max_concurrent_streams < 0:
         return "grpc_max_concurrent_streams must be >= 0 (0: grpc's default)"
     for key in ("http_timeout_keep_alive_s", "http_header_timeout_s"):

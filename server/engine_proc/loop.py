@@ -42,6 +42,7 @@ from server.engine_proc.loop_inputs import LoopInputs
 from server.engine_proc.loop_outputs import LoopOutputs
 from server.engine_proc.lora import LoraPublisher, lora_file
 from server.engine_proc.pause import PauseState
+from server.engine_proc.profiler import StepProfiler
 from server.engine_proc.sleep import SleepState
 from server.engine_proc.stats import EngineStats
 from server.ipc import messages as m
@@ -62,7 +63,8 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                  kv_events: KVEventsConfig | None = None, kv_offset: int = 0,
                  kv_transfer: KvTransferConfig | None = None,
                  info: m.DeploymentInfo | None = None,
-                 faults: FaultDriver | None = None) -> None:
+                 faults: FaultDriver | None = None,
+                 profiler: StepProfiler | None = None) -> None:
         self.deployment, self.rank, self.epoch = deployment, rank, epoch
         self.core, self.limits, self.stats = core, limits, stats
         self.name = limits.name
@@ -117,6 +119,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self.pause = PauseState()  # vLLM's /pause (server/engine_proc/pause.py)
         self.faults = faults  # device faults (issue 13): server/engine_proc/faults.py
         self.kv_metrics = core.scheduler.pool.metrics  # vLLM's --kv-cache-metrics (or None)
+        self.profiler = profiler  # vLLM's /start_profile (--profiler-config), or None
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -183,6 +186,8 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
             self._take_inbox()  # aborts that arrived during the step win over its tokens
             # status first: a client that sees the step's tokens sees its load and KV too
             self.stats.step(core, result, lag, self._t, self.num_queued())
+            if self.profiler is not None and self.profiler.active:  # /start_profile
+                self.profiler.step(start, result, core)
             self._publish_kv_events()
             if self.lora is not None:  # --- LoRA (issue 13) ---
                 self.lora.step([live.req for live in self.inbox])

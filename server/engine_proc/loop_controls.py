@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from server.engine.interface import FinishReason
 from server.engine.request import Request
 from server.engine_proc import pause
+from server.engine_proc.profiler import ProfilerAlreadyActive
 from server.engine_proc.sleep import LEVELS, MODES
 from server.ipc import messages as m
 
@@ -117,11 +118,14 @@ class LoopControls:
             [], [], [m.Finished(live.seq, reason.value)])))
         self._forget(live, reason)
 
-    def _control(self, msg: m.Sleep | m.WakeUp | m.ReleaseKvCache) -> m.Admission | None:
-        """Sleep, wake up or release the KV cache; the answer now, or None when it comes later
-        (mode wait, or a wake-up whose weights take emulated time to come back)."""
+    def _control(self, msg: m.Sleep | m.WakeUp | m.ReleaseKvCache | m.Profile
+                 ) -> m.Admission | None:
+        """Sleep, wake up, release the KV cache or profile; the answer now, or None when it
+        comes later (mode wait, or a wake-up whose weights take emulated time to come back)."""
         if isinstance(msg, m.ReleaseKvCache):
             return self._release_kv_cache(msg.seq)
+        if isinstance(msg, m.Profile):
+            return self._profile(msg)
         if isinstance(msg, m.WakeUp):
             seconds = self.sleep.wake(msg.tags, self.core.placement)
             if not self.sleep.sleeping and self.pause.paused:
@@ -144,6 +148,20 @@ class LoopControls:
             self.pending_sleep = (msg.frontend, msg.seq, msg.level)
             return None
         return self._fall_asleep(msg.level, msg.mode, msg.seq)
+
+    def _profile(self, msg: m.Profile) -> m.Admission:
+        """vLLM's /start_profile and /stop_profile (server/engine_proc/profiler.py)."""
+        if self.profiler is None:
+            return m.Admission(msg.seq, "InvalidRequest", "Profiling is not enabled. Please "
+                               "set --profiler-config to enable profiling.")
+        if not msg.start:
+            self.profiler.stop()
+            return m.Admission(msg.seq)
+        try:
+            self.profiler.start(msg.prefix, msg.delay_iterations, msg.max_iterations)
+        except ProfilerAlreadyActive as e:
+            return m.Admission(msg.seq, "AlreadyExists", str(e))
+        return m.Admission(msg.seq)
 
     def _release_kv_cache(self, seq: int) -> m.Admission:
         """vLLM 0.33.0's release_kv_cache_memory: refused unless a pause is complete (no request

@@ -78,7 +78,7 @@ class LoopInputs:
                                        "BadRequestError", f"LoRA is not enabled on deployment "
                                        f"{self.name!r} (--enable-lora)"))
                 self._send(msg.frontend, m.encode(answer))
-            elif isinstance(msg, m.Sleep | m.WakeUp | m.ReleaseKvCache):  # sleep mode
+            elif isinstance(msg, m.Sleep | m.WakeUp | m.ReleaseKvCache | m.Profile):
                 answer = self._control(msg)
                 if answer is not None:
                     replies.setdefault(msg.frontend, []).append(answer)

@@ -26,10 +26,12 @@ from server.engine.clock import Timeline
 from server.engine.faults import has_device_faults
 from server.engine.kv_events_config import KVEventsConfig
 from server.engine.kv_transfer import KvTransferConfig
+from server.engine.profiler_config import ProfilerConfig
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.faults import FaultDriver, schedule_of
 from server.engine_proc.info import failed_info, placed_info
 from server.engine_proc.loop import EngineLoop
+from server.engine_proc.profiler import StepProfiler
 from server.engine_proc.stats import EngineStats
 from server.ipc import lifeline
 from server.ipc import messages as m
@@ -56,6 +58,7 @@ class EngineSpec:
     check_integrity: bool = False  # run the scheduler's check_integrity() whenever it idles
     # the server's --custom-histogram-buckets, (family, bounds) pairs (server/stats/buckets.py)
     histogram_buckets: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    profiler_config: str = ""  # the server's --profiler-config (vLLM's JSON; "": off)
     supervisor_pid: int = 0  # exit when it is gone (server.ipc.lifeline); 0: no lifeline
 
 
@@ -92,6 +95,7 @@ def engine_main(spec: EngineSpec) -> None:
     stats = EngineStats(run.engine_stats(spec.deployment, spec.rank), info, spec.epoch,
                         os.getpid())
     stats.set_state("compiling", "starting")
+    profiler = ProfilerConfig.parse(spec.profiler_config)  # checked by `serve` already
     loop = EngineLoop(deployment=spec.deployment, rank=spec.rank, epoch=spec.epoch, core=core,
                       limits=info.limits, stats=stats, run_dir=run,
                       num_frontends=spec.num_frontends,
@@ -101,7 +105,8 @@ def engine_main(spec: EngineSpec) -> None:
                       kv_offset=opts.kv_events_port_offset,
                       kv_transfer=KvTransferConfig.parse(opts.kv_transfer_config), info=info,
                       faults=FaultDriver(schedule_of(opts), core, stats, spec.time_scale,
-                                         opts.name) if has_device_faults(opts) else None)
+                                         opts.name) if has_device_faults(opts) else None,
+                      profiler=StepProfiler(profiler, info) if profiler.enabled else None)
     if loop.kv_pub is not None:  # KV events (issue 13): where subscribers go
         info = msgspec.structs.replace(
             info, kv_events_endpoint=loop.kv_pub.endpoint,

@@ -36,6 +36,7 @@ from server.http.errors import HttpError, error_response, validation_error
 from server.http.kv_events import add_kv_event_routes
 from server.http.messages_routes import add_messages_routes
 from server.http.metrics import instrument
+from server.http.profile import add_profile_routes
 from server.http.responses_routes import add_responses_routes
 from server.http.rl import add_rl_routes, dev_mode
 from server.http.routes import add_routes
@@ -134,6 +135,8 @@ def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
     add_scale_out_routes(app, state, state is not None and state.scale_out)
     if dev_mode():  # vLLM's RL routes: /pause, /resume, /is_paused, /abort_requests
         add_rl_routes(app, state)
+    if state is None or state.profiler:  # vLLM's, with --profiler-config (None: route table)
+        add_profile_routes(app, state)
     if keys:  # inside the metrics middleware: refused requests are counted (status 4xx)
         app.add_middleware(ApiKeyMiddleware, keys=keys, routes=lambda: app.router.routes)
     instrument(app)

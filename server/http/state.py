@@ -30,6 +30,7 @@ class HttpState:
     responses: ResponseStore | None = None  # VLLM_ENABLE_RESPONSES_API_STORE=1 (vLLM's)
     scale_out: bool = False  # --enable-scale-out (vLLM's): render and generate routes
     now: Callable[[], float] = time.monotonic  # the emulated timeline (the front end's clock)
+    profiler: bool = False  # --profiler-config (vLLM's): /start_profile and /stop_profile
 
     def load(self) -> InFlight:
         """One request in flight from now (`InFlight.done` ends it)."""

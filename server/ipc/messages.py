@@ -160,6 +160,19 @@ class ReleaseKvCache(msgspec.Struct, frozen=True, array_like=True, tag="release_
     seq: int
 
 
+class Profile(msgspec.Struct, frozen=True, array_like=True, tag="profile"):
+    """vLLM's profile(is_start, profile_prefix, delay_iterations, max_iterations) (`POST
+    /start_profile`, `/stop_profile`): answered once the session started, or once its trace
+    is written (server/engine_proc/profiler.py)."""
+
+    frontend: int
+    seq: int
+    start: bool
+    prefix: str | None = None
+    delay_iterations: int | None = None
+    max_iterations: int | None = None
+
+
 class Pause(msgspec.Struct, frozen=True, array_like=True, tag="pause"):
     """vLLM's pause_generation(mode, clear_cache) for weight updates (`POST /pause`): mode
     abort | wait | keep (the in-flight ones); answered once the pause holds (mode wait: once
@@ -179,7 +192,7 @@ class Resume(msgspec.Struct, frozen=True, array_like=True, tag="resume"):
 
 
 ToEngine = (AddRequest | Abort | Ack | Shutdown | FrontendGone | ResetPrefixCache | LoraOp
-            | Sleep | WakeUp | ReleaseKvCache | Pause | Resume)
+            | Sleep | WakeUp | ReleaseKvCache | Profile | Pause | Resume)
 
 
 # ---- engine / supervisor → front end ---------------------------------------------------------

@@ -42,8 +42,11 @@ METHODS = [(s.full_name, m) for s in SERVICES.values() for m in s.methods]
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     doc = fleet_doc({"api_server_count": FRONT_ENDS})
+    # vLLM's profiling routes, with the config as a fleet-file table
+    doc["server"]["profiler_config"] = {"profiler": "torch", "torch_profiler_dir": str(
+        tmp_path_factory.mktemp("traces"))}
     for d in doc["deployments"]:  # LoRA's routes answer 200 on a deployment serving adapters
         if d["name"] == "slow":
             d.update(enable_lora=True, max_loras=2)
@@ -202,6 +205,8 @@ BODIES = {("GET", "/v1/models"): None,
           ("POST", "/sleep"): None,  # (then woken up: AFTER)
           ("POST", "/wake_up"): None,
           ("POST", "/release_kv_cache_memory"): None,  # (refused: nothing is paused)
+          ("POST", "/start_profile"): None,  # (then stopped: AFTER)
+          ("POST", "/stop_profile"): None,
           ("GET", "/kv_event_sources"): None,
           ("POST", "/reset_prefix_cache"): None,
           ("POST", "/pause"): None,  # (then resumed: AFTER)
@@ -229,6 +234,7 @@ BEFORE = {("POST", "/v1/unload_lora_adapter"): lambda key: (
     "POST", "/v1/load_lora_adapter",
     {"lora_name": f"unload-{key}", "lora_path": "/a", "deployment": "slow"})}
 AFTER = {("POST", "/sleep"): lambda key: ("POST", "/wake_up", None),
+         ("POST", "/start_profile"): lambda key: ("POST", "/stop_profile", None),
          ("POST", "/pause"): lambda key: ("POST", "/resume", None)}
 # what a route answers past the key when not 200: no response is ever stored (vLLM's default)
 ANSWERS = {("GET", "/v1/responses/{response_id}"): (404, "not found"),
