@@ -67,6 +67,9 @@ def register(subparsers: Any) -> None:
                    "(families: request_latency, time_to_first_token, inter_token_latency, "
                    "iteration_tokens, request_params_n, request_num_preemptions, "
                    "request_tokens, kv_cache_residency)")
+    p.add_argument("--enable-tokenizer-info-endpoint", action="store_true", default=None,
+                   help="as vLLM's flag: serve GET /tokenizer_info, the tokenizer's "
+                   "configuration and chat template (404 without it)")
     p.add_argument("--profiler-config", metavar="JSON",
                    help="as vLLM's flag: '{\"profiler\": \"torch\", \"torch_profiler_dir\": "
                    "\"DIR\"}' serves /start_profile and /stop_profile, which write each engine "
@@ -109,6 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             enable_scale_out=args.enable_scale_out,
             custom_histogram_buckets=args.custom_histogram_buckets,
             profiler_config=args.profiler_config,
+            enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
             **security_overrides(args),
         )
         fleet = with_env_api_key(fleet, os.environ)

@@ -107,7 +107,8 @@ class FrontendApp:
                                     load_tracking=cfg.enable_server_load_tracking,
                                     scale_out=cfg.enable_scale_out,
                                     responses=ResponseStore.from_env(), now=self.now,
-                                    profiler=ProfilerConfig.parse(cfg.profiler_config).enabled)
+                                    profiler=ProfilerConfig.parse(cfg.profiler_config).enabled,
+                                    tokenizer_info=cfg.enable_tokenizer_info_endpoint)
         # Always SO_REUSEPORT: the supervisor holds a reserved socket on the HTTP port.
         self.http = HttpServer(build_app(self.http_state, ApiKeys(cfg.api_key)), cfg.host,
                                http_port, reuse_port=True, options=ListenerOptions.of(cfg))

@@ -71,6 +71,8 @@ class ServerConfig:
     # histograms of a family (server/stats/buckets.py, which `serve` checks it with); in a
     # fleet file also a table
     custom_histogram_buckets: str = ""
+    # vLLM's --enable-tokenizer-info-endpoint: GET /tokenizer_info (404 without it)
+    enable_tokenizer_info_endpoint: bool = False
     # vLLM's --profiler-config: JSON; with profiler "torch", /start_profile and /stop_profile
     # write each engine core's emulated steps as a trace (server/engine/profiler_config.py)
     profiler_config: str = ""

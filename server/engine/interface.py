@@ -179,6 +179,9 @@ class EngineRequest(msgspec.Struct, frozen=True):
     # vLLM's data_parallel_rank: the engine core (rank) a router pinned the request to
     # (HTTP `X-data-parallel-rank`, VllmEngine's field); None: the least-loaded rank
     data_parallel_rank: int | None = None
+    # vLLM's return_weight_versions (always on /inference/v1/generate): the finish carries which
+    # weight version sampled which output tokens
+    return_weight_versions: bool = False
 
 
 class Usage(msgspec.Struct, frozen=True):
@@ -212,6 +215,9 @@ class Finish(msgspec.Struct, frozen=True):
     stop_token_id: int | None = None
     # --- P/D (issue 13): what a prefill returns for its decode side (vLLM's response field)
     kv_transfer_params: dict[str, Any] | None = None
+    # vLLM's WeightVersionSpan list, (version, start, end) over output-token indexes, when the
+    # request asked (EngineRequest.return_weight_versions)
+    weight_versions: tuple[tuple[str, int, int], ...] | None = None
 
 
 class TokenChunk(msgspec.Struct, frozen=True):

@@ -120,6 +120,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self.faults = faults  # device faults (issue 13): server/engine_proc/faults.py
         self.kv_metrics = core.scheduler.pool.metrics  # vLLM's --kv-cache-metrics (or None)
         self.profiler = profiler  # vLLM's /start_profile (--profiler-config), or None
+        self.weight_version = "default"  # vLLM's label of the weights (RL), on every output
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:

@@ -115,10 +115,10 @@ class LoopControls:
         t = max(self._t, self.now())
         self._send(live.frontend, m.encode(m.StepOutputs(
             self.deployment, self.rank, self.epoch, self.step_no, t, t, [], [], [],
-            [], [], [m.Finished(live.seq, reason.value)])))
+            [], [], [m.Finished(live.seq, reason.value)], weight_version=self.weight_version)))
         self._forget(live, reason)
 
-    def _control(self, msg: m.Sleep | m.WakeUp | m.ReleaseKvCache | m.Profile
+    def _control(self, msg: m.Sleep | m.WakeUp | m.ReleaseKvCache | m.Profile | m.WeightVersion
                  ) -> m.Admission | None:
         """Sleep, wake up, release the KV cache or profile; the answer now, or None when it
         comes later (mode wait, or a wake-up whose weights take emulated time to come back)."""
@@ -126,6 +126,11 @@ class LoopControls:
             return self._release_kv_cache(msg.seq)
         if isinstance(msg, m.Profile):
             return self._profile(msg)
+        if isinstance(msg, m.WeightVersion):  # vLLM's weight version label (RL)
+            if msg.version is not None:
+                self.weight_version = msg.version
+                log.info("%s weight version: %s", self.name, msg.version)
+            return m.Admission(msg.seq, message=self.weight_version)
         if isinstance(msg, m.WakeUp):
             seconds = self.sleep.wake(msg.tags, self.core.placement)
             if not self.sleep.sleeping and self.pause.paused:

@@ -78,7 +78,8 @@ class LoopInputs:
                                        "BadRequestError", f"LoRA is not enabled on deployment "
                                        f"{self.name!r} (--enable-lora)"))
                 self._send(msg.frontend, m.encode(answer))
-            elif isinstance(msg, m.Sleep | m.WakeUp | m.ReleaseKvCache | m.Profile):
+            elif isinstance(msg, m.Sleep | m.WakeUp | m.ReleaseKvCache | m.Profile
+                            | m.WeightVersion):
                 answer = self._control(msg)
                 if answer is not None:
                     replies.setdefault(msg.frontend, []).append(answer)

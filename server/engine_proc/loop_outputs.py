@@ -90,6 +90,6 @@ class LoopOutputs:
                 self._send(fe, m.encode(m.StepOutputs(
                     self.deployment, self.rank, self.epoch, self.step_no, start, self._t,
                     seqs[fe], counts[fe], tokens[fe], first[fe], jumped[fe], finished[fe],
-                    self._lagging, preempted[fe], external[fe])))
+                    self._lagging, preempted[fe], external[fe], self.weight_version)))
                 if self._lagging:
                     self.unacked[fe].append(self.step_no)

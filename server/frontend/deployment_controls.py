@@ -68,7 +68,8 @@ class DeploymentControls:
 
     # ---- sleep mode (issue 13) and pausing generation ----------------------------------------
     async def control(self, make: Callable[[int, int], m.Sleep | m.WakeUp | m.ReleaseKvCache
-                                           | m.Pause | m.Resume]) -> None:
+                                           | m.Profile | m.WeightVersion | m.Pause | m.Resume]
+                      ) -> list[m.Admission]:
         """Send a sleep-mode or pause command to every rank and wait for each engine's answer
         (an `Admissions` item for its seq); raises the engine's typed error if one refused,
         Unavailable if a rank died before answering."""
@@ -85,6 +86,8 @@ class DeploymentControls:
                 raise Unavailable(f"deployment {self.name!r}: its engine process is not "
                                   "reachable") from None
             futures.append(future)
-        for answer in await asyncio.gather(*futures):
+        answers = await asyncio.gather(*futures)
+        for answer in answers:
             if answer.error:
                 raise ERRORS.get(answer.error, Unavailable)(answer.message)
+        return answers

@@ -117,11 +117,14 @@ class Receiver:
         itl_n: list[int] = []
         tokens, pos = msg.tokens, 0
         stopped = []
+        version = msg.weight_version
         for seq, n in zip(msg.seqs, msg.counts, strict=True):
             st = streams.get(seq)
             if st is None:
                 pos += n
                 continue
+            if st.versions is not None:  # vLLM's return_weight_versions
+                st.track_weight_version(version)
             prev = st.last_token
             if prev is None:
                 ttfts.append(t - st.arrival)

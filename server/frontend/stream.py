@@ -64,6 +64,7 @@ class RequestStream:
         "request_id",
         "sent",
         "seq",
+        "versions",
         "want_times",
     )
 
@@ -99,6 +100,9 @@ class RequestStream:
         self._finish: tuple[FinishReason, int | None] | None = None
         self._error: str | None = None
         self._event = asyncio.Event()
+        # vLLM's weight_version_starts: (version, first output token it sampled), when asked
+        self.versions: list[tuple[str, int]] | None = (
+            [] if request.return_weight_versions else None)
 
     # ---- producer side (the receiver) ---------------------------------------------------------
     def push(self, tokens: list[int], t: float) -> bool:
@@ -122,6 +126,24 @@ class RequestStream:
         if self.sent == 0 or len(self.pending) >= self.interval * self.pacer.factor:
             self._event.set()
         return False
+
+    def track_weight_version(self, version: str) -> None:
+        """The next tokens were sampled by weights labelled `version` (vLLM: a span starts
+        where the version changes)."""
+        versions = self.versions
+        if versions is not None and (not versions or versions[-1][0] != version):
+            versions.append((version, self.n_out))
+
+    def weight_version_spans(self) -> tuple[tuple[str, int, int], ...] | None:
+        """vLLM's WeightVersionSpan list over the output tokens (a stop string's trimmed
+        tokens taken off the last spans)."""
+        if self.versions is None:
+            return None
+        n = self.out.num_tokens
+        starts = self.versions
+        ends = [s for _, s in starts[1:]] + [n]
+        return tuple((v, min(s, n), min(e, n)) for (v, s), e in zip(starts, ends, strict=True)
+                     if min(s, n) < min(e, n))
 
     def finish(self, reason: FinishReason, stop_token_id: int | None = None,
                kv_transfer_params: dict | None = None) -> None:
@@ -187,7 +209,7 @@ class RequestStream:
         usage = Usage(len(self.out.prompt_ids), self.cached, self.out.num_tokens, self.jumped)
         finish = Finish(reason, usage, timings, self.out.stop_str,
                         stop_token if self.out.stop_str is None else None,
-                        self.kv_transfer_params)
+                        self.kv_transfer_params, self.weight_version_spans())
         chunk = self._chunk(ids, text, times, index)
         return TokenChunk(chunk.token_ids, chunk.text, chunk.token_times, chunk.index,
                           chunk.prompt_token_ids, finish)

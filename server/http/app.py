@@ -44,6 +44,7 @@ from server.http.sagemaker import add_sagemaker_routes
 from server.http.scale_out import add_scale_out_routes
 from server.http.sleep import add_sleep_routes
 from server.http.state import HttpState
+from server.http.tokenizer_info import add_tokenizer_info_route
 
 log = logging.getLogger("doppelchip.http")
 
@@ -137,6 +138,8 @@ def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
         add_rl_routes(app, state)
     if state is None or state.profiler:  # vLLM's, with --profiler-config (None: route table)
         add_profile_routes(app, state)
+    if state is None or state.tokenizer_info:  # vLLM's, with --enable-tokenizer-info-endpoint
+        add_tokenizer_info_route(app, state)
     if keys:  # inside the metrics middleware: refused requests are counted (status 4xx)
         app.add_middleware(ApiKeyMiddleware, keys=keys, routes=lambda: app.router.routes)
     instrument(app)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from server.engine.interface import EngineRequest, TokenChunk
 from server.engine.tokenizer import Tokenizer
 from server.http import lengths, sampling, tools
-from server.http.completions import stop_reason
+from server.http.completions import stop_reason, weight_versions
 from server.http.errors import bad_request
 from server.http.generate import Choice, Run
 from server.http.logprobs import Logprobs, chat_logprobs, prompt_logprobs
@@ -84,7 +84,8 @@ def engine_request(req: ChatCompletionRequest, request_id: str, ids: list[int],
     return EngineRequest(request_id=request_id, prompt_token_ids=tuple(ids),
                          sampling=sampling.sampling_params(req, max_tokens),
                          priority=req.priority, constraint=constraint,
-                         kv_transfer_params=req.kv_transfer_params), n
+                         kv_transfer_params=req.kv_transfer_params,
+                         return_weight_versions=req.return_weight_versions), n
 
 
 def finish_reason(f, plan: tools.ToolPlan, called: bool) -> str | None:
@@ -147,7 +148,8 @@ class ChatShapes:
                             "finish_reason": finish_reason(c.finish, self.plan, bool(calls)),
                             "stop_reason": stop_reason(c.finish),
                             "token_ids": list(c.ids) if self.prompt is not None else None,
-                            "routed_experts": None, "weight_versions": None})
+                            "routed_experts": None,
+                            "weight_versions": weight_versions(c.finish)})
         return {**self._base("chat.completion"), "choices": choices, "service_tier": None,
                 "system_fingerprint": None, "usage": self.run.usage_dump(),
                 "prompt_logprobs": self.prompt_lp, "prompt_token_ids": self.prompt,
@@ -190,7 +192,7 @@ class ChatShapes:
                   "token_ids": list(chunk.token_ids) if self.prompt is not None else None}
         if f is not None:
             choice["stop_reason"] = stop_reason(f)
-            choice["weight_versions"] = None
+            choice["weight_versions"] = weight_versions(f)
         event = {**self._base("chat.completion.chunk"), "choices": [choice]}
         if self.usage_each:
             event["usage"] = self.run.choice_usage(c)

@@ -80,7 +80,8 @@ def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[
         sp = sampling.sampling_params(req, budget)
         out.append(EngineRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp,
                                  priority=req.priority, constraint=constraint,
-                                 kv_transfer_params=req.kv_transfer_params))
+                                 kv_transfer_params=req.kv_transfer_params,
+                                 return_weight_versions=req.return_weight_versions))
     return out, n
 
 
@@ -145,7 +146,8 @@ class CompletionShapes:
                             "prompt_logprobs": self.prompt_lp[c.prompt] if self.prompt_lp
                             else None,
                             "prompt_token_ids": back[c.prompt] if back else None,
-                            "routed_experts": None, "weight_versions": None})
+                            "routed_experts": None,
+                            "weight_versions": weight_versions(f)})
         # vLLM's CompletionResponse.model_dump(): every field, None included
         return {**self._base(), "choices": choices, "service_tier": None,
                 "system_fingerprint": None, "usage": self.run.usage_dump(),
@@ -163,7 +165,8 @@ class CompletionShapes:
             "logprobs": self._logprobs(c, ids, chunk.index),
             "finish_reason": f.reason.value if f else None, "stop_reason": stop_reason(f),
             "prompt_token_ids": back[c.prompt] if back and chunk.index == 0 else None,
-            "token_ids": list(ids) if back else None, "weight_versions": None}]}
+            "token_ids": list(ids) if back else None,
+            "weight_versions": weight_versions(f)}]}
         if self.usage_each:
             event["usage"] = self.run.choice_usage(c)
         return [event]
@@ -178,6 +181,14 @@ class CompletionShapes:
 def _end(lps: dict) -> int:
     """Where the text after a logprobs object's tokens starts (its `text_offset`s' end)."""
     return lps["text_offset"][-1] + len(lps["tokens"][-1]) if lps["tokens"] else 0
+
+
+def weight_versions(f) -> list[dict] | None:
+    """vLLM's `weight_versions` of a finished choice that asked for them (its WeightVersionSpan
+    list: which weight version sampled output tokens [start, end)); None otherwise."""
+    if f is None or f.weight_versions is None:
+        return None
+    return [{"version": v, "start": s, "end": e} for v, s, e in f.weight_versions]
 
 
 def stop_reason(f) -> str | int | None:

@@ -139,6 +139,8 @@ class GenerationFields(OpenAIBase):
     # the prompt's and each choice's token ids in the answer (vLLM's, for RL and tracing)
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None  # logprobs name tokens "token_id:N"
+    # each choice's weight_versions: which weight version sampled which output tokens (RL)
+    return_weight_versions: bool = False
 
 
 class CompletionRequest(GenerationFields):

@@ -1,6 +1,8 @@
 """vLLM's RL routes for pausing generation around weight updates, as vLLM 0.33.0 serves them
 with VLLM_SERVER_DEV_MODE=1 (vllm/entrypoints/rl/online/api_router.py): `POST /pause?mode=
-&clear_cache=`, `POST /resume`, `GET /is_paused`, `POST /abort_requests`.
+&clear_cache=`, `POST /resume`, `GET /is_paused`, `POST /abort_requests`, the weight version
+label (`POST /update_weight_version`, `GET /weight_info`: every output token is sampled under
+the engine's label, which `return_weight_versions` reports per choice), `GET /get_world_size`.
 
 Why: RL trainers (verl, SkyRL, prime-rl and the like) drive their vLLM pods through these
 between rollouts; a doppelchip pod answers them as such a pod does. What a pause does to the
@@ -8,7 +10,8 @@ requests is the engine's (server/engine_proc/pause.py); a command reaches every 
 this front end serves (a pod serves one) and returns once every engine applied it — with mode
 wait, once the running requests finished. `/abort_requests` ends this front end's requests,
 as each of vLLM's API servers aborts its own. The weight-transfer routes are not served:
-there are no weights to move.
+there are no weights to move; a trainer that moves weights by its own means labels them with
+`/update_weight_version`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import os
 import re
 from typing import Annotated, Literal
 
-from fastapi import FastAPI, Query
+from fastapi import Body, FastAPI, Query
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -77,6 +80,36 @@ def add_rl_routes(app: FastAPI, state: HttpState) -> None:
     async def is_paused() -> JSONResponse:
         return JSONResponse({"is_paused": any(
             c.is_paused() for c in state.fleet.clients.values())})
+
+    # --- vLLM's weight version label (the RL trainer's policy version) and world size ---
+    @app.post("/update_weight_version")
+    async def update_weight_version(new_version: Annotated[str, Body(embed=True)]
+                                    ) -> JSONResponse:
+        try:
+            await to_all(lambda fe, seq: m.WeightVersion(fe, seq, new_version))
+        except EngineError as e:
+            return JSONResponse({"error": f"Failed to update the weight version: {e}"},
+                                status_code=500)
+        return JSONResponse({"success": True, "new_version": new_version})
+
+    @app.get("/weight_info")
+    async def weight_info() -> JSONResponse:
+        client = state.fleet.get(state.fleet.default_name)
+        try:
+            answers = await client.control(lambda fe, seq: m.WeightVersion(fe, seq))
+        except EngineError as e:
+            return JSONResponse({"error": f"Failed to get the weight version: {e}"},
+                                status_code=500)
+        return JSONResponse({"weight_version": answers[0].message})
+
+    @app.get("/get_world_size")
+    async def get_world_size(include_dp: Annotated[bool, Query()] = True) -> JSONResponse:
+        """vLLM's parallel_config.world_size (tp × pp), × the data-parallel size with
+        include_dp (its default): the chips of the default deployment (a pod's)."""
+        client = state.fleet.get(state.fleet.default_name)
+        info = client.infos[0]
+        world = max(1, info.tensor_parallel) * max(1, info.pipeline_parallel)
+        return JSONResponse({"world_size": world * (len(client.infos) if include_dp else 1)})
 
     @app.post("/abort_requests")
     async def abort_requests(request: Request) -> Response:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from server.engine.interface import TokenChunk
 from server.engine.tokenizer import Tokenizer
-from server.http.completions import stop_reason
+from server.http.completions import stop_reason, weight_versions
 from server.http.generate import Choice, Run
 from server.http.logprobs import Logprobs, chat_logprobs, prompt_logprobs
 from server.http.protocol import CompletionRequest
@@ -41,6 +41,7 @@ def completion_body(body: GenerateRequest) -> CompletionRequest:
         "include_stop_str_in_output": sp.include_stop_str_in_output,
         "stream": bool(body.stream), "priority": body.priority,
         "kv_transfer_params": body.kv_transfer_params, "cache_salt": body.cache_salt,
+        "return_weight_versions": True,  # vLLM's generate always answers them
     }
     if sp.structured_outputs is not None:
         data["structured_outputs"] = sp.structured_outputs
@@ -85,7 +86,8 @@ class GenerateShapes:
     def _choice(self, c: Choice, ids, text: str, start: int, finish) -> dict:
         out = {"index": c.index, "finish_reason": finish, "stop_reason": stop_reason(c.finish)
                if finish is not None else None, "token_ids": list(ids),
-               "routed_experts": None, "sampling_mask": None, "weight_versions": None}
+               "routed_experts": None, "sampling_mask": None,
+               "weight_versions": weight_versions(c.finish) if finish is not None else None}
         if self.text:
             out["text"] = text
         out["logprobs"] = self._logprobs(c, ids, start)

@@ -31,6 +31,7 @@ class HttpState:
     scale_out: bool = False  # --enable-scale-out (vLLM's): render and generate routes
     now: Callable[[], float] = time.monotonic  # the emulated timeline (the front end's clock)
     profiler: bool = False  # --profiler-config (vLLM's): /start_profile and /stop_profile
+    tokenizer_info: bool = False  # --enable-tokenizer-info-endpoint (vLLM's)
 
     def load(self) -> InFlight:
         """One request in flight from now (`InFlight.done` ends it)."""

@@ -173,6 +173,15 @@ class Profile(msgspec.Struct, frozen=True, array_like=True, tag="profile"):
     max_iterations: int | None = None
 
 
+class WeightVersion(msgspec.Struct, frozen=True, array_like=True, tag="weight_version"):
+    """vLLM's set_weight_version / get_weight_version (`POST /update_weight_version`, `GET
+    /weight_info`): `version` None only asks. Answered with the version now (`message`)."""
+
+    frontend: int
+    seq: int
+    version: str | None = None
+
+
 class Pause(msgspec.Struct, frozen=True, array_like=True, tag="pause"):
     """vLLM's pause_generation(mode, clear_cache) for weight updates (`POST /pause`): mode
     abort | wait | keep (the in-flight ones); answered once the pause holds (mode wait: once
@@ -192,7 +201,7 @@ class Resume(msgspec.Struct, frozen=True, array_like=True, tag="resume"):
 
 
 ToEngine = (AddRequest | Abort | Ack | Shutdown | FrontendGone | ResetPrefixCache | LoraOp
-            | Sleep | WakeUp | ReleaseKvCache | Profile | Pause | Resume)
+            | Sleep | WakeUp | ReleaseKvCache | Profile | WeightVersion | Pause | Resume)
 
 
 # ---- engine / supervisor → front end ---------------------------------------------------------
@@ -242,6 +251,7 @@ class StepOutputs(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     want_ack: bool = False
     preempted: list[int] = []  # requests preempted in this step (vllm:request_num_preemptions)
     external: list[tuple[int, int]] = []  # P/D: (seq, prompt tokens whose KV was transferred)
+    weight_version: str = "default"  # vLLM's label of the weights that sampled these tokens
 
 
 class EngineDown(msgspec.Struct, frozen=True, array_like=True, tag="down"):

@@ -255,5 +255,7 @@ async def test_the_routes_exist_only_in_dev_mode():
     with ServerProcess(doc()) as s:
         async with http_client(s) as http:
             for method, path in (("POST", "/pause"), ("POST", "/resume"),
-                                 ("GET", "/is_paused"), ("POST", "/abort_requests")):
+                                 ("GET", "/is_paused"), ("POST", "/abort_requests"),
+                                 ("POST", "/update_weight_version"), ("GET", "/weight_info"),
+                                 ("GET", "/get_world_size")):
                 assert (await http.request(method, path)).status_code == 404, path

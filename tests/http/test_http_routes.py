@@ -259,3 +259,9 @@ async def test_tokenize_without_prompt_or_messages_is_vllms_union_error(http):
         "  {'type': 'missing', 'loc': 'body.TokenizeChatRequest.messages', "
         "'msg': 'Field required', 'input': '<dict of 0 items>'}")
     assert err["param"] == "body.TokenizeCompletionRequest.prompt"
+
+
+async def test_tokenizer_info_needs_its_flag(http):
+    """vLLM mounts /tokenizer_info only with --enable-tokenizer-info-endpoint
+    (test_http_tokenizer_info.py turns it on)."""
+    assert (await http.get("/tokenizer_info")).status_code == 404

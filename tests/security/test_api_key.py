@@ -50,7 +50,8 @@ def server(tmp_path_factory):
     for d in doc["deployments"]:  # LoRA's routes answer 200 on a deployment serving adapters
         if d["name"] == "slow":
             d.update(enable_lora=True, max_loras=2)
-    with ServerProcess(doc, "--api-key", *KEYS, "--enable-scale-out", env=DEV_MODE) as s:
+    with ServerProcess(doc, "--api-key", *KEYS, "--enable-scale-out",
+                       "--enable-tokenizer-info-endpoint", env=DEV_MODE) as s:
         wait_ready(s.target, api_key=KEYS[0])
         yield s
 
@@ -205,6 +206,10 @@ BODIES = {("GET", "/v1/models"): None,
           ("POST", "/sleep"): None,  # (then woken up: AFTER)
           ("POST", "/wake_up"): None,
           ("POST", "/release_kv_cache_memory"): None,  # (refused: nothing is paused)
+          ("GET", "/tokenizer_info"): None,
+          ("POST", "/update_weight_version"): {"new_version": "v1"},
+          ("GET", "/weight_info"): None,
+          ("GET", "/get_world_size"): None,
           ("POST", "/start_profile"): None,  # (then stopped: AFTER)
           ("POST", "/stop_profile"): None,
           ("GET", "/kv_event_sources"): None,
