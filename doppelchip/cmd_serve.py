@@ -67,6 +67,11 @@ def register(subparsers: Any) -> None:
                    "(families: request_latency, time_to_first_token, inter_token_latency, "
                    "iteration_tokens, request_params_n, request_num_preemptions, "
                    "request_tokens, kv_cache_residency)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true", default=None,
+                   help="accepted as vLLM's flag: tool_choice \"auto\" needs no flag here")
+    p.add_argument("--tool-call-parser", metavar="NAME",
+                   help="accepted as vLLM's flag (the calls are written under a schema, no "
+                   "parser is needed); exports vllm:tool_call_parser_invocations_total")
     p.add_argument("--enable-tokenizer-info-endpoint", action="store_true", default=None,
                    help="as vLLM's flag: serve GET /tokenizer_info, the tokenizer's "
                    "configuration and chat template (404 without it)")
@@ -113,6 +118,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             custom_histogram_buckets=args.custom_histogram_buckets,
             profiler_config=args.profiler_config,
             enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
+            enable_auto_tool_choice=args.enable_auto_tool_choice,
+            tool_call_parser=args.tool_call_parser,
             **security_overrides(args),
         )
         fleet = with_env_api_key(fleet, os.environ)

@@ -36,6 +36,7 @@ from server.frontend.stats import FrontendStats
 from server.grpc_server import add_port, build_server
 from server.http.app import build_app
 from server.http.metrics import enable_multiprocess
+from server.http.parser_metrics import ToolParserMetrics
 from server.http.responses_store import ResponseStore
 from server.http.server import HttpServer, ListenerOptions
 from server.http.state import HttpState
@@ -108,7 +109,10 @@ class FrontendApp:
                                     scale_out=cfg.enable_scale_out,
                                     responses=ResponseStore.from_env(), now=self.now,
                                     profiler=ProfilerConfig.parse(cfg.profiler_config).enabled,
-                                    tokenizer_info=cfg.enable_tokenizer_info_endpoint)
+                                    tokenizer_info=cfg.enable_tokenizer_info_endpoint,
+                                    tool_parser=ToolParserMetrics(
+                                        c.info.model_name for c in self.clients)
+                                    if cfg.tool_call_parser else None)
         # Always SO_REUSEPORT: the supervisor holds a reserved socket on the HTTP port.
         self.http = HttpServer(build_app(self.http_state, ApiKeys(cfg.api_key)), cfg.host,
                                http_port, reuse_port=True, options=ListenerOptions.of(cfg))

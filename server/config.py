@@ -71,6 +71,10 @@ class ServerConfig:
     # histograms of a family (server/stats/buckets.py, which `serve` checks it with); in a
     # fleet file also a table
     custom_histogram_buckets: str = ""
+    # vLLM's --enable-auto-tool-choice and --tool-call-parser: accepted (tool calls need neither
+    # here); with a parser, vllm:tool_call_parser_invocations_total is exported
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str = ""
     # vLLM's --enable-tokenizer-info-endpoint: GET /tokenizer_info (404 without it)
     enable_tokenizer_info_endpoint: bool = False
     # vLLM's --profiler-config: JSON; with profiler "torch", /start_profile and /stop_profile

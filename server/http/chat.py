@@ -21,6 +21,7 @@ from server.http.completions import stop_reason, weight_versions
 from server.http.errors import bad_request
 from server.http.generate import Choice, Run
 from server.http.logprobs import Logprobs, chat_logprobs, prompt_logprobs
+from server.http.parser_metrics import Recorder
 from server.http.protocol import ChatCompletionRequest, ChatMessage
 
 
@@ -103,8 +104,10 @@ class ChatShapes:
     """Builds one request's response bodies and stream events."""
 
     def __init__(self, req: ChatCompletionRequest, run: Run, rid: str, model: str,
-                 tok: Tokenizer, plan: tools.ToolPlan, prompt: list[int]) -> None:
+                 tok: Tokenizer, plan: tools.ToolPlan, prompt: list[int],
+                 record_tool: Recorder | None = None) -> None:
         self.req, self.run, self.rid, self.model, self.plan = req, run, rid, model, plan
+        self.record_tool = record_tool  # vLLM's tool parser metric (tool_choice "auto")
         self.prompt = prompt if req.return_token_ids else None  # (vLLM's return_token_ids)
         self.created = int(time.time())
         self.role = "assistant" if req.add_generation_prompt else (
@@ -137,6 +140,8 @@ class ChatShapes:
         for c in self.run.choices:
             text = "".join(c.text)
             calls = tools.parse_calls(self.plan, text) if self.plan.mode != "text" else []
+            if self.record_tool is not None:
+                self.record_tool(False, bool(calls))
             # vLLM's ChatMessage.model_dump(): None fields kept, tool_calls only when made
             message = {"role": self.role,
                        "content": self.echo + ("" if self.plan.mode != "text" else text),
@@ -177,6 +182,7 @@ class ChatShapes:
 
     def chunks(self, c: Choice, chunk: TokenChunk) -> list[dict]:
         f = chunk.finish
+        calls = []
         if self.streamers is None:
             delta: dict = {"content": chunk.text}
         else:
@@ -184,6 +190,8 @@ class ChatShapes:
             if calls:
                 self.called[c.index] = True
             delta = {"tool_calls": calls} if calls else {}
+        if self.record_tool is not None:
+            self.record_tool(True, bool(calls))
         lp = self._logprobs(c, chunk.token_ids, chunk.index)
         if not delta and f is None and lp is None:
             return []

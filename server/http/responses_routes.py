@@ -66,7 +66,8 @@ def add_responses_routes(app: FastAPI, state: HttpState) -> None:
             history = _checks(body)
             limit = client.limits.max_model_len
             chat = to_chat(body, limit, history)
-            run, shapes = await start_chat(state, rid, chat, data_parallel_rank(request))
+            run, shapes = await start_chat(state, rid, chat, data_parallel_rank(request),
+                                           "responses")
         except HttpError as e:
             return error_response(e, rid)
         messages = [m.model_dump(exclude_none=True) for m in chat.messages]

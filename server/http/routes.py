@@ -238,7 +238,8 @@ async def chat_completion(state: HttpState, request: Request, body: ChatCompleti
 
 
 async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
-                     rank: int | None = None) -> tuple[generate.Run, chat.ChatShapes]:
+                     rank: int | None = None, request_type: str = "chat_completions"
+                     ) -> tuple[generate.Run, chat.ChatShapes]:
     """A chat request admitted to its deployment (or its HttpError): the run and the shapes
     of its answer; `rank`: the engine core a router pinned it to (`data_parallel_rank`).
     `/v1/chat/completions`, `/v1/messages` and `/v1/responses` start here."""
@@ -249,8 +250,10 @@ async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
                                  client.limits.max_model_len)
     req = lora_tag(client, body.model, req)  # --- LoRA (issue 13) ---
     run = await generate.admitted(client, pinned([req], rank), n, rid)
+    record = (state.tool_parser.recorder(client.info.model_name, request_type)
+              if state.tool_parser is not None and plan.auto else None)
     return run, chat.ChatShapes(body, run, f"chatcmpl-{rid}", name, state.tokenizer, plan,
-                                list(req.prompt_token_ids or ()))
+                                list(req.prompt_token_ids or ()), record)
 
 
 async def counted(load: InFlight, answering: Awaitable[Response]) -> Response:

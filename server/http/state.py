@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from server.engine.tokenizer import Tokenizer
 from server.fleet import Fleet
+from server.http.parser_metrics import ToolParserMetrics
 from server.http.responses_store import ResponseStore
 from server.metrics import MetricsView
 
@@ -32,6 +33,7 @@ class HttpState:
     now: Callable[[], float] = time.monotonic  # the emulated timeline (the front end's clock)
     profiler: bool = False  # --profiler-config (vLLM's): /start_profile and /stop_profile
     tokenizer_info: bool = False  # --enable-tokenizer-info-endpoint (vLLM's)
+    tool_parser: ToolParserMetrics | None = None  # --tool-call-parser (vLLM's metric)
 
     def load(self) -> InFlight:
         """One request in flight from now (`InFlight.done` ends it)."""

@@ -37,6 +37,7 @@ class ToolPlan:
     mode: str
     constraint: Constraint | None = None
     name: str = ""  # the forced function (mode "named")
+    auto: bool = False  # tool_choice "auto": where vLLM runs its tool parser (its metric)
 
 
 def plan(req: ChatCompletionRequest) -> ToolPlan:
@@ -59,9 +60,10 @@ def plan(req: ChatCompletionRequest) -> ToolPlan:
                               "specified `tools`", "tool_choice")
         params = tool.function.parameters or EMPTY_OBJECT
         return ToolPlan("named", Constraint("json_schema", json.dumps(params)), tool.function.name)
-    if choice == "auto" and req.messages and req.messages[-1].role == "tool":
-        return ToolPlan("text")
-    return ToolPlan("array", Constraint("json_schema", json.dumps(array_schema(req))))
+    auto = choice == "auto"
+    if auto and req.messages and req.messages[-1].role == "tool":
+        return ToolPlan("text", auto=True)
+    return ToolPlan("array", Constraint("json_schema", json.dumps(array_schema(req))), auto=auto)
 
 
 def array_schema(req: ChatCompletionRequest) -> dict:

@@ -143,3 +143,9 @@ def test_kv_residency_series_need_their_flag(families):
     """vLLM registers vllm:kv_block_*_seconds only with --kv-cache-metrics, and so does this
     server (test_obs_kv_residency.py turns it on)."""
     assert [n for n in families if n.startswith("vllm:kv_block_")] == []
+
+
+def test_the_tool_parser_counter_needs_a_parser(families):
+    """vLLM registers vllm:tool_call_parser_invocations_total only with --tool-call-parser
+    (test_http_tool_parser_metric.py gives one)."""
+    assert "vllm:tool_call_parser_invocations" not in families
