@@ -187,7 +187,7 @@ class Supervisor:
                           wall0=self.wall0, cold=cold, log_level=self.options.log_level,
                           check_integrity=self.options.check_integrity,
                           histogram_buckets=self._histogram_buckets(),
-                          profiler_config=cfg.profiler_config,
+                          profiler_config=cfg.profiler_config, pod=cfg.pod,
                           supervisor_pid=os.getpid())
 
     def _histogram_buckets(self) -> tuple[tuple[str, tuple[float, ...]], ...]:

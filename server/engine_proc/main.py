@@ -59,6 +59,7 @@ class EngineSpec:
     # the server's --custom-histogram-buckets, (family, bounds) pairs (server/stats/buckets.py)
     histogram_buckets: tuple[tuple[str, tuple[float, ...]], ...] = ()
     profiler_config: str = ""  # the server's --profiler-config (vLLM's JSON; "": off)
+    pod: bool = False  # the server serves this deployment alone (vLLM's names for its files)
     supervisor_pid: int = 0  # exit when it is gone (server.ipc.lifeline); 0: no lifeline
 
 
@@ -106,7 +107,8 @@ def engine_main(spec: EngineSpec) -> None:
                       kv_transfer=KvTransferConfig.parse(opts.kv_transfer_config), info=info,
                       faults=FaultDriver(schedule_of(opts), core, stats, spec.time_scale,
                                          opts.name) if has_device_faults(opts) else None,
-                      profiler=StepProfiler(profiler, info) if profiler.enabled else None)
+                      profiler=StepProfiler(profiler, info, spec.pod)
+                      if profiler.enabled else None)
     if loop.kv_pub is not None:  # KV events (issue 13): where subscribers go
         info = msgspec.structs.replace(
             info, kv_events_endpoint=loop.kv_pub.endpoint,

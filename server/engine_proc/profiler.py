@@ -11,7 +11,8 @@ profiler (`vllm/profiler/wrapper.py` `WorkerProfiler`, `vllm/v1/worker/gpu_worke
   the d-th step on, `max_iterations` m > 0 ends the session (and writes) after m steps;
 - one file per engine core in `torch_profiler_dir`: `[{prefix}_]dp{R}_pp0_tp0_dcp0_ep0_rank
   {G}.{ms}.pt.trace.json[.gz]`, torch's `tensorboard_trace_handler` name for the worker that
-  leads data-parallel rank R (G = R × tp × pp, its global rank);
+  leads data-parallel rank R (G = R × tp × pp, its global rank); in a fleet (not a pod) the
+  deployment's name goes before `dp`, since every deployment has a rank 0;
 - each step is one event named as vLLM annotates it, `execute_context_{n}({tokens})_generation_
   {n}({tokens})` (context: requests still prefilling), from the emulated start of its compute
   for its emulated duration; a compile stall is an event of its own on a second track; the
@@ -46,8 +47,9 @@ class ProfilerAlreadyActive(Exception):
 
 
 class StepProfiler:
-    def __init__(self, config: ProfilerConfig, info: DeploymentInfo) -> None:
+    def __init__(self, config: ProfilerConfig, info: DeploymentInfo, pod: bool = True) -> None:
         self.config, self.info = config, info
+        self.pod = pod  # a fleet's deployments share the directory: their names say which
         self.active = False  # between start and stop (vLLM's `_active`)
         self.running = False  # recording (after the delay)
         self.count = self.recorded = self.steps = 0  # steps seen, profiled, written as events
@@ -61,6 +63,8 @@ class StepProfiler:
         info = self.info
         rank = info.rank * max(1, info.tensor_parallel) * max(1, info.pipeline_parallel)
         name = f"dp{info.rank}_pp0_tp0_dcp0_ep0_rank{rank}"
+        if not self.pod:  # every deployment of a fleet has a rank 0: its name goes first
+            name = f"{info.name}_{name}"
         return f"{self.prefix}_{name}" if self.prefix else name
 
     def start(self, prefix: str | None, delay: int | None, limit: int | None) -> None:
@@ -138,7 +142,16 @@ class StepProfiler:
         self.events = []
         return path
 
-    def _write(self) -> str:
+    def _write(self) -> str | None:
+        """The trace file (None when it could not be written: logged, the engine goes on)."""
+        try:
+            return self._write_file()
+        except OSError as e:
+            log.error("profiler trace of %s (rank %d) not written: %s", self.info.name,
+                      self.info.rank, e)
+            return None
+
+    def _write_file(self) -> str:
         info, cfg = self.info, self.config
         os.makedirs(cfg.torch_profiler_dir, exist_ok=True)
         name = f"{self.worker_name}.{time.time_ns() // 1_000_000}.pt.trace.json"
@@ -160,7 +173,7 @@ class StepProfiler:
                               "timeline": "emulated microseconds"},
                "traceEvents": meta + self.events}
         data = json.dumps(doc).encode()
-        tmp = path + ".tmp"
+        tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:  # whole or not at all: a reader never sees half a trace
             f.write(gzip.compress(data, 6) if cfg.torch_profiler_use_gzip else data)
         os.replace(tmp, path)

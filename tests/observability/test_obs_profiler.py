@@ -157,3 +157,40 @@ def test_a_bad_profiler_config_stops_the_server(config, message):
                         "--http-port", "0", "--profiler-config", config],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def _profiler(name: str, directory: Path, pod: bool):
+    from server.engine.build import EngineOptions
+    from server.engine.profiler_config import ProfilerConfig
+    from server.engine_proc.info import failed_info
+    from server.engine_proc.profiler import StepProfiler
+
+    info = failed_info(EngineOptions(name=name, model="llama-3.1-8b", quant="bf16",
+                                     chip="h100-sxm", engine="vllm"), 0, "", 100)
+    config = ProfilerConfig("torch", str(directory))
+    return StepProfiler(config, info, pod)
+
+
+def test_a_fleets_deployments_write_apart_in_the_same_millisecond(tmp_path, monkeypatch):
+    """Every deployment of a fleet has a rank 0: in one directory, at one millisecond, their
+    traces must not collide (a pod keeps vLLM's name)."""
+    monkeypatch.setattr(time, "time_ns", lambda: 1_700_000_000_000_000_000)
+    paths = []
+    for name in ("a", "b"):
+        p = _profiler(name, tmp_path, pod=False)
+        p.start(None, None, None)
+        paths.append(p.stop())
+    assert [Path(x).name for x in paths] == [
+        f"{n}_dp0_pp0_tp0_dcp0_ep0_rank0.1700000000000.pt.trace.json.gz" for n in "ab"]
+    assert len(list(tmp_path.iterdir())) == 2
+    pod = _profiler("a", tmp_path / "pod", pod=True)
+    pod.start("run", None, None)
+    assert Path(pod.stop()).name.startswith("run_dp0_pp0_tp0_dcp0_ep0_rank0.")
+
+
+def test_a_trace_that_cannot_be_written_does_not_stop_the_engine(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    p = _profiler("a", blocked, pod=True)
+    p.start(None, None, None)
+    assert p.stop() is None and not p.active  # logged; the session is over
