@@ -7,8 +7,13 @@ none set its catalogue model id."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
 from server.engine.interface import DeploymentState
 from server.frontend.deployment import DeploymentClient
+from server.ipc import messages as m
 
 
 class UnknownDeployment(LookupError):
@@ -40,6 +45,12 @@ class Fleet:
             raise UnknownDeployment(
                 f"unknown deployment {name!r}; deployments: {', '.join(self.clients)}"
             ) from None
+
+    async def control(self, make: Callable[[int, int], Any]) -> list[m.Admission]:
+        """A control command (`DeploymentClient.control`'s `make`) sent to every deployment,
+        answered by all of their engines: the answers, or the first refusal raised."""
+        answers = await asyncio.gather(*(c.control(make) for c in self.clients.values()))
+        return [a for per_deployment in answers for a in per_deployment]
 
     def num_unfinished(self) -> int:
         return sum(len(c.streams) for c in self.clients.values())

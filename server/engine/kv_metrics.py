@@ -64,11 +64,10 @@ class KVCacheMetricsCollector:
     def on_allocated(self, block_ids: Iterable[int]) -> None:
         """The pool handed these blocks to a new owner."""
         now, blocks, draw, rate = self.now, self.blocks, self._random, self.sample_rate
+        evict = blocks.pop if self.evictions else None
         for b in block_ids:
-            if self.evictions:
-                state = blocks.pop(b, None)
-                if state is not None:
-                    self._evicted(state)
+            if evict is not None and (state := evict(b, None)) is not None:
+                self._evicted(state)
             if draw() < rate:
                 blocks[b] = _BlockState(now)
 

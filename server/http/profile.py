@@ -13,7 +13,6 @@ ends).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import FastAPI
@@ -44,7 +43,7 @@ class StartProfileRequest(BaseModel):
 def add_profile_routes(app: FastAPI, state: HttpState) -> None:
     async def to_all(make) -> Response:
         try:
-            await asyncio.gather(*(c.control(make) for c in state.fleet.clients.values()))
+            await state.fleet.control(make)
         except AlreadyExists as e:
             return error_response(HttpError(409, str(e), "Conflict"), "")
         except InvalidRequest as e:

@@ -16,7 +16,6 @@ there are no weights to move; a trainer that moves weights by its own means labe
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -55,7 +54,7 @@ def external_ids(stream: RequestStream) -> set[str]:
 
 def add_rl_routes(app: FastAPI, state: HttpState) -> None:
     async def to_all(make) -> None:
-        await asyncio.gather(*(c.control(make) for c in state.fleet.clients.values()))
+        await state.fleet.control(make)
 
     async def run(make, done: str, failed: str) -> JSONResponse:
         try:

@@ -27,7 +27,6 @@ an unknown mode is FastAPI's validation error (400, as vLLM answers it); an unkn
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Literal
@@ -79,13 +78,16 @@ def add_sleep_routes(app: FastAPI, state: HttpState) -> None:
             metrics.append(SleepModeOperationMetrics(state.now))
         return metrics[0].record(operation)
 
-    async def run(make, operation: str) -> Response | None:
-        """Send the command to every deployment; None when all applied it, else the error."""
+    async def run(make, operation: str,
+                  refused: Callable[[InvalidRequest], HttpError] = lambda e: HttpError(
+                      400, str(e), "BadRequestError")) -> Response | None:
+        """Send the command to every deployment; None when all applied it, else the error
+        (`refused`: the answer to an engine's refusal)."""
         try:
             with record(operation):
-                await asyncio.gather(*(c.control(make) for c in state.fleet.clients.values()))
+                await state.fleet.control(make)
         except InvalidRequest as e:
-            return error_response(HttpError(400, str(e), "BadRequestError"), "")
+            return error_response(refused(e), "")
         except EngineError as e:
             return error_response(HttpError(503, str(e), "ServiceUnavailableError"), "")
         return None
@@ -101,17 +103,10 @@ def add_sleep_routes(app: FastAPI, state: HttpState) -> None:
     async def release_kv_cache_memory() -> Response:
         """vLLM 0.33.0: after a completed pause, the KV cache's memory is discarded until a
         wake-up; refused otherwise with vLLM's 500 (its engine's RuntimeError)."""
-        try:
-            with record("release_kv_cache_memory"):
-                await asyncio.gather(*(c.control(lambda fe, seq: m.ReleaseKvCache(fe, seq))
-                                       for c in state.fleet.clients.values()))
-        except InvalidRequest as e:
-            return error_response(HttpError(
-                500, f"Call to release_kv_cache_memory method failed: {e}",
-                "InternalServerError"), "")
-        except EngineError as e:
-            return error_response(HttpError(503, str(e), "ServiceUnavailableError"), "")
-        return JSONResponse({"status": "kv_cache_released"})
+        failed = await run(lambda fe, seq: m.ReleaseKvCache(fe, seq), "release_kv_cache_memory",
+                           lambda e: HttpError(500, "Call to release_kv_cache_memory method "
+                                               f"failed: {e}", "InternalServerError"))
+        return failed or JSONResponse({"status": "kv_cache_released"})
 
     @app.post("/wake_up")
     async def wake_up(request: Request) -> Response:
