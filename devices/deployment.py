@@ -27,6 +27,9 @@ class DeploymentSpec:
     counts are sized to hold ``max_batch`` sequences of ``max_context`` tokens).
     ``kv_cache_dtype``: 'auto' (the quantisation's default) or 'fp8' (1 byte per element).
     ``speculative``: speculative decoding (see ``devices.speculative``).
+    ``gpu_mem_utilisation``: share of each chip's memory the engine may use (vLLM's
+    ``--gpu-memory-utilization``). ``enforce_eager`` (vLLM's ``--enforce-eager``): an engine
+    that replays captured graphs launches every kernel from the host instead.
     """
 
     model: str
@@ -49,6 +52,7 @@ class DeploymentSpec:
     ssd: str | None = None
     kv_cache_dtype: str = "auto"
     speculative: SpeculativeConfig | None = None
+    enforce_eager: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ table once, at the top, and calibration passes its own tables while it fits.
 
 from __future__ import annotations
 
+import dataclasses
+
 from devices import catalog
 from devices.deployment import DeploymentSpec
 from devices.errors import PlacementError
@@ -55,6 +57,8 @@ def resolve(spec: DeploymentSpec) -> tuple[ModelSpec, QuantSpec, ChipSpec, Engin
             f"User-specified max_model_len ({spec.max_context}) is greater than the derived "
             f"max_model_len (max_position_embeddings={model.max_context} in {model.name}'s "
             "config.json)")
+    if spec.enforce_eager and engine.launch == "graph":  # no graphs captured: host launches
+        engine = dataclasses.replace(engine, launch="eager")
     sp = spec.speculative
     if sp is not None and sp.method not in engine.speculative_methods:
         raise PlacementError(

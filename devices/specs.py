@@ -192,4 +192,17 @@ class QuantSpec:
     kv_bytes: float
     compute_dtype: str  # what the matmul can run on if the chip/engine allows ('int8', 'fp8', ...)
     family: str  # 'float' | 'gguf' | 'mlx' | 'scaled' | 'fp4' | 'int4'
+    vllm_quantization: tuple[str, ...] = ()  # vLLM's --quantization names that load it
+    source: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """A Hugging Face checkpoint (``repo``): the catalogue ``model`` with its architecture
+    and the weight format ``quant`` it ships in. Why it exists: `vllm serve REPO` names a
+    checkpoint, not a catalogue model (``checkpoints.toml``)."""
+
+    repo: str
+    model: str
+    quant: str
     source: str = field(default="", compare=False)

@@ -39,11 +39,11 @@ def _generate(args: argparse.Namespace) -> int:
 # The modules that register the other commands, in `doppelchip --help` order, and the commands
 # each registers: a command line naming one of them builds (and imports) only that module.
 _MODULES = ("cmd_serve", "cmd_pods", "cmd_devices", "cmd_simulate", "cmd_load", "cmd_whatif",
-            "cmd_plan", "cmd_gateway", "cmd_status")
+            "cmd_plan", "cmd_gateway", "cmd_status", "cmd_vllm")
 _COMMANDS = {"serve": "cmd_serve", "pods": "cmd_pods", "devices": "cmd_devices",
              "estimate": "cmd_devices", "simulate": "cmd_simulate", "load": "cmd_load",
              "whatif": "cmd_whatif", "plan": "cmd_plan", "gateway": "cmd_gateway",
-             "status": "cmd_status"}
+             "status": "cmd_status", "vllm": "cmd_vllm"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -87,6 +87,8 @@ def _module(name: str) -> ModuleType:
         from doppelchip import cmd_gateway as m
     elif name == "cmd_status":
         from doppelchip import cmd_status as m
+    elif name == "cmd_vllm":
+        from doppelchip import cmd_vllm as m
     else:
         raise KeyError(name)
     return m
@@ -151,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
             return exit_codes.FAILED
         raise
+
+
+def vllm_main() -> int:
+    """`doppelchip-vllm` (installed as `vllm` in the container image): `vllm serve ...` is
+    `doppelchip vllm serve ...` (doppelchip/cmd_vllm.py)."""
+    return main(["vllm", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

@@ -44,6 +44,15 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--max-model-len", type=int, help="context length (default: model's, capped)")
     g.add_argument("--max-num-seqs", type=int, help="sequence cap per step (engine default)")
     g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
+    g.add_argument("--block-size", type=int, help="KV block size in tokens (default 16)")
+    g.add_argument("--num-gpu-blocks-override", type=int, dest="kv_blocks", metavar="N",
+                   help="as vLLM's flag: a KV pool of N blocks, whatever fits")
+    g.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
+                   help="as vLLM's flag: share of each chip's memory for weights, activations "
+                   "and KV cache, (0, 1] (default 0.9)")
+    g.add_argument("--enforce-eager", action="store_true", default=None,
+                   help="as vLLM's flag: no CUDA/HIP graphs, the host launches every kernel "
+                   "(engines that replay graphs only)")
     g.add_argument("--policy", choices=["fcfs", "priority", "lpm"], help="queue policy")
     g.add_argument("--prefix-cache", choices=["on", "off"], help="radix prefix cache on/off")
     g.add_argument("--kv-layout", choices=["paged", "contiguous"],

@@ -204,6 +204,9 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     for key in POSITIVE_KEYS:
         if key in table and isinstance(table[key], int) and table[key] < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
+    share = table.get("gpu_memory_utilization")  # vLLM: Field(gt=0, le=1)
+    if isinstance(share, (int, float)) and not isinstance(share, bool) and not 0 < share <= 1:
+        raise ConfigError(f"{where}: gpu_memory_utilization must be in (0, 1], got {share}")
     sample = table.get("kv_cache_metrics_sample", 0.01)  # vLLM's --kv-cache-metrics-sample
     if isinstance(sample, (int, float)) and not 0 < sample <= 1:
         raise ConfigError(f"{where}: kv_cache_metrics_sample must be in (0, 1], got {sample}")

@@ -121,6 +121,10 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "n_gpu_layers": args.n_gpu_layers,
         "built_for": args.built_for, "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "block_size": getattr(args, "block_size", None),
+        "kv_blocks": getattr(args, "kv_blocks", None),
+        "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", None),
+        "enforce_eager": getattr(args, "enforce_eager", None),
         "policy": args.policy, "kv_layout": args.kv_layout, "batching": args.batching,
         "output_len_mean": args.output_len_mean,
         "prefix_cache": None if args.prefix_cache is None else args.prefix_cache == "on",
@@ -150,6 +154,9 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         if overrides.get(key) is not None and overrides[key] < 1:
             raise SimulationError(f"--{key.replace('_', '-')} must be >= 1, got "
                                   f"{overrides[key]}")
+    share = overrides.get("gpu_memory_utilization")  # vLLM: Field(gt=0, le=1)
+    if share is not None and not 0 < share <= 1:
+        raise SimulationError(f"--gpu-memory-utilization must be in (0, 1], got {share}")
     sample = overrides.get("kv_cache_metrics_sample")  # vLLM's --kv-cache-metrics-sample
     if sample is not None and not 0 < sample <= 1:
         raise SimulationError(f"--kv-cache-metrics-sample must be in (0, 1], got {sample}")

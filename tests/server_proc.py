@@ -45,8 +45,10 @@ def toml_text(doc: dict[str, Any]) -> str:
 
 class ServerProcess:
     def __init__(self, doc: dict[str, Any] | None = None, *extra: str,
-                 check_integrity: bool = True, env: dict[str, str] | None = None) -> None:
-        self.doc, self.extra, self.env = doc, list(extra), env or {}
+                 check_integrity: bool = True, env: dict[str, str] | None = None,
+                 vllm: bool = False) -> None:
+        """`vllm`: start `doppelchip vllm serve` (vLLM's command line) with `extra` instead."""
+        self.doc, self.extra, self.env, self.vllm = doc, list(extra), env or {}, vllm
         self.check_integrity = check_integrity
         self.lines: list[str] = []
         self._cond = threading.Condition()
@@ -60,11 +62,14 @@ class ServerProcess:
 
     def start(self, timeout: float = 60.0) -> ServerProcess:
         cmd = [sys.executable, "-m", "doppelchip.cli", "serve", "--log-level", "info"]
-        if self.doc is not None:
+        if self.vllm:
+            cmd = [sys.executable, "-m", "doppelchip.cli", "vllm", "serve", "--port", "0",
+                   "--grpc-port", "0"]
+        elif self.doc is not None:
             path = Path(self._dir.name) / "fleet.toml"
             path.write_text(toml_text(self.doc))
             cmd += ["--config", str(path)]
-        if not any(a.startswith("--port") for a in self.extra):
+        if not self.vllm and not any(a.startswith("--port") for a in self.extra):
             cmd += ["--port", "0", "--http-port", "0"]
         if self.check_integrity:
             cmd.append("--check-integrity")

@@ -26,6 +26,7 @@ ARGV = [
     ["status"],
     ["serve", "--port", "50999"],
     ["plan", "--model", "llama-2-7b", "--slo", "ttft_p99<1"],
+    ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "-tp", "2", "--trust-remote-code"],
 ]
 
 

@@ -39,6 +39,9 @@ DEP = {"name": "a", "model": "m", "quant": "bf16", "chip": "h100-sxm", "engine":
         ({"fleet": {}, "deployments": [DEP]}, "unknown section(s) fleet"),
         ({"deployments": [{**DEP, "kv_cache_metrics_sample": 0}]},
          "kv_cache_metrics_sample must be in (0, 1], got 0"),
+        ({"deployments": [{**DEP, "gpu_memory_utilization": 1.2}]},
+         "gpu_memory_utilization must be in (0, 1], got 1.2"),
+        ({"deployments": [{**DEP, "enforce_eager": "yes"}]}, "enforce_eager must be a bool"),
     ],
 )
 def test_bad_fleet_files_name_the_problem(doc, message):
@@ -71,3 +74,13 @@ def test_custom_histogram_buckets_as_a_table_or_the_flags_json():
                            "deployments": [DEP]})
     assert json.loads(as_table.server.custom_histogram_buckets) == table
     assert as_table.server == as_json.server
+
+
+def test_vllms_memory_share_and_eager_mode_are_deployment_keys():
+    """`gpu_memory_utilization` and `enforce_eager` reach the device layer's spec."""
+    (opts,) = parse_fleet({"deployments": [{**DEP, "gpu_memory_utilization": 0.6,
+                                            "enforce_eager": True}]}).deployments
+    spec = opts.spec()
+    assert (spec.gpu_mem_utilisation, spec.enforce_eager) == (0.6, True)
+    (plain,) = parse_fleet({"deployments": [DEP]}).deployments
+    assert (plain.spec().gpu_mem_utilisation, plain.spec().enforce_eager) == (0.9, False)

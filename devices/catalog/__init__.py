@@ -14,7 +14,15 @@ from typing import Any
 
 from devices import disk_cache
 from devices.errors import UnknownId
-from devices.specs import ChipSpec, EngineSpec, ModelSpec, QuantSpec, SchedulerDefaults, Tier
+from devices.specs import (
+    CheckpointSpec,
+    ChipSpec,
+    EngineSpec,
+    ModelSpec,
+    QuantSpec,
+    SchedulerDefaults,
+    Tier,
+)
 
 _DIR = Path(__file__).parent
 
@@ -179,7 +187,15 @@ def _models() -> dict[str, ModelSpec]:
 
 @cache
 def _quants() -> dict[str, QuantSpec]:
-    return {ident: QuantSpec(id=ident, **raw) for ident, raw in toml("quants")["quants"].items()}
+    return {ident: QuantSpec(id=ident, **{**raw, "vllm_quantization": tuple(
+        raw.get("vllm_quantization", ()))}) for ident, raw in toml("quants")["quants"].items()}
+
+
+@cache
+def _checkpoints() -> dict[str, CheckpointSpec]:
+    """By lower-cased repository id (the Hub resolves ids case-insensitively)."""
+    return {repo.lower(): CheckpointSpec(repo=repo, **raw)
+            for repo, raw in toml("checkpoints")["checkpoints"].items()}
 
 
 def _get(kind: str, table: dict[str, Any], ident: str) -> Any:
@@ -204,6 +220,27 @@ def get_model(ident: str) -> ModelSpec:
 
 def get_quant(ident: str) -> QuantSpec:
     return _get("quantisation", _quants(), ident)
+
+
+def get_checkpoint(repo: str) -> CheckpointSpec:
+    """A Hugging Face checkpoint by repository id (``meta-llama/Llama-3.1-8B-Instruct``)."""
+    found = _checkpoints().get(repo.lower())
+    if found is None:
+        raise UnknownId("checkpoint", repo, sorted(c.repo for c in _checkpoints().values()))
+    return found
+
+
+def list_checkpoints() -> list[CheckpointSpec]:
+    return list(_checkpoints().values())
+
+
+def quant_for_vllm(method: str) -> QuantSpec:
+    """The weight format vLLM's ``--quantization METHOD`` loads."""
+    for quant in _quants().values():
+        if method in quant.vllm_quantization:
+            return quant
+    known = sorted(m for q in _quants().values() for m in q.vllm_quantization)
+    raise UnknownId("vLLM quantization method", method, known)
 
 
 def list_chips(kind: str | None = "accelerator") -> list[ChipSpec]:

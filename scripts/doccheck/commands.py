@@ -2,11 +2,12 @@
 
 The docs write the defaults a reader types (gRPC 50051, HTTP 8000, smg 30000, ...). On a shared
 machine those may be taken, so the runner moves every port a command names (after making the
-defaults explicit: `serve` gets `--port 50051 --http-port 8000`, a client without `--target`
-gets `--target 127.0.0.1:50051`, a KV-events config without an endpoint gets vLLM's
-`tcp://*:5557`). `Moves` maps each hundred of documented ports (50000-50099, 8000-8099, ...) to
-a free hundred below the kernel's ephemeral range, so successive ports (pods, replicas) stay
-successive and no outgoing connection's local port collides with a listener.
+defaults explicit: `serve` gets `--port 50051 --http-port 8000`, `vllm serve` `--port 8000
+--grpc-port 50051`, a client without `--target` gets `--target 127.0.0.1:50051`, a KV-events
+config without an endpoint gets vLLM's `tcp://*:5557`). `Moves` maps each hundred of
+documented ports (50000-50099, 8000-8099, ...) to a free hundred below the kernel's ephemeral
+range, so successive ports (pods, replicas) stay successive and no outgoing connection's local
+port collides with a listener.
 A server command becomes `__dc_server N KIND TARGET 'CMD'` (scripts/doccheck/prelude.sh): started
 in its own process group, probed until ready, stopped with SIGTERM at the end of the block or
 when the next foreground server command starts (a reader stops one and tries the next).
@@ -58,6 +59,8 @@ def server_of(command: str) -> Server | None:
         return Server("serve", "log:front end 0 up")  # TLS: /health needs its certificates
     if ws[:2] == ["make", "run"] or ws[:2] == ["doppelchip", "serve"]:
         return Server("serve", f"http:{_flag(ws, '--http-port', '--metrics-port') or 8000}/health")
+    if _vllm_serve(ws):  # vLLM's command line: --port is the HTTP port
+        return Server("serve", f"http:{_flag(ws, '--port') or 8000}/health")
     if ws[:2] == ["doppelchip", "pods"]:
         return Server("pods", "log:pods up")
     if ws[:2] == ["make", "gateway"] or ws[:2] == ["doppelchip", "gateway"]:
@@ -65,6 +68,11 @@ def server_of(command: str) -> Server | None:
     if ws[:2] == ["smg", "launch"]:
         return Server("smg", f"http:{_flag(ws, '--port') or 30000}/readiness")
     return None
+
+
+def _vllm_serve(ws: list[str]) -> bool:
+    """`doppelchip vllm serve ...` or `doppelchip-vllm serve ...`."""
+    return ws[:3] == ["doppelchip", "vllm", "serve"] or ws[:2] == ["doppelchip-vllm", "serve"]
 
 
 def _flag(ws: list[str], *names: str) -> str | None:
@@ -91,6 +99,11 @@ def explicit_defaults(command: str) -> str:
     if head == ["make", "gateway"] and "ARGS=" not in command:
         return command.replace("make gateway", "make gateway ARGS='--port 50051 --http-port "
                                "8000 --gateway-port 30000 --prometheus-port 29000'", 1)
+    if _vllm_serve(ws):
+        add = [*(["--port", "8000"] if _flag(ws, "--port") is None else []),
+               *(["--grpc-port", "50051"] if _flag(ws, "--grpc-port") is None else [])]
+        return re.sub(r"\b(doppelchip[ -]vllm serve)", lambda m: " ".join([m[1], *add]),
+                      command, count=1) if add else command
     add: list[str] = []
     if head in (["doppelchip", "serve"], ["doppelchip", "pods"], ["doppelchip", "gateway"]):
         if _flag(ws, "--port") is None:

@@ -66,6 +66,10 @@ def test_ports_are_moved_defaults_made_explicit_and_servers_probed():
     assert "doppelchip generate --target 127.0.0.1:23451 hi" in body
     # `make test` collects the suite instead of running it inside itself
     assert "PYTEST_ARGS='--collect-only -qq'" in script(["make test"], {})
+    # vLLM's command line: --port is HTTP, gRPC has its own flag
+    vllm = script(["doppelchip vllm serve meta-llama/Llama-3.1-8B-Instruct -tp 2 &"], moves)
+    assert ("__dc_server 0 http 12300/health 'doppelchip vllm serve --port 12300 --grpc-port "
+            "23451 meta-llama/Llama-3.1-8B-Instruct -tp 2'") in vllm
 
 
 def test_wall_outputs_ignore_numbers_and_nothing_else():

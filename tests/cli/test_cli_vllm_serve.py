@@ -1,0 +1,147 @@
+"""`doppelchip vllm serve`: vLLM 0.33.0's command line, translated into `doppelchip serve`'s
+pod mode. A checkpoint repository names its catalogue model and weight format, vLLM's flag
+names and value shapes (`-tp`, `--max-model-len 32k`, `--no-enable-prefix-caching`) carry
+their meaning over, and what cannot be served is refused with exit status 2 before anything
+starts. The server these arguments start is tested in tests/http/test_http_vllm_serve.py."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from doppelchip import exit_codes
+from doppelchip.cli import build_parser, main
+from doppelchip.cmd_vllm import human_readable_int, translate
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    """`doppelchip serve`'s parsed arguments for `vllm serve ARGV`."""
+    out, _ = translate(build_parser("vllm").parse_args(["vllm", "serve", *argv]))
+    return build_parser("serve").parse_args(["serve", *out])
+
+
+def warnings(*argv: str) -> list[str]:
+    return translate(build_parser("vllm").parse_args(["vllm", "serve", *argv]))[1]
+
+
+def test_a_checkpoint_names_its_catalogue_model_and_weight_format():
+    a = serve_args("meta-llama/Llama-3.1-8B-Instruct")
+    assert (a.model, a.quant, a.engine, a.chip) == ("llama-3.1-8b", "bf16", "vllm", "h100-sxm")
+    assert a.served_model_name == ["meta-llama/Llama-3.1-8B-Instruct"]  # vLLM's default
+    assert serve_args("meta-llama/Llama-2-7b-chat-hf").quant == "f16"  # torch_dtype float16
+    assert serve_args("openai/gpt-oss-20b").quant == "mxfp4"  # its quantization_config
+    # the Hub resolves ids case-insensitively; the name clients send stays as typed
+    lower = serve_args("qwen/qwen3-30b-a3b-fp8")
+    assert (lower.model, lower.quant) == ("qwen3-30b-a3b", "fp8")
+    assert lower.served_model_name == ["qwen/qwen3-30b-a3b-fp8"]
+
+
+def test_the_positional_model_wins_over_model_and_a_catalogue_id_serves_too():
+    a = serve_args("mistralai/Mistral-7B-Instruct-v0.3", "--model", "llama-2-7b")
+    assert a.model == "mistral-7b"
+    assert serve_args("--model", "llama-2-7b").model == "llama-2-7b"
+
+
+def test_vllms_engine_flags_map_onto_the_pod():
+    a = serve_args("meta-llama/Llama-3.1-70B-Instruct", "-tp", "4", "-pp", "2", "-dp", "2",
+                   "--max-model-len", "32k", "--max-num-batched-tokens", "4K",
+                   "--max-num-seqs", "128", "--gpu-memory-utilization", "0.8",
+                   "--no-enable-prefix-caching", "--enforce-eager", "--block-size", "32",
+                   "--num-gpu-blocks-override", "4000", "--scheduling-policy", "priority",
+                   "--kv-cache-dtype", "fp8_e4m3", "--served-model-name", "a", "b",
+                   "--chip", "b200")
+    assert (a.tp, a.pp, a.data_parallel_size) == (4, 2, 2)
+    assert (a.max_model_len, a.max_num_batched_tokens, a.max_num_seqs) == (32000, 4096, 128)
+    assert a.gpu_memory_utilization == 0.8 and a.enforce_eager and a.prefix_cache == "off"
+    assert (a.block_size, a.kv_blocks, a.policy, a.kv_cache_dtype) == (32, 4000, "priority",
+                                                                      "fp8")
+    assert a.served_model_name == ["a", "b"] and a.chip == "b200"
+    assert serve_args("meta-llama/Llama-3.1-8B", "--max-model-len", "auto").max_model_len is None
+
+
+def test_weight_formats_follow_dtype_and_quantization():
+    assert serve_args("meta-llama/Llama-3.1-8B", "--dtype", "half").quant == "f16"
+    assert serve_args("meta-llama/Llama-3.1-8B", "-q", "fp8").quant == "fp8"
+    assert serve_args("meta-llama/Llama-3.1-8B", "-q", "awq_marlin").quant == "awq-int4"
+    assert serve_args("meta-llama/Llama-3.1-8B", "-q", "modelopt_fp4").quant == "nvfp4"
+    # --dtype is the activations' type: it leaves a quantised checkpoint's weights alone
+    assert serve_args("openai/gpt-oss-120b", "--dtype", "bfloat16").quant == "mxfp4"
+
+
+def test_front_end_flags_pass_through():
+    a = serve_args("meta-llama/Llama-3.1-8B", "--host", "0.0.0.0", "--port", "8100",
+                   "--grpc-port", "50100", "--api-key", "k1", "--enable-server-load-tracking",
+                   "--enable-lora", "--lora-modules", "sql=/x", "--max-loras", "2",
+                   "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
+                   "--kv-events-config", '{"enable_kv_cache_events": true}',
+                   "--log-level", "WARNING", "--time-scale", "0.5", "-asc", "2")
+    assert (a.host, a.http_port, a.port) == ("0.0.0.0", 8100, 50100)
+    assert a.api_key == ["k1"] and a.enable_server_load_tracking and a.enable_lora
+    assert (a.lora_modules, a.max_loras, a.tool_call_parser) == (["sql=/x"], 2, "hermes")
+    assert a.enable_auto_tool_choice and a.kv_events_config == '{"enable_kv_cache_events": true}'
+    assert (a.log_level, a.time_scale, a.api_server_count) == ("warning", 0.5, 2)
+    default = serve_args("meta-llama/Llama-3.1-8B")
+    assert (default.host, default.http_port, default.port) == ("127.0.0.1", 8000, 50051)
+
+
+def test_the_host_default_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("DOPPELCHIP_HOST", "0.0.0.0")  # the container image's setting
+    monkeypatch.setenv("DOPPELCHIP_CHIP", "mi300x")
+    args = build_parser("vllm").parse_args(["vllm", "serve", "meta-llama/Llama-3.1-8B"])
+    a = build_parser("serve").parse_args(["serve", *translate(args)[0]])
+    assert (a.host, a.chip) == ("0.0.0.0", "mi300x")
+
+
+def test_loading_flags_are_accepted_and_unemulated_ones_warned():
+    quiet = ("--trust-remote-code", "--download-dir", "/models", "--load-format", "safetensors",
+             "--tokenizer", "x/y", "--revision", "main", "--disable-uvicorn-access-log",
+             "--uvicorn-log-level", "warning", "--hf-token")
+    assert warnings("meta-llama/Llama-3.1-8B", *quiet) == []
+    said = warnings("meta-llama/Llama-3.1-8B", "--async-scheduling", "-cc", '{"level": 3}',
+                    "--disable-log-stats", "--seed", "7")
+    assert [w.split()[0] for w in said] == ["--compilation-config", "--async-scheduling",
+                                            "--disable-log-stats", "--seed:"]
+    assert warnings("meta-llama/Llama-3.1-8B", "--no-async-scheduling") == []
+
+
+@pytest.mark.parametrize("argv, says", [
+    ([], "no model"),
+    (["org/not-a-model"], "unknown checkpoint 'org/not-a-model'"),
+    (["meta-llama/Llama-3.1-8B", "--dtype", "float32"], "no 32-bit weight format"),
+    (["meta-llama/Llama-3.1-8B", "-q", "bitsandbytes"], "vLLM quantization method"),
+    (["meta-llama/Llama-3.1-8B", "--kv-cache-dtype", "int8_per_token_head"], "emulated are"),
+    (["meta-llama/Llama-3.1-8B", "--no-enable-chunked-prefill"], "not emulated"),
+    (["meta-llama/Llama-3.1-8B", "--uds", "/tmp/s"], "TCP only"),
+    (["meta-llama/Llama-3.1-8B", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
+    (["meta-llama/Llama-3.1-405B-Instruct", "--chip", "rtx-4090"], "error: "),
+])
+def test_what_cannot_be_served_is_refused_before_it_starts(capsys, argv, says):
+    rc = main(["vllm", "serve", *argv])
+    err = capsys.readouterr().err
+    assert rc == exit_codes.USAGE, err
+    assert says in err and "Traceback" not in err, err
+    assert "listening on" not in err
+
+
+def test_an_unknown_flag_is_argparse_s_error_as_in_vllm(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["vllm", "serve", "meta-llama/Llama-3.1-8B", "--disable-log-requests"])
+    assert exit_.value.code == exit_codes.USAGE  # removed from vLLM before 0.33.0
+    assert "unrecognized arguments: --disable-log-requests" in capsys.readouterr().err
+
+
+def test_human_readable_integers_are_vllms():
+    assert [human_readable_int(v) for v in ("1k", "1K", "25.6k", "2M", "4096", "auto", "-1")] \
+        == [1000, 1024, 25600, 2 * 2**20, 4096, -1, -1]
+    with pytest.raises(argparse.ArgumentTypeError, match="Decimals are not allowed"):
+        human_readable_int("1.5K")
+
+
+def test_the_doppelchip_vllm_script_is_vllms_command(monkeypatch, capsys):
+    """`doppelchip-vllm` (`vllm` in the container image) reads `serve ...` as `vllm` does."""
+    from doppelchip.cli import vllm_main as script
+
+    monkeypatch.setattr("sys.argv", ["vllm", "serve", "org/none"])
+    assert script() == exit_codes.USAGE
+    assert "unknown checkpoint 'org/none'" in capsys.readouterr().err

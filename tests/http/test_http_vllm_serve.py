@@ -1,0 +1,50 @@
+"""`doppelchip vllm serve REPO ...` is a pod a vLLM client cannot tell from `vllm serve REPO`
+by its names: the OpenAI client sends the repository id as `model`, `/v1/models` lists it,
+every vllm: series carries it as `model_name`, and vLLM's memory and scheduling flags reach
+the emulated engine (`vllm:cache_config_info` reports them; the KV pool is the size the
+device layer gives for that memory share)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from server_proc import ServerProcess
+
+from devices import DeploymentSpec, place
+
+REPO = "meta-llama/Llama-3.1-8B-Instruct"
+ARGV = (REPO, "-tp", "2", "--gpu-memory-utilization", "0.5", "--max-model-len", "4k",
+        "--max-num-seqs", "64", "--no-enable-prefix-caching", "--trust-remote-code",
+        "--download-dir", "/models", "--disable-uvicorn-access-log", "--time-scale", "0.01")
+
+
+@pytest.fixture(scope="module")
+def pod():
+    with ServerProcess(None, *ARGV, vllm=True) as server:
+        yield server
+
+
+def test_the_openai_client_uses_the_repository_id(pod):
+    oai = openai.OpenAI(base_url=f"{pod.http_url}/v1", api_key="none", timeout=60)
+    assert [m.id for m in oai.models.list().data] == [REPO]
+    chat = oai.chat.completions.create(model=REPO, max_tokens=4,
+                                       messages=[{"role": "user", "content": "hello"}])
+    assert chat.model == REPO and chat.usage.completion_tokens >= 1
+    with pytest.raises(openai.NotFoundError):  # the catalogue id is not a served name
+        oai.completions.create(model="llama-3.1-8b", prompt="hi", max_tokens=2)
+
+
+def test_vllms_flags_reach_the_engine(pod):
+    families = {m.name: m for m in text_string_to_metric_families(pod.scrape())}
+    info = families["vllm:cache_config_info"].samples[0].labels
+    assert info["model_name"] == REPO
+    assert info["gpu_memory_utilization"] == "0.5"
+    assert info["enable_prefix_caching"] == "False"
+    placed = place(DeploymentSpec(model="llama-3.1-8b", quant="bf16", chip="h100-sxm",
+                                  engine="vllm", tp=2, gpu_mem_utilisation=0.5,
+                                  max_context=4000, max_batch=64))
+    default = place(DeploymentSpec(model="llama-3.1-8b", quant="bf16", chip="h100-sxm",
+                                   engine="vllm", tp=2, max_context=4000, max_batch=64))
+    assert int(info["num_gpu_blocks"]) == placed.kv_blocks(16) < default.kv_blocks(16)
+    assert "doppelchip serve --chip h100-sxm --engine vllm --model llama-3.1-8b" in pod.log
