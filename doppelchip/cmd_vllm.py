@@ -160,7 +160,8 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
            "--served-model-name", *(args.served_model_name or [tag]),
            "--host", args.host or os.environ.get("DOPPELCHIP_HOST", "127.0.0.1"),
            "--port", str(args.grpc_port), "--http-port", str(args.port)]
-    values = {"tp": args.tp, "pp": args.pp, "kv_cache_dtype": KV_DTYPES.get(kv or ""),
+    values = {"served_model_name": None,  # given above
+              "tp": args.tp, "pp": args.pp, "kv_cache_dtype": KV_DTYPES.get(kv or ""),
               "gpu_memory_utilization": args.gpu_memory_utilization,
               "max_model_len": None if args.max_model_len == -1 else args.max_model_len,
               "max_num_batched_tokens": args.max_num_batched_tokens,

@@ -57,6 +57,9 @@ def test_vllms_engine_flags_map_onto_the_pod():
     assert (a.block_size, a.kv_blocks, a.policy, a.kv_cache_dtype) == (32, 4000, "priority",
                                                                       "fp8")
     assert a.served_model_name == ["a", "b"] and a.chip == "b200"
+    out, _ = translate(build_parser("vllm").parse_args(
+        ["vllm", "serve", "llama-2-7b", "--served-model-name", "a"]))
+    assert out.count("--served-model-name") == 1
     assert serve_args("meta-llama/Llama-3.1-8B", "--max-model-len", "auto").max_model_len is None
 
 
