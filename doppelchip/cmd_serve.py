@@ -100,7 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from server import forkserver
 
     forkserver.start_early()  # it preloads on the other core while the lines below run
-    from server.config import ConfigError, load_fleet, server_problem
+    from server.config import ConfigError, kv_events_problem, load_fleet, server_problem
     from server.stats.buckets import parse_custom_histogram_buckets
     from server.supervisor import ServeOptions, serve
 
@@ -123,7 +123,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             **security_overrides(args),
         )
         fleet = with_env_api_key(fleet, os.environ)
-        problem = server_problem(fleet.server)
+        problem = server_problem(fleet.server) or kv_events_problem(fleet)  # --host applied
         if problem:
             raise ConfigError(problem)
         parse_custom_histogram_buckets(fleet.server.custom_histogram_buckets)

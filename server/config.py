@@ -37,7 +37,7 @@ from typing import Any
 from server.engine.block_hash import hash_function
 from server.engine.build import EngineOptions
 from server.engine.faults import check_options as check_fault_options
-from server.engine.kv_events_config import KVEventsConfig
+from server.engine.kv_events_config import KVEventsConfig, endpoint_problem
 from server.engine.profiler_config import ProfilerConfig
 
 DeploymentConfig = EngineOptions  # a [[deployments]] table is exactly the engine's options
@@ -291,6 +291,9 @@ def parse_fleet(doc: dict[str, Any], source: str = "fleet file") -> FleetConfig:
     if not deployments:
         raise ConfigError(f"{source}: no deployments")
     fleet = FleetConfig(server, deployments)
+    problem = kv_events_problem(fleet)
+    if problem:
+        raise ConfigError(f"{source} {problem}")
     if fleet.default_deployment not in names:
         raise ConfigError(
             f"{source}: default_deployment {fleet.default_deployment!r} is not one of {names}"
@@ -301,6 +304,16 @@ def parse_fleet(doc: dict[str, Any], source: str = "fleet file") -> FleetConfig:
             f"{names}"
         )
     return fleet
+
+
+def kv_events_problem(fleet: FleetConfig) -> str:
+    """The first deployment whose KV events cannot go where its config says from this
+    server's host ("" when none): checked again once `serve`'s --host is applied."""
+    for i, d in enumerate(fleet.deployments):
+        problem = endpoint_problem(d.kv_events_config, fleet.server.host)
+        if problem:
+            return f"deployments[{i}]: {problem}"
+    return ""
 
 
 def load_fleet(path: str | Path | None = None) -> FleetConfig:

@@ -36,7 +36,7 @@ import zmq
 
 from server import forkserver
 from server.config import FleetConfig
-from server.engine.kv_events_config import with_port_offsets
+from server.engine.kv_events_config import is_loopback, with_port_offsets
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.info import failed_info
 from server.engine_proc.main import EngineSpec, engine_main
@@ -188,7 +188,7 @@ class Supervisor:
                           check_integrity=self.options.check_integrity,
                           histogram_buckets=self._histogram_buckets(),
                           profiler_config=cfg.profiler_config, pod=cfg.pod,
-                          supervisor_pid=os.getpid())
+                          exposed=not is_loopback(cfg.host), supervisor_pid=os.getpid())
 
     def _histogram_buckets(self) -> tuple[tuple[str, tuple[float, ...]], ...]:
         """The server's --custom-histogram-buckets, as every engine's info carries them."""

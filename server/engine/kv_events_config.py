@@ -8,9 +8,12 @@ doppelchip changes so that a server only ever listens on loopback:
 
 - vLLM **binds** an endpoint containing `*` or `::`, or an `ipc://`/`inproc://` one, and
   **connects** to any other (a subscriber that binds, as llm-d's KV-cache indexer does).
-  doppelchip does the same, except that a wildcard host binds 127.0.0.1 (vLLM: every
-  interface), and a connected tcp host must be a loopback address. An absent `endpoint` is
-  `tcp://*:5557`, i.e. bound on 127.0.0.1:5557. The replay endpoint is always bound (ROUTER).
+  doppelchip does the same, except that while the server binds loopback (the default) a
+  wildcard host binds 127.0.0.1 (vLLM: every interface) and a connected tcp host must be a
+  loopback address. A server bound to another address (`--host 0.0.0.0`, as in a container)
+  is `exposed`: there the endpoints mean what they mean in vLLM, so a pod in Kubernetes can
+  publish to llm-d's indexer in another pod. An absent `endpoint` is `tcp://*:5557`, i.e.
+  bound on 127.0.0.1:5557 by default. The replay endpoint is always bound (ROUTER).
 - Ports: vLLM adds the data-parallel rank to the tcp port of both endpoints (port 0 is left
   for the OS to choose). doppelchip adds, in fleet mode, the ranks of the deployments before
   this one in the fleet that publish on the same endpoint: deployments sharing an endpoint
@@ -75,10 +78,10 @@ class KVEventsConfig:
                   doc.get("replay_endpoint") or None, doc.get("buffer_steps", cls.buffer_steps),
                   doc.get("hwm", cls.hwm), doc.get("max_queue_size", cls.max_queue_size),
                   doc.get("topic") or "")
-        if cfg.enabled:
-            resolve(cfg.endpoint, 0)
+        if cfg.enabled:  # the endpoints' form; where they may go: `endpoint_problem`
+            resolve(cfg.endpoint, 0, exposed=True)
             if cfg.replay_endpoint is not None:
-                resolve(cfg.replay_endpoint, 0, replay=True)
+                resolve(cfg.replay_endpoint, 0, replay=True, exposed=True)
         return cfg
 
 
@@ -107,9 +110,30 @@ def with_port_offsets(deployments: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def resolve(endpoint: str, offset: int, replay: bool = False) -> Endpoint:
-    """vLLM's bind/connect rule and its port offset (see the module docstring), on loopback.
-    Raises ValueError for an endpoint that is not loopback or not tcp/ipc/inproc."""
+def is_loopback(host: str) -> bool:
+    return bool(_LOOPBACK.match(host))
+
+
+def endpoint_problem(text: str | None, server_host: str) -> str:
+    """Why a deployment's `--kv-events-config` cannot publish from a server bound to
+    `server_host` ("" when it can): off loopback only when the server is exposed."""
+    cfg = KVEventsConfig.parse(text)
+    exposed = not is_loopback(server_host)
+    try:
+        if cfg.enabled:
+            resolve(cfg.endpoint, 0, exposed=exposed)
+            if cfg.replay_endpoint is not None:
+                resolve(cfg.replay_endpoint, 0, replay=True, exposed=exposed)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def resolve(endpoint: str, offset: int, replay: bool = False,
+            exposed: bool = False) -> Endpoint:
+    """vLLM's bind/connect rule and its port offset (see the module docstring): on loopback
+    unless `exposed` (the server binds a non-loopback address). Raises ValueError for an
+    endpoint that is not tcp/ipc/inproc, or off loopback on a server that is not exposed."""
     if endpoint.startswith(("ipc://", "inproc://")):
         return Endpoint(endpoint if not offset else f"{endpoint}_dp{offset}", True)
     m = re.fullmatch(r"tcp://(.+):(\d+)", endpoint)
@@ -118,9 +142,11 @@ def resolve(endpoint: str, offset: int, replay: bool = False) -> Endpoint:
                          "ipc://PATH or inproc://NAME")
     host, port = m.group(1), int(m.group(2))
     wildcard = "*" in host or host in ("::", "[::]")
-    if not wildcard and not _LOOPBACK.match(host):
+    if not wildcard and not exposed and not _LOOPBACK.match(host):
         raise ValueError(f"kv_events_config: endpoint {endpoint!r}: doppelchip publishes on "
-                         "loopback only (use 127.0.0.1, or * for 127.0.0.1)")
+                         "loopback only while the server binds loopback (use 127.0.0.1, or * "
+                         "for 127.0.0.1; a server on --host 0.0.0.0 may publish anywhere)")
     if port and offset:
         port += offset
-    return Endpoint(f"tcp://{'127.0.0.1' if wildcard else host}:{port}", wildcard or replay)
+    bound = ("*" if exposed else "127.0.0.1") if wildcard else host
+    return Endpoint(f"tcp://{bound}:{port}", wildcard or replay)

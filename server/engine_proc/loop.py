@@ -61,6 +61,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                  limits: Limits, stats: EngineStats, run_dir: RunDir, num_frontends: int,
                  timeline: Timeline, cold: bool, check_integrity: bool,
                  kv_events: KVEventsConfig | None = None, kv_offset: int = 0,
+                 kv_exposed: bool = False,
                  kv_transfer: KvTransferConfig | None = None,
                  info: m.DeploymentInfo | None = None,
                  faults: FaultDriver | None = None,
@@ -103,7 +104,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self.kv_pub: KvEventPublisher | None = None
         if kv_events is not None and kv_events.enabled and self.kv_log is not None:
             self.kv_pub = KvEventPublisher(self.ctx, kv_events, rank=rank,
-                                           offset=kv_offset + rank)
+                                           offset=kv_offset + rank, exposed=kv_exposed)
             if self.kv_pub.replay is not None:
                 self.poller.register(self.kv_pub.replay, zmq.POLLIN)
         # --- LoRA (issue 13) ---

@@ -60,6 +60,7 @@ class EngineSpec:
     histogram_buckets: tuple[tuple[str, tuple[float, ...]], ...] = ()
     profiler_config: str = ""  # the server's --profiler-config (vLLM's JSON; "": off)
     pod: bool = False  # the server serves this deployment alone (vLLM's names for its files)
+    exposed: bool = False  # the server binds off loopback: KV events may too (kv_events_config)
     supervisor_pid: int = 0  # exit when it is gone (server.ipc.lifeline); 0: no lifeline
 
 
@@ -103,7 +104,7 @@ def engine_main(spec: EngineSpec) -> None:
                       timeline=Timeline(spec.wall0, spec.time_scale), cold=spec.cold,
                       check_integrity=spec.check_integrity,
                       kv_events=KVEventsConfig.parse(opts.kv_events_config),
-                      kv_offset=opts.kv_events_port_offset,
+                      kv_offset=opts.kv_events_port_offset, kv_exposed=spec.exposed,
                       kv_transfer=KvTransferConfig.parse(opts.kv_transfer_config), info=info,
                       faults=FaultDriver(schedule_of(opts), core, stats, spec.time_scale,
                                          opts.name) if has_device_faults(opts) else None,

@@ -36,13 +36,14 @@ class KvEventPublisher:
     """One rank's PUB (+ replay ROUTER) sockets. ``endpoint`` / ``replay_endpoint`` are where
     subscribers go (the bound address, port 0 resolved), for DeploymentInfo and the docs."""
 
-    def __init__(self, ctx: zmq.Context, cfg: KVEventsConfig, *, rank: int, offset: int) -> None:
+    def __init__(self, ctx: zmq.Context, cfg: KVEventsConfig, *, rank: int, offset: int,
+                 exposed: bool = False) -> None:
         self.rank = rank
         self.topic = cfg.topic.encode("utf-8")
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps)
         self.next_seq = 0
         self.batches = self.events = self.dropped = 0
-        where = resolve(cfg.endpoint, offset)
+        where = resolve(cfg.endpoint, offset, exposed=exposed)
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.set_hwm(cfg.hwm)
@@ -58,7 +59,8 @@ class KvEventPublisher:
             self.replay = ctx.socket(zmq.ROUTER)
             self.replay.setsockopt(zmq.LINGER, 0)
             self.replay.setsockopt(zmq.SNDHWM, 2 * (cfg.buffer_steps + 1))
-            self.replay.bind(resolve(cfg.replay_endpoint, offset, replay=True).url)
+            self.replay.bind(resolve(cfg.replay_endpoint, offset, replay=True,
+                                     exposed=exposed).url)
             self.replay_endpoint = self.replay.getsockopt_string(zmq.LAST_ENDPOINT)
         log.info("KV events: publishing on %s (%s)%s", self.endpoint,
                  "bound" if where.bind else "connected",

@@ -1,14 +1,23 @@
-"""`--kv-events-config`: vLLM's keys and defaults, clear errors, loopback only, vLLM's
-bind/connect rule, and the per-deployment / per-rank port offsets of a fleet."""
+"""`--kv-events-config`: vLLM's keys and defaults, clear errors, loopback only (unless the
+server binds off loopback), vLLM's bind/connect rule, and the per-deployment / per-rank port
+offsets of a fleet."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from server.config import ConfigError, parse_fleet
-from server.engine.kv_events_config import KVEventsConfig, resolve, with_port_offsets
+from server.engine.kv_events_config import (
+    Endpoint,
+    KVEventsConfig,
+    endpoint_problem,
+    resolve,
+    with_port_offsets,
+)
 
 ON = {"enable_kv_cache_events": True}
 
@@ -34,7 +43,6 @@ def test_vllm_defaults() -> None:
     ("{", "not valid JSON"),
     ('{"enable_kv_cache_events": true, "bogus": 1}', "unknown key(s) bogus"),
     ('{"enable_kv_cache_events": true, "publisher": "kafka"}', "publisher must be"),
-    ('{"enable_kv_cache_events": true, "endpoint": "tcp://10.0.0.5:5557"}', "loopback only"),
     ('{"enable_kv_cache_events": true, "buffer_steps": 0}', "buffer_steps"),
     ('{"enable_kv_cache_events": true, "endpoint": "udp://x"}', "must be tcp://"),
 ])
@@ -56,6 +64,42 @@ def test_bind_or_connect_as_vllm_on_loopback() -> None:
     assert resolve("tcp://127.0.0.1:5558", 0, replay=True).bind
 
 
+def test_off_loopback_only_on_a_server_that_binds_off_loopback() -> None:
+    """A server on loopback (the default) publishes on loopback only; one bound to every
+    interface (--host 0.0.0.0, a container) uses the endpoints as vLLM does: `*` binds every
+    interface and a subscriber in another pod (llm-d's indexer) is connected to."""
+    remote = {**ON, "endpoint": "tcp://epp.llm-d.svc:5557", "replay_endpoint": "tcp://*:5558"}
+    with pytest.raises(ConfigError, match=r"deployments\[0\]: .*loopback only"):
+        parse_fleet({"deployments": [dep("a", remote)]})
+    fleet = parse_fleet({"server": {"host": "0.0.0.0"}, "deployments": [dep("a", remote)]})
+    assert fleet.deployments[0].kv_events_config == json.dumps(remote)
+    assert resolve("tcp://epp.llm-d.svc:5557", 1, exposed=True) \
+        == Endpoint("tcp://epp.llm-d.svc:5558", False)
+    assert resolve("tcp://*:5557", 0, exposed=True) == Endpoint("tcp://*:5557", True)
+    assert resolve("tcp://*:5557", 0) == Endpoint("tcp://127.0.0.1:5557", True)
+    assert endpoint_problem(json.dumps(remote), "localhost")
+    assert endpoint_problem(json.dumps(remote), "0.0.0.0") == ""
+    with pytest.raises(ValueError, match="loopback only"):
+        resolve("tcp://10.0.0.5:5557", 0)
+
+
+def test_serve_checks_the_endpoints_against_the_host_it_binds(tmp_path) -> None:
+    """`--host` can move a fleet file's server back onto loopback: `serve` checks again and
+    stops before anything starts (a child process: a missed check would serve, not hang
+    the suite)."""
+    path = tmp_path / "fleet.toml"
+    remote = dep("a", {**ON, "endpoint": "tcp://10.1.2.3:5557"})
+    path.write_text('[server]\nhost = "0.0.0.0"\n\n[[deployments]]\n'
+                    + "".join(f"{k} = {json.dumps(v)}\n" for k, v in remote.items()))
+    try:
+        done = subprocess.run([sys.executable, "-m", "doppelchip.cli", "serve", "--config",
+                               str(path), "--host", "127.0.0.1", "--port", "0", "--http-port",
+                               "0"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("serve started with a KV-events endpoint off loopback")
+    assert done.returncode == 2 and "loopback only" in done.stderr, done.stderr
+
+
 def test_fleet_deployments_sharing_an_endpoint_get_consecutive_ports() -> None:
     fleet = parse_fleet({"deployments": [dep("a", ON, dp=2), dep("b", None), dep("c", ON),
                                          dep("d", {**ON, "endpoint": "tcp://*:7000"})]})
@@ -65,3 +109,20 @@ def test_fleet_deployments_sharing_an_endpoint_get_consecutive_ports() -> None:
         parse_fleet({"deployments": [{**dep("a", ON), "kv_events_port_offset": 3}]})
     with pytest.raises(ConfigError, match="prefix_caching_hash_algo"):
         parse_fleet({"deployments": [{**dep("a", ON), "prefix_caching_hash_algo": "xxhash"}]})
+
+
+@pytest.mark.parametrize(("host", "exposed"), [("127.0.0.1", False), ("localhost", False),
+                                               ("0.0.0.0", True)])
+def test_an_engine_is_told_whether_its_server_is_exposed(host: str, exposed: bool) -> None:
+    """The supervisor passes the server's exposure to each engine (EngineSpec.exposed), whose
+    publisher resolves its endpoints with it."""
+    from server.supervisor import ServeOptions, Supervisor
+    from server.supervisor_engines import EngineSlot
+
+    fleet = parse_fleet({"server": {"host": host}, "deployments": [dep("a", ON)]})
+    sup = Supervisor(fleet, ServeOptions())
+    try:
+        spec = sup._engine_spec(EngineSlot(0, 0, fleet.deployments[0]), cold=False)
+    finally:
+        sup.run_dir.remove()
+    assert spec.exposed is exposed
