@@ -134,10 +134,29 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     g.set_defaults(func=_generate)
 
 
+def _negatable(parser: argparse.ArgumentParser) -> set[str]:
+    """Every `--no-X` flag of `parser`'s subcommands, however deep."""
+    out: set[str] = set()
+    for action in parser._actions:
+        out |= {o for o in action.option_strings if o.startswith("--no-")}
+        for sub in (action.choices or {}).values() if isinstance(action.choices, dict) else ():
+            out |= _negatable(sub)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     first = argv[0] if argv else None
-    args = build_parser(first if first in (*_COMMANDS, "generate") else None).parse_args(argv)
+    parser = build_parser(first if first in (*_COMMANDS, "generate") else None)
+    if first == "vllm":  # vLLM's own rewrites first: --config FILE.yaml, --max_model_len
+        from doppelchip.vllm_argv import vllm_argv
+
+        try:
+            argv = vllm_argv(argv, _negatable(parser))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return exit_codes.USAGE
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except BrokenPipeError:  # `doppelchip devices | head`: the reader left; not an error

@@ -66,6 +66,8 @@ def register(subparsers: Any) -> None:
                        "what each one does here.")
     p.add_argument("model_tag", nargs="?", help="Hugging Face repository id or catalogue model")
     p.add_argument("--model", help="as the positional model_tag (which wins when both given)")
+    p.add_argument("--config", metavar="FILE.yaml", help="flags from a YAML file, as vLLM "
+                   "reads it (the command line wins; doppelchip/vllm_argv.py)")
     f = p.add_argument_group("front end (vLLM's FrontendArgs)")
     f.add_argument("--host", help="address to bind (default: $DOPPELCHIP_HOST or 127.0.0.1; "
                    "vLLM binds every interface)")
