@@ -215,22 +215,41 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         print(f"doppelchip vllm serve: warning: {warning}", file=sys.stderr)
     print(f"doppelchip vllm serve: doppelchip serve {shlex.join(argv)}", file=sys.stderr)
     serve = _serve_args(argv)
-    problem = _unplaceable(serve)
+    problem = _unplaceable(serve, fit_model_len=args.max_model_len is None)
     if problem:  # vLLM stops when the model cannot load; a pod that never serves is worse
         print(f"error: {problem}", file=sys.stderr)
         return 2
     return serve.func(serve)
 
 
-def _unplaceable(serve: argparse.Namespace) -> str:
-    """Why the pod's deployment cannot be placed ("" when it can)."""
+def _unplaceable(serve: argparse.Namespace, fit_model_len: bool) -> str:
+    """Why the pod's deployment cannot be placed ("" when it can). `fit_model_len` (no
+    --max-model-len given): as vLLM, the KV cache must hold one request of the model's whole
+    context; `auto` (-1) takes the longest that fits instead."""
     from devices import DeviceError, place
     from doppelchip.cmd_serve import pod_fleet
     from server.config import load_fleet
 
     try:
         deployment = pod_fleet(serve, load_fleet(None)).deployments[0]
-        place(deployment.spec())
+        placed = place(deployment.spec())
     except (DeviceError, ValueError) as e:
         return str(e)
+    if fit_model_len and placed.max_context < placed.model.max_context:
+        return _kv_too_small(placed)
     return ""
+
+
+def _kv_too_small(placed: Any) -> str:
+    """vLLM 0.33.0's start-up error (`_check_enough_kv_cache_memory`), per worker."""
+    workers = placed.chips / placed.dp
+    per_token = (sum(placed.memory_bytes(1).values())
+                 - sum(placed.memory_bytes(0).values())) / workers
+    gib = 2**30
+    need, have = per_token * placed.model.max_context, per_token * placed.max_context
+    return (f"To serve at least one request with the model's max seq len "
+            f"({placed.model.max_context}), ({round(need / gib, 2)} GiB KV cache is needed, "
+            f"which is larger than the available KV cache memory ({round(have / gib, 2)} GiB). "
+            f"Based on the available memory, the estimated maximum model length is "
+            f"{placed.max_context}. Try increasing `gpu_memory_utilization` or decreasing "
+            f"`max_model_len` when initializing the engine.")

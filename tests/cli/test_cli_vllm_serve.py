@@ -191,3 +191,24 @@ def test_a_bad_config_file_is_a_usage_error(tmp_path, capsys, text, name, says):
     assert main(["vllm", "serve", "m", "--config"]) == exit_codes.USAGE
     assert main(["vllm", "serve", "--config", str(path), "--config", str(path)]) \
         == exit_codes.USAGE
+
+
+def test_without_max_model_len_the_kv_cache_must_hold_the_models_whole_context(capsys):
+    """vLLM 0.33.0 stops when one request of the model's max seq len does not fit the KV
+    cache (Llama 3.1 8B's 131,072 tokens on a 24 GB card); `auto` takes what fits."""
+    from devices import DeploymentSpec, place
+    from doppelchip.cmd_vllm import _serve_args, _unplaceable
+
+    rc = main(["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--chip", "rtx-4090"])
+    err = capsys.readouterr().err
+    fits = place(DeploymentSpec(model="llama-3.1-8b", quant="bf16", chip="rtx-4090",
+                                engine="vllm")).max_context
+    assert rc == exit_codes.USAGE and 4096 < fits < 131072
+    assert "To serve at least one request with the model's max seq len (131072)" in err
+    assert f"the estimated maximum model length is {fits}." in err
+    for given in ("auto", "32k"):  # both fit: the longest that fits, or a shorter one
+        vllm = build_parser("vllm").parse_args(
+            ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--chip", "rtx-4090",
+             "--max-model-len", given])
+        serve = _serve_args(translate(vllm)[0])
+        assert _unplaceable(serve, fit_model_len=vllm.max_model_len is None) == ""
