@@ -17,12 +17,13 @@ from typing import Any
 def register(subparsers: Any) -> None:
     """Add the ``devices`` and ``estimate`` subcommands to an argparse subparsers object."""
     d = subparsers.add_parser(
-        "devices", help="list the emulated chips, engines, models and quantisations",
+        "devices", help="list the emulated chips, engines, models, quantisations and "
+        "checkpoints",
         description="The device catalogue: chips with memory tiers, bandwidths, FLOPs, power "
-        "and price; engines; models; quantisations. Every chip, model and quantisation "
-        "names its public source (last column; details in the comments of "
-        "devices/catalog/*.toml); engines are software profiles whose efficiency factors are "
-        "fitted (their provenance is in --json).",
+        "and price; engines; models; quantisations; the Hugging Face checkpoints `vllm serve` "
+        "names. Every chip, model, quantisation and checkpoint names its public source (last "
+        "column; details in the comments of devices/catalog/*.toml); engines are software "
+        "profiles whose efficiency factors are fitted (their provenance is in --json).",
     )
     d.add_argument("--json", action="store_true",
                    help="print one single-line JSON object instead of tables")
@@ -104,9 +105,13 @@ def _catalogue() -> dict[str, Any]:
         "max_context": m.max_context, "source": m.source,
     } for m in catalog.list_models()]
     quants = [{"id": q.id, "bytes_per_weight": q.bytes_per_weight, "kv_bytes": q.kv_bytes,
-               "compute_dtype": q.compute_dtype, "family": q.family, "source": q.source}
+               "compute_dtype": q.compute_dtype, "family": q.family,
+               "vllm_quantization": list(q.vllm_quantization), "source": q.source}
               for q in catalog.list_quants()]
-    return {"chips": chips, "engines": engines, "models": models, "quants": quants}
+    checkpoints = [{"repo": c.repo, "model": c.model, "quant": c.quant, "source": c.source}
+                   for c in catalog.list_checkpoints()]  # what `vllm serve REPO` names
+    return {"chips": chips, "engines": engines, "models": models, "quants": quants,
+            "checkpoints": checkpoints}
 
 
 def _si(x: float, unit: str) -> str:
@@ -162,6 +167,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
     rows = [["quant", "bytes/weight", "kv bytes"]]
     rows += [[q["id"], f"{q['bytes_per_weight']:g}", f"{q['kv_bytes']:g}"] for q in cat["quants"]]
     print(table(sourced(rows, cat["quants"])))
+    print()
+    rows = [["checkpoint (vllm serve REPO)", "model", "quant"]]
+    rows += [[c["repo"], c["model"], c["quant"]] for c in cat["checkpoints"]]
+    print(table(sourced(rows, cat["checkpoints"])))
     return 0
 
 

@@ -30,7 +30,9 @@ def test_devices_tables_have_a_source_column(capsys: pytest.CaptureFixture[str])
     for header, entries in (("chip", [(c.id, dict(c.sources)["catalogue"])
                                       for c in catalog.list_chips(None)]),
                             ("model", [(m.id, m.source) for m in catalog.list_models()]),
-                            ("quant", [(q.id, q.source) for q in catalog.list_quants()])):
+                            ("quant", [(q.id, q.source) for q in catalog.list_quants()]),
+                            ("checkpoint", [(c.repo, c.source)
+                                            for c in catalog.list_checkpoints()])):
         head, rows = rows_of(out, header)
         assert head.rstrip().endswith("source"), head
         assert set(rows) == {i for i, _ in entries}
