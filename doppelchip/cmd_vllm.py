@@ -109,7 +109,14 @@ def register(subparsers: Any) -> None:
     d = p.add_argument_group("doppelchip (no vLLM equivalent)")
     d.add_argument("--chip", default=os.environ.get("DOPPELCHIP_CHIP", DEFAULT_CHIP),
                    help="the emulated chip (default $DOPPELCHIP_CHIP or h100-sxm)")
-    d.add_argument("--time-scale", type=float, help="wall seconds per emulated second")
+    # a string default goes through `type` too: a bad $DOPPELCHIP_TIME_SCALE is argparse's error
+    d.add_argument("--time-scale", type=float, default=os.environ.get("DOPPELCHIP_TIME_SCALE"),
+                   help="wall seconds per emulated second (default $DOPPELCHIP_TIME_SCALE, "
+                   "else 1)")
+    d.add_argument("--cold", action="store_true",
+                   default=os.environ.get("DOPPELCHIP_COLD", "") not in ("", "0"),
+                   help="start cold, as a new vLLM pod: load the weights before serving "
+                   "(default $DOPPELCHIP_COLD)")
     d.add_argument("--check-integrity", action="store_true",
                    help="engines check their KV pool and queues when idle (tests)")
     a = p.add_argument_group("accepted, no effect here (weights are not loaded)")
@@ -188,6 +195,8 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         out.append("--enforce-eager")
     if args.check_integrity:
         out.append("--check-integrity")
+    if args.cold:
+        out.append("--cold")
     warnings = [f"{flags[0]} is accepted but not emulated: it changes nothing here"
                 for flags in UNMODELLED_FLAGS + UNMODELLED_SWITCHES
                 if getattr(args, _dest(flags)) not in (None, False)]

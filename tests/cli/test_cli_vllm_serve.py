@@ -88,12 +88,20 @@ def test_front_end_flags_pass_through():
     assert (default.host, default.http_port, default.port) == ("127.0.0.1", 8000, 50051)
 
 
-def test_the_host_default_comes_from_the_environment(monkeypatch):
+def test_doppelchips_own_settings_come_from_the_environment(monkeypatch, capsys):
+    """A manifest written for vLLM keeps its args and sets these in its env block."""
     monkeypatch.setenv("DOPPELCHIP_HOST", "0.0.0.0")  # the container image's setting
     monkeypatch.setenv("DOPPELCHIP_CHIP", "mi300x")
+    monkeypatch.setenv("DOPPELCHIP_TIME_SCALE", "0.25")
+    monkeypatch.setenv("DOPPELCHIP_COLD", "1")
     args = build_parser("vllm").parse_args(["vllm", "serve", "meta-llama/Llama-3.1-8B"])
     a = build_parser("serve").parse_args(["serve", *translate(args)[0]])
-    assert (a.host, a.chip) == ("0.0.0.0", "mi300x")
+    assert (a.host, a.chip, a.time_scale, a.cold) == ("0.0.0.0", "mi300x", 0.25, True)
+    monkeypatch.setenv("DOPPELCHIP_TIME_SCALE", "fast")
+    with pytest.raises(SystemExit) as exit_:
+        build_parser("vllm").parse_args(["vllm", "serve", "meta-llama/Llama-3.1-8B"])
+    assert exit_.value.code == exit_codes.USAGE
+    assert "--time-scale: invalid float value: 'fast'" in capsys.readouterr().err
 
 
 def test_loading_flags_are_accepted_and_unemulated_ones_warned():
