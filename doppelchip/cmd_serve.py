@@ -250,6 +250,7 @@ def pod_fleet(args: argparse.Namespace, fleet):
     options = dataclasses.replace(
         options, ep=ep,
         served_model_name=tuple(args.served_model_name or options.served_model_name),
+        model_path=getattr(args, "model_path", "") or options.model_path,  # `vllm serve REPO`
         data_parallel_size=args.data_parallel_size or options.data_parallel_size)
     server = dataclasses.replace(fleet.server, default_deployment=options.name,
                                  vllm_engine_deployment=options.name, pod=True)

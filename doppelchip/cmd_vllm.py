@@ -224,6 +224,7 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         print(f"doppelchip vllm serve: warning: {warning}", file=sys.stderr)
     print(f"doppelchip vllm serve: doppelchip serve {shlex.join(argv)}", file=sys.stderr)
     serve = _serve_args(argv)
+    serve.model_path = args.model_tag or args.model  # /v1/models' root, as vLLM's (no flag)
     problem = _unplaceable(serve, fit_model_len=args.max_model_len is None)
     if problem:  # vLLM stops when the model cannot load; a pod that never serves is worse
         print(f"error: {problem}", file=sys.stderr)

@@ -139,6 +139,7 @@ class EngineOptions:
     # --- vLLM's --gpu-memory-utilization and --enforce-eager (docs/VLLM_SERVE.md) ---
     gpu_memory_utilization: float | None = None  # share of chip memory (None: the spec's 0.9)
     enforce_eager: bool = False  # no captured graphs: the host launches every kernel
+    model_path: str = ""  # what vLLM's --model named (`vllm serve REPO`): /v1/models' root
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,

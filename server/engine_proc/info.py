@@ -85,7 +85,7 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         kv_bytes_per_token=sum(p.memory_bytes(1).values()) - sum(p.memory_bytes(0).values()),
         num_speculative_tokens=core.speculative.num_speculative_tokens
         if core.speculative else 0,
-        served_model_names=opts.served_model_name,
+        served_model_names=opts.served_model_name, model_path=opts.model_path,
         max_loras=opts.max_loras if opts.enable_lora else 0,  # --- LoRA (issue 13) ---
         faults=has_faults(opts),
         kv_cache_metrics=opts.kv_cache_metrics,
@@ -102,5 +102,5 @@ def failed_info(opts: EngineOptions, rank: int, why: str, vocab_size: int) -> De
         limits=limits_of(opts, vocab_size, capacity),
         enable_prefix_caching=False, gpu_memory_utilisation=0.0, tiers=(),
         weights_resident=(), tier_peaks=(), peak_flops=0.0, idle_watts=0.0, usd_per_s=0.0,
-        served_model_names=opts.served_model_name,
+        served_model_names=opts.served_model_name, model_path=opts.model_path,
     )

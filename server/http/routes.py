@@ -144,8 +144,8 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
         cards = []
         for name, clients in state.fleet.models.items():
             c = clients[0]
-            cards.append(model_card(name, c.info.model, None, c.info.capacity.max_model_len,
-                                    now))
+            cards.append(model_card(name, c.info.model_path or c.info.model, None,
+                                    c.info.capacity.max_model_len, now))
         cards += lora_routes.model_cards(state, now)  # --- LoRA (issue 13) ---
         return {"object": "list", "data": cards}
 

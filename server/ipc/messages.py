@@ -55,6 +55,7 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     kv_bytes_per_token: float = 0.0  # all chips together (vllm:estimated_write_bytes_per_gpu)
     num_speculative_tokens: int = 0  # speculative decoding: drafts per decode (0: off)
     served_model_names: tuple[str, ...] = ()  # what clients may send as `model`
+    model_path: str = ""  # what vLLM's --model named, /v1/models' `root` ("": `model`)
     # --- KV events (issue 13) --- where this rank publishes ("" when it does not)
     kv_events_endpoint: str = ""
     kv_events_replay_endpoint: str = ""

@@ -27,7 +27,8 @@ def pod():
 
 def test_the_openai_client_uses_the_repository_id(pod):
     oai = openai.OpenAI(base_url=f"{pod.http_url}/v1", api_key="none", timeout=60)
-    assert [m.id for m in oai.models.list().data] == [REPO]
+    (card,) = oai.models.list().data
+    assert card.id == REPO and card.model_extra["root"] == REPO  # vLLM's root: --model's
     chat = oai.chat.completions.create(model=REPO, max_tokens=4,
                                        messages=[{"role": "user", "content": "hello"}])
     assert chat.model == REPO and chat.usage.completion_tokens >= 1
