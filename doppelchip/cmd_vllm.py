@@ -143,13 +143,20 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
                          "id such as meta-llama/Llama-3.1-8B-Instruct, or a catalogue model)")
     if args.uds:
         raise ValueError("--uds: doppelchip listens on TCP only (use --host and --port)")
-    try:
-        ckpt = catalog.get_checkpoint(tag)
-        model, quant = ckpt.model, ckpt.quant
-    except UnknownId as e:
-        if tag not in {m.id for m in catalog.list_models()}:
-            raise ValueError(f"{e} (or a catalogue model: `doppelchip devices`)") from None
-        model, quant = tag, "bf16"  # a catalogue id: vLLM's dtype auto on a bf16 checkpoint
+    if os.path.exists(tag):  # a local checkpoint (a mounted volume): what its config.json says
+        from devices.hf_config import model_for, quant_for, read_config
+
+        config = read_config(tag)
+        model, quant = model_for(config).id, quant_for(config)
+    else:
+        try:
+            ckpt = catalog.get_checkpoint(tag)
+            model, quant = ckpt.model, ckpt.quant
+        except UnknownId as e:
+            if tag not in {m.id for m in catalog.list_models()}:
+                raise ValueError(f"{e} (or a catalogue model: `doppelchip devices`; or a "
+                                 "local checkpoint folder with its config.json)") from None
+            model, quant = tag, "bf16"  # a catalogue id: dtype auto on a bf16 checkpoint
     if args.dtype in ("float", "float32"):
         raise ValueError(f"--dtype {args.dtype}: the catalogue has no 32-bit weight format")
     if args.quantization:

@@ -7,6 +7,7 @@ starts. The server these arguments start is tested in tests/http/test_http_vllm_
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
@@ -220,3 +221,19 @@ def test_without_max_model_len_the_kv_cache_must_hold_the_models_whole_context(c
              "--max-model-len", given])
         serve = _serve_args(translate(vllm)[0])
         assert _unplaceable(serve, fit_model_len=vllm.max_model_len is None) == ""
+
+
+def test_a_local_checkpoint_folder_is_read_from_its_config_json(tmp_path, capsys):
+    """`vllm serve /models/NAME`: the folder's config.json names the model and weight format;
+    the path is the served name, as in vLLM."""
+    folder = tmp_path / "Llama-3.1-8B-Instruct-FP8"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "hidden_size": 4096, "max_position_embeddings": 131072, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "quantization_config": {"quant_method": "fp8"}}))
+    a = serve_args(str(folder))
+    assert (a.model, a.quant, a.served_model_name) == ("llama-3.1-8b", "fp8", [str(folder)])
+    (folder / "config.json").write_text('{"num_hidden_layers": 3}')
+    assert main(["vllm", "serve", str(folder)]) == exit_codes.USAGE
+    assert "no catalogue model has this config.json's figures" in capsys.readouterr().err

@@ -1,0 +1,79 @@
+"""A Hugging Face `config.json` read against the catalogue: the model with its figures and the
+weight format of its weights. Why it exists: `vllm serve /models/NAME` names a local
+checkpoint by path (a mounted volume); what vLLM would load is what its config.json says.
+
+The figures compared are the ones every catalogue model records from its own config.json:
+layers, hidden size, attention and KV heads, vocabulary and context length (a model's
+`text_config` for multimodal checkpoints). The weight format is `quantization_config`'s
+`quant_method` (as vLLM's `--quantization` names it), else `torch_dtype` (`dtype` in newer
+transformers): float16 is f16, bfloat16 bf16, and float32 bf16 (vLLM's `--dtype auto` casts
+32-bit weights to 16 bits on a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from devices import catalog
+from devices.errors import DeviceError, UnknownId
+from devices.model import ModelSpec
+
+FIGURES = (("n_layers", "num_hidden_layers"), ("hidden", "hidden_size"),
+           ("n_heads", "num_attention_heads"), ("n_kv_heads", "num_key_value_heads"),
+           ("vocab", "vocab_size"), ("max_context", "max_position_embeddings"))
+DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "bf16"}
+
+
+class ConfigMismatch(DeviceError, ValueError):
+    """A config.json the catalogue cannot serve: no model with its figures, or an unknown
+    weight format."""
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """`path`'s config.json (a checkpoint folder), or `path` itself (a .json file)."""
+    p = Path(path)
+    file = p / "config.json" if p.is_dir() else p
+    try:
+        doc = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigMismatch(f"cannot read {file}: {e}") from None
+    if not isinstance(doc, dict):
+        raise ConfigMismatch(f"{file}: not a config.json (a JSON object)")
+    return doc
+
+
+def figures(config: dict[str, Any]) -> dict[str, Any]:
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    merged = {**config, **text}
+    out = {ours: merged.get(theirs) for ours, theirs in FIGURES}
+    if out["n_kv_heads"] is None:  # transformers' default: no grouping
+        out["n_kv_heads"] = out["n_heads"]
+    return out
+
+
+def model_for(config: dict[str, Any]) -> ModelSpec:
+    """The catalogue model whose figures are `config`'s."""
+    want = figures(config)
+    found = [m for m in catalog.list_models()
+             if all(getattr(m, k) == v for k, v in want.items())]
+    if len(found) != 1:
+        shown = ", ".join(f"{theirs} {want[ours]}" for ours, theirs in FIGURES)
+        raise ConfigMismatch(f"no catalogue model has this config.json's figures ({shown}); "
+                             f"known: {', '.join(m.id for m in catalog.list_models())}")
+    return found[0]
+
+
+def quant_for(config: dict[str, Any]) -> str:
+    """The weight format `config`'s checkpoint ships in."""
+    qc = config.get("quantization_config")
+    if isinstance(qc, dict) and qc.get("quant_method"):
+        try:
+            return catalog.quant_for_vllm(str(qc["quant_method"])).id
+        except UnknownId as e:
+            raise ConfigMismatch(f"quantization_config: {e}") from None
+    dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    if dtype not in DTYPES:
+        raise ConfigMismatch(f"torch_dtype {dtype!r}: known are {', '.join(DTYPES)}")
+    return DTYPES[dtype]
