@@ -4,7 +4,8 @@ Why it exists: a platform team's manifests (llm-d's model service, the productio
 Helm chart, KServe) start `vllm serve <Hugging Face repo> --port 8000 -tp 2 ...`. With this
 command (also installed as `doppelchip-vllm`, and as `vllm` in the container image) the same
 arguments start a doppelchip pod: the repository names a catalogue checkpoint
-(`devices/catalog/checkpoints.toml`), clients send the repository id as `model`, and every
+(`devices/catalog/checkpoints.toml`; a local folder is read from its config.json,
+`devices/hf_config.py`), clients send the repository id as `model`, and every
 flag vLLM 0.33.0 gives a meaning doppelchip emulates maps onto `doppelchip serve`'s pod mode.
 Flags that only load weights, log or configure CORS are accepted and have no effect; flags
 whose effect is not emulated are accepted with a warning naming them; anything else is
