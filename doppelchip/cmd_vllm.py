@@ -32,6 +32,8 @@ from doppelchip.vllm_flags import (
 DEFAULT_CHIP = "h100-sxm"
 DTYPES = {"half": "f16", "float16": "f16", "bfloat16": "bf16"}  # vLLM ModelDType -> quant
 KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+LOG_LEVELS = {"CRITICAL": "error", "ERROR": "error", "WARNING": "warning", "INFO": "info",
+              "DEBUG": "debug", "NOTSET": "debug"}  # vLLM's LogLevel -> serve's --log-level
 
 
 def human_readable_int(value: str) -> int:
@@ -183,8 +185,10 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
               "max_model_len": None if args.max_model_len == -1 else args.max_model_len,
               "max_num_batched_tokens": args.max_num_batched_tokens,
               "policy": args.scheduling_policy, "time_scale": args.time_scale,
-              "log_level": {"CRITICAL": "error", "NOTSET": "debug"}.get(
-                  args.log_level or "", (args.log_level or "").lower() or None)}
+              "log_level": LOG_LEVELS.get(args.log_level or ""),
+              "enforce_eager": args.enforce_eager, "check_integrity": args.check_integrity,
+              "cold": args.cold, "prefix_cache": {True: "on", False: "off"}.get(
+                  args.enable_prefix_caching)}
     for flags, _ in PASSTHROUGH:
         dest = _dest(flags)
         if dest not in values:
@@ -197,14 +201,6 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
             out += [flag, *map(str, value)]
         elif value is not None and value is not False:
             out += [flag, str(value)]
-    if args.enable_prefix_caching is not None:
-        out += ["--prefix-cache", "on" if args.enable_prefix_caching else "off"]
-    if args.enforce_eager:
-        out.append("--enforce-eager")
-    if args.check_integrity:
-        out.append("--check-integrity")
-    if args.cold:
-        out.append("--cold")
     warnings = [f"{flags[0]} is accepted but not emulated: it changes nothing here"
                 for flags in UNMODELLED_FLAGS + UNMODELLED_SWITCHES
                 if getattr(args, _dest(flags)) not in (None, False)]

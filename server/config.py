@@ -195,6 +195,8 @@ POSITIVE_KEYS = ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_
                  "max_prompt_bytes", "max_stop_strings", "max_stop_bytes",
                  "max_loras", "max_lora_rank", "max_cpu_loras",  # (LoRA: issue 13)
                  "replicas")  # (virtual-time clusters: issue 16)
+# ... and those that must be in (0, 1] when given (vLLM: Field(gt=0, le=1))
+FRACTION_KEYS = ("gpu_memory_utilization", "kv_cache_metrics_sample")
 
 
 def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
@@ -204,12 +206,10 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     for key in POSITIVE_KEYS:
         if key in table and isinstance(table[key], int) and table[key] < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
-    share = table.get("gpu_memory_utilization")  # vLLM: Field(gt=0, le=1)
-    if isinstance(share, (int, float)) and not isinstance(share, bool) and not 0 < share <= 1:
-        raise ConfigError(f"{where}: gpu_memory_utilization must be in (0, 1], got {share}")
-    sample = table.get("kv_cache_metrics_sample", 0.01)  # vLLM's --kv-cache-metrics-sample
-    if isinstance(sample, (int, float)) and not 0 < sample <= 1:
-        raise ConfigError(f"{where}: kv_cache_metrics_sample must be in (0, 1], got {sample}")
+    for key in FRACTION_KEYS:  # a wrong type is _build's error
+        v = table.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not 0 < v <= 1:
+            raise ConfigError(f"{where}: {key} must be in (0, 1], got {v}")
     # --- KV events (issue 13) ---
     if "kv_events_port_offset" in table:
         raise ConfigError(f"{where}: kv_events_port_offset is set by the server, not the file")

@@ -10,7 +10,7 @@ from typing import Any
 
 from clients.report import RequestResult, SummaryStream, parse_slo
 from clients.workloads import WorkloadSpec, stream_workload
-from server.config import POSITIVE_KEYS, ConfigError, load_fleet
+from server.config import FRACTION_KEYS, POSITIVE_KEYS, ConfigError, load_fleet
 from server.engine.build import EngineOptions, build_core
 from server.engine.faults import check_options as check_fault_options
 from server.engine.tokenizer import get_tokenizer
@@ -154,12 +154,10 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         if overrides.get(key) is not None and overrides[key] < 1:
             raise SimulationError(f"--{key.replace('_', '-')} must be >= 1, got "
                                   f"{overrides[key]}")
-    share = overrides.get("gpu_memory_utilization")  # vLLM: Field(gt=0, le=1)
-    if share is not None and not 0 < share <= 1:
-        raise SimulationError(f"--gpu-memory-utilization must be in (0, 1], got {share}")
-    sample = overrides.get("kv_cache_metrics_sample")  # vLLM's --kv-cache-metrics-sample
-    if sample is not None and not 0 < sample <= 1:
-        raise SimulationError(f"--kv-cache-metrics-sample must be in (0, 1], got {sample}")
+    for key in FRACTION_KEYS:
+        if overrides.get(key) is not None and not 0 < overrides[key] <= 1:
+            raise SimulationError(f"--{key.replace('_', '-')} must be in (0, 1], got "
+                                  f"{overrides[key]}")
     # --- failure injection (issue 13) ---
     for key in FAULT_KEYS:
         value = getattr(args, key, None)

@@ -17,8 +17,14 @@ from doppelchip.cmd_vllm import human_readable_int, translate
 
 
 def serve_args(*argv: str) -> argparse.Namespace:
-    """`doppelchip serve`'s parsed arguments for `vllm serve ARGV`."""
-    out, _ = translate(build_parser("vllm").parse_args(["vllm", "serve", *argv]))
+    """`doppelchip serve`'s parsed arguments for `vllm serve ARGV`, after vLLM's rewrites
+    (`--config FILE.yaml`, `--max_model_len`)."""
+    from doppelchip.cli import _negatable
+    from doppelchip.vllm_argv import vllm_argv
+
+    parser = build_parser("vllm")
+    out, _ = translate(parser.parse_args(vllm_argv(["vllm", "serve", *argv],
+                                                   _negatable(parser))))
     return build_parser("serve").parse_args(["serve", *out])
 
 
@@ -159,29 +165,18 @@ def test_the_doppelchip_vllm_script_is_vllms_command(monkeypatch, capsys):
     assert "unknown checkpoint 'org/none'" in capsys.readouterr().err
 
 
-def expanded(*argv: str) -> argparse.Namespace:
-    """`doppelchip serve`'s arguments for `vllm serve ARGV`, after vLLM's rewrites."""
-    from doppelchip.cli import _negatable
-    from doppelchip.vllm_argv import vllm_argv
-
-    parser = build_parser("vllm")
-    rewritten = vllm_argv(["vllm", "serve", *argv], _negatable(parser))
-    out, _ = translate(parser.parse_args(rewritten))
-    return build_parser("serve").parse_args(["serve", *out])
-
-
 def test_a_yaml_config_file_holds_flags_as_vllm_reads_it(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("model: meta-llama/Llama-3.1-70B-Instruct\ntensor_parallel_size: 4\n"
                     "max-model-len: 16k\nenable-prefix-caching: false\nenforce-eager: true\n"
                     "trust-remote-code: true\nserved-model-name: [a, b]\nport: 8100\n"
                     "kv-events-config:\n  enable_kv_cache_events: true\n")
-    a = expanded("--config", str(path))
+    a = serve_args("--config", str(path))
     assert (a.model, a.tp, a.max_model_len, a.prefix_cache) == ("llama-3.1-70b", 4, 16000, "off")
     assert a.enforce_eager and a.served_model_name == ["a", "b"] and a.http_port == 8100
     assert a.kv_events_config == '{"enable_kv_cache_events": true}'
     # the command line wins over the file, the positional model over the file's
-    b = expanded("mistralai/Mistral-7B-Instruct-v0.3", "--config", str(path), "-tp", "2",
+    b = serve_args("mistralai/Mistral-7B-Instruct-v0.3", "--config", str(path), "-tp", "2",
                  "--max_model_len=8k")
     assert (b.model, b.tp, b.max_model_len) == ("mistral-7b", 2, 8000)
 
