@@ -27,9 +27,11 @@ class DeploymentSpec:
     counts are sized to hold ``max_batch`` sequences of ``max_context`` tokens).
     ``kv_cache_dtype``: 'auto' (the quantisation's default) or 'fp8' (1 byte per element).
     ``speculative``: speculative decoding (see ``devices.speculative``).
-    ``gpu_mem_utilisation``: share of each chip's memory the engine may use (vLLM's
-    ``--gpu-memory-utilization``). ``enforce_eager`` (vLLM's ``--enforce-eager``): an engine
-    that replays captured graphs launches every kernel from the host instead.
+    ``gpu_mem_utilisation``: the engine's memory share (vLLM's ``--gpu-memory-utilization``,
+    SGLang's ``--mem-fraction-static``, TensorRT-LLM's ``free_gpu_memory_fraction``; what each
+    means: ``devices.specs.MemoryRule``); None: the engine's default. ``enforce_eager``
+    (vLLM's ``--enforce-eager``): an engine that replays captured graphs launches every kernel
+    from the host instead.
     """
 
     model: str
@@ -42,7 +44,7 @@ class DeploymentSpec:
     ep: int | None = None
     n_gpu_layers: int | None = None
     built_for: str | None = None
-    gpu_mem_utilisation: float = 0.9
+    gpu_mem_utilisation: float | None = None
     max_context: int | None = None
     max_batch: int = 256
     max_batched_tokens: int | None = None

@@ -31,6 +31,7 @@ UNITS = {
     "tpot_s": "s", "joules_per_mtok": "J per 1M output tokens",
     "usd_per_mtok": "USD per 1M output tokens", "usd_per_hour": "USD/h", "memory_bytes": "B",
     "kv_tokens": "tokens", "max_context": "tokens", "tokens_per_step": "tokens",
+    "memory_share": "of each chip's memory (the engine's rule)",
 }
 
 
@@ -193,6 +194,7 @@ def estimate(
         "ep": placement.ep,
         "n_gpu_layers": placement.n_gpu_layers,
         "kv_tokens": placement.kv_tokens,
+        "memory_share": placement.memory_share,
         "max_context": placement.max_context,
         "max_concurrency": placement.max_concurrency(need),
         "notes": list(placement.notes),

@@ -145,4 +145,5 @@ def place_offload(
         n_gpu_layers=ngl, weight_bytes=tuple((k, v) for k, v in weight_bytes.items() if v),
         kv_tokens=kv_tokens, max_context=n_ctx, factors=tuple(factors),
         load_seconds=total / ssd_bw, notes=tuple(notes), plan=plan, kv_bytes=kvb,
+        memory_share=chip.usable_fraction,
     )

@@ -1,10 +1,12 @@
 """Placement on device memory: HBM/VRAM split over tp/ep ranks, or one unified pool (Apple).
 
 Weights per chip: the dense parts (attention, dense MLPs, shared experts) over ``tp``, the
-routed experts over their ``expert_shards``; KV gets what is left of ``capacity × utilisation``
-after the weights and one step's activations, split over KV heads (not for MLA's latent, which
-every tensor-parallel rank keeps whole) and held by each of the ``dp`` attention replicas for
-its own sequences. A unified-memory chip (placement trait 'unified') may use its
+routed experts over their ``expert_shards``; KV gets what the engine's memory rule leaves
+(``MemoryRule``: vLLM's share of capacity less weights and one step's activations, SGLang's
+static share less weights, TensorRT-LLM's share of what is free), split over KV heads (not
+for MLA's latent, which every tensor-parallel rank keeps whole) and held by each of the ``dp``
+attention replicas for its own sequences. The deployment's ``gpu_mem_utilisation`` overrides
+the engine's share. A unified-memory chip (placement trait 'unified') may use its
 ``usable_fraction`` (Metal's working set); an engine that cannot offload then fails outright.
 """
 
@@ -25,7 +27,7 @@ from devices.placed import (
     resident_bytes,
 )
 from devices.plan import ACT_BYTES, Plan, Segment, Stage, make_segment
-from devices.specs import ChipSpec, EngineSpec, ModelSpec, QuantSpec
+from devices.specs import ChipSpec, EngineSpec, MemoryRule, ModelSpec, QuantSpec
 
 
 def draft_layers(spec: DeploymentSpec, model: ModelSpec) -> int:
@@ -54,7 +56,6 @@ def place_hbm(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: Ch
     f = factors_for(table, engine.id, chip.chip_class)
     tier = chip.tier
     unified = chip.placement == "unified"
-    cap = tier.capacity_bytes * (chip.usable_fraction if unified else spec.gpu_mem_utilisation)
     need = spec.max_context or min(model.max_context, DEFAULT_CONTEXT_CONTIGUOUS)
     budget = step_budget(spec, engine, chip) or need
     inter = max(model.ffn if model.n_dense_layers else 0,
@@ -74,15 +75,27 @@ def place_hbm(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: Ch
     kvb = kv_element_bytes(spec, quant)
     kv_per_chip = model.kv_bytes_per_context_token(need, kvb) / pp
     kv_per_chip /= min(tp, model.kv_shards)
-    kv_free = cap - worst_w - act
+    rule = MemoryRule() if unified else engine.memory
+    if rule is None:
+        raise PlacementError(f"{engine.name} has no memory rule for {chip.id} (engines.toml)")
+    share = (chip.usable_fraction if unified else spec.gpu_mem_utilisation
+             or rule.share(tier.capacity_bytes, budget, spec.max_batch, tp * pp))
+    cap = tier.capacity_bytes * share
+    kv_free = rule.kv_bytes(tier.capacity_bytes, share, worst_w, act)
     per_replica = int(kv_free // kv_per_chip) if kv_free > 0 else 0
     if per_replica < need:
         where = "unified memory" if unified else f"{tier.name.upper()} of {par.chips} × {chip.id}"
-        why = (
-            f"{model.name} {quant.id} does not fit the {where}: weights {gb(worst_w)} + "
-            f"activations {gb(act)} + KV for {need} tokens {gb(need * kv_per_chip)} per chip "
-            f"> usable {gb(cap)}"
-        )
+        kv = f"KV for {need} tokens {gb(need * kv_per_chip)}"
+        of = f"{share:.3g} of {gb(tier.capacity_bytes)}"
+        if rule.rule == "free":
+            what = (f"{kv} per chip > {of} left free by weights {gb(worst_w)} + activations "
+                    f"{gb(act)}")
+        elif rule.rule == "static":
+            what = f"weights {gb(worst_w)} + {kv} per chip > {gb(cap)} ({of})"
+        else:
+            what = (f"weights {gb(worst_w)} + activations {gb(act)} + {kv} per chip > usable "
+                    f"{gb(cap)} ({of})")
+        why = f"{model.name} {quant.id} does not fit the {where}: {what}"
         if unified and not engine.offload:
             why += (f"; {engine.name} fails rather than swap: pick a smaller quantisation or a "
                     "bigger machine")
@@ -125,7 +138,7 @@ def place_hbm(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: Ch
     load_bw = chip.host_link_bw_bps or 7e9  # ASSUMPTION: Apple loads from an NVMe-class SSD
     return Placement(
         spec=spec, model=model, quant=quant, chip=chip, engine=engine, chips=n, tp=tp, pp=pp,
-        dp=par.dp, ep=par.ep, kv_bytes=kvb,
+        dp=par.dp, ep=par.ep, kv_bytes=kvb, memory_share=share,
         n_gpu_layers=None, weight_bytes=((tier.name, resident),), kv_tokens=per_replica * par.dp,
         max_context=min(spec.max_context or model.max_context, per_replica),
         factors=((chip.chip_class, f),), load_seconds=resident / n / load_bw, plan=plan,

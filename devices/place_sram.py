@@ -96,5 +96,5 @@ def place_sram(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: C
         n_gpu_layers=None, weight_bytes=((chip.tier.name, resident),), kv_tokens=kv_tokens,
         max_context=min(spec.max_context or model.max_context, kv_tokens), kv_bytes=kvb,
         factors=((chip.chip_class, f),), load_seconds=resident / n / chip.host_link_bw_bps,
-        notes=(sized,) if not spec.count else (), plan=plan,
+        notes=(sized,) if not spec.count else (), plan=plan, memory_share=chip.usable_fraction,
     )

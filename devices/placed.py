@@ -46,6 +46,7 @@ class Placement:
     dp: int = 1
     ep: int = 1
     kv_bytes: float = 2.0  # bytes per KV element (after --kv-cache-dtype)
+    memory_share: float = 1.0  # share of each chip's memory the engine sized itself to
 
     def kv_blocks(self, block_size: int = 16) -> int:
         """KV capacity in blocks of ``block_size`` tokens."""

@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 
 from devices.model import ModelSpec
 
-__all__ = ["ChipSpec", "EngineSpec", "ModelSpec", "QuantSpec", "SchedulerDefaults", "Tier"]
+__all__ = ["ChipSpec", "EngineSpec", "MemoryRule", "ModelSpec", "QuantSpec", "SchedulerDefaults",
+           "Tier"]
+
+MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -112,21 +115,71 @@ class SchedulerDefaults:
 
     ``max_num_seqs`` None: the deployment's build limit (TensorRT-LLM's max_batch);
     ``max_num_batched_tokens`` None: whole prompts, unchunked (the budget is max_model_len).
-    ``large`` overrides both on chips with at least ``large_min_bytes`` of device memory
-    (vLLM picks bigger defaults on ≥ 70 GiB GPUs)."""
+    ``by_memory``: ``(min_bytes, max_num_seqs, max_num_batched_tokens)`` tiers in ascending
+    order; on a chip with at least ``min_bytes`` of device memory the last such tier overrides
+    what it gives (None: keeps the base). Engines pick bigger defaults on bigger GPUs: vLLM on
+    ≥ 70 and ≥ 160 GiB, SGLang by its memory buckets."""
 
     policy: str = "fcfs"
     max_num_seqs: int | None = 256
     max_num_batched_tokens: int | None = 8192
-    large_min_bytes: float = 0.0
-    large_max_num_seqs: int | None = None
-    large_max_num_batched_tokens: int | None = None
+    by_memory: tuple[tuple[float, int | None, int | None], ...] = ()
 
     def for_memory(self, capacity_bytes: float) -> tuple[str, int | None, int | None]:
-        if self.large_min_bytes and capacity_bytes >= self.large_min_bytes:
-            return (self.policy, self.large_max_num_seqs or self.max_num_seqs,
-                    self.large_max_num_batched_tokens or self.max_num_batched_tokens)
-        return self.policy, self.max_num_seqs, self.max_num_batched_tokens
+        seqs, tokens = self.max_num_seqs, self.max_num_batched_tokens
+        for min_bytes, tier_seqs, tier_tokens in self.by_memory:
+            if capacity_bytes >= min_bytes:
+                seqs, tokens = tier_seqs or seqs, tier_tokens or tokens
+        return self.policy, seqs, tokens
+
+
+@dataclass(frozen=True)
+class MemoryRule:
+    """How an engine sizes its KV cache at start-up: the share of each chip's memory it takes
+    and what that share must hold. Why it exists: the engines differ, and a capacity planner
+    comparing them on one chip sees it in the KV pool (engines.toml ``memory``; the fleet key
+    ``gpu_memory_utilization`` overrides the share, as each engine's own knob does).
+
+    ``rule``: 'total' — the share of capacity holds the weights, one step's peak activations
+    and the KV cache (vLLM's gpu_memory_utilization); 'free' — the KV cache takes the share of
+    what the weights and activations leave free (TensorRT-LLM's free_gpu_memory_fraction);
+    'static' — the share holds the weights and the KV cache, and activations and captured
+    graphs live in the rest (SGLang's mem_fraction_static). ``fraction`` None: the share is
+    (capacity − reserve) / capacity, the reserve in MiB being ``reserve_mib`` + ``per_token_mib``
+    × the step's token budget (at least ``min_tokens``) + ``per_rank_mib`` × tp × pp +
+    ``per_seq_mib`` × the sequence cap, and at least ``floor_mib`` on chips of more than
+    ``floor_above_mib`` (SGLang's heuristic).
+    """
+
+    rule: str = "total"
+    fraction: float | None = 0.9
+    reserve_mib: float = 0.0
+    per_token_mib: float = 0.0
+    min_tokens: int = 0
+    per_rank_mib: float = 0.0
+    per_seq_mib: float = 0.0
+    floor_mib: float = 0.0
+    floor_above_mib: float = 0.0
+
+    def share(self, capacity_bytes: float, step_tokens: int, seqs: int, ranks: int) -> float:
+        """The engine's default share of a chip of ``capacity_bytes``."""
+        if self.fraction is not None:
+            return self.fraction
+        mib = capacity_bytes / MIB
+        reserve = (self.reserve_mib + self.per_token_mib * max(step_tokens, self.min_tokens)
+                   + self.per_rank_mib * ranks + self.per_seq_mib * seqs)
+        if mib > self.floor_above_mib:
+            reserve = max(reserve, self.floor_mib)
+        return round((mib - reserve) / mib, 3)
+
+    def kv_bytes(self, capacity_bytes: float, share: float, weights: float,
+                 activations: float) -> float:
+        """What the KV cache gets on one chip (may be ≤ 0: nothing fits)."""
+        if self.rule == "free":
+            return share * (capacity_bytes - weights - activations)
+        if self.rule == "static":
+            return share * capacity_bytes - weights
+        return share * capacity_bytes - weights - activations
 
 
 @dataclass(frozen=True)
@@ -166,6 +219,7 @@ class EngineSpec:
     speculative_methods: tuple[str, ...] = ()  # vLLM speculative_config methods it runs
     expert_parallel: bool = False  # can shard MoE experts over ranks (ep > 1)
     tp_divides_heads: bool = False  # TP shards attention heads: tp must divide their number
+    memory: MemoryRule | None = None  # how it sizes its KV cache on sharded device memory
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def path_for(self, chip_class: str) -> str:

@@ -9,6 +9,7 @@ cannot be placed). ``devices --json`` gives every fitted factor with its ``prove
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -89,7 +90,11 @@ def _catalogue() -> dict[str, Any]:
         "kv_layout": e.kv_layout, "batching": e.batching, "prefix_cache": e.prefix_cache,
         "compile": e.compile, "jump_forward": e.jump_forward, "launch": e.launch,
         "scheduler": {"policy": e.scheduler.policy, "max_num_seqs": e.scheduler.max_num_seqs,
-                      "max_num_batched_tokens": e.scheduler.max_num_batched_tokens},
+                      "max_num_batched_tokens": e.scheduler.max_num_batched_tokens,
+                      "by_memory": [{"min_memory_bytes": b, "max_num_seqs": s,
+                                     "max_num_batched_tokens": t}
+                                    for b, s, t in e.scheduler.by_memory]},
+        "memory": dataclasses.asdict(e.memory) if e.memory else None,
         "expert_parallel": e.expert_parallel, "speculative_methods": list(e.speculative_methods),
         "factors": {cls: {"bw_eff": round(f.bw_eff, 4), "flop_eff": round(f.flop_eff, 4),
                           "kernel_s": f.kernel_s, "origin": f.origin,
@@ -119,6 +124,14 @@ def _si(x: float, unit: str) -> str:
         if abs(x) >= scale:
             return f"{x / scale:.4g} {prefix}{unit}"
     return f"{x:.4g} {unit}"
+
+
+def _memory_rule(memory: dict[str, Any] | None) -> str:
+    """How an engine sizes its KV pool: its rule and default share ('auto': computed)."""
+    if memory is None:
+        return "-"
+    share = "auto" if memory["fraction"] is None else f"{memory['fraction']:g}"
+    return f"{memory['rule']} {share}"
 
 
 def table(rows: list[list[str]]) -> str:
@@ -151,10 +164,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
                      f"{c['busy_watts']:g}/{c['idle_watts']:g}", f"{c['usd_per_hour']:.3f}"])
     print(table(sourced(rows, cat["chips"])))
     print()
-    rows = [["engine", "chip classes", "kv", "batching", "prefix", "compile"]]
+    rows = [["engine", "chip classes", "kv", "batching", "prefix", "compile", "memory"]]
     for e in cat["engines"]:
         rows.append([e["id"], ",".join(e["chip_classes"]), e["kv_layout"], e["batching"],
-                     e["prefix_cache"], e["compile"]])
+                     e["prefix_cache"], e["compile"], _memory_rule(e["memory"])])
     print(table(rows))
     print()
     rows = [["model", "params", "layers", "hidden", "heads/kv", "experts", "context"]]

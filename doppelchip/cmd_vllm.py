@@ -93,7 +93,7 @@ def register(subparsers: Any) -> None:
                    help="vLLM's method name: fp8, awq, gptq, modelopt_fp4, mxfp4, ...")
     e.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float,
                    dest="gpu_memory_utilization", metavar="FRACTION",
-                   help="share of each chip's memory the engine may use (default 0.9)")
+                   help="share of each chip's memory the engine may use (default 0.92)")
     e.add_argument("--max-model-len", type=human_readable_int, metavar="N",
                    help="context length: 32k, 32K, 32768, or auto (-1: the longest that fits)")
     e.add_argument("--max-num-batched-tokens", type=human_readable_int, metavar="N",

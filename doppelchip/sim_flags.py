@@ -48,8 +48,9 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--num-gpu-blocks-override", type=int, dest="kv_blocks", metavar="N",
                    help="as vLLM's flag: a KV pool of N blocks, whatever fits")
     g.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
-                   help="as vLLM's flag: share of each chip's memory for weights, activations "
-                   "and KV cache, (0, 1] (default 0.9)")
+                   help="the engine's memory share, (0, 1]: vLLM's --gpu-memory-utilization, "
+                   "SGLang's --mem-fraction-static, TensorRT-LLM's free_gpu_memory_fraction "
+                   "(default: the engine's, e.g. vLLM 0.92)")
     g.add_argument("--enforce-eager", action="store_true", default=None,
                    help="as vLLM's flag: no CUDA/HIP graphs, the host launches every kernel "
                    "(engines that replay graphs only)")

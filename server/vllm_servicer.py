@@ -200,9 +200,9 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
     ) -> vpb.GetModelInfoResponse:
         tok = self.client.tokenizer
         return vllm_convert.to_model_info(
-            self.client.status(), self.client.info.model_name, eos=tok.eos_token_id,
-            bos=tok.bos_token_id,
-            pad=tok.pad_token_id or 0, vocab_size=tok.vocab_size,
+            self.client.status(), self.client.info.model_name, self.client.info.model_path,
+            eos=tok.eos_token_id, bos=tok.bos_token_id, pad=tok.pad_token_id or 0,
+            vocab_size=tok.vocab_size,
         )
 
     async def GetTokenizer(

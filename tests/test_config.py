@@ -83,4 +83,4 @@ def test_vllms_memory_share_and_eager_mode_are_deployment_keys():
     spec = opts.spec()
     assert (spec.gpu_mem_utilisation, spec.enforce_eager) == (0.6, True)
     (plain,) = parse_fleet({"deployments": [DEP]}).deployments
-    assert (plain.spec().gpu_mem_utilisation, plain.spec().enforce_eager) == (0.9, False)
+    assert (plain.spec().gpu_mem_utilisation, plain.spec().enforce_eager) == (None, False)

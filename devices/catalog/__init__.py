@@ -18,6 +18,7 @@ from devices.specs import (
     CheckpointSpec,
     ChipSpec,
     EngineSpec,
+    MemoryRule,
     ModelSpec,
     QuantSpec,
     SchedulerDefaults,
@@ -134,14 +135,23 @@ def _chips() -> dict[str, ChipSpec]:
 
 
 def _scheduler(raw: dict[str, Any]) -> SchedulerDefaults:
-    large = raw.get("large", {})
+    tiers = sorted(raw.get("by_memory", ()), key=lambda t: float(t["min_memory"]))
     return SchedulerDefaults(
         policy=raw["policy"], max_num_seqs=raw.get("max_num_seqs"),
         max_num_batched_tokens=raw.get("max_num_batched_tokens"),
-        large_min_bytes=float(large.get("min_memory", 0.0)),
-        large_max_num_seqs=large.get("max_num_seqs"),
-        large_max_num_batched_tokens=large.get("max_num_batched_tokens"),
+        by_memory=tuple((float(t["min_memory"]), t.get("max_num_seqs"),
+                         t.get("max_num_batched_tokens")) for t in tiers),
     )
+
+
+def _memory(raw: dict[str, Any] | None) -> MemoryRule | None:
+    """An engine's ``memory``: without ``fraction`` its share is computed (SGLang's reserve).
+    None: an engine that never sizes a pool on sharded device memory (offload, unified, SRAM)."""
+    if raw is None:
+        return None
+    if raw.get("rule") not in ("total", "free", "static"):
+        raise ValueError(f"memory rule {raw.get('rule')!r}: expected total, free or static")
+    return MemoryRule(**{"fraction": None, **raw})
 
 
 @cache
@@ -166,6 +176,7 @@ def _engines() -> dict[str, EngineSpec]:
             speculative_methods=tuple(raw.get("speculative_methods", ())),
             expert_parallel=bool(raw.get("expert_parallel", False)),
             tp_divides_heads=bool(raw.get("tp_divides_heads", False)),
+            memory=_memory(raw.get("memory")),
             jump_forward=bool(raw["jump_forward"]),
             deterministic=bool(raw["deterministic"]),
             offload=bool(raw["offload"]),

@@ -137,7 +137,7 @@ class EngineOptions:
     kv_cache_metrics: bool = False  # the KV residency histograms (vllm:kv_block_*_seconds)
     kv_cache_metrics_sample: float = 0.01  # share of the blocks handed out that are followed
     # --- vLLM's --gpu-memory-utilization and --enforce-eager (docs/VLLM_SERVE.md) ---
-    gpu_memory_utilization: float | None = None  # share of chip memory (None: the spec's 0.9)
+    gpu_memory_utilization: float | None = None  # the engine's memory share (None: its default)
     enforce_eager: bool = False  # no captured graphs: the host launches every kernel
     model_path: str = ""  # what vLLM's --model named (`vllm serve REPO`): /v1/models' root
 
@@ -152,9 +152,7 @@ class EngineOptions:
             max_batch=self.max_num_seqs or default_seqs or 256,
             max_batched_tokens=self.max_num_batched_tokens, kv_cache_dtype=self.kv_cache_dtype,
             speculative=SpeculativeConfig.parse(self.speculative_config),
-            enforce_eager=self.enforce_eager,
-            **({} if self.gpu_memory_utilization is None
-               else {"gpu_mem_utilisation": self.gpu_memory_utilization}),
+            enforce_eager=self.enforce_eager, gpu_mem_utilisation=self.gpu_memory_utilization,
         )
 
 

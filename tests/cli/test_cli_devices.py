@@ -54,3 +54,17 @@ def test_devices_json_is_one_line_with_the_sources(capsys: pytest.CaptureFixture
     assert out.count("\n") == 1
     data = json.loads(out.splitlines()[-1])
     assert all(c["source"] for c in data["chips"])
+
+
+def test_devices_shows_how_each_engine_sizes_its_kv_cache(capsys: pytest.CaptureFixture[str]):
+    assert main(["devices", "--json"]) == 0
+    engines = {e["id"]: e for e in json.loads(capsys.readouterr().out)["engines"]}
+    assert engines["sglang"]["memory"]["rule"] == "static"
+    assert engines["sglang"]["memory"]["fraction"] is None  # computed from its reserve
+    assert engines["tensorrt-llm"]["memory"]["rule"] == "free"
+    assert engines["mlx"]["memory"] is None
+    tiers = engines["vllm"]["scheduler"]["by_memory"]
+    assert [t["max_num_batched_tokens"] for t in tiers] == [8192, 16384]
+    assert main(["devices"]) == 0
+    row = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("sglang "))
+    assert row.rstrip().endswith("static auto")

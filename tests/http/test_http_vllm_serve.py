@@ -6,10 +6,13 @@ device layer gives for that memory share)."""
 
 from __future__ import annotations
 
+import grpc
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess
+from smg_grpc_proto import vllm_engine_pb2 as vpb
+from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
 from devices import DeploymentSpec, place
 
@@ -49,3 +52,12 @@ def test_vllms_flags_reach_the_engine(pod):
                                    engine="vllm", tp=2, max_context=4000, max_batch=64))
     assert int(info["num_gpu_blocks"]) == placed.kv_blocks(16) < default.kv_blocks(16)
     assert "doppelchip serve --chip h100-sxm --engine vllm --model llama-3.1-8b" in pod.log
+
+
+def test_the_vllm_engine_grpc_names_the_repository_as_vllm_does(pod):
+    """smg reads GetModelInfo: model_path is what --model named, as vLLM's gRPC server."""
+    with grpc.insecure_channel(pod.target) as channel:
+        info = vpb_grpc.VllmEngineStub(channel).GetModelInfo(vpb.GetModelInfoRequest(),
+                                                             timeout=30)
+    assert (info.model_path, info.served_model_name) == (REPO, REPO)
+    assert info.max_context_length == 4000

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess
 
+from devices import catalog
 from server.stats.buckets import FAMILY_DEFAULTS, build_1_2_5_buckets
 from server.stats.schema import HISTOGRAMS, HISTOGRAMS_0_33, KV_RESIDENCY
 
@@ -85,6 +86,9 @@ def test_exported_names_types_labels_and_buckets(families):
     info = families["vllm:cache_config_info"].samples[0]
     assert info.value == 1.0 and info.labels["engine"] == "0"
     assert {"block_size", "num_gpu_blocks", "enable_prefix_caching"} <= set(info.labels)
+    # no share in the fleet file: the engine's own default (vLLM 0.33.0's 0.92), as vLLM shows
+    share = catalog.get_engine("vllm").memory.fraction
+    assert float(info.labels["gpu_memory_utilization"]) == share
 
 
 # --- The full vLLM 0.33.0 catalogue (REFERENCE["series"], docs/VLLM_REFERENCE.md) ---------------

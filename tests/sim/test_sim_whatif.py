@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
+from devices import DeploymentSpec, DeviceError, place
 from doppelchip.cli import main
-from sim.whatif import WhatIfConfig, cost_vs_speed
+from sim.whatif import FAMILIES, WhatIfConfig, cost_vs_speed
 
 
 def test_hbm_cheapest_at_large_batch_sram_fastest_at_batch_one_sized_for_the_batch():
@@ -38,14 +39,27 @@ def test_hbm_cheapest_at_large_batch_sram_fastest_at_batch_one_sized_for_the_bat
 
 
 def test_gpu_families_are_sized_for_a_big_model():
-    """whatif --model llama-3.1-70b keeps the GPU rows: each HBM family gets the smallest chip
-    count the model fits on (or the --count/--tp/--ep given)."""
+    """whatif --model llama-3.1-70b keeps the GPU rows: each HBM family gets the smallest
+    power-of-two chip count the model fits on (or the --count/--tp/--ep given)."""
     cfg = WhatIfConfig(model="llama-3.1-70b", families=("h100-vllm", "h100-tensorrt-llm"),
                        batches=(1,), osl=16)
     result = cost_vs_speed(cfg)
     assert not result["failed"]
-    assert result["curves"]["h100-vllm"][0]["chips"] == 4  # bf16 70B: 141 GB + KV
-    assert result["curves"]["h100-tensorrt-llm"][0]["chips"] == 2  # fp8
+
+    def fits(family: str, count: int) -> bool:
+        fam = FAMILIES[family]
+        try:
+            place(DeploymentSpec(cfg.model, fam["quant"], fam["chip"], fam["engine"],
+                                 count=count, max_context=cfg.max_model_len, max_batch=1))
+        except DeviceError:
+            return False
+        return True
+
+    chips = {f: result["curves"][f][0]["chips"] for f in cfg.families}
+    for family, n in chips.items():
+        assert fits(family, n) and (n == 1 or not fits(family, n // 2)), family
+    assert chips["h100-vllm"] > 1  # bf16: 141 GB of weights
+    assert chips["h100-vllm"] >= chips["h100-tensorrt-llm"]  # fp8: half the bytes
     given = cost_vs_speed(WhatIfConfig(model="llama-3.1-70b", families=("h100-vllm",),
                                        batches=(1,), osl=16, tp=8))
     assert given["curves"]["h100-vllm"][0]["chips"] == 8

@@ -1,0 +1,120 @@
+"""Each engine sizes its KV cache by its own rule (engines.toml ``memory``, ``MemoryRule``):
+vLLM's share of capacity holds weights, activations and KV; SGLang's static share holds weights
+and KV, activations live outside it, and its default share is capacity less a reserve that
+grows with the step budget and the ranks; TensorRT-LLM's KV takes a share of what weights and
+activations leave free. Checked by what each rule must do when one input moves."""
+
+from __future__ import annotations
+
+import pytest
+
+from devices import DeploymentSpec, catalog, estimate, place
+from devices.specs import MIB
+
+H100 = catalog.get_chip("h100-sxm").tier.capacity_bytes
+PER_TOKEN = 2 * 32 * 8 * 128 * 2  # Llama 3.1 8B bf16: K and V, 32 layers, 8 KV heads of 128
+
+
+def _kv(engine: str, chip: str = "h100-sxm", **kw) -> float:
+    """KV bytes per chip of Llama 3.1 8B bf16 (one chip: tp 1)."""
+    return place(_spec(engine, chip, **kw)).kv_tokens * PER_TOKEN
+
+
+def _spec(engine: str, chip: str = "h100-sxm", **kw) -> DeploymentSpec:
+    return DeploymentSpec(model="llama-3.1-8b", quant="bf16", chip=chip, engine=engine,
+                          max_context=8192, **kw)
+
+
+def test_activations_count_inside_vllms_share_outside_sglangs_and_before_tensorrts():
+    """A bigger step budget needs more activation memory: vLLM's KV loses all of it, the
+    TensorRT-LLM KV the share of it (its share is of what is left free), SGLang's none (its
+    static share holds only weights and KV)."""
+    def delta(engine: str) -> float:
+        share = {"gpu_mem_utilisation": 0.8}
+        return (_kv(engine, max_batched_tokens=2048, **share)
+                - _kv(engine, max_batched_tokens=16384, **share))
+
+    activations = delta("vllm")
+    assert activations > 100 * PER_TOKEN  # a real difference, ~1 GB
+    assert delta("tensorrt-llm") == pytest.approx(0.8 * activations, abs=2 * PER_TOKEN)
+    assert abs(delta("sglang")) <= PER_TOKEN
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_share_of_capacity_moves_the_kv_cache_by_that_much_of_capacity(engine):
+    lost = _kv(engine, gpu_mem_utilisation=0.9) - _kv(engine, gpu_mem_utilisation=0.6)
+    assert lost == pytest.approx(0.3 * H100, abs=PER_TOKEN)
+
+
+def test_tensorrts_share_is_of_the_free_memory():
+    full, half = _kv("tensorrt-llm", gpu_mem_utilisation=1.0), _kv("tensorrt-llm",
+                                                                  gpu_mem_utilisation=0.5)
+    assert half == pytest.approx(full / 2, abs=PER_TOKEN)
+
+
+def test_the_reported_share_is_the_engines_default_or_the_deployments():
+    assert place(_spec("vllm")).memory_share == catalog.get_engine("vllm").memory.fraction
+    assert place(_spec("tensorrt-llm")).memory_share == 0.9
+    assert place(_spec("sglang", gpu_mem_utilisation=0.7)).memory_share == 0.7
+    apple = place(DeploymentSpec("llama-3.1-8b", "mlx-4bit", "m4-max-40", "mlx"))
+    assert apple.memory_share == catalog.get_chip("m4-max-40").usable_fraction
+
+
+def _sglang_share(**kw) -> float:
+    return place(_spec("sglang", **kw)).memory_share
+
+
+def test_sglangs_default_share_leaves_its_reserve():
+    """(capacity − reserve) / capacity, the reserve growing by 1.5 MiB per token of the step
+    budget, 2 MiB per sequence of the decode graphs and 128 MiB per rank (SGLang 0.5.23)."""
+    mib = H100 / MIB
+    base = _sglang_share()
+    assert 0.8 < base < 0.85  # ~13 GiB reserved on an 80 GB GPU
+    assert _sglang_share(max_batched_tokens=16384) == pytest.approx(
+        base - 1.5 * 8192 / mib, abs=1e-3)
+    assert _sglang_share(max_batch=128) == pytest.approx(base + 2 * 128 / mib, abs=1e-3)
+    two = place(_spec("sglang", tp=2)).memory_share
+    assert two == pytest.approx(base - 128 / mib, abs=1e-3)
+
+
+def test_sglang_keeps_at_least_10_gib_on_gpus_above_60_gib_only():
+    small_reserve = dict(max_batched_tokens=2048, max_batch=8)  # 3.7 GiB by the formula
+    mib = H100 / MIB
+    assert _sglang_share(**small_reserve) == pytest.approx((mib - 10240) / mib, abs=1e-3)
+    vram = catalog.get_chip("rtx-4090").tier.capacity_bytes / MIB  # 22.4 GiB: no floor
+    share = _sglang_share(chip="rtx-4090", **small_reserve)
+    assert share == pytest.approx((vram - 512 - 1.5 * 2048 - 128 - 2 * 8) / vram, abs=1e-3)
+
+
+@pytest.mark.parametrize(("engine", "chip", "tokens"), [
+    ("vllm", "rtx-4090", 2048), ("vllm", "h100-sxm", 8192), ("vllm", "b200", 16384),
+    ("sglang", "rtx-4090", 4096), ("sglang", "h100-sxm", 8192), ("sglang", "b200", 16384),
+])
+def test_step_budgets_follow_the_gpus_memory(engine, chip, tokens):
+    """vLLM 0.33.0 and SGLang 0.5.23 pick bigger chunks on bigger GPUs."""
+    capacity = catalog.get_chip(chip).tier.capacity_bytes
+    assert catalog.get_engine(engine).scheduler.for_memory(capacity)[2] == tokens
+
+
+def test_an_unplaceable_deployment_says_what_the_share_must_hold():
+    with pytest.raises(Exception, match=r"weights .* \+ KV for .* > .*0\.5 of 80\.0 GB"):
+        place(DeploymentSpec("llama-3.1-70b", "fp8", "h100-sxm", "sglang",
+                             gpu_mem_utilisation=0.5))
+    with pytest.raises(Exception, match=r"0\.9 of 80\.0 GB left free by weights"):
+        place(DeploymentSpec("llama-3.1-70b", "bf16", "h100-sxm", "tensorrt-llm"))
+
+
+def test_estimate_reports_the_share_its_kv_comes_from():
+    point = estimate(_spec("sglang"), prompt=512, output=16)
+    assert point["memory_share"] == _sglang_share() < 0.9
+    assert point["kv_tokens"] == place(_spec("sglang")).kv_tokens
+
+
+def test_every_engine_placed_on_sharded_memory_declares_its_rule():
+    """No engine falls back silently: each one `place_hbm` can receive says how it sizes KV."""
+    for engine in catalog.list_engines():
+        for chip in catalog.list_chips():
+            if chip.placement == "sharded" and chip.chip_class in engine.chip_classes \
+                    and not (engine.offload and chip.host):
+                assert engine.memory is not None, (engine.id, chip.id)
+    assert catalog.get_engine("mlx").memory is None  # unified memory: Metal's working set
