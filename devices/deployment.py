@@ -29,9 +29,11 @@ class DeploymentSpec:
     ``speculative``: speculative decoding (see ``devices.speculative``).
     ``gpu_mem_utilisation``: the engine's memory share (vLLM's ``--gpu-memory-utilization``,
     SGLang's ``--mem-fraction-static``, TensorRT-LLM's ``free_gpu_memory_fraction``; what each
-    means: ``devices.specs.MemoryRule``); None: the engine's default. ``enforce_eager``
-    (vLLM's ``--enforce-eager``): an engine that replays captured graphs launches every kernel
-    from the host instead.
+    means: ``devices.specs.MemoryRule``); None: the engine's default.
+    ``kv_cache_memory_bytes``: the KV cache per chip, whatever the share (vLLM's
+    ``--kv-cache-memory-bytes``); it must still fit beside weights and activations.
+    ``enforce_eager`` (vLLM's ``--enforce-eager``): an engine that replays captured graphs
+    launches every kernel from the host instead.
     """
 
     model: str
@@ -45,6 +47,7 @@ class DeploymentSpec:
     n_gpu_layers: int | None = None
     built_for: str | None = None
     gpu_mem_utilisation: float | None = None
+    kv_cache_memory_bytes: int | None = None
     max_context: int | None = None
     max_batch: int = 256
     max_batched_tokens: int | None = None

@@ -147,8 +147,9 @@ class MemoryRule:
     graphs live in the rest (SGLang's mem_fraction_static). ``fraction`` None: the share is
     (capacity − reserve) / capacity, the reserve in MiB being ``reserve_mib`` + ``per_token_mib``
     × the step's token budget (at least ``min_tokens``) + ``per_rank_mib`` × tp × pp +
-    ``per_seq_mib`` × the sequence cap, and at least ``floor_mib`` on chips of more than
-    ``floor_above_mib`` (SGLang's heuristic).
+    ``per_seq_mib`` × the decode graphs' batch (the sequence cap, capped by the last
+    ``graph_seqs`` tier ``(min_bytes, seqs)`` the chip reaches), and at least ``floor_mib`` on
+    chips of more than ``floor_above_mib`` (SGLang's heuristic).
     """
 
     rule: str = "total"
@@ -160,12 +161,18 @@ class MemoryRule:
     per_seq_mib: float = 0.0
     floor_mib: float = 0.0
     floor_above_mib: float = 0.0
+    graph_seqs: tuple[tuple[float, int], ...] = ()
 
     def share(self, capacity_bytes: float, step_tokens: int, seqs: int, ranks: int) -> float:
         """The engine's default share of a chip of ``capacity_bytes``."""
         if self.fraction is not None:
             return self.fraction
         mib = capacity_bytes / MIB
+        graphs = seqs
+        for min_bytes, cap in self.graph_seqs:
+            if capacity_bytes >= min_bytes:
+                graphs = cap
+        seqs = min(seqs, graphs)
         reserve = (self.reserve_mib + self.per_token_mib * max(step_tokens, self.min_tokens)
                    + self.per_rank_mib * ranks + self.per_seq_mib * seqs)
         if mib > self.floor_above_mib:

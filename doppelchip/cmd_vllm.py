@@ -94,6 +94,9 @@ def register(subparsers: Any) -> None:
     e.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float,
                    dest="gpu_memory_utilization", metavar="FRACTION",
                    help="share of each chip's memory the engine may use (default 0.92)")
+    e.add_argument("--kv-cache-memory-bytes", type=human_readable_int, metavar="BYTES",
+                   help="the KV cache per GPU, whatever --gpu-memory-utilization "
+                   "(8g: 8e9, 8G: 8 GiB)")
     e.add_argument("--max-model-len", type=human_readable_int, metavar="N",
                    help="context length: 32k, 32K, 32768, or auto (-1: the longest that fits)")
     e.add_argument("--max-num-batched-tokens", type=human_readable_int, metavar="N",
@@ -182,6 +185,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     values = {"served_model_name": None,  # given above
               "tp": args.tp, "pp": args.pp, "kv_cache_dtype": KV_DTYPES.get(kv or ""),
               "gpu_memory_utilization": args.gpu_memory_utilization,
+              "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
               "max_model_len": None if args.max_model_len == -1 else args.max_model_len,
               "max_num_batched_tokens": args.max_num_batched_tokens,
               "policy": args.scheduling_policy, "time_scale": args.time_scale,

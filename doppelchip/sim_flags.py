@@ -47,6 +47,8 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--block-size", type=int, help="KV block size in tokens (default 16)")
     g.add_argument("--num-gpu-blocks-override", type=int, dest="kv_blocks", metavar="N",
                    help="as vLLM's flag: a KV pool of N blocks, whatever fits")
+    g.add_argument("--kv-cache-memory-bytes", type=int, metavar="BYTES",
+                   help="as vLLM's flag: the KV cache per chip, whatever the memory share")
     g.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
                    help="the engine's memory share, (0, 1]: vLLM's --gpu-memory-utilization, "
                    "SGLang's --mem-fraction-static, TensorRT-LLM's free_gpu_memory_fraction "

@@ -182,6 +182,7 @@ def render() -> str:
         prov = "<br>".join(f"{name}: {f.provenance_of(name).describe()}" for name in FACTOR_NAMES)
         lines.append(f"| {engine} | {cls} | {f.bw_eff:.3f} | {f.flop_eff:.3f} | "
                      f"{f.kernel_s * 1e6:.2f} µs | {prov} |")
+    lines += memory_rules()
     lines += ["", "## Leave-one-out", "",
               f"Groups with more points than free factors: each point refitted without itself "
               f"and predicted. Threshold (checked by a test): ±{LOO_THRESHOLD:.0%}.", "",
@@ -209,6 +210,35 @@ def render() -> str:
     lines += [f"- {r.id} ({r.kind}): {_pct(r.error)}. {r.note}".rstrip() for r in misses]
     lines += ["", *WEAK_SPOTS, ""]
     return "\n".join(lines)
+
+
+RULES = {"total": "share × capacity holds weights + activations + KV",
+         "static": "share × capacity holds weights + KV; activations and graphs the rest",
+         "free": "KV = share × (capacity − weights − activations)"}
+SHARE_CHIPS = ("rtx-4090", "h100-sxm", "b200")
+
+
+def memory_rules() -> list[str]:
+    """Each engine's KV sizing rule (engines.toml `memory`), with its default share and the KV
+    pool of Llama 3.1 8B bf16 per chip: what a capacity planner compares across engines."""
+    lines = ["", "## How each engine sizes its KV cache", "",
+             "Each engine's own rule and default share (`engines.toml` `memory`, with sources; "
+             "the fleet key `gpu_memory_utilization` overrides the share). The share and KV pool "
+             "of Llama 3.1 8B bf16 with the engine's default step budget:", "",
+             "| engine | rule | " + " | ".join(SHARE_CHIPS) + " |",
+             "|---|---|" + "---|" * len(SHARE_CHIPS)]
+    for engine in ("vllm", "sglang", "tensorrt-llm"):
+        cells = []
+        for chip in SHARE_CHIPS:
+            try:
+                pl = place(DeploymentSpec("llama-3.1-8b", "bf16", chip, engine))
+                cells.append(f"{pl.memory_share:.3g}: {pl.kv_tokens:,} tokens")
+            except DeviceError:
+                cells.append("does not fit")
+        rule = place(DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", engine)).engine.memory
+        assert rule is not None
+        lines.append(f"| {engine} | {rule.rule}: {RULES[rule.rule]} | " + " | ".join(cells) + " |")
+    return lines
 
 
 WEAK_SPOTS = (

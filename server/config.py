@@ -190,7 +190,8 @@ _CHOICES = {
 # the EngineOptions fields that must be >= 1 when given (a fleet file's keys, and the
 # deployment flags of simulate, load's sim: target and serve's pod mode: sim/simulation.py)
 POSITIVE_KEYS = ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                 "max_waiting", "block_size", "kv_blocks", "max_grammar_bytes",
+                 "max_waiting", "block_size", "kv_blocks", "kv_cache_memory_bytes",
+                 "max_grammar_bytes",
                  "stream_interval", "data_parallel_size", "max_grammar_depth",
                  "max_prompt_bytes", "max_stop_strings", "max_stop_bytes",
                  "max_loras", "max_lora_rank", "max_cpu_loras",  # (LoRA: issue 13)

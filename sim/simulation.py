@@ -124,6 +124,7 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "block_size": getattr(args, "block_size", None),
         "kv_blocks": getattr(args, "kv_blocks", None),
         "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", None),
+        "kv_cache_memory_bytes": getattr(args, "kv_cache_memory_bytes", None),
         "enforce_eager": getattr(args, "enforce_eager", None),
         "policy": args.policy, "kv_layout": args.kv_layout, "batching": args.batching,
         "output_len_mean": args.output_len_mean,

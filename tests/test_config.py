@@ -84,3 +84,7 @@ def test_vllms_memory_share_and_eager_mode_are_deployment_keys():
     assert (spec.gpu_mem_utilisation, spec.enforce_eager) == (0.6, True)
     (plain,) = parse_fleet({"deployments": [DEP]}).deployments
     assert (plain.spec().gpu_mem_utilisation, plain.spec().enforce_eager) == (None, False)
+    (sized,) = parse_fleet({"deployments": [{**DEP, "kv_cache_memory_bytes": 10**9}]}).deployments
+    assert sized.spec().kv_cache_memory_bytes == 10**9
+    with pytest.raises(ConfigError, match="kv_cache_memory_bytes must be >= 1"):
+        parse_fleet({"deployments": [{**DEP, "kv_cache_memory_bytes": 0}]})

@@ -151,7 +151,9 @@ def _memory(raw: dict[str, Any] | None) -> MemoryRule | None:
         return None
     if raw.get("rule") not in ("total", "free", "static"):
         raise ValueError(f"memory rule {raw.get('rule')!r}: expected total, free or static")
-    return MemoryRule(**{"fraction": None, **raw})
+    tiers = sorted(raw.get("graph_seqs", ()), key=lambda t: float(t["min_memory"]))
+    return MemoryRule(**{"fraction": None, **raw, "graph_seqs": tuple(
+        (float(t["min_memory"]), int(t["seqs"])) for t in tiers)})
 
 
 @cache

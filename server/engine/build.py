@@ -138,6 +138,7 @@ class EngineOptions:
     kv_cache_metrics_sample: float = 0.01  # share of the blocks handed out that are followed
     # --- vLLM's --gpu-memory-utilization and --enforce-eager (docs/VLLM_SERVE.md) ---
     gpu_memory_utilization: float | None = None  # the engine's memory share (None: its default)
+    kv_cache_memory_bytes: int | None = None  # KV bytes per chip, whatever the share (vLLM's)
     enforce_eager: bool = False  # no captured graphs: the host launches every kernel
     model_path: str = ""  # what vLLM's --model named (`vllm serve REPO`): /v1/models' root
 
@@ -153,6 +154,7 @@ class EngineOptions:
             max_batched_tokens=self.max_num_batched_tokens, kv_cache_dtype=self.kv_cache_dtype,
             speculative=SpeculativeConfig.parse(self.speculative_config),
             enforce_eager=self.enforce_eager, gpu_mem_utilisation=self.gpu_memory_utilization,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
         )
 
 

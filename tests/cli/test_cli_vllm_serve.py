@@ -68,6 +68,8 @@ def test_vllms_engine_flags_map_onto_the_pod():
         ["vllm", "serve", "llama-2-7b", "--served-model-name", "a"]))
     assert out.count("--served-model-name") == 1
     assert serve_args("meta-llama/Llama-3.1-8B", "--max-model-len", "auto").max_model_len is None
+    sized = serve_args("meta-llama/Llama-3.1-8B", "--kv-cache-memory-bytes", "8G")
+    assert sized.kv_cache_memory_bytes == 8 * 2**30  # vLLM: G is binary, g decimal
 
 
 def test_weight_formats_follow_dtype_and_quantization():
@@ -132,6 +134,7 @@ def test_loading_flags_are_accepted_and_unemulated_ones_warned():
     (["meta-llama/Llama-3.1-8B", "--no-enable-chunked-prefill"], "not emulated"),
     (["meta-llama/Llama-3.1-8B", "--uds", "/tmp/s"], "TCP only"),
     (["meta-llama/Llama-3.1-8B", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
+    (["meta-llama/Llama-3.1-8B", "--kv-cache-memory-bytes", "90G"], "kv_cache_memory_bytes"),
     (["meta-llama/Llama-3.1-405B-Instruct", "--chip", "rtx-4090"], "error: "),
 ])
 def test_what_cannot_be_served_is_refused_before_it_starts(capsys, argv, says):

@@ -84,6 +84,10 @@ def test_sglang_keeps_at_least_10_gib_on_gpus_above_60_gib_only():
     vram = catalog.get_chip("rtx-4090").tier.capacity_bytes / MIB  # 22.4 GiB: no floor
     share = _sglang_share(chip="rtx-4090", **small_reserve)
     assert share == pytest.approx((vram - 512 - 1.5 * 2048 - 128 - 2 * 8) / vram, abs=1e-3)
+    # by default: its 4096-token chunks, and decode graphs up to 48 sequences on a 24 GB GPU
+    short = DeploymentSpec("llama-3.1-8b", "bf16", "rtx-4090", "sglang", max_context=2048)
+    assert place(short).memory_share == pytest.approx(
+        (vram - 512 - 1.5 * 4096 - 128 - 2 * 48) / vram, abs=1e-3)
 
 
 @pytest.mark.parametrize(("engine", "chip", "tokens"), [
@@ -118,3 +122,16 @@ def test_every_engine_placed_on_sharded_memory_declares_its_rule():
                     and not (engine.offload and chip.host):
                 assert engine.memory is not None, (engine.id, chip.id)
     assert catalog.get_engine("mlx").memory is None  # unified memory: Metal's working set
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tensorrt-llm"])
+def test_kv_cache_memory_bytes_sizes_the_pool_whatever_the_share(engine):
+    """vLLM's --kv-cache-memory-bytes: that many bytes of KV on each chip, the share ignored."""
+    size = 8 * 10**9
+    for share in (0.5, 0.9):
+        one = place(_spec(engine, kv_cache_memory_bytes=size, gpu_mem_utilisation=share))
+        assert one.kv_tokens == size // PER_TOKEN
+    two = place(_spec(engine, tp=2, kv_cache_memory_bytes=size))  # each chip: half the heads
+    assert two.kv_tokens == size // (PER_TOKEN // 2)
+    with pytest.raises(Exception, match=r"kv_cache_memory_bytes 70\.0 GB per chip > the 80\.0"):
+        place(_spec(engine, kv_cache_memory_bytes=70 * 10**9))
