@@ -85,7 +85,8 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
                    '\'{"enable_kv_cache_events": true, "publisher": "zmq", '
                    '"replay_endpoint": "tcp://*:5558"}\' (ZeroMQ on 127.0.0.1:5557 by '
                    "default; docs/KV_EVENTS.md)")
-    g.add_argument("--prefix-caching-hash-algo", choices=["sha256", "sha256_cbor"],
+    g.add_argument("--prefix-caching-hash-algo",
+                   choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"],
                    help="vLLM's block hash of the prefix cache and its KV events "
                    "(default sha256)")
     # --- LoRA (issue 13): vLLM's flags (docs/LORA.md) ---

@@ -4,22 +4,22 @@ Why this exists: a KV-cache-aware router (llm-d's KV-cache indexer) does not tru
 hashes blindly; it recomputes them from the token ids of a request and looks them up in what
 the engine announced. The engine's hashes must therefore be vLLM's, bit for bit
 (vLLM 0.33.0: `vllm/v1/core/kv_cache_utils.py` `hash_block_tokens`, `init_none_hash`,
-`maybe_convert_block_hash`; `vllm/utils/hashing.py` `sha256`, `sha256_cbor`):
+`maybe_convert_block_hash`, `resolve_none_hash_seed`; `vllm/utils/hashing.py`):
 
 - ``hash_fn`` by ``--prefix-caching-hash-algo``: ``sha256`` (the default) is SHA-256 of
   ``pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)``; ``sha256_cbor`` is SHA-256 of
   ``cbor2.dumps(obj, canonical=True)`` (reproducible outside Python). A hash is 32 bytes.
+  ``xxhash`` and ``xxhash_cbor`` are XXH3-128 of the same serialisations (16 bytes; faster,
+  not collision resistant), and need the ``xxhash`` package, which vLLM keeps optional too.
 - the root: ``NONE_HASH = hash_fn(seed)`` with seed ``$PYTHONHASHSEED`` when set, else the fixed
-  string ``"vllm-none-hash"`` (the engine process reads its environment once, at build).
+  string ``"vllm-none-hash"`` — for the xxhash pair 32 random bytes per process instead, as
+  vLLM draws them (the engine process reads its environment once, at build).
 - block i of a sequence (full blocks only): ``h_i = hash_fn((parent, tuple(tokens of block i),
   extra_keys))``, parent ``NONE_HASH`` for i = 0, else ``h_{i-1}``; ``extra_keys`` is
   ``(lora_name,)`` for a LoRA adapter's request (every block: vLLM's
   ``_gen_lora_extra_hash_keys``), else ``None`` (no multimodal input or cache salt here).
 - on the wire (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, default 1): the low 64 bits,
   ``int.from_bytes(h, "big") & (2**64 - 1)``, an unsigned integer; with ``0``, the 32 bytes.
-
-vLLM's ``xxhash``/``xxhash_cbor`` algorithms seed NONE_HASH randomly per process unless
-PYTHONHASHSEED is set and need the xxhash package; they are refused here with a clear error.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
-ALGORITHMS = ("sha256", "sha256_cbor")
+ALGORITHMS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+NON_CRYPTO = ("xxhash", "xxhash_cbor")  # vLLM's _NON_CRYPTO_HASH_FUNCTIONS: random root
 DEFAULT_SEED = "vllm-none-hash"
 _U64 = (1 << 64) - 1
 
@@ -45,13 +46,31 @@ def _sha256_cbor(obj: Any) -> bytes:
     return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
 
 
+def _xxh3_128() -> Callable[[bytes], bytes]:
+    try:
+        import xxhash
+    except ImportError:
+        raise ValueError("xxhash is required for the 'xxhash' prefix caching hash algorithms. "
+                         "Install it via `pip install xxhash`.") from None  # vLLM's words
+    return xxhash.xxh3_128_digest
+
+
 def hash_function(algo: str) -> Callable[[Any], bytes]:
+    """The hash of ``--prefix-caching-hash-algo``; ValueError names a wrong one, or the
+    missing xxhash package."""
     if algo == "sha256":
         return _sha256
     if algo == "sha256_cbor":
         return _sha256_cbor
+    if algo in NON_CRYPTO:
+        digest = _xxh3_128()
+        if algo == "xxhash":
+            return lambda obj: digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        import cbor2
+
+        return lambda obj: digest(cbor2.dumps(obj, canonical=True))
     raise ValueError(f"prefix_caching_hash_algo must be one of {', '.join(ALGORITHMS)} "
-                     f"(got {algo!r}; vLLM's xxhash variants are not emulated)")
+                     f"(got {algo!r})")
 
 
 class BlockHasher:
@@ -70,7 +89,9 @@ class BlockHasher:
 
     @classmethod
     def from_env(cls, algo: str) -> BlockHasher:
-        seed = os.environ.get("PYTHONHASHSEED", DEFAULT_SEED)
+        seed = os.environ.get("PYTHONHASHSEED")
+        if seed is None:  # vLLM: a fixed root for SHA-256, a secret one for xxhash
+            seed = os.urandom(32).hex() if algo in NON_CRYPTO else DEFAULT_SEED
         int_hashes = os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") != "0"
         return cls(algo, seed, int_hashes)
 

@@ -135,3 +135,17 @@ def test_an_adapters_blocks_hash_with_its_name_as_vllms() -> None:
     assert {(e.lora_id, e.lora_name) for e in stored} == {(None, None)}
     assert set(lora["block_hashes_int"]).isdisjoint(base["block_hashes_int"])
     sched.check_integrity()
+
+
+def test_the_root_is_fixed_for_sha256_and_secret_per_process_for_xxhash(monkeypatch) -> None:
+    """vLLM's resolve_none_hash_seed: without PYTHONHASHSEED, SHA-256 roots at the fixed seed
+    (pods share hashes), the non-cryptographic xxhash pair at random bytes per process."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    assert BlockHasher.from_env("sha256").none_hash.hex() == \
+        case("sha256/vllm-none-hash", "one_full_block_0_15")["none_hash_hex"]
+    for algo in ("xxhash", "xxhash_cbor"):
+        assert BlockHasher.from_env(algo).none_hash != BlockHasher.from_env(algo).none_hash
+    monkeypatch.setenv("PYTHONHASHSEED", "42")
+    for algo in ("xxhash", "xxhash_cbor"):
+        assert BlockHasher.from_env(algo).none_hash.hex() == \
+            case(f"{algo}/42", "one_full_block_0_15")["none_hash_hex"]

@@ -235,3 +235,25 @@ async def test_subscribe_kv_events_is_unimplemented_without_events() -> None:
         assert e.value.code() is grpc.StatusCode.UNIMPLEMENTED
         assert "--kv-events-config" in e.value.details()
         assert httpx.get(f"{s.http_url}/kv_event_sources").json() == {}
+
+
+@pytest.mark.parametrize("algo", ["xxhash", "xxhash_cbor"])
+def test_an_xxhash_pod_names_blocks_as_vllm_with_the_same_pythonhashseed(algo: str) -> None:
+    """--prefix-caching-hash-algo xxhash(_cbor): XXH3-128 block hashes, rooted in
+    PYTHONHASHSEED as vLLM's (without it vLLM's root is random per process)."""
+    want = {c["name"]: c for c in json.loads(
+        (Path(__file__).parent.parent / "fixtures" / "vllm_kv_hashes.json").read_text()
+    )["hashes"][f"{algo}/42"]}["prompt_a_3_blocks_plus_5"]["block_hashes_int"]
+    doc = {"server": {"time_scale": 0.05},
+           "deployments": [{"name": "kv", "model": "llama-3.1-8b", "quant": "bf16",
+                            "chip": "h100-sxm", "engine": "vllm", "max_model_len": 256,
+                            "kv_events_config": EVENTS_CONFIG,
+                            "prefix_caching_hash_algo": algo}]}
+    with ServerProcess(doc, env={"PYTHONHASHSEED": "42"}) as pod:
+        sub = Subscriber(httpx.get(f"{pod.http_url}/kv_event_sources").json()["0"]["endpoint"])
+        while True:  # live once a reset's batch arrives (a PUB drops what comes before)
+            httpx.post(f"{pod.http_url}/reset_prefix_cache")
+            if sub.sock.poll(200):
+                break
+        complete(pod, A["token_ids"])
+        assert stored(sub.events_until(lambda got: len(stored(got)) >= 3)) == want
