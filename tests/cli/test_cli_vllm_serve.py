@@ -11,9 +11,12 @@ import json
 
 import pytest
 
+from devices import place
 from doppelchip import exit_codes
 from doppelchip.cli import build_parser, main
+from doppelchip.cmd_serve import pod_fleet
 from doppelchip.cmd_vllm import human_readable_int, translate
+from server.config import load_fleet
 
 
 def serve_args(*argv: str) -> argparse.Namespace:
@@ -70,6 +73,8 @@ def test_vllms_engine_flags_map_onto_the_pod():
     assert serve_args("meta-llama/Llama-3.1-8B", "--max-model-len", "auto").max_model_len is None
     sized = serve_args("meta-llama/Llama-3.1-8B", "--kv-cache-memory-bytes", "8G")
     assert sized.kv_cache_memory_bytes == 8 * 2**30  # vLLM: G is binary, g decimal
+    (pod,) = pod_fleet(sized, load_fleet(None)).deployments
+    assert place(pod.spec()).kv_tokens == 8 * 2**30 // (2 * 32 * 8 * 128 * 2)  # 8B bf16
 
 
 def test_weight_formats_follow_dtype_and_quantization():
