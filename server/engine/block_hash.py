@@ -19,7 +19,7 @@ the engine announced. The engine's hashes must therefore be vLLM's, bit for bit
   ``(lora_name,)`` for a LoRA adapter's request (every block: vLLM's
   ``_gen_lora_extra_hash_keys``), else ``None`` (no multimodal input or cache salt here).
 - on the wire (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, default 1): the low 64 bits,
-  ``int.from_bytes(h, "big") & (2**64 - 1)``, an unsigned integer; with ``0``, the 32 bytes.
+  ``int.from_bytes(h, "big") & (2**64 - 1)``, an unsigned integer; with ``0``, the raw bytes.
 """
 
 from __future__ import annotations

@@ -111,6 +111,12 @@ def test_fleet_deployments_sharing_an_endpoint_get_consecutive_ports() -> None:
         parse_fleet({"deployments": [{**dep("a", ON), "prefix_caching_hash_algo": "md5"}]})
 
 
+def test_xxhash_without_its_package_is_refused_with_vllms_words(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "xxhash", None)  # `import xxhash` raises ImportError
+    with pytest.raises(ConfigError, match=r"Install it via `pip install xxhash`"):
+        parse_fleet({"deployments": [{**dep("a", ON), "prefix_caching_hash_algo": "xxhash"}]})
+
+
 @pytest.mark.parametrize(("host", "exposed"), [("127.0.0.1", False), ("localhost", False),
                                                ("0.0.0.0", True)])
 def test_an_engine_is_told_whether_its_server_is_exposed(host: str, exposed: bool) -> None:
