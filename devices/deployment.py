@@ -32,6 +32,8 @@ class DeploymentSpec:
     means: ``devices.specs.MemoryRule``); None: the engine's default.
     ``kv_cache_memory_bytes``: the KV cache per chip, whatever the share (vLLM's
     ``--kv-cache-memory-bytes``); it must still fit beside weights and activations.
+    ``cpu_offload_bytes``: weights per chip kept in pinned host memory and read over the host
+    link in every forward pass (vLLM's and SGLang's ``--cpu-offload-gb``).
     ``enforce_eager`` (vLLM's ``--enforce-eager``): an engine that replays captured graphs
     launches every kernel from the host instead.
     """
@@ -48,6 +50,7 @@ class DeploymentSpec:
     built_for: str | None = None
     gpu_mem_utilisation: float | None = None
     kv_cache_memory_bytes: int | None = None
+    cpu_offload_bytes: int = 0
     max_context: int | None = None
     max_batch: int = 256
     max_batched_tokens: int | None = None

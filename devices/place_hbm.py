@@ -72,6 +72,18 @@ def place_hbm(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: Ch
     else:
         worst_w = per_chip_weights(model, quant, par, layers, max(model.embed_params, head))
     worst_w += draft_w
+    host_share = offload = 0.0  # of the layers' weights (bytes per chip) in pinned host memory
+    if spec.cpu_offload_bytes:
+        if unified or not engine.uva_offload:
+            raise PlacementError(f"{engine.name} does not keep weights in host memory "
+                                 "(cpu_offload_gb is vLLM's and SGLang's)")
+        # vLLM offloads decoder layers' parameters in order until the budget is met (not the
+        # embedding, which is looked up, not read): ASSUMPTION spread evenly over the layers —
+        # every layer runs every step, so the bytes read over the link are the same
+        read_w = per_chip_weights(model, quant, par, layers, model.head_params)
+        offload = min(float(spec.cpu_offload_bytes), read_w)
+        host_share = offload / read_w
+        worst_w -= offload
     kvb = kv_element_bytes(spec, quant)
     kv_per_chip = model.kv_bytes_per_context_token(need, kvb) / pp
     kv_per_chip /= min(tp, model.kv_shards)
@@ -113,9 +125,13 @@ def place_hbm(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: Ch
 
     def seg(n_layers: float, head_share: float, extra_w: float = 0.0) -> Segment:
         w = per_chip_weights(model, quant, par, n_layers, head_share * model.head_params)
+        w += extra_w
+        reads = ((tier.name, w * (1 - host_share), rate_bw),)
+        if host_share:  # zero-copy over the host link (ASSUMPTION: at its full rate)
+            reads += (("host_dram", w * host_share, chip.host_link_bw_bps),)
         return make_segment(
             model=model, quant=quant, engine=engine, chip=chip, f=f, layers=n_layers,
-            head_share=head_share, weight_reads=((tier.name, w + extra_w, rate_bw),),
+            head_share=head_share, weight_reads=reads,
             kv_tier=tier.name, kv_bw=rate_bw, kv_bytes=kvb, par=par,
         )
 
@@ -142,11 +158,18 @@ def place_hbm(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: Ch
         n_hops=pp - 1, draft=draft, **common,  # type: ignore[arg-type]
     )
     resident = resident_bytes(model, quant)
+    held = ((tier.name, resident - offload * n),)
+    notes: tuple[str, ...] = ()
+    if offload:
+        held += (("host_dram", offload * n),)
+        notes = (f"{gb(offload)} of weights per chip ({host_share:.0%} of the layers') in host "
+                 f"memory, read over the {gb(chip.host_link_bw_bps)}/s host link every step "
+                 "(cpu_offload_gb)",)
     load_bw = chip.host_link_bw_bps or 7e9  # ASSUMPTION: Apple loads from an NVMe-class SSD
     return Placement(
         spec=spec, model=model, quant=quant, chip=chip, engine=engine, chips=n, tp=tp, pp=pp,
         dp=par.dp, ep=par.ep, kv_bytes=kvb, memory_share=share,
-        n_gpu_layers=None, weight_bytes=((tier.name, resident),), kv_tokens=per_replica * par.dp,
+        n_gpu_layers=None, weight_bytes=held, kv_tokens=per_replica * par.dp, notes=notes,
         max_context=min(spec.max_context or model.max_context, per_replica),
         factors=((chip.chip_class, f),), load_seconds=resident / n / load_bw, plan=plan,
     )

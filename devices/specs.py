@@ -226,6 +226,7 @@ class EngineSpec:
     speculative_methods: tuple[str, ...] = ()  # vLLM speculative_config methods it runs
     expert_parallel: bool = False  # can shard MoE experts over ranks (ep > 1)
     tp_divides_heads: bool = False  # TP shards attention heads: tp must divide their number
+    uva_offload: bool = False  # --cpu-offload-gb: weights in pinned host memory, read every step
     memory: MemoryRule | None = None  # how it sizes its KV cache on sharded device memory
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 

@@ -47,6 +47,9 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--block-size", type=int, help="KV block size in tokens (default 16)")
     g.add_argument("--num-gpu-blocks-override", type=int, dest="kv_blocks", metavar="N",
                    help="as vLLM's flag: a KV pool of N blocks, whatever fits")
+    g.add_argument("--cpu-offload-gb", type=float, metavar="GIB",
+                   help="as vLLM's and SGLang's flag: GiB of weights per chip kept in host "
+                   "memory and read over the host link every step")
     g.add_argument("--kv-cache-memory-bytes", type=int, metavar="BYTES",
                    help="as vLLM's flag: the KV cache per chip, whatever the memory share")
     g.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",

@@ -21,6 +21,7 @@ PASSTHROUGH: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--max-num-seqs",), {"type": int}),
     (("--block-size",), {"type": int}),
     (("--num-gpu-blocks-override",), {"type": int}),
+    (("--cpu-offload-gb",), {"type": float}),
     (("--kv-cache-dtype",), {}),
     (("--speculative-config", "-sc"), {}),
     (("--kv-events-config",), {}),
@@ -73,7 +74,7 @@ ACCEPTED_SWITCHES: tuple[tuple[str, ...], ...] = (
 # a manifest starts, and named in a warning at start-up
 UNMODELLED_FLAGS: tuple[tuple[str, ...], ...] = (
     ("--compilation-config", "-cc"), ("--attention-backend",), ("--max-cudagraph-capture-size",),
-    ("--cpu-offload-gb",), ("--kv-offloading-size",), ("--limit-mm-per-prompt",),
+    ("--kv-offloading-size",), ("--limit-mm-per-prompt",),
     ("--chat-template",), ("--generation-config",), ("--reasoning-parser",),
     ("--otlp-traces-endpoint",),
 )

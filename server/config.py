@@ -198,6 +198,8 @@ POSITIVE_KEYS = ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_
                  "replicas")  # (virtual-time clusters: issue 16)
 # ... and those that must be in (0, 1] when given (vLLM: Field(gt=0, le=1))
 FRACTION_KEYS = ("gpu_memory_utilization", "kv_cache_metrics_sample")
+# ... and those that must be >= 0 (vLLM: Field(ge=0))
+NON_NEGATIVE_KEYS = ("cpu_offload_gb",)
 
 
 def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
@@ -211,6 +213,10 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
         v = table.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and not 0 < v <= 1:
             raise ConfigError(f"{where}: {key} must be in (0, 1], got {v}")
+    for key in NON_NEGATIVE_KEYS:
+        v = table.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+            raise ConfigError(f"{where}: {key} must be >= 0, got {v}")
     # --- KV events (issue 13) ---
     if "kv_events_port_offset" in table:
         raise ConfigError(f"{where}: kv_events_port_offset is set by the server, not the file")

@@ -10,7 +10,13 @@ from typing import Any
 
 from clients.report import RequestResult, SummaryStream, parse_slo
 from clients.workloads import WorkloadSpec, stream_workload
-from server.config import FRACTION_KEYS, POSITIVE_KEYS, ConfigError, load_fleet
+from server.config import (
+    FRACTION_KEYS,
+    NON_NEGATIVE_KEYS,
+    POSITIVE_KEYS,
+    ConfigError,
+    load_fleet,
+)
 from server.engine.build import EngineOptions, build_core
 from server.engine.faults import check_options as check_fault_options
 from server.engine.tokenizer import get_tokenizer
@@ -125,6 +131,7 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "kv_blocks": getattr(args, "kv_blocks", None),
         "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", None),
         "kv_cache_memory_bytes": getattr(args, "kv_cache_memory_bytes", None),
+        "cpu_offload_gb": getattr(args, "cpu_offload_gb", None),
         "enforce_eager": getattr(args, "enforce_eager", None),
         "policy": args.policy, "kv_layout": args.kv_layout, "batching": args.batching,
         "output_len_mean": args.output_len_mean,
@@ -158,6 +165,10 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
     for key in FRACTION_KEYS:
         if overrides.get(key) is not None and not 0 < overrides[key] <= 1:
             raise SimulationError(f"--{key.replace('_', '-')} must be in (0, 1], got "
+                                  f"{overrides[key]}")
+    for key in NON_NEGATIVE_KEYS:
+        if overrides.get(key) is not None and overrides[key] < 0:
+            raise SimulationError(f"--{key.replace('_', '-')} must be >= 0, got "
                                   f"{overrides[key]}")
     # --- failure injection (issue 13) ---
     for key in FAULT_KEYS:

@@ -88,3 +88,7 @@ def test_vllms_memory_share_and_eager_mode_are_deployment_keys():
     assert sized.spec().kv_cache_memory_bytes == 10**9
     with pytest.raises(ConfigError, match="kv_cache_memory_bytes must be >= 1"):
         parse_fleet({"deployments": [{**DEP, "kv_cache_memory_bytes": 0}]})
+    (off,) = parse_fleet({"deployments": [{**DEP, "cpu_offload_gb": 1.5}]}).deployments
+    assert off.spec().cpu_offload_bytes == 3 * 2**29  # GiB, as vLLM
+    with pytest.raises(ConfigError, match="cpu_offload_gb must be >= 0"):
+        parse_fleet({"deployments": [{**DEP, "cpu_offload_gb": -1}]})

@@ -178,6 +178,7 @@ def _engines() -> dict[str, EngineSpec]:
             speculative_methods=tuple(raw.get("speculative_methods", ())),
             expert_parallel=bool(raw.get("expert_parallel", False)),
             tp_divides_heads=bool(raw.get("tp_divides_heads", False)),
+            uva_offload=bool(raw.get("uva_offload", False)),
             memory=_memory(raw.get("memory")),
             jump_forward=bool(raw["jump_forward"]),
             deterministic=bool(raw["deterministic"]),

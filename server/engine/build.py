@@ -139,6 +139,7 @@ class EngineOptions:
     # --- vLLM's --gpu-memory-utilization and --enforce-eager (docs/VLLM_SERVE.md) ---
     gpu_memory_utilization: float | None = None  # the engine's memory share (None: its default)
     kv_cache_memory_bytes: int | None = None  # KV bytes per chip, whatever the share (vLLM's)
+    cpu_offload_gb: float = 0.0  # GiB of weights per chip read from host memory (vLLM's)
     enforce_eager: bool = False  # no captured graphs: the host launches every kernel
     model_path: str = ""  # what vLLM's --model named (`vllm serve REPO`): /v1/models' root
 
@@ -155,6 +156,7 @@ class EngineOptions:
             speculative=SpeculativeConfig.parse(self.speculative_config),
             enforce_eager=self.enforce_eager, gpu_mem_utilisation=self.gpu_memory_utilization,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            cpu_offload_bytes=int(self.cpu_offload_gb * 2**30),
         )
 
 

@@ -75,6 +75,10 @@ def test_vllms_engine_flags_map_onto_the_pod():
     assert sized.kv_cache_memory_bytes == 8 * 2**30  # vLLM: G is binary, g decimal
     (pod,) = pod_fleet(sized, load_fleet(None)).deployments
     assert place(pod.spec()).kv_tokens == 8 * 2**30 // (2 * 32 * 8 * 128 * 2)  # 8B bf16
+    offload = ("meta-llama/Llama-3.1-70B-Instruct", "--cpu-offload-gb", "80")  # 141 GB of bf16
+    (pod,) = pod_fleet(serve_args(*offload), load_fleet(None)).deployments
+    assert dict(place(pod.spec()).weight_bytes)["host_dram"] == 80 * 2**30  # on one H100
+    assert warnings(*offload) == []  # emulated, no longer "accepted but not emulated"
 
 
 def test_weight_formats_follow_dtype_and_quantization():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from devices import DeploymentSpec, catalog, estimate, place
+from devices import BatchShape, DeploymentSpec, catalog, estimate, place, step_cost
 from devices.specs import MIB
 
 H100 = catalog.get_chip("h100-sxm").tier.capacity_bytes
@@ -135,3 +135,29 @@ def test_kv_cache_memory_bytes_sizes_the_pool_whatever_the_share(engine):
     assert two.kv_tokens == size // (PER_TOKEN // 2)
     with pytest.raises(Exception, match=r"kv_cache_memory_bytes 70\.0 GB per chip > the 80\.0"):
         place(_spec(engine, kv_cache_memory_bytes=70 * 10**9))
+
+
+def test_cpu_offload_keeps_weights_in_host_memory_and_reads_them_every_step():
+    """vLLM's --cpu-offload-gb (UVA): the GPU holds that much less weight (its KV pool gains
+    it), and every forward pass reads those bytes over the host link instead of VRAM."""
+    off = 10 * 2**30
+    plain = place(_spec("vllm", "rtx-4090"))
+    offloaded = place(_spec("vllm", "rtx-4090", cpu_offload_bytes=off))
+    assert dict(offloaded.weight_bytes)["host_dram"] == pytest.approx(off)
+    assert (offloaded.kv_tokens - plain.kv_tokens) * PER_TOKEN == pytest.approx(off,
+                                                                                abs=PER_TOKEN)
+    chip = offloaded.chip
+    bw_eff = dict(plain.factors)[chip.chip_class].bw_eff
+    one = BatchShape(decode=(512,))  # batch 1: a memory-bound step
+    slower = step_cost(offloaded, one).seconds - step_cost(plain, one).seconds
+    assert slower == pytest.approx(off / chip.host_link_bw_bps
+                                   - off / (chip.tier.bandwidth_bps * bw_eff), rel=1e-6)
+
+
+def test_cpu_offload_fits_a_model_the_gpu_cannot_hold_and_only_where_the_engine_offers_it():
+    big = dict(model="llama-3.1-70b", quant="bf16", chip="h100-sxm")
+    with pytest.raises(Exception, match="does not fit"):
+        place(DeploymentSpec(**big, engine="vllm"))
+    assert place(DeploymentSpec(**big, engine="sglang", cpu_offload_bytes=80 * 2**30)).chips == 1
+    with pytest.raises(Exception, match="does not keep weights in host memory"):
+        place(DeploymentSpec(**big, engine="tensorrt-llm", cpu_offload_bytes=80 * 2**30))
