@@ -95,14 +95,29 @@ def test_gateway_command_serves_and_stops_cleanly(tmp_path):
 
 
 @pytest.mark.skipif(SMG is None, reason="smg is not installed (make install-dev)")
+def held_port(avoid: set[int]) -> socket.socket:
+    """A socket listening on p (replica 0's gRPC port, held by someone else) with p + 1
+    (replica 1's) free and neither in `avoid` (the other ports the command is given): only
+    replica 0 can fail, so the report must be its own."""
+    for _ in range(50):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        p = s.getsockname()[1]
+        with socket.socket() as probe:
+            if not {p, p + 1} & avoid and probe.connect_ex(("127.0.0.1", p + 1)) != 0:
+                return s
+        s.close()
+    raise RuntimeError("no held port with a free successor")
+
+
 def test_a_replica_that_cannot_start_is_reported_with_its_own_error():
-    with socket.socket() as taken:  # replica 0's gRPC port, held by someone else
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
+    http, gateway, prometheus = free_pair(), free_port(), free_port()
+    with held_port({http, http + 1, gateway, prometheus}) as taken:
         port = taken.getsockname()[1]
         cmd = [sys.executable, "-m", "doppelchip.cli", "gateway", "--replicas", "2",
-               "--port", str(port), "--http-port", str(free_pair()),
-               "--gateway-port", str(free_port()), "--prometheus-port", str(free_port()),
+               "--port", str(port), "--http-port", str(http),
+               "--gateway-port", str(gateway), "--prometheus-port", str(prometheus),
                "--ready-timeout", "60"]
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=90,
                              stdin=subprocess.DEVNULL)
