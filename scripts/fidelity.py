@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from devices import DeploymentSpec, estimate, fitted_factors, place  # noqa: E402
+from devices import DeploymentSpec, catalog, estimate, fitted_factors, place  # noqa: E402
 from devices.calibration import POINTS  # noqa: E402
 from devices.errors import DeviceError  # noqa: E402
 from devices.factors import FACTOR_NAMES  # noqa: E402
@@ -235,7 +235,7 @@ def memory_rules() -> list[str]:
                 cells.append(f"{pl.memory_share:.3g}: {pl.kv_tokens:,} tokens")
             except DeviceError:
                 cells.append("does not fit")
-        rule = place(DeploymentSpec("llama-3.1-8b", "bf16", "h100-sxm", engine)).engine.memory
+        rule = catalog.get_engine(engine).memory
         assert rule is not None
         lines.append(f"| {engine} | {rule.rule}: {RULES[rule.rule]} | " + " | ".join(cells) + " |")
     return lines

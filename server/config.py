@@ -202,21 +202,28 @@ FRACTION_KEYS = ("gpu_memory_utilization", "kv_cache_metrics_sample")
 NON_NEGATIVE_KEYS = ("cpu_offload_gb",)
 
 
+def range_problem(values: dict[str, Any]) -> tuple[str, str] | None:
+    """The first EngineOptions field of `values` out of its range (the tables above), as
+    (key, "must be … got …"); one check for a fleet file's keys and the deployment flags. A
+    value of the wrong type is left to _build."""
+    for key, v in values.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        if key in POSITIVE_KEYS and isinstance(v, int) and v < 1:
+            return key, f"must be >= 1, got {v}"
+        if key in FRACTION_KEYS and not 0 < v <= 1:
+            return key, f"must be in (0, 1], got {v}"
+        if key in NON_NEGATIVE_KEYS and v < 0:
+            return key, f"must be >= 0, got {v}"
+    return None
+
+
 def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     for key, choices in _CHOICES.items():
         if key in table and table[key] not in choices:
             raise ConfigError(f"{where}: {key} must be one of {', '.join(choices)}")
-    for key in POSITIVE_KEYS:
-        if key in table and isinstance(table[key], int) and table[key] < 1:
-            raise ConfigError(f"{where}: {key} must be >= 1, got {table[key]}")
-    for key in FRACTION_KEYS:  # a wrong type is _build's error
-        v = table.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and not 0 < v <= 1:
-            raise ConfigError(f"{where}: {key} must be in (0, 1], got {v}")
-    for key in NON_NEGATIVE_KEYS:
-        v = table.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
-            raise ConfigError(f"{where}: {key} must be >= 0, got {v}")
+    if bad := range_problem(table):
+        raise ConfigError(f"{where}: {bad[0]} {bad[1]}")
     # --- KV events (issue 13) ---
     if "kv_events_port_offset" in table:
         raise ConfigError(f"{where}: kv_events_port_offset is set by the server, not the file")

@@ -10,13 +10,7 @@ from typing import Any
 
 from clients.report import RequestResult, SummaryStream, parse_slo
 from clients.workloads import WorkloadSpec, stream_workload
-from server.config import (
-    FRACTION_KEYS,
-    NON_NEGATIVE_KEYS,
-    POSITIVE_KEYS,
-    ConfigError,
-    load_fleet,
-)
+from server.config import ConfigError, load_fleet, range_problem
 from server.engine.build import EngineOptions, build_core
 from server.engine.faults import check_options as check_fault_options
 from server.engine.tokenizer import get_tokenizer
@@ -158,18 +152,8 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         **{k: getattr(args, k, None) for k in REQUEST_LIMITS},
         # ---- end request limits ----
     }
-    for key in POSITIVE_KEYS:  # what a fleet file refuses below 1 (request limits too)
-        if overrides.get(key) is not None and overrides[key] < 1:
-            raise SimulationError(f"--{key.replace('_', '-')} must be >= 1, got "
-                                  f"{overrides[key]}")
-    for key in FRACTION_KEYS:
-        if overrides.get(key) is not None and not 0 < overrides[key] <= 1:
-            raise SimulationError(f"--{key.replace('_', '-')} must be in (0, 1], got "
-                                  f"{overrides[key]}")
-    for key in NON_NEGATIVE_KEYS:
-        if overrides.get(key) is not None and overrides[key] < 0:
-            raise SimulationError(f"--{key.replace('_', '-')} must be >= 0, got "
-                                  f"{overrides[key]}")
+    if bad := range_problem(overrides):  # what a fleet file refuses too
+        raise SimulationError(f"--{bad[0].replace('_', '-')} {bad[1]}")
     # --- failure injection (issue 13) ---
     for key in FAULT_KEYS:
         value = getattr(args, key, None)

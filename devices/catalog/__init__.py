@@ -134,8 +134,14 @@ def _chips() -> dict[str, ChipSpec]:
     return out
 
 
+def _ascending(tiers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tiers by GPU memory (``min_memory`` in bytes), smallest first: the last one a chip
+    reaches applies."""
+    return sorted(tiers, key=lambda t: float(t["min_memory"]))
+
+
 def _scheduler(raw: dict[str, Any]) -> SchedulerDefaults:
-    tiers = sorted(raw.get("by_memory", ()), key=lambda t: float(t["min_memory"]))
+    tiers = _ascending(raw.get("by_memory", []))
     return SchedulerDefaults(
         policy=raw["policy"], max_num_seqs=raw.get("max_num_seqs"),
         max_num_batched_tokens=raw.get("max_num_batched_tokens"),
@@ -151,7 +157,7 @@ def _memory(raw: dict[str, Any] | None) -> MemoryRule | None:
         return None
     if raw.get("rule") not in ("total", "free", "static"):
         raise ValueError(f"memory rule {raw.get('rule')!r}: expected total, free or static")
-    tiers = sorted(raw.get("graph_seqs", ()), key=lambda t: float(t["min_memory"]))
+    tiers = _ascending(raw.get("graph_seqs", []))
     return MemoryRule(**{"fraction": None, **raw, "graph_seqs": tuple(
         (float(t["min_memory"]), int(t["seqs"])) for t in tiers)})
 
