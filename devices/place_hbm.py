@@ -93,20 +93,20 @@ def place_hbm(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: Ch
     share = (chip.usable_fraction if unified else spec.gpu_mem_utilisation
              or rule.share(tier.capacity_bytes, budget, spec.max_batch, tp * pp))
     cap = tier.capacity_bytes * share
+    total = gb(tier.capacity_bytes) + (" reported" if tier.nominal_bytes else "")
     if spec.kv_cache_memory_bytes and not unified:  # vLLM: the KV size given, share ignored
         kv_free = float(spec.kv_cache_memory_bytes)
         if worst_w + act + kv_free > tier.capacity_bytes:
             raise PlacementError(
                 f"{model.name} {quant.id}: weights {gb(worst_w)} + activations {gb(act)} + "
-                f"kv_cache_memory_bytes {gb(kv_free)} per chip > the {gb(tier.capacity_bytes)} "
-                f"of {chip.id}")
+                f"kv_cache_memory_bytes {gb(kv_free)} per chip > the {total} of {chip.id}")
     else:
         kv_free = rule.kv_bytes(tier.capacity_bytes, share, worst_w, act)
     per_replica = int(kv_free // kv_per_chip) if kv_free > 0 else 0
     if per_replica < need:
         where = "unified memory" if unified else f"{tier.name.upper()} of {par.chips} × {chip.id}"
         kv = f"KV for {need} tokens {gb(need * kv_per_chip)}"
-        of = f"{share:.3g} of {gb(tier.capacity_bytes)}"
+        of = f"{share:.3g} of {total}"
         if rule.rule == "free":
             what = (f"{kv} per chip > {of} left free by weights {gb(worst_w)} + activations "
                     f"{gb(act)}")

@@ -18,11 +18,24 @@ MIB = 2**20
 
 @dataclass(frozen=True)
 class Tier:
-    """One memory tier of a chip: name ('hbm', 'vram', 'unified', 'sram', 'host_dram', 'ssd')."""
+    """One memory tier of a chip: name ('hbm', 'vram', 'unified', 'sram', 'host_dram', 'ssd').
+
+    ``capacity_bytes`` is what software sees: for device memory (HBM, VRAM) the total the
+    driver reports (nvidia-smi / NVML, rocm-smi, Google's per-chip GiB), which is what an
+    engine takes its memory share of; ``nominal_bytes`` is the vendor's marketing figure ("80
+    GB"), shown beside it. They differ because vendors count HBM stacks in binary gigabytes
+    and write them decimal: an H100 "80 GB" reports 81,559 MiB (85.5 GB). Tiers without a
+    reported figure (SRAM, host DRAM, SSD, unified memory) have the two equal."""
 
     name: str
     capacity_bytes: float
     bandwidth_bps: float  # peak bytes per second
+    nominal_bytes: float = 0.0  # the vendor's figure (0: as capacity_bytes)
+
+    @property
+    def nominal(self) -> float:
+        """The vendor's figure for this tier."""
+        return self.nominal_bytes or self.capacity_bytes
 
 
 # A compute key the chip lacks falls back along this chain (then to the 16-bit rate): FP4

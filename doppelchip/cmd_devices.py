@@ -69,6 +69,15 @@ def register(subparsers: Any) -> None:
     e.set_defaults(func=cmd_estimate)
 
 
+def _capacity(tier: dict[str, Any]) -> str:
+    """The vendor's figure, and beside it the total the device reports where that differs
+    (what placement uses: ``devices.specs.Tier``)."""
+    nominal = _si(tier["nominal_bytes"], "B")
+    if tier["nominal_bytes"] == tier["capacity_bytes"]:
+        return nominal
+    return f"{nominal} ({tier['capacity_bytes'] / 2**20:,.0f} MiB)"
+
+
 def _catalogue() -> dict[str, Any]:
     from devices import catalog, fitted_factors
 
@@ -78,7 +87,8 @@ def _catalogue() -> dict[str, Any]:
             "id": c.id, "name": c.name, "kind": c.kind, "class": c.chip_class, "arch": c.arch,
             "placement": c.placement, "domain_size": c.domain_size,
             "tiers": [{"name": t.name, "capacity_bytes": t.capacity_bytes,
-                       "bandwidth_bytes_per_s": t.bandwidth_bps} for t in c.tiers],
+                       "nominal_bytes": t.nominal, "bandwidth_bytes_per_s": t.bandwidth_bps}
+                      for t in c.tiers],
             "peak_flops": dict(c.peak_flops), "link_bytes_per_s": c.link_bw_bps,
             "busy_watts": c.busy_watts, "idle_watts": c.idle_watts,
             "usd_per_hour": round(c.usd_per_hour, 4), "price_basis": c.price_basis,
@@ -157,8 +167,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
     rows = [["chip", "class", "memory tiers", "peak FLOP/s", "busy/idle W", "$/h"]]
     for c in cat["chips"]:
-        tiers = ", ".join(f"{t['name']} {_si(t['capacity_bytes'], 'B')} @ "
-                          f"{_si(t['bandwidth_bytes_per_s'], 'B/s')}" for t in c["tiers"])
+        tiers = ", ".join(f"{t['name']} {_capacity(t)} @ {_si(t['bandwidth_bytes_per_s'], 'B/s')}"
+                          for t in c["tiers"])
         peaks = " ".join(f"{k} {_si(v, '')}" for k, v in c["peak_flops"].items())
         rows.append([c["id"], c["class"], tiers, peaks,
                      f"{c['busy_watts']:g}/{c['idle_watts']:g}", f"{c['usd_per_hour']:.3f}"])

@@ -15,6 +15,7 @@ from typing import Any
 from devices import disk_cache
 from devices.errors import UnknownId
 from devices.specs import (
+    MIB,
     CheckpointSpec,
     ChipSpec,
     EngineSpec,
@@ -86,11 +87,19 @@ def _usd_per_hour(raw: dict[str, Any]) -> tuple[float, str]:
     return amortised + power, "bought: price / 3 years + busy power at $0.10/kWh"
 
 
+def _tier(raw: dict[str, Any]) -> Tier:
+    """A memory tier: ``capacity`` is the vendor's figure; ``reported_mib``, where given, the
+    total the device reports to software, which placement uses (``Tier``)."""
+    nominal = float(raw["capacity"])
+    reported = raw.get("reported_mib")
+    if reported is None:
+        return Tier(raw["name"], nominal, float(raw["bandwidth"]))
+    return Tier(raw["name"], float(reported) * MIB, float(raw["bandwidth"]), nominal)
+
+
 def _chip(ident: str, raw: dict[str, Any]) -> ChipSpec:
     usd, basis = _usd_per_hour(raw)
-    tiers = tuple(
-        Tier(t["name"], float(t["capacity"]), float(t["bandwidth"])) for t in raw["tiers"]
-    )
+    tiers = tuple(_tier(t) for t in raw["tiers"])
     return ChipSpec(
         id=ident,
         name=raw["name"],

@@ -56,6 +56,20 @@ def test_devices_json_is_one_line_with_the_sources(capsys: pytest.CaptureFixture
     assert all(c["source"] for c in data["chips"])
 
 
+def test_devices_shows_the_vendors_figure_and_what_the_device_reports(
+        capsys: pytest.CaptureFixture[str]):
+    """Device memory shows the vendor's "80 GB" and the 81,559 MiB an H100 reports (which
+    placement uses); memory without a reported total (SRAM, unified) shows one figure."""
+    assert main(["devices", "--no-sources"]) == 0
+    _, rows = rows_of(capsys.readouterr().out, "chip")
+    assert "hbm 80 GB (81,559 MiB) @" in rows["h100-sxm"]
+    assert "unified 128 GB @" in rows["m4-max-40"] and "MiB" not in rows["m4-max-40"]
+    assert main(["devices", "--json"]) == 0
+    chips = {c["id"]: c for c in json.loads(capsys.readouterr().out)["chips"]}
+    assert chips["h100-sxm"]["tiers"][0]["nominal_bytes"] == 80e9
+    assert chips["h100-sxm"]["tiers"][0]["capacity_bytes"] == 81559 * 2**20
+
+
 def test_devices_shows_how_each_engine_sizes_its_kv_cache(capsys: pytest.CaptureFixture[str]):
     assert main(["devices", "--json"]) == 0
     engines = {e["id"]: e for e in json.loads(capsys.readouterr().out)["engines"]}

@@ -46,6 +46,27 @@ def test_a_share_of_capacity_moves_the_kv_cache_by_that_much_of_capacity(engine)
     assert lost == pytest.approx(0.3 * H100, abs=PER_TOKEN)
 
 
+def test_shares_are_of_the_memory_the_device_reports_not_the_vendors_figure():
+    """An H100 "80 GB" reports 81,559 MiB to software (chips.toml ``reported_mib``), and an
+    engine's share is of that: the KV cache holds 0.3 of it more at 0.9 than at 0.6."""
+    tier = catalog.get_chip("h100-sxm").tier
+    assert tier.nominal == 80e9 and tier.capacity_bytes == 81559 * MIB
+    lost = _kv("vllm", gpu_mem_utilisation=0.9) - _kv("vllm", gpu_mem_utilisation=0.6)
+    assert lost > 0.3 * tier.nominal + 100 * PER_TOKEN  # more than the vendor's figure gives
+
+
+def test_every_device_memory_carries_the_total_it_reports():
+    """Every chip whose weights sit in its own device memory (HBM, VRAM) carries the total its
+    driver reports, and that total is the vendor's binary gigabytes written decimal (up to
+    7.4 % more) less what the driver keeps, never less than the vendor's figure."""
+    chips = [c for c in catalog.list_chips(None) if c.placement == "sharded"]
+    assert len(chips) >= 10
+    for chip in chips:
+        tier = chip.tier
+        assert tier.nominal_bytes, f"{chip.id}: no reported_mib in chips.toml"
+        assert 1.0 < tier.capacity_bytes / tier.nominal <= 2**30 / 1e9, chip.id
+
+
 def test_tensorrts_share_is_of_the_free_memory():
     full, half = _kv("tensorrt-llm", gpu_mem_utilisation=1.0), _kv("tensorrt-llm",
                                                                   gpu_mem_utilisation=0.5)
@@ -101,10 +122,10 @@ def test_step_budgets_follow_the_gpus_memory(engine, chip, tokens):
 
 
 def test_an_unplaceable_deployment_says_what_the_share_must_hold():
-    with pytest.raises(Exception, match=r"weights .* \+ KV for .* > .*0\.5 of 80\.0 GB"):
+    with pytest.raises(Exception, match=r"weights .* \+ KV for .* > .*0\.5 of 85\.5 GB reported"):
         place(DeploymentSpec("llama-3.1-70b", "fp8", "h100-sxm", "sglang",
                              gpu_mem_utilisation=0.5))
-    with pytest.raises(Exception, match=r"0\.9 of 80\.0 GB left free by weights"):
+    with pytest.raises(Exception, match=r"0\.9 of 85\.5 GB reported left free by weights"):
         place(DeploymentSpec("llama-3.1-70b", "bf16", "h100-sxm", "tensorrt-llm"))
 
 
@@ -133,7 +154,8 @@ def test_kv_cache_memory_bytes_sizes_the_pool_whatever_the_share(engine):
         assert one.kv_tokens == size // PER_TOKEN
     two = place(_spec(engine, tp=2, kv_cache_memory_bytes=size))  # each chip: half the heads
     assert two.kv_tokens == size // (PER_TOKEN // 2)
-    with pytest.raises(Exception, match=r"kv_cache_memory_bytes 70\.0 GB per chip > the 80\.0"):
+    too_big = r"kv_cache_memory_bytes 70\.0 GB per chip > the 85\.5 GB reported"
+    with pytest.raises(Exception, match=too_big):
         place(_spec(engine, kv_cache_memory_bytes=70 * 10**9))
 
 
