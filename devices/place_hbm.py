@@ -169,7 +169,7 @@ def place_hbm(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: Ch
     load_bw = chip.host_link_bw_bps or 7e9  # ASSUMPTION: Apple loads from an NVMe-class SSD
     return Placement(
         spec=spec, model=model, quant=quant, chip=chip, engine=engine, chips=n, tp=tp, pp=pp,
-        dp=par.dp, ep=par.ep, kv_bytes=kvb, memory_share=share,
+        dp=par.dp, ep=par.ep, kv_bytes=kvb, memory_share=share, kv_pool_bytes=kv_free,
         n_gpu_layers=None, weight_bytes=held, kv_tokens=per_replica * par.dp, notes=notes,
         max_context=min(spec.max_context or model.max_context, per_replica),
         factors=((chip.chip_class, f),), load_seconds=resident / n / load_bw, plan=plan,

@@ -47,6 +47,8 @@ class Placement:
     ep: int = 1
     kv_bytes: float = 2.0  # bytes per KV element (after --kv-cache-dtype)
     memory_share: float = 1.0  # share of each chip's memory the engine sized itself to
+    kv_pool_bytes: float = 0.0  # KV bytes per chip its memory rule left (vLLM's "Available KV
+    #                             cache memory"); 0 where no rule sizes it (SRAM, offload)
 
     def kv_blocks(self, block_size: int = 16) -> int:
         """KV capacity in blocks of ``block_size`` tokens."""

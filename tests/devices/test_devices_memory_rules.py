@@ -55,6 +55,18 @@ def test_shares_are_of_the_memory_the_device_reports_not_the_vendors_figure():
     assert lost > 0.3 * tier.nominal + 100 * PER_TOKEN  # more than the vendor's figure gives
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tensorrt-llm"])
+def test_the_kv_pool_is_what_the_rule_leaves_and_holds_the_kv_tokens(engine):
+    """``kv_pool_bytes`` (vLLM's "Available KV cache memory", compared with engines' start-up
+    logs in docs/FIDELITY.md) is the rule's bytes before rounding to whole tokens."""
+    hi, lo = (place(_spec(engine, gpu_mem_utilisation=u)) for u in (0.9, 0.6))
+    assert hi.kv_tokens == hi.kv_pool_bytes // PER_TOKEN
+    moved = hi.kv_pool_bytes - lo.kv_pool_bytes
+    cap = catalog.get_chip("h100-sxm").tier.capacity_bytes
+    free = hi.kv_pool_bytes / 0.9  # TensorRT-LLM's share is of the free memory
+    assert moved == pytest.approx(0.3 * (free if engine == "tensorrt-llm" else cap), rel=1e-9)
+
+
 def test_every_device_memory_carries_the_total_it_reports():
     """Every chip whose weights sit in its own device memory (HBM, VRAM) carries the total its
     driver reports, and that total is the vendor's binary gigabytes written decimal (up to
