@@ -45,10 +45,9 @@ def place_offload(
     cpu_only = chip.kind == "host"
     host = catalog.get_chip(spec.host or (chip.id if cpu_only else chip.host or ""))
     ssd = catalog.get_chip(spec.ssd or chip.ssd or host.ssd or "nvme-gen4")
-    bpw = quant.bytes_per_weight
     n_ctx = spec.max_context or min(model.max_context, DEFAULT_CONTEXT_CONTIGUOUS)
-    layer_w = model.layer_params * bpw
-    head_w = model.head_params * bpw
+    layer_w = quant.layer_bytes(model.dense_layer_params, model.mlp_params_per_layer)
+    head_w = quant.edge_bytes(model.head_params)
     kvb = kv_element_bytes(spec, quant)
     kv_layer = model.kv_bytes_for_context(n_ctx, kvb) / model.n_layers
     if cpu_only:

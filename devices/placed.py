@@ -96,14 +96,17 @@ def kv_element_bytes(spec: DeploymentSpec, quant: QuantSpec) -> float:
 def read_bytes(model: ModelSpec, quant: QuantSpec, layers: float, head_share: float) -> float:
     """Weight bytes one step reads: the layers plus a share of the LM head (not the embedding,
     of which only the batch's rows are touched)."""
-    return (layers * model.layer_params + head_share * model.head_params) * quant.bytes_per_weight
+    return (quant.layer_bytes(layers * model.dense_layer_params,
+                              layers * model.mlp_params_per_layer)
+            + quant.edge_bytes(head_share * model.head_params))
 
 
 def resident_bytes(model: ModelSpec, quant: QuantSpec) -> float:
     """All weights, embedding and (untied) head included."""
     head = 0 if model.tied_embeddings else model.head_params
-    params = model.n_layers * model.layer_params + model.embed_params + head
-    return params * quant.bytes_per_weight
+    n = model.n_layers
+    return (quant.layer_bytes(n * model.dense_layer_params, n * model.mlp_params_per_layer)
+            + quant.edge_bytes(model.embed_params + head))
 
 
 def per_chip_weights(model: ModelSpec, quant: QuantSpec, par: Parallelism, layers: float,
@@ -112,7 +115,7 @@ def per_chip_weights(model: ModelSpec, quant: QuantSpec, par: Parallelism, layer
     shards, plus ``extra_params`` (embedding/head share) over tp."""
     dense = layers * model.dense_layer_params / par.tp
     experts = layers * model.mlp_params_per_layer / par.expert_shards
-    return (dense + experts + extra_params / par.tp) * quant.bytes_per_weight
+    return quant.layer_bytes(dense, experts) + quant.edge_bytes(extra_params / par.tp)
 
 
 def moe_fields(model: ModelSpec, par: Parallelism) -> dict[str, object]:

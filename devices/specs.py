@@ -258,6 +258,11 @@ class EngineSpec:
 class QuantSpec:
     """A weight format: bytes per weight including block scales, KV bytes per element.
 
+    ``scope``: which weights a checkpoint in this format stores at ``bytes_per_weight`` — 'all'
+    (GGUF and MLX files quantise the embedding and head too), 'layers' (the decoder layers'
+    linear weights; FP8, NVFP4, AWQ and GPTQ checkpoints leave the embedding and LM head in
+    16 bit) or 'experts' (only the routed experts: gpt-oss's MXFP4).
+
     ``compute_dtype`` is what the matmul runs in where chip and engine allow it; on a chip
     without units for it the chip's ``flops`` fallback applies (FP4 weights dequantised to 16
     bit)."""
@@ -268,7 +273,23 @@ class QuantSpec:
     compute_dtype: str  # what the matmul can run on if the chip/engine allows ('int8', 'fp8', ...)
     family: str  # 'float' | 'gguf' | 'mlx' | 'scaled' | 'fp4' | 'int4'
     vllm_quantization: tuple[str, ...] = ()  # vLLM's --quantization names that load it
+    scope: str = "all"  # which weights the format stores at bytes_per_weight (below)
     source: str = field(default="", compare=False)
+
+    def layer_bytes(self, dense_params: float, expert_params: float) -> float:
+        """Bytes of decoder-layer weights: routed experts always in the format; the rest
+        (attention, dense MLPs, shared experts, routers) in it unless ``scope`` is 'experts'
+        (gpt-oss's MXFP4 quantises only the experts; attention and routers stay bf16)."""
+        dense = DENSE_BYTES if self.scope == "experts" else self.bytes_per_weight
+        return dense_params * dense + expert_params * self.bytes_per_weight
+
+    def edge_bytes(self, params: float) -> float:
+        """Bytes of the embedding or the LM head: in the format only when ``scope`` is 'all'
+        (GGUF, MLX); FP8, FP4 and int4 checkpoints keep both in 16 bit."""
+        return params * (self.bytes_per_weight if self.scope == "all" else DENSE_BYTES)
+
+
+DENSE_BYTES = 2.0  # a weight a format leaves unquantised is stored in bf16/fp16
 
 
 @dataclass(frozen=True)

@@ -274,8 +274,9 @@ WEAK_SPOTS = (
     "llm-d logged 4.8–7.4 GiB on H100 (1,024 sequences), growing with the vocabulary, not the "
     "model. The model's allowance is one step's hidden activations (0.7–1.5 GiB), so vLLM's "
     "KV pool comes out 4–6 GiB large, which decides the rows where weights leave little "
-    "(Qwen3-32B and gpt-oss-120b on one H100). gpt-oss's MXFP4 weights also load ~25% larger "
-    "in vLLM than their parameter count gives (13.47 vs 10.35 GiB for 20B).",
+    "(Qwen3-32B and gpt-oss-120b on one H100). vLLM also holds gpt-oss's MXFP4 weights "
+    "5–6% larger than the checkpoint's tensors (13.47 vs 12.81 GiB for 20B, 64.38 vs 60.71 "
+    "for 120B): not modelled.",
     "- **MoE and FP4 at scale.** Expert load imbalance, DeepEP/NVSHMEM all-to-all kernels "
     "and attention-DP scheduling are modelled only as balanced routing and NCCL-style "
     "collectives.",
