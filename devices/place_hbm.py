@@ -45,7 +45,7 @@ def draft_layers(spec: DeploymentSpec, model: ModelSpec) -> int:
 def step_budget(spec: DeploymentSpec, engine: EngineSpec, chip: ChipSpec) -> int | None:
     """Tokens one step may carry: the deployment's, else the engine's default for this chip
     (None: whole prompts, unchunked)."""
-    _, _, tokens = engine.scheduler.for_memory(chip.tier.capacity_bytes)
+    _, _, tokens = engine.scheduler.for_chip(chip.tier.capacity_bytes, chip.name)
     return spec.max_batched_tokens or tokens
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from devices.model import ModelSpec
 
-__all__ = ["ChipSpec", "EngineSpec", "MemoryRule", "ModelSpec", "QuantSpec", "SchedulerDefaults",
-           "Tier"]
+__all__ = ["BatchTier", "ChipSpec", "EngineSpec", "MemoryRule", "ModelSpec", "QuantSpec",
+           "SchedulerDefaults", "Tier"]
 
 MIB = 2**20
 
@@ -123,26 +123,46 @@ class ChipSpec:
 
 
 @dataclass(frozen=True)
+class BatchTier:
+    """Scheduler defaults an engine picks on GPUs with at least ``min_bytes`` of memory (None:
+    keeps what a smaller tier gave), unless the chip's name contains one of ``except_names``
+    (vLLM keeps A100s on its small defaults by device name: the engine's own rule, as data)."""
+
+    min_bytes: float
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    except_names: tuple[str, ...] = ()
+
+    def applies(self, capacity_bytes: float, chip_name: str) -> bool:
+        name = chip_name.lower()
+        return (capacity_bytes >= self.min_bytes
+                and not any(n.lower() in name for n in self.except_names))
+
+
+@dataclass(frozen=True)
 class SchedulerDefaults:
     """What a user of an engine gets without flags: queue policy, sequence cap, token budget.
 
     ``max_num_seqs`` None: the deployment's build limit (TensorRT-LLM's max_batch);
     ``max_num_batched_tokens`` None: whole prompts, unchunked (the budget is max_model_len).
-    ``by_memory``: ``(min_bytes, max_num_seqs, max_num_batched_tokens)`` tiers in ascending
-    order; on a chip with at least ``min_bytes`` of device memory the last such tier overrides
-    what it gives (None: keeps the base). Engines pick bigger defaults on bigger GPUs: vLLM on
-    ≥ 70 and ≥ 160 GiB, SGLang by its memory buckets."""
+    ``by_memory``: ``BatchTier``s in ascending order of memory; the last one a chip reaches
+    overrides what it gives. Engines pick bigger defaults on bigger GPUs: vLLM on ≥ 70 and
+    ≥ 160 GiB, SGLang by its memory buckets."""
 
     policy: str = "fcfs"
     max_num_seqs: int | None = 256
     max_num_batched_tokens: int | None = 8192
-    by_memory: tuple[tuple[float, int | None, int | None], ...] = ()
+    by_memory: tuple[BatchTier, ...] = ()
 
-    def for_memory(self, capacity_bytes: float) -> tuple[str, int | None, int | None]:
+    def for_chip(self, capacity_bytes: float,
+                 chip_name: str = "") -> tuple[str, int | None, int | None]:
+        """(policy, max_num_seqs, max_num_batched_tokens) on a chip of ``capacity_bytes``
+        device memory named ``chip_name``."""
         seqs, tokens = self.max_num_seqs, self.max_num_batched_tokens
-        for min_bytes, tier_seqs, tier_tokens in self.by_memory:
-            if capacity_bytes >= min_bytes:
-                seqs, tokens = tier_seqs or seqs, tier_tokens or tokens
+        for tier in self.by_memory:
+            if tier.applies(capacity_bytes, chip_name):
+                seqs = tier.max_num_seqs or seqs
+                tokens = tier.max_num_batched_tokens or tokens
         return self.policy, seqs, tokens
 
 

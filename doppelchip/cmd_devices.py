@@ -101,9 +101,11 @@ def _catalogue() -> dict[str, Any]:
         "compile": e.compile, "jump_forward": e.jump_forward, "launch": e.launch,
         "scheduler": {"policy": e.scheduler.policy, "max_num_seqs": e.scheduler.max_num_seqs,
                       "max_num_batched_tokens": e.scheduler.max_num_batched_tokens,
-                      "by_memory": [{"min_memory_bytes": b, "max_num_seqs": s,
-                                     "max_num_batched_tokens": t}
-                                    for b, s, t in e.scheduler.by_memory]},
+                      "by_memory": [{"min_memory_bytes": t.min_bytes,
+                                     "max_num_seqs": t.max_num_seqs,
+                                     "max_num_batched_tokens": t.max_num_batched_tokens,
+                                     "except_names": list(t.except_names)}
+                                    for t in e.scheduler.by_memory]},
         "memory": dataclasses.asdict(e.memory) if e.memory else None,
         "expert_parallel": e.expert_parallel, "speculative_methods": list(e.speculative_methods),
         "factors": {cls: {"bw_eff": round(f.bw_eff, 4), "flop_eff": round(f.flop_eff, 4),

@@ -16,6 +16,7 @@ from devices import disk_cache
 from devices.errors import UnknownId
 from devices.specs import (
     MIB,
+    BatchTier,
     CheckpointSpec,
     ChipSpec,
     EngineSpec,
@@ -154,8 +155,9 @@ def _scheduler(raw: dict[str, Any]) -> SchedulerDefaults:
     return SchedulerDefaults(
         policy=raw["policy"], max_num_seqs=raw.get("max_num_seqs"),
         max_num_batched_tokens=raw.get("max_num_batched_tokens"),
-        by_memory=tuple((float(t["min_memory"]), t.get("max_num_seqs"),
-                         t.get("max_num_batched_tokens")) for t in tiers),
+        by_memory=tuple(BatchTier(float(t["min_memory"]), t.get("max_num_seqs"),
+                                  t.get("max_num_batched_tokens"),
+                                  tuple(t.get("except_names", ()))) for t in tiers),
     )
 
 

@@ -50,8 +50,8 @@ from server.engine.tokenizer import Tokenizer, get_tokenizer
 
 def engine_defaults(engine: str, chip: str) -> tuple[str, int | None, int | None]:
     """(policy, max_num_seqs, max_num_batched_tokens) of `engine` on `chip`, from the catalogue."""
-    eng = catalog.get_engine(engine)
-    return eng.scheduler.for_memory(catalog.get_chip(chip).tier.capacity_bytes)
+    eng, spec = catalog.get_engine(engine), catalog.get_chip(chip)
+    return eng.scheduler.for_chip(spec.tier.capacity_bytes, spec.name)
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,8 @@ def test_devices_shows_how_each_engine_sizes_its_kv_cache(capsys: pytest.Capture
     assert engines["mlx"]["memory"] is None
     tiers = engines["vllm"]["scheduler"]["by_memory"]
     assert [t["max_num_batched_tokens"] for t in tiers] == [8192, 16384]
+    assert [(t["max_num_seqs"], t["except_names"]) for t in tiers] == [(1024, ["a100"]),
+                                                                        (1024, [])]
     assert main(["devices"]) == 0
     row = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("sglang "))
     assert row.rstrip().endswith("static auto")

@@ -123,14 +123,18 @@ def test_sglang_keeps_at_least_10_gib_on_gpus_above_60_gib_only():
         (vram - 512 - 1.5 * 4096 - 128 - 2 * 48) / vram, abs=1e-3)
 
 
-@pytest.mark.parametrize(("engine", "chip", "tokens"), [
-    ("vllm", "rtx-4090", 2048), ("vllm", "h100-sxm", 8192), ("vllm", "b200", 16384),
-    ("sglang", "rtx-4090", 4096), ("sglang", "h100-sxm", 8192), ("sglang", "b200", 16384),
+@pytest.mark.parametrize(("engine", "chip", "seqs", "tokens"), [
+    ("vllm", "rtx-4090", 256, 2048), ("vllm", "h100-sxm", 1024, 8192),
+    ("vllm", "b200", 1024, 16384), ("vllm", "a100-sxm-80g", 256, 2048),
+    ("sglang", "rtx-4090", 256, 4096), ("sglang", "h100-sxm", 256, 8192),
+    ("sglang", "b200", 256, 16384),
 ])
-def test_step_budgets_follow_the_gpus_memory(engine, chip, tokens):
-    """vLLM 0.33.0 and SGLang 0.5.23 pick bigger chunks on bigger GPUs."""
-    capacity = catalog.get_chip(chip).tier.capacity_bytes
-    assert catalog.get_engine(engine).scheduler.for_memory(capacity)[2] == tokens
+def test_step_budgets_follow_the_gpus_memory(engine, chip, seqs, tokens):
+    """vLLM 0.33.0 and SGLang 0.5.23 pick bigger chunks (vLLM also more sequences) on bigger
+    GPUs; vLLM keeps the A100 (80 GiB) on its small defaults, by device name."""
+    spec = catalog.get_chip(chip)
+    got = catalog.get_engine(engine).scheduler.for_chip(spec.tier.capacity_bytes, spec.name)
+    assert got[1:] == (seqs, tokens)
 
 
 def test_an_unplaceable_deployment_says_what_the_share_must_hold():

@@ -40,8 +40,9 @@ def test_estimate_and_simulate_chunk_a_prompt_alike(opts: EngineOptions, prompt:
     expected = [s.prefill for s in prefill_steps(core.placement, prompt, 1)]
     assert scheduled_chunks(opts, prompt) == expected
     budget = scheduler_config(opts, core.placement).max_num_batched_tokens
-    tokens = catalog.get_engine(opts.engine).scheduler.for_memory(
-        catalog.get_chip(opts.chip).tier.capacity_bytes)[2]
+    chip = catalog.get_chip(opts.chip)
+    tokens = catalog.get_engine(opts.engine).scheduler.for_chip(chip.tier.capacity_bytes,
+                                                               chip.name)[2]
     if tokens is None:  # unchunked: one step holds the whole prompt
         assert len(expected) == 1 and budget >= prompt
     else:
