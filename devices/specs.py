@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from devices.model import ModelSpec
 
-__all__ = ["BatchTier", "ChipSpec", "EngineSpec", "MemoryRule", "ModelSpec", "QuantSpec",
-           "SchedulerDefaults", "Tier"]
+__all__ = ["BatchTier", "ChipSpec", "EngineSpec", "KvSeqs", "MemoryRule", "ModelSpec",
+           "QuantSpec", "SchedulerDefaults", "Tier"]
 
 MIB = 2**20
 
@@ -140,6 +140,24 @@ class BatchTier:
 
 
 @dataclass(frozen=True)
+class KvSeqs:
+    """A sequence cap an engine derives from its KV pool at start-up: ``per_context`` × the
+    pool's tokens / the context length, kept within [``low``, ``high``], and at most ``share``
+    of the pool's tokens (SGLang's max_running_requests, ``resolve_max_num_reqs``). Why it
+    exists: SGLang has no fixed default; a planner sees 2,048 on an H100, not vLLM's 1,024."""
+
+    per_context: float
+    low: int
+    high: int
+    share: float
+
+    def seqs(self, kv_tokens: int, context_len: int) -> int:
+        estimated = max(min(int(kv_tokens / context_len * self.per_context), self.high),
+                        self.low)
+        return max(1, min(estimated, int(kv_tokens * self.share)))
+
+
+@dataclass(frozen=True)
 class SchedulerDefaults:
     """What a user of an engine gets without flags: queue policy, sequence cap, token budget.
 
@@ -147,12 +165,14 @@ class SchedulerDefaults:
     ``max_num_batched_tokens`` None: whole prompts, unchunked (the budget is max_model_len).
     ``by_memory``: ``BatchTier``s in ascending order of memory; the last one a chip reaches
     overrides what it gives. Engines pick bigger defaults on bigger GPUs: vLLM on ≥ 70 and
-    ≥ 160 GiB, SGLang by its memory buckets."""
+    ≥ 160 GiB, SGLang by its memory buckets. ``kv_seqs``: where ``max_num_seqs`` is None, the
+    cap derived from the KV pool once placed (``KvSeqs``)."""
 
     policy: str = "fcfs"
     max_num_seqs: int | None = 256
     max_num_batched_tokens: int | None = 8192
     by_memory: tuple[BatchTier, ...] = ()
+    kv_seqs: KvSeqs | None = None
 
     def for_chip(self, capacity_bytes: float,
                  chip_name: str = "") -> tuple[str, int | None, int | None]:

@@ -105,7 +105,9 @@ def _catalogue() -> dict[str, Any]:
                                      "max_num_seqs": t.max_num_seqs,
                                      "max_num_batched_tokens": t.max_num_batched_tokens,
                                      "except_names": list(t.except_names)}
-                                    for t in e.scheduler.by_memory]},
+                                    for t in e.scheduler.by_memory],
+                      "kv_seqs": (dataclasses.asdict(e.scheduler.kv_seqs)
+                                  if e.scheduler.kv_seqs else None)},
         "memory": dataclasses.asdict(e.memory) if e.memory else None,
         "expert_parallel": e.expert_parallel, "speculative_methods": list(e.speculative_methods),
         "factors": {cls: {"bw_eff": round(f.bw_eff, 4), "flop_eff": round(f.flop_eff, 4),

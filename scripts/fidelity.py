@@ -227,18 +227,24 @@ SHARE_CHIPS = ("rtx-4090", "h100-sxm", "b200")
 def memory_rules() -> list[str]:
     """Each engine's KV sizing rule (engines.toml `memory`), with its default share and the KV
     pool of Llama 3.1 8B bf16 per chip: what a capacity planner compares across engines."""
+    from server.engine.build import EngineOptions, scheduler_config
+
     lines = ["", "## How each engine sizes its KV cache", "",
              "Each engine's own rule and default share (`engines.toml` `memory`, with sources; "
-             "the fleet key `gpu_memory_utilization` overrides the share). The share and KV pool "
-             "of Llama 3.1 8B bf16 with the engine's default step budget:", "",
+             "the fleet key `gpu_memory_utilization` overrides the share). The share, KV pool "
+             "and default sequence cap of Llama 3.1 8B bf16 with the engine's default step "
+             "budget (vLLM's cap by GPU memory, SGLang's from its pool, TensorRT-LLM's the "
+             "build limit):", "",
              "| engine | rule | " + " | ".join(SHARE_CHIPS) + " |",
              "|---|---|" + "---|" * len(SHARE_CHIPS)]
     for engine in ("vllm", "sglang", "tensorrt-llm"):
         cells = []
         for chip in SHARE_CHIPS:
             try:
-                pl = place(DeploymentSpec("llama-3.1-8b", "bf16", chip, engine))
-                cells.append(f"{pl.memory_share:.3g}: {pl.kv_tokens:,} tokens")
+                opts = EngineOptions("d", "llama-3.1-8b", "bf16", chip, engine)
+                pl = place(opts.spec())
+                seqs = scheduler_config(opts, pl).max_num_seqs
+                cells.append(f"{pl.memory_share:.3g}: {pl.kv_tokens:,} tokens, {seqs:,} seqs")
             except DeviceError:
                 cells.append("does not fit")
         rule = catalog.get_engine(engine).memory

@@ -20,6 +20,7 @@ from devices.specs import (
     CheckpointSpec,
     ChipSpec,
     EngineSpec,
+    KvSeqs,
     MemoryRule,
     ModelSpec,
     QuantSpec,
@@ -158,6 +159,7 @@ def _scheduler(raw: dict[str, Any]) -> SchedulerDefaults:
         by_memory=tuple(BatchTier(float(t["min_memory"]), t.get("max_num_seqs"),
                                   t.get("max_num_batched_tokens"),
                                   tuple(t.get("except_names", ()))) for t in tiers),
+        kv_seqs=KvSeqs(**raw["kv_seqs"]) if "kv_seqs" in raw else None,
     )
 
 

@@ -147,6 +147,9 @@ class EngineOptions:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
         the compiled batch for Groq)."""
         default_seqs = engine_defaults(self.engine, self.chip)[1]
+        derived = catalog.get_engine(self.engine).scheduler.kv_seqs
+        if default_seqs is None and derived is not None:
+            default_seqs = derived.low  # at least this, once the pool is known (KvSeqs)
         return DeploymentSpec(
             model=self.model, quant=self.quant, chip=self.chip, engine=self.engine,
             count=self.count, tp=self.tp, pp=self.pp, ep=self.ep, n_gpu_layers=self.n_gpu_layers,
@@ -164,6 +167,9 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
     policy, seqs, tokens = engine_defaults(opts.engine, opts.chip)
     engine = placement.engine
     max_model_len = placement.max_context
+    derived = engine.scheduler.kv_seqs
+    if seqs is None and derived is not None:  # SGLang: from the pool it was given
+        seqs = derived.seqs(placement.kv_tokens, opts.max_model_len or placement.model.max_context)
     max_num_seqs = opts.max_num_seqs or seqs or placement.spec.max_batch
     chunked = tokens is not None or opts.max_num_batched_tokens is not None
     budget = opts.max_num_batched_tokens or tokens or max_model_len
