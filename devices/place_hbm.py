@@ -90,6 +90,7 @@ def place_hbm(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: Ch
     rule = MemoryRule() if unified else engine.memory
     if rule is None:
         raise PlacementError(f"{engine.name} has no memory rule for {chip.id} (engines.toml)")
+    act = rule.activations(act, spec.max_batch, model.vocab)  # every rank samples full logits
     share = (chip.usable_fraction if unified else spec.gpu_mem_utilisation
              or rule.share(tier.capacity_bytes, budget, spec.max_batch, tp * pp))
     cap = tier.capacity_bytes * share

@@ -202,7 +202,10 @@ class MemoryRule:
     × the step's token budget (at least ``min_tokens``) + ``per_rank_mib`` × tp × pp +
     ``per_seq_mib`` × the decode graphs' batch (the sequence cap, capped by the last
     ``graph_seqs`` tier ``(min_bytes, seqs)`` the chip reaches), and at least ``floor_mib`` on
-    chips of more than ``floor_above_mib`` (SGLang's heuristic).
+    chips of more than ``floor_above_mib`` (SGLang's heuristic). ``sampler_bytes``: bytes per
+    logit of the sampler warm-up the engine profiles at start-up over the sequence cap × the
+    vocabulary (vLLM's ``_dummy_sampler_run``); the activations an engine sets aside are the
+    larger of it and one step's hidden activations.
     """
 
     rule: str = "total"
@@ -215,6 +218,11 @@ class MemoryRule:
     floor_mib: float = 0.0
     floor_above_mib: float = 0.0
     graph_seqs: tuple[tuple[float, int], ...] = ()
+    sampler_bytes: float = 0.0
+
+    def activations(self, step_bytes: float, seqs: int, vocab: int) -> float:
+        """The profiled activation peak: one step's, or the sampler warm-up's if larger."""
+        return max(step_bytes, self.sampler_bytes * seqs * vocab)
 
     def share(self, capacity_bytes: float, step_tokens: int, seqs: int, ranks: int) -> float:
         """The engine's default share of a chip of ``capacity_bytes``."""

@@ -64,7 +64,8 @@ def load_rows() -> list[dict]:
 def _spec(r: dict) -> DeploymentSpec:
     return DeploymentSpec(model=r["model"], quant=r["quant"], chip=r["chip"], engine=r["engine"],
                           count=r.get("count"), ep=r.get("ep"), max_context=r.get("max_context"),
-                          gpu_mem_utilisation=r.get("gpu_mem_utilisation"))
+                          gpu_mem_utilisation=r.get("gpu_mem_utilisation"),
+                          max_batch=r.get("max_num_seqs", 256))
 
 
 def _deployment(r: dict) -> str:
@@ -276,13 +277,14 @@ WEAK_SPOTS = (
     "system-to-system hop are each set by one point; hop latencies are stated assumptions (no "
     "published figure), so small models on Groq and multi-system Cerebras remain uncertain.",
     "- **vLLM's profiled activation peak.** vLLM sizes its KV cache after measuring the peak "
-    "memory of a dummy step and a sampler warm-up over max_num_seqs × vocabulary logits; "
-    "llm-d logged 4.8–7.4 GiB on H100 (1,024 sequences), growing with the vocabulary, not the "
-    "model. The model's allowance is one step's hidden activations (0.7–1.5 GiB), so vLLM's "
-    "KV pool comes out 4–6 GiB large, which decides the rows where weights leave little "
-    "(Qwen3-32B and gpt-oss-120b on one H100). vLLM also holds gpt-oss's MXFP4 weights "
-    "5–6% larger than the checkpoint's tensors (13.47 vs 12.81 GiB for 20B, 64.38 vs 60.71 "
-    "for 120B): not modelled.",
+    "memory of a dummy step and a sampler warm-up over max_num_seqs × vocabulary logits. The "
+    "logs measure ~39 bytes per logit (llm-d, Jan 2026 image: 4.8–7.4 GiB at 1,024 sequences, "
+    "growing with the vocabulary, not the model; vLLM PR #10511, Dec 2024: 1.26 GiB for Llama 3 "
+    "8B at 256). The model counts vLLM 0.33.0's warm-up tensors, 14 bytes per logit "
+    "(engines.toml), so against those older logs its KV pool is 2–4 GiB large, which decides "
+    "the rows where weights leave little (Qwen3-32B and gpt-oss-120b on one H100). vLLM also "
+    "holds gpt-oss's MXFP4 weights 5–6% larger than the checkpoint's tensors (13.47 vs 12.81 "
+    "GiB for 20B, 64.38 vs 60.71 for 120B): not modelled.",
     "- **MoE and FP4 at scale.** Expert load imbalance, DeepEP/NVSHMEM all-to-all kernels "
     "and attention-DP scheduling are modelled only as balanced routing and NCCL-style "
     "collectives.",

@@ -29,8 +29,8 @@ def test_activations_count_inside_vllms_share_outside_sglangs_and_before_tensorr
     """A bigger step budget needs more activation memory: vLLM's KV loses all of it, the
     TensorRT-LLM KV the share of it (its share is of what is left free), SGLang's none (its
     static share holds only weights and KV)."""
-    def delta(engine: str) -> float:
-        share = {"gpu_mem_utilisation": 0.8}
+    def delta(engine: str) -> float:  # (one sequence: vLLM's sampler warm-up stays smaller)
+        share = {"gpu_mem_utilisation": 0.8, "max_batch": 1}
         return (_kv(engine, max_batched_tokens=2048, **share)
                 - _kv(engine, max_batched_tokens=16384, **share))
 
@@ -44,6 +44,21 @@ def test_activations_count_inside_vllms_share_outside_sglangs_and_before_tensorr
 def test_a_share_of_capacity_moves_the_kv_cache_by_that_much_of_capacity(engine):
     lost = _kv(engine, gpu_mem_utilisation=0.9) - _kv(engine, gpu_mem_utilisation=0.6)
     assert lost == pytest.approx(0.3 * H100, abs=PER_TOKEN)
+
+
+def test_vllm_sets_aside_its_sampler_warm_up_over_the_sequence_cap():
+    """vLLM 0.33.0 profiles a sampler warm-up over max_num_seqs × vocabulary logits, 14 bytes
+    each (engines.toml): above one step's own activations every extra sequence costs the KV
+    pool 14 × vocab bytes; below them the sequence cap costs nothing. TensorRT-LLM's rule
+    profiles no sampler."""
+    assert catalog.get_engine("vllm").memory.sampler_bytes == 14
+    vocab = catalog.get_model("llama-3.1-8b").vocab
+    big, bigger = (place(_spec("vllm", max_batch=n)).kv_pool_bytes for n in (2048, 4096))
+    assert big - bigger == pytest.approx(14 * 2048 * vocab, rel=1e-9)
+    one, two = (place(_spec("vllm", max_batch=n)).kv_pool_bytes for n in (1, 2))
+    assert one == two
+    trt = [place(_spec("tensorrt-llm", max_batch=n)).kv_pool_bytes for n in (1, 4096)]
+    assert trt[0] == trt[1]
 
 
 def test_shares_are_of_the_memory_the_device_reports_not_the_vendors_figure():
