@@ -185,6 +185,18 @@ class SchedulerDefaults:
                 tokens = tier.max_num_batched_tokens or tokens
         return self.policy, seqs, tokens
 
+    def max_seqs(self, capacity_bytes: float, chip_name: str = "", kv_tokens: int | None = None,
+                 context_len: int = 1) -> int | None:
+        """The sequence cap on this chip without flags: its tier's, else derived from the KV
+        pool of ``kv_tokens`` (``kv_seqs``), its floor while the pool is not known yet; None:
+        the deployment's build limit."""
+        seqs = self.for_chip(capacity_bytes, chip_name)[1]
+        if seqs is not None or self.kv_seqs is None:
+            return seqs
+        if kv_tokens is None:
+            return self.kv_seqs.low
+        return self.kv_seqs.seqs(kv_tokens, context_len)
+
 
 @dataclass(frozen=True)
 class MemoryRule:

@@ -65,7 +65,7 @@ def _spec(r: dict) -> DeploymentSpec:
     return DeploymentSpec(model=r["model"], quant=r["quant"], chip=r["chip"], engine=r["engine"],
                           count=r.get("count"), ep=r.get("ep"), max_context=r.get("max_context"),
                           gpu_mem_utilisation=r.get("gpu_mem_utilisation"),
-                          max_batch=r.get("max_num_seqs", 256))
+                          max_batch=r.get("max_num_seqs", DeploymentSpec.max_batch))
 
 
 def _deployment(r: dict) -> str:

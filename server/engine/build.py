@@ -54,6 +54,17 @@ def engine_defaults(engine: str, chip: str) -> tuple[str, int | None, int | None
     return eng.scheduler.for_chip(spec.tier.capacity_bytes, spec.name)
 
 
+def default_seqs(opts: EngineOptions, placement: Placement | None = None) -> int | None:
+    """The engine's sequence cap for `opts` (None: the build limit); SGLang's comes from the KV
+    pool of `placement`, its floor before placing (SchedulerDefaults.max_seqs)."""
+    chip = catalog.get_chip(opts.chip)
+    pool = context = None
+    if placement is not None:
+        pool, context = placement.kv_tokens, opts.max_model_len or placement.model.max_context
+    return catalog.get_engine(opts.engine).scheduler.max_seqs(
+        chip.tier.capacity_bytes, chip.name, pool, context or 1)
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """One deployment as the engine builds it. `None` means "the engine's default"."""
@@ -146,15 +157,11 @@ class EngineOptions:
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
         the compiled batch for Groq)."""
-        default_seqs = engine_defaults(self.engine, self.chip)[1]
-        derived = catalog.get_engine(self.engine).scheduler.kv_seqs
-        if default_seqs is None and derived is not None:
-            default_seqs = derived.low  # at least this, once the pool is known (KvSeqs)
         return DeploymentSpec(
             model=self.model, quant=self.quant, chip=self.chip, engine=self.engine,
             count=self.count, tp=self.tp, pp=self.pp, ep=self.ep, n_gpu_layers=self.n_gpu_layers,
             built_for=self.built_for, max_context=self.max_model_len,
-            max_batch=self.max_num_seqs or default_seqs or 256,
+            max_batch=self.max_num_seqs or default_seqs(self) or 256,
             max_batched_tokens=self.max_num_batched_tokens, kv_cache_dtype=self.kv_cache_dtype,
             speculative=SpeculativeConfig.parse(self.speculative_config),
             enforce_eager=self.enforce_eager, gpu_mem_utilisation=self.gpu_memory_utilization,
@@ -164,13 +171,10 @@ class EngineOptions:
 
 
 def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConfig:
-    policy, seqs, tokens = engine_defaults(opts.engine, opts.chip)
+    policy, _, tokens = engine_defaults(opts.engine, opts.chip)
     engine = placement.engine
     max_model_len = placement.max_context
-    derived = engine.scheduler.kv_seqs
-    if seqs is None and derived is not None:  # SGLang: from the pool it was given
-        seqs = derived.seqs(placement.kv_tokens, opts.max_model_len or placement.model.max_context)
-    max_num_seqs = opts.max_num_seqs or seqs or placement.spec.max_batch
+    max_num_seqs = opts.max_num_seqs or default_seqs(opts, placement) or placement.spec.max_batch
     chunked = tokens is not None or opts.max_num_batched_tokens is not None
     budget = opts.max_num_batched_tokens or tokens or max_model_len
     blocks = placement.kv_blocks(opts.block_size)
