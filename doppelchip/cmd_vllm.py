@@ -16,43 +16,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shlex
 import sys
 from typing import Any
 
-from doppelchip.vllm_flags import (
-    ACCEPTED_FLAGS,
-    ACCEPTED_SWITCHES,
-    PASSTHROUGH,
-    UNMODELLED_FLAGS,
-    UNMODELLED_SWITCHES,
-)
+from doppelchip.vllm_flags import BY_FLAG, PASSTHROUGH, POOLING, REFUSED, VLLM_OPTIONS
+from doppelchip.vllm_parser import add_serve_arguments, is_given
 
-DEFAULT_CHIP = "h100-sxm"
 DTYPES = {"half": "f16", "float16": "f16", "bfloat16": "bf16"}  # vLLM ModelDType -> quant
 KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
 LOG_LEVELS = {"CRITICAL": "error", "ERROR": "error", "WARNING": "warning", "INFO": "info",
               "DEBUG": "debug", "NOTSET": "debug"}  # vLLM's LogLevel -> serve's --log-level
-
-
-def human_readable_int(value: str) -> int:
-    """vLLM's integers: '1k' is 1,000, '1K' 1,024, '25.6k' 25,600; '-1' and 'auto' are -1
-    (--max-model-len: the longest context that fits)."""
-    value = value.strip()
-    if value == "-1" or value.lower() == "auto":
-        return -1
-    found = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
-    if not found:
-        return int(value)
-    number, suffix = found.groups()
-    if suffix.islower():
-        return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
-    if "." in number:
-        raise argparse.ArgumentTypeError(
-            f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean to use "
-            f"{number}{suffix.lower()} instead?")
-    return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
 
 
 def register(subparsers: Any) -> None:
@@ -67,74 +41,23 @@ def register(subparsers: Any) -> None:
                        help="start a vLLM-shaped pod (OpenAI HTTP, /metrics, gRPC)",
                        description="vLLM 0.33.0's `vllm serve` flags; docs/VLLM_SERVE.md lists "
                        "what each one does here.")
-    p.add_argument("model_tag", nargs="?", help="Hugging Face repository id or catalogue model")
-    p.add_argument("--model", help="as the positional model_tag (which wins when both given)")
-    p.add_argument("--config", metavar="FILE.yaml", help="flags from a YAML file, as vLLM "
-                   "reads it (the command line wins; doppelchip/vllm_argv.py)")
-    f = p.add_argument_group("front end (vLLM's FrontendArgs)")
-    f.add_argument("--host", help="address to bind (default: $DOPPELCHIP_HOST or 127.0.0.1; "
-                   "vLLM binds every interface)")
-    f.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    f.add_argument("--grpc-port", type=int, default=50051,
-                   help="gRPC port: doppelchip.v1, vllm.grpc.engine and health (default 50051)")
-    f.add_argument("--uds", help="refused: doppelchip listens on TCP only")
-    f.add_argument("--log-level", type=str.upper,
-                   choices=["CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET"],
-                   help="logging verbosity (default INFO)")
-    e = p.add_argument_group("engine (vLLM's EngineArgs)")
-    e.add_argument("--tensor-parallel-size", "-tp", type=int, dest="tp",
-                   help="chips each layer is sharded over")
-    e.add_argument("--pipeline-parallel-size", "-pp", type=int, dest="pp",
-                   help="pipeline stages (chips = tp x pp per data-parallel rank)")
-    e.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float",
-                                       "float32"], default="auto",
-                   help="16-bit weights: the checkpoint's (auto), f16 or bf16")
-    e.add_argument("--quantization", "-q", metavar="METHOD",
-                   help="vLLM's method name: fp8, awq, gptq, modelopt_fp4, mxfp4, ...")
-    e.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float,
-                   dest="gpu_memory_utilization", metavar="FRACTION",
-                   help="share of each chip's memory the engine may use (default 0.92)")
-    e.add_argument("--kv-cache-memory-bytes", type=human_readable_int, metavar="BYTES",
-                   help="the KV cache per GPU, whatever --gpu-memory-utilization "
-                   "(8g: 8e9, 8G: 8 GiB)")
-    e.add_argument("--max-model-len", type=human_readable_int, metavar="N",
-                   help="context length: 32k, 32K, 32768, or auto (-1: the longest that fits)")
-    e.add_argument("--max-num-batched-tokens", type=human_readable_int, metavar="N",
-                   help="token budget per step (8k, 8K, 8192)")
-    e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   help="automatic prefix caching (default on)")
-    e.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
-                   help="chunked prefill (always on here; --no-... is refused)")
-    e.add_argument("--scheduling-policy", choices=["fcfs", "priority"],
-                   help="queue order (default fcfs)")
-    e.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction,
-                   help="no CUDA/HIP graphs: the host launches every kernel")
-    e.add_argument("--seed", type=int, help="accepted; each deployment is seeded already")
-    for flags, kwargs in PASSTHROUGH:
-        e.add_argument(*flags, **kwargs, help="as `doppelchip serve`'s flag of this name")
-    d = p.add_argument_group("doppelchip (no vLLM equivalent)")
-    d.add_argument("--chip", default=os.environ.get("DOPPELCHIP_CHIP", DEFAULT_CHIP),
-                   help="the emulated chip (default $DOPPELCHIP_CHIP or h100-sxm)")
-    # a string default goes through `type` too: a bad $DOPPELCHIP_TIME_SCALE is argparse's error
-    d.add_argument("--time-scale", type=float, default=os.environ.get("DOPPELCHIP_TIME_SCALE"),
-                   help="wall seconds per emulated second (default $DOPPELCHIP_TIME_SCALE, "
-                   "else 1)")
-    d.add_argument("--cold", action="store_true",
-                   default=os.environ.get("DOPPELCHIP_COLD", "") not in ("", "0"),
-                   help="start cold, as a new vLLM pod: load the weights before serving "
-                   "(default $DOPPELCHIP_COLD)")
-    d.add_argument("--check-integrity", action="store_true",
-                   help="engines check their KV pool and queues when idle (tests)")
-    a = p.add_argument_group("accepted, no effect here (weights are not loaded)")
-    for flags in ACCEPTED_FLAGS + UNMODELLED_FLAGS:
-        a.add_argument(*flags, nargs="?", const=True, help=argparse.SUPPRESS)
-    for flags in ACCEPTED_SWITCHES + UNMODELLED_SWITCHES:
-        a.add_argument(*flags, action=argparse.BooleanOptionalAction, help=argparse.SUPPRESS)
+    p.set_defaults(unemulated=add_serve_arguments(p))
     p.set_defaults(func=cmd_vllm_serve)
 
 
-def _dest(flags: tuple[str, ...]) -> str:
-    return flags[0].lstrip("-").replace("-", "_")
+def _refuse(args: argparse.Namespace) -> None:
+    """ValueError for a flag whose request doppelchip cannot serve (docs/VLLM_SERVE.md)."""
+    for name, reason in REFUSED.items():
+        if is_given(getattr(args, BY_FLAG[name].dest)):
+            raise ValueError(f"{name}: {reason}")
+    for name, pooling in POOLING.items():
+        value = getattr(args, BY_FLAG[name].dest)
+        if value in pooling:
+            raise ValueError(f"{name} {value}: doppelchip emulates generative models only; "
+                             "pooling (embeddings, classification, scores) is not emulated")
+    if args.grpc and args.grpc_port is not None:
+        raise ValueError("--grpc and --grpc-port are mutually exclusive. Use --grpc --port for "
+                         "the Python gRPC server, or --grpc-port beside the HTTP --port.")
 
 
 def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -147,8 +70,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     if not tag:
         raise ValueError("no model: give it as `vllm serve MODEL` (a Hugging Face repository "
                          "id such as meta-llama/Llama-3.1-8B-Instruct, or a catalogue model)")
-    if args.uds:
-        raise ValueError("--uds: doppelchip listens on TCP only (use --host and --port)")
+    _refuse(args)
     if os.path.exists(tag):  # a local checkpoint (a mounted volume): what its config.json says
         from devices.hf_config import model_for, quant_for, read_config
 
@@ -176,12 +98,15 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     if kv is not None and kv not in KV_DTYPES:
         raise ValueError(f"--kv-cache-dtype {kv}: emulated are {', '.join(KV_DTYPES)}")
     if args.enable_chunked_prefill is False:
-        raise ValueError("--no-enable-chunked-prefill: doppelchip's vLLM always chunks "
-                         "prefills (vLLM v1's default); not emulated")
+        raise ValueError("--disable-chunked-prefill (--no-enable-chunked-prefill): doppelchip's "
+                         "vLLM always chunks prefills (vLLM v1's default); not emulated")
+    grpc, http = ((args.port, 0) if args.grpc  # vLLM's --grpc: gRPC on --port, no HTTP there
+                  else (50051 if args.grpc_port is None else args.grpc_port, args.port))
     out = ["--chip", args.chip, "--engine", "vllm", "--model", model, "--quant", quant,
            "--served-model-name", *(args.served_model_name or [tag]),
            "--host", args.host or os.environ.get("DOPPELCHIP_HOST", "127.0.0.1"),
-           "--port", str(args.grpc_port), "--http-port", str(args.port)]
+           "--port", str(grpc), "--http-port", str(http),
+           "--drain-grace", str(args.shutdown_timeout or 0)]
     values = {"served_model_name": None,  # given above
               "tp": args.tp, "pp": args.pp, "kv_cache_dtype": KV_DTYPES.get(kv or ""),
               "gpu_memory_utilization": args.gpu_memory_utilization,
@@ -193,8 +118,8 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
               "enforce_eager": args.enforce_eager, "check_integrity": args.check_integrity,
               "cold": args.cold, "prefix_cache": {True: "on", False: "off"}.get(
                   args.enable_prefix_caching)}
-    for flags, _ in PASSTHROUGH:
-        dest = _dest(flags)
+    for name, _ in PASSTHROUGH:
+        dest = BY_FLAG[name].dest
         if dest not in values:
             values[dest] = getattr(args, dest)
     for dest, value in values.items():
@@ -205,9 +130,9 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
             out += [flag, *map(str, value)]
         elif value is not None and value is not False:
             out += [flag, str(value)]
-    warnings = [f"{flags[0]} is accepted but not emulated: it changes nothing here"
-                for flags in UNMODELLED_FLAGS + UNMODELLED_SWITCHES
-                if getattr(args, _dest(flags)) not in (None, False)]
+    warnings = [f"{o.name} is accepted but not emulated: it changes nothing here"
+                for o in VLLM_OPTIONS if o.name in args.unemulated and o.name not in POOLING
+                and is_given(getattr(args, o.dest))]
     if args.seed is not None:
         warnings.append("--seed: each deployment's sampler is seeded already (0)")
     return out, warnings

@@ -1,7 +1,13 @@
-"""The `vllm serve` flags `doppelchip vllm serve` takes besides the ones it translates itself
-(doppelchip/cmd_vllm.py), by what they do here. Names and value shapes are vLLM 0.33.0's
-(`vllm/engine/arg_utils.py`, `vllm/entrypoints/common/cli_args.py`); docs/VLLM_SERVE.md has
-the table.
+"""Every `vllm serve` flag, and what `doppelchip vllm serve` does with each.
+
+vLLM 0.33.0's whole command line is `vllm_serve_flags.json`: each option's strings, whether
+it takes a value, its choices, dumped from vLLM's own parser by `scripts/vllm_serve_flags.py`
+(nothing of vLLM's code; docs/VLLM_SERVE.md, "Every vLLM flag"). doppelchip/cmd_vllm.py
+translates the flags whose meaning doppelchip emulates; of the rest this module says which
+pass through to `doppelchip serve` unchanged, which are accepted silently (they only load,
+log or place processes: nothing a client or a dashboard sees changes), and which are refused.
+Every other vLLM flag is accepted with a start-up warning naming it: it changes speed,
+memory or answers in vLLM in a way doppelchip does not emulate, and a manifest still starts.
 
 Why a module of its own: the lists are data, longer than the code that uses them.
 """
@@ -9,76 +15,151 @@ Why a module of its own: the lists are data, longer than the code that uses them
 from __future__ import annotations
 
 import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-_BOOL = {"action": argparse.BooleanOptionalAction}  # vLLM's booleans take --no-X too
 
-# the same name and meaning as `doppelchip serve`'s flag: passed through unchanged
-PASSTHROUGH: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
-    (("--served-model-name",), {"nargs": "+"}),
-    (("--data-parallel-size", "-dp"), {"type": int}),
-    (("--enable-expert-parallel", "-ep"), _BOOL),
-    (("--max-num-seqs",), {"type": int}),
-    (("--block-size",), {"type": int}),
-    (("--num-gpu-blocks-override",), {"type": int}),
-    (("--cpu-offload-gb",), {"type": float}),
-    (("--kv-cache-dtype",), {}),
-    (("--speculative-config", "-sc"), {}),
-    (("--kv-events-config",), {}),
-    (("--kv-transfer-config",), {}),
-    (("--prefix-caching-hash-algo",),
-     {"choices": ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]}),
-    (("--enable-lora",), _BOOL),
-    (("--max-loras",), {"type": int}),
-    (("--max-lora-rank",), {"type": int}),
-    (("--max-cpu-loras",), {"type": int}),
-    (("--lora-modules",), {"nargs": "+"}),
-    (("--enable-sleep-mode",), _BOOL),
-    (("--kv-cache-metrics",), _BOOL),
-    (("--kv-cache-metrics-sample",), {"type": float}),
-    (("--api-key",), {"nargs": "+"}),
-    (("--ssl-keyfile",), {}),
-    (("--ssl-certfile",), {}),
-    (("--ssl-ca-certs",), {}),
-    (("--ssl-cert-reqs",), {"type": int}),
-    (("--api-server-count", "-asc"), {"type": int}),
-    (("--stream-interval",), {"type": int}),
-    (("--enable-server-load-tracking",), _BOOL),
-    (("--enable-scale-out",), _BOOL),
-    (("--enable-tokenizer-info-endpoint",), _BOOL),
-    (("--enable-auto-tool-choice",), _BOOL),
-    (("--tool-call-parser",), {}),
-    (("--custom-histogram-buckets",), {}),
-    (("--profiler-config",), {}),
-    (("--show-hidden-metrics-for-version",), {}),
+@dataclass(frozen=True)
+class VllmOption:
+    """One option of vLLM's `vllm serve` parser, as its command line shapes it.
+
+    `flags`: every string that sets it (aliases and vLLM's `--disable-X` for `--enable-X`
+    included); `negative`: those of a switch that set it False; `shape`: 'switch', 'value',
+    'values' (one or more), 'optional' (zero or one) or 'append' (repeatable)."""
+
+    flags: tuple[str, ...]
+    negative: frozenset[str]
+    shape: str
+    dest: str
+    choices: tuple[str, ...] | None
+
+    @property
+    def name(self) -> str:
+        return self.flags[0]
+
+
+def _load() -> tuple[str, tuple[VllmOption, ...]]:
+    doc = json.loads((Path(__file__).with_name("vllm_serve_flags.json")).read_text())
+    return doc["vllm"], tuple(
+        VllmOption(tuple(o["flags"] + o["hidden"]), frozenset(o["negative"]), o["shape"],
+                   o["dest"], tuple(o["choices"]) if o["choices"] else None)
+        for o in doc["options"])
+
+
+VLLM_VERSION, VLLM_OPTIONS = _load()
+BY_FLAG: dict[str, VllmOption] = {f: o for o in VLLM_OPTIONS for f in o.flags}
+
+
+class VllmSwitch(argparse.Action):
+    """A vLLM switch: True, or False when given as one of its negative strings
+    (`--disable-prefix-caching`, `--no-enable-prefix-caching`), as vLLM's
+    `EnableDisableAction` and `BooleanOptionalAction` read them."""
+
+    def __init__(self, option_strings: list[str], dest: str, negative: frozenset[str] = frozenset(),
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+        self.negative = negative
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, option_string not in self.negative)
+
+
+_NARGS = {"value": None, "values": "+", "optional": "?", "append": None}
+
+
+def add_vllm_option(group: Any, name: str, dest: str | None = None, **kwargs: Any) -> None:
+    """Register vLLM's option `name` on `group` with every string vLLM accepts for it and its
+    shape; `kwargs` (type, choices, help, ...) refine a value's checks."""
+    option = BY_FLAG[name]
+    extra: dict[str, Any] = {"dest": dest or option.dest}
+    if option.shape == "switch":
+        extra.update(action=VllmSwitch, negative=option.negative)
+    else:
+        extra["nargs"] = _NARGS[option.shape]
+        if option.shape == "append":
+            extra["action"] = "append"
+        if option.choices and "choices" not in kwargs and "type" not in kwargs:
+            extra["choices"] = option.choices
+    group.add_argument(*option.flags, **{**extra, **kwargs})
+
+
+# the same name and meaning as `doppelchip serve`'s flag: passed through unchanged (a value's
+# type is checked here as serve checks it)
+PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--served-model-name", {}),
+    ("--data-parallel-size", {"type": int}),
+    ("--enable-expert-parallel", {}),
+    ("--max-num-seqs", {"type": int}),
+    ("--block-size", {"type": int}),
+    ("--num-gpu-blocks-override", {"type": int}),
+    ("--cpu-offload-gb", {"type": float}),
+    ("--kv-cache-dtype", {}),
+    ("--speculative-config", {}),
+    ("--kv-events-config", {}),
+    ("--kv-transfer-config", {}),
+    ("--prefix-caching-hash-algo", {}),
+    ("--enable-lora", {}),
+    ("--max-loras", {"type": int}),
+    ("--max-lora-rank", {"type": int}),
+    ("--max-cpu-loras", {"type": int}),
+    ("--lora-modules", {}),
+    ("--enable-sleep-mode", {}),
+    ("--kv-cache-metrics", {}),
+    ("--kv-cache-metrics-sample", {"type": float}),
+    ("--api-key", {}),
+    ("--ssl-keyfile", {}),
+    ("--ssl-certfile", {}),
+    ("--ssl-ca-certs", {}),
+    ("--ssl-cert-reqs", {"type": int}),
+    ("--api-server-count", {"type": int}),
+    ("--stream-interval", {"type": int}),
+    ("--enable-server-load-tracking", {}),
+    ("--enable-scale-out", {}),
+    ("--enable-tokenizer-info-endpoint", {}),
+    ("--enable-auto-tool-choice", {}),
+    ("--tool-call-parser", {}),
+    ("--custom-histogram-buckets", {}),
+    ("--profiler-config", {}),
+    ("--show-hidden-metrics-for-version", {}),
+    ("--h11-max-incomplete-event-size", {"type": int}),
+    ("--h11-max-header-count", {"type": int}),
 )
 
-# how vLLM fetches, loads or names weights and logs or guards its front end: nothing of it
-# is emulated because nothing is loaded, and nothing a client sees changes
-ACCEPTED_FLAGS: tuple[tuple[str, ...], ...] = (
-    ("--tokenizer",), ("--tokenizer-mode",), ("--tokenizer-revision",), ("--revision",),
-    ("--code-revision",), ("--download-dir",), ("--load-format",), ("--config-format",),
-    ("--hf-token",), ("--hf-config-path",), ("--ignore-patterns",),
-    ("--max-parallel-loading-workers",), ("--safetensors-load-strategy",), ("--model-impl",),
-    ("--distributed-executor-backend",), ("--worker-extension-cls",), ("--logging-config",),
-    ("--uvicorn-log-level",), ("--disable-access-log-for-endpoints",), ("--max-log-len",),
-    ("--allowed-origins",), ("--allowed-methods",), ("--allowed-headers",), ("--root-path",),
-)
-ACCEPTED_SWITCHES: tuple[tuple[str, ...], ...] = (
-    ("--trust-remote-code",), ("--use-tqdm-on-load",), ("--enable-log-requests",),
-    ("--enable-log-outputs",), ("--disable-uvicorn-access-log",), ("--disable-fastapi-docs",),
-    ("--allow-credentials",),
+# how vLLM fetches, loads or names weights, logs, traces, binds its processes to hardware or
+# guards features doppelchip does not serve (media, Cohere's route): nothing is loaded here and
+# nothing a client or a dashboard sees changes, so these are accepted without a word
+ACCEPTED: tuple[str, ...] = (
+    "--tokenizer", "--tokenizer-mode", "--tokenizer-revision", "--revision", "--code-revision",
+    "--download-dir", "--load-format", "--config-format", "--hf-token", "--hf-config-path",
+    "--ignore-patterns", "--max-parallel-loading-workers", "--safetensors-load-strategy",
+    "--safetensors-prefetch-block-size", "--safetensors-prefetch-num-threads",
+    "--model-loader-extra-config", "--pt-load-map-location", "--model-impl",
+    "--trust-remote-code", "--use-tqdm-on-load", "--allow-deprecated-quantization",
+    "--distributed-executor-backend", "--worker-extension-cls", "--worker-cls",
+    "--distributed-timeout-seconds", "--cpu-distributed-timeout-seconds", "--device-ids",
+    "--numa-bind", "--numa-bind-nodes", "--numa-bind-cpus", "--ray-workers-use-nsight",
+    "--logging-config", "--log-config-file", "--uvicorn-log-level", "--enable-log-requests",
+    "--enable-log-outputs", "--enable-log-deltas", "--max-log-len", "--log-error-stack",
+    "--aggregate-engine-logging", "--enable-logging-iteration-details",
+    "--enable-layerwise-nvtx-tracing", "--disable-uvicorn-access-log",
+    "--disable-access-log-for-endpoints", "--jit-monitor-mode", "--jit-monitor-verbose",
+    "--fail-on-environ-validation", "--disable-fastapi-docs", "--enable-offline-docs",
+    "--allowed-origins", "--allowed-methods", "--allowed-headers", "--allow-credentials",
+    "--root-path", "--ssl-ciphers", "--enable-ssl-refresh", "--middleware",
+    "--allowed-local-media-path", "--allowed-media-domains", "--media-io-kwargs",
+    "--cohere-format", "--cohere-is-reasoning-model",
+    "--data-parallel-supervisor-port", "--dp-supervisor-probe-interval-s",
+    "--dp-supervisor-probe-timeout-s", "--dp-supervisor-probe-failure-threshold",
 )
 
-# flags that change speed or answers in vLLM in ways doppelchip does not emulate: accepted so
-# a manifest starts, and named in a warning at start-up
-UNMODELLED_FLAGS: tuple[tuple[str, ...], ...] = (
-    ("--compilation-config", "-cc"), ("--attention-backend",), ("--max-cudagraph-capture-size",),
-    ("--kv-offloading-size",), ("--limit-mm-per-prompt",),
-    ("--chat-template",), ("--generation-config",), ("--reasoning-parser",),
-    ("--otlp-traces-endpoint",),
-)
-UNMODELLED_SWITCHES: tuple[tuple[str, ...], ...] = (
-    ("--async-scheduling",), ("--disable-custom-all-reduce",), ("--disable-cascade-attn",),
-    ("--disable-sliding-window",), ("--disable-log-stats",), ("--enable-ssl-refresh",),
-)
+# refused before anything starts (exit status 2), with the reason; `--runner` and `--convert`
+# are refused for their pooling values only (cmd_vllm.translate)
+REFUSED: dict[str, str] = {
+    "--uds": "doppelchip listens on TCP only (use --host and --port)",
+    "--headless": "a doppelchip pod emulates every data-parallel rank itself "
+                  "(--data-parallel-size); a headless worker of a multi-node pod is not emulated",
+}
+POOLING = {"--runner": ("pooling", "draft"), "--convert": ("embed", "classify")}

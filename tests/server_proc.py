@@ -63,8 +63,9 @@ class ServerProcess:
     def start(self, timeout: float = 60.0) -> ServerProcess:
         cmd = [sys.executable, "-m", "doppelchip.cli", "serve", "--log-level", "info"]
         if self.vllm:
-            cmd = [sys.executable, "-m", "doppelchip.cli", "vllm", "serve", "--port", "0",
-                   "--grpc-port", "0"]
+            cmd = [sys.executable, "-m", "doppelchip.cli", "vllm", "serve", "--port", "0"]
+            if "--grpc" not in self.extra:  # (vLLM's --grpc serves gRPC on --port)
+                cmd += ["--grpc-port", "0"]
         elif self.doc is not None:
             path = Path(self._dir.name) / "fleet.toml"
             path.write_text(toml_text(self.doc))

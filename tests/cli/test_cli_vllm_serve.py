@@ -15,7 +15,8 @@ from devices import place
 from doppelchip import exit_codes
 from doppelchip.cli import build_parser, main
 from doppelchip.cmd_serve import pod_fleet
-from doppelchip.cmd_vllm import human_readable_int, translate
+from doppelchip.cmd_vllm import translate
+from doppelchip.vllm_parser import human_readable_int
 from server.config import load_fleet
 
 
@@ -129,7 +130,7 @@ def test_loading_flags_are_accepted_and_unemulated_ones_warned():
     assert warnings("meta-llama/Llama-3.1-8B", *quiet) == []
     said = warnings("meta-llama/Llama-3.1-8B", "--async-scheduling", "-cc", '{"level": 3}',
                     "--disable-log-stats", "--seed", "7")
-    assert [w.split()[0] for w in said] == ["--compilation-config", "--async-scheduling",
+    assert [w.split()[0] for w in said] == ["--async-scheduling", "--compilation-config",
                                             "--disable-log-stats", "--seed:"]
     assert warnings("meta-llama/Llama-3.1-8B", "--no-async-scheduling") == []
 
@@ -156,9 +157,9 @@ def test_what_cannot_be_served_is_refused_before_it_starts(capsys, argv, says):
 
 def test_an_unknown_flag_is_argparse_s_error_as_in_vllm(capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["vllm", "serve", "meta-llama/Llama-3.1-8B", "--disable-log-requests"])
+        main(["vllm", "serve", "meta-llama/Llama-3.1-8B", "--swap-space", "4"])
     assert exit_.value.code == exit_codes.USAGE  # removed from vLLM before 0.33.0
-    assert "unrecognized arguments: --disable-log-requests" in capsys.readouterr().err
+    assert "unrecognized arguments: --swap-space 4" in capsys.readouterr().err
 
 
 def test_human_readable_integers_are_vllms():

@@ -6,6 +6,9 @@ device layer gives for that memory share)."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+
 import grpc
 import openai
 import pytest
@@ -14,7 +17,9 @@ from server_proc import ServerProcess
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
+from clients.client import AsyncClient, build_request
 from devices import DeploymentSpec, place
+from doppelchip.v1 import inference_pb2 as pb
 
 REPO = "meta-llama/Llama-3.1-8B-Instruct"
 ARGV = (REPO, "-tp", "2", "--gpu-memory-utilization", "0.5", "--max-model-len", "4k",
@@ -61,3 +66,22 @@ def test_the_vllm_engine_grpc_names_the_repository_as_vllm_does(pod):
                                                              timeout=30)
     assert (info.model_path, info.served_model_name) == (REPO, REPO)
     assert info.max_context_length == 4000
+
+
+async def test_sigterm_aborts_what_is_in_flight_as_vllm_without_shutdown_timeout():
+    """vLLM 0.33.0 stops in mode `abort` unless --shutdown-timeout gives in-flight requests
+    time (and --grpc serves gRPC on --port, as smg's workers reach vLLM)."""
+    with ServerProcess(None, REPO, "--grpc", "--max-model-len", "4k", "--time-scale", "1",
+                       vllm=True) as server:
+        async with AsyncClient(server.target) as c:
+            call = c.stub.Generate(build_request("long", max_tokens=3000, ignore_eos=True))
+            await call.read()
+            server.signal(signal.SIGTERM)
+            rest = []
+            while (msg := await call.read()) is not grpc.aio.EOF:
+                rest.append(msg)
+            assert rest[-1].final.finish_reason == pb.FINISH_REASON_ABORT
+            assert sum(len(m.token_ids) for m in rest) < 3000
+        assert await asyncio.to_thread(server.stop) == 0
+        assert "draining: 1 requests in flight, grace 0.0s" in server.log
+        assert "grace expired: aborting 1 requests" in server.log

@@ -1,0 +1,163 @@
+"""`doppelchip vllm serve` takes vLLM 0.33.0's whole command line: every option of vLLM's
+own parser (doppelchip/vllm_serve_flags.json, dumped from it by scripts/vllm_serve_flags.py)
+parses with vLLM's strings and value shapes, and each is translated, passed through, accepted
+silently (loading, logging), refused with its reason, or accepted with a warning naming it —
+never an argparse error for a flag vLLM takes, and still one for a flag vLLM dropped."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from doppelchip import exit_codes
+from doppelchip.cli import build_parser, main
+from doppelchip.cmd_vllm import translate
+from doppelchip.vllm_argv import vllm_argv
+from doppelchip.vllm_flags import (
+    ACCEPTED,
+    BY_FLAG,
+    PASSTHROUGH,
+    POOLING,
+    REFUSED,
+    VLLM_OPTIONS,
+    VLLM_VERSION,
+    VllmOption,
+)
+
+REPO = "meta-llama/Llama-3.1-8B-Instruct"
+# translated by cmd_vllm.translate itself (their values are checked there)
+TRANSLATED = {"--model", "--config", "--host", "--port", "--grpc-port", "--grpc", "--log-level",
+              "--tensor-parallel-size", "--pipeline-parallel-size", "--dtype", "--quantization",
+              "--gpu-memory-utilization", "--kv-cache-memory-bytes", "--max-model-len",
+              "--max-num-batched-tokens", "--enable-prefix-caching", "--enable-chunked-prefill",
+              "--scheduling-policy", "--enforce-eager", "--seed", "--shutdown-timeout"}
+# a value each passed-through option's `doppelchip serve` flag accepts
+PASS_VALUES = {"--kv-cache-dtype": "fp8", "--speculative-config": '{"method": "ngram"}',
+               "--kv-events-config": '{"enable_kv_cache_events": true}',
+               "--lora-modules": "a=b", "--prefix-caching-hash-algo": "xxhash",
+               "--max-lora-rank": "16", "--kv-transfer-config": '{"kv_role": "kv_both"}',
+               "--profiler-config": '{"profiler": "torch", "torch_profiler_dir": "/tmp"}',
+               "--kv-cache-metrics-sample": "0.5", "--custom-histogram-buckets": "{}"}
+
+
+PARSER = build_parser("vllm")
+SERVE = PARSER._subparsers._group_actions[0].choices["vllm"]._subparsers._group_actions[0] \
+    .choices["serve"]
+DEST = {s: a.dest for a in SERVE._actions for s in a.option_strings}
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return PARSER.parse_args(vllm_argv(["vllm", "serve", *argv], set()))
+
+
+def given(option: VllmOption, value: str = "1") -> list[str]:
+    """`option` on a command line: a switch as itself, else with a value of its shape."""
+    if option.shape == "switch":
+        return [option.name]
+    return [option.name, option.choices[0] if option.choices else value]
+
+
+def test_the_table_is_vllms_whole_command_line():
+    assert VLLM_VERSION == "0.33.0" and len(VLLM_OPTIONS) > 300
+    # the lists name vLLM's own options, each once (a typo would name nothing)
+    named = [*TRANSLATED, *(n for n, _ in PASSTHROUGH), *ACCEPTED, *REFUSED, *POOLING]
+    assert len(named) == len(set(named))
+    assert all(n in BY_FLAG and BY_FLAG[n].name == n for n in named), \
+        [n for n in named if n not in BY_FLAG or BY_FLAG[n].name != n]
+
+
+@pytest.mark.parametrize("option", VLLM_OPTIONS, ids=[o.name for o in VLLM_OPTIONS])
+def test_every_vllm_option_parses_with_every_string_vllm_gives_it(option):
+    if option.name == "--config":  # a YAML file, read before parsing (test_cli_vllm_serve)
+        return
+    for flag in option.flags:
+        argv = [REPO, flag] if option.shape == "switch" else [REPO, flag,
+                                                             *given(option)[1:]]
+        value = getattr(parse(*argv), DEST[flag])
+        if option.shape == "switch":
+            assert value is (flag not in option.negative), (flag, value)
+        else:
+            assert value not in (None, False), (flag, value)
+
+
+def test_each_option_is_translated_passed_accepted_refused_or_warned():
+    for option in VLLM_OPTIONS:
+        if option.name in TRANSLATED:
+            continue
+        argv = given(option, PASS_VALUES.get(option.name, "1"))
+        if option.name in REFUSED:
+            with pytest.raises(ValueError, match=option.name):
+                translate(parse(REPO, *argv))
+            continue
+        serve, warnings = translate(parse(REPO, *argv))
+        warned = [w for w in warnings if w.startswith(option.name + " ")]
+        if option.name in POOLING:
+            assert not warned  # auto / generate: a generative model, as served
+        elif option.name in dict(PASSTHROUGH):
+            assert not warned and option.name in serve, option.name
+        elif option.name in ACCEPTED:
+            assert not warned and option.name not in serve, option.name
+        else:
+            assert warned == [f"{option.name} is accepted but not emulated: it changes "
+                              "nothing here"], (option.name, warnings)
+
+
+def test_vllms_inverse_switches_mean_what_they_mean_in_vllm():
+    serve_off = translate(parse(REPO, "--disable-prefix-caching"))[0]
+    assert serve_off[serve_off.index("--prefix-cache") + 1] == "off"
+    hidden = translate(parse(REPO, "--no-enable-prefix-caching"))[0]
+    assert hidden[hidden.index("--prefix-cache") + 1] == "off"
+    on = translate(parse(REPO, "--enable-prefix-caching"))[0]
+    assert on[on.index("--prefix-cache") + 1] == "on"
+    # logging switches are silent either way; turning an unemulated one off asks nothing
+    assert translate(parse(REPO, "--disable-log-requests", "--no-async-scheduling"))[1] == []
+    assert translate(parse(REPO, "-ep"))[0].count("--enable-expert-parallel") == 1
+    assert "--enable-expert-parallel" not in translate(parse(REPO, "--disable-expert-parallel"))[0]
+
+
+def test_vllms_argument_rewrites_optimization_level_and_dotted_json():
+    args = parse(REPO, "-O3", "-cc.mode=3", "-cc.cudagraph_mode", "FULL")
+    assert args.optimization_level == "3"
+    assert args.compilation_config == '{"mode": 3, "cudagraph_mode": "FULL"}'
+    assert [w.split()[0] for w in translate(args)[1]] == ["--compilation-config",
+                                                        "--optimization-level"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--runner", "pooling"], "--runner pooling: doppelchip emulates generative models only"),
+    (["--convert", "embed"], "--convert embed: doppelchip emulates generative models only"),
+    (["--headless"], "--headless: a doppelchip pod emulates every data-parallel rank"),
+    (["--grpc", "--grpc-port", "50052"], "mutually exclusive"),
+    (["--disable-chunked-prefill"], "not emulated"),
+])
+def test_what_vllm_would_serve_differently_is_refused(argv, says):
+    # (`main` prints it and exits 2 before anything starts: test_cli_vllm_serve.py)
+    with pytest.raises(ValueError) as refused:
+        translate(parse(REPO, *argv))
+    assert says in str(refused.value)
+
+
+def test_runner_generate_and_convert_none_serve_as_usual():
+    serve, warnings = translate(parse(REPO, "--runner", "generate", "--convert", "none"))
+    assert warnings == [] and "--model" in serve
+
+
+@pytest.mark.parametrize("flag", ["--swap-space", "--num-scheduler-steps", "--task",
+                                  "--max-seq-len-to-capture", "--preemption-mode"])
+def test_flags_vllm_dropped_before_0_33_are_still_argparse_errors(capsys, flag):
+    with pytest.raises(SystemExit) as exit_:
+        main(["vllm", "serve", REPO, flag, "1"])
+    assert exit_.value.code == exit_codes.USAGE
+    assert f"unrecognized arguments: {flag} 1" in capsys.readouterr().err
+
+
+def test_grpc_serves_grpc_on_port_and_shutdown_timeout_is_the_drain():
+    serve = translate(parse(REPO, "--grpc", "--port", "20001", "--shutdown-timeout", "30"))[0]
+    assert serve[serve.index("--port") + 1] == "20001"  # doppelchip serve's gRPC port
+    assert serve[serve.index("--http-port") + 1] == "0"  # the HTTP front end: a free port
+    assert serve[serve.index("--drain-grace") + 1] == "30"
+    plain = translate(parse(REPO, "--port", "8001"))[0]
+    assert plain[plain.index("--port") + 1] == "50051"
+    assert plain[plain.index("--http-port") + 1] == "8001"
+    assert plain[plain.index("--drain-grace") + 1] == "0"  # vLLM's default: abort at once
