@@ -153,6 +153,9 @@ ACCEPTED: tuple[str, ...] = (
     "--cohere-format", "--cohere-is-reasoning-model",
     "--data-parallel-supervisor-port", "--dp-supervisor-probe-interval-s",
     "--dp-supervisor-probe-timeout-s", "--dp-supervisor-probe-failure-threshold",
+    # what doppelchip's front end always does (docs/HTTP.md, "Differences from vLLM"):
+    # `usage.prompt_tokens_details.cached_tokens` on every answer, `X-Request-Id` echoed
+    "--enable-prompt-tokens-details", "--enable-request-id-headers",
 )
 
 # refused before anything starts (exit status 2), with the reason; `--runner` and `--convert`
