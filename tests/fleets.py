@@ -44,3 +44,23 @@ def make_fleet(overrides: dict | None = None):
 async def assert_released(client, name: str) -> None:
     """Deployment `name` holds no request and no KV block (see server_proc.released)."""
     await released(client, name)
+
+
+async def sigterm_mid_stream(server, **request) -> list:
+    """Start one long stream on `server` (`request`: build_request's keywords), send the
+    server SIGTERM after its first message, and return the messages that followed."""
+    import signal
+
+    import grpc
+
+    from clients.client import AsyncClient, build_request
+
+    async with AsyncClient(server.target) as c:
+        call = c.stub.Generate(build_request("long", max_tokens=3000, ignore_eos=True,
+                                             **request))
+        await call.read()
+        server.signal(signal.SIGTERM)
+        rest = []
+        while (msg := await call.read()) is not grpc.aio.EOF:
+            rest.append(msg)
+    return rest

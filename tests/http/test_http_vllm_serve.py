@@ -7,17 +7,16 @@ device layer gives for that memory share)."""
 from __future__ import annotations
 
 import asyncio
-import signal
 
 import grpc
 import openai
 import pytest
+from fleets import sigterm_mid_stream
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
-from clients.client import AsyncClient, build_request
 from devices import DeploymentSpec, place
 from doppelchip.v1 import inference_pb2 as pb
 
@@ -73,15 +72,9 @@ async def test_sigterm_aborts_what_is_in_flight_as_vllm_without_shutdown_timeout
     time (and --grpc serves gRPC on --port, as smg's workers reach vLLM)."""
     with ServerProcess(None, REPO, "--grpc", "--max-model-len", "4k", "--time-scale", "1",
                        vllm=True) as server:
-        async with AsyncClient(server.target) as c:
-            call = c.stub.Generate(build_request("long", max_tokens=3000, ignore_eos=True))
-            await call.read()
-            server.signal(signal.SIGTERM)
-            rest = []
-            while (msg := await call.read()) is not grpc.aio.EOF:
-                rest.append(msg)
-            assert rest[-1].final.finish_reason == pb.FINISH_REASON_ABORT
-            assert sum(len(m.token_ids) for m in rest) < 3000
+        rest = await sigterm_mid_stream(server)
+        assert rest[-1].final.finish_reason == pb.FINISH_REASON_ABORT
+        assert sum(len(m.token_ids) for m in rest) < 3000
         assert await asyncio.to_thread(server.stop) == 0
         assert "draining: 1 requests in flight, grace 0.0s" in server.log
         assert "grace expired: aborting 1 requests" in server.log

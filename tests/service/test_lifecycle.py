@@ -9,7 +9,7 @@ from collections import Counter
 
 import grpc
 import pytest
-from fleets import TEST_FLEET, assert_released, fleet_doc
+from fleets import TEST_FLEET, assert_released, fleet_doc, sigterm_mid_stream
 from grpc_health.v1 import health_pb2
 from server_proc import ServerProcess
 
@@ -71,15 +71,8 @@ async def test_health_serving_then_not_serving_on_drain():
 async def test_drain_grace_expiry_aborts_what_is_left():
     doc = {**TEST_FLEET, "server": {**TEST_FLEET["server"], "drain_grace_s": 0.05}}
     with ServerProcess(doc) as server:
-        async with AsyncClient(server.target) as c:
-            call = c.stub.Generate(build_request(
-                "long", deployment="slow", max_tokens=3000, ignore_eos=True))
-            await call.read()
-            server.signal(signal.SIGTERM)
-            rest = []
-            while (msg := await call.read()) is not grpc.aio.EOF:
-                rest.append(msg)
-            assert rest[-1].final.finish_reason == pb.FINISH_REASON_ABORT
+        rest = await sigterm_mid_stream(server, deployment="slow")
+        assert rest[-1].final.finish_reason == pb.FINISH_REASON_ABORT
         assert await asyncio.to_thread(server.stop) == 0
         assert "grace expired: aborting 1 requests" in server.log
 
