@@ -75,6 +75,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--enable-tokenizer-info-endpoint", action="store_true", default=None,
                    help="as vLLM's flag: serve GET /tokenizer_info, the tokenizer's "
                    "configuration and chat template (404 without it)")
+    p.add_argument("--enable-force-include-usage", action="store_true", default=None,
+                   help="as vLLM's flag: every streamed completion and chat answer carries its "
+                   "usage so far on each chunk and a usage chunk at its end, whatever its "
+                   "stream_options")
     p.add_argument("--profiler-config", metavar="JSON",
                    help="as vLLM's flag: '{\"profiler\": \"torch\", \"torch_profiler_dir\": "
                    "\"DIR\"}' serves /start_profile and /stop_profile, which write each engine "
@@ -118,6 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             custom_histogram_buckets=args.custom_histogram_buckets,
             profiler_config=args.profiler_config,
             enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
+            enable_force_include_usage=args.enable_force_include_usage,
             enable_auto_tool_choice=args.enable_auto_tool_choice,
             tool_call_parser=args.tool_call_parser,
             **security_overrides(args),

@@ -119,6 +119,7 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--enable-server-load-tracking", {}),
     ("--enable-scale-out", {}),
     ("--enable-tokenizer-info-endpoint", {}),
+    ("--enable-force-include-usage", {}),
     ("--enable-auto-tool-choice", {}),
     ("--tool-call-parser", {}),
     ("--custom-histogram-buckets", {}),

@@ -110,6 +110,7 @@ class FrontendApp:
                                     responses=ResponseStore.from_env(), now=self.now,
                                     profiler=ProfilerConfig.parse(cfg.profiler_config).enabled,
                                     tokenizer_info=cfg.enable_tokenizer_info_endpoint,
+                                    force_include_usage=cfg.enable_force_include_usage,
                                     tool_parser=ToolParserMetrics(
                                         c.info.model_name for c in self.clients)
                                     if cfg.tool_call_parser else None)

@@ -77,6 +77,8 @@ class ServerConfig:
     tool_call_parser: str = ""
     # vLLM's --enable-tokenizer-info-endpoint: GET /tokenizer_info (404 without it)
     enable_tokenizer_info_endpoint: bool = False
+    # vLLM's --enable-force-include-usage: every stream carries its usage (chunks and a last one)
+    enable_force_include_usage: bool = False
     # vLLM's --profiler-config: JSON; with profiler "torch", /start_profile and /stop_profile
     # write each engine core's emulated steps as a trace (server/engine/profiler_config.py)
     profiler_config: str = ""

@@ -143,6 +143,16 @@ class GenerationFields(OpenAIBase):
     return_weight_versions: bool = False
 
 
+def forced_usage(body: GenerationFields, force: bool) -> Any:
+    """vLLM's --enable-force-include-usage (`should_include_usage`): a stream carries the
+    usage so far on every chunk and the whole usage in a last chunk, whatever its
+    `stream_options` say (an answer that is not streamed always has its usage)."""
+    if not (force and body.stream):
+        return body
+    return body.model_copy(update={"stream_options": StreamOptions(
+        include_usage=True, continuous_usage_stats=True)})
+
+
 class CompletionRequest(GenerationFields):
     # vLLM's union, in its order; None (or "") is refused by `prechecks.completion`
     prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None

@@ -41,6 +41,7 @@ from server.http.protocol import (
     DetokenizeRequest,
     TokenizeChatRequest,
     TokenizeRequest,
+    forced_usage,
 )
 from server.http.state import VLLM_VERSION, HttpState, InFlight
 
@@ -199,6 +200,7 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
 async def completion(state: HttpState, request: Request, body: CompletionRequest) -> Response:
     """A completions request's answer (`/v1/completions`, and `/invocations`'s)."""
     rid = request_id(request, body.request_id)
+    body = forced_usage(body, state.force_include_usage)
     try:
         client, name = opened(state, rid, body.model)
         run, ids = await start_completion(state, client, body, f"cmpl-{rid}", rid,
@@ -228,6 +230,7 @@ async def chat_completion(state: HttpState, request: Request, body: ChatCompleti
                           ) -> Response:
     """A chat request's answer (`/v1/chat/completions`, and `/invocations`'s)."""
     rid = request_id(request, body.request_id)
+    body = forced_usage(body, state.force_include_usage)
     try:
         run, shapes = await start_chat(state, rid, body, data_parallel_rank(request))
     except HttpError as e:

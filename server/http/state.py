@@ -33,6 +33,7 @@ class HttpState:
     now: Callable[[], float] = time.monotonic  # the emulated timeline (the front end's clock)
     profiler: bool = False  # --profiler-config (vLLM's): /start_profile and /stop_profile
     tokenizer_info: bool = False  # --enable-tokenizer-info-endpoint (vLLM's)
+    force_include_usage: bool = False  # --enable-force-include-usage (vLLM's)
     tool_parser: ToolParserMetrics | None = None  # --tool-call-parser (vLLM's metric)
 
     def load(self) -> InFlight:
