@@ -44,6 +44,12 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--max-model-len", type=int, help="context length (default: model's, capped)")
     g.add_argument("--max-num-seqs", type=int, help="sequence cap per step (engine default)")
     g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
+    g.add_argument("--max-num-queued-reqs", type=int, metavar="N",
+                   help="as vLLM's flag: refuse a request (UNAVAILABLE, HTTP 503) while N are "
+                   "unfinished (default: no limit)")
+    g.add_argument("--max-num-queued-tokens", type=int, metavar="N",
+                   help="as vLLM's flag: refuse a request (UNAVAILABLE, HTTP 503) while the "
+                   "prompts not yet past their prefill hold N tokens (default: no limit)")
     g.add_argument("--block-size", type=int, help="KV block size in tokens (default 16)")
     g.add_argument("--num-gpu-blocks-override", type=int, dest="kv_blocks", metavar="N",
                    help="as vLLM's flag: a KV pool of N blocks, whatever fits")

@@ -93,6 +93,8 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--data-parallel-size", {"type": int}),
     ("--enable-expert-parallel", {}),
     ("--max-num-seqs", {"type": int}),
+    ("--max-num-queued-reqs", {"type": int}),
+    ("--max-num-queued-tokens", {"type": int}),
     ("--block-size", {"type": int}),
     ("--num-gpu-blocks-override", {"type": int}),
     ("--cpu-offload-gb", {"type": float}),

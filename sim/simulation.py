@@ -121,6 +121,8 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "n_gpu_layers": args.n_gpu_layers,
         "built_for": args.built_for, "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_queued_reqs": getattr(args, "max_num_queued_reqs", None),
+        "max_num_queued_tokens": getattr(args, "max_num_queued_tokens", None),
         "block_size": getattr(args, "block_size", None),
         "kv_blocks": getattr(args, "kv_blocks", None),
         "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", None),

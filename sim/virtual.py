@@ -166,6 +166,9 @@ class _Runner(SessionSource, PdHops, MacroWindows):
         elif max_waiting is not None and queue_is_full(sched.num_waiting, sched.free_seats,
                                                        max_waiting):
             error = "RESOURCE_EXHAUSTED"
+        elif core.queue_limits.active and core.queue_limits.refusal(
+                [*sched.waiting, *sched.running]) is not None:
+            error = "UNAVAILABLE"  # vLLM's queue limits: 503, retry elsewhere
         elif s.constraint is not None:
             try:
                 constraint = core.constraints.start(Constraint(s.constraint[0],  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ from devices import (
 from server.engine.block_hash import BlockHasher
 from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
+from server.engine.intake import QueueLimits
 from server.engine.kv_events import KvEventLog
 from server.engine.kv_events_config import KVEventsConfig
 from server.engine.kv_metrics import KVCacheMetricsCollector
@@ -85,6 +86,8 @@ class EngineOptions:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_waiting: int = 1024  # accepted beyond the free batch seats (intake.queue_is_full)
+    max_num_queued_reqs: int | None = None  # vLLM's: unfinished requests (intake.QueueLimits)
+    max_num_queued_tokens: int | None = None  # vLLM's: prompt tokens not yet past prefill
     block_size: int = 16
     kv_blocks: int | None = None  # cap the KV pool (vLLM's num_gpu_blocks_override)
     policy: str | None = None  # fcfs | priority | lpm
@@ -225,6 +228,7 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
         else None,
     )
     core.startup_s = core.compiler.startup_seconds(opts.start == "cold")
+    core.queue_limits = QueueLimits(opts.max_num_queued_reqs, opts.max_num_queued_tokens)
     # --- KV events (issue 13) ---
     events = KVEventsConfig.parse(opts.kv_events_config)
     hasher = BlockHasher.from_env(opts.prefix_caching_hash_algo)  # also checks the algorithm

@@ -39,6 +39,7 @@ from devices.compile import Stall
 from devices.lora import NO_LORA, LoraCostModel, LoraStepCost
 from devices.pipeline import CycleCost, cycle_cost
 from server.engine.constraints import ConstraintCompiler
+from server.engine.intake import QueueLimits
 from server.engine.lora import LoraRegistry
 from server.engine.mock_model import MockModel
 from server.engine.request import Request
@@ -112,6 +113,7 @@ class EngineCore:
         self.jitter = jitter
         self.jump_forward = jump_forward
         self.constraints = constraints  # compiles the requests' constraints (intake, virtual)
+        self.queue_limits = QueueLimits()  # vLLM's queue limits (build_core sets them)
         self.speculative = speculative
         self.stats = CoreStats()
         self.startup_s = 0.0  # a cold start: seconds before it serves (build_core sets it)

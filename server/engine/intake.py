@@ -12,12 +12,21 @@ Two halves, because they run in two processes:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 import msgspec
 
 from server.engine.constraints import ConstraintCompiler
-from server.engine.interface import AlreadyExists, EngineRequest, InvalidRequest, Overloaded
+from server.engine.interface import (
+    AlreadyExists,
+    EngineError,
+    EngineRequest,
+    InvalidRequest,
+    MaxQueuedTokens,
+    Overloaded,
+    QueueOverflow,
+)
 from server.engine.lora import LoraRegistry
 from server.engine.request import Request
 
@@ -111,6 +120,41 @@ def check_request(request: EngineRequest, limits: Limits,
     return ids, max_tokens
 
 
+# vLLM 0.33.0's words for its two queue limits (vllm/exceptions.py)
+QUEUE_OVERFLOW = ("The engine is currently busy and cannot accept new requests. Please try "
+                  "again later or on a different instance.")
+MAX_QUEUED_TOKENS = ("The engine has reached its prefill token backlog limit. Please try again "
+                     "later or on a different instance.")
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """vLLM's queue limits (--max-num-queued-reqs, --max-num-queued-tokens; None: none, vLLM's
+    default). vLLM checks them in its API server before a request reaches the engine; here the
+    engine core checks them at admission, where every front end's requests are counted."""
+
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.max_num_queued_reqs is not None or self.max_num_queued_tokens is not None
+
+    def refusal(self, unfinished: Collection[Request]) -> EngineError | None:
+        """Why one more request is refused, given the deployment's `unfinished` requests
+        (waiting and running), as vLLM's `check_admission`: the requests would pass the cap,
+        or the prompt tokens of those without an output token yet (vLLM counts a prefilling
+        request's whole prompt, chunks done or not) reach the token cap."""
+        cap = self.max_num_queued_reqs
+        if cap is not None and len(unfinished) + 1 > cap:
+            return QueueOverflow(QUEUE_OVERFLOW)
+        cap = self.max_num_queued_tokens
+        if cap is not None and sum(r.num_prompt_tokens for r in unfinished
+                                   if r.num_output_tokens == 0) >= cap:
+            return MaxQueuedTokens(MAX_QUEUED_TOKENS)
+        return None
+
+
 def queue_is_full(num_queued: int, free_seats: int, max_waiting: int) -> bool:
     """Whether one more request would wait beyond `max_waiting`: of the `num_queued` requests
     accepted and not running, the first `free_seats` take the batch's free seats at the next
@@ -121,11 +165,16 @@ def queue_is_full(num_queued: int, free_seats: int, max_waiting: int) -> bool:
 
 def admit(request: EngineRequest, ids: list[int], max_tokens: int, arrival: float, *,
           limits: Limits, num_queued: int, free_seats: int, in_flight: bool,
-          constraints: ConstraintCompiler | None, lora: LoraRegistry | None = None) -> Request:
-    """The scheduler's request, or a typed error (nothing allocated) — engine side."""
+          constraints: ConstraintCompiler | None, lora: LoraRegistry | None = None,
+          queue: QueueLimits = QueueLimits(),
+          unfinished: Callable[[], Collection[Request]] = tuple) -> Request:
+    """The scheduler's request, or a typed error (nothing allocated) — engine side.
+    `unfinished` lists the deployment's unfinished requests, for the `queue` limits."""
     if in_flight:
         raise AlreadyExists(f"request id {request.request_id!r} is already in flight on "
                             f"deployment {limits.name!r}")
+    if queue.active and (refused := queue.refusal(unfinished())) is not None:
+        raise refused
     if queue_is_full(num_queued, free_seats, limits.max_waiting):
         raise Overloaded(
             f"deployment {limits.name!r}: waiting queue is full "

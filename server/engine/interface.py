@@ -42,6 +42,18 @@ class Unavailable(EngineError):
     """The deployment is compiling, restarting or draining (UNAVAILABLE)."""
 
 
+class QueueOverflow(Unavailable):
+    """vLLM's --max-num-queued-reqs refused the request: as many are unfinished (waiting and
+    running) as it allows. UNAVAILABLE; HTTP 503 "Service Unavailable", as vLLM's
+    QueueOverflowError, so that a router or a client retries on another instance."""
+
+
+class MaxQueuedTokens(Unavailable):
+    """vLLM's --max-num-queued-tokens refused the request: the prompt tokens of the requests
+    not yet past their prefill reach it (a TTFT guard). UNAVAILABLE; HTTP 503, as vLLM's
+    MaxQueuedTokensError."""
+
+
 class Paused(Unavailable):
     """Generation is paused (vLLM's `/pause`, modes abort and wait) until it resumes: a
     retryable refusal (UNAVAILABLE; HTTP 503 ServiceUnavailableError, as vLLM's

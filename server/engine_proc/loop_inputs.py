@@ -23,6 +23,11 @@ from server.engine_proc.loop_controls import Live
 from server.engine_proc.pause import PAUSED_MESSAGE
 from server.ipc import messages as m
 
+# a refusal's error name -> vllm:admission_rejections' reason (max_waiting, doppelchip's own
+# waiting-queue limit, counts as the queue limit vLLM names max_num_queued_reqs)
+REJECTION_REASONS = {"Overloaded": "max_num_queued_reqs", "QueueOverflow": "max_num_queued_reqs",
+                     "MaxQueuedTokens": "max_num_queued_tokens"}
+
 log = logging.getLogger("doppelchip.engine")
 
 
@@ -43,7 +48,7 @@ class LoopInputs:
         if not events.get(self.input, 0) & zmq.POLLIN:
             return
         replies: dict[int, list[m.Admission]] = {}
-        rejected = 0
+        rejected: dict[str, int] = {}
         while True:
             try:
                 raw = self.input.recv(zmq.NOBLOCK)
@@ -52,7 +57,8 @@ class LoopInputs:
             msg = m.to_engine(raw)
             if isinstance(msg, m.AddRequest):
                 answer = self._add(msg)
-                rejected += answer.error == "Overloaded"
+                if (reason := REJECTION_REASONS.get(answer.error or "")) is not None:
+                    rejected[reason] = rejected.get(reason, 0) + 1
                 replies.setdefault(msg.frontend, []).append(answer)
             elif isinstance(msg, m.Abort):
                 reason = FinishReason.STOP if msg.reason == "stop" else FinishReason.ABORT
@@ -107,7 +113,9 @@ class LoopInputs:
                         limits=self.limits, num_queued=self.num_queued(),
                         free_seats=self.core.scheduler.free_seats,
                         in_flight=r.request_id in self.by_rid,
-                        constraints=self.core.constraints, lora=self.core.lora)
+                        constraints=self.core.constraints, lora=self.core.lora,
+                        queue=self.core.queue_limits,
+                        unfinished=lambda: [live.req for live in self.live.values()])
         except EngineError as e:
             request_log(log, r.request_id).info("rejected on %s: %s", self.name, e)
             return m.Admission(msg.seq, type(e).__name__, str(e))

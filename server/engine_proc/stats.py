@@ -66,12 +66,13 @@ class EngineStats:
         self.a[self.slot("_paused")] = float(paused)
         self.file.end()
 
-    def queued(self, num_queued: int, rejected: int = 0) -> None:
-        """Admissions happened: the waiting count now, and the requests the waiting-queue
-        limit refused (vllm:admission_rejections, reason max_num_queued_reqs)."""
+    def queued(self, num_queued: int, rejected: dict[str, int] | None = None) -> None:
+        """Admissions happened: the waiting count now, and the requests a queue limit refused,
+        by vllm:admission_rejections' reason."""
         self.file.begin()
         self._waiting(num_queued)
-        self.a[self.slot("vllm:admission_rejections", "max_num_queued_reqs")] += rejected
+        for reason, n in (rejected or {}).items():
+            self.a[self.slot("vllm:admission_rejections", reason)] += n
         self.file.end()
 
     def _waiting(self, num_queued: int, deferred: int = 0) -> None:

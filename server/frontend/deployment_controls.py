@@ -18,9 +18,11 @@ from server.engine.interface import (
     AlreadyExists,
     EngineError,
     InvalidRequest,
+    MaxQueuedTokens,
     NotPlaced,
     Overloaded,
     Paused,
+    QueueOverflow,
     Unavailable,
 )
 from server.ipc import messages as m
@@ -28,7 +30,7 @@ from server.ipc import messages as m
 # an engine's refusal by its error's name (an `Admission.error`) -> the typed error
 ERRORS: dict[str, type[EngineError]] = {
     c.__name__: c for c in (InvalidRequest, AlreadyExists, Overloaded, Unavailable, NotPlaced,
-                            Paused)}
+                            Paused, QueueOverflow, MaxQueuedTokens)}
 SEQ = itertools.count(1)  # a front end's numbers for requests and commands, across deployments
 
 
