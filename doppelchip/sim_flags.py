@@ -44,6 +44,12 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--max-model-len", type=int, help="context length (default: model's, capped)")
     g.add_argument("--max-num-seqs", type=int, help="sequence cap per step (engine default)")
     g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
+    g.add_argument("--long-prefill-token-threshold", type=int, metavar="N",
+                   help="as vLLM's flag: while others run or wait, a request gets at most N "
+                   "tokens a step (0: off, the default)")
+    g.add_argument("--long-prefill-token-threshold-adaptive", action="store_true",
+                   default=None, help="as vLLM's flag: the cap is at least the step budget's "
+                   "fair share")
     g.add_argument("--max-num-queued-reqs", type=int, metavar="N",
                    help="as vLLM's flag: refuse a request (UNAVAILABLE, HTTP 503) while N are "
                    "unfinished (default: no limit)")

@@ -95,6 +95,8 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--max-num-seqs", {"type": int}),
     ("--max-num-queued-reqs", {"type": int}),
     ("--max-num-queued-tokens", {"type": int}),
+    ("--long-prefill-token-threshold", {"type": int}),
+    ("--long-prefill-token-threshold-adaptive", {}),
     ("--block-size", {"type": int}),
     ("--num-gpu-blocks-override", {"type": int}),
     ("--cpu-offload-gb", {"type": float}),

@@ -201,7 +201,8 @@ POSITIVE_KEYS = ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_
 # ... and those that must be in (0, 1] when given (vLLM: Field(gt=0, le=1))
 FRACTION_KEYS = ("gpu_memory_utilization", "kv_cache_metrics_sample")
 # ... and those that must be >= 0 (vLLM: Field(ge=0))
-NON_NEGATIVE_KEYS = ("cpu_offload_gb", "max_num_queued_reqs", "max_num_queued_tokens")
+NON_NEGATIVE_KEYS = ("cpu_offload_gb", "max_num_queued_reqs", "max_num_queued_tokens",
+                     "long_prefill_token_threshold")
 
 
 def range_problem(values: dict[str, Any]) -> tuple[str, str] | None:

@@ -88,6 +88,8 @@ class EngineOptions:
     max_waiting: int = 1024  # accepted beyond the free batch seats (intake.queue_is_full)
     max_num_queued_reqs: int | None = None  # vLLM's: unfinished requests (intake.QueueLimits)
     max_num_queued_tokens: int | None = None  # vLLM's: prompt tokens not yet past prefill
+    long_prefill_token_threshold: int = 0  # vLLM's: a step's cap per request (SchedulerConfig)
+    long_prefill_token_threshold_adaptive: bool = False
     block_size: int = 16
     kv_blocks: int | None = None  # cap the KV pool (vLLM's num_gpu_blocks_override)
     policy: str | None = None  # fcfs | priority | lpm
@@ -202,6 +204,8 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
         num_speculative_tokens=(placement.spec.speculative.num_speculative_tokens
                                 if placement.spec.speculative else 0),
         max_loras=opts.max_loras if opts.enable_lora else 0,  # --- LoRA (issue 13) ---
+        long_prefill_token_threshold=opts.long_prefill_token_threshold,
+        long_prefill_token_threshold_adaptive=opts.long_prefill_token_threshold_adaptive,
     )
 
 

@@ -126,6 +126,18 @@ class Scheduler(KvHold):
         self.waiting.add_preempted(req)
 
     # -- one step --------------------------------------------------------------------------
+    def _long_prefill_cap(self, budget: int) -> int:
+        """This step's cap on one request's new tokens (0: none): vLLM's
+        long_prefill_token_threshold, off while one request alone runs or waits (nobody to
+        starve), floored at the budget's fair share when adaptive."""
+        cap, cfg = self.config.long_prefill_token_threshold, self.config
+        if not cap:
+            return 0
+        eligible = len(self.running) + len(self.waiting)
+        if eligible <= 1:
+            return 0
+        return max(cap, budget // eligible) if cfg.long_prefill_token_threshold_adaptive else cap
+
     def schedule(self) -> SchedulerOutput:
         cfg, kv = self.config, self.kv
         budget = cfg.max_num_batched_tokens
@@ -137,6 +149,7 @@ class Scheduler(KvHold):
         bs, paged, speculates = kv.block_size, not kv.contiguous, cfg.num_speculative_tokens > 0
         plain = paged and not speculates  # a decode may take the fast path below
         running = self.running  # the one list: _preempt removes from it in place
+        cap = self._long_prefill_cap(budget)
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -155,7 +168,7 @@ class Scheduler(KvHold):
             if not cfg.enable_chunked_prefill and remaining > budget:
                 i += 1  # a whole prefill that does not fit this step waits for the next
                 continue
-            num_new = min(remaining, budget)
+            num_new = min(remaining if not 0 < cap < remaining else cap, budget)
             drafts = draft_tokens(cfg, req, num_new, budget) if speculates else 0
             end = computed + num_new
             if paged and end + drafts <= len(req.block_ids) * bs:  # fits the blocks it holds
@@ -198,7 +211,7 @@ class Scheduler(KvHold):
                     if cfg.batching != "static":
                         break
                     remaining = 0  # static: admit into the batch now, prefill in a later step
-                num_new = min(remaining, budget)
+                num_new = min(remaining if not 0 < cap < remaining else cap, budget)
                 if num_new == 0 and cfg.batching != "static":
                     break
                 if not kv.allocate_slots(req, num_new + external, match):

@@ -24,7 +24,11 @@ class SchedulerConfig:
     its requests end). ``lpm_fcfs_threshold``: the longest-prefix-match policy falls back to
     FCFS when more requests than this wait (SGLang uses 128). ``num_speculative_tokens`` > 0:
     every decode also verifies that many draft tokens (speculative decoding): they take KV
-    slots (lookahead) and token budget, as in vLLM.
+    slots (lookahead) and token budget, as in vLLM. ``long_prefill_token_threshold`` > 0
+    (vLLM's flag; 0 off, its default): while more than one request is running or waiting, no
+    request gets more than that many tokens a step, so a long prefill cannot take the whole
+    budget from the others; with ``long_prefill_token_threshold_adaptive`` the cap is at least
+    the budget's fair share (budget / requests), as vLLM 0.33.0's scheduler.
     """
 
     num_blocks: int = 1024
@@ -41,12 +45,17 @@ class SchedulerConfig:
     num_speculative_tokens: int = 0
     # --- LoRA (issue 13) ---
     max_loras: int = 0  # distinct LoRA adapters one step may run (0: LoRA off)
+    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
                      "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0, got "
+                             f"{self.long_prefill_token_threshold}")
         if self.policy not in ("fcfs", "priority", "lpm"):
             raise ValueError(f"unknown policy {self.policy!r} (fcfs, priority or lpm)")
         if self.kv_layout not in ("paged", "contiguous"):

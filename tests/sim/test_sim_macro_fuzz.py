@@ -6,6 +6,7 @@ relative), and windows must have run."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -84,3 +85,26 @@ def test_random_configurations_run_the_same_macro_or_single_stepped(seed, monkey
             assert len(t1) == len(t2) and all(map(_close, t1, t2)), (opts, spec)
             assert _close(e1, e2) and _close(f1, f2)
     assert windows > 0  # macro-stepping really ran
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_long_prefill_threshold_runs_the_same_macro_or_single_stepped(adaptive, monkeypatch):
+    """vLLM's long_prefill_token_threshold changes which steps prefill what; windows still
+    take only plain decode batches, so the two runs are identical."""
+    opts = EngineOptions(name="cap", model="llama-3.1-8b", quant="bf16", chip="h100-sxm",
+                         engine="vllm", max_num_seqs=16, max_num_batched_tokens=512,
+                         long_prefill_token_threshold=64,
+                         long_prefill_token_threshold_adaptive=adaptive)
+    spec = WorkloadSpec(kind="random", num_requests=30, isl=1000, osl=60, rate=20,
+                        length_dist="uniform", length_spread=0.9, ignore_eos=False, seed=3,
+                        vocab_size=get_tokenizer().vocab_size)
+    single = _run(opts, spec, False, monkeypatch)
+    macro = _run(opts, spec, True, monkeypatch)
+    assert macro[5] > 0 and single[:3] == macro[:3]
+    assert all(_close(a, b) for a, b in zip(single[3], macro[3], strict=True))
+    for (t1, e1, f1), (t2, e2, f2) in zip(single[4], macro[4], strict=True):
+        assert len(t1) == len(t2) and all(map(_close, t1, t2))
+        assert _close(e1, e2) and _close(f1, f2)
+    uncapped = _run(dataclasses.replace(opts, long_prefill_token_threshold=0), spec, True,
+                    monkeypatch)
+    assert uncapped[0] != macro[0]  # the cap really changed the schedule
