@@ -50,6 +50,9 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--long-prefill-token-threshold-adaptive", action="store_true",
                    default=None, help="as vLLM's flag: the cap is at least the step budget's "
                    "fair share")
+    g.add_argument("--max-logprobs", type=int, metavar="N",
+                   help="as vLLM's flag: the most (prompt) logprobs a request may ask for "
+                   "(default 20; -1: the whole vocabulary)")
     g.add_argument("--max-num-queued-reqs", type=int, metavar="N",
                    help="as vLLM's flag: refuse a request (UNAVAILABLE, HTTP 503) while N are "
                    "unfinished (default: no limit)")

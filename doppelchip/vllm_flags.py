@@ -96,6 +96,7 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--max-num-queued-reqs", {"type": int}),
     ("--max-num-queued-tokens", {"type": int}),
     ("--long-prefill-token-threshold", {"type": int}),
+    ("--max-logprobs", {"type": int}),
     ("--long-prefill-token-threshold-adaptive", {}),
     ("--block-size", {"type": int}),
     ("--num-gpu-blocks-override", {"type": int}),

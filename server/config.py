@@ -218,6 +218,8 @@ def range_problem(values: dict[str, Any]) -> tuple[str, str] | None:
             return key, f"must be in (0, 1], got {v}"
         if key in NON_NEGATIVE_KEYS and v < 0:
             return key, f"must be >= 0, got {v}"
+        if key == "max_logprobs" and v < -1:  # vLLM's -1: the whole vocabulary
+            return key, f"must be >= 0, or -1 for the whole vocabulary, got {v}"
     return None
 
 

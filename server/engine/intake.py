@@ -46,6 +46,7 @@ class Limits(msgspec.Struct, frozen=True):
     max_stop_strings: int = 256
     max_stop_bytes: int = 1024
     priority_scheduling: bool = False  # policy "priority": requests may carry a priority
+    max_logprobs: int = 20  # vLLM's --max-logprobs: alternatives a request may ask (-1: all)
 
 
 def check_prompt_bytes(text: str, limits: Limits) -> None:

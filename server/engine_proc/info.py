@@ -55,7 +55,7 @@ def limits_of(opts: EngineOptions, vocab_size: int, capacity: Capacity,
                   max_grammar_depth=opts.max_grammar_depth,
                   max_prompt_bytes=opts.max_prompt_bytes,
                   max_stop_strings=opts.max_stop_strings, max_stop_bytes=opts.max_stop_bytes,
-                  priority_scheduling=policy == "priority")
+                  priority_scheduling=policy == "priority", max_logprobs=opts.max_logprobs)
 
 
 def placed_info(opts: EngineOptions, rank: int, core: EngineCore,

@@ -63,13 +63,14 @@ def echo_only(req: CompletionRequest) -> bool:
 
 
 def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[int]],
-                    max_model_len: int) -> tuple[list[EngineRequest], int]:
+                    max_model_len: int, max_logprobs: int = sampling.MAX_LOGPROBS
+                    ) -> tuple[list[EngineRequest], int]:
     """One engine request per prompt (the n choices are fanned out later) and n; each one's
     budget clamped to the context (`lengths.output_budget`)."""
     asked = 1 if echo_only(req) else req.max_tokens
     n = sampling.check_common(req, asked)
-    sampling.check_logprobs(req.logprobs, "logprobs")
-    sampling.check_prompt_logprobs(req.prompt_logprobs)
+    sampling.check_logprobs(req.logprobs, "logprobs", max_logprobs)
+    sampling.check_prompt_logprobs(req.prompt_logprobs, max_logprobs)
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
     constraint = sampling.constraint(req)

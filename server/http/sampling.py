@@ -77,28 +77,35 @@ def check_common(req: GenerationFields, max_tokens: int | None) -> int:
     return n
 
 
-def check_logprobs(value: int | None, name: str) -> int | None:
+def _allowed(cap: int) -> int:
+    """The deployment's --max-logprobs as a number: -1 allows the whole vocabulary."""
+    return get_tokenizer().vocab_size if cap == -1 else cap
+
+
+def check_logprobs(value: int | None, name: str, cap: int = MAX_LOGPROBS) -> int | None:
     """vLLM's checks of `logprobs` (completions) / `top_logprobs` (chat): ≥ 0, or -1 for the
-    whole vocabulary — which is more than `--max-logprobs` allows (the protocol's
-    before-validator, then `SamplingParams._validate_logprobs`, whose `param` is "logprobs")."""
+    whole vocabulary — more than `--max-logprobs` (`cap`) allows unless it is -1 too (the
+    protocol's before-validator, then `SamplingParams._validate_logprobs`, whose `param` is
+    "logprobs")."""
     if value is None:
         return None
     if value < 0 and value != -1:
         raise vllm_invalid(f"`{name}` must be a positive value or -1.", name, value)
     asked = get_tokenizer().vocab_size if value == -1 else value
-    if asked > MAX_LOGPROBS:
+    if asked > _allowed(cap):
         raise vllm_invalid(f"Requested sample logprobs of {asked}, which is greater than max "
-                           f"allowed: {MAX_LOGPROBS}", "logprobs", asked)
+                           f"allowed: {_allowed(cap)}", "logprobs", asked)
     return value
 
 
-def check_prompt_logprobs(value: int | None) -> None:
+def check_prompt_logprobs(value: int | None, cap: int = MAX_LOGPROBS) -> None:
     """vLLM's `_validate_logprobs` of `prompt_logprobs` (its sign and stream checks ran in
-    `prechecks`): -1 is the whole vocabulary, more than `--max-logprobs`."""
+    `prechecks`): -1 is the whole vocabulary, more than `--max-logprobs` (`cap`) allows
+    unless it is -1 too."""
     asked = get_tokenizer().vocab_size if value == -1 else value
-    if asked and asked > MAX_LOGPROBS:
+    if asked and asked > _allowed(cap):
         raise vllm_invalid(f"Requested prompt logprobs of {asked}, which is greater than max "
-                           f"allowed: {MAX_LOGPROBS}", "prompt_logprobs", asked)
+                           f"allowed: {_allowed(cap)}", "prompt_logprobs", asked)
 
 
 def sampling_params(req: GenerationFields, max_tokens: int | None) -> SamplingParams:
