@@ -131,7 +131,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         elif value is not None and value is not False:
             out += [flag, str(value)]
     warnings = [f"{o.name} is accepted but not emulated: it changes nothing here"
-                for o in VLLM_OPTIONS if o.name in args.unemulated and o.name not in POOLING
+                for o in VLLM_OPTIONS if o.name in args.unemulated
                 and is_given(getattr(args, o.dest))]
     if args.seed is not None:
         warnings.append("--seed: each deployment's sampler is seeded already (0)")

@@ -13,7 +13,14 @@ import os
 import re
 from typing import Any
 
-from doppelchip.vllm_flags import ACCEPTED, PASSTHROUGH, REFUSED, VLLM_OPTIONS, add_vllm_option
+from doppelchip.vllm_flags import (
+    ACCEPTED,
+    PASSTHROUGH,
+    POOLING,
+    REFUSED,
+    VLLM_OPTIONS,
+    add_vllm_option,
+)
 
 DEFAULT_CHIP = "h100-sxm"
 
@@ -110,7 +117,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> set[str]:
         refused = REFUSED.get(option.name)
         add_vllm_option(rest, option.name, help=f"refused: {refused}" if refused
                         else argparse.SUPPRESS)
-        if not refused:
+        if not refused and option.name not in POOLING:  # (refused by value in translate)
             unemulated.add(option.name)
     return unemulated
 

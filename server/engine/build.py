@@ -89,8 +89,8 @@ class EngineOptions:
     max_num_queued_reqs: int | None = None  # vLLM's: unfinished requests (intake.QueueLimits)
     max_num_queued_tokens: int | None = None  # vLLM's: prompt tokens not yet past prefill
     long_prefill_token_threshold: int = 0  # vLLM's: a step's cap per request (SchedulerConfig)
-    max_logprobs: int = 20  # vLLM's --max-logprobs: (prompt) logprobs a request may ask; -1 all
     long_prefill_token_threshold_adaptive: bool = False
+    max_logprobs: int = 20  # vLLM's --max-logprobs: (prompt) logprobs a request may ask; -1 all
     block_size: int = 16
     kv_blocks: int | None = None  # cap the KV pool (vLLM's num_gpu_blocks_override)
     policy: str | None = None  # fcfs | priority | lpm

@@ -127,16 +127,16 @@ class Scheduler(KvHold):
 
     # -- one step --------------------------------------------------------------------------
     def _long_prefill_cap(self, budget: int) -> int:
-        """This step's cap on one request's new tokens (0: none): vLLM's
+        """This step's cap on one request's new tokens (the whole `budget`: none): vLLM's
         long_prefill_token_threshold, off while one request alone runs or waits (nobody to
         starve), floored at the budget's fair share when adaptive."""
-        cap, cfg = self.config.long_prefill_token_threshold, self.config
-        if not cap:
-            return 0
+        cfg = self.config
         eligible = len(self.running) + len(self.waiting)
-        if eligible <= 1:
-            return 0
-        return max(cap, budget // eligible) if cfg.long_prefill_token_threshold_adaptive else cap
+        if not cfg.long_prefill_token_threshold or eligible <= 1:
+            return budget
+        if cfg.long_prefill_token_threshold_adaptive:
+            return max(cfg.long_prefill_token_threshold, budget // eligible)
+        return cfg.long_prefill_token_threshold
 
     def schedule(self) -> SchedulerOutput:
         cfg, kv = self.config, self.kv
@@ -168,7 +168,7 @@ class Scheduler(KvHold):
             if not cfg.enable_chunked_prefill and remaining > budget:
                 i += 1  # a whole prefill that does not fit this step waits for the next
                 continue
-            num_new = min(remaining if not 0 < cap < remaining else cap, budget)
+            num_new = min(remaining, cap, budget)
             drafts = draft_tokens(cfg, req, num_new, budget) if speculates else 0
             end = computed + num_new
             if paged and end + drafts <= len(req.block_ids) * bs:  # fits the blocks it holds
@@ -211,7 +211,7 @@ class Scheduler(KvHold):
                     if cfg.batching != "static":
                         break
                     remaining = 0  # static: admit into the batch now, prefill in a later step
-                num_new = min(remaining if not 0 < cap < remaining else cap, budget)
+                num_new = min(remaining, cap, budget)
                 if num_new == 0 and cfg.batching != "static":
                     break
                 if not kv.allocate_slots(req, num_new + external, match):

@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Callable
 
+from server.engine.intake import Limits
 from server.engine.interface import EngineRequest, TokenChunk
 from server.engine.tokenizer import Tokenizer
 from server.http import lengths, sampling, tools
@@ -65,16 +66,16 @@ def render(messages: list[ChatMessage], tok: Tokenizer, add_generation_prompt: b
 
 
 def engine_request(req: ChatCompletionRequest, request_id: str, ids: list[int],
-                   plan: tools.ToolPlan, max_model_len: int,
-                   max_logprobs: int = sampling.MAX_LOGPROBS) -> tuple[EngineRequest, int]:
-    """The engine request and n; its budget is clamped to the context (`lengths`);
-    `max_logprobs`: the deployment's --max-logprobs."""
+                   plan: tools.ToolPlan, limits: Limits) -> tuple[EngineRequest, int]:
+    """The engine request and n; its budget is clamped to the deployment's context
+    (`lengths`), its logprobs to its --max-logprobs."""
     max_tokens = req.max_tokens if req.max_completion_tokens is None \
         else req.max_completion_tokens
     n = sampling.check_common(req, max_tokens)
-    max_tokens = lengths.output_budget(max_tokens, len(ids), max_model_len, req.min_tokens)
-    top = sampling.check_logprobs(req.top_logprobs, "top_logprobs", max_logprobs)
-    sampling.check_prompt_logprobs(req.prompt_logprobs, max_logprobs)
+    max_tokens = lengths.output_budget(max_tokens, len(ids), limits.max_model_len,
+                                       req.min_tokens)
+    top = sampling.check_logprobs(req.top_logprobs, "top_logprobs", limits.max_logprobs)
+    sampling.check_prompt_logprobs(req.prompt_logprobs, limits.max_logprobs)
     if top and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.",
                           "top_logprobs")

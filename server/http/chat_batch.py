@@ -106,8 +106,7 @@ async def batch_chat_completion(state: HttpState, request: Request,
             ids = await prompts.chat_generation_prompt(single, state.tokenizer, client.limits)
             plan = tools.plan(single)
             req, _ = chat.engine_request(single, engine_id(f"chatcmpl-{rid}_{i}"), ids, plan,
-                                         client.limits.max_model_len,
-                                         client.limits.max_logprobs)
+                                         client.limits)
             reqs.append(lora_tag(client, body.model, req))  # --- LoRA (issue 13) ---
             shapes_of.append((single, plan))
         run = await generate.admitted(client, pinned(reqs, data_parallel_rank(request)), 1,

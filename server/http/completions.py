@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from server.engine.intake import Limits
 from server.engine.interface import EngineRequest, TokenChunk
 from server.engine.tokenizer import Tokenizer
 from server.http import lengths, sampling
@@ -63,21 +64,20 @@ def echo_only(req: CompletionRequest) -> bool:
 
 
 def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[int]],
-                    max_model_len: int, max_logprobs: int = sampling.MAX_LOGPROBS
-                    ) -> tuple[list[EngineRequest], int]:
+                    limits: Limits) -> tuple[list[EngineRequest], int]:
     """One engine request per prompt (the n choices are fanned out later) and n; each one's
     budget clamped to the context (`lengths.output_budget`)."""
     asked = 1 if echo_only(req) else req.max_tokens
     n = sampling.check_common(req, asked)
-    sampling.check_logprobs(req.logprobs, "logprobs", max_logprobs)
-    sampling.check_prompt_logprobs(req.prompt_logprobs, max_logprobs)
+    sampling.check_logprobs(req.logprobs, "logprobs", limits.max_logprobs)
+    sampling.check_prompt_logprobs(req.prompt_logprobs, limits.max_logprobs)
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
     constraint = sampling.constraint(req)
     out = []
     for i, ids in enumerate(prompts):
         rid = request_id if len(prompts) == 1 else f"{request_id}_{i}"
-        budget = lengths.output_budget(asked, len(ids), max_model_len, req.min_tokens)
+        budget = lengths.output_budget(asked, len(ids), limits.max_model_len, req.min_tokens)
         sp = sampling.sampling_params(req, budget)
         out.append(EngineRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp,
                                  priority=req.priority, constraint=constraint,

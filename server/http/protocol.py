@@ -12,7 +12,7 @@ Beyond vLLM 0.33.0 (which ignores them): the `guided_json` / `guided_regex` / `g
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
@@ -143,7 +143,10 @@ class GenerationFields(OpenAIBase):
     return_weight_versions: bool = False
 
 
-def forced_usage(body: GenerationFields, force: bool) -> Any:
+G = TypeVar("G", bound=GenerationFields)
+
+
+def forced_usage(body: G, force: bool) -> G:
     """vLLM's --enable-force-include-usage (`should_include_usage`): a stream carries the
     usage so far on every chunk and the whole usage in a last chunk, whatever its
     `stream_options` say (an answer that is not streamed always has its usage)."""

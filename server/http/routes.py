@@ -220,9 +220,7 @@ async def start_completion(state: HttpState, client: DeploymentClient, body: Com
     `/v1/completions` (and `/invocations`) and `/inference/v1/generate`
     (`server.http.scale_out`) start here."""
     ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
-    reqs, n = completions.engine_requests(body, engine_id(response_id), ids,
-                                          client.limits.max_model_len,
-                                          client.limits.max_logprobs)
+    reqs, n = completions.engine_requests(body, engine_id(response_id), ids, client.limits)
     reqs = [lora_tag(client, body.model, r) for r in reqs]  # --- LoRA (issue 13) ---
     return await generate.admitted(client, pinned(reqs, rank), n, rid), ids
 
@@ -250,8 +248,7 @@ async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
     client, name = opened(state, rid, body.model)
     plan = tools.plan(body)
     ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
-    req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan,
-                                 client.limits.max_model_len, client.limits.max_logprobs)
+    req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan, client.limits)
     req = lora_tag(client, body.model, req)  # --- LoRA (issue 13) ---
     run = await generate.admitted(client, pinned([req], rank), n, rid)
     record = (state.tool_parser.recorder(client.info.model_name, request_type)

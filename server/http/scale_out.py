@@ -68,8 +68,7 @@ async def render_chat(state: HttpState, request: Request, body: ChatCompletionRe
     _beam_search(body)
     plan = tools.plan(body)
     ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
-    req, _ = chat.engine_request(body, rid, ids, plan, client.limits.max_model_len,
-                                 client.limits.max_logprobs)
+    req, _ = chat.engine_request(body, rid, ids, plan, client.limits)
     logprobs = body.top_logprobs if body.logprobs else None
     params = sampling_params(body, req.sampling.max_tokens, logprobs, body.prompt_logprobs)
     choice = body.tool_choice if body.tool_choice is not None else (
@@ -106,8 +105,7 @@ async def render_completion(state: HttpState, request: Request, body: Completion
     client, _ = resolve(state, body.model)
     _beam_search(body)
     ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
-    reqs, _ = completions.engine_requests(body, rid, ids, client.limits.max_model_len,
-                                          client.limits.max_logprobs)
+    reqs, _ = completions.engine_requests(body, rid, ids, client.limits)
     base = f"cmpl-{rid}"
     return [generate_request(base if len(ids) == 1 else f"{base}-{i}", p,
                              sampling_params(body, r.sampling.max_tokens, body.logprobs,
