@@ -24,10 +24,12 @@ The interface the engine calls::
 * ``DeploymentSpec`` (frozen): model, quant, chip, engine, count, tp, pp, ep, n_gpu_layers,
   built_for, gpu_mem_utilisation, max_context, max_batch, max_batched_tokens, build limits,
   host/ssd overrides, kv_cache_dtype, speculative (a ``SpeculativeConfig``).
-* ``place(spec, factor_table=None) -> Placement`` (the fitted table is bound here, at the
-  top; lower modules take it as an argument): weights per tier, chips used, KV capacity (tokens and
-  ``kv_blocks(block_size)``), max context, ``max_concurrency(context_tokens)``,
+* ``place(spec, factor_table=None, ranks=1) -> Placement`` (the fitted table is bound here, at
+  the top; lower modules take it as an argument): weights per tier, chips used, KV capacity
+  (tokens and ``kv_blocks(block_size)``), max context, ``max_concurrency(context_tokens)``,
   ``memory_bytes(kv_tokens_used)``, ``load_seconds``; precomputed cost constants in ``plan``.
+  ``ranks`` > 1: one of that many data-parallel engine cores (a MoE model's ranks on an engine
+  whose ranks share the experts are one group: ``placement.place_rank``).
 * ``BatchShape(prefill=((num_tokens, start_position), ...), decode=(context_length, ...))``.
 * ``step_cost(placement, batch) -> StepCost`` (see its docstring; cheap, call every step).
 * ``estimate(spec, prompt, output, batch=1, factor_table=None) -> dict``: the
@@ -52,10 +54,13 @@ from devices.placed import FactorTable, Placement
 from devices.speculative import SpeculativeConfig, SpeculativeConfigError
 
 
-def place(spec: DeploymentSpec, factor_table: FactorTable | None = None) -> Placement:
-    """Place ``spec`` with the fitted efficiency factors (or ``factor_table``). The one place
-    the fitted table is bound: lower modules take it as an argument."""
-    return _placement.place(spec, fitted_factors() if factor_table is None else factor_table)
+def place(spec: DeploymentSpec, factor_table: FactorTable | None = None,
+          ranks: int = 1) -> Placement:
+    """Place ``spec`` with the fitted efficiency factors (or ``factor_table``); ``ranks`` > 1:
+    one of that many data-parallel engine cores (``devices.placement.place_rank``). The one
+    place the fitted table is bound: lower modules take it as an argument."""
+    table = fitted_factors() if factor_table is None else factor_table
+    return _placement.place(spec, table, ranks)
 
 
 def estimate(spec: DeploymentSpec, prompt: int, output: int, batch: int = 1,

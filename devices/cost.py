@@ -10,7 +10,10 @@ virtual time. Per segment::
     segment  = max(device, host launch time)          (eager engines: launch-bound if tiny)
 
 Sliding-window layers read and attend over at most the window; a speculative step adds its
-draft passes (``batch.spec_tokens`` passes of the draft plan over the decodes).
+draft passes (``batch.spec_tokens`` passes of the draft plan over the decodes). A plan of
+``ranks`` data-parallel engine cores (``Placement.rank_view``) costs the group's step, every
+rank carrying a batch like this one, and reports one rank's share of its FLOPs, bytes, energy
+and dollars.
 """
 
 from __future__ import annotations
@@ -127,6 +130,14 @@ def plan_cost(plan: Plan, batch: BatchShape) -> StepCost:
     if tokens == 0:
         return ZERO
     logits = n_dec * q + len(batch.prefill)
+    ranks = plan.ranks
+    if ranks != 1:  # every rank of the group runs a batch like this one (balanced DP)
+        tokens *= ranks
+        logits *= ranks
+        ctx_read *= ranks
+        ctx_swa *= ranks
+        attn *= ranks
+        attn_swa *= ranks
     seen = tokens / plan.expert_tokens_div
     touched = 1.0 - (1.0 - plan.moe_k_over_e) ** seen if plan.moe else 0.0
     offload = plan.offload_min_tokens and tokens >= plan.offload_min_tokens
@@ -182,6 +193,13 @@ def plan_cost(plan: Plan, batch: BatchShape) -> StepCost:
         bound, most = "overhead", over_s
     if link_s > most:
         bound = "link"
+    dollars = total * plan.usd_per_s
+    if ranks != 1:  # this rank's share of the group's work
+        flops /= ranks
+        joules /= ranks
+        dollars /= ranks
+        by_tier = {tier: b / ranks for tier, b in by_tier.items()}
+        tokens //= ranks
     return StepCost(
         seconds=total,
         interval_s=min(slowest, total),
@@ -194,7 +212,7 @@ def plan_cost(plan: Plan, batch: BatchShape) -> StepCost:
         bytes_by_tier=tuple(by_tier.items()),
         flops=flops,
         joules=joules,
-        dollars=total * plan.usd_per_s,
+        dollars=dollars,
         tokens=tokens,
         kernels=kernels,
     )

@@ -54,8 +54,12 @@ def decode_costs(placement: Placement, n: np.ndarray, ctx: np.ndarray) -> Decode
     floating point, so each entry is still `step_cost`'s float, at a fraction of the NumPy
     operations (their overhead, not the arithmetic, is the cost at a window's length)."""
     plan = placement.plan
+    ranks = plan.ranks
     tokens = n.astype(np.int64)
     ctx_read = ctx.astype(np.float64)
+    if ranks != 1:  # the group's step: every rank with a batch like this one
+        tokens = tokens * ranks
+        ctx_read = ctx_read * ranks
     attn = ctx_read + tokens  # sum of (c + 1): exact, as plan_cost's running float sum
     logits = tokens
     touched = None  # None: exactly zero
@@ -109,13 +113,17 @@ def decode_costs(placement: Placement, n: np.ndarray, ctx: np.ndarray) -> Decode
         link_s = _plus(link_s, hop * plan.n_hops)
     total = _full(total, size)
     joules = _full(_plus(joules, total * plan.idle_w), size)
+    dollars = total * plan.usd_per_s
+    flops = _full(flops, size)
+    if ranks != 1:  # the rank's share, divided as plan_cost divides it (tier by tier)
+        joules, dollars, flops = joules / ranks, dollars / ranks, flops / ranks
+        by_tier = {tier: b / ranks for tier, b in by_tier.items()}
     moved = None
     for b in by_tier.values():
         moved = _plus(moved, b)
     parts = np.array([_full(x, size) for x in (mem_s, comp_s, over_s, link_s)])
     bound = parts.argmax(axis=0)
-    return DecodeCosts(total, joules, total * plan.usd_per_s, _full(moved, size),
-                       _full(flops, size), bound)
+    return DecodeCosts(total, joules, dollars, _full(moved, size), flops, bound)
 
 
 def _plus(a, b):

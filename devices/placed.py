@@ -6,6 +6,7 @@ the cost model, so none of them imports another: ``placement.place`` picks the s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,6 +64,20 @@ class Placement:
             per_seq = self.spec.max_context  # every slot reserves its full length
         blocks = math.ceil(per_seq / block_size)
         return max(0, min(self.spec.max_batch, self.kv_blocks(block_size) // blocks))
+
+    def rank_view(self, ranks: int, spec: DeploymentSpec) -> Placement:
+        """One of ``ranks`` engine cores that together run this placement, each scheduling
+        ``dp / ranks`` of its attention replicas with the limits of ``spec`` (vLLM's
+        data-parallel ranks of a MoE model, whose experts are sharded over every rank's
+        chips): its chips, weights and KV capacity are the rank's; its steps cost the whole
+        group's, every rank carrying a batch like its own (``Plan.ranks``)."""
+        plan = dataclasses.replace(self.plan, ranks=ranks)
+        if plan.draft is not None:
+            plan = dataclasses.replace(plan, draft=dataclasses.replace(plan.draft, ranks=ranks))
+        return dataclasses.replace(
+            self, spec=spec, chips=self.chips // ranks, dp=self.dp // ranks,
+            kv_tokens=self.kv_tokens // ranks, plan=plan,
+            weight_bytes=tuple((tier, b / ranks) for tier, b in self.weight_bytes))
 
     def memory_bytes(self, kv_tokens_used: int = 0) -> dict[str, float]:
         """Bytes per tier: weights plus ``kv_tokens_used`` tokens of KV."""

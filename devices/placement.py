@@ -22,7 +22,8 @@ from devices import catalog
 from devices.deployment import DeploymentSpec
 from devices.errors import PlacementError
 from devices.offload import place_offload
-from devices.place_hbm import place_hbm
+from devices.parallel import resolve_parallelism
+from devices.place_hbm import place_hbm, step_budget
 from devices.place_sram import place_sram
 from devices.placed import FactorTable, Placement
 from devices.specs import ChipSpec, EngineSpec, ModelSpec, QuantSpec
@@ -67,11 +68,37 @@ def resolve(spec: DeploymentSpec) -> tuple[ModelSpec, QuantSpec, ChipSpec, Engin
     return model, quant, chip, engine
 
 
-def place(spec: DeploymentSpec, factor_table: FactorTable) -> Placement:
-    """Place a deployment with the efficiency factors of ``factor_table``."""
+def place(spec: DeploymentSpec, factor_table: FactorTable, ranks: int = 1) -> Placement:
+    """Place a deployment with the efficiency factors of ``factor_table``; with ``ranks`` > 1,
+    one of that many data-parallel engine cores each running ``spec`` (``place_rank``)."""
+    if ranks != 1:
+        return place_rank(spec, ranks, factor_table)
     model, quant, chip, engine = resolve(spec)
     if chip.placement == "host" or (engine.offload and chip.host):
         return place_offload(spec, model, quant, chip, engine, factor_table)
     if chip.placement == "sram":
         return place_sram(spec, model, quant, chip, engine, factor_table)
     return place_hbm(spec, model, quant, chip, engine, factor_table)
+
+
+def place_rank(spec: DeploymentSpec, ranks: int, factor_table: FactorTable) -> Placement:
+    """One engine core of ``ranks`` data-parallel ranks, each running ``spec`` (vLLM's
+    ``--data-parallel-size``: that many engine cores behind one front end).
+
+    Ranks of a dense model, or of an engine whose ranks are replicas, are independent copies:
+    ``spec`` itself. An engine whose ranks share a MoE model's experts (``dp_shares_experts``)
+    places the group — every rank's chips, the experts sharded over all of them, each rank an
+    attention replica with its own sequences and step budget — and gives one rank's view of
+    it (``Placement.rank_view``). ASSUMPTION (balanced DP, as vLLM's coordinator routes to the
+    least-loaded rank): each step costs as if every rank carried a batch like this rank's."""
+    if ranks < 1:
+        raise PlacementError(f"data_parallel_size {ranks} must be at least 1")
+    model, _, chip, engine = resolve(spec)
+    if ranks == 1 or not (model.is_moe and engine.dp_shares_experts):
+        return place(spec, factor_table)
+    par = resolve_parallelism(spec, chip, model, engine)
+    budget = step_budget(spec, engine, chip)
+    group = dataclasses.replace(
+        spec, count=par.chips * ranks, tp=par.tp, pp=par.pp, ep=par.tp * par.dp * ranks,
+        max_batched_tokens=budget * ranks if budget else None)
+    return place(group, factor_table).rank_view(ranks, spec)

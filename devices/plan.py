@@ -78,6 +78,9 @@ class Plan:
     expert_tokens_div: int = 1  # an expert shard sees all tokens / this (dp without ep)
     window: int = 0  # sliding-window size (0: none)
     draft: Plan | None = None  # speculative decoding: one pass of the draft model
+    ranks: int = 1  # engine cores stepping this plan together, each with a batch like the one
+    #                 costed (vLLM's data-parallel ranks of a MoE model): the step is the
+    #                 group's (ranks × the batch); FLOPs, bytes, energy and dollars the rank's
 
 
 def compute_rate(engine: EngineSpec, chip: ChipSpec, quant: QuantSpec, f: Factors) -> float:

@@ -298,6 +298,8 @@ class EngineSpec:
     shape_buckets: str = "exact"
     speculative_methods: tuple[str, ...] = ()  # vLLM speculative_config methods it runs
     expert_parallel: bool = False  # can shard MoE experts over ranks (ep > 1)
+    dp_shares_experts: bool = False  # data-parallel ranks of a MoE model shard its experts
+    #                                  over all ranks' chips and step together (else replicas)
     tp_divides_heads: bool = False  # TP shards attention heads: tp must divide their number
     uva_offload: bool = False  # --cpu-offload-gb: weights in pinned host memory, read every step
     memory: MemoryRule | None = None  # how it sizes its KV cache on sharded device memory

@@ -92,8 +92,15 @@ def register(subparsers: Any) -> None:
                      help="the model name(s) clients send, as vLLM's flag; the first is the "
                      "model_name label of every vllm: series (default: the catalogue model id)")
     pod.add_argument("--data-parallel-size", type=int, metavar="N",
-                     help="N engine cores (each a full copy on its own chips), as vLLM's flag; "
-                     "the engine label is 0..N-1")
+                     help="N engine cores, as vLLM's flag: each a full copy on its own chips, "
+                     "or, for a MoE model on vLLM, one expert-parallel group whose experts "
+                     "are sharded over every rank's chips; the engine label is 0..N-1")
+    pod.add_argument("--data-parallel-size-local", type=int, metavar="L",
+                     help="run L of the N ranks here (vLLM's hybrid and external load "
+                     "balancing: one pod per node or per rank); default all")
+    pod.add_argument("--data-parallel-start-rank", type=int, metavar="S",
+                     help="the first rank run here (the engine label of the first: S); "
+                     "default 0")
     pod.add_argument("--enable-expert-parallel", action="store_true",
                      help="as vLLM's flag: experts spread over every chip of a stage "
                      "(--ep = --count / --pp, or --tp without --count)")
@@ -215,7 +222,8 @@ def with_env_api_key(fleet, env: Mapping[str, str]):
     return fleet.with_server(api_key=(env["VLLM_API_KEY"],))
 
 
-POD_ONLY = ("served_model_name", "data_parallel_size", "enable_expert_parallel",
+POD_ONLY = ("served_model_name", "data_parallel_size", "data_parallel_size_local",
+            "data_parallel_start_rank", "enable_expert_parallel",
             "enable_lora", "lora_modules",  # (LoRA: issue 13; in fleet mode: the fleet keys)
             # --- failure injection (issue 13): in a fleet, per deployment in the file ---
             "failure_injection_rate", "failure_types", "failure_injection_seed",
@@ -245,18 +253,18 @@ def pod_fleet(args: argparse.Namespace, fleet):
         options = dataclasses.replace(
             options, name=f"{options.engine}-{options.chip}-{options.model}-{options.quant}")
     ep = options.ep
-    if args.enable_expert_parallel and ep is None:
-        if options.count:
-            ep = options.count // (options.pp or 1)
-        elif options.tp:
-            ep = options.tp
-        else:
-            raise ValueError("--enable-expert-parallel needs --count or --tp (or give --ep)")
+    if args.enable_expert_parallel and ep is None:  # a rank's chips; data-parallel ranks of
+        # a MoE model join one expert group in vLLM with or without this flag (place_rank)
+        ep = options.count // (options.pp or 1) if options.count else options.tp or 1
     options = dataclasses.replace(
         options, ep=ep,
         served_model_name=tuple(args.served_model_name or options.served_model_name),
         model_path=getattr(args, "model_path", "") or options.model_path,  # `vllm serve REPO`
-        data_parallel_size=args.data_parallel_size or options.data_parallel_size)
+        data_parallel_size=args.data_parallel_size or options.data_parallel_size,
+        data_parallel_size_local=args.data_parallel_size_local,
+        data_parallel_start_rank=args.data_parallel_start_rank or 0)
+    if problem := options.rank_problem():
+        raise ValueError(problem)
     server = dataclasses.replace(fleet.server, default_deployment=options.name,
                                  vllm_engine_deployment=options.name, pod=True)
     return dataclasses.replace(fleet, server=server, deployments=(options,))

@@ -20,6 +20,7 @@ import shlex
 import sys
 from typing import Any
 
+from doppelchip.vllm_dp import HEADLESS, local_ranks
 from doppelchip.vllm_flags import BY_FLAG, PASSTHROUGH, POOLING, REFUSED, VLLM_OPTIONS
 from doppelchip.vllm_parser import add_serve_arguments, is_given
 
@@ -55,6 +56,9 @@ def _refuse(args: argparse.Namespace) -> None:
         if value in pooling:
             raise ValueError(f"{name} {value}: doppelchip emulates generative models only; "
                              "pooling (embeddings, classification, scores) is not emulated")
+    if args.headless and args.api_server_count:
+        raise ValueError(f"--api-server-count={args.api_server_count} cannot be used with "
+                         "--headless (no API servers are started in headless mode).")
     if args.grpc and args.grpc_port is not None:
         raise ValueError("--grpc and --grpc-port are mutually exclusive. Use --grpc --port for "
                          "the Python gRPC server, or --grpc-port beside the HTTP --port.")
@@ -97,6 +101,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     kv = getattr(args, "kv_cache_dtype", None)
     if kv is not None and kv not in KV_DTYPES:
         raise ValueError(f"--kv-cache-dtype {kv}: emulated are {', '.join(KV_DTYPES)}")
+    start, local = local_ranks(args, catalog.get_model(model).is_moe)
     if args.enable_chunked_prefill is False:
         raise ValueError("--disable-chunked-prefill (--no-enable-chunked-prefill): doppelchip's "
                          "vLLM always chunks prefills (vLLM v1's default); not emulated")
@@ -117,7 +122,8 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
               "log_level": LOG_LEVELS.get(args.log_level or ""),
               "enforce_eager": args.enforce_eager, "check_integrity": args.check_integrity,
               "cold": args.cold, "prefix_cache": {True: "on", False: "off"}.get(
-                  args.enable_prefix_caching)}
+                  args.enable_prefix_caching),
+              "data_parallel_start_rank": start or None, "data_parallel_size_local": local}
     for name, _ in PASSTHROUGH:
         dest = BY_FLAG[name].dest
         if dest not in values:
@@ -153,6 +159,8 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.headless:
+        return _idle()
     for warning in warnings:
         print(f"doppelchip vllm serve: warning: {warning}", file=sys.stderr)
     print(f"doppelchip vllm serve: doppelchip serve {shlex.join(argv)}", file=sys.stderr)
@@ -165,6 +173,17 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
     return serve.func(serve)
 
 
+def _idle() -> int:
+    """A `--headless` worker's pod: nothing to serve (HEADLESS); exit 0 on SIGTERM/SIGINT."""
+    import signal
+
+    stop = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    print(f"doppelchip vllm serve: {HEADLESS}", file=sys.stderr, flush=True)
+    signal.sigwait(stop)
+    return 0
+
+
 def _unplaceable(serve: argparse.Namespace, fit_model_len: bool) -> str:
     """Why the pod's deployment cannot be placed ("" when it can). `fit_model_len` (no
     --max-model-len given): as vLLM, the KV cache must hold one request of the model's whole
@@ -175,7 +194,7 @@ def _unplaceable(serve: argparse.Namespace, fit_model_len: bool) -> str:
 
     try:
         deployment = pod_fleet(serve, load_fleet(None)).deployments[0]
-        placed = place(deployment.spec())
+        placed = place(deployment.spec(), ranks=deployment.data_parallel_size)
     except (DeviceError, ValueError) as e:
         return str(e)
     if fit_model_len and placed.max_context < placed.model.max_context:

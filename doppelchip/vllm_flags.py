@@ -157,6 +157,9 @@ ACCEPTED: tuple[str, ...] = (
     "--root-path", "--ssl-ciphers", "--enable-ssl-refresh", "--middleware",
     "--allowed-local-media-path", "--allowed-media-domains", "--media-io-kwargs",
     "--cohere-format", "--cohere-is-reasoning-model",
+    # where a data-parallel group's leader listens (the ranks of a pod are emulated there)
+    "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-backend",
+    "--master-addr", "--master-port",
     "--data-parallel-supervisor-port", "--dp-supervisor-probe-interval-s",
     "--dp-supervisor-probe-timeout-s", "--dp-supervisor-probe-failure-threshold",
     # what doppelchip's front end always does (docs/HTTP.md, "Differences from vLLM"):
@@ -168,7 +171,5 @@ ACCEPTED: tuple[str, ...] = (
 # are refused for their pooling values only (cmd_vllm.translate)
 REFUSED: dict[str, str] = {
     "--uds": "doppelchip listens on TCP only (use --host and --port)",
-    "--headless": "a doppelchip pod emulates every data-parallel rank itself "
-                  "(--data-parallel-size); a headless worker of a multi-node pod is not emulated",
 }
 POOLING = {"--runner": ("pooling", "draft"), "--convert": ("embed", "classify")}

@@ -90,6 +90,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> set[str]:
     add_vllm_option(e, "--shutdown-timeout", type=int, metavar="SECONDS",
                     help="on SIGTERM, how long in-flight requests may run before they are "
                     "aborted (default 0: aborted at once, as vLLM)")
+    for name in ("--data-parallel-rank", "--data-parallel-start-rank",
+                 "--data-parallel-size-local", "--nnodes", "--node-rank"):
+        add_vllm_option(e, name, type=int, help="which data-parallel ranks this pod runs "
+                        "(doppelchip/vllm_dp.py)")
+    for name in ("--data-parallel-external-lb", "--data-parallel-hybrid-lb"):
+        add_vllm_option(e, name, help="vLLM's load-balancing mode (doppelchip/vllm_dp.py)")
+    add_vllm_option(e, "--headless", help="a worker node's pod: the leader's pod emulates "
+                    "every rank, so this one waits for SIGTERM")
     for name, kwargs in PASSTHROUGH:
         add_vllm_option(e, name, **kwargs, help="as `doppelchip serve`'s flag of this name")
     d = p.add_argument_group("doppelchip (no vLLM equivalent)")

@@ -194,7 +194,8 @@ _CHOICES = {
 POSITIVE_KEYS = ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                  "max_waiting", "block_size", "kv_blocks", "kv_cache_memory_bytes",
                  "max_grammar_bytes",
-                 "stream_interval", "data_parallel_size", "max_grammar_depth",
+                 "stream_interval", "data_parallel_size", "data_parallel_size_local",
+                 "max_grammar_depth",
                  "max_prompt_bytes", "max_stop_strings", "max_stop_bytes",
                  "max_loras", "max_lora_rank", "max_cpu_loras",  # (LoRA: issue 13)
                  "replicas")  # (virtual-time clusters: issue 16)
@@ -202,7 +203,7 @@ POSITIVE_KEYS = ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_
 FRACTION_KEYS = ("gpu_memory_utilization", "kv_cache_metrics_sample")
 # ... and those that must be >= 0 (vLLM: Field(ge=0))
 NON_NEGATIVE_KEYS = ("cpu_offload_gb", "max_num_queued_reqs", "max_num_queued_tokens",
-                     "long_prefill_token_threshold")
+                     "long_prefill_token_threshold", "data_parallel_start_rank")
 
 
 def range_problem(values: dict[str, Any]) -> tuple[str, str] | None:
@@ -249,6 +250,8 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
         opts.lora_config()
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from None
+    if problem := opts.rank_problem():
+        raise ConfigError(f"{where}: {problem}")
     try:  # --- failure injection (issue 13) ---
         check_fault_options(opts)
     except ValueError as e:

@@ -78,7 +78,7 @@ class Supervisor:
         self.engines: dict[tuple[int, int], EngineSlot] = {}
         self.frontends: dict[int, mp.process.BaseProcess] = {}
         self.infos: list[list[m.DeploymentInfo | None]] = [
-            [None] * d.data_parallel_size for d in config.deployments]
+            [None] * d.local_ranks for d in config.deployments]
         self.stopping = False
         self._locks: list = []
         self.port = cfg.port
@@ -100,7 +100,7 @@ class Supervisor:
         self.to_frontends = []
         deployments = with_port_offsets(self.config.deployments)  # KV events (issue 13)
         for d, dep in enumerate(deployments):
-            for rank in range(dep.data_parallel_size):
+            for rank in range(dep.local_ranks):
                 slot = EngineSlot(d, rank, dep)
                 self.engines[(d, rank)] = slot
                 self._start_engine(slot, cold=dep.start == "cold")

@@ -78,7 +78,7 @@ def manifests(rec: dict[str, Any]) -> dict[str, str]:
         svc_labels = {k: labels[k] for k in (gen.NAME, "app.kubernetes.io/instance",
                                              gen.COMPONENT)}
         doc = gen.pod(name, labels, flags, gen.startup_seconds(opts, server),
-                      opts.data_parallel_size, opts.data_parallel_size, server)
+                      opts.local_ranks, opts.local_ranks, server)
         doc["spec"]["replicas"] = replicas
         what = f"{replicas} replicas of {opts.name}" + (f" ({role} pool)" if role else "")
         header = (f"doppelchip plan's winner: {what} (${rec['usd_per_hour']:.4g}/hour emulated "

@@ -42,6 +42,11 @@ DEP = {"name": "a", "model": "m", "quant": "bf16", "chip": "h100-sxm", "engine":
         ({"deployments": [{**DEP, "gpu_memory_utilization": 1.2}]},
          "gpu_memory_utilization must be in (0, 1], got 1.2"),
         ({"deployments": [{**DEP, "enforce_eager": "yes"}]}, "enforce_eager must be a bool"),
+        ({"deployments": [{**DEP, "data_parallel_size": 4, "data_parallel_start_rank": 3,
+                           "data_parallel_size_local": 2}]},
+         "name ranks outside 0..3 (data_parallel_size 4)"),
+        ({"deployments": [{**DEP, "data_parallel_start_rank": -1}]},
+         "data_parallel_start_rank must be >= 0, got -1"),
     ],
 )
 def test_bad_fleet_files_name_the_problem(doc, message):

@@ -181,8 +181,8 @@ def pod_file(d: EngineOptions, server: ServerConfig) -> str:
               f"{server.metrics_port}, gRPC on {server.port}.")
     build_s = startup_seconds(d, server)
     return dump(header, [
-        (pod(name, labels, ["--deployment", d.name], build_s, d.data_parallel_size,
-             d.data_parallel_size, server),  # a core per engine: it steps without pause
+        (pod(name, labels, ["--deployment", d.name], build_s, d.local_ranks,
+             d.local_ranks, server),  # a core per engine: it steps without pause
          probe_notes(server)),
         (service(name, svc_labels, server), {})])
 
@@ -191,7 +191,7 @@ def fleet_file(fleet: FleetConfig) -> str:
     server, name = fleet.server, "doppelchip-fleet"
     labels = {"app": name, NAME: "doppelchip", COMPONENT: "fleet"}
     build_s = max(startup_seconds(d, server) for d in fleet.deployments)
-    ranks = sum(d.data_parallel_size for d in fleet.deployments)
+    ranks = sum(d.local_ranks for d in fleet.deployments)
     header = ("doppelchip's whole default fleet in one pod (every deployment on one port pair): "
               "for dashboards, demos and doppelchip.v1 clients that name a deployment. Never "
               "put it behind a router (routers assume one model server per pod; see README.md).")

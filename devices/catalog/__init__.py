@@ -196,6 +196,7 @@ def _engines() -> dict[str, EngineSpec]:
             shape_buckets=raw.get("shape_buckets", "exact"),
             speculative_methods=tuple(raw.get("speculative_methods", ())),
             expert_parallel=bool(raw.get("expert_parallel", False)),
+            dp_shares_experts=bool(raw.get("dp_shares_experts", False)),
             tp_divides_heads=bool(raw.get("tp_divides_heads", False)),
             uva_offload=bool(raw.get("uva_offload", False)),
             memory=_memory(raw.get("memory")),

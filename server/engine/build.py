@@ -112,7 +112,10 @@ class EngineOptions:
     kv_cache_dtype: str = "auto"  # auto (the quantisation's) | fp8
     speculative_config: str | None = None  # vLLM's JSON (+ "acceptance_rate"): devices.speculative
     stream_interval: int | None = None  # tokens per streamed message (None: the server's)
-    data_parallel_size: int = 1  # engine cores (ranks), each a full copy of the deployment
+    data_parallel_size: int = 1  # engine cores (ranks), each a copy of the deployment (a
+    #                              MoE model's share its experts: devices.place_rank)
+    data_parallel_size_local: int | None = None  # of those, the ranks this server runs
+    data_parallel_start_rank: int = 0  # the first of them (vLLM's hybrid/external LB)
     served_model_name: tuple[str, ...] = ()  # names clients send; the first is the model_name
     #                                          label (none: the catalogue model id)
     # --- KV events (issue 13): server/engine/kv_events_config.py, docs/KV_EVENTS.md ---
@@ -159,6 +162,19 @@ class EngineOptions:
     cpu_offload_gb: float = 0.0  # GiB of weights per chip read from host memory (vLLM's)
     enforce_eager: bool = False  # no captured graphs: the host launches every kernel
     model_path: str = ""  # what vLLM's --model named (`vllm serve REPO`): /v1/models' root
+
+    @property
+    def local_ranks(self) -> int:
+        """How many data-parallel ranks this server runs: `data_parallel_start_rank` on."""
+        return self.data_parallel_size_local or self.data_parallel_size
+
+    def rank_problem(self) -> str:
+        """What is wrong with the data-parallel ranks asked for ("" when nothing)."""
+        first, n, size = self.data_parallel_start_rank, self.local_ranks, self.data_parallel_size
+        if first < 0 or n < 1 or first + n > size:
+            return (f"data_parallel_start_rank {first} and data_parallel_size_local {n} name "
+                    f"ranks outside 0..{size - 1} (data_parallel_size {size})")
+        return ""
 
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
@@ -214,7 +230,7 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     """Place the deployment and assemble its core. Raises devices.DeviceError (with the
     reason) when it cannot be placed, ValueError when an option is out of range."""
     lora = opts.lora_config()  # checked before placing: a bad flag is a clear error
-    placement = place(opts.spec())
+    placement = place(opts.spec(), ranks=opts.data_parallel_size)  # one rank's view
     KvTransferConfig.parse(opts.kv_transfer_config)  # P/D (issue 13): refuse a bad config
     tok = tokenizer or get_tokenizer()
     config = scheduler_config(opts, placement)

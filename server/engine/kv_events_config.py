@@ -104,7 +104,7 @@ def with_port_offsets(deployments: tuple[Any, ...]) -> tuple[Any, ...]:
         cfg = KVEventsConfig.parse(d.kv_events_config)
         if cfg.enabled:
             offset = seen.get(cfg.endpoint, 0)
-            seen[cfg.endpoint] = offset + d.data_parallel_size
+            seen[cfg.endpoint] = offset + d.local_ranks
             d = dataclasses.replace(d, kv_events_port_offset=offset)
         out.append(d)
     return tuple(out)

@@ -89,6 +89,7 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         max_loras=opts.max_loras if opts.enable_lora else 0,  # --- LoRA (issue 13) ---
         faults=has_faults(opts),
         kv_cache_metrics=opts.kv_cache_metrics,
+        dp_rank=opts.data_parallel_start_rank + rank,
     )
 
 
@@ -103,4 +104,5 @@ def failed_info(opts: EngineOptions, rank: int, why: str, vocab_size: int) -> De
         enable_prefix_caching=False, gpu_memory_utilisation=0.0, tiers=(),
         weights_resident=(), tier_peaks=(), peak_flops=0.0, idle_watts=0.0, usd_per_s=0.0,
         served_model_names=opts.served_model_name, model_path=opts.model_path,
+        dp_rank=opts.data_parallel_start_rank + rank,
     )

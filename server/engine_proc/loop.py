@@ -103,8 +103,9 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self.kv_log = getattr(core.scheduler.cache, "events", None)
         self.kv_pub: KvEventPublisher | None = None
         if kv_events is not None and kv_events.enabled and self.kv_log is not None:
-            self.kv_pub = KvEventPublisher(self.ctx, kv_events, rank=rank,
-                                           offset=kv_offset + rank, exposed=kv_exposed)
+            dp_rank = info.dp_rank if info is not None else rank  # vLLM's: ports by it
+            self.kv_pub = KvEventPublisher(self.ctx, kv_events, rank=dp_rank,
+                                           offset=kv_offset + dp_rank, exposed=kv_exposed)
             if self.kv_pub.replay is not None:
                 self.poller.register(self.kv_pub.replay, zmq.POLLIN)
         # --- LoRA (issue 13) ---

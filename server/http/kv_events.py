@@ -36,7 +36,7 @@ def add_kv_event_routes(app: FastAPI, state: HttpState) -> None:
             cfg = KVEventsConfig(True, "zmq", info.kv_events_endpoint,
                                  info.kv_events_replay_endpoint or None,
                                  topic=info.kv_events_topic)
-            out[str(info.rank)] = {"enable_kv_cache_events": True, "publisher": "zmq",
+            out[str(info.dp_rank)] = {"enable_kv_cache_events": True, "publisher": "zmq",
                                    "endpoint": cfg.endpoint,
                                    "replay_endpoint": cfg.replay_endpoint, "topic": cfg.topic}
         return JSONResponse(out)

@@ -2,11 +2,12 @@
 
 At scrape time the collector copies each engine's stats array and each front end's request
 metrics (seqlocked snapshots, no IPC, no waiting on a busy engine), sums the front ends' blocks
-per (deployment, rank), and renders vLLM's series (labels `model_name`, `engine` = the rank,
-and in fleet mode `deployment`) and doppelchip's device series (in fleet mode `deployment`;
-`doppelchip_chips` also names the `chip`, as an info metric would, rather than every series
-repeating it). A pod's series carry no `deployment` label: it serves one, and the scraper's
-target labels say which (deploy/k8s's ServiceMonitor sets it), as for a vLLM pod.
+per (deployment, rank), and renders vLLM's series (labels `model_name`, `engine` = the
+data-parallel rank, and in fleet mode `deployment`) and doppelchip's device series (in fleet
+mode `deployment`; `doppelchip_chips` also names the `chip`, as an info metric would, rather
+than every series repeating it). A pod's series carry no `deployment` label: it serves one,
+and the scraper's target labels say which (deploy/k8s's ServiceMonitor sets it), as for a
+vLLM pod.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class StatsCollector:
         return self.plan.render(Scrape(self._requests(), engines, summed))
 
     def _vllm_labels(self, info: DeploymentInfo) -> list[tuple[str, str]]:
-        labels = [("model_name", info.model_name), ("engine", str(info.rank))]
+        labels = [("model_name", info.model_name), ("engine", str(info.dp_rank))]
         return labels + ([] if self.pod else [("deployment", info.name)])
 
     def _compile(self) -> Exposition:
@@ -143,7 +144,7 @@ class StatsCollector:
                     plan.add_value(name, kind, doc, vllm, usage)
                 else:
                     plan.add_def(MetricDef(name, kind, doc), vllm, engine, layout.slot(current))
-        config = [("engine", str(info.rank)), *([] if self.pod else [("deployment", info.name)]),
+        config = [("engine", str(info.dp_rank)), *([] if self.pod else [("deployment", info.name)]),
                   ("model_name", info.model_name),
                   ("block_size", str(info.capacity.block_size)), ("num_gpu_blocks", str(total)),
                   ("enable_prefix_caching", str(info.enable_prefix_caching)),

@@ -31,7 +31,11 @@ TRANSLATED = {"--model", "--config", "--host", "--port", "--grpc-port", "--grpc"
               "--tensor-parallel-size", "--pipeline-parallel-size", "--dtype", "--quantization",
               "--gpu-memory-utilization", "--kv-cache-memory-bytes", "--max-model-len",
               "--max-num-batched-tokens", "--enable-prefix-caching", "--enable-chunked-prefill",
-              "--scheduling-policy", "--enforce-eager", "--seed", "--shutdown-timeout"}
+              "--scheduling-policy", "--enforce-eager", "--seed", "--shutdown-timeout",
+              # which data-parallel ranks a pod runs: tests/cli/test_cli_vllm_dp.py
+              "--data-parallel-rank", "--data-parallel-start-rank", "--data-parallel-size-local",
+              "--nnodes", "--node-rank", "--data-parallel-external-lb",
+              "--data-parallel-hybrid-lb", "--headless"}
 # a value each passed-through option's `doppelchip serve` flag accepts
 PASS_VALUES = {"--kv-cache-dtype": "fp8", "--speculative-config": '{"method": "ngram"}',
                "--kv-events-config": '{"enable_kv_cache_events": true}',
@@ -127,7 +131,7 @@ def test_vllms_argument_rewrites_optimization_level_and_dotted_json():
 @pytest.mark.parametrize("argv, says", [
     (["--runner", "pooling"], "--runner pooling: doppelchip emulates generative models only"),
     (["--convert", "embed"], "--convert embed: doppelchip emulates generative models only"),
-    (["--headless"], "--headless: a doppelchip pod emulates every data-parallel rank"),
+    (["--headless", "--api-server-count", "2"], "cannot be used with --headless"),
     (["--grpc", "--grpc-port", "50052"], "mutually exclusive"),
     (["--disable-chunked-prefill"], "not emulated"),
 ])

@@ -18,10 +18,12 @@ CASES = [
                   tp=2),  # MoE: touched experts depend on the batch size; two chips
     EngineOptions(name="c", model="llama-3.1-70b", quant="bf16", chip="h100-sxm",
                   engine="sglang", tp=4),
+    EngineOptions(name="d", model="qwen3-30b-a3b", quant="bf16", chip="h100-sxm",
+                  engine="vllm", data_parallel_size=4),  # one rank of a DP+EP group
 ]
 
 
-@pytest.mark.parametrize("options", CASES, ids=lambda o: o.model)
+@pytest.mark.parametrize("options", CASES, ids=lambda o: f"{o.model}-dp{o.data_parallel_size}")
 def test_decode_costs_are_step_cost_per_step(options):
     placement = build_core(options).placement
     assert closed_form(placement)

@@ -1,0 +1,69 @@
+"""A pod that runs some data-parallel ranks of a MoE model's expert-parallel group, as one
+node of llm-d's wide-EP deployment does (`vllm serve Qwen/Qwen3-30B-A3B -dp 4
+--data-parallel-size-local 2 --data-parallel-start-rank 2`): its engines are labelled with
+their ranks (2 and 3), each holds the KV cache one rank of the group holds (the experts
+sharded over all four ranks' chips), both serve, and every request releases what it held."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from fleets import assert_released
+from prometheus_client.parser import text_string_to_metric_families
+from server_proc import ServerProcess
+
+from clients.client import AsyncClient
+from devices import place
+from doppelchip.cli import build_parser
+from doppelchip.cmd_serve import pod_fleet
+from doppelchip.cmd_vllm import _serve_args, translate
+from doppelchip.vllm_argv import vllm_argv
+from server.config import load_fleet
+
+REPO = "Qwen/Qwen3-30B-A3B"
+ARGV = ("-dp", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2",
+        "--max-model-len", "4k")
+
+
+@pytest.fixture(scope="module")
+def pod():
+    with ServerProcess(None, REPO, *ARGV, "--time-scale", "0.05", vllm=True) as server:
+        yield server
+
+
+def samples(text: str, name: str) -> list:
+    return [s for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == name]
+
+
+def deployment():
+    args = build_parser("vllm").parse_args(vllm_argv(["vllm", "serve", REPO, *ARGV], set()))
+    (d,) = pod_fleet(_serve_args(translate(args)[0]), load_fleet(None)).deployments
+    return d
+
+
+async def test_the_pod_runs_ranks_2_and_3_each_with_one_ranks_share_of_the_group(pod):
+    info = samples(pod.scrape(), "vllm:cache_config_info")
+    assert sorted(s.labels["engine"] for s in info) == ["2", "3"]
+    d = deployment()
+    rank, copy = place(d.spec(), ranks=4), place(d.spec())
+    blocks = {int(s.labels["num_gpu_blocks"]) for s in info}
+    assert blocks == {rank.kv_blocks(16)}
+    assert rank.kv_blocks(16) > 2 * copy.kv_blocks(16)  # the experts' memory held KV instead
+
+
+async def test_both_ranks_serve_and_release_everything(pod):
+    body = {"model": REPO, "prompt": "the same short prompt", "max_tokens": 6}
+    async with httpx.AsyncClient(base_url=pod.http_url, timeout=60) as http:
+        answers = await asyncio.gather(*(http.post("/v1/completions", json=body)
+                                         for _ in range(8)))
+    assert [r.status_code for r in answers] == [200] * 8
+    assert all(r.json()["usage"]["completion_tokens"] == 6 for r in answers)
+    done = {s.labels["engine"]: s.value
+            for s in samples(pod.scrape(), "vllm:request_success_total")
+            if s.labels.get("finished_reason") == "length"}
+    assert sum(done.values()) == 8 and set(done) == {"2", "3"}
+    async with AsyncClient(pod.target) as c:
+        await assert_released(c, (await c.list_deployments()).deployments[0].name)
