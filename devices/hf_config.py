@@ -77,3 +77,28 @@ def quant_for(config: dict[str, Any]) -> str:
     if dtype not in DTYPES:
         raise ConfigMismatch(f"torch_dtype {dtype!r}: known are {', '.join(DTYPES)}")
     return DTYPES[dtype]
+
+
+def checkpoint_kv_cache_dtype(name: str) -> str | None:
+    """What vLLM resolves `--kv-cache-dtype auto` to for the checkpoint `name` (a local folder
+    or a catalogue repository id): 'fp8' when it declares an FP8 KV-cache scheme (ModelOpt's
+    `kv_cache_quant_algo`, in config.json's quantization_config or hf_quant_config.json;
+    llm-compressor's `kv_cache_scheme`), else 'auto' — the model's 16-bit dtype, whatever
+    its weights' format. None when `name` is neither (a catalogue model id)."""
+    path = Path(name)
+    if path.exists():
+        qc = read_config(name).get("quantization_config")
+        declared = isinstance(qc, dict) and (qc.get("kv_cache_quant_algo")
+                                             or qc.get("kv_cache_scheme"))
+        modelopt = path / "hf_quant_config.json" if path.is_dir() else None
+        if not declared and modelopt is not None and modelopt.exists():
+            try:
+                quant = json.loads(modelopt.read_text()).get("quantization", {})
+            except ValueError as e:
+                raise ConfigMismatch(f"cannot read {modelopt}: {e}") from None
+            declared = isinstance(quant, dict) and quant.get("kv_cache_quant_algo")
+        return "fp8" if declared else "auto"
+    try:
+        return catalog.get_checkpoint(name).kv_cache_dtype
+    except UnknownId:
+        return None

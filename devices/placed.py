@@ -21,7 +21,8 @@ from devices.specs import ChipSpec, EngineSpec, ModelSpec, QuantSpec
 FactorTable = Mapping[tuple[str, str], Factors]
 DEFAULT_CONTEXT_SRAM = 8192  # ASSUMPTION: context provisioned when the tool sizes Groq/Cerebras
 DEFAULT_CONTEXT_CONTIGUOUS = 4096  # llama.cpp's default n_ctx; MLX/JetStream slot length
-KV_DTYPE_BYTES = {"fp8": 1.0}  # --kv-cache-dtype values besides 'auto' (OCP FP8 E4M3: 1 byte)
+# --kv-cache-dtype values besides 'auto' (OCP FP8 E4M3: 1 byte; 16-bit floats: 2)
+KV_DTYPE_BYTES = {"fp8": 1.0, "bf16": 2.0, "f16": 2.0}
 
 
 @dataclass(frozen=True)

@@ -358,9 +358,12 @@ DENSE_BYTES = 2.0  # a weight a format leaves unquantised is stored in bf16/fp16
 class CheckpointSpec:
     """A Hugging Face checkpoint (``repo``): the catalogue ``model`` with its architecture
     and the weight format ``quant`` it ships in. Why it exists: `vllm serve REPO` names a
-    checkpoint, not a catalogue model (``checkpoints.toml``)."""
+    checkpoint, not a catalogue model (``checkpoints.toml``). ``kv_cache_dtype``: what vLLM
+    resolves ``--kv-cache-dtype auto`` to for it — 'fp8' when it declares an FP8 KV-cache
+    scheme, else 'auto': the model's 16-bit dtype, whatever the weights' format."""
 
     repo: str
     model: str
     quant: str
+    kv_cache_dtype: str = "auto"
     source: str = field(default="", compare=False)

@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
                    help="expert-parallel degree for MoE models: experts over ep of the "
                    "tp × dp chips of a stage (count = tp × pp × dp; --count 8 --ep 8 = "
                    "8 attention replicas, experts over all 8)")
-    e.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+    e.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "bf16", "f16"],
                    help="KV cache element type (auto: the quantisation's)")
     e.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's speculative_config JSON plus acceptance_rate, e.g. "

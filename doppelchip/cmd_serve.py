@@ -79,6 +79,15 @@ def register(subparsers: Any) -> None:
                    help="as vLLM's flag: every streamed completion and chat answer carries its "
                    "usage so far on each chunk and a usage chunk at its end, whatever its "
                    "stream_options")
+    p.add_argument("--response-role", metavar="ROLE",
+                   help="as vLLM's flag: a chat answer's role when the request adds a "
+                   "generation prompt (default assistant)")
+    p.add_argument("--return-tokens-as-token-ids", action="store_true", default=None,
+                   help="as vLLM's flag: logprobs name tokens 'token_id:N' unless a request "
+                   "sets return_tokens_as_token_ids itself")
+    p.add_argument("--disable-log-stats", action="store_true", default=None,
+                   help="as vLLM's flag: keep no statistics, so /metrics carries none of the "
+                   "engine's vllm: series (routers and autoscalers reading them see nothing)")
     p.add_argument("--profiler-config", metavar="JSON",
                    help="as vLLM's flag: '{\"profiler\": \"torch\", \"torch_profiler_dir\": "
                    "\"DIR\"}' serves /start_profile and /stop_profile, which write each engine "
@@ -130,6 +139,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             profiler_config=args.profiler_config,
             enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
             enable_force_include_usage=args.enable_force_include_usage,
+            disable_log_stats=args.disable_log_stats, response_role=args.response_role,
+            return_tokens_as_token_ids=args.return_tokens_as_token_ids,
             enable_auto_tool_choice=args.enable_auto_tool_choice,
             tool_call_parser=args.tool_call_parser,
             **security_overrides(args),

@@ -25,7 +25,8 @@ from doppelchip.vllm_flags import BY_FLAG, PASSTHROUGH, POOLING, REFUSED, VLLM_O
 from doppelchip.vllm_parser import add_serve_arguments, is_given
 
 DTYPES = {"half": "f16", "float16": "f16", "bfloat16": "bf16"}  # vLLM ModelDType -> quant
-KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
+             "bfloat16": "bf16", "float16": "f16"}
 LOG_LEVELS = {"CRITICAL": "error", "ERROR": "error", "WARNING": "warning", "INFO": "info",
               "DEBUG": "debug", "NOTSET": "debug"}  # vLLM's LogLevel -> serve's --log-level
 
@@ -176,11 +177,14 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
 def _idle() -> int:
     """A `--headless` worker's pod: nothing to serve (HEADLESS); exit 0 on SIGTERM/SIGINT."""
     import signal
+    import threading
 
-    stop = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # (handlers run in this, the main, thread)
+        signal.signal(sig, lambda *_: stop.set())
     print(f"doppelchip vllm serve: {HEADLESS}", file=sys.stderr, flush=True)
-    signal.sigwait(stop)
+    while not stop.wait(60):
+        pass
     return 0
 
 

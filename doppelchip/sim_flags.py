@@ -33,8 +33,9 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--ep", type=int,
                    help="expert-parallel degree (MoE): experts over ep of a stage's tp × dp "
                    "chips; without --tp, attention runs data parallel (count = tp × pp × dp)")
-    g.add_argument("--kv-cache-dtype", choices=["auto", "fp8"],
-                   help="KV cache element type (auto: the quantisation's)")
+    g.add_argument("--kv-cache-dtype", choices=["auto", "fp8", "bf16", "f16"],
+                   help="KV cache element type (auto: the quantisation's; the others: "
+                   "devices.placed.KV_DTYPE_BYTES)")
     g.add_argument("--speculative-config", metavar="JSON",
                    help="vLLM's speculative_config JSON plus acceptance_rate, e.g. "
                    '\'{"method": "eagle3", "num_speculative_tokens": 3, '
@@ -43,6 +44,9 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--built-for", help="TensorRT-LLM: GPU architecture the engine was built for")
     g.add_argument("--max-model-len", type=int, help="context length (default: model's, capped)")
     g.add_argument("--max-num-seqs", type=int, help="sequence cap per step (engine default)")
+    g.add_argument("--max-num-active-seqs", type=int, metavar="N",
+                   help="as vLLM's flag: at most N requests running at once, while "
+                   "--max-num-seqs still sizes memory (default: --max-num-seqs)")
     g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
     g.add_argument("--long-prefill-token-threshold", type=int, metavar="N",
                    help="as vLLM's flag: while others run or wait, a request gets at most N "

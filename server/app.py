@@ -102,7 +102,7 @@ class FrontendApp:
         enable_multiprocess(run_dir.prometheus_dir())
         collector = StatsCollector(infos, run_dir, num_frontends, cfg.time_scale, wall0,
                                    cfg.show_hidden_metrics_for_version == "0.10", cfg.pod,
-                                   buckets)
+                                   buckets, log_stats=not cfg.disable_log_stats)
         self.http_state = HttpState(self.fleet, tokenizer,
                                     MetricsView(collector, run_dir.prometheus_dir()),
                                     load_tracking=cfg.enable_server_load_tracking,
@@ -111,6 +111,8 @@ class FrontendApp:
                                     profiler=ProfilerConfig.parse(cfg.profiler_config).enabled,
                                     tokenizer_info=cfg.enable_tokenizer_info_endpoint,
                                     force_include_usage=cfg.enable_force_include_usage,
+                                    response_role=cfg.response_role,
+                                    tokens_as_ids=cfg.return_tokens_as_token_ids,
                                     tool_parser=ToolParserMetrics(
                                         c.info.model_name for c in self.clients)
                                     if cfg.tool_call_parser else None)

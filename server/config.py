@@ -79,6 +79,14 @@ class ServerConfig:
     enable_tokenizer_info_endpoint: bool = False
     # vLLM's --enable-force-include-usage: every stream carries its usage (chunks and a last one)
     enable_force_include_usage: bool = False
+    # vLLM's --disable-log-stats: no stat loggers, so /metrics has none of the engine's and
+    # requests' vllm: series (doppelchip's own, the HTTP and process series stay)
+    disable_log_stats: bool = False
+    # vLLM's --response-role: a chat answer's role when the request adds a generation prompt
+    response_role: str = "assistant"
+    # vLLM's --return-tokens-as-token-ids: logprobs name tokens "token_id:N" unless a request
+    # says otherwise (its own return_tokens_as_token_ids)
+    return_tokens_as_token_ids: bool = False
     # vLLM's --profiler-config: JSON; with profiler "torch", /start_profile and /stop_profile
     # write each engine core's emulated steps as a trace (server/engine/profiler_config.py)
     profiler_config: str = ""
@@ -191,7 +199,8 @@ _CHOICES = {
 
 # the EngineOptions fields that must be >= 1 when given (a fleet file's keys, and the
 # deployment flags of simulate, load's sim: target and serve's pod mode: sim/simulation.py)
-POSITIVE_KEYS = ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+POSITIVE_KEYS = ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_active_seqs",
+                 "max_num_batched_tokens",
                  "max_waiting", "block_size", "kv_blocks", "kv_cache_memory_bytes",
                  "max_grammar_bytes",
                  "stream_interval", "data_parallel_size", "data_parallel_size_local",

@@ -121,6 +121,7 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "n_gpu_layers": args.n_gpu_layers,
         "built_for": args.built_for, "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_active_seqs": getattr(args, "max_num_active_seqs", None),
         "max_num_queued_reqs": getattr(args, "max_num_queued_reqs", None),
         "max_logprobs": getattr(args, "max_logprobs", None),
         "long_prefill_token_threshold": getattr(args, "long_prefill_token_threshold", None),

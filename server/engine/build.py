@@ -33,6 +33,7 @@ from devices import (
     make_jitter,
     place,
 )
+from devices.hf_config import checkpoint_kv_cache_dtype
 from server.engine.block_hash import BlockHasher
 from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
@@ -84,6 +85,8 @@ class EngineOptions:
     start: str = "prebuilt"  # prebuilt | cold
     max_model_len: int | None = None
     max_num_seqs: int | None = None
+    max_num_active_seqs: int | None = None  # vLLM's: requests admitted into RUNNING (default
+    #                                         max_num_seqs, which still sizes memory)
     max_num_batched_tokens: int | None = None
     max_waiting: int = 1024  # accepted beyond the free batch seats (intake.queue_is_full)
     max_num_queued_reqs: int | None = None  # vLLM's: unfinished requests (intake.QueueLimits)
@@ -176,15 +179,27 @@ class EngineOptions:
                     f"ranks outside 0..{size - 1} (data_parallel_size {size})")
         return ""
 
+    @property
+    def cache_dtype(self) -> str:
+        """vLLM's resolved `--kv-cache-dtype` (its cache_config_info label): as given, or for
+        `auto` what the checkpoint `vllm serve` named declares ('fp8' or 'auto')."""
+        if self.kv_cache_dtype != "auto" or not self.model_path:
+            return self.kv_cache_dtype
+        return checkpoint_kv_cache_dtype(self.model_path) or "auto"
+
     def spec(self) -> DeploymentSpec:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
-        the compiled batch for Groq)."""
+        the compiled batch for Groq). A checkpoint `vllm serve` named without an FP8 KV-cache
+        scheme keeps its KV cache in 16 bits, whatever its weights' format (as vLLM)."""
+        kv = self.cache_dtype
+        if kv == "auto" and self.model_path and checkpoint_kv_cache_dtype(self.model_path):
+            kv = "bf16"
         return DeploymentSpec(
             model=self.model, quant=self.quant, chip=self.chip, engine=self.engine,
             count=self.count, tp=self.tp, pp=self.pp, ep=self.ep, n_gpu_layers=self.n_gpu_layers,
             built_for=self.built_for, max_context=self.max_model_len,
             max_batch=self.max_num_seqs or default_seqs(self) or 256,
-            max_batched_tokens=self.max_num_batched_tokens, kv_cache_dtype=self.kv_cache_dtype,
+            max_batched_tokens=self.max_num_batched_tokens, kv_cache_dtype=kv,
             speculative=SpeculativeConfig.parse(self.speculative_config),
             enforce_eager=self.enforce_eager, gpu_mem_utilisation=self.gpu_memory_utilization,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
@@ -197,6 +212,10 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
     engine = placement.engine
     max_model_len = placement.max_context
     max_num_seqs = opts.max_num_seqs or default_seqs(opts, placement) or placement.spec.max_batch
+    active = opts.max_num_active_seqs
+    if active is not None and active > max_num_seqs:  # vLLM's SchedulerConfig check
+        raise ValueError(f"max_num_active_seqs ({active}) cannot be greater than max_num_seqs "
+                         f"({max_num_seqs}).")
     chunked = tokens is not None or opts.max_num_batched_tokens is not None
     budget = opts.max_num_batched_tokens or tokens or max_model_len
     blocks = placement.kv_blocks(opts.block_size)
@@ -208,7 +227,7 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
     return SchedulerConfig(
         num_blocks=max(1, blocks),
         block_size=opts.block_size,
-        max_num_seqs=max_num_seqs,
+        max_num_seqs=active or max_num_seqs,  # the admission cap; max_num_seqs sized memory
         max_num_batched_tokens=max(budget, 1 if chunked else max_model_len),
         max_model_len=max_model_len,
         enable_chunked_prefill=chunked,

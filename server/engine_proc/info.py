@@ -88,7 +88,7 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         served_model_names=opts.served_model_name, model_path=opts.model_path,
         max_loras=opts.max_loras if opts.enable_lora else 0,  # --- LoRA (issue 13) ---
         faults=has_faults(opts),
-        kv_cache_metrics=opts.kv_cache_metrics,
+        kv_cache_metrics=opts.kv_cache_metrics, cache_dtype=opts.cache_dtype,
         dp_rank=opts.data_parallel_start_rank + rank,
     )
 

@@ -108,13 +108,15 @@ class ChatShapes:
 
     def __init__(self, req: ChatCompletionRequest, run: Run, rid: str, model: str,
                  tok: Tokenizer, plan: tools.ToolPlan, prompt: list[int],
-                 record_tool: Recorder | None = None) -> None:
+                 record_tool: Recorder | None = None, role: str = "assistant") -> None:
+        """`role`: the answer's when the request adds a generation prompt (vLLM's
+        --response-role); otherwise its last message's."""
         self.req, self.run, self.rid, self.model, self.plan = req, run, rid, model, plan
         self.record_tool = record_tool  # vLLM's tool parser metric (tool_choice "auto")
         self.prompt = prompt if req.return_token_ids else None  # (vLLM's return_token_ids)
         self.created = int(time.time())
-        self.role = "assistant" if req.add_generation_prompt else (
-            req.messages[-1].role if req.messages else "assistant")
+        self.role = role if req.add_generation_prompt else (
+            req.messages[-1].role if req.messages else role)
         self.lps = ({c.index: Logprobs(tok, c.seed, bool(req.return_tokens_as_token_ids))
                      for c in run.choices} if req.logprobs else None)
         self.streamers = ({c.index: tools.ToolStreamer(plan) for c in run.choices}

@@ -35,7 +35,7 @@ from server.http.errors import (
     validation_error,
 )
 from server.http.errors import vllm_invalid as invalid
-from server.http.protocol import ChatCompletionRequest, ChatMessage, OpenAIBase
+from server.http.protocol import ChatCompletionRequest, ChatMessage, OpenAIBase, tokens_as_ids
 from server.http.routes import (
     counted,
     data_parallel_rank,
@@ -100,7 +100,7 @@ async def batch_chat_completion(state: HttpState, request: Request,
     rid = request_id(request, body.request_id)
     try:
         client, name = opened(state, rid, body.model)
-        singles = conversations(body)
+        singles = [tokens_as_ids(s, state.tokens_as_ids) for s in conversations(body)]
         reqs, shapes_of = [], []
         for i, single in enumerate(singles):
             ids = await prompts.chat_generation_prompt(single, state.tokenizer, client.limits)
@@ -126,8 +126,8 @@ def merged(run: generate.Run, shapes_of: list, rid: str, name: str, state: HttpS
     for i, (single, plan) in enumerate(shapes_of):
         one = generate.Run(run.client, [run.streams[i]], [run.choices[i]],
                            [run.prompt_lens[i]])
-        answers.append(chat.ChatShapes(single, one, rid, name, state.tokenizer, plan,
-                                       []).response())
+        answers.append(chat.ChatShapes(single, one, rid, name, state.tokenizer, plan, [],
+                                       role=state.response_role).response())
     return {**answers[0], "choices": [c for a in answers for c in a["choices"]],
             "usage": run.usage_dump(), "prompt_logprobs": None, "prompt_token_ids": None,
             "kv_transfer_params": None}

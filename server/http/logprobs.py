@@ -123,8 +123,8 @@ def chat_logprobs(lp: Logprobs, ids: Sequence[int], start: int, k: int) -> list[
     for j, t in enumerate(ids):
         top = lp.top(start + j, t, max(1, k))
         text = lp.text(t)
-        content.append({
-            "token": text, "logprob": top[0][1], "bytes": list(text.encode()),
+        content.append({  # (the bytes are the token's text even as "token_id:N", vLLM's)
+            "token": text, "logprob": top[0][1], "bytes": list(lp.tok.decode([t]).encode()),
             "top_logprobs": [{"token": (s := lp.text(a)), "logprob": v,
                               "bytes": list(s.encode())} for a, v in top[:k]],
         })

@@ -156,6 +156,14 @@ def forced_usage(body: G, force: bool) -> G:
         include_usage=True, continuous_usage_stats=True)})
 
 
+def tokens_as_ids(body: G, default: bool) -> G:
+    """vLLM's --return-tokens-as-token-ids: the server's default for a request that leaves
+    `return_tokens_as_token_ids` unset."""
+    if not default or body.return_tokens_as_token_ids is not None:
+        return body
+    return body.model_copy(update={"return_tokens_as_token_ids": True})
+
+
 class CompletionRequest(GenerationFields):
     # vLLM's union, in its order; None (or "") is refused by `prechecks.completion`
     prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None

@@ -42,6 +42,7 @@ from server.http.protocol import (
     TokenizeChatRequest,
     TokenizeRequest,
     forced_usage,
+    tokens_as_ids,
 )
 from server.http.state import VLLM_VERSION, HttpState, InFlight
 
@@ -200,7 +201,7 @@ def add_routes(app: FastAPI, state: HttpState) -> None:
 async def completion(state: HttpState, request: Request, body: CompletionRequest) -> Response:
     """A completions request's answer (`/v1/completions`, and `/invocations`'s)."""
     rid = request_id(request, body.request_id)
-    body = forced_usage(body, state.force_include_usage)
+    body = tokens_as_ids(forced_usage(body, state.force_include_usage), state.tokens_as_ids)
     try:
         client, name = opened(state, rid, body.model)
         run, ids = await start_completion(state, client, body, f"cmpl-{rid}", rid,
@@ -229,7 +230,7 @@ async def chat_completion(state: HttpState, request: Request, body: ChatCompleti
                           ) -> Response:
     """A chat request's answer (`/v1/chat/completions`, and `/invocations`'s)."""
     rid = request_id(request, body.request_id)
-    body = forced_usage(body, state.force_include_usage)
+    body = tokens_as_ids(forced_usage(body, state.force_include_usage), state.tokens_as_ids)
     try:
         run, shapes = await start_chat(state, rid, body, data_parallel_rank(request))
     except HttpError as e:
@@ -254,7 +255,7 @@ async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
     record = (state.tool_parser.recorder(client.info.model_name, request_type)
               if state.tool_parser is not None and plan.auto else None)
     return run, chat.ChatShapes(body, run, f"chatcmpl-{rid}", name, state.tokenizer, plan,
-                                list(req.prompt_token_ids or ()), record)
+                                list(req.prompt_token_ids or ()), record, state.response_role)
 
 
 async def counted(load: InFlight, answering: Awaitable[Response]) -> Response:

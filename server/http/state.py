@@ -34,6 +34,8 @@ class HttpState:
     profiler: bool = False  # --profiler-config (vLLM's): /start_profile and /stop_profile
     tokenizer_info: bool = False  # --enable-tokenizer-info-endpoint (vLLM's)
     force_include_usage: bool = False  # --enable-force-include-usage (vLLM's)
+    response_role: str = "assistant"  # --response-role (vLLM's)
+    tokens_as_ids: bool = False  # --return-tokens-as-token-ids (vLLM's): requests' default
     tool_parser: ToolParserMetrics | None = None  # --tool-call-parser (vLLM's metric)
 
     def load(self) -> InFlight:

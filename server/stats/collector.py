@@ -30,9 +30,12 @@ from server.stats.shm import StatsFile
 class StatsCollector:
     def __init__(self, infos: list[list[DeploymentInfo]], run_dir: RunDir, num_frontends: int,
                  time_scale: float, wall0: float, show_hidden_metrics: bool = False,
-                 pod: bool = False, buckets: Overrides | None = None) -> None:
+                 pod: bool = False, buckets: Overrides | None = None,
+                 log_stats: bool = True) -> None:
+        """`log_stats` False (vLLM's --disable-log-stats): vLLM then builds no stat loggers,
+        so none of the engine's and requests' vllm: series exist; doppelchip's own stay."""
         self.infos, self.run, self.num_frontends = infos, run_dir, num_frontends
-        self.pod = pod
+        self.pod, self.log_stats = pod, log_stats
         self.show_hidden = show_hidden_metrics
         self.scale, self.wall0 = time_scale, wall0
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
@@ -121,6 +124,8 @@ class StatsCollector:
                 paths = [self.run.engine_stats(d_index, r.rank) for r in ranks]
                 plan.add_dynamic(LORA_INFO, "gauge", LORA_INFO_HELP, lora_info_lines(
                     paths, info.max_loras, [] if self.pod else [("deployment", info.name)]))
+        if not self.log_stats:
+            plan.families = {n: f for n, f in plan.families.items() if not n.startswith("vllm:")}
         return plan
 
     def _compile_engine(self, plan: Exposition, key: tuple[int, int], info: DeploymentInfo,
@@ -149,7 +154,7 @@ class StatsCollector:
                   ("block_size", str(info.capacity.block_size)), ("num_gpu_blocks", str(total)),
                   ("enable_prefix_caching", str(info.enable_prefix_caching)),
                   ("gpu_memory_utilization", str(info.gpu_memory_utilisation)),
-                  ("cache_dtype", "auto")]
+                  ("cache_dtype", info.cache_dtype)]
         plan.add_value("vllm:cache_config_info", "gauge",
                        "Information of the LLMEngine CacheConfig", config, _when(engine, 1.0))
         for d in layout.defs.values():

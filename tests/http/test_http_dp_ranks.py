@@ -10,17 +10,12 @@ import asyncio
 
 import httpx
 import pytest
-from fleets import assert_released
+from fleets import assert_released, vllm_pod_options
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess
 
 from clients.client import AsyncClient
 from devices import place
-from doppelchip.cli import build_parser
-from doppelchip.cmd_serve import pod_fleet
-from doppelchip.cmd_vllm import _serve_args, translate
-from doppelchip.vllm_argv import vllm_argv
-from server.config import load_fleet
 
 REPO = "Qwen/Qwen3-30B-A3B"
 ARGV = ("-dp", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2",
@@ -38,16 +33,10 @@ def samples(text: str, name: str) -> list:
             if s.name == name]
 
 
-def deployment():
-    args = build_parser("vllm").parse_args(vllm_argv(["vllm", "serve", REPO, *ARGV], set()))
-    (d,) = pod_fleet(_serve_args(translate(args)[0]), load_fleet(None)).deployments
-    return d
-
-
 async def test_the_pod_runs_ranks_2_and_3_each_with_one_ranks_share_of_the_group(pod):
     info = samples(pod.scrape(), "vllm:cache_config_info")
     assert sorted(s.labels["engine"] for s in info) == ["2", "3"]
-    d = deployment()
+    d = vllm_pod_options(REPO, *ARGV)
     rank, copy = place(d.spec(), ranks=4), place(d.spec())
     blocks = {int(s.labels["num_gpu_blocks"]) for s in info}
     assert blocks == {rank.kv_blocks(16)}

@@ -11,7 +11,7 @@ import asyncio
 import grpc
 import openai
 import pytest
-from fleets import sigterm_mid_stream
+from fleets import sigterm_mid_stream, vllm_pod_options
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess
 from smg_grpc_proto import vllm_engine_pb2 as vpb
@@ -78,3 +78,17 @@ async def test_sigterm_aborts_what_is_in_flight_as_vllm_without_shutdown_timeout
         assert await asyncio.to_thread(server.stop) == 0
         assert "draining: 1 requests in flight, grace 0.0s" in server.log
         assert "grace expired: aborting 1 requests" in server.log
+
+
+def test_a_checkpoint_declaring_an_fp8_kv_cache_reports_it_as_vllm_resolves_it():
+    """vLLM resolves `--kv-cache-dtype auto` to the checkpoint's KV-cache scheme, and its
+    cache_config_info says `fp8`; the pool holds FP8 elements."""
+    repo = "nvidia/Llama-3.1-8B-Instruct-FP8"
+    with ServerProcess(None, repo, "--max-model-len", "4k", vllm=True) as server:
+        families = {m.name: m for m in text_string_to_metric_families(server.scrape())}
+    info = families["vllm:cache_config_info"].samples[0].labels
+    assert info["cache_dtype"] == "fp8"
+    placed = place(vllm_pod_options(repo, "--max-model-len", "4k").spec())
+    half = place(vllm_pod_options(repo, "--max-model-len", "4k", "--kv-cache-dtype", "bfloat16")
+                 .spec())
+    assert int(info["num_gpu_blocks"]) == placed.kv_blocks(16) > 1.9 * half.kv_blocks(16)

@@ -219,4 +219,8 @@ async def test_return_tokens_as_token_ids_names_the_ids(http):
         "return_token_ids": True})).json()["choices"][0]
     content = chat["logprobs"]["content"]
     assert [c["token"] for c in content] == [f"token_id:{t}" for t in chat["token_ids"]]
-    assert content[0]["bytes"] == list(content[0]["token"].encode())
+    # vLLM: an entry's bytes are its token's text (Logprob.decoded_token), its alternatives'
+    # bytes their "token_id:N" names
+    assert b"".join(bytes(c["bytes"]) for c in content).decode() == chat["message"]["content"]
+    assert all(a["bytes"] == list(a["token"].encode())
+               for c in content for a in c["top_logprobs"])
