@@ -288,12 +288,15 @@ class EngineCore:
 
     @property
     def idle_watts(self) -> float:
-        """The whole deployment's idle power (what an idle or stalled step draws)."""
-        return self.placement.plan.idle_w
+        """The whole deployment's idle power (what an idle or stalled step draws); one
+        data-parallel rank's share of its group's (`Plan.ranks`)."""
+        plan = self.placement.plan
+        return plan.idle_w / plan.ranks
 
     @property
     def dollars_per_s(self) -> float:
-        return self.placement.plan.usd_per_s
+        plan = self.placement.plan
+        return plan.usd_per_s / plan.ranks
 
     def account_idle(self, seconds: float) -> None:
         """Charge `seconds` of idle time (no step running) to energy and money."""

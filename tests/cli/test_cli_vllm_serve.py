@@ -129,9 +129,9 @@ def test_loading_flags_are_accepted_and_unemulated_ones_warned():
              "--uvicorn-log-level", "warning", "--hf-token")
     assert warnings("meta-llama/Llama-3.1-8B", *quiet) == []
     said = warnings("meta-llama/Llama-3.1-8B", "--async-scheduling", "-cc", '{"level": 3}',
-                    "--disable-log-stats", "--seed", "7")
+                    "--performance-mode", "throughput", "--seed", "7")
     assert [w.split()[0] for w in said] == ["--async-scheduling", "--compilation-config",
-                                            "--disable-log-stats", "--seed:"]
+                                            "--performance-mode", "--seed:"]
     assert warnings("meta-llama/Llama-3.1-8B", "--no-async-scheduling") == []
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 
 from devices import BatchShape, DeploymentSpec, PlacementError, place, step_cost
+from server.engine.build import EngineOptions, build_core
 
 MOE = DeploymentSpec(model="qwen3-30b-a3b", quant="bf16", chip="h100-sxm", engine="vllm")
 
@@ -75,3 +76,11 @@ def test_a_rank_decodes_faster_than_a_full_copy_reading_only_its_share_of_the_ex
 def test_dense_models_and_replica_engines_place_each_rank_as_a_full_copy(spec):
     assert place(spec, ranks=4) == place(spec)
     assert place(spec, ranks=4).plan.ranks == 1
+
+
+def test_an_idle_rank_draws_and_costs_its_own_chips_not_the_groups():
+    rank = build_core(EngineOptions(name="a", model=MOE.model, quant=MOE.quant, chip=MOE.chip,
+                                    engine=MOE.engine, data_parallel_size=4))
+    copy = place(MOE)  # one chip too
+    assert rank.idle_watts == pytest.approx(copy.plan.idle_w)
+    assert rank.dollars_per_s == pytest.approx(copy.plan.usd_per_s)
