@@ -99,7 +99,7 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         self.last_receive = 0.0
         self.prompt_tokens = 0  # of the requests this service finished (cache hit rate)
         self.cached_tokens = 0
-        self._rate = _Rate()
+        self._rates = [_Rate() for _ in client.views]  # per data-parallel rank
         self._tokenizer: tuple[bytes, str] | None = None
 
     def ready(self) -> bool:
@@ -219,26 +219,31 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
     async def GetServerInfo(
         self, request: vpb.GetServerInfoRequest, context: grpc.aio.ServicerContext
     ) -> vpb.GetServerInfoResponse:
-        s = self.client.status()
+        s, info = self.client.status(), self.client.info
         return vpb.GetServerInfoResponse(
             active_requests=s.num_running + s.num_waiting, is_paused=False,
             last_receive_timestamp=self.last_receive,
             uptime_seconds=time.monotonic() - self.started, server_type="vllm-grpc",
-            data_parallel_size=1, kv_cache_dtype="auto", block_size=s.capacity.block_size,
-            model_dtype=s.quant, max_num_seqs=s.capacity.max_num_seqs,
+            data_parallel_size=info.data_parallel_size, kv_cache_dtype=info.cache_dtype,
+            block_size=s.capacity.block_size, model_dtype=s.quant,
+            max_num_seqs=s.capacity.max_num_seqs,
         )
 
     async def GetLoads(
         self, request: vpb.GetLoadsRequest, context: grpc.aio.ServicerContext
     ) -> vpb.GetLoadsResponse:
-        if request.HasField("dp_rank") and request.dp_rank != 0:
-            return vpb.GetLoadsResponse(timestamp=_now_iso(), version="doppelchip",
-                                        dp_rank_count=0)
-        rate = self._rate.update(self.client.generated_tokens())
+        """One load per data-parallel rank this pod runs, numbered by its rank in the group, as
+        smg's servicer (0.14.1) reports them; `dp_rank` and `include` are accepted and not
+        applied, as there. The cache hit rate is the pod's (this service's finished requests),
+        not each rank's."""
         hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-        load = vllm_convert.to_scheduler_load(self.client.status(), rate, hit)
+        loads = [vllm_convert.to_scheduler_load(
+                     self.client.status([r]), rate.update(self.client.generated_tokens([r])),
+                     hit, view.info.dp_rank)
+                 for r, (view, rate) in enumerate(zip(self.client.views, self._rates,
+                                                      strict=True))]
         return vpb.GetLoadsResponse(timestamp=_now_iso(), version="doppelchip",
-                                    dp_rank_count=1, loads=[load])
+                                    dp_rank_count=len(loads), loads=loads)
 
 
     # --- KV events (issue 13): docs/KV_EVENTS.md ---

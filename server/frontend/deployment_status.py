@@ -52,10 +52,12 @@ class DeploymentStatusView:
             values, "vllm:num_requests_waiting")
         return state, text, int(view.value(values, "_epoch")), load
 
-    def status(self) -> DeploymentStatus:
+    def status(self, ranks: list[int] | None = None) -> DeploymentStatus:
+        """The deployment's status over its ranks (`ranks`: only those, by index)."""
+        views = self.views if ranks is None else [self.views[r] for r in ranks]
         running = waiting = free = 0
         states = []
-        for view in self.views:
+        for view in views:
             values, text = view.read()
             states.append((STATE_CODES[int(view.value(values, "_state"))], text))
             running += int(view.value(values, "vllm:num_requests_running"))
@@ -64,7 +66,7 @@ class DeploymentStatusView:
         order = ("ready", "compiling", "draining", "failed")
         state, message = min(states, key=lambda s: order.index(s[0]))
         i, c = self.info, self.info.capacity
-        n = len(self.views)
+        n = len(views)
         capacity = Capacity(c.kv_blocks_total * n, free, c.block_size, c.max_model_len,
                             c.max_num_seqs, c.max_concurrency * n, c.max_waiting)
         return DeploymentStatus(
@@ -76,10 +78,10 @@ class DeploymentStatusView:
                 LoraAdapterStatus(a.name, a.id, a.path, a.base_model_name, a.rank)
                 for a in self.lora.adapters()))
 
-    def generated_tokens(self) -> int:
-        """Output tokens every rank has generated so far (all front ends)."""
+    def generated_tokens(self, ranks: list[int] | None = None) -> int:
+        """Output tokens every rank (`ranks`: those) has generated so far (all front ends)."""
         total = 0
-        for view in self.views:
+        for view in self.views if ranks is None else [self.views[r] for r in ranks]:
             values, _ = view.read()
             total += int(view.value(values, "_generated"))
         return total

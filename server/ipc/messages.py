@@ -68,6 +68,7 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     histogram_buckets: tuple[tuple[str, tuple[float, ...]], ...] = ()  # the server's
     #                                   --custom-histogram-buckets, (family, bounds) pairs
     cache_dtype: str = "auto"  # vLLM's resolved --kv-cache-dtype (cache_config_info's label)
+    data_parallel_size: int = 1  # the ranks of the deployment's group, here or not (vLLM's)
     dp_rank: int = 0  # the data-parallel rank clients see (vLLM's `engine` label, its KV
     #                   events' data_parallel_rank): data_parallel_start_rank + `rank`, the
     #                   index of this engine core among the server's

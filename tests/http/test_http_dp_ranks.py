@@ -2,17 +2,21 @@
 node of llm-d's wide-EP deployment does (`vllm serve Qwen/Qwen3-30B-A3B -dp 4
 --data-parallel-size-local 2 --data-parallel-start-rank 2`): its engines are labelled with
 their ranks (2 and 3), each holds the KV cache one rank of the group holds (the experts
-sharded over all four ranks' chips), both serve, and every request releases what it held."""
+sharded over all four ranks' chips), both serve, and every request releases what it held;
+over gRPC (smg's VllmEngine) the pod reports the group's size and one load per rank it runs."""
 
 from __future__ import annotations
 
 import asyncio
 
+import grpc
 import httpx
 import pytest
 from fleets import assert_released, vllm_pod_options
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess
+from smg_grpc_proto import vllm_engine_pb2 as vpb
+from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
 from clients.client import AsyncClient
 from devices import place
@@ -56,3 +60,14 @@ async def test_both_ranks_serve_and_release_everything(pod):
     assert sum(done.values()) == 8 and set(done) == {"2", "3"}
     async with AsyncClient(pod.target) as c:
         await assert_released(c, (await c.list_deployments()).deployments[0].name)
+
+
+async def test_smg_sees_the_groups_size_and_a_load_per_rank_here(pod):
+    async with grpc.aio.insecure_channel(pod.target) as channel:
+        stub = vpb_grpc.VllmEngineStub(channel)
+        info = await stub.GetServerInfo(vpb.GetServerInfoRequest())
+        loads = await stub.GetLoads(vpb.GetLoadsRequest())
+    assert info.data_parallel_size == 4 and info.kv_cache_dtype == "auto"
+    assert loads.dp_rank_count == 2 and [x.dp_rank for x in loads.loads] == [2, 3]
+    tokens = place(vllm_pod_options(REPO, *ARGV).spec(), ranks=4).kv_blocks(16) * 16
+    assert all(x.max_total_num_tokens == tokens for x in loads.loads)
