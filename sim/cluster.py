@@ -45,16 +45,22 @@ class ClusterRun:
 
 
 def build_replicas(deployments: Sequence[EngineOptions]) -> list[Replica]:
-    """`replicas` cores of each deployment. Replica i > 0 draws with seed + i (output lengths,
-    step jitter), so copies are not in lock-step; replica 0 is the deployment as it is."""
+    """`replicas` copies of each deployment, each with one core per data-parallel rank it runs
+    (`local_ranks`, named `.../dp<rank>`; a MoE model's ranks share its experts, as in
+    `serve`). Core j > 0 of a deployment draws with seed + j (output lengths, step jitter),
+    so copies are not in lock-step; core 0 is the deployment as it is."""
     out = []
     for d in deployments:
         if d.replicas < 1:
             raise ValueError(f"{d.name}: replicas must be >= 1, got {d.replicas}")
+        ranks = d.local_ranks
         for i in range(d.replicas):
-            opts = d if i == 0 else dataclasses.replace(d, seed=d.seed + i)
-            out.append(Replica(d.name if d.replicas == 1 else f"{d.name}/{i}", opts,
-                               build_core(opts)))
+            base = d.name if d.replicas == 1 else f"{d.name}/{i}"
+            for k in range(ranks):
+                j = i * ranks + k
+                opts = d if j == 0 else dataclasses.replace(d, seed=d.seed + j)
+                name = base if ranks == 1 else f"{base}/dp{d.data_parallel_start_rank + k}"
+                out.append(Replica(name, opts, build_core(opts)))
     if not out:
         raise ValueError("a cluster needs at least one deployment")
     return out

@@ -37,7 +37,8 @@ def wants_cluster(args: argparse.Namespace) -> bool:
     if args.chip or args.model or args.engine or args.quant:
         return False
     opts = options_from_args(args)
-    return opts.replicas > 1 or opts.autoscaling is not None  # (autoscale: issue 16)
+    return (opts.replicas > 1 or opts.local_ranks > 1  # data-parallel ranks: a core each
+            or opts.autoscaling is not None)  # (autoscale: issue 16)
 
 
 def fleet_options(args: argparse.Namespace) -> list[EngineOptions]:
@@ -86,12 +87,18 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     except (ValueError, OSError) as e:
         raise SimulationError(str(e)) from e
     scaled = _scaled(args, deployments)  # --- autoscale (issue 16) ---
+    if scaled is not None and any(d.local_ranks > 1 for d in deployments):
+        raise SimulationError("autoscaling a deployment of several data-parallel ranks is not "
+                              "simulated (scale its replicas, each one rank)")
+    # vLLM's front end sends a request to its least-loaded data-parallel rank
+    router = args.router or ("least-requests" if any(d.local_ranks > 1 for d in deployments)
+                             else "round-robin")
     slo = slo_from_args(args)  # issue 16: plan
     try:  # --- fleet (issue 16): pools, SLO classes, admission ---
         admission = parse_admission(getattr(args, "admission", None))
         if scaled is not None:  # its timeline reads every record: kept in a list
             pols, sample_s = scaled
-            sr = run_scaled(deployments, pols, conversations, args.router or "round-robin",
+            sr = run_scaled(deployments, pols, conversations, router,
                             seed=args.seed, sample_s=sample_s, admission=admission)
             cr = sr.cluster
             stream = FleetStream(pools_of(cr.replicas), len(cr.replicas), slo)
@@ -99,7 +106,7 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
                 stream.append(r)
         else:  # summarised as the requests end (memory flat with the request count)
             stream = FleetStream(pools_of(replicas), len(replicas), slo)
-            cr = run_replicas(replicas, conversations, args.router or "round-robin",
+            cr = run_replicas(replicas, conversations, router,
                               seed=args.seed, admission=admission, records=stream)
     except (FleetError, ValueError) as e:
         raise SimulationError(str(e)) from e
