@@ -61,8 +61,8 @@ class StepProfiler:
     @property
     def worker_name(self) -> str:
         info = self.info
-        rank = info.rank * max(1, info.tensor_parallel) * max(1, info.pipeline_parallel)
-        name = f"dp{info.rank}_pp0_tp0_dcp0_ep0_rank{rank}"
+        rank = info.dp_rank * max(1, info.tensor_parallel) * max(1, info.pipeline_parallel)
+        name = f"dp{info.dp_rank}_pp0_tp0_dcp0_ep0_rank{rank}"
         if not self.pod:  # every deployment of a fleet has a rank 0: its name goes first
             name = f"{info.name}_{name}"
         return f"{self.prefix}_{name}" if self.prefix else name
