@@ -33,6 +33,16 @@ class Parallelism:
     def expert_shards(self) -> int:
         return self.tp if self.ep == 1 else self.tp * self.dp
 
+    def experts_per_chip(self, total: float, n_experts: int) -> float:
+        """Of ``total`` (a MoE layer's expert bytes, parameters ...), what the fullest chip of
+        a stage holds: ``total / expert_shards``; when ``ep`` > 1 ranks do not divide the
+        ``n_experts`` experts, the ranks that get one more (vLLM's determine_expert_map gives
+        the first ``n_experts mod ep`` ranks ``n_experts // ep + 1``) hold ceil(E / shards)."""
+        shards = self.expert_shards
+        if self.ep == 1 or not n_experts or n_experts % shards == 0:
+            return total / shards
+        return total * -(-n_experts // shards) / n_experts
+
 
 def resolve_parallelism(spec: DeploymentSpec, chip: ChipSpec, model: ModelSpec,
                         engine: EngineSpec) -> Parallelism:
@@ -58,10 +68,9 @@ def resolve_parallelism(spec: DeploymentSpec, chip: ChipSpec, model: ModelSpec,
             raise PlacementError(f"ep {ep}: {model.name} has no experts to shard")
         if not engine.expert_parallel:
             raise PlacementError(f"{engine.name} does not run expert parallelism")
-        if (tp * dp) % ep or model.n_experts % ep:
+        if (tp * dp) % ep:  # (experts need not divide evenly: experts_per_chip)
             raise PlacementError(
-                f"ep {ep} must divide the {tp * dp} chips of a stage (tp {tp} × dp {dp}) "
-                f"and the {model.n_experts} experts")
+                f"ep {ep} must divide the {tp * dp} chips of a stage (tp {tp} × dp {dp})")
     if count > 1 and chip.link_bw_bps <= 0:
         raise PlacementError(f"{chip.id} has no chip-to-chip link: use a single chip")
     return Parallelism(tp=tp, pp=pp, dp=dp, ep=ep)

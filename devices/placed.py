@@ -130,7 +130,7 @@ def per_chip_weights(model: ModelSpec, quant: QuantSpec, par: Parallelism, layer
     """Weight bytes one chip of a stage holds: dense parts over tp, experts over their
     shards, plus ``extra_params`` (embedding/head share) over tp."""
     dense = layers * model.dense_layer_params / par.tp
-    experts = layers * model.mlp_params_per_layer / par.expert_shards
+    experts = par.experts_per_chip(layers * model.mlp_params_per_layer, model.n_experts)
     return quant.layer_bytes(dense, experts) + quant.edge_bytes(extra_params / par.tp)
 
 

@@ -112,8 +112,8 @@ def make_segment(
     tp, dp, chips = par.tp, par.dp, par.stage_chips
     rate = rate if rate is not None else compute_rate(engine, chip, quant, f)
     total_w = sum(b for _, b, _ in weight_reads) or 1.0
-    expert_bytes = layers * model.mlp_params_per_layer * quant.bytes_per_weight
-    expert_bytes /= par.expert_shards
+    expert_bytes = par.experts_per_chip(
+        layers * model.mlp_params_per_layer * quant.bytes_per_weight, model.n_experts)
     ef = min(1.0, expert_bytes / total_w) if model.is_moe else 0.0
     read_s = sum(b / bw for _, b, bw in weight_reads if b > 0)
     kv_split = min(tp, model.kv_shards) * dp  # heads over tp; sequences over dp

@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 
 from devices import BatchShape, DeploymentSpec, PlacementError, place, step_cost
+from devices.parallel import Parallelism
 from server.engine.build import EngineOptions, build_core
 
 MOE = DeploymentSpec(model="qwen3-30b-a3b", quant="bf16", chip="h100-sxm", engine="vllm")
@@ -84,3 +85,13 @@ def test_an_idle_rank_draws_and_costs_its_own_chips_not_the_groups():
     copy = place(MOE)  # one chip too
     assert rank.idle_watts == pytest.approx(copy.plan.idle_w)
     assert rank.dollars_per_s == pytest.approx(copy.plan.usd_per_s)
+
+
+def test_experts_that_the_ranks_do_not_divide_are_split_as_vllm_splits_them():
+    """128 experts over 6 ranks: vLLM gives the first two 22, the others 21; the fullest
+    chip (which every step waits for) holds 22."""
+    par = Parallelism(tp=1, pp=1, dp=6, ep=6)
+    assert par.experts_per_chip(128.0, 128) == 22.0
+    assert Parallelism(tp=1, pp=1, dp=8, ep=8).experts_per_chip(128.0, 128) == 16.0
+    six = place(MOE, ranks=6)
+    assert place(MOE, ranks=4).kv_tokens < six.kv_tokens < place(MOE, ranks=8).kv_tokens
