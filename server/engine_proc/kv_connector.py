@@ -66,7 +66,8 @@ class NixlConnector:
         self.config, self.info, self.rank, self.sched = config, info, rank, scheduler
         self.ctx, self.poller, self.now = ctx, poller, now
         self.engine_id = config.engine_id
-        self.port = config.side_channel_port + rank  # vLLM: the port + data-parallel rank
+        # vLLM: the port + data_parallel_index, the rank in the group (a pod of ranks S.. too)
+        self.port = config.side_channel_port + info.dp_rank
         self.listener = ctx.socket(zmq.ROUTER)
         self.listener.setsockopt(zmq.LINGER, 0)
         self.listener.bind(f"tcp://{config.side_channel_host}:{self.port}")
