@@ -44,12 +44,19 @@ class DeploymentStatusView:
     lora: LoraView
 
     def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
-        """(state, message, epoch, load) of one rank, from its stats file."""
+        """(state, message, epoch, load) of one rank, from its stats file. The load is vLLM
+        0.33.0's score for balancing over data-parallel ranks (DPLBAsyncMPClient): running +
+        waiting, and waiting requests weigh more as the KV cache fills past half (a queue on
+        a KV-bound rank drains slowly): + waiting × 6 × (usage − 0.5)."""
         view = self.views[rank]
         values, text = view.read()
         state = DeploymentState(STATE_CODES[int(view.value(values, "_state"))])
-        load = view.value(values, "vllm:num_requests_running") + view.value(
-            values, "vllm:num_requests_waiting")
+        waiting = view.value(values, "vllm:num_requests_waiting")
+        load = view.value(values, "vllm:num_requests_running") + waiting
+        total = view.info.capacity.kv_blocks_total
+        if waiting and total:
+            usage = view.value(values, "_kv_used") / total
+            load += waiting * 6.0 * max(0.0, usage - 0.5)
         return state, text, int(view.value(values, "_epoch")), load
 
     def status(self, ranks: list[int] | None = None) -> DeploymentStatus:
