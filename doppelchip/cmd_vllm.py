@@ -15,6 +15,7 @@ vLLM's argparse error (exit status 2).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -121,7 +122,8 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
               "max_num_batched_tokens": args.max_num_batched_tokens,
               "policy": args.scheduling_policy, "time_scale": args.time_scale,
               "log_level": LOG_LEVELS.get(args.log_level or ""),
-              "enforce_eager": args.enforce_eager, "check_integrity": args.check_integrity,
+              "enforce_eager": args.enforce_eager or no_graphs(args),
+              "check_integrity": args.check_integrity,
               "cold": args.cold, "prefix_cache": {True: "on", False: "off"}.get(
                   args.enable_prefix_caching),
               "data_parallel_start_rank": start or None, "data_parallel_size_local": local}
@@ -139,10 +141,35 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
             out += [flag, str(value)]
     warnings = [f"{o.name} is accepted but not emulated: it changes nothing here"
                 for o in VLLM_OPTIONS if o.name in args.unemulated
-                and is_given(getattr(args, o.dest))]
+                and is_given(getattr(args, o.dest)) and not understood(o.name, args)]
     if args.seed is not None:
         warnings.append("--seed: each deployment's sampler is seeded already (0)")
     return out, warnings
+
+
+def _compilation(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        doc = json.loads(args.compilation_config or "{}")
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def no_graphs(args: argparse.Namespace) -> bool:
+    """vLLM runs without CUDA/HIP graphs, as with --enforce-eager: `-O0` (OptimizationLevel
+    O0: "no compilation, no cudagraphs") or `-cc '{"cudagraph_mode": "NONE"}'`."""
+    mode = str(_compilation(args).get("cudagraph_mode", "")).upper()
+    return args.optimization_level == "0" or mode == "NONE"
+
+
+def understood(name: str, args: argparse.Namespace) -> bool:
+    """A compile option whose whole effect is emulated: -O0/-O2/-O3 (O2 is vLLM's default, O3
+    the same as O2 in vLLM 0.33.0) and a compilation config of cudagraph_mode alone."""
+    if name == "--optimization-level":
+        return args.optimization_level in ("0", "2", "3")
+    if name == "--compilation-config":
+        return set(_compilation(args)) == {"cudagraph_mode"} and no_graphs(args)
+    return False
 
 
 def _serve_args(argv: list[str]) -> argparse.Namespace:

@@ -124,8 +124,22 @@ def test_vllms_argument_rewrites_optimization_level_and_dotted_json():
     args = parse(REPO, "-O3", "-cc.mode=3", "-cc.cudagraph_mode", "FULL")
     assert args.optimization_level == "3"
     assert args.compilation_config == '{"mode": 3, "cudagraph_mode": "FULL"}'
-    assert [w.split()[0] for w in translate(args)[1]] == ["--compilation-config",
-                                                        "--optimization-level"]
+    # -O3 is vLLM's default O2 (graphs, emulated); the compilation config's mode is not
+    assert [w.split()[0] for w in translate(args)[1]] == ["--compilation-config"]
+
+
+@pytest.mark.parametrize("argv, eager, warned", [
+    (["-O0"], True, []),  # vLLM's O0: "no compilation, no cudagraphs"
+    (["-O", "2"], False, []),
+    (["-O1"], False, ["--optimization-level"]),  # piecewise graphs only: not emulated
+    (["-cc.cudagraph_mode", "NONE"], True, []),
+    (["-cc", '{"cudagraph_mode": "NONE", "mode": 0}'], True, ["--compilation-config"]),
+    (["-cc.cudagraph_mode", "FULL"], False, ["--compilation-config"]),
+])
+def test_running_without_graphs_is_enforce_eager(argv, eager, warned):
+    out, warnings = translate(parse(REPO, *argv))
+    assert ("--enforce-eager" in out) is eager
+    assert [w.split()[0] for w in warnings] == warned
 
 
 @pytest.mark.parametrize("argv, says", [
