@@ -90,8 +90,8 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     if scaled is not None and any(d.local_ranks > 1 for d in deployments):
         raise SimulationError("autoscaling a deployment of several data-parallel ranks is not "
                               "simulated (scale its replicas, each one rank)")
-    # vLLM's front end sends a request to its least-loaded data-parallel rank
-    router = args.router or ("least-requests" if any(d.local_ranks > 1 for d in deployments)
+    # vLLM's front end balances over its data-parallel ranks (sim.routers.VllmDp)
+    router = args.router or ("vllm-dp" if any(d.local_ranks > 1 for d in deployments)
                              else "round-robin")
     slo = slo_from_args(args)  # issue 16: plan
     try:  # --- fleet (issue 16): pools, SLO classes, admission ---

@@ -89,6 +89,33 @@ class PrefixAware:
                                       outstanding[k], k))
 
 
+class VllmDp:
+    """vLLM 0.33.0's balancing over the data-parallel ranks behind one API server
+    (DPLBAsyncMPClient.get_core_engine_for_request): the lowest score, max(requests routed
+    there and unfinished, waiting + running), plus waiting × 6 × (KV usage − 0.5) on a rank
+    past half full (a queue on a KV-bound rank drains slowly); the scan starts one replica
+    later at every call, so equal scores go round robin. What `serve`'s front end scores
+    (server/frontend/deployment_status.py)."""
+
+    def __init__(self, cores: Sequence[EngineCore], seed: int = 0) -> None:
+        self.cores, self.start = list(cores), 0
+
+    def choose(self, prompt: Sequence[int], outstanding: Sequence[int]) -> int:
+        n = len(self.cores)
+        best, low = self.start, float("inf")
+        for i in range(n):
+            k = (self.start + i) % n
+            core = self.cores[k]
+            waiting = core.scheduler.num_waiting
+            score = float(max(outstanding[k], waiting + core.scheduler.num_running))
+            if waiting:
+                score += waiting * 6.0 * max(0.0, kv_usage(core) - 0.5)
+            if score < low:
+                best, low = k, score
+        self.start = (self.start + 1) % n
+        return best
+
+
 class PowerOfTwo:
     """Power of two choices: two distinct replicas drawn at random (seeded), the one with
     fewer outstanding requests wins (Mitzenmacher 2001; the first drawn on a tie)."""
@@ -109,6 +136,7 @@ ROUTERS = {
     "least-kv": LeastKv,
     "prefix-aware": PrefixAware,
     "p2c": PowerOfTwo,
+    "vllm-dp": VllmDp,
 }
 
 

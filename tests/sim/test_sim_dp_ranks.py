@@ -1,14 +1,17 @@
 """`data_parallel_size` in virtual time, as `serve` runs it: one engine core per rank behind
-vLLM's least-loaded balancing, a MoE model's ranks sharing its experts (each core one rank's
-view of the group), named `deployment/dp<rank>` in the report; a pod's local ranks only."""
+vLLM's balancing over its ranks (the `vllm-dp` router), a MoE model's ranks sharing its
+experts (each core one rank's view of the group), named `deployment/dp<rank>` in the report;
+a pod's local ranks only."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from doppelchip.cli import main
 from server.engine.build import EngineOptions
 from sim.cluster import build_replicas
+from sim.routers import VllmDp
 
 MOE = EngineOptions(name="moe", model="qwen3-30b-a3b", quant="bf16", chip="h100-sxm",
                     engine="vllm", max_model_len=4096)
@@ -52,7 +55,7 @@ def test_simulate_runs_every_rank_behind_vllms_least_loaded_balancing(tmp_path, 
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(FLEET)
     s = simulate(capsys, "--config", str(fleet), "--deployment", "moe", *WORK)
-    assert s["router"] == "least-requests" and s["chips"] == 4
+    assert s["router"] == "vllm-dp" and s["chips"] == 4
     assert [r["name"] for r in s["replicas"]] == [f"moe/dp{k}" for k in range(4)]
     assert sum(r["requests"] for r in s["replicas"]) == 80
     assert all(r["requests"] > 0 for r in s["replicas"])
@@ -60,3 +63,20 @@ def test_simulate_runs_every_rank_behind_vllms_least_loaded_balancing(tmp_path, 
                  "metric=waiting,target=4,min=1,max=2", *WORK])
     out = capsys.readouterr()
     assert code != 0 and "data-parallel ranks is not simulated" in out.out + out.err
+
+
+def rank(running: int, waiting: int, kv_usage: float):
+    """A core as the router reads it: its queue and its KV pool (100 blocks)."""
+    pool = SimpleNamespace(num_used=round(kv_usage * 100))
+    return SimpleNamespace(scheduler=SimpleNamespace(
+        num_running=running, num_waiting=waiting, pool=pool,
+        cache=SimpleNamespace(evictable_blocks=0), config=SimpleNamespace(num_blocks=100)))
+
+
+def test_the_vllm_dp_router_scores_ranks_as_vllm_does():
+    full_queue, busy = rank(0, 2, 0.9), rank(3, 0, 0.2)  # 2 + 2 × 6 × 0.4 = 6.8 against 3
+    assert VllmDp([full_queue, busy]).choose([], [2, 3]) == 1
+    assert VllmDp([rank(0, 2, 0.4), busy]).choose([], [2, 3]) == 0  # below half: 2 < 3
+    even = VllmDp([rank(1, 0, 0.1), rank(1, 0, 0.1)])  # equal scores: in turn
+    assert [even.choose([], [1, 1]) for _ in range(4)] == [0, 1, 0, 1]
+    assert VllmDp([rank(0, 0, 0.0), rank(0, 0, 0.0)]).choose([], [5, 0]) == 1  # routed count
