@@ -97,8 +97,9 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         self.draining = False
         self.started = time.monotonic()
         self.last_receive = 0.0
-        self.prompt_tokens = 0  # of the requests this service finished (cache hit rate)
-        self.cached_tokens = 0
+        # per data-parallel rank, of the requests this service finished (cache hit rate)
+        self.prompt_tokens = [0] * len(client.views)
+        self.cached_tokens = [0] * len(client.views)
         self._rates = [_Rate() for _ in client.views]  # per data-parallel rank
         self._tokenizer: tuple[bytes, str] | None = None
 
@@ -144,7 +145,7 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
                     cached = chunk.finish.usage.cached_prompt_tokens if finished else 0
                     yield vllm_convert.to_chunk(chunk, prompt_tokens, cached)
                 if finished:
-                    self._account(chunk)
+                    self._account(chunk, stream.rank)
                     ids = chunk.token_ids if request.stream else tuple(output_ids)
                     yield vllm_convert.to_complete(chunk, ids)
         except StreamFailed as e:
@@ -156,10 +157,10 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
                 rlog.info("stream ended early; aborting in %s", self.client.name)
                 self.client.abort(stream)
 
-    def _account(self, chunk) -> None:
+    def _account(self, chunk, rank: int) -> None:
         if chunk.finish.reason is not FinishReason.ABORT:
-            self.prompt_tokens += chunk.finish.usage.prompt_tokens
-            self.cached_tokens += chunk.finish.usage.cached_prompt_tokens
+            self.prompt_tokens[rank] += chunk.finish.usage.prompt_tokens
+            self.cached_tokens[rank] += chunk.finish.usage.cached_prompt_tokens
 
     async def Abort(
         self, request: vpb.AbortRequest, context: grpc.aio.ServicerContext
@@ -234,12 +235,12 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
     ) -> vpb.GetLoadsResponse:
         """One load per data-parallel rank this pod runs, numbered by its rank in the group, as
         smg's servicer (0.14.1) reports them; `dp_rank` and `include` are accepted and not
-        applied, as there. The cache hit rate is the pod's (this service's finished requests),
-        not each rank's."""
-        hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        applied, as there. A rank's cache hit rate is over the requests this service
+        finished there (smg's servicer keeps its own per rank)."""
         loads = [vllm_convert.to_scheduler_load(
                      self.client.status([r]), rate.update(self.client.generated_tokens([r])),
-                     hit, view.info.dp_rank)
+                     self.cached_tokens[r] / self.prompt_tokens[r] if self.prompt_tokens[r]
+                     else 0.0, view.info.dp_rank)
                  for r, (view, rate) in enumerate(zip(self.client.views, self._rates,
                                                       strict=True))]
         return vpb.GetLoadsResponse(timestamp=_now_iso(), version="doppelchip",

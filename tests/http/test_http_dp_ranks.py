@@ -71,3 +71,23 @@ async def test_smg_sees_the_groups_size_and_a_load_per_rank_here(pod):
     assert loads.dp_rank_count == 2 and [x.dp_rank for x in loads.loads] == [2, 3]
     tokens = place(vllm_pod_options(REPO, *ARGV).spec(), ranks=4).kv_blocks(16) * 16
     assert all(x.max_total_num_tokens == tokens for x in loads.loads)
+
+
+async def test_each_ranks_load_has_its_own_cache_hit_rate(pod):
+    """The same 64-token prompt twice on the pod's first rank (the second finds 48 tokens
+    cached: whole blocks, the last prompt token recomputed): that rank's hit rate is what its
+    answers say; the second rank served nothing over gRPC (only this test sends there)."""
+    prompt = list(range(1000, 1064))
+    cached = prompted = 0
+    async with grpc.aio.insecure_channel(pod.target) as channel:
+        stub = vpb_grpc.VllmEngineStub(channel)
+        for i in range(2):
+            request = vpb.GenerateRequest(
+                request_id=f"hit-{i}", tokenized=vpb.TokenizedInput(input_ids=prompt),
+                sampling_params=vpb.SamplingParams(max_tokens=2), data_parallel_rank=0)
+            done = [r async for r in stub.Generate(request)][-1].complete
+            cached, prompted = cached + done.cached_tokens, prompted + done.prompt_tokens
+        first, second = (await stub.GetLoads(vpb.GetLoadsRequest())).loads
+    assert cached == 48 and prompted == 128
+    assert first.cache_hit_rate == pytest.approx(cached / prompted)
+    assert second.cache_hit_rate == 0.0
