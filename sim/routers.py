@@ -15,6 +15,7 @@ import random
 from collections.abc import Sequence
 
 from server.engine.core import EngineCore
+from server.engine.intake import dp_score
 
 
 class RoundRobin:
@@ -90,12 +91,10 @@ class PrefixAware:
 
 
 class VllmDp:
-    """vLLM 0.33.0's balancing over the data-parallel ranks behind one API server
-    (DPLBAsyncMPClient.get_core_engine_for_request): the lowest score, max(requests routed
-    there and unfinished, waiting + running), plus waiting × 6 × (KV usage − 0.5) on a rank
-    past half full (a queue on a KV-bound rank drains slowly); the scan starts one replica
-    later at every call, so equal scores go round robin. What `serve`'s front end scores
-    (server/frontend/deployment_status.py)."""
+    """vLLM 0.33.0's balancing over the data-parallel ranks behind one API server: the lowest
+    `intake.dp_score` of max(requests routed there and unfinished, waiting + running), as
+    `serve`'s front end scores its ranks; the scan starts one replica later at every call, so
+    equal scores go round robin."""
 
     def __init__(self, cores: Sequence[EngineCore], seed: int = 0) -> None:
         self.cores, self.start = list(cores), 0
@@ -107,9 +106,8 @@ class VllmDp:
             k = (self.start + i) % n
             core = self.cores[k]
             waiting = core.scheduler.num_waiting
-            score = float(max(outstanding[k], waiting + core.scheduler.num_running))
-            if waiting:
-                score += waiting * 6.0 * max(0.0, kv_usage(core) - 0.5)
+            score = dp_score(float(max(outstanding[k], waiting + core.scheduler.num_running)),
+                             waiting, kv_usage(core) if waiting else 0.0)
             if score < low:
                 best, low = k, score
         self.start = (self.start + 1) % n

@@ -191,9 +191,10 @@ class EngineOptions:
         """The device's view; `max_batch` is the sequence cap (a build limit for TensorRT-LLM,
         the compiled batch for Groq). A checkpoint `vllm serve` named without an FP8 KV-cache
         scheme keeps its KV cache in 16 bits, whatever its weights' format (as vLLM)."""
-        kv = self.cache_dtype
-        if kv == "auto" and self.model_path and checkpoint_kv_cache_dtype(self.model_path):
-            kv = "bf16"
+        kv = self.kv_cache_dtype
+        if kv == "auto" and self.model_path:  # a checkpoint's: FP8 if declared, else 16 bits
+            declared = checkpoint_kv_cache_dtype(self.model_path)  # None: not a checkpoint
+            kv = {None: "auto", "auto": "bf16"}.get(declared, declared)
         return DeploymentSpec(
             model=self.model, quant=self.quant, chip=self.chip, engine=self.engine,
             count=self.count, tp=self.tp, pp=self.pp, ep=self.ep, n_gpu_layers=self.n_gpu_layers,

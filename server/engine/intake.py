@@ -156,6 +156,18 @@ class QueueLimits:
         return None
 
 
+def dp_score(load: float, waiting: float, kv_usage: float) -> float:
+    """vLLM 0.33.0's score of a data-parallel rank when it balances requests over the ranks
+    behind one API server (DPLBAsyncMPClient.get_core_engine_for_request), lowest first: the
+    rank's `load` (running + waiting, or what the balancer routed there, whichever is more),
+    and its waiting requests weigh 6 × (KV usage − 0.5) more on a rank past half full (a
+    queue on a KV-bound rank drains slowly). `serve`'s front ends and the simulator's
+    `vllm-dp` router both score with it."""
+    if waiting:
+        load += waiting * 6.0 * max(0.0, kv_usage - 0.5)
+    return load
+
+
 def queue_is_full(num_queued: int, free_seats: int, max_waiting: int) -> bool:
     """Whether one more request would wait beyond `max_waiting`: of the `num_queued` requests
     accepted and not running, the first `free_seats` take the batch's free seats at the next

@@ -6,6 +6,7 @@ joins the ranks into the deployment's state, capacity and load.
 
 from __future__ import annotations
 
+from server.engine.intake import dp_score
 from server.engine.interface import (
     Capacity,
     DeploymentState,
@@ -44,24 +45,25 @@ class DeploymentStatusView:
     lora: LoraView
 
     def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:
-        """(state, message, epoch, load) of one rank, from its stats file. The load is vLLM
-        0.33.0's score for balancing over data-parallel ranks (DPLBAsyncMPClient): running +
-        waiting, and waiting requests weigh more as the KV cache fills past half (a queue on
-        a KV-bound rank drains slowly): + waiting × 6 × (usage − 0.5)."""
+        """(state, message, epoch, load) of one rank, from its stats file; the load is vLLM's
+        score for balancing over data-parallel ranks (`intake.dp_score`)."""
         view = self.views[rank]
         values, text = view.read()
         state = DeploymentState(STATE_CODES[int(view.value(values, "_state"))])
         waiting = view.value(values, "vllm:num_requests_waiting")
-        load = view.value(values, "vllm:num_requests_running") + waiting
         total = view.info.capacity.kv_blocks_total
-        if waiting and total:
-            usage = view.value(values, "_kv_used") / total
-            load += waiting * 6.0 * max(0.0, usage - 0.5)
+        usage = view.value(values, "_kv_used") / total if total else 0.0
+        load = dp_score(view.value(values, "vllm:num_requests_running") + waiting, waiting,
+                        usage)
         return state, text, int(view.value(values, "_epoch")), load
+
+    def _views(self, ranks: list[int] | None) -> list[EngineView]:
+        """The views of `ranks` (indexes), or of every rank."""
+        return self.views if ranks is None else [self.views[r] for r in ranks]
 
     def status(self, ranks: list[int] | None = None) -> DeploymentStatus:
         """The deployment's status over its ranks (`ranks`: only those, by index)."""
-        views = self.views if ranks is None else [self.views[r] for r in ranks]
+        views = self._views(ranks)
         running = waiting = free = 0
         states = []
         for view in views:
@@ -88,7 +90,7 @@ class DeploymentStatusView:
     def generated_tokens(self, ranks: list[int] | None = None) -> int:
         """Output tokens every rank (`ranks`: those) has generated so far (all front ends)."""
         total = 0
-        for view in self.views if ranks is None else [self.views[r] for r in ranks]:
+        for view in self._views(ranks):
             values, _ = view.read()
             total += int(view.value(values, "_generated"))
         return total
