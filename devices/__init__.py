@@ -32,8 +32,8 @@ The interface the engine calls::
   whose ranks share the experts are one group: ``placement.place_rank``).
 * ``BatchShape(prefill=((num_tokens, start_position), ...), decode=(context_length, ...))``.
 * ``step_cost(placement, batch) -> StepCost`` (see its docstring; cheap, call every step).
-* ``estimate(spec, prompt, output, batch=1, factor_table=None) -> dict``: the
-  ``doppelchip estimate`` point.
+* ``estimate(spec, prompt, output, batch=1, factor_table=None, ranks=1) -> dict``: the
+  ``doppelchip estimate`` point (of one rank when ``ranks`` > 1).
 * ``calibration.fitted_factors()``: efficiency factors per (engine, chip class), fitted from
   the calibration points of ``reference/hardware.md`` (see ``devices/calibration.py``).
 """
@@ -64,10 +64,11 @@ def place(spec: DeploymentSpec, factor_table: FactorTable | None = None,
 
 
 def estimate(spec: DeploymentSpec, prompt: int, output: int, batch: int = 1,
-             factor_table: FactorTable | None = None) -> dict[str, Any]:
-    """``devices.estimate.estimate`` with the fitted factors (or ``factor_table``)."""
+             factor_table: FactorTable | None = None, ranks: int = 1) -> dict[str, Any]:
+    """``devices.estimate.estimate`` with the fitted factors (or ``factor_table``); ``ranks``
+    > 1: one data-parallel rank's point."""
     table = fitted_factors() if factor_table is None else factor_table
-    return _estimate.estimate(spec, prompt, output, batch, table)
+    return _estimate.estimate(spec, prompt, output, batch, table, ranks)
 
 
 __all__ = [

@@ -88,8 +88,9 @@ def pipelined_prefill(placement: Placement, shape: BatchShape) -> tuple[float, f
         c = step_cost(placement, BatchShape(prefill=((size, start + n - size),)))
         seconds = c.seconds + (m - 1) * c.interval_s
         if seconds < best[0]:
-            busy = c.joules - c.seconds * placement.plan.idle_w
-            best = (seconds, m * busy + seconds * placement.plan.idle_w)
+            idle_w = placement.plan.idle_w / placement.plan.ranks  # a rank's share
+            busy = c.joules - c.seconds * idle_w
+            best = (seconds, m * busy + seconds * idle_w)
         m *= 2
     return best
 
@@ -122,8 +123,13 @@ def estimate(
     output: int,
     batch: int,
     factor_table: FactorTable,
+    ranks: int = 1,
 ) -> dict[str, Any]:
     """One point: ``batch`` sequences of ``prompt`` tokens in, ``output`` tokens out.
+
+    ``ranks`` > 1: the point of one of that many data-parallel engine cores (``place``'s
+    ``ranks``; balanced DP: every rank carries such a batch). Chips, rates, memory and price
+    are that rank's; the group's are ``ranks`` times them.
 
     Returns ``{"fits": False, "error": ...}`` when the deployment (or this batch) cannot be
     placed. Rates: ``decode_tokens_per_s`` per sequence, ``output_tokens_per_s`` for the whole
@@ -133,7 +139,7 @@ def estimate(
     if prompt < 0 or output < 1 or batch < 1:
         return {"fits": False, "error": "prompt must be >= 0, output and batch >= 1"}
     try:
-        placement = place(sized_for(spec, prompt, output, batch), factor_table)
+        placement = place(sized_for(spec, prompt, output, batch), factor_table, ranks)
     except DeviceError as exc:
         return {"fits": False, "error": str(exc)}
     need = prompt + output
@@ -145,6 +151,7 @@ def estimate(
                 f"capacity ({placement.kv_tokens} tokens; at most "
                 f"{placement.max_concurrency(need)} at once)"}
     plan = placement.plan
+    idle_w, usd_per_s = plan.idle_w / plan.ranks, plan.usd_per_s / plan.ranks  # a rank's
     prefill_s = prefill_j = 0.0
     for shape in prefill_steps(placement, prompt, batch):
         seconds, joules = pipelined_prefill(placement, shape)
@@ -158,9 +165,9 @@ def estimate(
     ctxs = decode_contexts(prompt, output)
     for i, ctx in enumerate(ctxs):
         cycle, cost, m = decode_cycle(placement, ctx, batch)
-        busy = cost.joules - cost.seconds * plan.idle_w
+        busy = cost.joules - cost.seconds * idle_w
         cycles.append(cycle / per_step)
-        joules.append((m * busy + cycle * plan.idle_w) / per_step)
+        joules.append((m * busy + cycle * idle_w) / per_step)
         if i == len(ctxs) // 2:
             mid = cost
     tpot = sum(cycles) / len(cycles)
@@ -168,7 +175,7 @@ def estimate(
     decode_j = sum(joules) / len(joules) * output
     out_tokens = batch * output
     total_s = prefill_s + decode_s
-    usd = total_s * plan.usd_per_s
+    usd = total_s * usd_per_s
     assert mid is not None
     return {
         "fits": True,
@@ -184,7 +191,7 @@ def estimate(
         "memory_bytes": {k: _sig(v) for k, v in placement.memory_bytes(batch * need).items()},
         "joules_per_mtok": _sig((prefill_j + decode_j) / out_tokens * 1e6),
         "usd_per_mtok": _sig(usd / out_tokens * 1e6),
-        "usd_per_hour": _sig(plan.usd_per_s * 3600),
+        "usd_per_hour": _sig(usd_per_s * 3600),
         "batch": batch,
         "prompt": prompt,
         "output": output,
@@ -192,6 +199,7 @@ def estimate(
         "pp": placement.pp,
         "dp": placement.dp,
         "ep": placement.ep,
+        "data_parallel_size": ranks,
         "n_gpu_layers": placement.n_gpu_layers,
         "kv_tokens": placement.kv_tokens,
         "memory_share": placement.memory_share,

@@ -50,6 +50,9 @@ def register(subparsers: Any) -> None:
                    help="expert-parallel degree for MoE models: experts over ep of the "
                    "tp × dp chips of a stage (count = tp × pp × dp; --count 8 --ep 8 = "
                    "8 attention replicas, experts over all 8)")
+    e.add_argument("--data-parallel-size", "-dp", type=int, default=1, metavar="N",
+                   help="one of N data-parallel engine cores (vLLM's: a MoE model's ranks "
+                   "share its experts); the figures are that rank's (default 1)")
     e.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "bf16", "f16"],
                    help="KV cache element type (auto: the quantisation's)")
     e.add_argument("--speculative-config", default=None, metavar="JSON",
@@ -217,11 +220,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     )
     if not result and min(args.prompt, args.output - 1, args.batch - 1) < 0:
         result = {"fits": False, "error": "--prompt must be >= 0, --output and --batch >= 1"}
+    if not result and args.data_parallel_size < 1:
+        result = {"fits": False, "error": "--data-parallel-size must be >= 1, got "
+                  f"{args.data_parallel_size}"}
     if not result and args.max_context is not None and args.max_context < 1:
         result = {"fits": False, "error": f"--max-context must be >= 1, got {args.max_context}"}
     usage = bool(result)  # a flag's value, not the placement, is what is wrong
     if not result:
-        result = estimate(spec, args.prompt, args.output, args.batch)
+        result = estimate(spec, args.prompt, args.output, args.batch,
+                          ranks=args.data_parallel_size)
     if args.json:
         print(json.dumps(result))
     elif not result["fits"]:

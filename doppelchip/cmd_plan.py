@@ -43,6 +43,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--tp", default="1,2,4,8", metavar="N,M", help="TP degrees (1,2,4,8)")
     g.add_argument("--pp", default="1", metavar="N,M", help="PP degrees (1)")
     g.add_argument("--ep", default="", metavar="N,M", help="EP degrees (MoE; default none)")
+    g.add_argument("--dp", default="1", metavar="N,M",
+                   help="data-parallel ranks per replica (vLLM's --data-parallel-size: a MoE "
+                   "model's ranks share its experts; default 1)")
     g.add_argument("--max-num-seqs", default="", metavar="N,M",
                    help="sequence caps (default: the engine's)")
     g.add_argument("--modes", default="aggregated", metavar="MODE,...",
@@ -148,6 +151,7 @@ def build_inputs(args: argparse.Namespace):
     space = SearchSpace(model=args.model, chips=lists["chips"], engines=lists["engines"],
                         quants=lists["quants"], tps=_ints(args.tp, "--tp"),
                         pps=_ints(args.pp, "--pp"), eps=_ints(args.ep, "--ep") or (None,),
+                        dps=_ints(args.dp, "--dp") or (1,),
                         max_num_seqs=_ints(args.max_num_seqs, "--max-num-seqs") or (None,),
                         modes=modes, max_replicas=args.max_replicas)
     check_not_empty(space)

@@ -129,8 +129,8 @@ def helped(now: list[float], before: list[float] | None) -> bool:
     return before is None or any(a < b * HELPED for a, b in zip(now, before, strict=True))
 
 
-SHAPE_KEYS = ("chip", "engine", "quant", "model", "tp", "pp", "ep", "count", "max_num_seqs",
-              "max_model_len")
+SHAPE_KEYS = ("chip", "engine", "quant", "model", "tp", "pp", "ep", "dp", "count",
+              "max_num_seqs", "max_model_len")
 
 
 def record(unit: Unit, counts: tuple[int, ...], out: dict[str, Any], inputs: PlanInputs,

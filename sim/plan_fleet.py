@@ -31,6 +31,7 @@ def _table(config: Config, replicas: int, name: str, role: str | None = None) ->
     fields = {"name": name, "model": opts.model, "quant": opts.quant, "chip": opts.chip,
               "engine": opts.engine, "count": opts.count, "tp": opts.tp, "pp": opts.pp,
               "ep": opts.ep, "max_num_seqs": opts.max_num_seqs,
+              "data_parallel_size": opts.data_parallel_size if config.dp > 1 else None,
               "max_model_len": opts.max_model_len, "replicas": replicas, "role": role}
     return ["[[deployments]]"] + [f"{k} = {_toml(v)}" for k, v in fields.items()
                                   if v is not None]
@@ -98,10 +99,13 @@ def deployment_flags(config: Config) -> list[str]:
     """The catalogue flags of `doppelchip serve` (and simulate) for this deployment, for a
     pod that needs no fleet file (a Kubernetes container)."""
     opts = config.options()
+    ranks = opts.data_parallel_size if config.dp > 1 else None
     flags = ["--chip", opts.chip, "--engine", opts.engine, "--model", opts.model,
              "--quant", opts.quant]
     for flag, value in (("--count", opts.count), ("--tp", opts.tp), ("--pp", opts.pp),
-                        ("--ep", opts.ep), ("--max-num-seqs", opts.max_num_seqs),
+                        ("--ep", opts.ep),
+                        ("--data-parallel-size", ranks),
+                        ("--max-num-seqs", opts.max_num_seqs),
                         ("--max-model-len", opts.max_model_len)):
         if value is not None:
             flags += [flag, str(value)]

@@ -1,13 +1,20 @@
 """The configurations `doppelchip plan` searches, and what the analytic model says of each
 before anything is simulated.
 
-A `Config` is one deployment shape (chip, engine, quantisation, TP/PP/EP, `max_num_seqs`,
-serving mode); a candidate is a config times a replica count. `configs()` expands a
-`SearchSpace` and prunes with the catalogue and the device model, never with a simulation:
+A `Config` is one deployment shape (chip, engine, quantisation, TP/PP/EP, data-parallel
+ranks, `max_num_seqs`, serving mode); a candidate is a config times a replica count.
+`configs()` expands a `SearchSpace` and prunes with the catalogue and the device model, never
+with a simulation:
 
 - the engine runs on the chip's class and loads the quantisation's family (catalogue);
 - the deployment places (`devices.place`: weights + KV fit; TP divides the heads, ...) and its
   context holds the workload's longest request;
+- data-parallel ranks (`dp` > 1, vLLM's `--data-parallel-size`) are searched where they are a
+  shape of their own: a MoE model on an engine whose ranks share its experts (the catalogue's
+  `dp_shares_experts`: one expert group over every rank's chips). Elsewhere ranks are copies,
+  which the replica count already searches. On such an engine, experts sharded over more chips
+  than TP's (`ep` > `tp`) are that engine's ranks, not attention replicas inside one core, so
+  that shape is searched as `dp`, not `ep`;
 - its unloaded latency (`devices.estimate` at batch 1) is within every SLO bound: no replica
   count lowers a latency a lone request already exceeds. With lengths that vary, the lone
   request is the shortest one the SLO constrains: a goodput fraction f is met only if the
@@ -16,7 +23,8 @@ serving mode); a candidate is a config times a replica count. `configs()` expand
 
 Each survivor carries its price per replica-hour and `min_replicas`, the least replica count
 worth simulating: the offered output tokens per second over an upper bound on one replica's
-output rate — `estimate`'s decode rate at its largest batch (`max_num_seqs`, or what the KV
+output rate — `estimate`'s decode rate at its largest batch (a replica of `dp` ranks: `dp`
+times one rank's, every rank at that batch) (`max_num_seqs`, or what the KV
 pool holds; with a TPOT bound, the largest batch whose decode step is within it), prefill
 ignored. A step never yields more than its batch's tokens and costs at least the decode step
 of that batch, and batch / step time grows with the batch, so no replica outputs faster
@@ -55,7 +63,8 @@ LB_SLACK = 0.9  # the lower bound assumes 90% of the expected output tokens (sam
 @dataclass(frozen=True, order=True)
 class Config:
     """One deployment shape. `count` is set for SRAM chips (sized for the workload) and None
-    elsewhere (tp × pp × ep chips); `max_num_seqs` None is the engine's default."""
+    elsewhere (tp × pp × ep chips, times `dp` ranks); `max_num_seqs` None is the engine's
+    default (per rank)."""
 
     chip: str
     engine: str
@@ -68,12 +77,14 @@ class Config:
     max_num_seqs: int | None = None
     max_model_len: int | None = None
     mode: str = "aggregated"
+    dp: int = 1  # data-parallel ranks (engine cores) of one replica
 
     @property
     def name(self) -> str:
         """A deployment name unique within a search: every dimension that varies."""
         par = f"tp{self.tp}" + (f"pp{self.pp}" if self.pp > 1 else "") + \
-            (f"ep{self.ep}" if self.ep else "") + (f"x{self.count}" if self.count else "")
+            (f"ep{self.ep}" if self.ep else "") + (f"dp{self.dp}" if self.dp > 1 else "") + \
+            (f"x{self.count}" if self.count else "")
         seqs = f"-seqs{self.max_num_seqs}" if self.max_num_seqs else ""
         mode = "" if self.mode == "aggregated" else f"-{self.mode}"
         return f"{self.engine}-{self.chip}-{self.quant}-{par}{seqs}{mode}".replace(".", "")
@@ -85,7 +96,7 @@ class Config:
                              tp=None if self.count else self.tp,
                              pp=None if self.count else self.pp, ep=self.ep,
                              max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
-                             replicas=replicas)
+                             replicas=replicas, data_parallel_size=self.dp)
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,7 @@ class SearchSpace:
     tps: tuple[int, ...] = (1, 2, 4, 8)
     pps: tuple[int, ...] = (1,)
     eps: tuple[int | None, ...] = (None,)
+    dps: tuple[int, ...] = (1,)
     max_num_seqs: tuple[int | None, ...] = (None,)
     modes: tuple[str, ...] = MODES
     max_replicas: int = 64
@@ -171,7 +183,21 @@ def output_mean(osl: int, ignore_eos: bool, eos_mean: float) -> float:
 
 
 def expand(space: SearchSpace) -> Iterator[Config]:
-    """Every combination the catalogue allows (engine on the chip's class, quant family)."""
+    """Every combination the catalogue allows (engine on the chip's class, quant family). On an
+    engine whose ranks share a MoE model's experts, a shape of several ranks shards them over
+    all tp × dp chips whatever `ep` says (vLLM's `--enable-expert-parallel` with `-dp`), so
+    its `ep` is dropped and the shape yielded once."""
+    moe = catalog.get_model(space.model).is_moe
+    seen: set[Config] = set()
+    for c in _combinations(space):
+        if c.dp > 1 and c.ep and moe and catalog.get_engine(c.engine).dp_shares_experts:
+            c = dataclasses.replace(c, ep=None)
+        if c not in seen:
+            seen.add(c)
+            yield c
+
+
+def _combinations(space: SearchSpace) -> Iterator[Config]:
     for chip_id in space.chips:
         chip = catalog.get_chip(chip_id)
         for engine_id in space.engines:
@@ -181,15 +207,15 @@ def expand(space: SearchSpace) -> Iterator[Config]:
             for quant_id in space.quants:
                 if catalog.get_quant(quant_id).family not in engine.quant_families:
                     continue
-                shapes = [(1, 1, None)]  # SRAM and unified chips: one shape, sized by place
+                shapes = [(1, 1, None, 1)]  # SRAM and unified chips: sized by place
                 if chip.placement == "sharded":
-                    shapes = [(tp, pp, ep) for tp in space.tps for pp in space.pps
-                              for ep in space.eps]
-                for (tp, pp, ep) in shapes:
+                    shapes = [(tp, pp, ep, dp) for tp in space.tps for pp in space.pps
+                              for ep in space.eps for dp in space.dps]
+                for (tp, pp, ep, dp) in shapes:
                     for seqs in space.max_num_seqs:
                         for mode in space.modes:
                             yield Config(chip_id, engine_id, quant_id, space.model, tp, pp,
-                                         ep, None, seqs, None, mode)
+                                         ep, None, seqs, None, mode, dp)
 
 
 def check_not_empty(space: SearchSpace) -> None:
@@ -202,8 +228,30 @@ def check_not_empty(space: SearchSpace) -> None:
         raise ValueError(f"{what}: the search space is empty")
 
 
+def rank_problem(config: Config) -> str:
+    """Why this config's data-parallel shape is not searched ("" when it is): ranks are a
+    shape of their own only where they share a MoE model's experts (`dp_shares_experts`); on
+    such an engine, experts over more chips than TP's are its ranks (`dp`), not `ep`."""
+    engine, model = catalog.get_engine(config.engine), catalog.get_model(config.model)
+    shared = model.is_moe and engine.dp_shares_experts
+    if config.dp > 1 and not shared:
+        why = "a dense model's" if not model.is_moe else f"{engine.name}'s"
+        return (f"dp {config.dp}: {why} data-parallel ranks are copies of the deployment, "
+                "which the replica count searches")
+    if shared and config.ep and config.ep > config.tp:
+        return (f"ep {config.ep} > tp {config.tp}: {engine.name} shards experts over more "
+                f"chips than TP's as data-parallel ranks (search --dp "
+                f"{max(2, config.ep // config.tp)} for that shape)")
+    return ""
+
+
 def size(config: Config, work: WorkloadShape, slo: PlanSlo) -> Sized | str:
-    """The analytic verdict on one config: `Sized`, or why it is pruned (a sentence)."""
+    """The analytic verdict on one config: `Sized`, or why it is pruned (a sentence). A
+    config of `dp` ranks is judged by one rank (its latencies are the replica's) and priced
+    and rated as `dp` of them (balanced DP, as `devices.place` costs a rank)."""
+    if problem := rank_problem(config):
+        return problem
+    ranks = config.dp
     chip = catalog.get_chip(config.chip)
     if chip.placement == "sram":  # chips for the weights plus KV of the batch at the context
         ctx = 1 << math.ceil(math.log2(work.context or 2048))
@@ -214,19 +262,22 @@ def size(config: Config, work: WorkloadShape, slo: PlanSlo) -> Sized | str:
         config = dataclasses.replace(config, count=n, max_model_len=ctx)
     spec: DeploymentSpec = config.options().spec()
     try:
-        placement = place(spec)
+        placement = place(spec, ranks=ranks)
     except DeviceError as e:
         return f"does not place: {e}"
+
+    def point(prompt: int, output: int, batch: int) -> dict[str, Any]:
+        return estimate(spec, prompt, output, batch, ranks=ranks)  # one rank's
+
     need = work.prompt + work.output_max
     if work.context and work.context > placement.max_context:
         return f"context {work.context} > max context {placement.max_context}"
     batch = max(1, min(spec.max_batch, placement.max_concurrency(min(need, placement.max_context))))
-    alone = estimate(spec, work.prompt, work.output_max, 1)
+    alone = point(work.prompt, work.output_max, 1)
     if not alone["fits"]:
         return f"does not fit one request: {alone['error']}"
     low = prompt_floor(work, slo)
-    floor = floors(alone if low == work.prompt else estimate(spec, low, work.output_max, 1),
-                   work)
+    floor = floors(alone if low == work.prompt else point(low, work.output_max, 1), work)
     for metric, bound in slo.bounds.items():
         if floor[metric] > bound:
             return f"unloaded {metric} {floor[metric] * 1e3:.1f} ms > {bound * 1e3:g} ms"
@@ -235,10 +286,10 @@ def size(config: Config, work: WorkloadShape, slo: PlanSlo) -> Sized | str:
             return f"unloaded {metric} {floor[metric] * 1e3:.1f} ms > {stat} bound " \
                    f"{bound * 1e3:g} ms"
     output = work.output_max
-    full = estimate(spec, work.prompt, output, batch)
+    full = point(work.prompt, output, batch)
     if not full["fits"]:  # KV for `batch` at the longest context: the mean context fits
         output = max(1, round(work.output_mean))
-        full = estimate(spec, work.prompt, output, batch)
+        full = point(work.prompt, output, batch)
     if not full["fits"]:
         return f"does not fit a batch of {batch}: {full['error']}"
     bound = tpot_bound(slo)
@@ -246,16 +297,18 @@ def size(config: Config, work: WorkloadShape, slo: PlanSlo) -> Sized | str:
         lo, hi = 1, batch  # estimate(lo) is within it (the floor above), estimate(hi) is not
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if estimate(spec, work.prompt, output, mid)["tpot_s"] <= bound \
+            lo, hi = (mid, hi) if point(work.prompt, output, mid)["tpot_s"] <= bound \
                 else (lo, mid)
         batch = lo
-        full = estimate(spec, work.prompt, output, batch)
-    cap = full["output_tokens_per_s"]
+        full = point(work.prompt, output, batch)
+    cap = full["output_tokens_per_s"] * ranks  # every rank at that batch
     output_lb = math.ceil(work.rate * work.output_mean * LB_SLACK / cap - 1e-9)
-    prefill = full["prefill_tokens_per_s"]  # every prompt token not cached is prefilled
+    prefill = (full["prefill_tokens_per_s"] or 0.0) * ranks  # prompt tokens not cached: all
     prefill_lb = math.ceil(work.rate * work.prompt * LB_SLACK / prefill - 1e-9) if prefill \
         else 0
-    return Sized(config, usd_per_hour=placement.plan.usd_per_s * 3600, chips=placement.chips,
+    rank_usd_per_s = placement.plan.usd_per_s / placement.plan.ranks  # a rank's share
+    return Sized(config, usd_per_hour=rank_usd_per_s * 3600 * ranks,
+                 chips=placement.chips * ranks,
                  min_replicas=max(1, output_lb, prefill_lb), replica_output_tokens_per_s=cap,
                  replica_prefill_tokens_per_s=prefill or 0.0, batch=batch,
                  output_lb=max(1, output_lb), prefill_lb=max(1, prefill_lb))

@@ -95,3 +95,21 @@ def test_experts_that_the_ranks_do_not_divide_are_split_as_vllm_splits_them():
     assert Parallelism(tp=1, pp=1, dp=8, ep=8).experts_per_chip(128.0, 128) == 16.0
     six = place(MOE, ranks=6)
     assert place(MOE, ranks=4).kv_tokens < six.kv_tokens < place(MOE, ranks=8).kv_tokens
+
+
+def test_estimate_of_a_rank_from_the_command_line(capsys):
+    import json
+
+    from doppelchip.cli import main
+
+    argv = ["estimate", "--chip", MOE.chip, "--engine", MOE.engine, "--model", MOE.model,
+            "--quant", MOE.quant, "--tp", "1", "--batch", "16", "--json"]
+    assert main([*argv, "--data-parallel-size", "4"]) == 0
+    rank = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert rank["data_parallel_size"] == 4 and rank["chips"] == whole["chips"] == 1
+    assert rank["kv_tokens"] > whole["kv_tokens"]  # a quarter of the experts on its chip
+    assert rank["usd_per_hour"] == pytest.approx(whole["usd_per_hour"])  # its chip's price
+    assert main([*argv, "-dp", "0"]) == 2
+    assert "--data-parallel-size must be >= 1" in capsys.readouterr().out
