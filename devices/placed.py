@@ -80,6 +80,12 @@ class Placement:
             kv_tokens=self.kv_tokens // ranks, plan=plan,
             weight_bytes=tuple((tier, b / ranks) for tier, b in self.weight_bytes))
 
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes one token adds on all of the deployment's chips (every tier, every copy a
+        TP rank keeps): what moving a token's KV between machines or to host memory moves."""
+        return sum(self.memory_bytes(1).values()) - sum(self.memory_bytes(0).values())
+
     def memory_bytes(self, kv_tokens_used: int = 0) -> dict[str, float]:
         """Bytes per tier: weights plus ``kv_tokens_used`` tokens of KV."""
         out = dict(self.weight_bytes)

@@ -127,6 +127,13 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
                    help="vLLM's KV transfer config for disaggregated prefill/decode, e.g. "
                    '\'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\' '
                    '(kv_connector_extra_config.link: a link id; docs/PD.md)')
+    g.add_argument("--kv-offloading-size", type=float, metavar="GIB",
+                   help="vLLM's CPU KV offloading: GiB of host memory (all chips) kept as a "
+                   "second prefix-cache tier, loaded back over the host link "
+                   "(docs/KV_OFFLOAD.md)")
+    g.add_argument("--kv-offloading-backend", choices=("native", "lmcache"),
+                   help="native (vLLM's OffloadingConnector; default) or lmcache (not "
+                   "emulated: it needs an LMCache server)")
     g.add_argument("--enable-sleep-mode", action="store_true",
                    help="accepted for vLLM compatibility: sleep mode is always available")
     # --- vLLM's observability flags (docs/OBSERVABILITY.md) ---

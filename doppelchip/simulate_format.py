@@ -71,6 +71,9 @@ def format_summary(s: dict[str, Any]) -> str:
     lines += [
         f"prefix cache    {s['prefix_cache_hit_rate'] * 100:.1f}% of prompt tokens hit, "
         f"{s['prefill_tokens']} tokens prefilled",
+        *([f"CPU KV tier     {o['hit_tokens']} prompt tokens loaded instead of prefilled, "
+           f"{o['loads']} loads ({o['load_bytes'] / 1e9:.3g} GB, {o['load_seconds']:.3g} s on "
+           f"the host links)"] if (o := s.get("kv_offload")) else []),
         f"scheduler       {s['preemptions']} preemptions, peak {s['peak_running']} running, "
         f"KV usage mean {s['kv_usage_mean'] * 100:.1f}% peak {s['kv_usage_peak'] * 100:.1f}%",
         f"compile         {s['compiles']} compiles, {s['compile_stall_s']:.3f} s stalled"

@@ -106,6 +106,8 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--speculative-config", {}),
     ("--kv-events-config", {}),
     ("--kv-transfer-config", {}),
+    ("--kv-offloading-size", {"type": float}),
+    ("--kv-offloading-backend", {}),
     ("--prefix-caching-hash-algo", {}),
     ("--enable-lora", {}),
     ("--max-loras", {"type": int}),

@@ -21,7 +21,7 @@ from server.engine.build import EngineOptions, build_core
 from server.engine.core import EngineCore
 from sim.admission import Admission
 from sim.pools import FleetDispatch
-from sim.reports import FleetStream
+from sim.reports import FleetStream, offload_report
 from sim.virtual import run_cluster
 from sim.virtual_types import Records, VirtualRun
 
@@ -115,6 +115,7 @@ def fleet_counters(cr: ClusterRun) -> dict[str, Any]:
         "jump_forward": any(r.core.jump_forward for r in cr.replicas),
         "joules": sum(s.joules for s in stats),
         "dollars": sum(s.dollars for s in stats),
+        **offload_report(scheds),
         "emulated_s": cr.run.duration_s,
     }
 

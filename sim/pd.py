@@ -26,12 +26,6 @@ from server.engine.core import EngineCore
 from server.engine.kv_transfer import KvTransferConfig
 
 
-def kv_bytes_per_token(core: EngineCore) -> float:
-    """KV bytes one token adds on all of a deployment's chips (as `engine_proc.info`)."""
-    p = core.placement
-    return sum(p.memory_bytes(1).values()) - sum(p.memory_bytes(0).values())
-
-
 def link_name(*kv_transfer_configs: str | None) -> str | None:
     """The first `kv_connector_extra_config.link` among the deployments' configs."""
     for text in kv_transfer_configs:
@@ -60,7 +54,7 @@ class KvLinks:
     def seconds_for(self, prefill: int, decode: int, num_tokens: int) -> float:
         """What `transfer_seconds` charges for `num_tokens` tokens' KV between the two."""
         a, b = self.cores[prefill], self.cores[decode]
-        nbytes = kv_bytes_per_token(b) * num_tokens
+        nbytes = b.placement.kv_bytes_per_token * num_tokens
         return transfer_seconds(nbytes, self.link(prefill, decode),
                                 min(a.placement.chips, b.placement.chips))
 
@@ -71,6 +65,6 @@ class KvLinks:
         end = max(t, self.free_at[decode]) + seconds
         self.free_at[decode] = end
         self.transfers += 1
-        self.bytes += kv_bytes_per_token(self.cores[decode]) * num_tokens
+        self.bytes += self.cores[decode].placement.kv_bytes_per_token * num_tokens
         self.seconds += seconds
         return end, seconds

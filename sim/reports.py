@@ -15,6 +15,7 @@ list-taking functions below are the same reports of results already in a list.
 - `classes`: per SLO class (only when some request has one), its requests, errors and
   latencies; refused requests (the router's admission) are errors of their class.
 - per replica: the requests it served and refused, and those it prefilled for another (P/D).
+- `kv_offload` (one deployment or a fleet): what vLLM's CPU offloading tiers did.
 """
 
 from __future__ import annotations
@@ -101,3 +102,18 @@ def prefills_per_replica(records: Sequence[RequestResult], n: int) -> list[int]:
 def class_reports(results: Sequence[RequestResult]) -> dict[str, dict[str, Any]]:
     """Per SLO class, by name; {} when no request has a class."""
     return FleetStream.of(results).class_reports()
+
+
+def offload_report(scheds: Sequence[Any]) -> dict[str, Any]:
+    """`{"kv_offload": ...}` over these schedulers' CPU offloading tiers (docs/KV_OFFLOAD.md),
+    or {} when none has one: prompt tokens loaded instead of prefilled, the loads, their bytes
+    and seconds on the host links, the bytes stored and the stores that found no room."""
+    tiers = [s.offload.stats for s in scheds if s.offload is not None]
+    if not tiers:
+        return {}
+    return {"kv_offload": {
+        "hit_tokens": sum(s.stats.host_prefix_cache_hits for s in scheds),
+        "loads": sum(t.loads for t in tiers), "load_bytes": sum(t.load_bytes for t in tiers),
+        "load_seconds": sum(t.load_seconds for t in tiers),
+        "store_bytes": sum(t.store_bytes for t in tiers),
+        "allocation_failures": sum(t.allocation_failures for t in tiers)}}

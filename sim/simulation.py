@@ -14,6 +14,7 @@ from server.config import ConfigError, load_fleet, range_problem
 from server.engine.build import EngineOptions, build_core
 from server.engine.faults import check_options as check_fault_options
 from server.engine.tokenizer import get_tokenizer
+from sim.reports import offload_report
 from sim.virtual import run_virtual
 
 
@@ -81,6 +82,7 @@ def simulate_streamed(
         compile_stall_s=stats.stall_s,
         cold_start_s=core.startup_s,
         jump_forward=core.jump_forward,
+        **offload_report([core.scheduler]),
         joules_per_mtok=stats.joules * per_mtok,
         usd_per_mtok=stats.dollars * per_mtok,
         emulated_s=run.duration_s,
@@ -151,6 +153,8 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         else None,
         # --- P/D and sleep mode (issue 13) ---
         "kv_transfer_config": getattr(args, "kv_transfer_config", None),
+        "kv_offloading_size": getattr(args, "kv_offloading_size", None),
+        "kv_offloading_backend": getattr(args, "kv_offloading_backend", None),
         "enable_sleep_mode": getattr(args, "enable_sleep_mode", None) or None,
         # --- vLLM's --kv-cache-metrics (docs/OBSERVABILITY.md) ---
         "kv_cache_metrics": getattr(args, "kv_cache_metrics", None),

@@ -230,7 +230,7 @@ class _Runner(SessionSource, PdHops, MacroWindows):
             for k, core in enumerate(cores):  # every free core with work starts a step
                 if ends[k] is None and core.has_unfinished():
                     result = self._window(core, k) if self.macro else None  # speed (issue 16)
-                    result = result or core.step()
+                    result = result or core.step(self.t)
                     if result is None:
                         continue  # blocked until something changes
                     for s in result.output.scheduled:
@@ -243,6 +243,8 @@ class _Runner(SessionSource, PdHops, MacroWindows):
                     self.out.kv_usage_peak = max(self.out.kv_usage_peak, usage)
                     ends[k], results[k] = getattr(result, "end", self.t + result.seconds), result
             due = [e for e in ends if e is not None]
+            due += [d for k, core in enumerate(cores)  # a free core's CPU-tier load ends
+                    if ends[k] is None and (d := core.next_deadline()) is not None]
             if arrivals:
                 due.append(arrivals[0][0])
             if self.timers:  # --- fleet (issue 16): KV transfers ending ---

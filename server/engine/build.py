@@ -34,6 +34,7 @@ from devices import (
     place,
 )
 from devices.hf_config import checkpoint_kv_cache_dtype
+from devices.transfer import host_link
 from server.engine.block_hash import BlockHasher
 from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
@@ -41,6 +42,7 @@ from server.engine.intake import QueueLimits
 from server.engine.kv_events import KvEventLog
 from server.engine.kv_events_config import KVEventsConfig
 from server.engine.kv_metrics import KVCacheMetricsCollector
+from server.engine.kv_offload import HostKvTier, OffloadConfig, num_host_blocks
 from server.engine.kv_transfer import KvTransferConfig
 from server.engine.lora import LoraConfig, LoraRegistry
 from server.engine.mock_model import MockModel, OutputLengths
@@ -133,6 +135,9 @@ class EngineOptions:
     lora_modules: tuple[str, ...] = ()  # NAME=PATH or vLLM's JSON {"name", "path", ...}
     # --- P/D and sleep mode (issue 13) ---
     kv_transfer_config: str | None = None  # vLLM's JSON (server/engine/kv_transfer.py)
+    # --- vLLM's CPU KV offloading: server/engine/kv_offload.py, docs/KV_OFFLOAD.md ---
+    kv_offloading_size: float | None = None  # GiB of host memory for the CPU tier (all chips)
+    kv_offloading_backend: str = "native"  # native | lmcache (not emulated)
     enable_sleep_mode: bool = False  # vLLM's flag, accepted; sleep mode is always available
 
     def lora_config(self) -> LoraConfig:
@@ -251,7 +256,10 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     reason) when it cannot be placed, ValueError when an option is out of range."""
     lora = opts.lora_config()  # checked before placing: a bad flag is a clear error
     placement = place(opts.spec(), ranks=opts.data_parallel_size)  # one rank's view
-    KvTransferConfig.parse(opts.kv_transfer_config)  # P/D (issue 13): refuse a bad config
+    transfer = KvTransferConfig.parse(opts.kv_transfer_config)  # refuse a bad config
+    offload = OffloadConfig.resolve(opts.kv_offloading_size, opts.kv_offloading_backend,
+                                    transfer.kv_connector if transfer else None,
+                                    transfer.extra if transfer else {})
     tok = tokenizer or get_tokenizer()
     config = scheduler_config(opts, placement)
     lengths = OutputLengths(opts.output_len_dist, opts.output_len_mean)  # type: ignore[arg-type]
@@ -281,7 +289,28 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
             log.lora_names = core.lora.names
         core.scheduler.cache.attach_events(log)
     # --- end KV events ---
+    if offload is not None:
+        core.scheduler.attach_offload(host_tier(offload, placement, config))
+        if events.enabled:
+            core.scheduler.offload.attach_events(log)
     if opts.kv_cache_metrics:  # vLLM's --kv-cache-metrics: the pool reports to it
         core.scheduler.pool.metrics = KVCacheMetricsCollector(
             opts.kv_cache_metrics_sample, evictions=config.enable_prefix_caching, seed=opts.seed)
     return core
+
+
+def host_tier(config: OffloadConfig, placement: Placement, sched: SchedulerConfig) -> HostKvTier:
+    """The CPU tier of `config` for this placement: blocks of the scheduler's size holding
+    the whole deployment's KV, loaded over each chip's host link at once. ValueError when the
+    chip has no host link (unified memory: nothing to offload to) or the prefix cache is off
+    (the tier is keyed by it, as vLLM's by block hashes)."""
+    link = host_link(placement.chip)
+    if link is None:
+        raise ValueError(f"--kv-offloading-size: {placement.chip.id} has no host link (its "
+                         "memory is the host's): nothing to offload to")
+    if not sched.enable_prefix_caching:
+        raise ValueError("--kv-offloading-size needs the prefix cache on (its blocks are "
+                         "found by their prefix, as vLLM's by block hashes)")
+    block_bytes = placement.kv_bytes_per_token * sched.block_size
+    return HostKvTier(config, num_host_blocks(config.cpu_bytes, block_bytes), sched.block_size,
+                      block_bytes, link, placement.chips)

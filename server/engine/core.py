@@ -131,12 +131,19 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> StepResult | None:
-        """Run one step; None when nothing could be scheduled (no work, or all blocked)."""
-        output = self.scheduler.schedule()
+    def step(self, now: float | None = None) -> StepResult | None:
+        """Run one step starting at `now` (emulated seconds: the clock the CPU tier's loads
+        are timed on; default, the last given); None when nothing could be scheduled (no
+        work, or all blocked: then `next_deadline` says when that may change by itself)."""
+        output = self.scheduler.schedule(now)
         if output.is_empty:
             return None
         return self.run_step(output)
+
+    def next_deadline(self) -> float | None:
+        """When a step would schedule something new with no arrival: the end of the next load
+        from the CPU tier (None: only an arrival, abort or transfer changes anything)."""
+        return self.scheduler.next_load_end()
 
     def run_step(self, output: SchedulerOutput) -> StepResult:
         """The rest of `step` once the scheduler has decided `output` (not empty): price it,

@@ -25,6 +25,7 @@ import msgspec
 from .block_hash import BlockHasher
 
 MEDIUM_GPU = "GPU"  # vLLM's medium for device memory (our KV pool)
+MEDIUM_CPU = "CPU"  # vLLM's medium for host memory (the CPU offloading tier: kv_offload.py)
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -103,18 +104,33 @@ class KvEventLog:
         return self.hasher.chain(parent, token_ids, self.block_size, self._extra(lora))
 
     def stored(self, parent: bytes | None, hashes: Sequence[bytes],
-               token_ids: Sequence[int], lora: int = 0) -> None:
+               token_ids: Sequence[int], lora: int = 0, medium: str = MEDIUM_GPU) -> None:
         ext = self.hasher.external
         name = self.lora_names.get(lora) if lora else None
         self.events.append(BlockStored(
             block_hashes=[ext(h) for h in hashes],
             parent_block_hash=ext(parent) if parent is not None else None,
             token_ids=list(token_ids), block_size=self.block_size,
-            lora_id=lora if name else None, medium=MEDIUM_GPU, lora_name=name, group_idx=0))
-        self.blocks_stored += len(hashes)
+            lora_id=lora if name else None, medium=medium, lora_name=name, group_idx=0))
+        if medium == MEDIUM_GPU:
+            self.blocks_stored += len(hashes)
 
-    def removed(self, hashes: Sequence[bytes]) -> None:
+    def stored_placeholders(self, hashes: Sequence[bytes], medium: str) -> None:
+        """vLLM's offloading connector without `self_describing_kv_events` (its default):
+        one BlockStored per stored block naming only its hash (no parent, no tokens, block
+        size 0; `OffloadingEventsTracker._placeholder_stored`)."""
         ext = self.hasher.external
+        for h in hashes:
+            self.events.append(BlockStored(
+                block_hashes=[ext(h)], parent_block_hash=None, token_ids=[], block_size=0,
+                lora_id=None, medium=medium, lora_name=None, group_idx=0))
+
+    def removed(self, hashes: Sequence[bytes], medium: str = MEDIUM_GPU) -> None:
+        ext = self.hasher.external
+        if medium != MEDIUM_GPU:  # the offloading connector: one event per eviction
+            self.events.append(BlockRemoved(block_hashes=[ext(h) for h in hashes],
+                                            medium=medium, group_idx=0))
+            return
         for h in hashes:  # vLLM: one BlockRemoved per evicted block
             self.events.append(BlockRemoved(block_hashes=[ext(h)], medium=MEDIUM_GPU,
                                             group_idx=0))
@@ -127,3 +143,34 @@ class KvEventLog:
     def take(self) -> list[KVCacheEvent]:
         events, self.events = self.events, []
         return events
+
+
+class MediumLog:
+    """The `KvEventLog` interface a prefix cache reports to, for a tier other than the device
+    (the CPU offloading tier's radix tree): the same shared log, so one step's events keep
+    the order the tiers changed in, with that tier's medium. Stores carry vLLM's full
+    payload only with `self_describing` (the connector's `self_describing_kv_events`);
+    a reset of the tier is not an `AllBlocksCleared` of the device cache, so it reports its
+    blocks as removed."""
+
+    __slots__ = ("log", "medium", "self_describing")
+
+    def __init__(self, log: KvEventLog, medium: str, self_describing: bool = False) -> None:
+        self.log, self.medium, self.self_describing = log, medium, self_describing
+
+    def hashes(self, parent: bytes | None, token_ids: Sequence[int],
+               lora: int = 0) -> list[bytes]:
+        return self.log.hashes(parent, token_ids, lora)
+
+    def stored(self, parent: bytes | None, hashes: Sequence[bytes],
+               token_ids: Sequence[int], lora: int = 0) -> None:
+        if self.self_describing:
+            self.log.stored(parent, hashes, token_ids, lora, self.medium)
+        else:
+            self.log.stored_placeholders(hashes, self.medium)
+
+    def removed(self, hashes: Sequence[bytes]) -> None:
+        self.log.removed(hashes, self.medium)
+
+    def cleared(self) -> None:
+        """(Unused: the tier's reset reports its blocks through `removed`.)"""

@@ -18,13 +18,20 @@ Contract (what the scheduler relies on):
   stay cached; only the emulated prefill accounting of a later exact match is affected.)
 - ``free(req, cache=...)`` drops every reference the request holds (blocks, node lock);
   ``cache=True`` first stores its computed full blocks in the prefix cache.
+- With a CPU offloading tier (``host``, vLLM's OffloadingConnector: ``kv_offload.py``), every
+  full block ``cache_blocks`` offers the device cache is stored in the tier too.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .block_pool import BlockPool
 from .prefix_cache import PrefixCache, PrefixMatch
 from .request import Request
+
+if TYPE_CHECKING:
+    from .kv_offload import HostKvTier
 
 NO_MATCH = PrefixMatch(0, [], None)
 
@@ -42,6 +49,7 @@ class KVCacheManager:
         self.block_size = pool.block_size
         self.contiguous = kv_layout == "contiguous"
         self.max_model_len = max_model_len
+        self.host: HostKvTier | None = None  # the CPU offloading tier (Scheduler.attach_offload)
 
     # -- capacity --------------------------------------------------------------------------
     @property
@@ -135,6 +143,8 @@ class KVCacheManager:
                     blocks[i] = b
         req.cache_node = node
         req._tree_len = n * bs
+        if self.host is not None:
+            self.host.store(req, n)
 
     def free(self, req: Request, *, cache: bool) -> None:
         if cache:
@@ -144,6 +154,8 @@ class KVCacheManager:
             self.cache.unlock(req.cache_node)
         req.cache_node = None
         req._tree_len = 0
+        if self.host is not None:
+            self.host.forget(req.request_id)
         self.pool.free(req.block_ids)
         req.block_ids = []
 

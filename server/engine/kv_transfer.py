@@ -24,7 +24,8 @@ from typing import Any
 from server.engine.json_config import json_object
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
-CONNECTORS = ("NixlConnector",)  # the connector llm-d's P/D uses; the only one emulated
+# the connector llm-d's P/D uses, and vLLM's native CPU offloading (server/engine/kv_offload.py)
+CONNECTORS = ("NixlConnector", "OffloadingConnector")
 POLICIES = ("recompute", "fail")
 _FIELDS = {"kv_connector", "engine_id", "kv_buffer_device", "kv_buffer_size", "kv_role",
            "kv_rank", "kv_parallel_size", "kv_ip", "kv_port", "kv_connector_extra_config",
@@ -41,6 +42,11 @@ class KvTransferConfig:
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = 5600
     abort_request_timeout_s: float = 480.0
+
+    @property
+    def is_nixl(self) -> bool:
+        """The P/D connector (the other one, OffloadingConnector, is the engine core's)."""
+        return self.kv_connector == "NixlConnector"
 
     @property
     def link(self) -> str | None:

@@ -83,7 +83,7 @@ def advance(core: EngineCore, t: float, until: float | None,
     if not eligible(core):
         if not admits_next(core):
             return None
-        head = head_step(core)  # the admission step, scheduled for real (macro_head.py)
+        head = head_step(core, t)  # the admission step, scheduled for real (macro_head.py)
         if isinstance(head, StepResult):
             return head
     lo = 1 if head else 0  # the window's first decode-only step

@@ -45,9 +45,10 @@ class Head:
 
 def plain_core(core: EngineCore) -> bool:
     """No feature a window cannot reproduce: speculation, LoRA, compiles, jitter, a cost
-    without a closed form, contiguous KV."""
+    without a closed form, contiguous KV, loads from the CPU tier in flight."""
     sched = core.scheduler
     return (core.speculative is None and core.lora is None and core.compiler.kind == "none"
+            and not sched.num_loading
             and not core.jitter.sigma and closed_form(core.placement) and not sched.kv.contiguous
             and not sched.config.num_speculative_tokens)
 
@@ -81,14 +82,14 @@ def admits_next(core: EngineCore) -> bool:
             and plain_decodes(core, running))
 
 
-def head_step(core: EngineCore) -> Head | StepResult:
-    """Schedule the admission step (see the module's contract)."""
+def head_step(core: EngineCore, t: float) -> Head | StepResult:
+    """Schedule the admission step starting at `t` (see the module's contract)."""
     sched = core.scheduler
     before = len(sched.running)
-    output = sched.schedule()  # never empty: every running request decodes
+    output = sched.schedule(t)  # never empty: every running request decodes
     running = sched.running
     new = running[before:]
-    if (output.preempted_request_ids or len(output.scheduled) != len(running)
+    if (output.preempted_request_ids or sched.num_loading or len(output.scheduled) != len(running)
             or len(running) > sched.config.max_num_batched_tokens or not no_admission_next(core)
             or any(not s.samples_token or s.num_draft_tokens for s in output.scheduled)
             or any(r.constraint is not None or r.sampling_params.stop_token_ids

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from .block_pool import BlockPool
 from .kv_hold import KvHold
+from .kv_loads import KvLoads
 from .kv_manager import KVCacheManager
 from .lora_budget import lora_budget
 from .policy import make_queue
@@ -40,7 +41,7 @@ from .scheduler_config import (
 _new = tuple.__new__
 
 
-class Scheduler(KvHold):
+class Scheduler(KvHold, KvLoads):
     def __init__(self, config: SchedulerConfig, eos_token_id: int | None = None) -> None:
         self.config = config
         self.eos_token_id = eos_token_id
@@ -58,11 +59,16 @@ class Scheduler(KvHold):
         # --- P/D (issue 13): KV kept for a decode side to read (vLLM's delay_free_blocks) ---
         self.held: dict[str, tuple[list[int], object]] = {}  # request id -> (blocks, node)
         self.paused_new = False  # vLLM's PauseState.PAUSED_NEW: no waiting request is admitted
+        # --- the CPU offloading tier (kv_loads.py): None without --kv-offloading-size ---
+        self.offload = None
+        self.landed: set[str] = set()
+        self.now = 0.0
 
     # -- queries ---------------------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        """Queued requests, those loading from the CPU tier included (as vLLM counts them)."""
+        return len(self.waiting) + self.num_loading
 
     @property
     def num_running(self) -> int:
@@ -100,8 +106,11 @@ class Scheduler(KvHold):
             return None
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
+        elif req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            self.offload.finish(request_id)  # type: ignore[union-attr]
         else:
             self.waiting.remove(req)
+            self.landed.discard(request_id)
         self.kv.free(req, cache=False)
         req.status, req.finish_reason = RequestStatus.for_reason(reason), reason
         self.stats.num_aborted += 1
@@ -138,8 +147,14 @@ class Scheduler(KvHold):
             return max(cfg.long_prefill_token_threshold, budget // eligible)
         return cfg.long_prefill_token_threshold
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        """One step's batch; `now` is the step's start (emulated seconds; default: the last
+        one given), which the CPU tier's loads are timed on."""
         cfg, kv = self.config, self.kv
+        if now is not None:
+            self.now = now
+        if self.offload is not None and self.offload.loads:
+            self._land(self.now)
         budget = cfg.max_num_batched_tokens
         scheduled: dict[str, ScheduledRequest] = {}
         preempted: list[str] = []
@@ -205,8 +220,15 @@ class Scheduler(KvHold):
                     skipped.append(self.waiting.pop())  # waits; later requests may go
                     continue
                 match = kv.match(req)
+                resumed = req.request_id in self.landed  # holds what a load brought
+                if self.offload is not None and not resumed and not req.num_external_tokens:
+                    loading = self._load(req, match)
+                    if loading is None:
+                        break
+                    if loading:
+                        continue
                 external = max(0, req.num_external_tokens - match.num_tokens)  # P/D
-                remaining = req.num_tokens - match.num_tokens - external
+                remaining = req.num_tokens - req.num_computed_tokens - match.num_tokens - external
                 if not cfg.enable_chunked_prefill and remaining > budget:
                     if cfg.batching != "static":
                         break
@@ -220,13 +242,10 @@ class Scheduler(KvHold):
                 self.waiting.pop()
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
-                if req.num_cached_tokens < 0:  # first admission: what usage reports
-                    req.num_cached_tokens = match.num_tokens + external
-                self.stats.prefix_cache_queries += req.num_tokens
-                self.stats.prefix_cache_hits += match.num_tokens
-                if req.num_external_tokens:  # P/D: vLLM's connector prefix-cache stats
-                    self.stats.external_prefix_cache_queries += req.num_tokens
-                    self.stats.external_prefix_cache_hits += external
+                if resumed:  # counted when its load started
+                    self.landed.discard(req.request_id)
+                else:
+                    self._count_admission(req, match.num_tokens, external, 0)
                 if num_new:
                     scheduled[req.request_id] = scheduled_entry(req, num_new)
                     kv.cache_blocks(req, req.num_computed_tokens + num_new)
@@ -301,11 +320,13 @@ class Scheduler(KvHold):
         self.kv.check_integrity(list(self.requests.values()),
                                 held=[b for b, _ in self.held.values()])
         waiting = list(self.waiting)
-        if len(waiting) + len(self.running) != len(self.requests):
+        if len(waiting) + len(self.running) + self.num_loading != len(self.requests):
             raise AssertionError("a request is lost or in two places")
-        for r in waiting:
-            if r.block_ids or r.cache_node is not None or r.num_computed_tokens:
+        for r in waiting:  # (a landed one holds the KV its load brought until admitted)
+            if r.request_id not in self.landed and (
+                    r.block_ids or r.cache_node is not None or r.num_computed_tokens):
                 raise AssertionError(f"waiting {r} holds KV")
+        self._check_loads(waiting)
         if any(r.status != RequestStatus.RUNNING for r in self.running):
             raise AssertionError("a non-running request is in the running list")
 

@@ -163,6 +163,7 @@ class SchedulerStats:
     # --- P/D (issue 13): vLLM's external (KV connector) prefix-cache counters ---
     external_prefix_cache_queries: int = 0
     external_prefix_cache_hits: int = 0  # prompt tokens whose KV a remote prefill sent
+    host_prefix_cache_hits: int = 0  # of those, loaded from the CPU tier (kv_offload.py)
     num_prefill_tokens: int = 0  # tokens prefilled (recompute after preemption included)
     num_generation_tokens: int = 0
     num_jump_forward_tokens: int = 0  # of those, appended by jump-forward without a decode

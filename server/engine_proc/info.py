@@ -82,7 +82,7 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         weights_resident=tuple(resident.get(t, 0.0) for t in tiers),
         tier_peaks=tuple(peaks.get(t, 0.0) for t in tiers), peak_flops=peak_flops(p),
         idle_watts=core.idle_watts, usd_per_s=core.dollars_per_s,
-        kv_bytes_per_token=sum(p.memory_bytes(1).values()) - sum(p.memory_bytes(0).values()),
+        kv_bytes_per_token=p.kv_bytes_per_token,
         num_speculative_tokens=core.speculative.num_speculative_tokens
         if core.speculative else 0,
         served_model_names=opts.served_model_name, model_path=opts.model_path,
@@ -91,7 +91,17 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         kv_cache_metrics=opts.kv_cache_metrics, cache_dtype=opts.cache_dtype,
         data_parallel_size=opts.data_parallel_size,
         dp_rank=opts.data_parallel_start_rank + rank,
+        **offload_info(core),
     )
+
+
+def offload_info(core: EngineCore) -> dict[str, int]:
+    """The CPU offloading tier's size for its metrics (vllm:kv_offload_config_info)."""
+    tier = core.scheduler.offload
+    if tier is None:
+        return {}
+    return {"kv_offload_blocks": tier.num_blocks,
+            "kv_offload_bytes": tier.num_blocks * tier.padded_block_bytes}
 
 
 def failed_info(opts: EngineOptions, rank: int, why: str, vocab_size: int) -> DeploymentInfo:

@@ -5,7 +5,7 @@ One turn:
 1. move accepted requests into the scheduler and apply aborts (`_take_inbox`);
 2. idle: block on the input socket (no busy polling) and resume the timeline at the wall
    clock when woken, the gap charged as idle power;
-3. `core.step()`; the step ends at the absolute deadline `start + seconds`, where `start` is
+3. `core.step(start)`; the step ends at the absolute deadline `start + seconds`, where `start` is
    the previous deadline (so Python overhead never accumulates into the emulated timeline)
    but never before an admitted request arrived;
 4. wait for the deadline while answering admissions and taking aborts (`_wait_until`);
@@ -114,7 +114,8 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         # --- P/D and sleep mode (issue 13) ---
         self.connector = (NixlConnector(kv_transfer, info, rank, core.scheduler, self.ctx,
                                         self.poller, lambda: max(self._t, self.now()))
-                          if kv_transfer is not None and info is not None else None)
+                          if kv_transfer is not None and kv_transfer.is_nixl and info is not None
+                          else None)
         self.sleep = SleepState()
         self.pending_sleep: tuple[int, int, int] | None = None  # (frontend, seq, level)
         self.timers: list[tuple[float, int, int]] = []  # (emulated t, frontend, seq) replies
@@ -175,10 +176,13 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                 start = self.faults.hang(start, self._wait_until)
             if self.kv_metrics is not None:  # --kv-cache-metrics: the step allocates at start
                 self.kv_metrics.now = start
-            result = core.step()
-            if result is None:  # everything waiting is blocked: wait for an abort or arrival
-                self._service(self._idle_timeout_ms())
-                self._resync()
+            result = core.step(start)
+            if result is None:  # everything waiting is blocked: wait for an abort, an
+                if core.next_deadline() is not None:  # arrival or a CPU-tier load's end
+                    self._idle()
+                else:
+                    self._service(self._idle_timeout_ms())
+                    self._resync()
                 continue
             if self.faults is not None:
                 result = self.faults.slow(result, start)

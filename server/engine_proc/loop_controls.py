@@ -54,6 +54,8 @@ class LoopControls:
                 sched.preempt(sched.running[-1].request_id)
         reset = getattr(sched.cache, "reset", None)
         ok = bool(reset()) if reset is not None else False
+        if msg.reset_external and sched.offload is not None:  # vLLM's reset_connector
+            ok = sched.offload.reset() and ok
         log.info("prefix cache reset on %s (rank %d): %s", self.name, self.rank,
                  "done" if ok else "refused, requests hold blocks")
         self._publish_kv_events()
@@ -92,6 +94,8 @@ class LoopControls:
         exactly (not at the wall clock's later reading)."""
         times = [t for t, _, _ in self.timers]
         if self.connector is not None and (d := self.connector.next_deadline()) is not None:
+            times.append(d)
+        if (d := self.core.next_deadline()) is not None:  # a load from the CPU tier ends
             times.append(d)
         deadline = min(times, default=None)
         fault_ms = self._idle_timeout_ms()  # failure injection: the next fault event

@@ -31,7 +31,17 @@ class EngineStats:
                                ) if info.kv_cache_metrics else ()  # --kv-cache-metrics
         self._tier_slots = {t: layout.slot("doppelchip_tier_bytes", t) for t in info.tiers}
         self._seen = (0, 0, 0)  # scheduler's preemptions, prefix queries, prefix hits
-        self._pd_seen = (0, 0)  # scheduler's external prefix queries, hits (P/D)
+        self._pd_seen = (0, 0, 0)  # scheduler's external prefix queries, hits, host hits
+        self._offload_seen: tuple[float, ...] = (0,) * 5  # CPU tier: loads B/s, stores B/s,
+        #                                                   allocation failures
+        self._offload_hist = {(name, value): HistogramWriter(self.a, layout, name, value)
+                              for name, value in (
+                                  ("vllm:kv_offload_load_size", None),
+                                  ("vllm:kv_offload_store_size", None),
+                                  ("vllm:kv_offload_size", "CPU_to_GPU"),
+                                  ("vllm:kv_offload_size", "GPU_to_CPU"),
+                                  ("vllm:kv_offload_cpu_allocation_size", None))
+                              } if info.kv_offload_blocks else {}
         self._conn_seen: tuple[float, ...] = (0.0,) * 5  # wake s, transfers ok/failed, B, s
         self._spec_seen: tuple[int, ...] = ()
         self._per_gpu = 1.0 / max(1, info.chip_count)
@@ -175,11 +185,17 @@ class EngineStats:
         self.file.begin()
         for state, value in sleep.metric().items():
             a[slot("vllm:engine_sleep_state", state)] = value
-        seen = (st.external_prefix_cache_queries, st.external_prefix_cache_hits)
-        a[slot("vllm:external_prefix_cache_queries")] += seen[0] - self._pd_seen[0]
-        a[slot("vllm:external_prefix_cache_hits")] += seen[1] - self._pd_seen[1]
-        a[slot("vllm:prompt_tokens_cached_by_source", "p2p")] += seen[1] - self._pd_seen[1]
+        seen = (st.external_prefix_cache_queries, st.external_prefix_cache_hits,
+                st.host_prefix_cache_hits)
+        before = self._pd_seen
+        a[slot("vllm:external_prefix_cache_queries")] += seen[0] - before[0]
+        a[slot("vllm:external_prefix_cache_hits")] += seen[1] - before[1]
+        host = seen[2] - before[2]  # loaded from the CPU tier; the rest came from a prefill pod
+        a[slot("vllm:prompt_tokens_cached_by_source", "p2p")] += seen[1] - before[1] - host
+        a[slot("vllm:prompt_tokens_cached_by_source", "host")] += host
         self._pd_seen = seen
+        if self._offload_hist:
+            self._offload(core)
         a[slot("doppelchip_kv_held_blocks")] = sum(len(b) for b, _ in
                                                    core.scheduler.held.values())
         now = (sleep.wake_seconds_total, *((connector.transfers, connector.failures,
@@ -192,6 +208,36 @@ class EngineStats:
             a[slot(name, value)] += n - before  # counters continue across engine restarts
         self._conn_seen = now
         self.file.end()
+
+    def _offload(self, core: EngineCore) -> None:
+        """vLLM's offloading connector metrics from the CPU tier's counters (deltas; the
+        transfer sizes observed once each, drained from the tier's lists)."""
+        tier = core.scheduler.offload
+        assert tier is not None
+        st, a, slot, hist = tier.stats, self.a, self.slot, self._offload_hist
+        now = (st.load_bytes, st.load_seconds, st.store_bytes, st.store_seconds,
+               st.allocation_failures)
+        d = [x - y for x, y in zip(now, self._offload_seen, strict=True)]
+        self._offload_seen = now
+        for name, i in (("vllm:kv_offload_load_bytes", 0), ("vllm:kv_offload_load_time", 1),
+                        ("vllm:kv_offload_store_bytes", 2), ("vllm:kv_offload_store_time", 3),
+                        ("vllm:kv_offload_allocation_failure", 4)):
+            a[slot(name)] += d[i]
+        for name, i, j in (("vllm:kv_offload_total_bytes", 0, 2),
+                           ("vllm:kv_offload_total_time", 1, 3)):
+            a[slot(name, "CPU_to_GPU")] += d[i]
+            a[slot(name, "GPU_to_CPU")] += d[j]
+        for sizes, name, kind in ((st.load_sizes, "vllm:kv_offload_load_size", "CPU_to_GPU"),
+                                  (st.store_sizes, "vllm:kv_offload_store_size", "GPU_to_CPU")):
+            hist[(name, None)].observe_many(sizes)
+            hist[("vllm:kv_offload_size", kind)].observe_many(sizes)  # (deprecated)
+            sizes.clear()
+        hist[("vllm:kv_offload_cpu_allocation_size", None)].observe_many(st.store_chunks)
+        st.store_chunks.clear()
+        read = tier.loading_blocks / tier.num_blocks  # pinned by loads; stores take no time
+        a[slot("vllm:kv_offload_cpu_cache_read_usage_perc")] = read
+        a[slot("vllm:kv_offload_cpu_cache_write_usage_perc")] = 0.0
+        a[slot("vllm:kv_offload_cpu_cache_usage_perc")] = read
 
     def _spec(self, core: EngineCore) -> None:
         """vLLM's spec-decode counters, from the core's own (deltas: they restart at 0)."""
@@ -212,7 +258,8 @@ class EngineStats:
     def _gauges(self, core: EngineCore, num_queued: int, lag: float, t: float) -> None:
         a, slot, sched = self.a, self.slot, core.scheduler
         a[slot("vllm:num_requests_running")] = sched.num_running
-        self._waiting(num_queued, sched.stats.num_lora_deferred)
+        # deferred: skipped for max_loras, or loading from the CPU tier (vLLM's blocked status)
+        self._waiting(num_queued, sched.stats.num_lora_deferred + sched.num_loading)
         a[slot("doppelchip_realtime_lag_seconds")] = lag
         a[slot("_t")] = t
         free = sched.pool.num_free + sched.cache.evictable_blocks

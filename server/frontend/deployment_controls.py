@@ -43,11 +43,12 @@ class DeploymentControls:
     _reset_token: int
 
     # --- KV events (issue 13) ---
-    async def reset_prefix_cache(self, timeout_s: float = 10.0, reset_running: bool = False
-                                 ) -> bool:
+    async def reset_prefix_cache(self, timeout_s: float = 10.0, reset_running: bool = False,
+                                 reset_external: bool = False) -> bool:
         """vLLM's reset_prefix_cache on every rank: True when every rank emptied its cache
         (refused where requests hold blocks, unless `reset_running` preempts the running ones
-        first; a rank not answering counts as refused)."""
+        first; a rank not answering counts as refused); `reset_external`: and its CPU
+        offloading tier (refused while a load holds blocks)."""
         loop = asyncio.get_running_loop()
         waits = []
         for sock in self.sockets:
@@ -57,7 +58,8 @@ class DeploymentControls:
             waits.append(fut)
             try:
                 sock.send(m.encode(m.ResetPrefixCache(self.frontend, self._reset_token,
-                                                      reset_running)), zmq.NOBLOCK)
+                                                      reset_running, reset_external)),
+                          zmq.NOBLOCK)
             except zmq.Again:
                 fut.set_result(False)
         try:

@@ -1,7 +1,7 @@
 """KV-event routes of a vLLM pod (0.33.0): `POST /reset_prefix_cache` (vLLM registers it in
 dev mode only; always here) answers `{"success": bool}`, false while requests hold blocks
-(`?reset_running_requests=true` preempts the running ones first, as vLLM's; `reset_external`
-is accepted: no connector here keeps a cache of its own);
+(`?reset_running_requests=true` preempts the running ones first, as vLLM's;
+`?reset_external=true` empties the CPU offloading tier too, as vLLM's reset_connector);
 `GET /kv_event_sources` the resolved publisher config per data-parallel rank (the bound
 endpoints, port 0 resolved), `{}` when the deployment publishes nothing. Both act on the
 deployment `?model=` names, else the default one (a pod's only one)."""
@@ -22,9 +22,8 @@ def add_kv_event_routes(app: FastAPI, state: HttpState) -> None:
     async def reset_prefix_cache(request: Request, reset_running_requests: bool = False,
                                  reset_external: bool = False) -> JSONResponse:
         client, _ = resolve(state, request.query_params.get("model"))
-        # reset_external: no connector keeps a prefix cache of its own here, nothing to add
         return JSONResponse({"success": await client.reset_prefix_cache(
-            reset_running=reset_running_requests)})
+            reset_running=reset_running_requests, reset_external=reset_external)})
 
     @app.get("/kv_event_sources")
     async def kv_event_sources(request: Request) -> JSONResponse:

@@ -69,6 +69,8 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     #                                   --custom-histogram-buckets, (family, bounds) pairs
     cache_dtype: str = "auto"  # vLLM's resolved --kv-cache-dtype (cache_config_info's label)
     data_parallel_size: int = 1  # the ranks of the deployment's group, here or not (vLLM's)
+    kv_offload_blocks: int = 0  # the CPU offloading tier's blocks (0: no tier; kv_offload.py)
+    kv_offload_bytes: int = 0  # its size in bytes, chunk padding included
     dp_rank: int = 0  # the data-parallel rank clients see (vLLM's `engine` label, its KV
     #                   events' data_parallel_rank): data_parallel_start_rank + `rank`, the
     #                   index of this engine core among the server's
@@ -124,6 +126,7 @@ class ResetPrefixCache(msgspec.Struct, frozen=True, array_like=True, tag="reset_
     frontend: int
     token: int
     reset_running: bool = False
+    reset_external: bool = False  # the CPU offloading tier too (vLLM's reset_connector)
 
 
 # --- LoRA (issue 13) ---

@@ -24,6 +24,7 @@ from server.stats.exposition import Exposition, Scrape
 from server.stats.layout import Layout, MetricDef
 from server.stats.lora import LORA_INFO, LORA_INFO_HELP, lora_info_lines
 from server.stats.schema import HIDDEN_0_10, engine_metrics, request_metrics
+from server.stats.schema_features import OFFLOAD_CONFIG_INFO, OFFLOAD_CONFIG_INFO_HELP
 from server.stats.shm import StatsFile
 
 
@@ -157,6 +158,14 @@ class StatsCollector:
                   ("cache_dtype", info.cache_dtype)]
         plan.add_value("vllm:cache_config_info", "gauge",
                        "Information of the LLMEngine CacheConfig", config, _when(engine, 1.0))
+        if info.kv_offload_blocks:  # vLLM's CPUOffloadingInfo, one series (docs/KV_OFFLOAD.md)
+            chunks, ctx = info.kv_offload_blocks, info.capacity.max_model_len
+            per_request = -(-ctx // info.capacity.block_size)
+            offload = [*vllm, ("cpu_num_chunks", str(chunks)), ("cpu_blocks_per_chunk", "1"),
+                       ("cpu_kv_cache_size_bytes", str(info.kv_offload_bytes)),
+                       ("cpu_kv_cache_size_tokens", str(chunks * ctx // per_request))]
+            plan.add_value(OFFLOAD_CONFIG_INFO, "gauge", OFFLOAD_CONFIG_INFO_HELP, offload,
+                           _when(engine, 1.0))
         for d in layout.defs.values():
             if d.name.startswith("_") or not d.per_engine:
                 continue

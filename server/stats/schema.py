@@ -27,6 +27,7 @@ from server.stats.layout import MetricDef
 from server.stats.schema_features import (
     FAULT_ENGINE_METRICS,
     FAULT_REQUEST_METRICS,
+    OFFLOAD_METRICS,
     pd_sleep_metrics,
 )
 
@@ -228,6 +229,7 @@ def engine_metrics(info: DeploymentInfo) -> list[MetricDef]:
                   STEP_BUCKETS),
         *pd_sleep_metrics(),
         *(FAULT_ENGINE_METRICS if info.faults else ()),
+        *(OFFLOAD_METRICS if info.kv_offload_blocks else ()),
     ]
 
 

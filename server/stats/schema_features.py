@@ -1,7 +1,7 @@
-"""The metrics of the features of issue 13 that are not vLLM's, part of `schema.py`'s
-set: P/D's KV transfers and held blocks, sleep mode's wake-up time (docs/PD.md), and the
-failure injection's counters and gauges (docs/FAULTS.md), registered only on a deployment
-with faults configured.
+"""The metrics of optional features, part of `schema.py`'s set: P/D's KV transfers and held
+blocks, sleep mode's wake-up time (docs/PD.md), the failure injection's counters and gauges
+(docs/FAULTS.md), registered only on a deployment with faults configured, and vLLM's CPU
+offloading connector's (docs/KV_OFFLOAD.md), registered only with a CPU tier.
 
 Why apart from `schema.py`: that module is vLLM's set and the device metrics every
 deployment has; these belong to optional features and read on their own.
@@ -55,4 +55,58 @@ FAULT_ENGINE_METRICS = (
               "Emulated seconds the engine made no progress with requests in flight (hang)."),
     MetricDef("doppelchip_kv_lost_blocks", "gauge",
               "KV blocks out of service with lost chips (counted as used)."),
+)
+
+
+# --- vLLM's CPU KV offloading: docs/KV_OFFLOAD.md -----------------------------------------------
+# vLLM 0.33.0: vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py (the flat
+# transfer families, their deprecated transfer_type forms, TRANSFER_SIZE_BUCKETS) and
+# vllm/v1/kv_offload/cpu/spec.py (the CPU tier's gauges and allocation histogram)
+TRANSFER_TYPES = ("CPU_to_GPU", "GPU_to_CPU")
+TRANSFER_SIZE_BUCKETS = (1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6)
+CPU_ALLOCATION_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
+OFFLOAD_CONFIG_INFO_HELP = (
+    "Static configuration of the KV offload managers of this engine instance. The configured "
+    "offloading spec declares the label names, and each manager fills the values, so a series "
+    "appears from the first scheduler step of its engine. A manager reports one series for "
+    "each configuration it holds, and a label of its own tells the series apart. Each engine "
+    "reports its own configuration, not the instance total.")
+OFFLOAD_METRICS = (
+    MetricDef("vllm:kv_offload_load_bytes", "counter",
+              "Total bytes loaded from offload storage to GPU."),
+    MetricDef("vllm:kv_offload_load_time", "counter",
+              "Total load time from offload storage to GPU, in seconds."),
+    MetricDef("vllm:kv_offload_load_size", "histogram",
+              "Histogram of KV offload load operation size, in bytes.", TRANSFER_SIZE_BUCKETS),
+    MetricDef("vllm:kv_offload_store_bytes", "counter",
+              "Total bytes stored from GPU to offload storage."),
+    MetricDef("vllm:kv_offload_store_time", "counter",
+              "Total store time from GPU to offload storage, in seconds."),
+    MetricDef("vllm:kv_offload_store_size", "histogram",
+              "Histogram of KV offload store operation size, in bytes.", TRANSFER_SIZE_BUCKETS),
+    MetricDef("vllm:kv_offload_allocation_failure", "counter",
+              "Number of KV offload store allocation attempts that failed."),
+    MetricDef("vllm:kv_offload_total_bytes", "counter",
+              "Number of bytes offloaded by KV connector", label="transfer_type",
+              values=TRANSFER_TYPES),
+    MetricDef("vllm:kv_offload_total_time", "counter",
+              "Total time measured by all KV offloading operations", label="transfer_type",
+              values=TRANSFER_TYPES),
+    MetricDef("vllm:kv_offload_size", "histogram",
+              "Histogram of KV offload transfer size, in bytes.", TRANSFER_SIZE_BUCKETS,
+              label="transfer_type", values=TRANSFER_TYPES),
+    MetricDef("vllm:kv_offload_cpu_cache_usage_perc", "gauge",
+              "Fraction of CPU KV-cache space currently pinned by active transfers (0.0 = "
+              "idle, 1.0 = saturated). Sustained high values indicate transfers (stores or "
+              "promotions) may be dropped due to insufficient capacity."),
+    MetricDef("vllm:kv_offload_cpu_cache_write_usage_perc", "gauge",
+              "Fraction of CPU KV-cache space currently pinned by in-flight stores that have "
+              "not yet completed (0.0 = idle, 1.0 = saturated)."),
+    MetricDef("vllm:kv_offload_cpu_cache_read_usage_perc", "gauge",
+              "Fraction of CPU KV-cache space currently pinned by in-flight loads that have "
+              "not yet completed (0.0 = idle, 1.0 = saturated)."),
+    MetricDef("vllm:kv_offload_cpu_allocation_size", "histogram",
+              "Histogram of the number of CPU chunks requested by each KV offload "
+              "prepare_store call.", CPU_ALLOCATION_BUCKETS),
 )

@@ -41,8 +41,10 @@ async def test_a_label_changed_under_a_keep_pause_splits_the_output(pod):
     async with http_client(pod) as http:
         await label(http, "v1")
         seen, last = 0, None
+        # 900 tokens: ~0.7 s of wall time at this pod's time scale, for the three calls below
+        # to land mid-request even on a loaded 2-core machine (300 did not, once)
         async with http.stream("POST", "/v1/completions", json=body(
-                max_tokens=300, stream=True, return_weight_versions=True)) as r:
+                max_tokens=900, stream=True, return_weight_versions=True)) as r:
             lines = r.aiter_lines()
             async for line in lines:  # some tokens under v1, then the trainer steps in
                 if line.startswith("data: ") and line != "data: [DONE]":
@@ -58,7 +60,7 @@ async def test_a_label_changed_under_a_keep_pause_splits_the_output(pod):
     spans = last["choices"][0]["weight_versions"]
     assert [s["version"] for s in spans] == ["v1", "v2"]
     assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"]
-    assert spans[1]["end"] == 300 and seen <= spans[0]["end"] < 300
+    assert spans[1]["end"] == 900 and seen <= spans[0]["end"] < 900
 
 
 async def test_every_choice_reports_its_label_only_when_asked(pod):

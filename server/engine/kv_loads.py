@@ -1,0 +1,119 @@
+"""Loads from the CPU offloading tier, in the scheduler (vLLM's WAITING_FOR_REMOTE_KVS).
+
+Why it exists apart from the scheduler: the tier (`kv_offload.HostKvTier`) is an optional
+connector with its own state; the scheduler only triggers it at admission and at the start
+of each step. `KvLoads` is a mixin of `Scheduler`, as `KvHold` is: it uses the scheduler's
+`kv`, `waiting`, `requests` and `stats`, and the scheduler stays the one writer of all of them.
+
+A request's life with the tier (vLLM 0.33.0's scheduler with the OffloadingConnector):
+1. At admission its device hit is looked up, then the tier past it (`HostKvTier.lookup`).
+2. With a hit, device blocks are allocated for its whole prompt (all or nothing, as an
+   admission; vLLM allocates the part past the loaded tokens at its admission after the load,
+   which can leave requests holding loaded blocks in a full pool with nothing running), the
+   request leaves the queue, waits holding them, and the load starts on the host link
+   (`HostKvTier.start`); it takes no seat and no token budget.
+3. At the first step starting at or after the load's end (`_land`), its tokens are computed
+   and cached in the device cache, and it goes back to the front of the queue holding its
+   blocks (`landed`), to be admitted like a request continuing a prefill.
+The connector's counters are recorded once, at step 2 (vLLM's `connector_prefix_cache_stats`:
+queries = prompt tokens past the device hit, hits = the tokens loaded, source "host").
+"""
+
+from __future__ import annotations
+
+from .kv_manager import KVCacheManager
+from .kv_offload import HostKvTier
+from .policy import WaitingQueue
+from .prefix_cache import PrefixMatch
+from .request import Request, RequestStatus
+from .scheduler_config import SchedulerStats
+
+
+class KvLoads:
+    """`attach_offload`, `_land`, `_load` (see the module docstring)."""
+
+    kv: KVCacheManager
+    waiting: WaitingQueue
+    requests: dict[str, Request]
+    stats: SchedulerStats
+    offload: HostKvTier | None
+    landed: set[str]  # ids of waiting requests holding the KV a load brought
+    now: float  # the start of the step being scheduled (emulated seconds)
+
+    def attach_offload(self, tier: HostKvTier) -> None:
+        """Give the scheduler a CPU tier: every full block the device cache is offered is
+        stored there too, and admissions look it up."""
+        self.offload = tier
+        self.kv.host = tier
+
+    @property
+    def num_loading(self) -> int:
+        return len(self.offload.loads) if self.offload is not None else 0
+
+    def next_load_end(self) -> float | None:
+        """When the next load lands (None: none in flight): the engine loops wake the core
+        then when nothing else is left to schedule."""
+        return self.offload.next_ready() if self.offload is not None else None
+
+    def _land(self, now: float) -> None:
+        """The loads that ended by `now`: their tokens are computed, cached on the device, and
+        their requests wait at the front of the queue (first to land, first in line)."""
+        assert self.offload is not None
+        for load in reversed(self.offload.landed(now)):
+            req = load.req
+            req.num_computed_tokens += load.num_tokens
+            self.kv.cache_blocks(req)
+            req.status = RequestStatus.PREEMPTED if req.num_preemptions else \
+                RequestStatus.WAITING
+            self.landed.add(req.request_id)
+            self.waiting.add_preempted(req)
+
+    def _load(self, req: Request, match: PrefixMatch) -> bool | None:
+        """Start loading `req`'s prefix past its device `match` from the tier: True (it left
+        the queue), False (the tier has nothing past the match: admit it as usual) or None
+        (the device cannot hold it: stop admitting, as a failed allocation does)."""
+        assert self.offload is not None
+        hit = self.offload.lookup(req, match.num_tokens)
+        if hit is None:
+            return False
+        n = hit.num_tokens - match.num_tokens
+        # blocks for the whole prompt, not only the loaded part (vLLM allocates the rest at
+        # its admission after the load): requests holding loaded blocks could otherwise fill
+        # the pool with nothing running to free it, and none could be admitted
+        if not self.kv.allocate_slots(req, req.num_tokens - match.num_tokens, match):
+            return None
+        self.waiting.pop()
+        req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        self._count_admission(req, match.num_tokens, 0, n)
+        self.offload.start(req, hit, match.num_tokens, self.now)
+        return True
+
+    def _check_loads(self, waiting: list[Request]) -> None:
+        """The loads' invariants (`Scheduler.check_integrity`): a landed request is waiting,
+        a loading one waits for its load, and the tier's own."""
+        if not self.landed <= {r.request_id for r in waiting}:
+            raise AssertionError("a landed request is not waiting")
+        if self.offload is not None:
+            self.offload.check_integrity()
+            if any(ld.req.status != RequestStatus.WAITING_FOR_REMOTE_KVS
+                   for ld in self.offload.loads.values()):
+                raise AssertionError("a load's request is not waiting for it")
+
+    def _count_admission(self, req: Request, device_hit: int, transferred: int,
+                         loaded: int) -> None:
+        """vLLM's prefix-cache counters at a request's admission: the device cache's, and a
+        connector's — P/D's for a request whose KV was `transferred` (its remote prefill
+        sent it), the CPU tier's for every admission when a tier is configured (each queries
+        it: queries are the tokens past the device hit, hits the tokens `loaded`)."""
+        st = self.stats
+        st.prefix_cache_queries += req.num_tokens
+        st.prefix_cache_hits += device_hit
+        if req.num_external_tokens:  # P/D
+            st.external_prefix_cache_queries += req.num_tokens
+            st.external_prefix_cache_hits += transferred
+        elif self.offload is not None:
+            st.external_prefix_cache_queries += req.num_tokens - device_hit
+            st.external_prefix_cache_hits += loaded
+            st.host_prefix_cache_hits += loaded
+        if req.num_cached_tokens < 0:  # first admission: what usage reports
+            req.num_cached_tokens = device_hit + transferred + loaded
