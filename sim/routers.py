@@ -58,6 +58,19 @@ class LeastKv:
                    key=lambda k: (kv_usage(self.cores[k]), outstanding[k], k))
 
 
+HOST_WEIGHT = 0.8  # llm-d-kv-cache pkg/kvcache/backend.go: the "cpu" medium's default weight
+
+
+def tiered_match(core: EngineCore, prompt: Sequence[int]) -> float:
+    """The tokens of `prompt` a replica holds from its start, device blocks counting 1 and
+    blocks only its CPU tier holds `HOST_WEIGHT` (neither tree touched)."""
+    device = core.scheduler.cache.peek_prefix_len(prompt)
+    tier = core.scheduler.offload
+    if tier is None:
+        return device
+    return device + HOST_WEIGHT * max(0, tier.cache.peek_prefix_len(prompt) - device)
+
+
 class PrefixAware:
     """Cache-aware routing as SGLang's router does it (sgl-router `policies/cache_aware.rs`,
     its defaults: cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5),
@@ -69,7 +82,11 @@ class PrefixAware:
     - else the replica caching the fewest blocks (SGLang's "smallest tree": most room).
 
     Ties go to fewer outstanding requests, then the lower index. A replica with the prefix
-    cache off matches nothing and caches nothing."""
+    cache off matches nothing and caches nothing. A replica with a CPU offloading tier
+    (docs/KV_OFFLOAD.md) matches what either tier holds, its host-only blocks weighing
+    `HOST_WEIGHT` of a device block, as llm-d's scorer weighs the CPU medium of the KV
+    events (llm-d-kv-cache `DefaultKVCacheBackendConfig`: gpu 1.0, cpu 0.8; each block
+    counts its best tier)."""
 
     def __init__(self, cores: Sequence[EngineCore], seed: int = 0, cache_threshold: float = 0.3,
                  balance_abs_threshold: int = 64, balance_rel_threshold: float = 1.5) -> None:
@@ -82,7 +99,7 @@ class PrefixAware:
         hi, lo = max(outstanding), min(outstanding)
         if hi - lo > self.abs_threshold and hi > lo * self.rel_threshold:
             return min(ks, key=lambda k: (outstanding[k], k))
-        matched = [c.scheduler.cache.peek_prefix_len(prompt) for c in self.cores]
+        matched = [tiered_match(c, prompt) for c in self.cores]
         best = min(ks, key=lambda k: (-matched[k], outstanding[k], k))
         if prompt and matched[best] / len(prompt) > self.cache_threshold:
             return best

@@ -208,3 +208,20 @@ def test_a_virtual_run_is_the_same_macro_or_single_stepped():
 def test_a_bad_offloading_config_is_a_clear_error(options, says):
     with pytest.raises(ValueError, match=says):
         core_with(**options)
+
+
+def test_the_prefix_aware_router_counts_the_host_tier_as_llm_ds_scorer_weighs_it():
+    from sim.routers import HOST_WEIGHT, PrefixAware, tiered_match
+
+    evicted, other = prompts(2, seed=11)
+    tiered = core_with(kv_offloading_size=1.0)
+    serve_in_turn(tiered, [evicted, *prompts(4, seed=12)])  # `evicted` left its device
+    plain = core_with()
+    serve_in_turn(plain, [other[:100]])  # fewer cached blocks: the fallback's choice
+    assert tiered.scheduler.cache.peek_prefix_len(evicted) == 0
+    assert tiered.scheduler.offload.cache.peek_prefix_len(evicted) == 416
+    assert tiered_match(tiered, evicted) == HOST_WEIGHT * 416
+    assert tiered_match(plain, evicted) == 0
+    router = PrefixAware([plain, tiered])
+    assert plain.scheduler.cache.cached_blocks < tiered.scheduler.cache.cached_blocks
+    assert router.choose(evicted, [0, 0]) == 1  # its host tier holds the prompt
