@@ -42,7 +42,8 @@ from server.engine.intake import QueueLimits
 from server.engine.kv_events import KvEventLog
 from server.engine.kv_events_config import KVEventsConfig
 from server.engine.kv_metrics import KVCacheMetricsCollector
-from server.engine.kv_offload import HostKvTier, OffloadConfig, num_host_blocks
+from server.engine.kv_offload import HostKvTier, num_host_blocks
+from server.engine.kv_offload_config import OffloadConfig
 from server.engine.kv_transfer import KvTransferConfig
 from server.engine.lora import LoraConfig, LoraRegistry
 from server.engine.mock_model import MockModel, OutputLengths
@@ -308,6 +309,13 @@ def host_tier(config: OffloadConfig, placement: Placement, sched: SchedulerConfi
     if link is None:
         raise ValueError(f"--kv-offloading-size: {placement.chip.id} has no host link (its "
                          "memory is the host's): nothing to offload to")
+    if config.chunk_tokens not in (None, sched.block_size):
+        if config.chunk_tokens % sched.block_size:
+            raise ValueError(f"'block_size'={config.chunk_tokens} in kv_connector_extra_config "
+                             "must be a multiple of the GPU KV cache block size "
+                             f"({sched.block_size} tokens).")
+        raise ValueError("kv_connector_extra_config: a block_size of several device blocks is "
+                         "not emulated (a chunk is one device block)")
     if not sched.enable_prefix_caching:
         raise ValueError("--kv-offloading-size needs the prefix cache on (its blocks are "
                          "found by their prefix, as vLLM's by block hashes)")

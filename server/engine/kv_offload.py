@@ -24,8 +24,9 @@ The model:
 - The tier is the device cache's radix tree (`RadixCache`) over a pool of host blocks, one per
   device block (vLLM's default chunk of one block); least recently used unlocked leaves are
   evicted to make room. A store that cannot make room is skipped (vLLM's allocation failure).
-- Store (write-through): every full block the device cache is offered
-  (`KVCacheManager.cache_blocks`) that the tier does not hold yet. ASSUMPTION: a store
+- Store (write-through): every full block of the prompt the device cache is offered
+  (`KVCacheManager.cache_blocks`) that the tier does not hold yet; the output's blocks too
+  with `offload_prompt_only` false (vLLM's default is true). ASSUMPTION: a store
   completes within the step that filled the block and costs that step nothing (vLLM copies on
   another CUDA stream; a block is KBs to MBs over a 32-64 GB/s link, microseconds against a
   step's milliseconds). Its seconds are counted for `vllm:kv_offload_store_time`.
@@ -43,13 +44,11 @@ from devices.transfer import Link, transfer_seconds
 
 from .block_pool import BlockPool
 from .kv_events import MEDIUM_CPU, KvEventLog, MediumLog
+from .kv_offload_config import GIB, OffloadConfig
 from .prefix_cache import PrefixMatch
 from .radix_cache import RadixCache
 from .request import Request
 
-BACKENDS = ("native", "lmcache")
-POLICIES = ("lru",)  # vLLM's default; "arc" is not emulated
-GIB = 1 << 30
 PAGE = 4096  # vLLM pads a chunk to SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT (mmap.PAGESIZE)
 
 
@@ -63,54 +62,6 @@ def num_host_blocks(cpu_bytes: int, block_bytes: float) -> int:
     block on every worker, page)` (`CPUOffloadingSpec`)."""
     size = padded(block_bytes)
     return int(cpu_bytes) // size if size else 0
-
-
-@dataclass(frozen=True)
-class OffloadConfig:
-    """The tier as configured: its size and eviction policy, and whether its KV events carry
-    vLLM's full payload. Parsed once from the deployment's options (`resolve`)."""
-
-    cpu_bytes: int
-    eviction_policy: str = "lru"
-    self_describing_events: bool = False
-
-    @staticmethod
-    def resolve(size_gib: float | None, backend: str,
-                connector: str | None, extra: dict[str, Any]) -> OffloadConfig | None:
-        """The config from `--kv-offloading-size`/`--kv-offloading-backend`, or from a
-        `--kv-transfer-config` naming `connector` "OffloadingConnector" with `extra` (its
-        kv_connector_extra_config); None without either. ValueError says what is wrong."""
-        if size_gib is not None:
-            if backend not in BACKENDS:
-                raise ValueError(f"--kv-offloading-backend: {backend!r} is not one of "
-                                 f"{', '.join(BACKENDS)}")
-            if backend == "lmcache":
-                raise ValueError("--kv-offloading-backend lmcache: vLLM then talks to an "
-                                 "LMCache server (LMCacheMPConnector), which is not emulated; "
-                                 "use the native backend")
-            if connector is not None:
-                raise ValueError(f"--kv-offloading-size replaces --kv-transfer-config's "
-                                 f"kv_connector {connector} with the OffloadingConnector "
-                                 "(vLLM's _post_init_kv_transfer_config); a deployment has "
-                                 "one connector here: give one of the two")
-            if not size_gib > 0:
-                raise ValueError(f"--kv-offloading-size must be > 0 GiB, got {size_gib}")
-            return OffloadConfig(int(size_gib * GIB))
-        if connector != "OffloadingConnector":
-            return None
-        cpu_bytes = extra.get("cpu_bytes_to_use")
-        if not isinstance(cpu_bytes, int | float) or not cpu_bytes > 0:
-            raise ValueError("cpu_bytes_to_use must be specified in kv_connector_extra_config")
-        policy = extra.get("eviction_policy", "lru")
-        if policy not in POLICIES:
-            raise ValueError(f"kv_connector_extra_config: eviction_policy {policy!r} is not "
-                             f"emulated (emulated: {', '.join(POLICIES)})")
-        for key in ("block_size", "blocks_per_chunk", "store_threshold"):
-            if key in extra:  # chunks of several blocks, store thresholds: not emulated
-                raise ValueError(f"kv_connector_extra_config: {key} is not emulated (chunks "
-                                 "of one block, every block stored)")
-        return OffloadConfig(int(cpu_bytes), policy,
-                             bool(extra.get("self_describing_kv_events", False)))
 
 
 @dataclass
@@ -183,6 +134,8 @@ class HostKvTier:
         them. The walk starts where the request's last store ended (`cursors`) while that
         node is still in the tree, not at the root: a decode stores one block at a time."""
         bs, cache, pool = self.block_size, self.cache, self.pool
+        if self.config.prompt_only:  # vLLM's default: the decode's blocks are not stored
+            num_blocks = min(num_blocks, req.num_prompt_tokens // bs)
         tokens, lora, end = req.token_ids, req.lora_id, num_blocks * bs
         start = self.cursors.get(req.request_id)
         known = _end(start, bs) if start is not None else -1

@@ -190,6 +190,46 @@ def test_a_virtual_run_is_the_same_macro_or_single_stepped():
     assert macro == single
 
 
+def connector(**extra) -> str:
+    """A --kv-transfer-config naming vLLM's OffloadingConnector with 1 GiB and `extra`."""
+    import json
+
+    return json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                       "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30, **extra}})
+
+
+def test_only_the_prompts_blocks_are_offloaded_unless_told_as_vllms_default():
+    def stored(**extra) -> int:
+        core = core_with(kv_transfer_config=connector(**extra))
+        core.add_request(request("r", prompts(1)[0][:100], 60, ignore_eos=True))
+        drive(core)
+        return core.scheduler.offload.cache.cached_blocks
+    assert stored() == 6  # 100 prompt tokens: 6 whole blocks
+    assert stored(offload_prompt_only=False) == 159 // 16  # and the output's computed ones
+
+
+def test_llm_ds_and_vllms_connector_configs_are_taken_as_vllm_takes_them():
+    core = core_with(kv_transfer_config=connector(
+        spec_name="CPUOffloadingSpec", blocks_per_chunk=1, store_threshold=0,
+        offload_prompt_only=False, some_future_key=True))
+    assert core.scheduler.offload.num_blocks == (1 << 30) // (16 * 131072)
+    assert core_with(kv_transfer_config=connector(block_size=16)).scheduler.offload
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (dict(spec_name="TieringOffloadingSpec"), "spec_name 'TieringOffloadingSpec' is not "),
+    (dict(block_size=24), r"'block_size'=24 in kv_connector_extra_config must be a multiple "
+                          r"of the GPU KV cache block size \(16 tokens\)\."),
+    (dict(block_size=32), "several device blocks is not emulated"),
+    (dict(block_size=16, blocks_per_chunk=1), "Specify only one of 'block_size' or "),
+    (dict(blocks_per_chunk=2), "blocks_per_chunk > 1 is not emulated"),
+    (dict(store_threshold=2), "store_threshold is not emulated"),
+])
+def test_a_connector_config_not_emulated_is_refused_naming_its_key(extra, says):
+    with pytest.raises(ValueError, match=says):
+        core_with(kv_transfer_config=connector(**extra))
+
+
 @pytest.mark.parametrize(("options", "says"), [
     (dict(kv_offloading_size=4.0, kv_offloading_backend="lmcache"), "LMCache server"),
     (dict(kv_offloading_size=0.0), "must be > 0"),
