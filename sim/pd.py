@@ -30,8 +30,9 @@ def link_name(*kv_transfer_configs: str | None) -> str | None:
     """The first `kv_connector_extra_config.link` among the deployments' configs."""
     for text in kv_transfer_configs:
         cfg = KvTransferConfig.parse(text, env={})
-        if cfg is not None and cfg.link:
-            return cfg.link
+        nixl = cfg.nixl if cfg is not None else None
+        if nixl is not None and nixl.link:
+            return nixl.link
     return None
 
 

@@ -260,7 +260,8 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     transfer = KvTransferConfig.parse(opts.kv_transfer_config)  # refuse a bad config
     offload = OffloadConfig.resolve(opts.kv_offloading_size, opts.kv_offloading_backend,
                                     transfer.kv_connector if transfer else None,
-                                    transfer.extra if transfer else {})
+                                    transfer.offloading.extra if transfer and transfer.offloading
+                                    else None)
     tok = tokenizer or get_tokenizer()
     config = scheduler_config(opts, placement)
     lengths = OutputLengths(opts.output_len_dist, opts.output_len_mean)  # type: ignore[arg-type]

@@ -37,11 +37,12 @@ class OffloadConfig:
     chunk_tokens: int | None = None  # `block_size`: a chunk's tokens (must be the device's)
 
     @staticmethod
-    def resolve(size_gib: float | None, backend: str,
-                connector: str | None, extra: dict[str, Any]) -> OffloadConfig | None:
-        """The config from `--kv-offloading-size`/`--kv-offloading-backend`, or from a
-        `--kv-transfer-config` naming `connector` "OffloadingConnector" with `extra` (its
-        kv_connector_extra_config); None without either. ValueError says what is wrong."""
+    def resolve(size_gib: float | None, backend: str, connector: str | None,
+                extra: dict[str, Any] | None) -> OffloadConfig | None:
+        """The config from `--kv-offloading-size`/`--kv-offloading-backend`, or from the
+        `--kv-transfer-config` (its `connector`) whose OffloadingConnector (itself or a
+        MultiConnector's part) has `extra` as kv_connector_extra_config; None without
+        either. ValueError says what is wrong."""
         if size_gib is not None:
             if backend not in BACKENDS:
                 raise ValueError(f"--kv-offloading-backend: {backend!r} is not one of "
@@ -58,7 +59,7 @@ class OffloadConfig:
             if not size_gib > 0:
                 raise ValueError(f"--kv-offloading-size must be > 0 GiB, got {size_gib}")
             return OffloadConfig(int(size_gib * GIB))
-        if connector != "OffloadingConnector":
+        if extra is None:
             return None
         cpu_bytes = extra.get("cpu_bytes_to_use")
         if not isinstance(cpu_bytes, int | float) or not cpu_bytes > 0:

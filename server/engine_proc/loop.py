@@ -112,10 +112,10 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self.lora = (LoraPublisher(core, lora_file(run_dir.engine_stats(deployment, rank)))
                      if core.lora is not None else None)
         # --- P/D and sleep mode (issue 13) ---
-        self.connector = (NixlConnector(kv_transfer, info, rank, core.scheduler, self.ctx,
+        nixl = kv_transfer.nixl if kv_transfer is not None else None
+        self.connector = (NixlConnector(nixl, info, rank, core.scheduler, self.ctx,
                                         self.poller, lambda: max(self._t, self.now()))
-                          if kv_transfer is not None and kv_transfer.is_nixl and info is not None
-                          else None)
+                          if nixl is not None and info is not None else None)
         self.sleep = SleepState()
         self.pending_sleep: tuple[int, int, int] | None = None  # (frontend, seq, level)
         self.timers: list[tuple[float, int, int]] = []  # (emulated t, frontend, seq) replies
