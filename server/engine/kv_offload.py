@@ -146,12 +146,14 @@ class HostKvTier:
             self.cursors[req.request_id] = node
             return
         if new > pool.num_free:
-            if new > pool.num_free + cache.evictable_blocks:
+            cache.lock(node)  # the path found must stay while room is made
+            room = pool.num_free + cache.evictable_blocks >= new
+            if room:
+                cache.evict(new - pool.num_free)
+            cache.unlock(node)
+            if not room:
                 self.stats.allocation_failures += 1  # vLLM: prepare_store finds no room
                 return
-            cache.lock(node)  # the path found must stay while room is made
-            cache.evict(new - pool.num_free)
-            cache.unlock(node)
         blocks = pool.allocate(new)
         leaf, _ = cache.insert(tokens[:end], [-1] * (have // bs) + blocks,
                                start=(node, have), lora=lora)

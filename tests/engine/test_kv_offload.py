@@ -265,3 +265,16 @@ def test_the_prefix_aware_router_counts_the_host_tier_as_llm_ds_scorer_weighs_it
     router = PrefixAware([plain, tiered])
     assert plain.scheduler.cache.cached_blocks < tiered.scheduler.cache.cached_blocks
     assert router.choose(evicted, [0, 0]) == 1  # its host tier holds the prompt
+
+
+def test_a_store_never_evicts_the_prefix_it_continues():
+    core = core_with(kv_offloading_size=0.03)  # 15 host blocks
+    tier = core.scheduler.offload
+    head = [5] * 160  # 10 blocks, stored first and least recent
+    serve_in_turn(core, [head])
+    # 10 more blocks continuing it: the only evictable blocks are its own prefix, which the
+    # store needs; so nothing fits and nothing is evicted (before, the count allowed it)
+    serve_in_turn(core, [head + [6] * 160])
+    assert tier.stats.allocation_failures == 1
+    assert tier.cache.peek_prefix_len(head) == 160
+    core.scheduler.check_integrity()
