@@ -278,3 +278,35 @@ def test_a_store_never_evicts_the_prefix_it_continues():
     assert tier.stats.allocation_failures == 1
     assert tier.cache.peek_prefix_len(head) == 160
     core.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fuzz_small_tiers_keep_every_invariant(seed):
+    """Tiny device and host pools, prompts sharing prefixes of random lengths, outputs
+    stored or not, aborts at random: both tiers' invariants after every step, and both
+    idle at the end."""
+    rng = random.Random(seed)
+    core = core_with(kv_blocks=rng.choice([40, 64, 96]),
+                     kv_transfer_config=connector(
+                         offload_prompt_only=rng.random() < 0.5,
+                         cpu_bytes_to_use=rng.choice([10, 16, 25, 60]) * 2 * 1024 * 1024))
+    heads = [[rng.randrange(1000, 20000) for _ in range(rng.randrange(16, 300))]
+             for _ in range(4)]
+    t, n = 0.0, 0
+    for _ in range(80):
+        if rng.random() < 0.6:
+            prompt = rng.choice(heads)[:rng.randrange(1, 300)] + \
+                [rng.randrange(1000, 20000) for _ in range(rng.randrange(1, 60))]
+            core.add_request(request(f"f{n}", prompt, rng.randrange(1, 40), ignore_eos=True))
+            n += 1
+        result = core.step(t)
+        t = t + result.seconds if result is not None else (core.next_deadline() or t)
+        core.scheduler.check_integrity()
+        if core.scheduler.requests and rng.random() < 0.1:
+            core.scheduler.abort(rng.choice(list(core.scheduler.requests)))
+            core.scheduler.check_integrity()
+    drive(core, t)
+    sched, tier = core.scheduler, core.scheduler.offload
+    assert sched.pool.num_free + sched.cache.evictable_blocks == sched.pool.num_blocks
+    assert not tier.loads and not tier.cursors
+    assert tier.cache.evictable_blocks == tier.cache.cached_blocks
