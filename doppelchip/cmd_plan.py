@@ -46,6 +46,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--dp", default="1", metavar="N,M",
                    help="data-parallel ranks per replica (vLLM's --data-parallel-size: a MoE "
                    "model's ranks share its experts; default 1)")
+    g.add_argument("--kv-offloading-size", default="", metavar="GIB,...",
+                   help="CPU KV tiers to search, GiB (vLLM's --kv-offloading-size; 0: none; "
+                   "default none; docs/KV_OFFLOAD.md)")
     g.add_argument("--max-num-seqs", default="", metavar="N,M",
                    help="sequence caps (default: the engine's)")
     g.add_argument("--modes", default="aggregated", metavar="MODE,...",
@@ -116,6 +119,17 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
     return values
 
 
+def _gibs(text: str) -> tuple[float | None, ...]:
+    """`--kv-offloading-size` of plan: sizes in GiB, 0 for no tier (default: none)."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--kv-offloading-size: comma-separated GiB, got {text!r}") from None
+    if any(not (math.isfinite(v) and v >= 0) for v in values):
+        raise ValueError("--kv-offloading-size: every size must be a finite GiB >= 0")
+    return tuple(dict.fromkeys(v or None for v in values)) or (None,)
+
+
 def build_inputs(args: argparse.Namespace):
     from devices import catalog
     from sim.plan import PlanInputs
@@ -152,6 +166,7 @@ def build_inputs(args: argparse.Namespace):
                         quants=lists["quants"], tps=_ints(args.tp, "--tp"),
                         pps=_ints(args.pp, "--pp"), eps=_ints(args.ep, "--ep") or (None,),
                         dps=_ints(args.dp, "--dp") or (1,),
+                        offloads=_gibs(args.kv_offloading_size),
                         max_num_seqs=_ints(args.max_num_seqs, "--max-num-seqs") or (None,),
                         modes=modes, max_replicas=args.max_replicas)
     check_not_empty(space)

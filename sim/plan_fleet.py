@@ -32,6 +32,7 @@ def _table(config: Config, replicas: int, name: str, role: str | None = None) ->
               "engine": opts.engine, "count": opts.count, "tp": opts.tp, "pp": opts.pp,
               "ep": opts.ep, "max_num_seqs": opts.max_num_seqs,
               "data_parallel_size": opts.data_parallel_size if config.dp > 1 else None,
+              "kv_offloading_size": opts.kv_offloading_size,
               "max_model_len": opts.max_model_len, "replicas": replicas, "role": role}
     return ["[[deployments]]"] + [f"{k} = {_toml(v)}" for k, v in fields.items()
                                   if v is not None]
@@ -105,6 +106,7 @@ def deployment_flags(config: Config) -> list[str]:
     for flag, value in (("--count", opts.count), ("--tp", opts.tp), ("--pp", opts.pp),
                         ("--ep", opts.ep),
                         ("--data-parallel-size", ranks),
+                        ("--kv-offloading-size", opts.kv_offloading_size),
                         ("--max-num-seqs", opts.max_num_seqs),
                         ("--max-model-len", opts.max_model_len)):
         if value is not None:

@@ -9,6 +9,10 @@ with a simulation:
 - the engine runs on the chip's class and loads the quantisation's family (catalogue);
 - the deployment places (`devices.place`: weights + KV fit; TP divides the heads, ...) and its
   context holds the workload's longest request;
+- a CPU KV tier (`kv_offloading_size`, vLLM's `--kv-offloading-size`) needs the chip's host
+  link and the engine's prefix cache (the deployment's build says why not); it costs nothing
+  here: the catalogue's prices are of the instance, its host memory included. ASSUMPTION: the
+  host has the GiB asked for. The bounds ignore it, as they ignore the prefix cache;
 - data-parallel ranks (`dp` > 1, vLLM's `--data-parallel-size`) are searched where they are a
   shape of their own: a MoE model on an engine whose ranks share its experts (the catalogue's
   `dp_shares_experts`: one expert group over every rank's chips). Elsewhere ranks are copies,
@@ -48,7 +52,8 @@ from typing import Any
 
 from devices import DeploymentSpec, DeviceError, catalog, estimate, place
 from devices.place_sram import chips_needed
-from server.engine.build import EngineOptions, engine_defaults
+from server.engine.build import EngineOptions, engine_defaults, host_tier, scheduler_config
+from server.engine.kv_offload_config import OffloadConfig
 from sim.plan_slo import PlanSlo
 
 # Serving modes: how sim.plan_fleet writes a candidate's fleet file. "pd" (disaggregated
@@ -78,6 +83,7 @@ class Config:
     max_model_len: int | None = None
     mode: str = "aggregated"
     dp: int = 1  # data-parallel ranks (engine cores) of one replica
+    kv_offloading_size: float | None = None  # GiB of vLLM's CPU KV tier (docs/KV_OFFLOAD.md)
 
     @property
     def name(self) -> str:
@@ -86,8 +92,9 @@ class Config:
             (f"ep{self.ep}" if self.ep else "") + (f"dp{self.dp}" if self.dp > 1 else "") + \
             (f"x{self.count}" if self.count else "")
         seqs = f"-seqs{self.max_num_seqs}" if self.max_num_seqs else ""
+        cpu = f"-cpu{self.kv_offloading_size:g}" if self.kv_offloading_size else ""
         mode = "" if self.mode == "aggregated" else f"-{self.mode}"
-        return f"{self.engine}-{self.chip}-{self.quant}-{par}{seqs}{mode}".replace(".", "")
+        return f"{self.engine}-{self.chip}-{self.quant}-{par}{seqs}{cpu}{mode}".replace(".", "")
 
     def options(self, replicas: int = 1) -> EngineOptions:
         """The deployment as the engine builds it (what the fleet file declares)."""
@@ -96,7 +103,8 @@ class Config:
                              tp=None if self.count else self.tp,
                              pp=None if self.count else self.pp, ep=self.ep,
                              max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
-                             replicas=replicas, data_parallel_size=self.dp)
+                             replicas=replicas, data_parallel_size=self.dp,
+                             kv_offloading_size=self.kv_offloading_size)
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,7 @@ class SearchSpace:
     pps: tuple[int, ...] = (1,)
     eps: tuple[int | None, ...] = (None,)
     dps: tuple[int, ...] = (1,)
+    offloads: tuple[float | None, ...] = (None,)  # CPU KV tier sizes, GiB (None: no tier)
     max_num_seqs: tuple[int | None, ...] = (None,)
     modes: tuple[str, ...] = MODES
     max_replicas: int = 64
@@ -214,8 +223,9 @@ def _combinations(space: SearchSpace) -> Iterator[Config]:
                 for (tp, pp, ep, dp) in shapes:
                     for seqs in space.max_num_seqs:
                         for mode in space.modes:
-                            yield Config(chip_id, engine_id, quant_id, space.model, tp, pp,
-                                         ep, None, seqs, None, mode, dp)
+                            for gib in space.offloads:
+                                yield Config(chip_id, engine_id, quant_id, space.model, tp,
+                                             pp, ep, None, seqs, None, mode, dp, gib)
 
 
 def check_not_empty(space: SearchSpace) -> None:
@@ -265,6 +275,12 @@ def size(config: Config, work: WorkloadShape, slo: PlanSlo) -> Sized | str:
         placement = place(spec, ranks=ranks)
     except DeviceError as e:
         return f"does not place: {e}"
+    if config.kv_offloading_size:  # the CPU tier as the build makes it (or why it cannot)
+        try:
+            host_tier(OffloadConfig.resolve(config.kv_offloading_size, "native", None, None),
+                      placement, scheduler_config(config.options(), placement))
+        except ValueError as e:
+            return str(e)
 
     def point(prompt: int, output: int, batch: int) -> dict[str, Any]:
         return estimate(spec, prompt, output, batch, ranks=ranks)  # one rank's
