@@ -52,7 +52,8 @@ from typing import Any
 
 from devices import DeploymentSpec, DeviceError, catalog, estimate, place
 from devices.place_sram import chips_needed
-from server.engine.build import EngineOptions, engine_defaults, host_tier, scheduler_config
+from server.engine.build import EngineOptions, engine_defaults, scheduler_config
+from server.engine.kv_offload import host_tier
 from server.engine.kv_offload_config import OffloadConfig
 from sim.plan_slo import PlanSlo
 

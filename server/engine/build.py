@@ -34,7 +34,6 @@ from devices import (
     place,
 )
 from devices.hf_config import checkpoint_kv_cache_dtype
-from devices.transfer import host_link
 from server.engine.block_hash import BlockHasher
 from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
@@ -42,7 +41,7 @@ from server.engine.intake import QueueLimits
 from server.engine.kv_events import KvEventLog
 from server.engine.kv_events_config import KVEventsConfig
 from server.engine.kv_metrics import KVCacheMetricsCollector
-from server.engine.kv_offload import HostKvTier, num_host_blocks
+from server.engine.kv_offload import host_tier
 from server.engine.kv_offload_config import OffloadConfig
 from server.engine.kv_transfer import KvTransferConfig
 from server.engine.lora import LoraConfig, LoraRegistry
@@ -300,26 +299,3 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
             opts.kv_cache_metrics_sample, evictions=config.enable_prefix_caching, seed=opts.seed)
     return core
 
-
-def host_tier(config: OffloadConfig, placement: Placement, sched: SchedulerConfig) -> HostKvTier:
-    """The CPU tier of `config` for this placement: blocks of the scheduler's size holding
-    the whole deployment's KV, loaded over each chip's host link at once. ValueError when the
-    chip has no host link (unified memory: nothing to offload to) or the prefix cache is off
-    (the tier is keyed by it, as vLLM's by block hashes)."""
-    link = host_link(placement.chip)
-    if link is None:
-        raise ValueError(f"--kv-offloading-size: {placement.chip.id} has no host link (its "
-                         "memory is the host's): nothing to offload to")
-    if config.chunk_tokens not in (None, sched.block_size):
-        if config.chunk_tokens % sched.block_size:
-            raise ValueError(f"'block_size'={config.chunk_tokens} in kv_connector_extra_config "
-                             "must be a multiple of the GPU KV cache block size "
-                             f"({sched.block_size} tokens).")
-        raise ValueError("kv_connector_extra_config: a block_size of several device blocks is "
-                         "not emulated (a chunk is one device block)")
-    if not sched.enable_prefix_caching:
-        raise ValueError("--kv-offloading-size needs the prefix cache on (its blocks are "
-                         "found by their prefix, as vLLM's by block hashes)")
-    block_bytes = placement.kv_bytes_per_token * sched.block_size
-    return HostKvTier(config, num_host_blocks(config.cpu_bytes, block_bytes), sched.block_size,
-                      block_bytes, link, placement.chips)

@@ -40,7 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from devices.transfer import Link, transfer_seconds
+from devices import Placement
+from devices.transfer import Link, host_link, transfer_seconds
 
 from .block_pool import BlockPool
 from .kv_events import MEDIUM_CPU, KvEventLog, MediumLog
@@ -48,6 +49,7 @@ from .kv_offload_config import GIB, OffloadConfig
 from .prefix_cache import PrefixMatch
 from .radix_cache import RadixCache
 from .request import Request
+from .scheduler_config import SchedulerConfig
 
 PAGE = 4096  # vLLM pads a chunk to SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT (mmap.PAGESIZE)
 
@@ -237,6 +239,30 @@ class HostKvTier:
         locked = self.cache.cached_blocks - self.cache.evictable_blocks
         if not self.loads and locked:
             raise AssertionError(f"host tier: {locked} blocks locked with no load in flight")
+
+
+def host_tier(config: OffloadConfig, placement: Placement, sched: SchedulerConfig) -> HostKvTier:
+    """The CPU tier of `config` for this placement: blocks of the scheduler's size holding
+    the whole deployment's KV, loaded over each chip's host link at once. ValueError when the
+    chip has no host link (unified memory: nothing to offload to) or the prefix cache is off
+    (the tier is keyed by it, as vLLM's by block hashes)."""
+    link = host_link(placement.chip)
+    if link is None:
+        raise ValueError(f"--kv-offloading-size: {placement.chip.id} has no host link (its "
+                         "memory is the host's): nothing to offload to")
+    if config.chunk_tokens not in (None, sched.block_size):
+        if config.chunk_tokens % sched.block_size:
+            raise ValueError(f"'block_size'={config.chunk_tokens} in kv_connector_extra_config "
+                             "must be a multiple of the GPU KV cache block size "
+                             f"({sched.block_size} tokens).")
+        raise ValueError("kv_connector_extra_config: a block_size of several device blocks is "
+                         "not emulated (a chunk is one device block)")
+    if not sched.enable_prefix_caching:
+        raise ValueError("--kv-offloading-size needs the prefix cache on (its blocks are "
+                         "found by their prefix, as vLLM's by block hashes)")
+    block_bytes = placement.kv_bytes_per_token * sched.block_size
+    return HostKvTier(config, num_host_blocks(config.cpu_bytes, block_bytes), sched.block_size,
+                      block_bytes, link, placement.chips)
 
 
 def _end(node: Any, bs: int) -> int:
