@@ -290,6 +290,7 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
             log.lora_names = core.lora.names
         core.scheduler.cache.attach_events(log)
     # --- end KV events ---
+    core.scheduler.has_connector = transfer is not None  # (vLLM's connector counters)
     if offload is not None:
         core.scheduler.attach_offload(host_tier(offload, placement, config))
         if events.enabled:

@@ -38,6 +38,7 @@ class KvLoads:
     stats: SchedulerStats
     offload: HostKvTier | None
     landed: set[str]  # ids of waiting requests holding the KV a load brought
+    has_connector: bool  # a KV connector is configured (its counters count every admission)
     now: float  # the start of the step being scheduled (emulated seconds)
 
     def attach_offload(self, tier: HostKvTier) -> None:
@@ -45,6 +46,7 @@ class KvLoads:
         stored there too, and admissions look it up."""
         self.offload = tier
         self.kv.host = tier
+        self.has_connector = True
 
     @property
     def num_loading(self) -> int:
@@ -101,19 +103,17 @@ class KvLoads:
 
     def _count_admission(self, req: Request, device_hit: int, transferred: int,
                          loaded: int) -> None:
-        """vLLM's prefix-cache counters at a request's admission: the device cache's, and a
-        connector's — P/D's for a request whose KV was `transferred` (its remote prefill
-        sent it), the CPU tier's for every admission when a tier is configured (each queries
-        it: queries are the tokens past the device hit, hits the tokens `loaded`)."""
+        """vLLM's prefix-cache counters at a request's admission: the device cache's, and,
+        with a KV connector configured (`has_connector`: NIXL, the CPU tier or both) or a
+        request whose KV a remote prefill sent, the connector's: every admission queries it
+        for its tokens past the device hit (vLLM's `connector_prefix_cache_queries`); hits
+        are the tokens `transferred` over NIXL or `loaded` from the CPU tier."""
         st = self.stats
         st.prefix_cache_queries += req.num_tokens
         st.prefix_cache_hits += device_hit
-        if req.num_external_tokens:  # P/D
-            st.external_prefix_cache_queries += req.num_tokens
-            st.external_prefix_cache_hits += transferred
-        elif self.offload is not None:
+        if self.has_connector or req.num_external_tokens:
             st.external_prefix_cache_queries += req.num_tokens - device_hit
-            st.external_prefix_cache_hits += loaded
+            st.external_prefix_cache_hits += transferred + loaded
             st.host_prefix_cache_hits += loaded
         if req.num_cached_tokens < 0:  # first admission: what usage reports
             req.num_cached_tokens = device_hit + transferred + loaded

@@ -63,6 +63,7 @@ class Scheduler(KvHold, KvLoads):
         self.offload = None
         self.landed: set[str] = set()
         self.now = 0.0
+        self.has_connector = False  # a KV connector is configured (build_core sets it)
 
     # -- queries ---------------------------------------------------------------------------
     @property

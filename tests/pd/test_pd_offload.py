@@ -44,6 +44,28 @@ def test_a_multi_connector_is_its_parts():
             KvTransferConfig.parse(bad, env={})
 
 
+def test_every_admission_queries_a_configured_connector_as_vllm_counts_it():
+    """vLLM's `connector_prefix_cache_queries`: with any KV connector, each admitted request
+    queries it for its tokens past the device hit (hits: what the connector supplied)."""
+    from server.engine.build import EngineOptions, build_core
+    from server.engine.request import Request, SamplingParams
+
+    def queries(**options) -> tuple[int, int]:
+        core = build_core(EngineOptions(name="a", model=MODEL, quant="bf16", chip="h100-sxm",
+                                        engine="vllm", **options))
+        for rid in ("first", "again"):  # the second hits the device cache: 416 tokens
+            core.add_request(Request(rid, PROMPTS[0], SamplingParams(max_tokens=2)))
+            while core.has_unfinished():
+                core.step()
+        st = core.scheduler.stats
+        return st.external_prefix_cache_queries, st.external_prefix_cache_hits
+
+    nixl = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+    assert queries(kv_transfer_config=nixl) == (420 + 420 - 416, 0)
+    assert queries(kv_transfer_config=MULTI) == (420 + 420 - 416, 0)
+    assert queries() == (0, 0)  # no connector: nothing to query
+
+
 @pytest.fixture(scope="module")
 def pods():
     base = free_run(2)
