@@ -142,6 +142,9 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     warnings = [f"{o.name} is accepted but not emulated: it changes nothing here"
                 for o in VLLM_OPTIONS if o.name in args.unemulated
                 and is_given(getattr(args, o.dest)) and not understood(o.name, args)]
+    if args.async_scheduling is False:  # turns off what vLLM 0.33.0 does by default
+        warnings.append("--no-async-scheduling is accepted but not emulated: the steps here "
+                        "cost what vLLM's default asynchronous scheduling costs")
     if args.seed is not None:
         warnings.append("--seed: each deployment's sampler is seeded already (0)")
     return out, warnings
@@ -163,8 +166,12 @@ def no_graphs(args: argparse.Namespace) -> bool:
 
 
 def understood(name: str, args: argparse.Namespace) -> bool:
-    """A compile option whose whole effect is emulated: -O0/-O2/-O3 (O2 is vLLM's default, O3
-    the same as O2 in vLLM 0.33.0) and a compilation config of cudagraph_mode alone."""
+    """An option whose whole effect is emulated: -O0/-O2/-O3 (O2 is vLLM's default, O3 the
+    same as O2 in vLLM 0.33.0), a compilation config of cudagraph_mode alone, and
+    `--async-scheduling` (vLLM 0.33.0 turns it on by default: `VllmConfig`, unless an option
+    it does not support is given; the emulated steps are the default's)."""
+    if name == "--async-scheduling":
+        return args.async_scheduling is True
     if name == "--optimization-level":
         return args.optimization_level in ("0", "2", "3")
     if name == "--compilation-config":

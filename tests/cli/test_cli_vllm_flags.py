@@ -12,7 +12,7 @@ import pytest
 
 from doppelchip import exit_codes
 from doppelchip.cli import build_parser, main
-from doppelchip.cmd_vllm import translate
+from doppelchip.cmd_vllm import translate, understood
 from doppelchip.vllm_argv import vllm_argv
 from doppelchip.vllm_flags import (
     ACCEPTED,
@@ -102,6 +102,8 @@ def test_each_option_is_translated_passed_accepted_refused_or_warned():
             assert not warned and option.name in serve, option.name
         elif option.name in ACCEPTED:
             assert not warned and option.name not in serve, option.name
+        elif understood(option.name, parse(REPO, *argv)):  # its whole effect is emulated
+            assert not warned, option.name
         else:
             assert warned == [f"{option.name} is accepted but not emulated: it changes "
                               "nothing here"], (option.name, warnings)
@@ -115,7 +117,7 @@ def test_vllms_inverse_switches_mean_what_they_mean_in_vllm():
     on = translate(parse(REPO, "--enable-prefix-caching"))[0]
     assert on[on.index("--prefix-cache") + 1] == "on"
     # logging switches are silent either way; turning an unemulated one off asks nothing
-    assert translate(parse(REPO, "--disable-log-requests", "--no-async-scheduling"))[1] == []
+    assert translate(parse(REPO, "--disable-log-requests", "--disable-log-outputs"))[1] == []
     assert translate(parse(REPO, "-ep"))[0].count("--enable-expert-parallel") == 1
     assert "--enable-expert-parallel" not in translate(parse(REPO, "--disable-expert-parallel"))[0]
 
