@@ -88,7 +88,7 @@ def pipelined_prefill(placement: Placement, shape: BatchShape) -> tuple[float, f
         c = step_cost(placement, BatchShape(prefill=((size, start + n - size),)))
         seconds = c.seconds + (m - 1) * c.interval_s
         if seconds < best[0]:
-            idle_w = placement.plan.idle_w / placement.plan.ranks  # a rank's share
+            idle_w = placement.plan.rank_idle_w
             busy = c.joules - c.seconds * idle_w
             best = (seconds, m * busy + seconds * idle_w)
         m *= 2
@@ -151,7 +151,7 @@ def estimate(
                 f"capacity ({placement.kv_tokens} tokens; at most "
                 f"{placement.max_concurrency(need)} at once)"}
     plan = placement.plan
-    idle_w, usd_per_s = plan.idle_w / plan.ranks, plan.usd_per_s / plan.ranks  # a rank's
+    idle_w, usd_per_s = plan.rank_idle_w, plan.rank_usd_per_s
     prefill_s = prefill_j = 0.0
     for shape in prefill_steps(placement, prompt, batch):
         seconds, joules = pipelined_prefill(placement, shape)

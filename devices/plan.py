@@ -82,6 +82,18 @@ class Plan:
     #                 costed (vLLM's data-parallel ranks of a MoE model): the step is the
     #                 group's (ranks × the batch); FLOPs, bytes, energy and dollars the rank's
 
+    @property
+    def rank_idle_w(self) -> float:
+        """One engine core's idle power: the deployment's, or a rank's share of its group's
+        (`idle_w` is every chip's)."""
+        return self.idle_w / self.ranks
+
+    @property
+    def rank_usd_per_s(self) -> float:
+        """One engine core's price per second: the deployment's, or a rank's share of its
+        group's (`usd_per_s` is every chip's)."""
+        return self.usd_per_s / self.ranks
+
 
 def compute_rate(engine: EngineSpec, chip: ChipSpec, quant: QuantSpec, f: Factors) -> float:
     """Achievable FLOP/s: the engine's compute path and kernel path on this chip × efficiency."""

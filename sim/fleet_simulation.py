@@ -87,12 +87,12 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     except (ValueError, OSError) as e:
         raise SimulationError(str(e)) from e
     scaled = _scaled(args, deployments)  # --- autoscale (issue 16) ---
-    if scaled is not None and any(d.local_ranks > 1 for d in deployments):
+    ranked = any(d.local_ranks > 1 for d in deployments)
+    if scaled is not None and ranked:
         raise SimulationError("autoscaling a deployment of several data-parallel ranks is not "
                               "simulated (scale its replicas, each one rank)")
     # vLLM's front end balances over its data-parallel ranks (sim.routers.VllmDp)
-    router = args.router or ("vllm-dp" if any(d.local_ranks > 1 for d in deployments)
-                             else "round-robin")
+    router = args.router or ("vllm-dp" if ranked else "round-robin")
     slo = slo_from_args(args)  # issue 16: plan
     try:  # --- fleet (issue 16): pools, SLO classes, admission ---
         admission = parse_admission(getattr(args, "admission", None))

@@ -323,8 +323,7 @@ def size(config: Config, work: WorkloadShape, slo: PlanSlo) -> Sized | str:
     prefill = (full["prefill_tokens_per_s"] or 0.0) * ranks  # prompt tokens not cached: all
     prefill_lb = math.ceil(work.rate * work.prompt * LB_SLACK / prefill - 1e-9) if prefill \
         else 0
-    rank_usd_per_s = placement.plan.usd_per_s / placement.plan.ranks  # a rank's share
-    return Sized(config, usd_per_hour=rank_usd_per_s * 3600 * ranks,
+    return Sized(config, usd_per_hour=placement.plan.rank_usd_per_s * 3600 * ranks,
                  chips=placement.chips * ranks,
                  min_replicas=max(1, output_lb, prefill_lb), replica_output_tokens_per_s=cap,
                  replica_prefill_tokens_per_s=prefill or 0.0, batch=batch,

@@ -227,14 +227,15 @@ class _Runner(SessionSource, PdHops, MacroWindows):
                 core.account_idle(core.startup_s)
         busy = usage_area = 0.0
         while True:
-            blocked: list[float] = []
+            load_end = None  # the first end of a CPU-tier load a blocked core waits for
             for k, core in enumerate(cores):  # every free core with work starts a step
                 if ends[k] is None and core.has_unfinished():
                     result = self._window(core, k) if self.macro else None  # speed (issue 16)
                     result = result or core.step(self.t)
                     if result is None:  # blocked until something changes: an arrival, or
-                        if (d := core.next_deadline()) is not None:  # a CPU-tier load's end
-                            blocked.append(d)
+                        d = core.next_deadline()  # a CPU-tier load's end
+                        if d is not None and (load_end is None or d < load_end):
+                            load_end = d
                         continue
                     for s in result.output.scheduled:
                         self.first_sched.setdefault(s.request_id, self.t)
@@ -245,7 +246,9 @@ class _Runner(SessionSource, PdHops, MacroWindows):
                     busy += result.seconds
                     self.out.kv_usage_peak = max(self.out.kv_usage_peak, usage)
                     ends[k], results[k] = getattr(result, "end", self.t + result.seconds), result
-            due = [e for e in ends if e is not None] + blocked
+            due = [e for e in ends if e is not None]
+            if load_end is not None:
+                due.append(load_end)
             if arrivals:
                 due.append(arrivals[0][0])
             if self.timers:  # --- fleet (issue 16): KV transfers ending ---

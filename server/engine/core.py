@@ -297,13 +297,11 @@ class EngineCore:
     def idle_watts(self) -> float:
         """The whole deployment's idle power (what an idle or stalled step draws); one
         data-parallel rank's share of its group's (`Plan.ranks`)."""
-        plan = self.placement.plan
-        return plan.idle_w / plan.ranks
+        return self.placement.plan.rank_idle_w
 
     @property
     def dollars_per_s(self) -> float:
-        plan = self.placement.plan
-        return plan.usd_per_s / plan.ranks
+        return self.placement.plan.rank_usd_per_s
 
     def account_idle(self, seconds: float) -> None:
         """Charge `seconds` of idle time (no step running) to energy and money."""
