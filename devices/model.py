@@ -48,6 +48,11 @@ class ModelSpec:
     sliding_window: int = 0  # tokens a sliding-window (or chunked) layer attends to
     sliding_layers: int = 0  # how many layers use the window
     mtp_layers: int = 0  # multi-token-prediction layers shipped beside the model (DeepSeek)
+    # --- pooling models (embeddings): what vLLM reads from the repository beside config.json
+    lm_head: bool = True  # False: the checkpoint ships no output projection (an embedding model)
+    pooling_task: str = ""  # "embed": vLLM's runner "pooling" (Sentence Transformers modules.json)
+    pooling_type: str = ""  # how the pooler reduces the tokens: "LAST" (1_Pooling/config.json)
+    matryoshka: bool = False  # config.json's is_matryoshka / matryoshka_dimensions (vLLM's rule)
     published_params: float = 0.0
     published_active_params: float = 0.0
     source: str = field(default="", compare=False)
@@ -56,6 +61,17 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
+
+    @property
+    def is_pooling(self) -> bool:
+        """Served by vLLM's pooling runner: no token is generated; a request's answer is the
+        pooled hidden state of its prompt (an embedding), ready when its prefill ends."""
+        return bool(self.pooling_task)
+
+    @property
+    def embedding_size(self) -> int:
+        """Length of a pooled vector (vLLM's `ModelConfig.embedding_size`: the hidden size)."""
+        return self.hidden
 
     @property
     def is_mla(self) -> bool:
@@ -119,8 +135,9 @@ class ModelSpec:
 
     @property
     def head_params(self) -> int:
-        """LM head (output projection) parameters, shared with the embedding when tied."""
-        return self.vocab * self.hidden
+        """LM head (output projection) parameters, shared with the embedding when tied; none
+        for a checkpoint without one (an embedding model: its pooler reads the hidden state)."""
+        return self.vocab * self.hidden if self.lm_head else 0
 
     # -- per-layer averages (what the cost model multiplies by layers) --------------------
     @property

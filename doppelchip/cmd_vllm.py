@@ -19,11 +19,14 @@ import json
 import os
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from doppelchip.vllm_dp import HEADLESS, local_ranks
 from doppelchip.vllm_flags import BY_FLAG, PASSTHROUGH, POOLING, REFUSED, VLLM_OPTIONS
 from doppelchip.vllm_parser import add_serve_arguments, is_given
+
+if TYPE_CHECKING:
+    from devices.model import ModelSpec
 
 DTYPES = {"half": "f16", "float16": "f16", "bfloat16": "bf16"}  # vLLM ModelDType -> quant
 KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
@@ -53,17 +56,38 @@ def _refuse(args: argparse.Namespace) -> None:
     for name, reason in REFUSED.items():
         if is_given(getattr(args, BY_FLAG[name].dest)):
             raise ValueError(f"{name}: {reason}")
-    for name, pooling in POOLING.items():
-        value = getattr(args, BY_FLAG[name].dest)
-        if value in pooling:
-            raise ValueError(f"{name} {value}: doppelchip emulates generative models only; "
-                             "pooling (embeddings, classification, scores) is not emulated")
     if args.headless and args.api_server_count:
         raise ValueError(f"--api-server-count={args.api_server_count} cannot be used with "
                          "--headless (no API servers are started in headless mode).")
     if args.grpc and args.grpc_port is not None:
         raise ValueError("--grpc and --grpc-port are mutually exclusive. Use --grpc --port for "
                          "the Python gRPC server, or --grpc-port beside the HTTP --port.")
+
+
+def check_runner(args: argparse.Namespace, spec: ModelSpec) -> None:
+    """ValueError for a `--runner` / `--convert` the model cannot be served with. vLLM picks
+    the runner from the checkpoint (`auto`): an embedding model's (`ModelSpec.is_pooling`) is
+    `pooling`, its conversion `embed`; turning a generative model into a pooling one, or a
+    classifier, is not emulated."""
+    from devices import catalog
+
+    runner, convert = args.runner or "auto", args.convert or "auto"
+    if spec.is_pooling:
+        if runner in ("generate", "draft"):
+            raise ValueError(f"--runner {runner}: {spec.name} is an embedding model (its "
+                             "checkpoint has no LM head); vLLM serves it with --runner pooling")
+        if convert not in ("auto", "none", spec.pooling_task):
+            raise ValueError(f"--convert {convert}: {spec.name} is an embedding model "
+                             f"(--convert {spec.pooling_task}); {convert} is not emulated")
+    elif runner == "draft":
+        raise ValueError("--runner draft: a speculative draft model's runner is not emulated "
+                         "(--speculative-config gives a deployment its drafts)")
+    elif runner == "pooling" or convert in POOLING["--convert"]:
+        given = f"--runner {runner}" if runner == "pooling" else f"--convert {convert}"
+        pooling = ", ".join(m.id for m in catalog.list_models() if m.is_pooling)
+        raise ValueError(f"{given}: turning the generative {spec.name} into a pooling model is "
+                         f"not emulated; the catalogue's embedding models are served as "
+                         f"vLLM serves them: {pooling}")
 
 
 def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -103,6 +127,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     kv = getattr(args, "kv_cache_dtype", None)
     if kv is not None and kv not in KV_DTYPES:
         raise ValueError(f"--kv-cache-dtype {kv}: emulated are {', '.join(KV_DTYPES)}")
+    check_runner(args, catalog.get_model(model))
     start, local = local_ranks(args, catalog.get_model(model).is_moe)
     if args.enable_chunked_prefill is False:
         raise ValueError("--disable-chunked-prefill (--no-enable-chunked-prefill): doppelchip's "
@@ -126,7 +151,8 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
               "check_integrity": args.check_integrity,
               "cold": args.cold, "prefix_cache": {True: "on", False: "off"}.get(
                   args.enable_prefix_caching),
-              "data_parallel_start_rank": start or None, "data_parallel_size_local": local}
+              "data_parallel_start_rank": start or None, "data_parallel_size_local": local,
+              "hf_overrides": args.hf_overrides}
     for name, _ in PASSTHROUGH:
         dest = BY_FLAG[name].dest
         if dest not in values:
@@ -147,6 +173,11 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
                         "cost what vLLM's default asynchronous scheduling costs")
     if args.seed is not None:
         warnings.append("--seed: each deployment's sampler is seeded already (0)")
+    from server.engine import hf_overrides
+
+    if ignored := sorted(set(hf_overrides.parse(args.hf_overrides)) - set(hf_overrides.EMULATED)):
+        warnings.append(f"--hf-overrides: {', '.join(ignored)} accepted but not emulated (only "
+                        f"{' and '.join(hf_overrides.EMULATED)} change anything here)")
     return out, warnings
 
 
@@ -169,9 +200,12 @@ def understood(name: str, args: argparse.Namespace) -> bool:
     """An option whose whole effect is emulated: -O0/-O2/-O3 (O2 is vLLM's default, O3 the
     same as O2 in vLLM 0.33.0), a compilation config of cudagraph_mode alone, and
     `--async-scheduling` (vLLM 0.33.0 turns it on by default: `VllmConfig`, unless an option
-    it does not support is given; the emulated steps are the default's)."""
+    it does not support is given; the emulated steps are the default's), and `--hf-overrides`
+    (`translate` names the keys it ignores)."""
     if name == "--async-scheduling":
         return args.async_scheduling is True
+    if name == "--hf-overrides":  # its keys are checked in `translate`
+        return True
     if name == "--optimization-level":
         return args.optimization_level in ("0", "2", "3")
     if name == "--compilation-config":

@@ -134,6 +134,9 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--kv-offloading-backend", choices=("native", "lmcache"),
                    help="native (vLLM's OffloadingConnector; default) or lmcache (not "
                    "emulated: it needs an LMCache server)")
+    g.add_argument("--hf-overrides", metavar="JSON",
+                   help="vLLM's config.json overrides; emulated: is_matryoshka and "
+                   "matryoshka_dimensions of an embedding model (docs/EMBEDDINGS.md)")
     g.add_argument("--enable-sleep-mode", action="store_true",
                    help="accepted for vLLM compatibility: sleep mode is always available")
     # --- vLLM's observability flags (docs/OBSERVABILITY.md) ---

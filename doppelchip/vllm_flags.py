@@ -174,7 +174,7 @@ ACCEPTED: tuple[str, ...] = (
 )
 
 # refused before anything starts (exit status 2), with the reason; `--runner` and `--convert`
-# are refused for their pooling values only (cmd_vllm.translate)
+# are checked against the model (cmd_vllm.check_runner: an embedding model is served as one)
 REFUSED: dict[str, str] = {
     "--uds": "doppelchip listens on TCP only (use --host and --port)",
 }

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from server.engine import hf_overrides
 from server.engine.block_hash import hash_function
 from server.engine.build import EngineOptions
 from server.engine.faults import check_options as check_fault_options
@@ -257,6 +258,7 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     opts = _build(EngineOptions, table, where)
     try:  # --- LoRA (issue 13): the LoRA options checked as vLLM checks them ---
         opts.lora_config()
+        hf_overrides.parse(opts.hf_overrides)
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from None
     if problem := opts.rank_problem():

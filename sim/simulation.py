@@ -87,6 +87,10 @@ def simulate_streamed(
         usd_per_mtok=stats.dollars * per_mtok,
         emulated_s=run.duration_s,
     )
+    if core.placement.model.is_pooling and stream.prompt:  # embeddings: priced per input
+        per_input = 1e6 / stream.prompt
+        summary["pooling"] = {"joules_per_m_input_tok": stats.joules * per_input,
+                              "usd_per_m_input_tok": stats.dollars * per_input}
     if stream.slo is not None:
         summary["slo"] = stream.slo
         summary["goodput"] = stream.goodput()
@@ -155,6 +159,7 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "kv_transfer_config": getattr(args, "kv_transfer_config", None),
         "kv_offloading_size": getattr(args, "kv_offloading_size", None),
         "kv_offloading_backend": getattr(args, "kv_offloading_backend", None),
+        "hf_overrides": getattr(args, "hf_overrides", None),
         "enable_sleep_mode": getattr(args, "enable_sleep_mode", None) or None,
         # --- vLLM's --kv-cache-metrics (docs/OBSERVABILITY.md) ---
         "kv_cache_metrics": getattr(args, "kv_cache_metrics", None),

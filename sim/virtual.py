@@ -161,8 +161,9 @@ class _Runner(SessionSource, PdHops, MacroWindows):
         error, constraint = None, None
         if prefill is not None and (e := self._pd_check(prefill, prompt)):
             error = e
-        elif len(prompt) + turn.max_tokens > sched.config.max_model_len:
-            error = "INVALID_ARGUMENT"
+        elif len(prompt) + (0 if (pooling := core.placement.model.is_pooling)
+                            else turn.max_tokens) > sched.config.max_model_len:
+            error = "INVALID_ARGUMENT"  # (a pooling model's request generates nothing)
         elif max_waiting is not None and queue_is_full(sched.num_waiting, sched.free_seats,
                                                        max_waiting):
             error = "RESOURCE_EXHAUSTED"
@@ -183,6 +184,7 @@ class _Runner(SessionSource, PdHops, MacroWindows):
         params = SamplingParams(max_tokens=turn.max_tokens, ignore_eos=s.ignore_eos, seed=s.seed)
         req = Request(rid, list(prompt), params, arrival_time=at)
         req.constraint = constraint
+        req.pooling = pooling  # an embedding model: it ends with its prefill (docs/EMBEDDINGS)
         self.outstanding[k] += 1
         if prefill is not None:  # --- fleet (issue 16): prefilled elsewhere first ---
             self._start_prefill(prefill, k, req, si, ti, at)
@@ -198,6 +200,8 @@ class _Runner(SessionSource, PdHops, MacroWindows):
             return
         r, si, ti, at, k = self.live.pop(req.request_id)
         self.outstanding[k] -= 1
+        if r.pooling:  # its vector is its one output, as vLLM's metrics record it (TTFT)
+            self.times[r.request_id] = [self.t]
         if hop is not None:
             del self.pd[req.request_id]
             self._record(r, si, ti, at, k, prefill_replica=hop.prefill,

@@ -34,6 +34,7 @@ from devices import (
     place,
 )
 from devices.hf_config import checkpoint_kv_cache_dtype
+from server.engine import hf_overrides
 from server.engine.block_hash import BlockHasher
 from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
@@ -139,6 +140,8 @@ class EngineOptions:
     kv_offloading_size: float | None = None  # GiB of host memory for the CPU tier (all chips)
     kv_offloading_backend: str = "native"  # native | lmcache (not emulated)
     enable_sleep_mode: bool = False  # vLLM's flag, accepted; sleep mode is always available
+    # vLLM's --hf-overrides JSON: emulated for Matryoshka embeddings (server/engine/hf_overrides)
+    hf_overrides: str | None = None
 
     def lora_config(self) -> LoraConfig:
         """The LoRA options, checked (LoraError, a ValueError, when one is wrong)."""
@@ -255,6 +258,7 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     """Place the deployment and assemble its core. Raises devices.DeviceError (with the
     reason) when it cannot be placed, ValueError when an option is out of range."""
     lora = opts.lora_config()  # checked before placing: a bad flag is a clear error
+    hf_overrides.parse(opts.hf_overrides)
     placement = place(opts.spec(), ranks=opts.data_parallel_size)  # one rank's view
     transfer = KvTransferConfig.parse(opts.kv_transfer_config)  # refuse a bad config
     offload = OffloadConfig.resolve(opts.kv_offloading_size, opts.kv_offloading_backend,

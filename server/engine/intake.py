@@ -47,6 +47,11 @@ class Limits(msgspec.Struct, frozen=True):
     max_stop_bytes: int = 1024
     priority_scheduling: bool = False  # policy "priority": requests may carry a priority
     max_logprobs: int = 20  # vLLM's --max-logprobs: alternatives a request may ask (-1: all)
+    # --- a pooling model (devices.ModelSpec.is_pooling): its task, vector length, Matryoshka
+    pooling_task: str = ""  # "" : a generative model
+    embedding_size: int = 0
+    matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] = ()  # the only ones allowed (): any
 
 
 def check_prompt_bytes(text: str, limits: Limits) -> None:
@@ -87,16 +92,39 @@ def prompt_ids(request: EngineRequest, vocab_size: int,
     return ids
 
 
+def check_task(request: EngineRequest, limits: Limits) -> None:
+    """InvalidRequest when the request asks what the model does not do: a generation of a
+    pooling model, pooling of a generative one (vLLM's input processor, its words)."""
+    if request.pooling is None and limits.pooling_task:
+        raise InvalidRequest("This model does not support generation")
+    if request.pooling is not None and request.pooling.task != limits.pooling_task:
+        raise InvalidRequest("This model does not support pooling" if not limits.pooling_task
+                             else f"This model does not support the {request.pooling.task!r} "
+                             f"pooling task")
+
+
 def check_request(request: EngineRequest, limits: Limits,
                   encode: Callable[[str], list[int]]) -> tuple[list[int], int]:
-    """The prompt's token ids and the resolved max_tokens, or InvalidRequest saying why not."""
+    """The prompt's token ids and the resolved max_tokens, or InvalidRequest saying why not.
+    A pooling request's prompt may fill the context (it generates nothing; its max_tokens,
+    never reached, is 1)."""
     sp = request.sampling
     sp.validate()
+    check_task(request, limits)
     if request.priority and not limits.priority_scheduling:  # as vLLM's input processor
         raise InvalidRequest(f"Got priority {request.priority} but Priority scheduling is not "
                              f"enabled (deployment {limits.name!r}: policy = \"priority\")")
     ids = prompt_ids(request, limits.vocab_size, encode)
     n, limit, name = len(ids), limits.max_model_len, limits.name
+    if request.pooling is not None:
+        if n > limit:
+            raise InvalidRequest(f"prompt is {n} tokens; deployment {name!r} has a context of "
+                                 f"{limit} tokens")
+        if -(-n // limits.block_size) > limits.num_blocks:
+            raise InvalidRequest(f"request needs {-(-n // limits.block_size)} KV blocks of "
+                                 f"{limits.block_size} tokens; deployment {name!r} holds "
+                                 f"{limits.num_blocks}")
+        return ids, 1
     if n >= limit:
         raise InvalidRequest(
             f"prompt is {n} tokens; deployment {name!r} has a context of {limit} tokens"
@@ -199,6 +227,7 @@ def admit(request: EngineRequest, ids: list[int], max_tokens: int, arrival: floa
                                        limits.max_grammar_depth)
     req = Request(request.request_id, ids, request.sampling.resolved(max_tokens),
                   arrival_time=arrival, priority=request.priority)
+    req.pooling = request.pooling is not None
     req.constraint = constraint
     if request.lora_name:  # --- LoRA (issue 13) ---
         req.lora_id = lora_id(request.lora_name, lora, limits.name)

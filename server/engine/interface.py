@@ -169,6 +169,21 @@ class Constraint(msgspec.Struct, frozen=True):
         return json.dumps(list(self.choices)) if self.kind == "choice" else self.text
 
 
+PoolingTask = Literal["embed"]
+
+
+class PoolingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """What a pooling request asks (vLLM's `PoolingParams`): a request that carries these
+    instead of being sampled is answered with its prompt's pooled vector when its prefill ends,
+    and generates no token. `dimensions` keeps the first entries of the vector (Matryoshka);
+    `use_activation` normalises it (vLLM's default for `embed`). The engine reads only that the
+    request pools; the front end, which has the prompt, builds the vector."""
+
+    task: PoolingTask = "embed"
+    dimensions: int | None = None
+    use_activation: bool = True
+
+
 class EngineRequest(msgspec.Struct, frozen=True):
     """One generation request, as a front end hands it to a deployment.
 
@@ -194,6 +209,9 @@ class EngineRequest(msgspec.Struct, frozen=True):
     # vLLM's return_weight_versions (always on /inference/v1/generate): the finish carries which
     # weight version sampled which output tokens
     return_weight_versions: bool = False
+    # vLLM's pooling_params: set on a pooling model's requests (embeddings, scores), which end
+    # with their prefill; None for generation
+    pooling: PoolingParams | None = None
 
 
 class Usage(msgspec.Struct, frozen=True):

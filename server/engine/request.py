@@ -87,6 +87,7 @@ class Request:
         "num_jump_forward_tokens",
         "num_preemptions",
         "num_prompt_tokens",
+        "pooling",
         "priority",
         "request_id",
         "sampling_params",
@@ -131,6 +132,9 @@ class Request:
         # --- P/D (issue 13): vLLM's NIXL connector, emulated (server/engine_proc/kv_connector)
         self.num_external_tokens = 0  # decode side: prompt tokens whose KV was transferred in
         self.hold_kv = False  # prefill side: keep the KV for the decode side when length-capped
+        # a pooling model's request (embeddings): it ends, stopped, in the step that completes
+        # its prefill, and samples nothing (vLLM's pooling_params)
+        self.pooling = False
         # Mock-model state: a rolling hash of token_ids[:_hash_len] (see mock_model.py).
         self._hash_len = 0
         self._hash_value = 0
@@ -185,7 +189,10 @@ class Request:
         return None
 
     def max_len(self, max_model_len: int) -> int:
-        """The most tokens this request can ever hold (what a contiguous layout reserves)."""
+        """The most tokens this request can ever hold (what a contiguous layout reserves; a
+        pooling request's prompt, which may fill the context)."""
+        if self.pooling:
+            return self.num_prompt_tokens
         return min(self.num_prompt_tokens + self.sampling_params.max_tokens, max_model_len)
 
     def __repr__(self) -> str:

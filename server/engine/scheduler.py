@@ -89,7 +89,7 @@ class Scheduler(KvHold, KvLoads):
         cfg = self.config
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
-        if req.num_prompt_tokens >= cfg.max_model_len:
+        if req.num_prompt_tokens > cfg.max_model_len - (not req.pooling):  # (pooling: may fill)
             raise ValueError(
                 f"prompt has {req.num_prompt_tokens} tokens; max_model_len is {cfg.max_model_len}"
             )
@@ -301,6 +301,8 @@ class Scheduler(KvHold, KvLoads):
                             break
                     if num_drafts:  # accepted drafts had their KV computed by verify
                         req.num_computed_tokens += appended - 1
+            elif req.pooling and req.num_computed_tokens == req.num_prompt_tokens:
+                reason = FinishReason.STOP  # its prefill is done: the pooled vector is ready
             if reason is None:
                 continue
             if req.hold_kv and reason is FinishReason.LENGTH:

@@ -105,11 +105,12 @@ def draft_tokens(config: SchedulerConfig, req: Request, num_new: int, budget: in
 
 
 def scheduled_entry(req: Request, num_new: int, drafts: int = 0) -> ScheduledRequest:
-    """The request's entry in this step's output: `num_new` tokens from its computed ones."""
+    """The request's entry in this step's output: `num_new` tokens from its computed ones (a
+    pooling request's last chunk samples nothing: its pooled vector is its answer)."""
     start, n = req.num_computed_tokens, len(req.token_ids)
     decode = num_new == 1 and start == n - 1 and start >= req.num_prompt_tokens
     return _new(ScheduledRequest, (req.request_id, num_new, start, not decode,
-                                   start + num_new == n, drafts))
+                                   start + num_new == n and not req.pooling, drafts))
 
 @dataclass(frozen=True, slots=True)
 class SchedulerOutput:

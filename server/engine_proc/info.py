@@ -5,9 +5,11 @@ is built and sent to the supervisor and the front ends: what they need for admis
 from __future__ import annotations
 
 from devices import Placement, catalog
+from devices.errors import UnknownId
 from server.engine.build import EngineOptions
 from server.engine.core import EngineCore
 from server.engine.faults import has_faults
+from server.engine.hf_overrides import matryoshka
 from server.engine.intake import Limits
 from server.engine.interface import Capacity
 from server.engine.tokenizer import Tokenizer
@@ -47,15 +49,25 @@ def peak_flops(p: Placement) -> float:
 
 def limits_of(opts: EngineOptions, vocab_size: int, capacity: Capacity,
               policy: str = "fcfs") -> Limits:
-    """The deployment's admission limits (Limits), from its options, its KV pool and its
-    scheduler's queue policy."""
+    """The deployment's admission limits (Limits), from its options, its KV pool, its
+    scheduler's queue policy and its model (a pooling model's task and vector)."""
+    try:
+        model = catalog.get_model(opts.model)
+    except UnknownId:  # (a deployment that failed for it)
+        model = None
+    pooling = {}
+    if model is not None and model.is_pooling:
+        mrl, dims = matryoshka(opts.hf_overrides, model.matryoshka)
+        pooling = {"pooling_task": model.pooling_task, "embedding_size": model.embedding_size,
+                   "matryoshka": mrl, "matryoshka_dimensions": dims}
     return Limits(name=opts.name, vocab_size=vocab_size, max_model_len=capacity.max_model_len,
                   num_blocks=capacity.kv_blocks_total, block_size=capacity.block_size,
                   max_waiting=opts.max_waiting, max_grammar_bytes=opts.max_grammar_bytes,
                   max_grammar_depth=opts.max_grammar_depth,
                   max_prompt_bytes=opts.max_prompt_bytes,
                   max_stop_strings=opts.max_stop_strings, max_stop_bytes=opts.max_stop_bytes,
-                  priority_scheduling=policy == "priority", max_logprobs=opts.max_logprobs)
+                  priority_scheduling=policy == "priority", max_logprobs=opts.max_logprobs,
+                  **pooling)
 
 
 def placed_info(opts: EngineOptions, rank: int, core: EngineCore,

@@ -144,6 +144,13 @@ class Receiver:
         for f in msg.finished:
             if (st := streams.get(f.seq)) is not None:
                 reason = _REASONS[f.reason]
+                if st.request.pooling is not None and st.first_token is None \
+                        and reason is FinishReason.STOP:  # the pooled vector: its one output
+                    st.first_token = st.last_token = t
+                    ttfts.append(t - st.arrival)
+                    prompt += len(st.out.prompt_ids)
+                    cached += st.cached
+                    external += st.external
                 client.finished(st, reason)
                 st.finish(reason, f.stop_token_id, f.kv_transfer_params)
         client.blocks[msg.rank].step(generation, prompt, cached, ttfts, itl, itl_n, external)

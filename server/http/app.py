@@ -32,16 +32,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.auth import ApiKeys
 from server.http.chat_batch import add_chat_batch_routes
+from server.http.embeddings import add_embedding_routes
 from server.http.errors import HttpError, error_response, validation_error
 from server.http.kv_events import add_kv_event_routes
 from server.http.messages_routes import add_messages_routes
 from server.http.metrics import instrument
+from server.http.pooling import all_pooling, any_pooling
 from server.http.profile import add_profile_routes
 from server.http.responses_routes import add_responses_routes
 from server.http.rl import add_rl_routes, dev_mode
 from server.http.routes import add_routes
 from server.http.sagemaker import add_sagemaker_routes
 from server.http.scale_out import add_scale_out_routes
+from server.http.scores import add_score_routes
 from server.http.sleep import add_sleep_routes
 from server.http.state import HttpState
 from server.http.tokenizer_info import add_tokenizer_info_route
@@ -52,6 +55,10 @@ log = logging.getLogger("doppelchip.http")
 # vLLM's PUBLIC_ENDPOINTS that exist here: open whatever the keys; `/v1` is always guarded.
 PUBLIC_PATHS = ("/health", "/ping", "/version", "/metrics", "/load")
 GUARDED_FLOOR = ("/v1",)
+# the routes vLLM mounts only for a generating model (`register_generate_api_routers`, the
+# Messages and Responses APIs, scale-out's generate and render routes)
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses",
+                    "/v1/messages", "/inference/v1/")
 
 
 def _public(path: str) -> bool:
@@ -140,6 +147,12 @@ def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
         add_profile_routes(app, state)
     if state is None or state.tokenizer_info:  # vLLM's, with --enable-tokenizer-info-endpoint
         add_tokenizer_info_route(app, state)
+    if any_pooling(state):  # a pooling model's routes (vLLM's register_pooling_api_routers)
+        add_embedding_routes(app, state)
+        add_score_routes(app, state)
+    if all_pooling(state):  # vLLM mounts the generation routes for the generate task only
+        app.router.routes[:] = [r for r in app.router.routes
+                                if not getattr(r, "path", "").startswith(GENERATION_PATHS)]
     if keys:  # inside the metrics middleware: refused requests are counted (status 4xx)
         app.add_middleware(ApiKeyMiddleware, keys=keys, routes=lambda: app.router.routes)
     instrument(app)

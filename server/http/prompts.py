@@ -22,7 +22,7 @@ from server.http.errors import bad_request
 from server.http.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 
-def _check(texts: list[str], limits: Limits) -> None:
+def check_texts(texts: list[str], limits: Limits) -> None:
     try:
         for text in texts:
             check_prompt_bytes(text, limits)
@@ -32,7 +32,7 @@ def _check(texts: list[str], limits: Limits) -> None:
 
 async def text_prompt(text: str, tok: Tokenizer, limits: Limits) -> list[int]:
     """One text's token ids (no special tokens)."""
-    _check([text], limits)
+    check_texts([text], limits)
     if len(text) <= INLINE_TOKENIZE_CHARS:
         return tok.encode(text)
     return await asyncio.to_thread(tok.encode_unlocked, text)
@@ -46,7 +46,7 @@ async def completion_prompts(req: CompletionRequest, tok: Tokenizer,
     lengths.check_requested(budget, "max_tokens", req.truncate_prompt_tokens,
                             limits.max_model_len)
     texts = completions.prompt_texts(req)
-    _check(texts, limits)
+    check_texts(texts, limits)
     if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
         ids = _empty_texts_bos(req, tok, completions.prompt_ids(req, tok))
     else:
@@ -97,7 +97,7 @@ async def chat_prompt(messages: list[ChatMessage], tok: Tokenizer, limits: Limit
                       add_generation_prompt: bool, continue_final_message: bool = False
                       ) -> list[int]:
     text = chat.message_text(messages)
-    _check([text], limits)
+    check_texts([text], limits)
     render = functools.partial(chat.render, messages, tok, add_generation_prompt,
                                continue_final_message)
     if len(text) <= INLINE_TOKENIZE_CHARS:

@@ -2,7 +2,8 @@
 `POST /invocations` takes any generation body and answers it as the route whose request it is —
 a chat request first, then a completions request (vLLM's `INVOCATION_TYPES` order for a
 generating model) — so a SageMaker-style container test (`/ping` + `/invocations`) runs against
-a doppelchip pod as against a vLLM pod.
+a doppelchip pod as against a vLLM pod. A pod of embedding models answers an embeddings, rerank,
+score or pooling body instead, in that order (vLLM's for the embed task; docs/EMBEDDINGS.md).
 
 As vLLM: the body must be `application/json` (the same 400 as every route's); bad JSON is a 400
 "JSON decode error: …"; a body that validates as neither is a 400 "Cannot find suitable handler
@@ -17,20 +18,47 @@ fall-through, since vLLM's `VLLMValidationError` is no pydantic error; the
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable
+from typing import Any
 
 from fastapi import FastAPI
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from server.http.body import UNSUPPORTED_MEDIA, media_type_ok, unicode_checked
+from server.http.embeddings import embeddings
 from server.http.errors import HttpError, bad_request, validation_error
+from server.http.pooling import all_pooling
+from server.http.pooling_protocol import (
+    EmbeddingRequest,
+    PoolingRequest,
+    RerankRequest,
+    ScoreRequest,
+)
 from server.http.protocol import ChatCompletionRequest, CompletionRequest
 from server.http.routes import chat_completion, completion, counted
+from server.http.scores import rerank, score
 from server.http.state import HttpState
 
 ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
-_HANDLERS = ((ChatCompletionRequest, chat_completion), (CompletionRequest, completion))
+_HANDLERS = (("ChatCompletionRequest", ChatCompletionRequest, chat_completion),
+             ("CompletionRequest", CompletionRequest, completion))
+
+
+def _embed(state: HttpState, request: Request, body: Any) -> Awaitable[Response]:
+    return embeddings(state, request, body, None, "embd", "Embeddings API", "embedding",
+                      "embedding")
+
+
+def _pool(state: HttpState, request: Request, body: Any) -> Awaitable[Response]:
+    return embeddings(state, request, body, body.task, "pool", "Pooling API", "pooling", "data")
+
+
+# an embedding model's (vLLM's get_pooling_invocation_types order for the embed task)
+_POOLING = (("EmbeddingRequest", EmbeddingRequest, _embed),
+            ("RerankRequest", RerankRequest, rerank), ("ScoreRequest", ScoreRequest, score),
+            ("PoolingRequest", PoolingRequest, _pool))
 
 
 def add_sagemaker_routes(app: FastAPI, state: HttpState) -> None:
@@ -49,11 +77,13 @@ def add_sagemaker_routes(app: FastAPI, state: HttpState) -> None:
         adapter = request.headers.get(ADAPTER_HEADER)
         if adapter and isinstance(body, dict):
             body = {**body, "model": adapter}
-        for model, handler in _HANDLERS:
+        handlers = _POOLING if all_pooling(state) else _HANDLERS
+        for _, model, handler in handlers:
             try:
-                req = model.model_validate(body)
+                req = (model.validate_python(body) if isinstance(model, TypeAdapter)
+                       else model.model_validate(body))
             except ValidationError:
                 continue
             return await counted(state.load(), handler(state, request, req))
-        names = [m.__name__ for m, _ in _HANDLERS]
+        names = [name for name, _, _ in handlers]
         raise bad_request(f"Cannot find suitable handler for request. Expected one of: {names}")

@@ -42,7 +42,8 @@ PASS_VALUES = {"--kv-cache-dtype": "fp8", "--speculative-config": '{"method": "n
                "--lora-modules": "a=b", "--prefix-caching-hash-algo": "xxhash",
                "--max-lora-rank": "16", "--kv-transfer-config": '{"kv_role": "kv_both"}',
                "--profiler-config": '{"profiler": "torch", "torch_profiler_dir": "/tmp"}',
-               "--kv-cache-metrics-sample": "0.5", "--custom-histogram-buckets": "{}"}
+               "--kv-cache-metrics-sample": "0.5", "--custom-histogram-buckets": "{}",
+               "--hf-overrides": '{"is_matryoshka": true}'}
 
 
 PARSER = build_parser("vllm")
@@ -145,8 +146,10 @@ def test_running_without_graphs_is_enforce_eager(argv, eager, warned):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--runner", "pooling"], "--runner pooling: doppelchip emulates generative models only"),
-    (["--convert", "embed"], "--convert embed: doppelchip emulates generative models only"),
+    (["--runner", "pooling"], "--runner pooling: turning the generative"),
+    (["--convert", "embed"], "--convert embed: turning the generative"),
+    (["--convert", "classify"], "--convert classify: turning the generative"),
+    (["--runner", "draft"], "--runner draft: a speculative draft model's runner"),
     (["--headless", "--api-server-count", "2"], "cannot be used with --headless"),
     (["--grpc", "--grpc-port", "50052"], "mutually exclusive"),
     (["--disable-chunked-prefill"], "not emulated"),
@@ -161,6 +164,35 @@ def test_what_vllm_would_serve_differently_is_refused(argv, says):
 def test_runner_generate_and_convert_none_serve_as_usual():
     serve, warnings = translate(parse(REPO, "--runner", "generate", "--convert", "none"))
     assert warnings == [] and "--model" in serve
+
+
+@pytest.mark.parametrize("argv", [(), ("--runner", "pooling"), ("--convert", "embed"),
+                                  ("--runner", "pooling", "--convert", "embed")])
+def test_an_embedding_checkpoint_is_served_as_vllm_serves_it(argv):
+    serve, warnings = translate(parse("Qwen/Qwen3-Embedding-8B", *argv))
+    assert warnings == []
+    assert serve[serve.index("--model") + 1] == "qwen3-embedding-8b"
+
+
+def test_hf_overrides_pass_through_and_name_the_keys_they_ignore():
+    serve, warnings = translate(parse("Qwen/Qwen3-Embedding-8B", "--hf-overrides",
+                                      '{"is_matryoshka": true, "rope_theta": 5}'))
+    assert serve[serve.index("--hf-overrides") + 1] == '{"is_matryoshka": true, "rope_theta": 5}'
+    assert warnings == ["--hf-overrides: rope_theta accepted but not emulated (only "
+                        "is_matryoshka and matryoshka_dimensions change anything here)"]
+    for bad in ("[1]", "{", '{"matryoshka_dimensions": [0]}', '{"is_matryoshka": 1}'):
+        with pytest.raises(ValueError, match="--hf-overrides"):
+            translate(parse(REPO, "--hf-overrides", bad))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("--runner", "generate"), "--runner generate: Qwen3-Embedding-8B is an embedding model"),
+    (("--convert", "classify"), "--convert classify: Qwen3-Embedding-8B is an embedding model"),
+])
+def test_an_embedding_checkpoint_cannot_generate(argv, says):
+    with pytest.raises(ValueError) as refused:
+        translate(parse("Qwen/Qwen3-Embedding-8B", *argv))
+    assert says in str(refused.value)
 
 
 @pytest.mark.parametrize("flag", ["--swap-space", "--num-scheduler-steps", "--task",

@@ -32,6 +32,8 @@ from server.auth import OPEN_GRPC_SERVICES
 from server.engine.tokenizer import get_tokenizer
 from server.http.app import PUBLIC_PATHS, build_app
 
+EMBED = {"name": "embed", "model": "qwen3-embedding-0.6b", "quant": "bf16", "chip": "h100-sxm",
+         "engine": "vllm", "max_model_len": 256}
 KEYS = ("key-one", "key-two")
 DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}  # vLLM's development routes (/pause, ...) too
 TOK = get_tokenizer()
@@ -50,6 +52,7 @@ def server(tmp_path_factory):
     for d in doc["deployments"]:  # LoRA's routes answer 200 on a deployment serving adapters
         if d["name"] == "slow":
             d.update(enable_lora=True, max_loras=2)
+    doc["deployments"].append(EMBED)  # an embedding model: the pooling routes are mounted
     with ServerProcess(doc, "--api-key", *KEYS, "--enable-scale-out",
                        "--enable-tokenizer-info-endpoint", env=DEV_MODE) as s:
         wait_ready(s.target, api_key=KEYS[0])
@@ -103,7 +106,7 @@ async def _inference(channel, md) -> dict[str, object]:
     req = pb.GenerateRequest(text="hello", deployment="fast",
                              sampling=pb.SamplingParams(max_tokens=4, ignore_eos=True))
     chunks = [c async for c in s.Generate(req, metadata=md, timeout=10)]
-    return {"ListDeployments": {d.name for d in listing.deployments} == {"fast", "slow"},
+    return {"ListDeployments": {d.name for d in listing.deployments} == {"fast", "slow", "embed"},
             "GetDeployment": one.name == "fast",
             "Generate": chunks[-1].final.usage.completion_tokens == 4}
 
@@ -230,6 +233,13 @@ BODIES = {("GET", "/v1/models"): None,
           ("POST", "/inference/v1/generate"): {"token_ids": [1, 2],
                                                "sampling_params": {"max_tokens": 2}},
           ("POST", "/inference/v1/abort_requests"): {"request_ids": ["nobody"]},
+          # an embedding model's routes (docs/EMBEDDINGS.md)
+          **{("POST", p): {"model": EMBED["model"], "input": "hi"}
+             for p in ("/v1/embeddings", "/pooling")},
+          **{("POST", p): {"model": EMBED["model"], "queries": "a", "documents": ["b"]}
+             for p in ("/score", "/v1/score")},
+          **{("POST", p): {"model": EMBED["model"], "query": "a", "documents": ["b"]}
+             for p in ("/rerank", "/v1/rerank", "/v2/rerank")},
           ("POST", "/v1/load_lora_adapter"):
               lambda key: {"lora_name": f"load-{key}", "lora_path": "/a", "deployment": "slow"},
           ("POST", "/v1/unload_lora_adapter"):

@@ -1,0 +1,114 @@
+"""`/v1/embeddings` and `/pooling`: a pooling model's vectors, in vLLM 0.33.0's shapes
+(`vllm/entrypoints/pooling/embed/serving.py`, `pooling/serving.py`, `utils.py`).
+
+`encoding_format`: `float` (a list of numbers), `base64` (the vector's bytes in `embed_dtype`
+and `endianness`), `bytes` (the vectors' bytes back to back, `application/octet-stream`, with
+the ids, shapes and offsets as JSON in a `metadata` header) or `bytes_only` (no header).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from server.http import pooling, prompts
+from server.http.errors import HttpError, error_response, vllm_invalid
+from server.http.generate import encode
+from server.http.pooled import binary, encode_base64
+from server.http.pooling_protocol import (
+    EmbedChat,
+    EmbeddingRequest,
+    EmbedFields,
+    PoolingRequest,
+)
+from server.http.routes import counted, parse
+from server.http.state import HttpState
+
+SUPPORTED_TASKS = ("embed", "token_embed")  # vLLM's for an embedding model's runner
+
+
+async def _inputs(state: HttpState, client, body: EmbedFields) -> list[list[int]]:
+    """The body's prompts as token ids: a chat rendered by the template, or the `input`s."""
+    if isinstance(body, EmbedChat):
+        ids = await prompts.chat_prompt(body.messages, state.tokenizer, client.limits,
+                                        body.add_generation_prompt, body.continue_final_message)
+        ids = [state.tokenizer.bos_token_id, *ids] if body.add_special_tokens else ids
+        given: list[Any] = [ids]
+        add = False
+    else:
+        x = body.input  # type: ignore[attr-defined]
+        given = [x] if isinstance(x, str) or (x and isinstance(x[0], int)) else list(x)
+        add = body.add_special_tokens  # type: ignore[attr-defined]
+    return await pooling.prompt_ids(given, client, state, add, body.truncate_prompt_tokens,
+                                    body.truncation_side)
+
+
+def _answer(body: EmbedFields, response_id: str, name: str, ids: list[list[int]],
+            vectors: list[np.ndarray], obj: str, key: str) -> Response:
+    fmt, dtype, order = body.encoding_format, body.embed_dtype, body.endianness
+    created = int(time.time())
+    if fmt in ("bytes", "bytes_only"):
+        chunks = [binary(v, dtype, order) for v in vectors]
+        items, start = [], 0
+        for i, (v, chunk) in enumerate(zip(vectors, chunks, strict=True)):
+            items.append({"index": i, "embed_dtype": dtype, "endianness": order,
+                          "start": start, "end": start + len(chunk), "shape": list(v.shape)})
+            start += len(chunk)
+        headers = None if fmt == "bytes_only" else {"metadata": json.dumps({
+            "id": response_id, "created": created, "model": name, "data": items,
+            "usage": {k: pooling.usage(ids)[k] for k in ("prompt_tokens", "total_tokens")}})}
+        return Response(b"".join(chunks), media_type="application/octet-stream",
+                        headers=headers)
+    data = [{"index": i, "object": obj,
+             key: v.tolist() if fmt == "float" else encode_base64(v, dtype, order)}
+            for i, v in enumerate(vectors)]
+    return Response(encode({"id": response_id, "object": "list", "created": created,
+                            "model": name, "data": data, "usage": pooling.usage(ids)}),
+                    media_type="application/json")
+
+
+async def embeddings(state: HttpState, request: Request, body: EmbedFields, task: str | None,
+                     prefix: str, api: str, obj: str, key: str) -> Response:
+    rid, response_id = pooling.request_id(request, body.request_id, prefix)
+    try:
+        client, name = pooling.pooling_client(state, body.model, api)
+        if key == "data":  # /pooling: vLLM's _verify_pooling_task
+            if body.dimensions is not None:
+                raise vllm_invalid("dimensions is currently not supported", "dimensions")
+            task = task or client.limits.pooling_task
+            if task != client.limits.pooling_task:
+                raise vllm_invalid(
+                    f"Try switching the model's pooling_task via --pooler-config.task {task}."
+                    if task in SUPPORTED_TASKS else
+                    f"Unsupported task: {task!r} Supported tasks: {SUPPORTED_TASKS}", "task")
+        params = pooling.check_params(client, name, task or client.limits.pooling_task,
+                                      body.dimensions, body.use_activation)
+        ids = await _inputs(state, client, body)
+        vectors = await pooling.pool(request, client, rid, response_id, ids, params,
+                                     body.priority, state.tokenizer.special_token_ids)
+    except HttpError as e:
+        return error_response(e, rid)
+    return _answer(body, response_id, name, ids, vectors, obj, key)
+
+
+def add_embedding_routes(app: FastAPI, state: HttpState | None) -> None:
+    """vLLM mounts these for an embedding model (`register_pooling_api_routers`)."""
+
+    @app.post("/v1/embeddings")
+    async def create_embedding(request: Request) -> Response:
+        body = await parse(request, EmbeddingRequest)
+        return await counted(state.load(), embeddings(  # type: ignore[union-attr]
+            state, request, body, None, "embd", "Embeddings API", "embedding", "embedding"))
+
+    @app.post("/pooling")
+    async def create_pooling(request: Request) -> Response:
+        body = await parse(request, PoolingRequest)
+        task = body.task  # type: ignore[union-attr]
+        return await counted(state.load(), embeddings(  # type: ignore[union-attr]
+            state, request, body, task, "pool", "Pooling API", "pooling", "data"))

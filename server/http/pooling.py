@@ -1,0 +1,138 @@
+"""Running a pooling model's request: its prompts pooled on the deployment, each answered with
+its emulated vector (`server.http.pooled`) when its prefill ends.
+
+The lifecycle of one `/v1/embeddings`, `/pooling`, `/score` or `/rerank` call:
+1. `pooling_client`: the deployment its `model` names (a pod of one deployment answers any
+   name, as vLLM's pooling routes do not check it), or 501 when that model does not pool;
+2. `prompt_ids`: each input tokenized, truncated (`truncate_prompt_tokens`; a pooling
+   tokenizer truncates on the right, vLLM's `truncation_side` for the pooling runner) and
+   checked against the context (a prompt may fill it: nothing is generated);
+3. `check_params`: `dimensions` and `use_activation` as vLLM's `PoolingParams.verify`;
+4. `pool`: one engine request per prompt (`pooling` set: it ends with its prefill), all
+   admitted or none, collected, always freed (`generate.collect`); the vectors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+
+import numpy as np
+from starlette.requests import Request
+
+from server.engine.interface import EngineRequest, PoolingParams
+from server.fleet import UnknownDeployment
+from server.frontend.deployment import INLINE_TOKENIZE_CHARS, DeploymentClient
+from server.http import generate, lengths, prompts
+from server.http.errors import HttpError, draining, unknown_model, vllm_invalid
+from server.http.pooled import pooled_vector
+from server.http.routes import checked_id, engine_id
+from server.http.state import HttpState
+
+
+def pooling_client(state: HttpState, model: str | None, api: str
+                   ) -> tuple[DeploymentClient, str]:
+    """The deployment and the name its answers carry (its first served name, as vLLM's
+    `models.model_name()`), or 501 "The model does not support {api}" (vLLM's answer when the
+    route exists but the model has no such task)."""
+    if state.draining:
+        raise draining()
+    fleet = state.fleet
+    try:
+        client = fleet.resolve("", model or "")
+    except UnknownDeployment:
+        if len(fleet.clients) != 1:
+            raise unknown_model(model or "", fleet.model_names()) from None
+        client = next(iter(fleet.clients.values()))
+    if not client.limits.pooling_task:
+        raise HttpError(501, f"The model does not support {api}", "NotImplementedError")
+    return client, client.info.model_name
+
+
+def any_pooling(state: HttpState | None) -> bool:
+    """Whether a deployment of the pod is a pooling model (None: the route table)."""
+    return state is None or any(c.limits.pooling_task for c in state.fleet.clients.values())
+
+
+def all_pooling(state: HttpState | None) -> bool:
+    """Whether every deployment of the pod is a pooling model (vLLM then mounts no
+    generation route)."""
+    return state is not None and bool(state.fleet.clients) and all(
+        c.limits.pooling_task for c in state.fleet.clients.values())
+
+
+def request_id(request: Request, body_id: str | None, prefix: str) -> tuple[str, str]:
+    """(the client's id, the response's `id`: `<prefix>-<id>`), vLLM's `_base_request_id`."""
+    rid = request.headers.get("x-request-id") or body_id or uuid.uuid4().hex
+    checked_id(rid)
+    return rid, f"{prefix}-{rid}"
+
+
+async def prompt_ids(inputs: Sequence[str | list[int]], client: DeploymentClient,
+                     state: HttpState, add_special_tokens: bool, truncate: int | None,
+                     side: str | None) -> list[list[int]]:
+    """Each input's token ids, truncated and checked (steps 2)."""
+    if not inputs:
+        raise vllm_invalid("You must pass at least one prompt")
+    limit, tok = client.limits.max_model_len, state.tokenizer
+    if truncate is not None and truncate > limit:
+        raise vllm_invalid("truncate_prompt_tokens value is greater than max_model_len. "
+                           "Please request a smaller truncation size.")
+    texts = [t for t in inputs if isinstance(t, str)]
+    prompts.check_texts(texts, client.limits)
+    if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
+        encoded = [tok.encode(t) if isinstance(t, str) else list(t) for t in inputs]
+    else:
+        encoded = await asyncio.to_thread(
+            lambda: [tok.encode_unlocked(t) if isinstance(t, str) else list(t) for t in inputs])
+    out = []
+    for given, ids in zip(inputs, encoded, strict=True):
+        text = isinstance(given, str)
+        if text and add_special_tokens:
+            ids = [tok.bos_token_id, *ids]
+        keep = limit if truncate == -1 else truncate
+        out.append(lengths.fit_prompt(ids, limit, truncate=keep, side=side or "right",
+                                      from_text=text, keeps_bos=text and add_special_tokens))
+    return out
+
+
+def check_params(client: DeploymentClient, name: str, task: str, dimensions: int | None,
+                 use_activation: bool | None) -> PoolingParams:
+    """The request's PoolingParams, checked as vLLM's `PoolingParams.verify` checks them."""
+    limits = client.limits
+    if dimensions is not None:
+        size = limits.embedding_size
+        if not limits.matryoshka:
+            raise vllm_invalid(f"Model {name!r} does not support Matryoshka embeddings; "
+                               f"dimensions must be unset (received dimensions={dimensions}).")
+        if not 1 <= dimensions <= size:
+            raise vllm_invalid(f"Model {name!r} only supports dimensions in range [1, {size}], "
+                               f"got {dimensions}.")
+        allowed = limits.matryoshka_dimensions
+        if allowed and dimensions not in allowed:
+            raise vllm_invalid(f"Model {name!r} only supports Matryoshka dimensions "
+                               f"{list(allowed)}, got {dimensions}.")
+    return PoolingParams(task=task, dimensions=dimensions,  # type: ignore[arg-type]
+                         use_activation=True if use_activation is None else use_activation)
+
+
+async def pool(request: Request, client: DeploymentClient, rid: str, response_id: str,
+               ids: list[list[int]], params: PoolingParams, priority: int = 0,
+               special: frozenset[int] = frozenset()) -> list[np.ndarray]:
+    """Step 4: every prompt pooled on the deployment; their vectors, in order (made from
+    each prompt's tokens but its `special` ones: a BOS every prompt shares is no likeness)."""
+    reqs = [EngineRequest(request_id=engine_id(f"{response_id}-{i}"), prompt_token_ids=tuple(p),
+                          priority=priority, pooling=params) for i, p in enumerate(ids)]
+    run = await generate.admitted(client, reqs, 1, rid)
+    await generate.collect(run, request)
+    size = client.limits.embedding_size
+    return [pooled_vector([t for t in p if t not in special] or p, size, params.dimensions,
+                          params.use_activation) for p in ids]
+
+
+def usage(ids: list[list[int]]) -> dict:
+    """vLLM's `UsageInfo` of a pooling answer: prompt tokens only."""
+    n = sum(map(len, ids))
+    return {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0,
+            "prompt_tokens_details": None, "completion_tokens_details": None}

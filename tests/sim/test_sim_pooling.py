@@ -1,0 +1,49 @@
+"""An embedding model in virtual time (`simulate --model qwen3-embedding-8b`): every request
+ends with its prefill and generates nothing, so its TTFT is its end-to-end latency (the vector
+is its one output, as vLLM's metrics record it); the run is the same macro-stepped or not; the
+summary prices the run per million input tokens; a prompt may fill the context."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from clients.workloads import WorkloadSpec
+from server.engine.build import EngineOptions
+from sim.simulation import simulate_conversations
+
+EMBED = EngineOptions(name="e", model="qwen3-embedding-8b", quant="bf16", chip="h100-sxm",
+                      engine="vllm")
+LOAD = WorkloadSpec(kind="random", num_requests=300, rate=40.0, isl=400, osl=64, seed=3)
+
+
+def test_every_request_is_its_prefill_and_nothing_more():
+    summary, records = simulate_conversations(EMBED, LOAD)
+    assert len(records) == 300 and all(r.ok for r in records)
+    assert all(r.output_tokens == 0 and r.finish_reason == "stop" for r in records)
+    assert all(r.ttft == pytest.approx(r.e2e) and r.ttft > 0 for r in records)
+    assert summary["output_tokens"] == 0
+    assert summary["prefill_tokens"] == summary["prompt_tokens"] - summary["cached_prompt_tokens"]
+    p = summary["pooling"]
+    assert p["usd_per_m_input_tok"] > 0 and p["joules_per_m_input_tok"] > 0
+
+
+def test_a_heavier_load_queues_and_macro_stepping_changes_nothing():
+    light, _ = simulate_conversations(EMBED, dataclasses.replace(LOAD, rate=10.0))
+    heavy, _ = simulate_conversations(EMBED, dataclasses.replace(LOAD, rate=400.0))
+    assert heavy["ttft_s"]["p50"] > 2 * light["ttft_s"]["p50"]  # the prefill queue builds
+    # priced per input token: a busier chip spreads its price over more of them
+    assert heavy["pooling"]["usd_per_m_input_tok"] < light["pooling"]["usd_per_m_input_tok"] / 4
+    single, recs1 = simulate_conversations(EMBED, LOAD, macro_steps=False)
+    macro, recs2 = simulate_conversations(EMBED, LOAD, macro_steps=True)
+    assert [(r.request_id, r.token_times, r.end_s) for r in recs1] == \
+        [(r.request_id, r.token_times, r.end_s) for r in recs2]
+    assert single == macro
+
+
+def test_a_prompt_may_fill_the_context():
+    full = dataclasses.replace(EMBED, max_model_len=400)
+    _, records = simulate_conversations(full, dataclasses.replace(LOAD, num_requests=20))
+    assert all(r.ok and r.prompt_tokens <= 400 for r in records)
+    assert max(r.prompt_tokens for r in records) == 400  # (a generation of 64 would not fit)
