@@ -112,7 +112,8 @@ def limits(**pooling) -> Limits:
 
 
 @pytest.mark.parametrize("pool, model, says", [
-    (None, {"pooling_task": "embed", "embedding_size": 8}, "This model does not support generation"),
+    (None, {"pooling_task": "embed", "embedding_size": 8},
+     "This model does not support generation"),
     (PoolingParams(), {}, "This model does not support pooling"),
 ])
 def test_admission_refuses_the_other_task_with_vllms_words(pool, model, says):
