@@ -116,12 +116,15 @@ def to_complete(chunk: TokenChunk, output_ids: tuple[int, ...]) -> vpb.GenerateR
 
 
 def to_model_info(status: DeploymentStatus, served_name: str, model_path: str, eos: int,
-                  bos: int, pad: int, vocab_size: int) -> vpb.GetModelInfoResponse:
-    """`model_path` is what vLLM's --model named (`vllm serve REPO`), else the catalogue id."""
+                  bos: int, pad: int, vocab_size: int,
+                  is_generation: bool = True) -> vpb.GetModelInfoResponse:
+    """`model_path` is what vLLM's --model named (`vllm serve REPO`), else the catalogue id;
+    `is_generation` false for an embedding model (a router then sends it embeddings)."""
     c = status.capacity
     return vpb.GetModelInfoResponse(
         model_path=model_path or status.model, served_model_name=served_name, tokenizer_path="",
-        is_generation=True, max_context_length=c.max_model_len, max_req_input_len=c.max_model_len,
+        is_generation=is_generation, max_context_length=c.max_model_len,
+        max_req_input_len=c.max_model_len,
         vocab_size=vocab_size, supports_vision=False, model_type="llama",
         architectures=["LlamaForCausalLM"], eos_token_ids=[eos], bos_token_id=bos,
         pad_token_id=pad,

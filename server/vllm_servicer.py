@@ -11,7 +11,9 @@ to the engine (`submit`, `outputs`, `abort`, `status`), convert back. What smg r
 - `Generate` sends initial metadata at once (the gateway times TTFT from it), then chunks;
   stop strings are enforced by the engine; a stream that ends early aborts the request;
 - `Abort` (the gateway's only cancellation) frees the request's KV on the loop's next turn;
-- `GetLoads` / `GetServerInfo` report the engine's own numbers.
+- `GetLoads` / `GetServerInfo` report the engine's own numbers;
+- `Embed` pools a tokenized prompt on an embedding model (docs/EMBEDDINGS.md), and
+  `GetModelInfo.is_generation` is false there, so the gateway routes embeddings to it.
 Errors: INVALID_ARGUMENT (HTTP 400 through smg), RESOURCE_EXHAUSTED (429), UNAVAILABLE (503).
 """
 
@@ -37,8 +39,10 @@ from server.auth import ApiKeys, has_api_key
 from server.engine.interface import (
     DeploymentState,
     EngineError,
+    EngineRequest,
     Finish,
     FinishReason,
+    PoolingParams,
     Timings,
     TokenChunk,
     Usage,
@@ -47,6 +51,7 @@ from server.engine.logs import request_log
 from server.engine.tokenizer import TOKENIZER_DIR
 from server.frontend import parallel, request_ids
 from server.frontend.deployment import DeploymentClient
+from server.frontend.pooled import prompt_vector
 from server.frontend.stream import StreamFailed
 from server.kv_events import relay as kv_relay
 from server.wire import Undecodable
@@ -157,6 +162,46 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
                 rlog.info("stream ended early; aborting in %s", self.client.name)
                 self.client.abort(stream)
 
+    async def Embed(self, request: vpb.EmbedRequest, context: grpc.aio.ServicerContext
+                    ) -> vpb.EmbedResponse:
+        """smg's embeddings path (smg-grpc-servicer's vLLM `Embed`): the tokenized prompt
+        pooled on the deployment — a request that ends with its prefill — and answered with
+        its vector (`PoolingParams(task="embed")`: whole, normalised). A generative model
+        refuses it (INVALID_ARGUMENT, "This model does not support pooling")."""
+        if type(request) is Undecodable:
+            await wire.reject(request, context)
+        rid = request.request_id or f"embd-{uuid.uuid4().hex}"
+        self.last_receive = time.time()
+        if self.draining:
+            await wire.abort(context, grpc.StatusCode.UNAVAILABLE, "server is draining")
+        if not request.HasField("tokenized"):
+            await wire.abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                             "EmbedRequest requires tokenized input")
+        ids, params = tuple(request.tokenized.input_ids), PoolingParams()
+        try:
+            request_ids.check(rid)
+            (stream,) = await parallel.submit_all(self.client, [EngineRequest(
+                request_id=rid, prompt_token_ids=ids, pooling=params)], rid)
+        except EngineError as e:
+            request_log(log, rid).info("rejected: %s", e)
+            await wire.abort(context, convert.status_code(e), str(e))
+        finish = None
+        try:
+            async for chunk in stream.outputs():
+                finish = chunk.finish or finish
+        except StreamFailed as e:
+            await wire.abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
+        finally:
+            if finish is None:  # cancelled or failed: free it at once
+                self.client.abort(stream)
+        if finish.reason is not FinishReason.STOP:  # aborted (a drain, a pause) or failed
+            await wire.abort(context, grpc.StatusCode.UNAVAILABLE, f"Embed request {rid} did "
+                             f"not produce a result ({finish.reason.value})")
+        vector = prompt_vector(ids, self.client.limits.embedding_size, params,
+                               self.client.tokenizer.special_token_ids)
+        return vpb.EmbedResponse(embedding=vector.tolist(), prompt_tokens=len(ids),
+                                 embedding_dim=len(vector))
+
     def _account(self, chunk, rank: int) -> None:
         if chunk.finish.reason is not FinishReason.ABORT:
             self.prompt_tokens[rank] += chunk.finish.usage.prompt_tokens
@@ -203,7 +248,7 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
         return vllm_convert.to_model_info(
             self.client.status(), self.client.info.model_name, self.client.info.model_path,
             eos=tok.eos_token_id, bos=tok.bos_token_id, pad=tok.pad_token_id or 0,
-            vocab_size=tok.vocab_size,
+            vocab_size=tok.vocab_size, is_generation=not self.client.limits.pooling_task,
         )
 
     async def GetTokenizer(

@@ -17,10 +17,10 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
+from server.frontend.pooled import binary, encode_base64
 from server.http import pooling, prompts
 from server.http.errors import HttpError, error_response, vllm_invalid
 from server.http.generate import encode
-from server.http.pooled import binary, encode_base64
 from server.http.pooling_protocol import (
     EmbedChat,
     EmbeddingRequest,

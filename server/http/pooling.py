@@ -1,5 +1,5 @@
 """Running a pooling model's request: its prompts pooled on the deployment, each answered with
-its emulated vector (`server.http.pooled`) when its prefill ends.
+its emulated vector (`server.frontend.pooled`) when its prefill ends.
 
 The lifecycle of one `/v1/embeddings`, `/pooling`, `/score` or `/rerank` call:
 1. `pooling_client`: the deployment its `model` names (a pod of one deployment answers any
@@ -24,9 +24,9 @@ from starlette.requests import Request
 from server.engine.interface import EngineRequest, PoolingParams
 from server.fleet import UnknownDeployment
 from server.frontend.deployment import INLINE_TOKENIZE_CHARS, DeploymentClient
+from server.frontend.pooled import prompt_vector
 from server.http import generate, lengths, prompts
 from server.http.errors import HttpError, draining, unknown_model, vllm_invalid
-from server.http.pooled import pooled_vector
 from server.http.routes import checked_id, engine_id
 from server.http.state import HttpState
 
@@ -120,15 +120,13 @@ def check_params(client: DeploymentClient, name: str, task: str, dimensions: int
 async def pool(request: Request, client: DeploymentClient, rid: str, response_id: str,
                ids: list[list[int]], params: PoolingParams, priority: int = 0,
                special: frozenset[int] = frozenset()) -> list[np.ndarray]:
-    """Step 4: every prompt pooled on the deployment; their vectors, in order (made from
-    each prompt's tokens but its `special` ones: a BOS every prompt shares is no likeness)."""
+    """Step 4: every prompt pooled on the deployment; their vectors, in order
+    (`pooled.prompt_vector`)."""
     reqs = [EngineRequest(request_id=engine_id(f"{response_id}-{i}"), prompt_token_ids=tuple(p),
                           priority=priority, pooling=params) for i, p in enumerate(ids)]
     run = await generate.admitted(client, reqs, 1, rid)
     await generate.collect(run, request)
-    size = client.limits.embedding_size
-    return [pooled_vector([t for t in p if t not in special] or p, size, params.dimensions,
-                          params.use_activation) for p in ids]
+    return [prompt_vector(p, client.limits.embedding_size, params, special) for p in ids]
 
 
 def usage(ids: list[list[int]]) -> dict:

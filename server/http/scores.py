@@ -17,10 +17,10 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
+from server.frontend.pooled import cosine
 from server.http import pooling
 from server.http.errors import HttpError, error_response, vllm_invalid
 from server.http.generate import encode
-from server.http.pooled import cosine
 from server.http.pooling_protocol import RerankRequest, ScoreRequest, ScoringFields
 from server.http.routes import counted, parse
 from server.http.state import HttpState

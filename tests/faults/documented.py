@@ -4,7 +4,7 @@ The fault-tolerance tests assert that nothing else ever comes back. Sources:
 - `proto/doppelchip/v1/inference.proto` (its header): doppelchip.v1.Inference;
 - `server/frontend/request_ids.py`: ALREADY_EXISTS / 409 for an id in flight;
 - `server/vllm_servicer.py` (its docstring): vllm.grpc.engine.VllmEngine; the methods it does
-  not serve (Embed, profiling, KV events) are UNIMPLEMENTED, as any gRPC server answers them;
+  not serve (profiling, KV events when off) are UNIMPLEMENTED, as any gRPC server answers them;
 - `server/http/errors.py` and `server/http/app.py`: the HTTP API (vLLM's error shape); 501
   is the Responses API's `json_object` (`server/http/responses.py`: vLLM's NotImplementedError);
 - grpc itself: a message above the server's receive limit is RESOURCE_EXHAUSTED.

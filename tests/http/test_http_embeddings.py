@@ -236,3 +236,25 @@ async def test_sagemaker_invocations_answer_pooling_bodies(http):
     no = await http.post("/invocations", json={"prompt": "hi", "max_tokens": 2})
     assert no.status_code == 400 and "Expected one of: ['EmbeddingRequest', 'RerankRequest', " \
         "'ScoreRequest', 'PoolingRequest']" in no.text
+
+
+async def test_vllm_engine_embed_is_what_smg_calls(pod, http):
+    import grpc
+    from smg_grpc_proto import vllm_engine_pb2 as vpb
+    from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
+
+    tokens = (await http.post("/tokenize", json={"prompt": "hello there"})).json()["tokens"]
+    async with grpc.aio.insecure_channel(pod.target) as channel:
+        stub = vpb_grpc.VllmEngineStub(channel)
+        info = await stub.GetModelInfo(vpb.GetModelInfoRequest())
+        assert info.is_generation is False  # a router sends this worker embeddings
+        r = await stub.Embed(vpb.EmbedRequest(request_id="e1", tokenized=vpb.TokenizedInput(
+            original_text="hello there", input_ids=tokens)))
+        assert r.embedding_dim == SIZE == len(r.embedding) and r.prompt_tokens == len(tokens)
+        assert np.allclose(r.embedding, (await embed(http, input="hello there")
+                                         )["data"][0]["embedding"], atol=1e-6)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Embed(vpb.EmbedRequest(request_id="e2"))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "requires tokenized input" in refused.value.details()
+    await released(pod)

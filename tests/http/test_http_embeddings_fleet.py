@@ -66,3 +66,19 @@ async def test_hf_overrides_make_a_model_matryoshka():
             assert "only supports Matryoshka dimensions [64, 256, 1024], got 65" in bad.text
             big = await http.post("/v1/embeddings", json={"input": "x", "dimensions": 2048})
             assert big.status_code == 400 and "range [1, 1024], got 2048" in big.text
+
+
+async def test_vllm_engine_embed_on_a_generative_deployment_is_refused(mixed):
+    import grpc
+    from smg_grpc_proto import vllm_engine_pb2 as vpb
+    from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
+
+    async with grpc.aio.insecure_channel(mixed.target) as channel:  # it fronts "gen"
+        stub = vpb_grpc.VllmEngineStub(channel)
+        assert (await stub.GetModelInfo(vpb.GetModelInfoRequest())).is_generation is True
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Embed(vpb.EmbedRequest(request_id="e", tokenized=vpb.TokenizedInput(
+                input_ids=[1, 2, 3])))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "This model does not support pooling" in refused.value.details()
+

@@ -8,7 +8,7 @@ buckets (a count sketch of the prompt's bag of tokens; N the power of two at or 
 vector's size, at least `MIN_BUCKETS`). Two rounds of a randomized Walsh–Hadamard transform
 (fixed, seeded sign flips) spread the sketch over every entry: the transform is orthogonal,
 so the cosine of two vectors is the cosine of the two sketches — that of the prompts' token
-counts, within about 0.01 on average for short texts (`tests/http/test_http_pooled.py`) — and
+counts, within about 0.01 on average for short texts (`tests/service/test_pooled_vector.py`) — and
 entries look Gaussian rather than sparse. A size that is not a power of two keeps the first
 entries (a subsampled randomized Hadamard transform, which keeps inner products
 approximately). ASSUMPTION: a real model's vectors follow meaning, not tokens; the emulation
@@ -26,6 +26,8 @@ import sys
 from collections.abc import Sequence
 
 import numpy as np
+
+from server.engine.interface import PoolingParams
 
 MIN_BUCKETS = 1024  # count-sketch buckets at least (fewer collisions between short texts)
 HASHES = 2  # buckets each token id adds to
@@ -76,6 +78,14 @@ def pooled_vector(ids: Sequence[int], size: int, dimensions: int | None = None,
         norm = float(np.linalg.norm(v))
         v = v / norm if norm > 0 else v
     return v.astype(np.float32)
+
+
+def prompt_vector(ids: Sequence[int], size: int, params: PoolingParams,
+                  special: frozenset[int] = frozenset()) -> np.ndarray:
+    """A pooling request's answer: its prompt's vector as `params` ask it, made from the
+    prompt's tokens but its `special` ones (a BOS every prompt shares is no likeness)."""
+    return pooled_vector([t for t in ids if t not in special] or ids, size, params.dimensions,
+                         params.use_activation)
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

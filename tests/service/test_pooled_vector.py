@@ -1,4 +1,4 @@
-"""The emulated pooled vector (server/http/pooled.py) and vLLM's encodings of it: unit length,
+"""The emulated pooled vector (server/frontend/pooled.py) and vLLM's encodings of it: unit length,
 the same in every process, its cosine following the prompts' bag-of-tokens cosine, Matryoshka
 truncation then normalisation; float16, bfloat16 and both FP8 formats as torch writes them."""
 
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from server.http.pooled import binary, cosine, pooled_vector
+from server.frontend.pooled import binary, cosine, pooled_vector
 
 
 def bag_cosine(a: list[int], b: list[int]) -> float:
@@ -36,7 +36,7 @@ def test_cosine_follows_the_bag_of_tokens(size):
 def test_the_same_prompt_is_the_same_vector_in_another_process():
     ids = [11, 2024, 7, 150_000]
     here = pooled_vector(ids, 1024)
-    code = ("import sys; from server.http.pooled import pooled_vector; "
+    code = ("import sys; from server.frontend.pooled import pooled_vector; "
             "sys.stdout.write(pooled_vector([11, 2024, 7, 150000], 1024).tobytes().hex())")
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True).stdout
