@@ -12,7 +12,7 @@ to the engine (`submit`, `outputs`, `abort`, `status`), convert back. What smg r
   stop strings are enforced by the engine; a stream that ends early aborts the request;
 - `Abort` (the gateway's only cancellation) frees the request's KV on the loop's next turn;
 - `GetLoads` / `GetServerInfo` report the engine's own numbers;
-- `Embed` pools a tokenized prompt on an embedding model (docs/EMBEDDINGS.md), and
+- `Embed` pools a tokenized prompt on an embedding model (`server/vllm_embed.py`), and
   `GetModelInfo.is_generation` is false there, so the gateway routes embeddings to it.
 Errors: INVALID_ARGUMENT (HTTP 400 through smg), RESOURCE_EXHAUSTED (429), UNAVAILABLE (503).
 """
@@ -34,15 +34,13 @@ from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 from smg_grpc_proto.generated import common_pb2
 
-from server import convert, vllm_convert, wire
+from server import convert, vllm_convert, vllm_embed, wire
 from server.auth import ApiKeys, has_api_key
 from server.engine.interface import (
     DeploymentState,
     EngineError,
-    EngineRequest,
     Finish,
     FinishReason,
-    PoolingParams,
     Timings,
     TokenChunk,
     Usage,
@@ -51,7 +49,6 @@ from server.engine.logs import request_log
 from server.engine.tokenizer import TOKENIZER_DIR
 from server.frontend import parallel, request_ids
 from server.frontend.deployment import DeploymentClient
-from server.frontend.pooled import prompt_vector
 from server.frontend.stream import StreamFailed
 from server.kv_events import relay as kv_relay
 from server.wire import Undecodable
@@ -164,43 +161,13 @@ class VllmEngineServicer(vpb_grpc.VllmEngineServicer):
 
     async def Embed(self, request: vpb.EmbedRequest, context: grpc.aio.ServicerContext
                     ) -> vpb.EmbedResponse:
-        """smg's embeddings path (smg-grpc-servicer's vLLM `Embed`): the tokenized prompt
-        pooled on the deployment — a request that ends with its prefill — and answered with
-        its vector (`PoolingParams(task="embed")`: whole, normalised). A generative model
-        refuses it (INVALID_ARGUMENT, "This model does not support pooling")."""
+        """smg's embeddings path: `server/vllm_embed.py`."""
         if type(request) is Undecodable:
             await wire.reject(request, context)
-        rid = request.request_id or f"embd-{uuid.uuid4().hex}"
         self.last_receive = time.time()
         if self.draining:
             await wire.abort(context, grpc.StatusCode.UNAVAILABLE, "server is draining")
-        if not request.HasField("tokenized"):
-            await wire.abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                             "EmbedRequest requires tokenized input")
-        ids, params = tuple(request.tokenized.input_ids), PoolingParams()
-        try:
-            request_ids.check(rid)
-            (stream,) = await parallel.submit_all(self.client, [EngineRequest(
-                request_id=rid, prompt_token_ids=ids, pooling=params)], rid)
-        except EngineError as e:
-            request_log(log, rid).info("rejected: %s", e)
-            await wire.abort(context, convert.status_code(e), str(e))
-        finish = None
-        try:
-            async for chunk in stream.outputs():
-                finish = chunk.finish or finish
-        except StreamFailed as e:
-            await wire.abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
-        finally:
-            if finish is None:  # cancelled or failed: free it at once
-                self.client.abort(stream)
-        if finish.reason is not FinishReason.STOP:  # aborted (a drain, a pause) or failed
-            await wire.abort(context, grpc.StatusCode.UNAVAILABLE, f"Embed request {rid} did "
-                             f"not produce a result ({finish.reason.value})")
-        vector = prompt_vector(ids, self.client.limits.embedding_size, params,
-                               self.client.tokenizer.special_token_ids)
-        return vpb.EmbedResponse(embedding=vector.tolist(), prompt_tokens=len(ids),
-                                 embedding_dim=len(vector))
+        return await vllm_embed.embed(self.client, request, context)
 
     def _account(self, chunk, rank: int) -> None:
         if chunk.finish.reason is not FinishReason.ABORT:
