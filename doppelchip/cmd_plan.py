@@ -270,8 +270,11 @@ def _describe(r: dict[str, Any]) -> str:
     from sim.plan_fleet import label
 
     return (f"{label(r)} ({r['chips']} chips): "
-            f"${r['usd_per_hour']:.4g}/h, ${r['usd_per_mtok']:.3g} per million output tokens; "
-            f"TTFT p99 {r['latency']['ttft_p99'] * 1e3:.1f} ms, TPOT p99 "
+            f"${r['usd_per_hour']:.4g}/h, "
+            + (f"${r['usd_per_m_input_tok']:.3g} per million input tokens; "
+               if "usd_per_m_input_tok" in r else
+               f"${r['usd_per_mtok']:.3g} per million output tokens; ")
+            + f"TTFT p99 {r['latency']['ttft_p99'] * 1e3:.1f} ms, TPOT p99 "
             f"{r['latency']['tpot_p99'] * 1e3:.1f} ms"
             + (f", goodput {r['goodput_fraction']:.0%}" if r.get("goodput_fraction")
                is not None else ""))

@@ -58,6 +58,7 @@ def fleet_options(args: argparse.Namespace) -> list[EngineOptions]:
 
 
 def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
+    from devices import catalog
     from sim.admission import parse_admission
     from sim.autoscaled import report, run_scaled, used
     from sim.cluster import (
@@ -68,7 +69,7 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
         run_replicas,
     )
     from sim.pools import FleetError, pools_of
-    from sim.reports import FleetStream
+    from sim.reports import FleetStream, pooling_report
 
     deployments = fleet_options(args)
     for d in deployments:
@@ -118,6 +119,9 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     summary = stream.fleet.summary(deployment=fleet_name(deployments), target="sim",
                                    **counters, joules_per_mtok=joules * per_mtok,
                                    usd_per_mtok=dollars * per_mtok, emulated_s=emulated_s)
+    summary.update(pooling_report(all(catalog.get_model(d.model).is_pooling
+                                      for d in deployments), joules, dollars,
+                                  stream.fleet.prompt))
     summary["router"] = cr.router
     summary["replicas"] = replica_reports(cr)
     if cr.dispatch is not None:  # --- fleet (issue 16) ---

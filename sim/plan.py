@@ -166,6 +166,8 @@ def record(unit: Unit, counts: tuple[int, ...], out: dict[str, Any], inputs: Pla
     return {**rec, "meets_slo": not misses, "misses": misses, "badness": badness(s, inputs.slo),
             "progress": progress_vector(s, inputs.slo),
             "usd_per_mtok": s["usd_per_mtok"], "requests_per_s": s["requests_per_s"],
+            **({"usd_per_m_input_tok": s["pooling"]["usd_per_m_input_tok"]}
+               if "pooling" in s else {}),  # embedding models (docs/EMBEDDINGS.md)
             "output_tokens_per_s": s["output_tokens_per_s"],
             "goodput_fraction": s.get("goodput", {}).get("fraction"),
             "latency": {f"{m}_{p}": s[f"{m}_s"][p] for m in ("ttft", "tpot", "e2e")

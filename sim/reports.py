@@ -104,6 +104,17 @@ def class_reports(results: Sequence[RequestResult]) -> dict[str, dict[str, Any]]
     return FleetStream.of(results).class_reports()
 
 
+def pooling_report(pooling: bool, joules: float, dollars: float,
+                   prompt_tokens: int) -> dict[str, Any]:
+    """`{"pooling": ...}` for a run of embedding models (docs/EMBEDDINGS.md), or {}: nothing
+    is generated, so the run is priced per million input tokens."""
+    if not pooling or not prompt_tokens:
+        return {}
+    per = 1e6 / prompt_tokens
+    return {"pooling": {"joules_per_m_input_tok": joules * per,
+                        "usd_per_m_input_tok": dollars * per}}
+
+
 def offload_report(scheds: Sequence[Any]) -> dict[str, Any]:
     """`{"kv_offload": ...}` over these schedulers' CPU offloading tiers (docs/KV_OFFLOAD.md),
     or {} when none has one: prompt tokens loaded instead of prefilled, the loads, their bytes

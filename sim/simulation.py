@@ -14,7 +14,7 @@ from server.config import ConfigError, load_fleet, range_problem
 from server.engine.build import EngineOptions, build_core
 from server.engine.faults import check_options as check_fault_options
 from server.engine.tokenizer import get_tokenizer
-from sim.reports import offload_report
+from sim.reports import offload_report, pooling_report
 from sim.virtual import run_virtual
 
 
@@ -87,10 +87,8 @@ def simulate_streamed(
         usd_per_mtok=stats.dollars * per_mtok,
         emulated_s=run.duration_s,
     )
-    if core.placement.model.is_pooling and stream.prompt:  # embeddings: priced per input
-        per_input = 1e6 / stream.prompt
-        summary["pooling"] = {"joules_per_m_input_tok": stats.joules * per_input,
-                              "usd_per_m_input_tok": stats.dollars * per_input}
+    summary.update(pooling_report(core.placement.model.is_pooling, stats.joules,
+                                  stats.dollars, stream.prompt))
     if stream.slo is not None:
         summary["slo"] = stream.slo
         summary["goodput"] = stream.goodput()

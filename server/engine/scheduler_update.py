@@ -32,8 +32,9 @@ class StepUpdate:
     ) -> list[Request]:
         """Account a finished step: advance computed tokens, append sampled tokens, apply stop
         conditions, finish requests (their KV goes to the prefix cache, their references are
-        dropped; a pooling request finishes, stopped, when its prefill is done). Returns the requests that finished in this step. Requests aborted since
-        ``schedule()`` are skipped."""
+        dropped; a pooling request finishes, stopped, when its prefill is done). Returns the
+        requests that finished in this step. Requests aborted since ``schedule()`` are
+        skipped."""
         finished: list[Request] = []
         stats, requests, running = self.stats, self.requests, RequestStatus.RUNNING
         eos, max_len = self.eos_token_id, self.config.max_model_len

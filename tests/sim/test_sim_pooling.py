@@ -47,3 +47,36 @@ def test_a_prompt_may_fill_the_context():
     _, records = simulate_conversations(full, dataclasses.replace(LOAD, num_requests=20))
     assert all(r.ok and r.prompt_tokens <= 400 for r in records)
     assert max(r.prompt_tokens for r in records) == 400  # (a generation of 64 would not fit)
+
+
+def last_json(capsys) -> dict:
+    import json
+
+    return json.loads(capsys.readouterr().out.strip().split("\n")[-1])
+
+
+def test_a_fleet_of_embedding_replicas_and_its_plan_are_priced_per_input_token(tmp_path,
+                                                                               capsys):
+    from doppelchip.cli import main
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[deployments]]\nname = "e"\nmodel = "qwen3-embedding-8b"\n'
+                     'quant = "bf16"\nchip = "h100-sxm"\nengine = "vllm"\nreplicas = 2\n')
+    work = ["--workload", "random", "--isl", "400", "--osl", "8", "--num-requests", "200",
+            "--rate", "60", "--seed", "1"]
+    assert main(["simulate", "--config", str(fleet), "--router", "least-requests", *work,
+                 "--json"]) == 0
+    s = last_json(capsys)
+    assert s["output_tokens"] == 0 and s["requests"] == 200
+    assert [r["requests"] for r in s["replicas"]] != [200, 0]  # both replicas served
+    assert s["pooling"]["usd_per_m_input_tok"] > 0
+    argv = ["plan", "--model", "qwen3-embedding-8b", "--chips", "h100-sxm,rtx-4090",
+            "--engines", "vllm", "--quants", "bf16", "--tp", "1", *work, "--slo", "ttft=0.5",
+            "--jobs", "1"]
+    assert main([*argv, "--json"]) == 0
+    plan = last_json(capsys)
+    assert plan["usd_per_m_input_tok"] > 0 and plan["usd_per_mtok"] == 0
+    assert main(argv) == 0
+    winner = next(line for line in capsys.readouterr().out.splitlines()
+                  if line.startswith("winner:"))
+    assert f"${plan['usd_per_m_input_tok']:.3g} per million input tokens" in winner
