@@ -53,6 +53,8 @@ class ModelSpec:
     pooling_task: str = ""  # "embed": vLLM's runner "pooling" (Sentence Transformers modules.json)
     pooling_type: str = ""  # how the pooler reduces the tokens: "LAST" (1_Pooling/config.json)
     matryoshka: bool = False  # config.json's is_matryoshka / matryoshka_dimensions (vLLM's rule)
+    # config_sentence_transformers.json's `prompts`: Cohere's `input_type` → an instruction
+    task_instructions: dict[str, str] = field(default_factory=dict, compare=False)
     published_params: float = 0.0
     published_active_params: float = 0.0
     source: str = field(default="", compare=False)

@@ -59,7 +59,8 @@ def limits_of(opts: EngineOptions, vocab_size: int, capacity: Capacity,
     if model is not None and model.is_pooling:
         mrl, dims = matryoshka(opts.hf_overrides, model.matryoshka)
         pooling = {"pooling_task": model.pooling_task, "embedding_size": model.embedding_size,
-                   "matryoshka": mrl, "matryoshka_dimensions": dims}
+                   "matryoshka": mrl, "matryoshka_dimensions": dims,
+                   "task_instructions": dict(model.task_instructions)}
     return Limits(name=opts.name, vocab_size=vocab_size, max_model_len=capacity.max_model_len,
                   num_blocks=capacity.kv_blocks_total, block_size=capacity.block_size,
                   max_waiting=opts.max_waiting, max_grammar_bytes=opts.max_grammar_bytes,

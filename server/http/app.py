@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.auth import ApiKeys
 from server.http.chat_batch import add_chat_batch_routes
+from server.http.cohere_embed import add_cohere_route
 from server.http.embeddings import add_embedding_routes
 from server.http.errors import HttpError, error_response, validation_error
 from server.http.kv_events import add_kv_event_routes
@@ -149,6 +150,7 @@ def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
         add_tokenizer_info_route(app, state)
     if any_pooling(state):  # a pooling model's routes (vLLM's register_pooling_api_routers)
         add_embedding_routes(app, state)
+        add_cohere_route(app, state)  # Cohere's /v2/embed
         add_score_routes(app, state)
     if all_pooling(state):  # vLLM mounts the generation routes for the generate task only
         app.router.routes[:] = [r for r in app.router.routes

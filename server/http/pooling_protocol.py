@@ -165,3 +165,46 @@ class RerankRequest(ScoringFields):
     query: ScoreInput
     documents: ScoreInput | list[ScoreInput]
     top_n: int = Field(default=0, ge=0)
+
+
+# -- Cohere's /v2/embed ---------------------------------------------------------------------------
+class CohereContent(OpenAIBase):
+    type: Literal["text", "image_url"]
+    text: str | None = None
+    image_url: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _payload(self) -> CohereContent:
+        if self.type == "text" and self.text is None:
+            raise ValueError("CohereEmbedContent with type='text' requires text")
+        if self.type == "image_url" and not (self.image_url or {}).get("url"):
+            raise ValueError("CohereEmbedContent with type='image_url' requires image_url.url")
+        return self
+
+
+class CohereInput(OpenAIBase):
+    content: list[CohereContent]
+
+
+class CohereEmbedRequest(OpenAIBase):
+    """vLLM's `CohereEmbedRequest` (Cohere's v2 Embed API)."""
+
+    model: str | None = None
+    input_type: str | None = None
+    texts: list[str] | None = None
+    images: list[str] | None = None
+    inputs: list[CohereInput] | None = None
+    output_dimension: int | None = None
+    embedding_types: list[Literal["float", "binary", "ubinary", "base64"]] | None = None
+    truncate: Literal["NONE", "START", "END"] = "END"
+    max_tokens: int | None = None
+    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> CohereEmbedRequest:
+        given = [f for f in (self.texts, self.images, self.inputs) if f is not None]
+        if len(given) != 1 or not given[0]:
+            raise ValueError("Exactly one of texts, images, or inputs must be provided, and it "
+                             "must be non-empty")
+        return self
+

@@ -258,3 +258,68 @@ async def test_vllm_engine_embed_is_what_smg_calls(pod, http):
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "requires tokenized input" in refused.value.details()
     await released(pod)
+
+
+async def test_cohere_v2_embed(http, pod):
+    text = "hello there general kenobi"
+    mine = (await embed(http, input=text))
+    r = await http.post("/v2/embed", json={"texts": [text], "embedding_types": [
+        "base64", "ubinary", "float", "binary"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert list(body) == ["id", "embeddings", "texts", "meta", "response_type"]
+    assert body["id"].startswith("embd-") and body["texts"] == [text]
+    assert body["response_type"] == "embeddings_by_type"
+    assert body["meta"] == {"api_version": {"version": "2"}, "billed_units": {
+        "input_tokens": mine["usage"]["prompt_tokens"], "image_tokens": 0}}
+    e = body["embeddings"]
+    assert list(e) == ["float", "binary", "ubinary", "base64"]  # vLLM's fields' order
+    v = np.asarray(e["float"][0])
+    assert np.allclose(v, mine["data"][0]["embedding"], atol=1e-7)
+    assert np.array_equal(np.frombuffer(base64.b64decode(e["base64"][0]), "<f4"),
+                          v.astype(np.float32))
+    packed = np.packbits(v >= 0)
+    assert e["ubinary"][0] == packed.tolist() and len(packed) == SIZE // 8
+    assert e["binary"][0] == (packed.astype(int) - 128).tolist()
+    # input_type: the model's instruction for queries, none for documents
+    query = (await http.post("/v2/embed", json={"texts": [text], "input_type": "query"})).json()
+    doc = (await http.post("/v2/embed", json={"texts": [text], "input_type": "document"})).json()
+    assert doc["embeddings"]["float"] == [v.tolist()] and "texts" in doc
+    assert query["embeddings"]["float"] != doc["embeddings"]["float"]
+    assert query["meta"]["billed_units"]["input_tokens"] > 15  # the instruction's tokens too
+    parts = await http.post("/v2/embed", json={"inputs": [{"content": [
+        {"type": "text", "text": text}]}]})
+    assert parts.status_code == 200 and "texts" not in parts.json()
+    await released(pod)
+
+
+async def test_cohere_truncation(http):
+    long = " ".join(f"w{i}" for i in range(60))
+    end = (await http.post("/v2/embed", json={"texts": [long], "max_tokens": 8})).json()
+    start = (await http.post("/v2/embed", json={"texts": [long], "max_tokens": 8,
+                                                "truncate": "START"})).json()
+    assert end["meta"]["billed_units"]["input_tokens"] == 8
+    assert start["meta"]["billed_units"]["input_tokens"] == 8
+    assert end["embeddings"]["float"] != start["embeddings"]["float"]  # first 8 vs last 8
+    whole = await http.post("/v2/embed", json={"texts": [long], "truncate": "NONE"})
+    assert whole.status_code == 200
+    none = await http.post("/v2/embed", json={"texts": [long], "max_tokens": 8,
+                                              "truncate": "NONE"})
+    assert none.status_code == 400 and "with truncate=NONE. Set truncate to END or START" \
+        in none.text
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"texts": []}, "Exactly one of texts, images, or inputs must be provided"),
+    ({"texts": ["a"], "images": ["data:image/png;base64,AA=="]}, "Exactly one of texts"),
+    ({"images": ["data:image/png;base64,AA=="]}, "images are not supported"),
+    ({"texts": ["a"], "input_type": "search"},
+     "Unsupported input_type 'search'. Supported values: document, query"),
+    ({"texts": ["a"], "output_dimension": 64}, "does not support Matryoshka embeddings"),
+    ({"texts": ["a"], "embedding_types": ["int8"]}, "embedding_types"),
+    ({"inputs": [{"content": [{"type": "text"}]}]}, "type='text' requires text"),
+])
+async def test_bad_cohere_requests_get_vllms_answer(http, pod, body, says):
+    r = await http.post("/v2/embed", json=body)
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+    await released(pod)

@@ -131,6 +131,12 @@ async def _vllm_engine(channel, md) -> dict[str, object]:
                                           metadata=md)).message != "",
         "Generate": out[-1].HasField("complete"),
     }
+    # Embed reaches the servicer with the key, which refuses it: "fast" generates
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await s.Embed(vpb.EmbedRequest(tokenized=vpb.TokenizedInput(input_ids=[1, 2])),
+                      metadata=md)
+    served["Embed"] = (e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                       and "This model does not support pooling" in (e.value.details() or ""))
     # methods the servicer does not implement: with the key they reach it and it says so
     for name in sorted(UNIMPLEMENTED):
         method = SERVICES["vllm.grpc.engine.VllmEngine"].methods_by_name[name]
@@ -141,7 +147,7 @@ async def _vllm_engine(channel, md) -> dict[str, object]:
 
 
 # (SubscribeKvEvents: UNIMPLEMENTED while the deployment publishes no KV events, as smg's)
-UNIMPLEMENTED = {"Embed", "StartProfile", "StopProfile", "SubscribeKvEvents"}
+UNIMPLEMENTED = {"StartProfile", "StopProfile", "SubscribeKvEvents"}
 
 
 CALLS = {"doppelchip.v1.Inference": _inference, "vllm.grpc.engine.VllmEngine": _vllm_engine}
@@ -236,6 +242,7 @@ BODIES = {("GET", "/v1/models"): None,
           # an embedding model's routes (docs/EMBEDDINGS.md)
           **{("POST", p): {"model": EMBED["model"], "input": "hi"}
              for p in ("/v1/embeddings", "/pooling")},
+          ("POST", "/v2/embed"): {"model": EMBED["model"], "texts": ["hi"]},
           **{("POST", p): {"model": EMBED["model"], "queries": "a", "documents": ["b"]}
              for p in ("/score", "/v1/score")},
           **{("POST", p): {"model": EMBED["model"], "query": "a", "documents": ["b"]}
