@@ -21,8 +21,10 @@ from smg_grpc_proto import vllm_engine_pb2 as vpb
 from doppelchip.v1 import inference_pb2 as pb
 
 ID_POOL = ("dup-0", "dup-1", "dup-2", "dup-3")
-DEPLOYMENTS = ("fast", "tiny")
+DEPLOYMENTS = ("fast", "tiny", "embed")
 MODEL = "llama-3.1-8b"
+EMBED_MODEL = "qwen3-embedding-0.6b"  # the fuzz fleet's embedding model (docs/EMBEDDINGS.md)
+POOLING_ROUTES = ("/v1/embeddings", "/pooling", "/score", "/rerank", "/v2/embed")
 INT32 = (-(2**31), 2**31 - 1)
 
 
@@ -228,6 +230,8 @@ def http_body(draw, route: str) -> dict:
     if draw(st.integers(0, 9)):
         body["model"] = draw(st.one_of(st.just(MODEL), st.just("llama-3-8b"), SAFE_TEXT,
                                        JSON_VALUE))
+    if route in POOLING_ROUTES:
+        return _pooling_body(draw, route, body)
     if route == "/invocations":  # SageMaker's: a chat or a completions body
         route = draw(st.sampled_from(("/v1/chat/completions", "/v1/completions")))
     route = route.removesuffix("/render")  # vLLM's render: the route's own body
@@ -297,6 +301,38 @@ def http_body(draw, route: str) -> dict:
     return body
 
 
+def _pooling_body(draw, route: str, body: dict) -> dict:
+    """An embedding model's request (mostly naming it), every field sometimes of a wrong
+    type or value."""
+    if draw(st.integers(0, 3)):
+        body["model"] = EMBED_MODEL
+    texts = st.one_of(SAFE_TEXT, st.lists(SAFE_TEXT, max_size=3), JSON_VALUE, PROMPT_TEXT)
+    if route in ("/v1/embeddings", "/pooling"):
+        body["input"] = draw(st.one_of(texts, TOKEN_IDS, st.lists(TOKEN_IDS, max_size=2)))
+    elif route == "/score":
+        body["queries"], body["documents"] = draw(texts), draw(texts)
+    elif route == "/rerank":
+        body["query"], body["documents"] = draw(texts), draw(texts)
+    else:
+        body["texts"] = draw(texts)
+    body.update(draw(st.fixed_dictionaries({}, optional={
+        "encoding_format": st.sampled_from(("float", "base64", "bytes", "bytes_only", "x")),
+        "embed_dtype": st.sampled_from(("float16", "bfloat16", "fp8_e4m3", "int4")),
+        "dimensions": st.one_of(st.integers(-2, 2000), JSON_VALUE),
+        "output_dimension": st.one_of(st.integers(-2, 2000), JSON_VALUE),
+        "truncate_prompt_tokens": st.one_of(st.integers(-3, 600), JSON_VALUE),
+        "use_activation": st.one_of(st.booleans(), JSON_VALUE),
+        "top_n": st.one_of(st.integers(-2, 5), JSON_VALUE),
+        "embedding_types": st.lists(st.sampled_from(("float", "binary", "base64", "x")),
+                                    max_size=3),
+        "truncate": st.sampled_from(("NONE", "START", "END", "MIDDLE")),
+        "max_tokens": st.one_of(st.integers(-2, 300), JSON_VALUE),
+        "input_type": st.sampled_from(("query", "document", "other")),
+        "request_id": REQUEST_ID, "priority": SMALL_INT, "normalize": st.booleans(),
+    })))
+    return body
+
+
 def _loads(text: str) -> Any:
     try:
         return json.loads(text)
@@ -306,7 +342,8 @@ def _loads(text: str) -> Any:
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/messages",
           "/v1/responses", "/invocations", "/v1/chat/completions/batch",
-          "/v1/chat/completions/render", "/v1/completions/render", "/inference/v1/generate")
+          "/v1/chat/completions/render", "/v1/completions/render", "/inference/v1/generate",
+          *POOLING_ROUTES)
 RAW_BODIES = st.one_of(
     st.binary(max_size=40), BAD_UTF8.map(lambda b: b'{"prompt": "' + b + b'"}'),
     st.integers(1000, 100_000).map(lambda n: b"[" * n), st.just(b'{"prompt": NaN}'),

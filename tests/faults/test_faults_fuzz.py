@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 from fuzz_env import Clients, LoopThread, run_batch
-from fuzz_strategies import DEPLOYMENTS, ID_POOL, case
+from fuzz_strategies import DEPLOYMENTS, EMBED_MODEL, ID_POOL, case
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from server_proc import ServerProcess, metric, released
@@ -35,6 +36,9 @@ FUZZ_FLEET = {
         # a small queue, so concurrent cases also meet admission control (HTTP: its model)
         {"name": "tiny", "model": "llama-3-8b", "quant": "bf16", "chip": "h100-sxm",
          "engine": "sglang", "max_num_seqs": 2, "max_waiting": 3, **LIMITS},
+        # an embedding model: the pooling routes are mounted and fuzzed (docs/EMBEDDINGS.md)
+        {"name": "embed", "model": EMBED_MODEL, "quant": "bf16", "chip": "h100-sxm",
+         "engine": "vllm", **LIMITS},
     ],
 }
 
@@ -98,7 +102,14 @@ async def assert_idle(server: ServerProcess) -> None:
             assert metric(text, "vllm:num_requests_running", **labels) == 0
             assert metric(text, "vllm:num_requests_waiting", **labels) == 0
             assert metric(text, "vllm:kv_cache_usage_perc", **labels) == 0
+            if name == "embed":  # (it generates nothing: its ids are checked over HTTP)
+                continue
             for rid in ID_POOL:  # no front end still holds a pooled id in flight
                 chunks = [c async for c in client.generate(
                     "again", deployment=name, request_id=rid, max_tokens=1)]
                 assert chunks[-1].final.usage.completion_tokens == 1
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as http:
+        for rid in ID_POOL:
+            r = await http.post("/v1/embeddings", json={"model": EMBED_MODEL, "input": "again"},
+                                headers={"X-Request-Id": rid})
+            assert r.status_code == 200, r.text
