@@ -52,7 +52,7 @@ class Limits(msgspec.Struct, frozen=True):
     embedding_size: int = 0
     matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()  # the only ones allowed (): any
-    task_instructions: dict[str, str] = msgspec.field(default_factory=dict)  # input_type →
+    task_instructions: tuple[tuple[str, str], ...] = ()  # (input_type, its instruction)
 
 
 def check_prompt_bytes(text: str, limits: Limits) -> None:

@@ -60,7 +60,7 @@ def limits_of(opts: EngineOptions, vocab_size: int, capacity: Capacity,
         mrl, dims = matryoshka(opts.hf_overrides, model.matryoshka)
         pooling = {"pooling_task": model.pooling_task, "embedding_size": model.embedding_size,
                    "matryoshka": mrl, "matryoshka_dimensions": dims,
-                   "task_instructions": dict(model.task_instructions)}
+                   "task_instructions": tuple(model.task_instructions.items())}
     return Limits(name=opts.name, vocab_size=vocab_size, max_model_len=capacity.max_model_len,
                   num_blocks=capacity.kv_blocks_total, block_size=capacity.block_size,
                   max_waiting=opts.max_waiting, max_grammar_bytes=opts.max_grammar_bytes,

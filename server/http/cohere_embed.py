@@ -39,7 +39,7 @@ def instruction(client: DeploymentClient, input_type: str | None) -> str | None:
     """The task instruction of `input_type` (None: none), or vLLM's 400 for an unknown one."""
     if input_type is None:
         return None
-    known = client.limits.task_instructions
+    known = dict(client.limits.task_instructions)
     if not known:
         raise vllm_invalid(f"Unsupported input_type {input_type!r}. This model does not "
                            "define any input_type task instructions.")
