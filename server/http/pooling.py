@@ -1,7 +1,7 @@
 """Running a pooling model's request: its prompts pooled on the deployment, each answered with
 its emulated vector (`server.frontend.pooled`) when its prefill ends.
 
-The lifecycle of one `/v1/embeddings`, `/pooling`, `/score` or `/rerank` call:
+The lifecycle of one `/v1/embeddings`, `/pooling`, `/score`, `/rerank` or `/v2/embed` call:
 1. `pooling_client`: the deployment its `model` names (a pod of one deployment answers any
    name, as vLLM's pooling routes do not check it), or 501 when that model does not pool;
 2. `prompt_ids`: each input tokenized, truncated (`truncate_prompt_tokens`; a pooling
