@@ -62,3 +62,19 @@ def test_encodings_are_torchs():
         bytes([0x3F, 0x81])  # rounded to nearest (up past the half)
     assert binary(v[:1], "float16", "big") == bytes([0x38, 0x00])
     assert binary(v[:1], "float32", "big") == bytes([0x3F, 0x00, 0x00, 0x00])
+
+
+def test_special_tokens_are_no_likeness():
+    from server.engine.interface import PoolingParams
+    from server.frontend.pooled import prompt_vector
+
+    bos, params = 1, PoolingParams()
+    a, b = [bos, 500, 600], [bos, 700, 800]
+    assert np.array_equal(prompt_vector(a, 1024, params, frozenset({bos})),
+                          prompt_vector([500, 600], 1024, params))
+    # with BOS counted, two unrelated prompts would look a third alike
+    assert cosine(prompt_vector(a, 1024, params), prompt_vector(b, 1024, params)) > 0.2
+    assert abs(cosine(prompt_vector(a, 1024, params, frozenset({bos})),
+                      prompt_vector(b, 1024, params, frozenset({bos})))) < 0.15
+    assert np.array_equal(prompt_vector([bos], 1024, params, frozenset({bos})),
+                          prompt_vector([bos], 1024, params))  # nothing else: itself
