@@ -32,7 +32,13 @@ UNITS = {
     "usd_per_mtok": "USD per 1M output tokens", "usd_per_hour": "USD/h", "memory_bytes": "B",
     "kv_tokens": "tokens", "max_context": "tokens", "tokens_per_step": "tokens",
     "memory_share": "of each chip's memory (the engine's rule)",
+    # an embedding model's (ModelSpec.is_pooling): its requests end with their prefill
+    "embeddings_per_s": "prompts/s", "joules_per_m_input_tok": "J per 1M input tokens",
+    "usd_per_m_input_tok": "USD per 1M input tokens",
 }
+POOLING_NOTE = ("an embedding model: a request ends with its prefill and generates nothing "
+                "(docs/EMBEDDINGS.md); the decode and output figures are its body's per-token "
+                "cost, not what it serves")
 
 
 def _sig(x: float, digits: int = 5) -> float:
@@ -177,6 +183,7 @@ def estimate(
     total_s = prefill_s + decode_s
     usd = total_s * usd_per_s
     assert mid is not None
+    pooling = placement.model.is_pooling and prompt > 0
     return {
         "fits": True,
         "chips": placement.chips,
@@ -205,6 +212,16 @@ def estimate(
         "memory_share": placement.memory_share,
         "max_context": placement.max_context,
         "max_concurrency": placement.max_concurrency(need),
-        "notes": list(placement.notes),
+        "notes": list(placement.notes) + ([POOLING_NOTE] if pooling else []),
         "units": UNITS,
+        **(_pooling(batch * prompt, prefill_s, prefill_j, usd_per_s, batch) if pooling else {}),
     }
+
+
+def _pooling(tokens: int, prefill_s: float, prefill_j: float, usd_per_s: float,
+             batch: int) -> dict[str, Any]:
+    """An embedding model's figures: the batch's prompts pooled in its prefill's time, priced
+    per million input tokens."""
+    return {"embeddings_per_s": _sig(batch / prefill_s),
+            "joules_per_m_input_tok": _sig(prefill_j / tokens * 1e6),
+            "usd_per_m_input_tok": _sig(prefill_s * usd_per_s / tokens * 1e6)}

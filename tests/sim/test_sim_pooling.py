@@ -80,3 +80,19 @@ def test_a_fleet_of_embedding_replicas_and_its_plan_are_priced_per_input_token(t
     winner = next(line for line in capsys.readouterr().out.splitlines()
                   if line.startswith("winner:"))
     assert f"${plan['usd_per_m_input_tok']:.3g} per million input tokens" in winner
+
+
+def test_estimate_prices_an_embedding_model_as_the_saturated_engine_serves_it(capsys):
+    from doppelchip.cli import main
+
+    assert main(["estimate", "--chip", "h100-sxm", "--engine", "vllm", "--model",
+                 "qwen3-embedding-8b", "--quant", "bf16", "--batch", "16", "--prompt", "512",
+                 "--json"]) == 0
+    point = last_json(capsys)
+    assert any("an embedding model" in n for n in point["notes"])
+    # 16 prompts of 512 tokens fill one step of vLLM's 8,192-token budget, as a saturated
+    # engine's queue does: the analytic point and the scheduler agree
+    burst = WorkloadSpec(kind="random", num_requests=1600, rate=1e6, isl=512, osl=1, seed=2)
+    summary, _ = simulate_conversations(EMBED, burst)
+    assert point["embeddings_per_s"] == pytest.approx(summary["requests_per_s"], rel=0.03)
+    assert point["usd_per_m_input_tok"] > 0
