@@ -121,10 +121,7 @@ def check_request(request: EngineRequest, limits: Limits,
         if n > limit:
             raise InvalidRequest(f"prompt is {n} tokens; deployment {name!r} has a context of "
                                  f"{limit} tokens")
-        if -(-n // limits.block_size) > limits.num_blocks:
-            raise InvalidRequest(f"request needs {-(-n // limits.block_size)} KV blocks of "
-                                 f"{limits.block_size} tokens; deployment {name!r} holds "
-                                 f"{limits.num_blocks}")
+        check_blocks(n, limits)
         return ids, 1
     if n >= limit:
         raise InvalidRequest(
@@ -141,13 +138,19 @@ def check_request(request: EngineRequest, limits: Limits,
             f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds deployment "
             f"{name!r}'s context of {limit} tokens"
         )
-    need = -(-(n + max_tokens) // limits.block_size)
+    check_blocks(n + max_tokens, limits)
+    return ids, max_tokens
+
+
+def check_blocks(tokens: int, limits: Limits) -> None:
+    """InvalidRequest when a request of `tokens` tokens at its longest needs more KV blocks
+    than the deployment's whole pool."""
+    need = -(-tokens // limits.block_size)
     if need > limits.num_blocks:
         raise InvalidRequest(
             f"request needs {need} KV blocks of {limits.block_size} tokens; deployment "
-            f"{name!r} holds {limits.num_blocks}"
+            f"{limits.name!r} holds {limits.num_blocks}"
         )
-    return ids, max_tokens
 
 
 # vLLM 0.33.0's words for its two queue limits (vllm/exceptions.py)

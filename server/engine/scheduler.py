@@ -88,7 +88,8 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         cfg = self.config
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
-        if req.num_prompt_tokens > cfg.max_model_len - (not req.pooling):  # (pooling: may fill)
+        room = cfg.max_model_len if req.pooling else cfg.max_model_len - 1  # (pooling fills it)
+        if req.num_prompt_tokens > room:
             raise ValueError(
                 f"prompt has {req.num_prompt_tokens} tokens; max_model_len is {cfg.max_model_len}"
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,7 @@ async def _inputs(state: HttpState, client, body: EmbedFields) -> list[list[int]
 
 
 def _answer(body: EmbedFields, response_id: str, name: str, ids: list[list[int]],
-            vectors: list[np.ndarray], obj: str, key: str) -> Response:
+            vectors: list[np.ndarray], shape: Shape) -> Response:
     fmt, dtype, order = body.encoding_format, body.embed_dtype, body.endianness
     created = int(time.time())
     if fmt in ("bytes", "bytes_only"):
@@ -62,39 +63,64 @@ def _answer(body: EmbedFields, response_id: str, name: str, ids: list[list[int]]
             start += len(chunk)
         headers = None if fmt == "bytes_only" else {"metadata": json.dumps({
             "id": response_id, "created": created, "model": name, "data": items,
-            "usage": {k: pooling.usage(ids)[k] for k in ("prompt_tokens", "total_tokens")}})}
+            "usage": {"prompt_tokens": (n := sum(map(len, ids))), "total_tokens": n}})}
         return Response(b"".join(chunks), media_type="application/octet-stream",
                         headers=headers)
-    data = [{"index": i, "object": obj,
-             key: v.tolist() if fmt == "float" else encode_base64(v, dtype, order)}
+    data = [{"index": i, "object": shape.obj,
+             shape.key: v.tolist() if fmt == "float" else encode_base64(v, dtype, order)}
             for i, v in enumerate(vectors)]
     return Response(encode({"id": response_id, "object": "list", "created": created,
                             "model": name, "data": data, "usage": pooling.usage(ids)}),
                     media_type="application/json")
 
 
-async def embeddings(state: HttpState, request: Request, body: EmbedFields, task: str | None,
-                     prefix: str, api: str, obj: str, key: str) -> Response:
-    rid, response_id = pooling.request_id(request, body.request_id, prefix)
+@dataclass(frozen=True)
+class Shape:
+    """What tells the two routes' answers apart: the id prefix, the API's name in a 501, the
+    items' `object` and the key of their vector."""
+
+    prefix: str
+    api: str
+    obj: str
+    key: str
+
+
+EMBEDDINGS = Shape("embd", "Embeddings API", "embedding", "embedding")
+POOLING = Shape("pool", "Pooling API", "pooling", "data")
+
+
+async def embeddings(state: HttpState, request: Request, body: EmbedFields) -> Response:
+    """`/v1/embeddings` (and `/invocations`'s embeddings body)."""
+    return await _run(state, request, body, EMBEDDINGS)
+
+
+async def pooled(state: HttpState, request: Request, body: EmbedFields) -> Response:
+    """`/pooling` (and `/invocations`'s pooling body)."""
+    return await _run(state, request, body, POOLING)
+
+
+async def _run(state: HttpState, request: Request, body: EmbedFields, shape: Shape
+               ) -> Response:
+    rid, response_id = pooling.request_id(request, body.request_id, shape.prefix)
     try:
-        client, name = pooling.pooling_client(state, body.model, api)
-        if key == "data":  # /pooling: vLLM's _verify_pooling_task
+        client, name = pooling.pooling_client(state, body.model, shape.api)
+        task = client.limits.pooling_task
+        if shape is POOLING:  # vLLM's _verify_pooling_task
             if body.dimensions is not None:
                 raise vllm_invalid("dimensions is currently not supported", "dimensions")
-            task = task or client.limits.pooling_task
-            if task != client.limits.pooling_task:
+            asked = body.task or task  # type: ignore[attr-defined]
+            if asked != task:
                 raise vllm_invalid(
-                    f"Try switching the model's pooling_task via --pooler-config.task {task}."
-                    if task in SUPPORTED_TASKS else
-                    f"Unsupported task: {task!r} Supported tasks: {SUPPORTED_TASKS}", "task")
-        params = pooling.check_params(client, name, task or client.limits.pooling_task,
-                                      body.dimensions, body.use_activation)
+                    f"Try switching the model's pooling_task via --pooler-config.task {asked}."
+                    if asked in SUPPORTED_TASKS else
+                    f"Unsupported task: {asked!r} Supported tasks: {SUPPORTED_TASKS}", "task")
+        params = pooling.check_params(client, name, task, body.dimensions, body.use_activation)
         ids = await _inputs(state, client, body)
         vectors = await pooling.pool(request, client, rid, response_id, ids, params,
                                      body.priority, state.tokenizer.special_token_ids)
     except HttpError as e:
         return error_response(e, rid)
-    return _answer(body, response_id, name, ids, vectors, obj, key)
+    return _answer(body, response_id, name, ids, vectors, shape)
 
 
 def add_embedding_routes(app: FastAPI, state: HttpState | None) -> None:
@@ -103,12 +129,9 @@ def add_embedding_routes(app: FastAPI, state: HttpState | None) -> None:
     @app.post("/v1/embeddings")
     async def create_embedding(request: Request) -> Response:
         body = await parse(request, EmbeddingRequest)
-        return await counted(state.load(), embeddings(  # type: ignore[union-attr]
-            state, request, body, None, "embd", "Embeddings API", "embedding", "embedding"))
+        return await counted(state.load(), embeddings(state, request, body))  # type: ignore
 
     @app.post("/pooling")
     async def create_pooling(request: Request) -> Response:
         body = await parse(request, PoolingRequest)
-        task = body.task  # type: ignore[union-attr]
-        return await counted(state.load(), embeddings(  # type: ignore[union-attr]
-            state, request, body, task, "pool", "Pooling API", "pooling", "data"))
+        return await counted(state.load(), pooled(state, request, body))  # type: ignore

@@ -15,7 +15,6 @@ The lifecycle of one `/v1/embeddings`, `/pooling`, `/score`, `/rerank` or `/v2/e
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,9 +24,8 @@ from server.engine.interface import EngineRequest, PoolingParams
 from server.fleet import UnknownDeployment
 from server.frontend.deployment import INLINE_TOKENIZE_CHARS, DeploymentClient
 from server.frontend.pooled import prompt_vector
-from server.http import generate, lengths, prompts
+from server.http import generate, lengths, prompts, routes
 from server.http.errors import HttpError, draining, unknown_model, vllm_invalid
-from server.http.routes import checked_id, engine_id
 from server.http.state import HttpState
 
 
@@ -64,8 +62,8 @@ def all_pooling(state: HttpState | None) -> bool:
 
 def request_id(request: Request, body_id: str | None, prefix: str) -> tuple[str, str]:
     """(the client's id, the response's `id`: `<prefix>-<id>`), vLLM's `_base_request_id`."""
-    rid = request.headers.get("x-request-id") or body_id or uuid.uuid4().hex
-    checked_id(rid)
+    rid = routes.request_id(request, body_id)
+    routes.checked_id(rid)
     return rid, f"{prefix}-{rid}"
 
 
@@ -122,8 +120,9 @@ async def pool(request: Request, client: DeploymentClient, rid: str, response_id
                special: frozenset[int] = frozenset()) -> list[np.ndarray]:
     """Step 4: every prompt pooled on the deployment; their vectors, in order
     (`pooled.prompt_vector`)."""
-    reqs = [EngineRequest(request_id=engine_id(f"{response_id}-{i}"), prompt_token_ids=tuple(p),
-                          priority=priority, pooling=params) for i, p in enumerate(ids)]
+    reqs = [EngineRequest(request_id=routes.engine_id(f"{response_id}-{i}"),
+                          prompt_token_ids=tuple(p), priority=priority, pooling=params)
+            for i, p in enumerate(ids)]
     run = await generate.admitted(client, reqs, 1, rid)
     await generate.collect(run, request)
     return [prompt_vector(p, client.limits.embedding_size, params, special) for p in ids]

@@ -18,8 +18,6 @@ fall-through, since vLLM's `VLLMValidationError` is no pydantic error; the
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable
-from typing import Any
 
 from fastapi import FastAPI
 from pydantic import TypeAdapter, ValidationError
@@ -27,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.http.body import UNSUPPORTED_MEDIA, media_type_ok, unicode_checked
-from server.http.embeddings import embeddings
+from server.http.embeddings import embeddings, pooled
 from server.http.errors import HttpError, bad_request, validation_error
 from server.http.pooling import all_pooling
 from server.http.pooling_protocol import (
@@ -46,19 +44,10 @@ _HANDLERS = (("ChatCompletionRequest", ChatCompletionRequest, chat_completion),
              ("CompletionRequest", CompletionRequest, completion))
 
 
-def _embed(state: HttpState, request: Request, body: Any) -> Awaitable[Response]:
-    return embeddings(state, request, body, None, "embd", "Embeddings API", "embedding",
-                      "embedding")
-
-
-def _pool(state: HttpState, request: Request, body: Any) -> Awaitable[Response]:
-    return embeddings(state, request, body, body.task, "pool", "Pooling API", "pooling", "data")
-
-
 # an embedding model's (vLLM's get_pooling_invocation_types order for the embed task)
-_POOLING = (("EmbeddingRequest", EmbeddingRequest, _embed),
+_POOLING = (("EmbeddingRequest", EmbeddingRequest, embeddings),
             ("RerankRequest", RerankRequest, rerank), ("ScoreRequest", ScoreRequest, score),
-            ("PoolingRequest", PoolingRequest, _pool))
+            ("PoolingRequest", PoolingRequest, pooled))
 
 
 def add_sagemaker_routes(app: FastAPI, state: HttpState) -> None:

@@ -53,9 +53,8 @@ def _limit(value: int, name: str, max_model_len: int) -> int:
 
 
 async def scored(state: HttpState, request: Request, body: ScoringFields, data_1: Any,
-                 data_2: Any, api: str) -> tuple[str, str, str, list[float], int] | Response:
-    """(client id, response id, model name, each pair's score, prompt tokens), or the error
-    answer."""
+                 data_2: Any, api: str) -> tuple[str, str, list[float], int] | Response:
+    """(response id, model name, each pair's score, prompt tokens), or the error answer."""
     rid, response_id = pooling.request_id(request, body.request_id, "score")
     try:
         client, name = pooling.pooling_client(state, body.model, api)
@@ -79,14 +78,14 @@ async def scored(state: HttpState, request: Request, body: ScoringFields, data_1
     if len(queries) == 1:
         queries = queries * len(docs)
     scores = [cosine(q, d) for q, d in zip(queries, docs, strict=True)]
-    return rid, response_id, name, scores, sum(map(len, ids))
+    return response_id, name, scores, sum(map(len, ids))
 
 
 async def score(state: HttpState, request: Request, body: ScoreRequest) -> Response:
     out = await scored(state, request, body, body.data_1, body.data_2, "Score API")
     if isinstance(out, Response):
         return out
-    _, response_id, name, scores, n = out
+    response_id, name, scores, n = out
     return Response(encode({
         "id": response_id, "object": "list", "created": int(time.time()), "model": name,
         "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
@@ -100,7 +99,7 @@ async def rerank(state: HttpState, request: Request, body: RerankRequest) -> Res
                        "Rerank (Score) API")
     if isinstance(out, Response):
         return out
-    _, response_id, name, scores, n = out
+    response_id, name, scores, n = out
     docs = body.documents if isinstance(body.documents, list) else [body.documents]
     results = sorted(({"index": i, "document": {"text": d, "multi_modal": None},
                        "relevance_score": s} for i, (d, s) in enumerate(zip(docs, scores,
