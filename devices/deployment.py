@@ -36,6 +36,7 @@ class DeploymentSpec:
     link in every forward pass (vLLM's and SGLang's ``--cpu-offload-gb``).
     ``enforce_eager`` (vLLM's ``--enforce-eager``): an engine that replays captured graphs
     launches every kernel from the host instead.
+    ``convert``/``num_labels``: the model served as a pooling model (vLLM's ``--convert``).
     """
 
     model: str
@@ -61,6 +62,8 @@ class DeploymentSpec:
     kv_cache_dtype: str = "auto"
     speculative: SpeculativeConfig | None = None
     enforce_eager: bool = False
+    convert: str = ""  # "embed" | "classify": a generative checkpoint served by the pooling
+    num_labels: int = 0  # runner (ModelSpec.as_pooling); a classifier's labels
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from devices.pipeline import cycle_cost
 from devices.place_hbm import step_budget
 from devices.place_sram import chips_needed
 from devices.placed import FactorTable, Placement
-from devices.placement import place
+from devices.placement import place, served_model
 
 DECODE_SAMPLES = 8  # decode steps evaluated (evenly spread over the output) and averaged
 UNITS = {
@@ -36,7 +36,8 @@ UNITS = {
     "embeddings_per_s": "prompts/s", "joules_per_m_input_tok": "J per 1M input tokens",
     "usd_per_m_input_tok": "USD per 1M input tokens",
 }
-POOLING_NOTE = ("an embedding model: a request ends with its prefill and generates nothing "
+POOLING_NOTE = ("a pooling model (embeddings, a classifier): a request ends with its prefill and "
+                "generates nothing "
                 "(docs/EMBEDDINGS.md); the decode and output figures are its body's per-token "
                 "cost, not what it serves")
 
@@ -117,7 +118,7 @@ def sized_for(spec: DeploymentSpec, prompt: int, output: int, batch: int) -> Dep
     if chip.placement != "sram" or spec.count is not None:
         return spec
     ctx = max(spec.max_context or 0, prompt + output)
-    model, quant = catalog.get_model(spec.model), catalog.get_quant(spec.quant)
+    model, quant = served_model(spec), catalog.get_quant(spec.quant)
     n = chips_needed(spec, model, quant, chip, batch, ctx)
     return dataclasses.replace(spec, count=n, max_context=ctx, max_batch=max(spec.max_batch,
                                                                               batch))

@@ -12,6 +12,7 @@ FLOPs), which is exact for totals over all layers.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -53,6 +54,7 @@ class ModelSpec:
     pooling_task: str = ""  # "embed": vLLM's runner "pooling" (Sentence Transformers modules.json)
     pooling_type: str = ""  # how the pooler reduces the tokens: "LAST" (1_Pooling/config.json)
     matryoshka: bool = False  # config.json's is_matryoshka / matryoshka_dimensions (vLLM's rule)
+    num_labels: int = 0  # a classifier's outputs (task "classify"; 1: a cross-encoder's score)
     # config_sentence_transformers.json's `prompts`: Cohere's `input_type` → an instruction
     task_instructions: dict[str, str] = field(default_factory=dict, compare=False)
     published_params: float = 0.0
@@ -69,6 +71,17 @@ class ModelSpec:
         """Served by vLLM's pooling runner: no token is generated; a request's answer is the
         pooled hidden state of its prompt (an embedding), ready when its prefill ends."""
         return bool(self.pooling_task)
+
+    def as_pooling(self, task: str, num_labels: int = 0) -> ModelSpec:
+        """This model served by vLLM's pooling runner though its checkpoint is generative
+        (`--convert embed|classify`, or `--hf-overrides` naming a `*ForSequenceClassification`
+        architecture): the LM head is dropped and the last token's hidden state pooled; a
+        classifier reads it through a score head of `num_labels` rows, built from LM-head rows
+        (vLLM's `as_seq_cls_model`). ASSUMPTION: that head (num_labels × hidden, 1,024 to
+        4,096 parameters for a reranker) is left out of weights and FLOPs, < 1e-5 of either."""
+        return dataclasses.replace(self, lm_head=False, pooling_task=task,
+                                   pooling_type=self.pooling_type or "LAST",
+                                   num_labels=num_labels if task == "classify" else 0)
 
     @property
     def embedding_size(self) -> int:

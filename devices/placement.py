@@ -29,9 +29,16 @@ from devices.placed import FactorTable, Placement
 from devices.specs import ChipSpec, EngineSpec, ModelSpec, QuantSpec
 
 
+def served_model(spec: DeploymentSpec) -> ModelSpec:
+    """The catalogue model as the deployment serves it: converted to a pooling model when
+    ``spec.convert`` says so (``ModelSpec.as_pooling``)."""
+    model = catalog.get_model(spec.model)
+    return model.as_pooling(spec.convert, spec.num_labels) if spec.convert else model
+
+
 def resolve(spec: DeploymentSpec) -> tuple[ModelSpec, QuantSpec, ChipSpec, EngineSpec]:
     """Look the ids up and check the engine accepts this chip and weight format."""
-    model, quant = catalog.get_model(spec.model), catalog.get_quant(spec.quant)
+    model, quant = served_model(spec), catalog.get_quant(spec.quant)
     chip, engine = catalog.get_chip(spec.chip), catalog.get_engine(spec.engine)
     if chip.kind == "storage":
         raise PlacementError(f"{chip.id} is storage, not a processor")

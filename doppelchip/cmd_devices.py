@@ -59,6 +59,12 @@ def register(subparsers: Any) -> None:
                    help="vLLM's speculative_config JSON plus acceptance_rate, e.g. "
                    '\'{"method": "eagle3", "num_speculative_tokens": 3, '
                    '"acceptance_rate": 0.7}\'')
+    e.add_argument("--convert", default=None, choices=("auto", "none", "embed", "classify"),
+                   help="vLLM's --convert: a generative checkpoint priced as an embedding "
+                   "model or a classifier (without its LM head; docs/EMBEDDINGS.md)")
+    e.add_argument("--hf-overrides", default=None, metavar="JSON",
+                   help="vLLM's config.json overrides: a classifier's architectures, "
+                   "classifier_from_token and method (docs/EMBEDDINGS.md)")
     e.add_argument("--n-gpu-layers", type=int, default=None,
                    help="llama.cpp: layers kept in VRAM (default: as many as fit)")
     e.add_argument("--built-for", default=None,
@@ -205,18 +211,29 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from devices import DeploymentSpec, SpeculativeConfig, SpeculativeConfigError, estimate
+    from devices import DeploymentSpec, SpeculativeConfig, SpeculativeConfigError, catalog, estimate
+    from devices.errors import UnknownId
+    from server.engine.hf_overrides import Conversion, conversion
 
     result: dict[str, Any] = {}
     try:
         speculative = SpeculativeConfig.parse(args.speculative_config)
     except SpeculativeConfigError as e:
         speculative, result = None, {"fits": False, "error": str(e)}
+    served = Conversion()
+    try:
+        model = catalog.get_model(args.model)
+        served = conversion(args.hf_overrides, None, args.convert, model.name, model.is_pooling)
+    except UnknownId:
+        pass  # (estimate says so)
+    except ValueError as e:
+        result = result or {"fits": False, "error": str(e)}
     spec = DeploymentSpec(
         model=args.model, quant=args.quant, chip=args.chip, engine=args.engine,
         count=args.count, tp=args.tp, pp=args.pp, ep=args.ep, n_gpu_layers=args.n_gpu_layers,
         built_for=args.built_for, max_context=args.max_context,
         kv_cache_dtype=args.kv_cache_dtype, speculative=speculative,
+        convert=served.task, num_labels=served.num_labels,
     )
     if not result and min(args.prompt, args.output - 1, args.batch - 1) < 0:
         result = {"fits": False, "error": "--prompt must be >= 0, --output and --batch >= 1"}

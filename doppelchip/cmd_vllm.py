@@ -22,7 +22,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from doppelchip.vllm_dp import HEADLESS, local_ranks
-from doppelchip.vllm_flags import BY_FLAG, PASSTHROUGH, POOLING, REFUSED, VLLM_OPTIONS
+from doppelchip.vllm_flags import BY_FLAG, PASSTHROUGH, REFUSED, VLLM_OPTIONS
 from doppelchip.vllm_parser import add_serve_arguments, is_given
 
 if TYPE_CHECKING:
@@ -64,30 +64,17 @@ def _refuse(args: argparse.Namespace) -> None:
                          "the Python gRPC server, or --grpc-port beside the HTTP --port.")
 
 
-def check_runner(args: argparse.Namespace, spec: ModelSpec) -> None:
-    """ValueError for a `--runner` / `--convert` the model cannot be served with. vLLM picks
-    the runner from the checkpoint (`auto`): an embedding model's (`ModelSpec.is_pooling`) is
-    `pooling`, its conversion `embed`; turning a generative model into a pooling one, or a
-    classifier, is not emulated."""
-    from devices import catalog
+def check_runner(args: argparse.Namespace, spec: ModelSpec) -> str:
+    """The pooling task the model is served for ("": generation), or ValueError for a
+    `--runner` / `--convert` / `--hf-overrides` vLLM would not start with
+    (`server.engine.hf_overrides.conversion`: an embedding checkpoint is served by the pooling
+    runner; a generative one by the generate runner, or converted into an embedding model or a
+    classifier)."""
+    from server.engine.hf_overrides import conversion
 
-    runner, convert = args.runner or "auto", args.convert or "auto"
-    if spec.is_pooling:
-        if runner in ("generate", "draft"):
-            raise ValueError(f"--runner {runner}: {spec.name} is an embedding model (its "
-                             "checkpoint has no LM head); vLLM serves it with --runner pooling")
-        if convert not in ("auto", "none", spec.pooling_task):
-            raise ValueError(f"--convert {convert}: {spec.name} is an embedding model "
-                             f"(--convert {spec.pooling_task}); {convert} is not emulated")
-    elif runner == "draft":
-        raise ValueError("--runner draft: a speculative draft model's runner is not emulated "
-                         "(--speculative-config gives a deployment its drafts)")
-    elif runner == "pooling" or convert in POOLING["--convert"]:
-        given = f"--runner {runner}" if runner == "pooling" else f"--convert {convert}"
-        pooling = ", ".join(m.id for m in catalog.list_models() if m.is_pooling)
-        raise ValueError(f"{given}: turning the generative {spec.name} into a pooling model is "
-                         f"not emulated; the catalogue's embedding models are served as "
-                         f"vLLM serves them: {pooling}")
+    served = conversion(args.hf_overrides, args.runner, args.convert, spec.name,
+                        spec.is_pooling)
+    return served.task or spec.pooling_task
 
 
 def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -127,7 +114,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     kv = getattr(args, "kv_cache_dtype", None)
     if kv is not None and kv not in KV_DTYPES:
         raise ValueError(f"--kv-cache-dtype {kv}: emulated are {', '.join(KV_DTYPES)}")
-    check_runner(args, catalog.get_model(model))
+    task = check_runner(args, catalog.get_model(model))
     start, local = local_ranks(args, catalog.get_model(model).is_moe)
     if args.enable_chunked_prefill is False:
         raise ValueError("--disable-chunked-prefill (--no-enable-chunked-prefill): doppelchip's "
@@ -152,7 +139,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
               "cold": args.cold, "prefix_cache": {True: "on", False: "off"}.get(
                   args.enable_prefix_caching),
               "data_parallel_start_rank": start or None, "data_parallel_size_local": local,
-              "hf_overrides": args.hf_overrides}
+              "hf_overrides": args.hf_overrides, "runner": args.runner, "convert": args.convert}
     for name, _ in PASSTHROUGH:
         dest = BY_FLAG[name].dest
         if dest not in values:
@@ -168,6 +155,9 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     warnings = [f"{o.name} is accepted but not emulated: it changes nothing here"
                 for o in VLLM_OPTIONS if o.name in args.unemulated
                 and is_given(getattr(args, o.dest)) and not understood(o.name, args)]
+    if args.chat_template and task != "classify":
+        warnings.append("--chat-template renders a cross-encoder's /score and /rerank pairs "
+                        "only; chat requests render with the packaged tokenizer's template")
     if args.async_scheduling is False:  # turns off what vLLM 0.33.0 does by default
         warnings.append("--no-async-scheduling is accepted but not emulated: the steps here "
                         "cost what vLLM's default asynchronous scheduling costs")
@@ -177,7 +167,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
     if ignored := sorted(set(hf_overrides.parse(args.hf_overrides)) - set(hf_overrides.EMULATED)):
         warnings.append(f"--hf-overrides: {', '.join(ignored)} accepted but not emulated (only "
-                        f"{' and '.join(hf_overrides.EMULATED)} change anything here)")
+                        f"{', '.join(hf_overrides.EMULATED)} change anything here)")
     return out, warnings
 
 

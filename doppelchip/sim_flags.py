@@ -136,7 +136,20 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
                    "emulated: it needs an LMCache server)")
     g.add_argument("--hf-overrides", metavar="JSON",
                    help="vLLM's config.json overrides; emulated: is_matryoshka and "
-                   "matryoshka_dimensions of an embedding model (docs/EMBEDDINGS.md)")
+                   "matryoshka_dimensions of an embedding model, and architectures, "
+                   "classifier_from_token, method and is_original_qwen3_reranker of a "
+                   "generative checkpoint served as a classifier (docs/EMBEDDINGS.md)")
+    g.add_argument("--runner", choices=("auto", "generate", "pooling", "draft"),
+                   help="vLLM's --runner: pooling serves the model's pooled hidden states "
+                   "(default auto: what the checkpoint and --convert say)")
+    g.add_argument("--convert", choices=("auto", "none", "embed", "classify"),
+                   help="vLLM's --convert: a generative checkpoint served as an embedding "
+                   "model or a classifier (classify needs --hf-overrides classifier_from_token "
+                   "and method; docs/EMBEDDINGS.md)")
+    g.add_argument("--chat-template", metavar="FILE|TEMPLATE",
+                   help="vLLM's --chat-template, for a cross-encoder's /score and /rerank: "
+                   "each (query, document) pair rendered through it, e.g. examples/pooling/"
+                   "score/template/qwen3_reranker.jinja (chat requests use the tokenizer's)")
     g.add_argument("--enable-sleep-mode", action="store_true",
                    help="accepted for vLLM compatibility: sleep mode is always available")
     # --- vLLM's observability flags (docs/OBSERVABILITY.md) ---

@@ -85,7 +85,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"energy, cost    {s['joules_per_mtok']:.4g} J and ${s['usd_per_mtok']:.4g} "
         f"per million output tokens" if "pooling" not in s else
         f"energy, cost    {s['pooling']['joules_per_m_input_tok']:.4g} J and "
-        f"${s['pooling']['usd_per_m_input_tok']:.4g} per million input tokens (embeddings)",
+        f"${s['pooling']['usd_per_m_input_tok']:.4g} per million input tokens (pooled)",
     ]
     return "\n".join(lines)
 

@@ -138,6 +138,7 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--show-hidden-metrics-for-version", {}),
     ("--h11-max-incomplete-event-size", {"type": int}),
     ("--h11-max-header-count", {"type": int}),
+    ("--chat-template", {}),  # a cross-encoder's pair prompt (server/engine/score_template)
 )
 
 # how vLLM fetches, loads or names weights, logs, traces, binds its processes to hardware or
@@ -173,9 +174,9 @@ ACCEPTED: tuple[str, ...] = (
     "--enable-prompt-tokens-details", "--enable-request-id-headers",
 )
 
-# refused before anything starts (exit status 2), with the reason; `--runner` and `--convert`
-# are checked against the model (cmd_vllm.check_runner: an embedding model is served as one)
+# refused before anything starts (exit status 2), with the reason
 REFUSED: dict[str, str] = {
     "--uds": "doppelchip listens on TCP only (use --host and --port)",
 }
-POOLING = {"--runner": ("pooling", "draft"), "--convert": ("embed", "classify")}
+# emulated, checked against the model (cmd_vllm.check_runner: what vLLM would serve)
+POOLING = ("--runner", "--convert")

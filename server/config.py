@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from server.engine import hf_overrides
+from devices.errors import UnknownId
 from server.engine.block_hash import hash_function
 from server.engine.build import EngineOptions
 from server.engine.faults import check_options as check_fault_options
@@ -195,6 +195,8 @@ _CHOICES = {
     "shape_policy": ("hold", "recompile"),
     "output_len_dist": ("geometric", "fixed"),
     "role": ("prefill", "decode", "both"),  # (virtual-time P/D pools: issue 16)
+    "runner": ("auto", "generate", "pooling", "draft"),  # vLLM's (docs/EMBEDDINGS.md)
+    "convert": ("auto", "none", "embed", "classify"),
 }
 
 
@@ -258,9 +260,11 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     opts = _build(EngineOptions, table, where)
     try:  # --- LoRA (issue 13): the LoRA options checked as vLLM checks them ---
         opts.lora_config()
-        hf_overrides.parse(opts.hf_overrides)
+        opts.conversion()
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from None
+    except UnknownId:  # an unknown model: the deployment fails to place, saying so
+        pass
     if problem := opts.rank_problem():
         raise ConfigError(f"{where}: {problem}")
     try:  # --- failure injection (issue 13) ---

@@ -158,6 +158,9 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "kv_offloading_size": getattr(args, "kv_offloading_size", None),
         "kv_offloading_backend": getattr(args, "kv_offloading_backend", None),
         "hf_overrides": getattr(args, "hf_overrides", None),
+        "runner": getattr(args, "runner", None),
+        "convert": getattr(args, "convert", None),
+        "chat_template": getattr(args, "chat_template", None),
         "enable_sleep_mode": getattr(args, "enable_sleep_mode", None) or None,
         # --- vLLM's --kv-cache-metrics (docs/OBSERVABILITY.md) ---
         "kv_cache_metrics": getattr(args, "kv_cache_metrics", None),

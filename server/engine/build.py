@@ -22,6 +22,7 @@ trick; on only for sglang), which `EngineOptions.jump_forward` overrides per dep
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from devices import (
@@ -34,7 +35,8 @@ from devices import (
     place,
 )
 from devices.hf_config import checkpoint_kv_cache_dtype
-from server.engine import hf_overrides
+from devices.model import ModelSpec
+from server.engine import hf_overrides, score_template
 from server.engine.block_hash import BlockHasher
 from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
@@ -52,6 +54,7 @@ from server.engine.scheduler import Scheduler
 from server.engine.scheduler_config import SchedulerConfig
 from server.engine.tokenizer import Tokenizer, get_tokenizer
 
+logger = logging.getLogger("doppelchip.engine")
 
 def engine_defaults(engine: str, chip: str) -> tuple[str, int | None, int | None]:
     """(policy, max_num_seqs, max_num_batched_tokens) of `engine` on `chip`, from the catalogue."""
@@ -140,8 +143,26 @@ class EngineOptions:
     kv_offloading_size: float | None = None  # GiB of host memory for the CPU tier (all chips)
     kv_offloading_backend: str = "native"  # native | lmcache (not emulated)
     enable_sleep_mode: bool = False  # vLLM's flag, accepted; sleep mode is always available
-    # vLLM's --hf-overrides JSON: emulated for Matryoshka embeddings (server/engine/hf_overrides)
+    # vLLM's --hf-overrides JSON, --runner and --convert: Matryoshka embeddings, and a
+    # generative checkpoint served as an embedding model or a classifier (server/engine/
+    # hf_overrides, docs/EMBEDDINGS.md)
     hf_overrides: str | None = None
+    runner: str | None = None  # auto | generate | pooling | draft (None: auto)
+    convert: str | None = None  # auto | none | embed | classify (None: auto)
+    chat_template: str | None = None  # vLLM's --chat-template: a cross-encoder's pair prompt
+    #                                   (a file or the template; server/engine/score_template)
+
+    def conversion(self) -> hf_overrides.Conversion:
+        """How the checkpoint is served (ValueError when vLLM would not start)."""
+        model = catalog.get_model(self.model)
+        return hf_overrides.conversion(self.hf_overrides, self.runner, self.convert,
+                                       model.name, model.is_pooling)
+
+    def served_model(self) -> ModelSpec:
+        """The catalogue model as this deployment serves it (`conversion`)."""
+        served = self.conversion()
+        model = catalog.get_model(self.model)
+        return model.as_pooling(served.task, served.num_labels) if served.task else model
 
     def lora_config(self) -> LoraConfig:
         """The LoRA options, checked (LoraError, a ValueError, when one is wrong)."""
@@ -213,6 +234,7 @@ class EngineOptions:
             enforce_eager=self.enforce_eager, gpu_mem_utilisation=self.gpu_memory_utilization,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             cpu_offload_bytes=int(self.cpu_offload_gb * 2**30),
+            convert=(served := self.conversion()).task, num_labels=served.num_labels,
         )
 
 
@@ -258,7 +280,14 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     """Place the deployment and assemble its core. Raises devices.DeviceError (with the
     reason) when it cannot be placed, ValueError when an option is out of range."""
     lora = opts.lora_config()  # checked before placing: a bad flag is a clear error
-    hf_overrides.parse(opts.hf_overrides)
+    served = opts.conversion()  # a bad --hf-overrides, --runner or --convert: an error first
+    score_template.load(opts.chat_template)  # a missing template file too
+    if served.task == "classify" and not opts.chat_template \
+            and hf_overrides.parse(opts.hf_overrides).get("is_original_qwen3_reranker"):
+        logger.warning("Serving an original Qwen3 reranker (%s) without a --chat-template. The "
+                    "model was trained with a specific prompt template; running without it "
+                    "may produce inaccurate relevance scores. Consider specifying "
+                    "`--chat-template %s`.", opts.model, score_template.QWEN3_RERANKER_TEMPLATE)
     placement = place(opts.spec(), ranks=opts.data_parallel_size)  # one rank's view
     transfer = KvTransferConfig.parse(opts.kv_transfer_config)  # refuse a bad config
     offload = OffloadConfig.resolve(opts.kv_offloading_size, opts.kv_offloading_backend,

@@ -52,6 +52,7 @@ class Limits(msgspec.Struct, frozen=True):
     embedding_size: int = 0
     matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()  # the only ones allowed (): any
+    num_labels: int = 0  # a classifier's (task "classify"; 1: a cross-encoder's score)
     task_instructions: tuple[tuple[str, str], ...] = ()  # (input_type, its instruction)
 
 

@@ -169,7 +169,7 @@ class Constraint(msgspec.Struct, frozen=True):
         return json.dumps(list(self.choices)) if self.kind == "choice" else self.text
 
 
-PoolingTask = Literal["embed"]
+PoolingTask = Literal["embed", "classify"]
 
 
 class PoolingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):

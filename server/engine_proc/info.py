@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from devices import Placement, catalog
 from devices.errors import UnknownId
+from server.engine import score_template
 from server.engine.build import EngineOptions
 from server.engine.core import EngineCore
 from server.engine.faults import has_faults
@@ -52,14 +53,15 @@ def limits_of(opts: EngineOptions, vocab_size: int, capacity: Capacity,
     """The deployment's admission limits (Limits), from its options, its KV pool, its
     scheduler's queue policy and its model (a pooling model's task and vector)."""
     try:
-        model = catalog.get_model(opts.model)
-    except UnknownId:  # (a deployment that failed for it)
+        model = opts.served_model()
+    except (UnknownId, ValueError):  # (a deployment that failed for it)
         model = None
     pooling = {}
     if model is not None and model.is_pooling:
         mrl, dims = matryoshka(opts.hf_overrides, model.matryoshka)
         pooling = {"pooling_task": model.pooling_task, "embedding_size": model.embedding_size,
                    "matryoshka": mrl, "matryoshka_dimensions": dims,
+                   "num_labels": model.num_labels,
                    "task_instructions": tuple(model.task_instructions.items())}
     return Limits(name=opts.name, vocab_size=vocab_size, max_model_len=capacity.max_model_len,
                   num_blocks=capacity.kv_blocks_total, block_size=capacity.block_size,
@@ -104,6 +106,7 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         kv_cache_metrics=opts.kv_cache_metrics, cache_dtype=opts.cache_dtype,
         data_parallel_size=opts.data_parallel_size,
         dp_rank=opts.data_parallel_start_rank + rank,
+        chat_template=score_template.load(opts.chat_template),
         **offload_info(core),
     )
 

@@ -32,13 +32,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.auth import ApiKeys
 from server.http.chat_batch import add_chat_batch_routes
+from server.http.classify import add_classify_route
 from server.http.cohere_embed import add_cohere_route
 from server.http.embeddings import add_embedding_routes
 from server.http.errors import HttpError, error_response, validation_error
 from server.http.kv_events import add_kv_event_routes
 from server.http.messages_routes import add_messages_routes
 from server.http.metrics import instrument
-from server.http.pooling import all_pooling, any_pooling
+from server.http.pooling import all_pooling, any_pooling, classifies, embeds, scores
 from server.http.profile import add_profile_routes
 from server.http.responses_routes import add_responses_routes
 from server.http.rl import add_rl_routes, dev_mode
@@ -150,8 +151,12 @@ def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
         add_tokenizer_info_route(app, state)
     if any_pooling(state):  # a pooling model's routes (vLLM's register_pooling_api_routers)
         add_embedding_routes(app, state)
-        add_cohere_route(app, state)  # Cohere's /v2/embed
-        add_score_routes(app, state)
+        if any_pooling(state, embeds):
+            add_cohere_route(app, state)  # Cohere's /v2/embed
+        if any_pooling(state, classifies):
+            add_classify_route(app, state)
+        if any_pooling(state, scores):
+            add_score_routes(app, state)
     if all_pooling(state):  # vLLM mounts the generation routes for the generate task only
         app.router.routes[:] = [r for r in app.router.routes
                                 if not getattr(r, "path", "").startswith(GENERATION_PATHS)]

@@ -97,7 +97,8 @@ async def cohere_embed(state: HttpState, request: Request, body: CohereEmbedRequ
                        ) -> Response:
     rid, response_id = pooling.request_id(request, None, "embd")
     try:
-        client, name = pooling.pooling_client(state, body.model, "Embeddings API")
+        client, name = pooling.pooling_client(state, body.model, "Embeddings API",
+                                              pooling.embeds)
         if body.images is not None or any(p.type == "image_url" for i in body.inputs or ()
                                           for p in i.content):
             raise vllm_invalid(f"images are not supported: {client.info.model} is a text "

@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
+from server.engine.intake import Limits
 from server.frontend.pooled import binary, encode_base64
-from server.http import pooling, prompts
+from server.http import pooling
 from server.http.errors import HttpError, error_response, vllm_invalid
 from server.http.generate import encode
 from server.http.pooling_protocol import (
-    EmbedChat,
     EmbeddingRequest,
     EmbedFields,
     PoolingRequest,
@@ -31,23 +31,8 @@ from server.http.pooling_protocol import (
 from server.http.routes import counted, parse
 from server.http.state import HttpState
 
-SUPPORTED_TASKS = ("embed", "token_embed")  # vLLM's for an embedding model's runner
-
-
-async def _inputs(state: HttpState, client, body: EmbedFields) -> list[list[int]]:
-    """The body's prompts as token ids: a chat rendered by the template, or the `input`s."""
-    if isinstance(body, EmbedChat):
-        ids = await prompts.chat_prompt(body.messages, state.tokenizer, client.limits,
-                                        body.add_generation_prompt, body.continue_final_message)
-        ids = [state.tokenizer.bos_token_id, *ids] if body.add_special_tokens else ids
-        given: list[Any] = [ids]
-        add = False
-    else:
-        x = body.input  # type: ignore[attr-defined]
-        given = [x] if isinstance(x, str) or (x and isinstance(x[0], int)) else list(x)
-        add = body.add_special_tokens  # type: ignore[attr-defined]
-    return await pooling.prompt_ids(given, client, state, add, body.truncate_prompt_tokens,
-                                    body.truncation_side)
+# vLLM's supported tasks of an embedding model's and a classifier's pooler
+SUPPORTED_TASKS = {"embed": ("embed", "token_embed"), "classify": ("classify", "token_classify")}
 
 
 def _answer(body: EmbedFields, response_id: str, name: str, ids: list[list[int]],
@@ -76,17 +61,18 @@ def _answer(body: EmbedFields, response_id: str, name: str, ids: list[list[int]]
 
 @dataclass(frozen=True)
 class Shape:
-    """What tells the two routes' answers apart: the id prefix, the API's name in a 501, the
-    items' `object` and the key of their vector."""
+    """What tells the two routes' answers apart: the id prefix, the API's name in a 501 and
+    which models serve it, the items' `object` and the key of their vector."""
 
     prefix: str
     api: str
+    serves: Callable[[Limits], bool]
     obj: str
     key: str
 
 
-EMBEDDINGS = Shape("embd", "Embeddings API", "embedding", "embedding")
-POOLING = Shape("pool", "Pooling API", "pooling", "data")
+EMBEDDINGS = Shape("embd", "Embeddings API", pooling.embeds, "embedding", "embedding")
+POOLING = Shape("pool", "Pooling API", pooling.pools, "pooling", "data")
 
 
 async def embeddings(state: HttpState, request: Request, body: EmbedFields) -> Response:
@@ -103,19 +89,19 @@ async def _run(state: HttpState, request: Request, body: EmbedFields, shape: Sha
                ) -> Response:
     rid, response_id = pooling.request_id(request, body.request_id, shape.prefix)
     try:
-        client, name = pooling.pooling_client(state, body.model, shape.api)
+        client, name = pooling.pooling_client(state, body.model, shape.api, shape.serves)
         task = client.limits.pooling_task
         if shape is POOLING:  # vLLM's _verify_pooling_task
             if body.dimensions is not None:
                 raise vllm_invalid("dimensions is currently not supported", "dimensions")
-            asked = body.task or task  # type: ignore[attr-defined]
+            asked, supported = body.task or task, SUPPORTED_TASKS[task]  # type: ignore
             if asked != task:
                 raise vllm_invalid(
                     f"Try switching the model's pooling_task via --pooler-config.task {asked}."
-                    if asked in SUPPORTED_TASKS else
-                    f"Unsupported task: {asked!r} Supported tasks: {SUPPORTED_TASKS}", "task")
+                    if asked in supported else
+                    f"Unsupported task: {asked!r} Supported tasks: {supported}", "task")
         params = pooling.check_params(client, name, task, body.dimensions, body.use_activation)
-        ids = await _inputs(state, client, body)
+        ids = await pooling.body_ids(state, client, body)
         vectors = await pooling.pool(request, client, rid, response_id, ids, params,
                                      body.priority, state.tokenizer.special_token_ids)
     except HttpError as e:
@@ -124,12 +110,13 @@ async def _run(state: HttpState, request: Request, body: EmbedFields, shape: Sha
 
 
 def add_embedding_routes(app: FastAPI, state: HttpState | None) -> None:
-    """vLLM mounts these for an embedding model (`register_pooling_api_routers`)."""
-
-    @app.post("/v1/embeddings")
-    async def create_embedding(request: Request) -> Response:
-        body = await parse(request, EmbeddingRequest)
-        return await counted(state.load(), embeddings(state, request, body))  # type: ignore
+    """vLLM mounts `/pooling` for any pooling model, `/v1/embeddings` for an embedding model
+    (`register_pooling_api_routers`)."""
+    if pooling.any_pooling(state, pooling.embeds):
+        @app.post("/v1/embeddings")
+        async def create_embedding(request: Request) -> Response:
+            body = await parse(request, EmbeddingRequest)
+            return await counted(state.load(), embeddings(state, request, body))  # type: ignore
 
     @app.post("/pooling")
     async def create_pooling(request: Request) -> Response:

@@ -15,25 +15,50 @@ The lifecycle of one `/v1/embeddings`, `/pooling`, `/score`, `/rerank` or `/v2/e
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from starlette.requests import Request
 
+from server.engine.intake import Limits
 from server.engine.interface import EngineRequest, PoolingParams
 from server.fleet import UnknownDeployment
+from server.frontend.classified import activated, label_logits
 from server.frontend.deployment import INLINE_TOKENIZE_CHARS, DeploymentClient
 from server.frontend.pooled import prompt_vector
 from server.http import generate, lengths, prompts, routes
 from server.http.errors import HttpError, draining, unknown_model, vllm_invalid
+from server.http.pooling_protocol import ChatInput, PoolingFields
 from server.http.state import HttpState
 
 
-def pooling_client(state: HttpState, model: str | None, api: str
-                   ) -> tuple[DeploymentClient, str]:
+def embeds(limits: Limits) -> bool:
+    """An embedding model's routes (`/v1/embeddings`, `/v2/embed`)."""
+    return limits.pooling_task == "embed"
+
+
+def classifies(limits: Limits) -> bool:
+    """A classifier's route (`/classify`)."""
+    return limits.pooling_task == "classify"
+
+
+def scores(limits: Limits) -> bool:
+    """`/score` and `/rerank` (vLLM's `enable_scoring_api`): an embedding model (bi-encoder),
+    or a classifier of one label (cross-encoder)."""
+    return embeds(limits) or (classifies(limits) and limits.num_labels == 1)
+
+
+def pools(limits: Limits) -> bool:
+    """`/pooling`: any pooling model."""
+    return bool(limits.pooling_task)
+
+
+def pooling_client(state: HttpState, model: str | None, api: str,
+                   serves: Callable[[Limits], bool] = pools) -> tuple[DeploymentClient, str]:
     """The deployment and the name its answers carry (its first served name, as vLLM's
     `models.model_name()`), or 501 "The model does not support {api}" (vLLM's answer when the
-    route exists but the model has no such task)."""
+    route exists but the model has no such task: `serves` says which have)."""
     if state.draining:
         raise draining()
     fleet = state.fleet
@@ -43,14 +68,14 @@ def pooling_client(state: HttpState, model: str | None, api: str
         if len(fleet.clients) != 1:
             raise unknown_model(model or "", fleet.model_names()) from None
         client = next(iter(fleet.clients.values()))
-    if not client.limits.pooling_task:
+    if not serves(client.limits):
         raise HttpError(501, f"The model does not support {api}", "NotImplementedError")
     return client, client.info.model_name
 
 
-def any_pooling(state: HttpState | None) -> bool:
-    """Whether a deployment of the pod is a pooling model (None: the route table)."""
-    return state is None or any(c.limits.pooling_task for c in state.fleet.clients.values())
+def any_pooling(state: HttpState | None, serves: Callable[[Limits], bool] = pools) -> bool:
+    """Whether a deployment of the pod `serves` a route (None: the route table)."""
+    return state is None or any(serves(c.limits) for c in state.fleet.clients.values())
 
 
 def all_pooling(state: HttpState | None) -> bool:
@@ -95,6 +120,24 @@ async def prompt_ids(inputs: Sequence[str | list[int]], client: DeploymentClient
     return out
 
 
+async def body_ids(state: HttpState, client: DeploymentClient,
+                   body: PoolingFields) -> list[list[int]]:
+    """A body's prompts as token ids (steps 2): its chat rendered by the template (one
+    prompt), or its `input`s."""
+    if isinstance(body, ChatInput):
+        ids = await prompts.chat_prompt(body.messages, state.tokenizer, client.limits,
+                                        body.add_generation_prompt, body.continue_final_message)
+        ids = [state.tokenizer.bos_token_id, *ids] if body.add_special_tokens else ids
+        given: list[Any] = [ids]
+        add = False
+    else:
+        x = body.input  # type: ignore[attr-defined]
+        given = [x] if isinstance(x, str) or (x and isinstance(x[0], int)) else list(x)
+        add = body.add_special_tokens  # type: ignore[attr-defined]
+    return await prompt_ids(given, client, state, add, body.truncate_prompt_tokens,
+                            body.truncation_side)
+
+
 def check_params(client: DeploymentClient, name: str, task: str, dimensions: int | None,
                  use_activation: bool | None) -> PoolingParams:
     """The request's PoolingParams, checked as vLLM's `PoolingParams.verify` checks them."""
@@ -115,17 +158,33 @@ def check_params(client: DeploymentClient, name: str, task: str, dimensions: int
                          use_activation=True if use_activation is None else use_activation)
 
 
-async def pool(request: Request, client: DeploymentClient, rid: str, response_id: str,
-               ids: list[list[int]], params: PoolingParams, priority: int = 0,
-               special: frozenset[int] = frozenset()) -> list[np.ndarray]:
-    """Step 4: every prompt pooled on the deployment; their vectors, in order
-    (`pooled.prompt_vector`)."""
+async def run(request: Request, client: DeploymentClient, rid: str, response_id: str,
+              ids: list[list[int]], params: PoolingParams, priority: int = 0) -> None:
+    """Step 4: every prompt pooled on the deployment (one engine request each: all admitted
+    or none), returning when every prefill has ended; always freed (`generate.collect`)."""
     reqs = [EngineRequest(request_id=routes.engine_id(f"{response_id}-{i}"),
                           prompt_token_ids=tuple(p), priority=priority, pooling=params)
             for i, p in enumerate(ids)]
-    run = await generate.admitted(client, reqs, 1, rid)
-    await generate.collect(run, request)
-    return [prompt_vector(p, client.limits.embedding_size, params, special) for p in ids]
+    started = await generate.admitted(client, reqs, 1, rid)
+    await generate.collect(started, request)
+
+
+async def pool(request: Request, client: DeploymentClient, rid: str, response_id: str,
+               ids: list[list[int]], params: PoolingParams, priority: int = 0,
+               special: frozenset[int] = frozenset()) -> list[np.ndarray]:
+    """Every prompt pooled (`run`); their answers, in order (`output`)."""
+    await run(request, client, rid, response_id, ids, params, priority)
+    return [output(p, client.limits, params, special) for p in ids]
+
+
+def output(ids: list[int], limits: Limits, params: PoolingParams,
+           special: frozenset[int]) -> np.ndarray:
+    """One pooled prompt's answer: an embedding model's vector, or a classifier's
+    probabilities (its logits without `use_activation`)."""
+    if params.task == "classify":
+        logits = label_logits(ids, limits.num_labels, limits.embedding_size, special)
+        return np.asarray(activated(logits, params.use_activation), dtype=np.float32)
+    return prompt_vector(ids, limits.embedding_size, params, special)
 
 
 def usage(ids: list[list[int]]) -> dict:

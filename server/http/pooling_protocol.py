@@ -68,9 +68,15 @@ class EmbedFields(PoolingFields):
     use_activation: bool | None = None
 
 
-class EmbedCompletion(EmbedFields):
+class CompletionInput(OpenAIBase):
+    """vLLM's `CompletionRequestMixin`: the prompts as text or token ids."""
+
     input: list[TokenId] | list[list[TokenId]] | str | list[str]
     add_special_tokens: bool = True
+
+
+class EmbedCompletion(EmbedFields, CompletionInput):
+    pass
 
 
 def _messages_in_input(data: Any) -> Any:
@@ -83,7 +89,9 @@ def _messages_in_input(data: Any) -> Any:
     return data
 
 
-class EmbedChat(EmbedFields):
+class ChatInput(OpenAIBase):
+    """vLLM's `ChatRequestMixin`: one prompt, a chat rendered by the template."""
+
     messages: list[ChatMessage]
     add_generation_prompt: bool = False
     continue_final_message: bool = False
@@ -98,6 +106,10 @@ class EmbedChat(EmbedFields):
             raise vllm_invalid("Cannot set both `continue_final_message` and "
                                "`add_generation_prompt` to True.")
         return data
+
+
+class EmbedChat(EmbedFields, ChatInput):
+    pass
 
 
 class PoolCompletion(EmbedCompletion):
@@ -125,6 +137,23 @@ def _either(chat: type, completion: type) -> TypeAdapter:
 
 EmbeddingRequest = _either(EmbedChat, EmbedCompletion)
 PoolingRequest = _either(PoolChat, PoolCompletion)
+
+
+class ClassifyFields(PoolingFields):
+    """vLLM's `ClassifyRequestMixin`."""
+
+    use_activation: bool | None = None
+
+
+class ClassifyCompletion(ClassifyFields, CompletionInput):
+    pass
+
+
+class ClassifyChat(ClassifyFields, ChatInput):
+    pass
+
+
+ClassificationRequest = _either(ClassifyChat, ClassifyCompletion)
 
 
 # -- scoring -------------------------------------------------------------------------------------

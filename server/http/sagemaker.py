@@ -25,10 +25,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.http.body import UNSUPPORTED_MEDIA, media_type_ok, unicode_checked
+from server.http.classify import classify
 from server.http.embeddings import embeddings, pooled
 from server.http.errors import HttpError, bad_request, validation_error
-from server.http.pooling import all_pooling
+from server.http.pooling import all_pooling, any_pooling, classifies, embeds, pools, scores
 from server.http.pooling_protocol import (
+    ClassificationRequest,
     EmbeddingRequest,
     PoolingRequest,
     RerankRequest,
@@ -44,10 +46,12 @@ _HANDLERS = (("ChatCompletionRequest", ChatCompletionRequest, chat_completion),
              ("CompletionRequest", CompletionRequest, completion))
 
 
-# an embedding model's (vLLM's get_pooling_invocation_types order for the embed task)
-_POOLING = (("EmbeddingRequest", EmbeddingRequest, embeddings),
-            ("RerankRequest", RerankRequest, rerank), ("ScoreRequest", ScoreRequest, score),
-            ("PoolingRequest", PoolingRequest, pooled))
+# a pooling model's, each for the models it serves (vLLM's get_pooling_invocation_types order)
+_POOLING = (("EmbeddingRequest", EmbeddingRequest, embeddings, embeds),
+            ("ClassificationRequest", ClassificationRequest, classify, classifies),
+            ("RerankRequest", RerankRequest, rerank, scores),
+            ("ScoreRequest", ScoreRequest, score, scores),
+            ("PoolingRequest", PoolingRequest, pooled, pools))
 
 
 def add_sagemaker_routes(app: FastAPI, state: HttpState) -> None:
@@ -66,7 +70,8 @@ def add_sagemaker_routes(app: FastAPI, state: HttpState) -> None:
         adapter = request.headers.get(ADAPTER_HEADER)
         if adapter and isinstance(body, dict):
             body = {**body, "model": adapter}
-        handlers = _POOLING if all_pooling(state) else _HANDLERS
+        handlers = ([h[:3] for h in _POOLING if any_pooling(state, h[3])]
+                    if all_pooling(state) else _HANDLERS)
         for _, model, handler in handlers:
             try:
                 req = (model.validate_python(body) if isinstance(model, TypeAdapter)

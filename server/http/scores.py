@@ -1,6 +1,7 @@
-"""`/score` and `/rerank` of an embedding model: vLLM 0.33.0's bi-encoder scoring
-(`vllm/entrypoints/pooling/scoring/`). Every query and every document is pooled on the
-deployment (one engine request each), and a pair's score is the cosine of their vectors.
+"""`/score` and `/rerank`: vLLM 0.33.0's scoring (`vllm/entrypoints/pooling/scoring/`). On an
+embedding model (a bi-encoder) every query and every document is pooled on the deployment
+(one engine request each), and a pair's score is the cosine of their vectors; on a classifier
+of one label (a cross-encoder) each pair is one prompt (`server.http.cross_encoder`).
 
 Pairs: one query against N documents (1:N), or N against N (pairwise); anything else is
 vLLM's "Input lengths must be either 1:1, 1:N or N:N". `/rerank` answers its documents sorted
@@ -19,6 +20,7 @@ from starlette.responses import Response
 
 from server.frontend.pooled import cosine
 from server.http import pooling
+from server.http.cross_encoder import cross_scores
 from server.http.errors import HttpError, error_response, vllm_invalid
 from server.http.generate import encode
 from server.http.pooling_protocol import RerankRequest, ScoreRequest, ScoringFields
@@ -57,11 +59,15 @@ async def scored(state: HttpState, request: Request, body: ScoringFields, data_1
     """(response id, model name, each pair's score, prompt tokens), or the error answer."""
     rid, response_id = pooling.request_id(request, body.request_id, "score")
     try:
-        client, name = pooling.pooling_client(state, body.model, api)
+        client, name = pooling.pooling_client(state, body.model, api, pooling.scores)
         limit = client.limits.max_model_len
         per_query = _limit(body.max_tokens_per_query, "max_tokens_per_query", limit)
         per_doc = _limit(body.max_tokens_per_doc, "max_tokens_per_doc", limit)
         one, two = _sides(data_1, data_2, client.info.model)
+        if pooling.classifies(client.limits):
+            scores, n = await cross_scores(state, request, body, client, name, one, two,
+                                           (per_query, per_doc), rid, response_id)
+            return response_id, name, scores, n
         ids = await pooling.prompt_ids([*one, *two], client, state, True,
                                        body.truncate_prompt_tokens, body.truncation_side)
         # vLLM cuts a text to N tokens, then the tokenizer adds its special tokens (BOS here)
@@ -113,7 +119,8 @@ async def rerank(state: HttpState, request: Request, body: RerankRequest) -> Res
 
 
 def add_score_routes(app: FastAPI, state: HttpState | None) -> None:
-    """vLLM mounts these for an embedding model (`enable_scoring_api`: embed → bi-encoder)."""
+    """vLLM mounts these for an embedding model or a classifier of one label
+    (`enable_scoring_api`: embed → bi-encoder, classify → cross-encoder)."""
     for path in ("/score", "/v1/score"):
         @app.post(path)
         async def create_score(request: Request) -> Response:

@@ -74,6 +74,8 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     dp_rank: int = 0  # the data-parallel rank clients see (vLLM's `engine` label, its KV
     #                   events' data_parallel_rank): data_parallel_start_rank + `rank`, the
     #                   index of this engine core among the server's
+    chat_template: str = ""  # --chat-template's text: a cross-encoder's pair prompt (docs/
+    #                          EMBEDDINGS.md; server/engine/score_template.py)
 
     @property
     def model_name(self) -> str:

@@ -46,6 +46,10 @@ PASS_VALUES = {"--kv-cache-dtype": "fp8", "--speculative-config": '{"method": "n
                "--hf-overrides": '{"is_matryoshka": true}'}
 
 
+CHAT_TEMPLATE_WARNING = ("--chat-template renders a cross-encoder's /score and /rerank pairs "
+                         "only; chat requests render with the packaged tokenizer's template")
+
+
 PARSER = build_parser("vllm")
 SERVE = PARSER._subparsers._group_actions[0].choices["vllm"]._subparsers._group_actions[0] \
     .choices["serve"]
@@ -99,6 +103,8 @@ def test_each_option_is_translated_passed_accepted_refused_or_warned():
         warned = [w for w in warnings if w.startswith(option.name + " ")]
         if option.name in POOLING:
             assert not warned  # auto / generate: a generative model, as served
+        elif option.name == "--chat-template":  # passed, but a generative model's chat
+            assert warned == [CHAT_TEMPLATE_WARNING] and option.name in serve  # ignores it
         elif option.name in dict(PASSTHROUGH):
             assert not warned and option.name in serve, option.name
         elif option.name in ACCEPTED:
@@ -146,9 +152,18 @@ def test_running_without_graphs_is_enforce_eager(argv, eager, warned):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--runner", "pooling"], "--runner pooling: turning the generative"),
-    (["--convert", "embed"], "--convert embed: turning the generative"),
-    (["--convert", "classify"], "--convert classify: turning the generative"),
+    (["--convert", "classify"], "--convert classify: Llama 3.1 8B's checkpoint has no "
+                                "classifier (score) weights"),
+    (["--runner", "generate", "--convert", "embed"], "--convert embed needs --runner pooling"),
+    (["--runner", "pooling", "--convert", "none"], "serve it with --convert embed or classify"),
+    (["--hf-overrides", '{"architectures": ["LlamaForSequenceClassification"]}'],
+     "has no classifier (score) weights"),
+    (["--hf-overrides", '{"architectures": ["LlamaForSequenceClassification"], '
+      '"classifier_from_token": ["a", "b", "c"], "method": "from_2_way_softmax"}'],
+     "from_2_way_softmax takes 2 classifier_from_token (got 3)"),
+    (["--runner", "generate", "--hf-overrides",
+      '{"architectures": ["LlamaForSequenceClassification"]}'],
+     "--runner generate: Llama 3.1 8B is served as a pooling model"),
     (["--runner", "draft"], "--runner draft: a speculative draft model's runner"),
     (["--headless", "--api-server-count", "2"], "cannot be used with --headless"),
     (["--grpc", "--grpc-port", "50052"], "mutually exclusive"),
@@ -179,20 +194,51 @@ def test_hf_overrides_pass_through_and_name_the_keys_they_ignore():
                                       '{"is_matryoshka": true, "rope_theta": 5}'))
     assert serve[serve.index("--hf-overrides") + 1] == '{"is_matryoshka": true, "rope_theta": 5}'
     assert warnings == ["--hf-overrides: rope_theta accepted but not emulated (only "
-                        "is_matryoshka and matryoshka_dimensions change anything here)"]
-    for bad in ("[1]", "{", '{"matryoshka_dimensions": [0]}', '{"is_matryoshka": 1}'):
+                        "is_matryoshka, matryoshka_dimensions, architectures, "
+                        "classifier_from_token, method, is_original_qwen3_reranker change "
+                        "anything here)"]
+    for bad in ("[1]", "{", '{"matryoshka_dimensions": [0]}', '{"is_matryoshka": 1}',
+                '{"architectures": "LlamaForSequenceClassification"}',
+                '{"classifier_from_token": [1, 2]}', '{"method": "from_3_way_softmax"}'):
         with pytest.raises(ValueError, match="--hf-overrides"):
             translate(parse(REPO, "--hf-overrides", bad))
 
 
 @pytest.mark.parametrize("argv, says", [
-    (("--runner", "generate"), "--runner generate: Qwen3-Embedding-8B is an embedding model"),
+    (("--runner", "generate"), "--runner generate: Qwen3-Embedding-8B is served as a pooling "
+                               "model"),
     (("--convert", "classify"), "--convert classify: Qwen3-Embedding-8B is an embedding model"),
 ])
 def test_an_embedding_checkpoint_cannot_generate(argv, says):
     with pytest.raises(ValueError) as refused:
         translate(parse("Qwen/Qwen3-Embedding-8B", *argv))
     assert says in str(refused.value)
+
+
+RERANKER = ('{"architectures": ["Qwen3ForSequenceClassification"], '
+            '"classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}')
+
+
+def test_vllm_docs_qwen3_reranker_command_serves_a_cross_encoder():
+    template = "examples/pooling/score/template/qwen3_reranker.jinja"
+    serve, warnings = translate(parse("Qwen/Qwen3-Reranker-0.6B", "--hf-overrides", RERANKER,
+                                      "--chat-template", template))
+    assert warnings == []
+    assert serve[serve.index("--model") + 1] == "qwen3-reranker-0.6b"
+    assert serve[serve.index("--hf-overrides") + 1] == RERANKER
+    assert serve[serve.index("--chat-template") + 1] == template
+    # served as published (no overrides): a language model, and the template is for scoring
+    serve, warnings = translate(parse("Qwen/Qwen3-Reranker-0.6B", "--chat-template", template))
+    assert warnings == [CHAT_TEMPLATE_WARNING]
+
+
+@pytest.mark.parametrize("argv", [("--runner", "pooling"), ("--convert", "embed"),
+                                  ("--runner", "pooling", "--convert", "embed")])
+def test_a_generative_checkpoint_converts_into_an_embedding_model(argv):
+    serve, warnings = translate(parse(REPO, *argv))
+    assert warnings == []
+    assert [serve[serve.index(f) + 1] for f in ("--runner", "--convert")
+            if f in serve] == [v for f, v in zip(argv[::2], argv[1::2], strict=True)]
 
 
 @pytest.mark.parametrize("flag", ["--swap-space", "--num-scheduler-steps", "--task",

@@ -21,10 +21,11 @@ from smg_grpc_proto import vllm_engine_pb2 as vpb
 from doppelchip.v1 import inference_pb2 as pb
 
 ID_POOL = ("dup-0", "dup-1", "dup-2", "dup-3")
-DEPLOYMENTS = ("fast", "tiny", "embed")
+DEPLOYMENTS = ("fast", "tiny", "embed", "rerank")
 MODEL = "llama-3.1-8b"
 EMBED_MODEL = "qwen3-embedding-0.6b"  # the fuzz fleet's embedding model (docs/EMBEDDINGS.md)
-POOLING_ROUTES = ("/v1/embeddings", "/pooling", "/score", "/rerank", "/v2/embed")
+RERANK_MODEL = "qwen3-reranker-0.6b"  # and its cross-encoder (converted by --hf-overrides)
+POOLING_ROUTES = ("/v1/embeddings", "/pooling", "/score", "/rerank", "/v2/embed", "/classify")
 INT32 = (-(2**31), 2**31 - 1)
 
 
@@ -302,12 +303,12 @@ def http_body(draw, route: str) -> dict:
 
 
 def _pooling_body(draw, route: str, body: dict) -> dict:
-    """An embedding model's request (mostly naming it), every field sometimes of a wrong
-    type or value."""
+    """A pooling model's request (mostly naming the embedding model or the cross-encoder),
+    every field sometimes of a wrong type or value."""
     if draw(st.integers(0, 3)):
-        body["model"] = EMBED_MODEL
+        body["model"] = draw(st.sampled_from((EMBED_MODEL, RERANK_MODEL)))
     texts = st.one_of(SAFE_TEXT, st.lists(SAFE_TEXT, max_size=3), JSON_VALUE, PROMPT_TEXT)
-    if route in ("/v1/embeddings", "/pooling"):
+    if route in ("/v1/embeddings", "/pooling", "/classify"):
         body["input"] = draw(st.one_of(texts, TOKEN_IDS, st.lists(TOKEN_IDS, max_size=2)))
     elif route == "/score":
         body["queries"], body["documents"] = draw(texts), draw(texts)
@@ -329,6 +330,12 @@ def _pooling_body(draw, route: str, body: dict) -> dict:
         "max_tokens": st.one_of(st.integers(-2, 300), JSON_VALUE),
         "input_type": st.sampled_from(("query", "document", "other")),
         "request_id": REQUEST_ID, "priority": SMALL_INT, "normalize": st.booleans(),
+        "instruction": st.one_of(SAFE_TEXT, JSON_VALUE),
+        "chat_template_kwargs": st.one_of(st.fixed_dictionaries({}, optional={
+            "instruction": SAFE_TEXT, "tools": JSON_VALUE, "tokenize": st.booleans()}),
+            JSON_VALUE),
+        "max_tokens_per_query": st.one_of(st.integers(-2, 300), JSON_VALUE),
+        "max_tokens_per_doc": st.one_of(st.integers(-2, 300), JSON_VALUE),
     })))
     return body
 

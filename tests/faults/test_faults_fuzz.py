@@ -17,7 +17,7 @@ import asyncio
 import httpx
 import pytest
 from fuzz_env import Clients, LoopThread, run_batch
-from fuzz_strategies import DEPLOYMENTS, EMBED_MODEL, ID_POOL, case
+from fuzz_strategies import DEPLOYMENTS, EMBED_MODEL, ID_POOL, RERANK_MODEL, case
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from server_proc import ServerProcess, metric, released
@@ -39,6 +39,14 @@ FUZZ_FLEET = {
         # an embedding model: the pooling routes are mounted and fuzzed (docs/EMBEDDINGS.md)
         {"name": "embed", "model": EMBED_MODEL, "quant": "bf16", "chip": "h100-sxm",
          "engine": "vllm", **LIMITS},
+        # a cross-encoder: /classify, and /score and /rerank one prompt per pair through its
+        # template (its kwargs fuzzed too)
+        {"name": "rerank", "model": RERANK_MODEL, "quant": "bf16", "chip": "h100-sxm",
+         "engine": "vllm", "hf_overrides": '{"architectures": '
+         '["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], '
+         '"method": "from_2_way_softmax"}',
+         "chat_template": "<q>{{ messages[0].content }}</q>{{ instruction }}"
+                          "<d>{{ messages[1].content }}</d>", **LIMITS},
     ],
 }
 
@@ -102,7 +110,7 @@ async def assert_idle(server: ServerProcess) -> None:
             assert metric(text, "vllm:num_requests_running", **labels) == 0
             assert metric(text, "vllm:num_requests_waiting", **labels) == 0
             assert metric(text, "vllm:kv_cache_usage_perc", **labels) == 0
-            if name == "embed":  # (it generates nothing: its ids are checked over HTTP)
+            if name in ("embed", "rerank"):  # (they generate nothing: ids checked over HTTP)
                 continue
             for rid in ID_POOL:  # no front end still holds a pooled id in flight
                 chunks = [c async for c in client.generate(
@@ -111,5 +119,9 @@ async def assert_idle(server: ServerProcess) -> None:
     async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as http:
         for rid in ID_POOL:
             r = await http.post("/v1/embeddings", json={"model": EMBED_MODEL, "input": "again"},
+                                headers={"X-Request-Id": rid})
+            assert r.status_code == 200, r.text
+            r = await http.post("/rerank", json={"model": RERANK_MODEL, "query": "a",
+                                                 "documents": ["b", "c"]},
                                 headers={"X-Request-Id": rid})
             assert r.status_code == 200, r.text

@@ -1,7 +1,9 @@
-"""Embedding models beside generative ones, and what `--hf-overrides` makes Matryoshka.
+"""Embedding models and a cross-encoder beside generative ones, and what `--hf-overrides`
+makes Matryoshka.
 
 A pod serving both mounts both kinds of route; a request for a task its model does not have
-gets vLLM's answer: 501 "The model does not support Embeddings API" (vLLM's when the route
+gets vLLM's answer: 501 "The model does not support Embeddings API" (or Classification API:
+vLLM's when the route
 exists but the model has no such task), 400 "This model does not support generation" (its
 input processor's). With several models, an unknown `model` is a 404 (a pod of one embedding
 model answers any name, as vLLM's pooling routes do). `--hf-overrides
@@ -18,13 +20,19 @@ from server_proc import ServerProcess
 EMBED = {"name": "embed", "model": "qwen3-embedding-0.6b", "quant": "bf16", "chip": "rtx-4090",
          "engine": "vllm", "max_model_len": 512}
 E, G = EMBED["model"], "llama-3.1-8b"  # a fleet's deployments answer to their model ids
+RERANK = {"name": "rerank", "model": "qwen3-reranker-0.6b", "quant": "bf16", "chip": "rtx-4090",
+          "engine": "vllm", "max_model_len": 512, "chat_template": "{{ messages[0].content }}|"
+          "{{ messages[1].content }}", "hf_overrides": '{"architectures": '
+          '["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], '
+          '"is_original_qwen3_reranker": true}'}
+R = RERANK["model"]
 GEN = {"name": "gen", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
        "engine": "vllm", "max_model_len": 256}
 
 
 @pytest.fixture(scope="module")
 def mixed():
-    with ServerProcess(fleet_doc(deployments=[GEN, EMBED])) as server:
+    with ServerProcess(fleet_doc(deployments=[GEN, EMBED, RERANK])) as server:
         yield server
 
 
@@ -45,8 +53,22 @@ async def test_each_model_answers_its_own_task_only(mixed):
         assert no.status_code == 400 and "This model does not support generation" in no.text
         unknown = await http.post("/v1/embeddings", json={"model": "nope", "input": "hi"})
         assert unknown.status_code == 404
+        no = await http.post("/classify", json={"model": E, "input": "hi"})
+        assert no.status_code == 501
+        assert no.json()["error"]["message"] == "The model does not support Classification API"
+        no = await http.post("/v1/embeddings", json={"model": R, "input": "hi"})
+        assert no.status_code == 501 and "Embeddings API" in no.text
+        # the same /score route: a cosine of two vectors, or one prompt per pair
+        pair = {"queries": "cat", "documents": ["cat"]}
+        bi = (await http.post("/score", json={"model": E, **pair})).json()
+        cross = (await http.post("/score", json={"model": R, **pair})).json()
+        assert bi["data"][0]["score"] == pytest.approx(1.0)
+        assert bi["usage"]["prompt_tokens"] == 4  # (BOS + "cat") twice
+        assert cross["usage"]["prompt_tokens"] == 4  # BOS, "cat", "|", "cat": the template's
+        assert (await http.post("/classify", json={"model": R, "input": "hi"})).status_code \
+            == 200
         models = (await http.get("/v1/models")).json()["data"]
-        assert {m["id"] for m in models} == {G, E}
+        assert {m["id"] for m in models} == {G, E, R}
 
 
 async def test_hf_overrides_make_a_model_matryoshka():

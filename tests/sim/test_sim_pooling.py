@@ -89,10 +89,30 @@ def test_estimate_prices_an_embedding_model_as_the_saturated_engine_serves_it(ca
                  "qwen3-embedding-8b", "--quant", "bf16", "--batch", "16", "--prompt", "512",
                  "--json"]) == 0
     point = last_json(capsys)
-    assert any("an embedding model" in n for n in point["notes"])
+    assert any("a pooling model" in n for n in point["notes"])
     # 16 prompts of 512 tokens fill one step of vLLM's 8,192-token budget, as a saturated
     # engine's queue does: the analytic point and the scheduler agree
     burst = WorkloadSpec(kind="random", num_requests=1600, rate=1e6, isl=512, osl=1, seed=2)
     summary, _ = simulate_conversations(EMBED, burst)
     assert point["embeddings_per_s"] == pytest.approx(summary["requests_per_s"], rel=0.03)
     assert point["usd_per_m_input_tok"] > 0
+
+
+RERANKER = EngineOptions(
+    name="r", model="qwen3-reranker-8b", quant="bf16", chip="h100-sxm", engine="vllm",
+    hf_overrides='{"architectures": ["Qwen3ForSequenceClassification"], '
+                 '"classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}')
+
+
+def test_a_reranker_converted_by_its_overrides_pools_without_its_lm_head():
+    as_published = dataclasses.replace(RERANKER, hf_overrides=None)
+    gen, gen_records = simulate_conversations(as_published, LOAD)
+    cross, records = simulate_conversations(RERANKER, LOAD)
+    assert all(r.ok and r.output_tokens == 0 for r in records)
+    assert all(r.output_tokens > 0 for r in gen_records)  # as published: a language model
+    assert "pooling" in cross and "pooling" not in gen
+    # the body alone: its prefill costs what the embedding model of the same shape costs
+    # (their vocabularies differ by 4 rows, 16 K of 7.57 G parameters)
+    embed, _ = simulate_conversations(EMBED, LOAD)
+    assert cross["ttft_s"]["mean"] == pytest.approx(embed["ttft_s"]["mean"], rel=1e-3)
+    assert cross["ttft_s"]["mean"] < gen["ttft_s"]["mean"]

@@ -1,0 +1,73 @@
+"""`/score` and `/rerank` of a classifier of one label: vLLM 0.33.0's cross-encoder scoring
+(`CrossEncoderIOProcessor` in `vllm/entrypoints/pooling/scoring/io_processor.py`).
+
+Each (query, document) pair is one prompt, pooled on the deployment as one engine request:
+1. the query and the document are cut to `max_tokens_per_query` / `max_tokens_per_doc` tokens
+   (vLLM's `truncate_text_to_tokens`: the first N tokens, decoded back to text);
+2. the pair is rendered through the deployment's `--chat-template` (`server.engine.
+   score_template`: messages `query` and `document`, the request's `chat_template_kwargs` with
+   its `instruction`), or, without one, the two texts back to back (a model converted from a
+   language model has no separator token: vLLM's `use_sep_token` false);
+3. the text is tokenized with the special tokens, truncated and checked as any pooling prompt;
+4. the pair's score is the classifier's probability (`classified.pair_logit` through the
+   sigmoid; the logit with `use_activation` false).
+Every pair of one call shares the rendered text before its document, so a deployment with the
+prefix cache computes the template and the query once (what makes reranking N documents cheap).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from starlette.requests import Request
+
+from server.engine.score_template import render
+from server.frontend.classified import activated, pair_logit
+from server.frontend.deployment import DeploymentClient
+from server.http import pooling
+from server.http.errors import vllm_invalid
+from server.http.pooling_protocol import ScoringFields
+from server.http.state import HttpState
+
+
+def _cut(text: str, cap: int, state: HttpState) -> str:
+    """vLLM's `truncate_text_to_tokens` (0: no cap)."""
+    if not cap:
+        return text
+    tok = state.tokenizer
+    ids = tok.encode(text)
+    return text if len(ids) <= cap else tok.decode(ids[:cap])
+
+
+def _kwargs(body: ScoringFields) -> dict:
+    """The template's keyword arguments: `chat_template_kwargs`, with `instruction` unless
+    they give one (vLLM's `_merge_instruction_into_kwargs`)."""
+    kwargs = dict(body.chat_template_kwargs or {})
+    if body.instruction is not None:
+        kwargs.setdefault("instruction", body.instruction)
+    return kwargs
+
+
+async def cross_scores(state: HttpState, request: Request, body: ScoringFields,
+                       client: DeploymentClient, name: str, queries: list[str],
+                       docs: list[str], caps: tuple[int, int], rid: str, response_id: str
+                       ) -> tuple[list[float], int]:
+    """(each pair's score, the prompt tokens pooled); HttpError when a pair cannot be run."""
+    if len(queries) == 1:
+        queries = queries * len(docs)
+    queries = [_cut(q, caps[0], state) for q in queries]
+    docs = [_cut(d, caps[1], state) for d in docs]
+    template, kwargs = client.info.chat_template, _kwargs(body)
+    try:
+        texts = [render(template, q, d, kwargs) if template else q + d
+                 for q, d in zip(queries, docs, strict=True)]
+    except ValueError as e:
+        raise vllm_invalid(str(e)) from None
+    ids = await pooling.prompt_ids(texts, client, state, True, body.truncate_prompt_tokens,
+                                   body.truncation_side)
+    params = pooling.check_params(client, name, "classify", None, body.use_activation)
+    await pooling.run(request, client, rid, response_id, ids, params, body.priority)
+    tok, size = state.tokenizer, client.limits.embedding_size
+    special = tok.special_token_ids
+    scores = [activated(np.array([pair_logit(tok.encode(q), tok.encode(d), size, special)]),
+                        params.use_activation)[0] for q, d in zip(queries, docs, strict=True)]
+    return scores, sum(map(len, ids))
