@@ -35,7 +35,6 @@ from devices import (
     place,
 )
 from devices.hf_config import checkpoint_kv_cache_dtype
-from devices.model import ModelSpec
 from server.engine import hf_overrides, score_template
 from server.engine.block_hash import BlockHasher
 from server.engine.constraints import compiler_for
@@ -158,12 +157,6 @@ class EngineOptions:
         return hf_overrides.conversion(self.hf_overrides, self.runner, self.convert,
                                        model.name, model.is_pooling)
 
-    def served_model(self) -> ModelSpec:
-        """The catalogue model as this deployment serves it (`conversion`)."""
-        served = self.conversion()
-        model = catalog.get_model(self.model)
-        return model.as_pooling(served.task, served.num_labels) if served.task else model
-
     def lora_config(self) -> LoraConfig:
         """The LoRA options, checked (LoraError, a ValueError, when one is wrong)."""
         return LoraConfig(self.enable_lora, self.max_loras, self.max_lora_rank,
@@ -280,14 +273,9 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     """Place the deployment and assemble its core. Raises devices.DeviceError (with the
     reason) when it cannot be placed, ValueError when an option is out of range."""
     lora = opts.lora_config()  # checked before placing: a bad flag is a clear error
-    served = opts.conversion()  # a bad --hf-overrides, --runner or --convert: an error first
-    score_template.load(opts.chat_template)  # a missing template file too
-    if served.task == "classify" and not opts.chat_template \
-            and hf_overrides.parse(opts.hf_overrides).get("is_original_qwen3_reranker"):
-        logger.warning("Serving an original Qwen3 reranker (%s) without a --chat-template. The "
-                    "model was trained with a specific prompt template; running without it "
-                    "may produce inaccurate relevance scores. Consider specifying "
-                    "`--chat-template %s`.", opts.model, score_template.QWEN3_RERANKER_TEMPLATE)
+    opts.conversion()  # a bad --hf-overrides, --runner or --convert: a clear error first
+    if advice := score_template.check(opts.model, opts.hf_overrides, opts.chat_template):
+        logger.warning(advice)
     placement = place(opts.spec(), ranks=opts.data_parallel_size)  # one rank's view
     transfer = KvTransferConfig.parse(opts.kv_transfer_config)  # refuse a bad config
     offload = OffloadConfig.resolve(opts.kv_offloading_size, opts.kv_offloading_backend,

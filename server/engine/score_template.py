@@ -17,9 +17,23 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from server.engine import hf_overrides
+
 QWEN3_RERANKER_TEMPLATE = "examples/pooling/score/template/qwen3_reranker.jinja"  # vLLM's path
 JINJA_CHARS = "{}\n"  # vLLM's test: a value with any of them is a template, not a path
 RESERVED = frozenset({"chat_template", "tools", "tokenize"})  # kwargs the scorer sets itself
+
+
+def check(model: str, overrides: str | None, template: str | None) -> str:
+    """vLLM's start-up advice for an original Qwen3 reranker served without a template ("":
+    none); ValueError when `template` names a file that cannot be read."""
+    load(template)
+    if template or not hf_overrides.parse(overrides).get("is_original_qwen3_reranker"):
+        return ""
+    return (f"Serving an original Qwen3 reranker ({model}) without a --chat-template. The "
+            "model was trained with a specific prompt template; running without it may "
+            "produce inaccurate relevance scores. Consider specifying "
+            f"`--chat-template {QWEN3_RERANKER_TEMPLATE}`.")
 
 
 def load(value: str | None) -> str:

@@ -5,7 +5,7 @@ is built and sent to the supervisor and the front ends: what they need for admis
 from __future__ import annotations
 
 from devices import Placement, catalog
-from devices.errors import UnknownId
+from devices.model import ModelSpec
 from server.engine import score_template
 from server.engine.build import EngineOptions
 from server.engine.core import EngineCore
@@ -49,13 +49,9 @@ def peak_flops(p: Placement) -> float:
 
 
 def limits_of(opts: EngineOptions, vocab_size: int, capacity: Capacity,
-              policy: str = "fcfs") -> Limits:
+              policy: str = "fcfs", model: ModelSpec | None = None) -> Limits:
     """The deployment's admission limits (Limits), from its options, its KV pool, its
-    scheduler's queue policy and its model (a pooling model's task and vector)."""
-    try:
-        model = opts.served_model()
-    except (UnknownId, ValueError):  # (a deployment that failed for it)
-        model = None
+    scheduler's queue policy and the model it serves (a pooling model's task and vector)."""
     pooling = {}
     if model is not None and model.is_pooling:
         mrl, dims = matryoshka(opts.hf_overrides, model.matryoshka)
@@ -91,7 +87,7 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         name=opts.name, rank=rank, model=opts.model, quant=opts.quant, engine=opts.engine,
         chip=opts.chip, chip_count=p.chips, tensor_parallel=p.tp, pipeline_parallel=p.pp,
         placed=True, failure="", capacity=capacity,
-        limits=limits_of(opts, tokenizer.vocab_size, capacity, cfg.policy),
+        limits=limits_of(opts, tokenizer.vocab_size, capacity, cfg.policy, p.model),
         enable_prefix_caching=cfg.enable_prefix_caching,
         gpu_memory_utilisation=p.memory_share, tiers=tiers,
         weights_resident=tuple(resident.get(t, 0.0) for t in tiers),

@@ -89,3 +89,14 @@ def test_the_qwen3_reranker_template_renders_the_model_cards_prompt():
         score_template.render(template, "q", "d", {"tools": []})
     with pytest.raises(ValueError, match="failed to render"):
         score_template.render("{{ messages[0].content | nosuchfilter }}", "q", "d", None)
+
+
+def test_an_original_qwen3_reranker_without_its_template_gets_vllms_advice():
+    original = '{"is_original_qwen3_reranker": true, "classifier_from_token": ["no", "yes"]}'
+    advice = score_template.check("qwen3-reranker-8b", original, None)
+    assert advice.startswith("Serving an original Qwen3 reranker (qwen3-reranker-8b) without")
+    assert score_template.QWEN3_RERANKER_TEMPLATE in advice
+    assert score_template.check("qwen3-reranker-8b", original, "{{ x }}") == ""
+    assert score_template.check("m", '{"method": "no_post_processing"}', None) == ""
+    with pytest.raises(ValueError, match="looks like a file path"):
+        score_template.check("m", None, "missing.jinja")
