@@ -32,6 +32,9 @@ def register(subparsers: Any) -> None:
     add_traffic_args(p.add_argument_group("traffic over time (docs/AUTOSCALING.md)"))
     g = p.add_argument_group("the question")
     g.add_argument("--model", default=DEFAULT_MODEL, help=f"model id (default {DEFAULT_MODEL})")
+    g.add_argument("--hf-overrides", metavar="JSON",
+                   help="vLLM's config.json overrides of every candidate: a generative model "
+                   "served as a classifier, e.g. a Qwen3-Reranker (docs/EMBEDDINGS.md)")
     g.add_argument("--slo", required=True, metavar="TERMS",
                    help="ttft=S,tpot=S,e2e=S: per-request bounds (as load --slo); goodput=F: "
                    "the share of requests meeting all of them (default 0.9); ttft_p99=S "
@@ -168,7 +171,8 @@ def build_inputs(args: argparse.Namespace):
                         dps=_ints(args.dp, "--dp") or (1,),
                         offloads=_gibs(args.kv_offloading_size),
                         max_num_seqs=_ints(args.max_num_seqs, "--max-num-seqs") or (None,),
-                        modes=modes, max_replicas=args.max_replicas)
+                        modes=modes, max_replicas=args.max_replicas,
+                        hf_overrides=args.hf_overrides)
     check_not_empty(space)
     inputs = PlanInputs(space, workload, workload_argv(args), parse_plan_slo(args.slo),
                         router=args.router, runners_up=args.runners_up)

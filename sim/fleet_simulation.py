@@ -58,7 +58,7 @@ def fleet_options(args: argparse.Namespace) -> list[EngineOptions]:
 
 
 def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
-    from devices import catalog
+    from devices.placement import served_model
     from sim.admission import parse_admission
     from sim.autoscaled import report, run_scaled, used
     from sim.cluster import (
@@ -119,9 +119,8 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     summary = stream.fleet.summary(deployment=fleet_name(deployments), target="sim",
                                    **counters, joules_per_mtok=joules * per_mtok,
                                    usd_per_mtok=dollars * per_mtok, emulated_s=emulated_s)
-    summary.update(pooling_report(all(catalog.get_model(d.model).is_pooling
-                                      for d in deployments), joules, dollars,
-                                  stream.fleet.prompt))
+    summary.update(pooling_report(all(served_model(d.spec()).is_pooling for d in deployments),
+                                  joules, dollars, stream.fleet.prompt))
     summary["router"] = cr.router
     summary["replicas"] = replica_reports(cr)
     if cr.dispatch is not None:  # --- fleet (issue 16) ---

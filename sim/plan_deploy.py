@@ -41,7 +41,8 @@ def config_of(rec: dict[str, Any], mode: str | None = None) -> Config:
     """The config of a candidate's record, or of one of its `pool_shapes`."""
     return Config(rec["chip"], rec["engine"], rec["quant"], rec["model"], rec["tp"], rec["pp"],
                   rec["ep"], rec["count"], rec["max_num_seqs"], rec.get("max_model_len"),
-                  mode or rec["mode"], rec.get("dp", 1), rec.get("kv_offloading_size"))
+                  mode or rec["mode"], rec.get("dp", 1), rec.get("kv_offloading_size"),
+                  rec.get("hf_overrides"))
 
 
 # P/D pods as llm-d's P/D guides run them: both pools' vLLM takes the NIXL connector in both

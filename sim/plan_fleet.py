@@ -33,7 +33,8 @@ def _table(config: Config, replicas: int, name: str, role: str | None = None) ->
               "ep": opts.ep, "max_num_seqs": opts.max_num_seqs,
               "data_parallel_size": opts.data_parallel_size if config.dp > 1 else None,
               "kv_offloading_size": opts.kv_offloading_size,
-              "max_model_len": opts.max_model_len, "replicas": replicas, "role": role}
+              "max_model_len": opts.max_model_len, "hf_overrides": opts.hf_overrides,
+              "replicas": replicas, "role": role}
     return ["[[deployments]]"] + [f"{k} = {_toml(v)}" for k, v in fields.items()
                                   if v is not None]
 
@@ -108,7 +109,8 @@ def deployment_flags(config: Config) -> list[str]:
                         ("--data-parallel-size", ranks),
                         ("--kv-offloading-size", opts.kv_offloading_size),
                         ("--max-num-seqs", opts.max_num_seqs),
-                        ("--max-model-len", opts.max_model_len)):
+                        ("--max-model-len", opts.max_model_len),
+                        ("--hf-overrides", opts.hf_overrides)):
         if value is not None:
             flags += [flag, str(value)]
     return flags

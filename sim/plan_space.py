@@ -52,6 +52,7 @@ from typing import Any
 
 from devices import DeploymentSpec, DeviceError, catalog, estimate, place
 from devices.place_sram import chips_needed
+from devices.placement import served_model
 from server.engine.build import EngineOptions, engine_defaults, scheduler_config
 from server.engine.kv_offload import host_tier
 from server.engine.kv_offload_config import OffloadConfig
@@ -85,6 +86,7 @@ class Config:
     mode: str = "aggregated"
     dp: int = 1  # data-parallel ranks (engine cores) of one replica
     kv_offloading_size: float | None = None  # GiB of vLLM's CPU KV tier (docs/KV_OFFLOAD.md)
+    hf_overrides: str | None = None  # vLLM's, as given (a reranker's: docs/EMBEDDINGS.md)
 
     @property
     def name(self) -> str:
@@ -105,7 +107,8 @@ class Config:
                              pp=None if self.count else self.pp, ep=self.ep,
                              max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                              replicas=replicas, data_parallel_size=self.dp,
-                             kv_offloading_size=self.kv_offloading_size)
+                             kv_offloading_size=self.kv_offloading_size,
+                             hf_overrides=self.hf_overrides)
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,7 @@ class SearchSpace:
     max_num_seqs: tuple[int | None, ...] = (None,)
     modes: tuple[str, ...] = MODES
     max_replicas: int = 64
+    hf_overrides: str | None = None  # every config's (a generative model served converted)
 
 
 @dataclass(frozen=True)
@@ -226,7 +230,8 @@ def _combinations(space: SearchSpace) -> Iterator[Config]:
                         for mode in space.modes:
                             for gib in space.offloads:
                                 yield Config(chip_id, engine_id, quant_id, space.model, tp,
-                                             pp, ep, None, seqs, None, mode, dp, gib)
+                                             pp, ep, None, seqs, None, mode, dp, gib,
+                                             space.hf_overrides)
 
 
 def check_not_empty(space: SearchSpace) -> None:
@@ -268,7 +273,7 @@ def size(config: Config, work: WorkloadShape, slo: PlanSlo) -> Sized | str:
         ctx = 1 << math.ceil(math.log2(work.context or 2048))
         seqs = config.max_num_seqs or engine_defaults(config.engine, config.chip)[1] or 256
         probe = config.options().spec()
-        n = chips_needed(probe, catalog.get_model(config.model),
+        n = chips_needed(probe, served_model(probe),
                          catalog.get_quant(config.quant), chip, seqs, ctx)
         config = dataclasses.replace(config, count=n, max_model_len=ctx)
     spec: DeploymentSpec = config.options().spec()

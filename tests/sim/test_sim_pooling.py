@@ -116,3 +116,21 @@ def test_a_reranker_converted_by_its_overrides_pools_without_its_lm_head():
     embed, _ = simulate_conversations(EMBED, LOAD)
     assert cross["ttft_s"]["mean"] == pytest.approx(embed["ttft_s"]["mean"], rel=1e-3)
     assert cross["ttft_s"]["mean"] < gen["ttft_s"]["mean"]
+
+
+def test_plan_sizes_a_reranker_fleet_that_keeps_its_conversion(tmp_path, capsys):
+    from doppelchip.cli import main
+
+    work = ["--workload", "random", "--isl", "400", "--osl", "8", "--num-requests", "200",
+            "--rate", "60", "--seed", "1"]
+    argv = ["plan", "--model", "qwen3-reranker-8b", "--hf-overrides", RERANKER.hf_overrides,
+            "--chips", "rtx-4090", "--engines", "vllm", "--quants", "bf16", "--tp", "1", *work,
+            "--slo", "ttft=0.5", "--jobs", "1", "--write-fleet", str(tmp_path / "w.toml")]
+    assert main([*argv, "--json"]) == 0
+    plan = last_json(capsys)
+    assert plan["usd_per_m_input_tok"] > 0 and plan["usd_per_mtok"] == 0
+    assert "hf_overrides = " in plan["fleet"]
+    # the written fleet re-simulates as the cross-encoder it planned (nothing generated)
+    assert main(["simulate", "--config", str(tmp_path / "w.toml"), *work, "--json"]) == 0
+    again = last_json(capsys)
+    assert again["output_tokens"] == 0 and again["pooling"]["usd_per_m_input_tok"] > 0
