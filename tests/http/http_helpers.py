@@ -42,6 +42,24 @@ def openai_client(server) -> openai.AsyncOpenAI:
                               max_retries=0, timeout=30)
 
 
+async def pod_released(server) -> None:
+    """The pod's (first) deployment holds no request and no KV block."""
+    from fleets import assert_released
+
+    from clients.client import AsyncClient
+
+    async with AsyncClient(server.target) as client:
+        await assert_released(client, (await client.list_deployments()).deployments[0].name)
+
+
+def sample_sum(text: str, name: str) -> float:
+    """The sum of every sample `name` in a /metrics text, whatever its labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name)
+
+
 def http_client(server) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=server.http_url, timeout=30)
 

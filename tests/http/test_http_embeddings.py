@@ -10,12 +10,10 @@ import base64
 import json
 import math
 
-import httpx
 import numpy as np
 import openai
 import pytest
-from fleets import assert_released
-from prometheus_client.parser import text_string_to_metric_families
+from http_helpers import pod_released, sample_sum
 from server_proc import ServerProcess
 
 from clients.client import AsyncClient
@@ -25,21 +23,12 @@ SIZE = 1024  # its hidden size: the vector's length
 
 
 @pytest.fixture(scope="module")
-def pod():
+def server():
     with ServerProcess(None, REPO, "--max-model-len", "512", "--time-scale", "0.05",
                        vllm=True) as server:
         yield server
 
 
-@pytest.fixture
-async def http(pod):
-    async with httpx.AsyncClient(base_url=pod.http_url, timeout=60) as c:
-        yield c
-
-
-async def released(pod) -> None:
-    async with AsyncClient(pod.target) as client:
-        await assert_released(client, (await client.list_deployments()).deployments[0].name)
 
 
 async def embed(http, **body) -> dict:
@@ -48,13 +37,9 @@ async def embed(http, **body) -> dict:
     return r.json()
 
 
-def value(text: str, name: str) -> float:
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name)
 
-
-async def test_the_openai_client_gets_one_unit_vector_per_input(pod):
-    oai = openai.AsyncOpenAI(base_url=pod.http_url + "/v1", api_key="none")
+async def test_the_openai_client_gets_one_unit_vector_per_input(server):
+    oai = openai.AsyncOpenAI(base_url=server.http_url + "/v1", api_key="none")
     texts = ["the cat sat on the mat", "the cat sat on a mat", "quarterly revenue fell"]
     r = await oai.embeddings.create(model=REPO, input=texts)  # (asks base64, decodes it)
     assert r.object == "list" and r.model == REPO and [d.index for d in r.data] == [0, 1, 2]
@@ -68,7 +53,7 @@ async def test_the_openai_client_gets_one_unit_vector_per_input(pod):
     tokens = sum([(await oai.post("/../tokenize", body={"prompt": t}, cast_to=object))["count"]
                   for t in texts])
     assert r.usage.prompt_tokens == r.usage.total_tokens == tokens
-    await released(pod)
+    await pod_released(server)
 
 
 async def test_float_base64_and_bytes_carry_the_same_vector(http):
@@ -136,10 +121,10 @@ async def test_chat_input_token_ids_truncation_and_raw_vectors(http):
     ({"input": 3}, 400, "input"),
     ({"input": "x", "encoding_format": "hex"}, 400, "encoding_format"),
 ])
-async def test_bad_embedding_requests_get_vllms_answer(http, pod, body, status, says):
+async def test_bad_embedding_requests_get_vllms_answer(http, server, body, status, says):
     r = await http.post("/v1/embeddings", json=body)
     assert r.status_code == status and says in r.json()["error"]["message"], r.text
-    await released(pod)
+    await pod_released(server)
 
 
 async def test_pooling_refuses_dimensions_and_other_tasks(http):
@@ -149,7 +134,7 @@ async def test_pooling_refuses_dimensions_and_other_tasks(http):
     assert r.status_code == 400 and "Unsupported task: 'classify'" in r.text
 
 
-async def test_rerank_sorts_by_the_cosine_and_keeps_top_n(http, pod):
+async def test_rerank_sorts_by_the_cosine_and_keeps_top_n(http, server):
     docs = ["stock markets fell sharply", "the cat sat on the mat", "a cat on a mat"]
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
         r = await http.post(path, json={"query": "cat on the mat", "documents": docs,
@@ -170,7 +155,7 @@ async def test_rerank_sorts_by_the_cosine_and_keeps_top_n(http, pod):
     assert len(full) == 3
     score = next(x["relevance_score"] for x in full if x["index"] == 1)
     assert score == pytest.approx(float(q @ d), abs=1e-6)
-    await released(pod)
+    await pod_released(server)
 
 
 @pytest.mark.parametrize("names", [("queries", "documents"), ("queries", "items"),
@@ -196,10 +181,10 @@ async def test_a_pooling_pod_mounts_no_generation_route(http):
     assert (await http.post("/tokenize", json={"prompt": "x"})).status_code == 200
 
 
-async def test_grpc_generation_of_an_embedding_model_is_invalid(pod):
+async def test_grpc_generation_of_an_embedding_model_is_invalid(server):
     import grpc
 
-    async with AsyncClient(pod.target) as client:
+    async with AsyncClient(server.target) as client:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             async for _ in client.generate("hello", max_tokens=4):
                 pass
@@ -207,11 +192,11 @@ async def test_grpc_generation_of_an_embedding_model_is_invalid(pod):
     assert "This model does not support generation" in refused.value.details()
 
 
-async def test_metrics_count_each_pooled_prompt(http, pod):
-    before = pod.scrape()
+async def test_metrics_count_each_pooled_prompt(http, server):
+    before = server.scrape()
     await embed(http, input=["one two three", "four five", "six"])
-    after = pod.scrape()
-    gained = {n: value(after, n) - value(before, n) for n in (
+    after = server.scrape()
+    gained = {n: sample_sum(after, n) - sample_sum(before, n) for n in (
         "vllm:request_success_total", "vllm:generation_tokens_total",
         "vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count",
         "vllm:prompt_tokens_total", "vllm:time_to_first_token_seconds_sum")}
@@ -221,7 +206,7 @@ async def test_metrics_count_each_pooled_prompt(http, pod):
     assert gained["vllm:e2e_request_latency_seconds_count"] == 3
     assert gained["vllm:prompt_tokens_total"] >= 6
     assert gained["vllm:time_to_first_token_seconds_sum"] > 0
-    await released(pod)
+    await pod_released(server)
 
 
 async def test_sagemaker_invocations_answer_pooling_bodies(http):
@@ -238,13 +223,13 @@ async def test_sagemaker_invocations_answer_pooling_bodies(http):
         "'ScoreRequest', 'PoolingRequest']" in no.text
 
 
-async def test_vllm_engine_embed_is_what_smg_calls(pod, http):
+async def test_vllm_engine_embed_is_what_smg_calls(server, http):
     import grpc
     from smg_grpc_proto import vllm_engine_pb2 as vpb
     from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
     tokens = (await http.post("/tokenize", json={"prompt": "hello there"})).json()["tokens"]
-    async with grpc.aio.insecure_channel(pod.target) as channel:
+    async with grpc.aio.insecure_channel(server.target) as channel:
         stub = vpb_grpc.VllmEngineStub(channel)
         info = await stub.GetModelInfo(vpb.GetModelInfoRequest())
         assert info.is_generation is False  # a router sends this worker embeddings
@@ -257,10 +242,10 @@ async def test_vllm_engine_embed_is_what_smg_calls(pod, http):
             await stub.Embed(vpb.EmbedRequest(request_id="e2"))
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "requires tokenized input" in refused.value.details()
-    await released(pod)
+    await pod_released(server)
 
 
-async def test_cohere_v2_embed(http, pod):
+async def test_cohere_v2_embed(http, server):
     text = "hello there general kenobi"
     mine = (await embed(http, input=text))
     r = await http.post("/v2/embed", json={"texts": [text], "embedding_types": [
@@ -290,7 +275,7 @@ async def test_cohere_v2_embed(http, pod):
     parts = await http.post("/v2/embed", json={"inputs": [{"content": [
         {"type": "text", "text": text}]}]})
     assert parts.status_code == 200 and "texts" not in parts.json()
-    await released(pod)
+    await pod_released(server)
 
 
 async def test_cohere_truncation(http):
@@ -319,7 +304,7 @@ async def test_cohere_truncation(http):
     ({"texts": ["a"], "embedding_types": ["int8"]}, "embedding_types"),
     ({"inputs": [{"content": [{"type": "text"}]}]}, "type='text' requires text"),
 ])
-async def test_bad_cohere_requests_get_vllms_answer(http, pod, body, says):
+async def test_bad_cohere_requests_get_vllms_answer(http, server, body, says):
     r = await http.post("/v2/embed", json=body)
     assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
-    await released(pod)
+    await pod_released(server)

@@ -1,4 +1,4 @@
-"""A cross-encoder's vLLM pod, started with vLLM's documented command for Qwen3-Reranker
+"""A cross-encoder's vLLM server, started with vLLM's documented command for Qwen3-Reranker
 (`--hf-overrides` naming Qwen3ForSequenceClassification, `--chat-template` its template):
 `/rerank` and `/score` render each (query, document) pair through the template and pool it
 as one prompt; pairs of one call share the rendered query, which the prefix cache computes
@@ -10,13 +10,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import httpx
 import pytest
-from fleets import assert_released
-from prometheus_client.parser import text_string_to_metric_families
+from http_helpers import pod_released, sample_sum
 from server_proc import ServerProcess
 
-from clients.client import AsyncClient
 from server.engine import score_template
 
 REPO = "Qwen/Qwen3-Reranker-0.6B"
@@ -27,27 +24,14 @@ BLOCK = 16  # the deployment's KV block size (vLLM's default)
 
 
 @pytest.fixture(scope="module")
-def pod():
+def server():
     with ServerProcess(None, REPO, "--hf-overrides", OVERRIDES, "--chat-template",
                        str(TEMPLATE), "--max-model-len", "1024", "--time-scale", "0.05",
                        vllm=True) as server:
         yield server
 
 
-@pytest.fixture
-async def http(pod):
-    async with httpx.AsyncClient(base_url=pod.http_url, timeout=60) as c:
-        yield c
 
-
-async def released(pod) -> None:
-    async with AsyncClient(pod.target) as client:
-        await assert_released(client, (await client.list_deployments()).deployments[0].name)
-
-
-def value(text: str, name: str) -> float:
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name)
 
 
 async def tokens(http, text: str) -> list[int]:
@@ -60,7 +44,7 @@ def rendered(query: str, doc: str, **kwargs) -> str:
     return score_template.render(TEMPLATE.read_text(), query, doc, kwargs)
 
 
-async def test_rerank_ranks_by_overlap_through_the_template(http, pod):
+async def test_rerank_ranks_by_overlap_through_the_template(http, server):
     query = "where did the cat sit?"
     docs = ["Stock markets fell sharply on Monday.", "The cat sat on the mat.",
             "A cat sat on a mat in the sun."]
@@ -78,27 +62,27 @@ async def test_rerank_ranks_by_overlap_through_the_template(http, pod):
     top = (await http.post("/v1/rerank", json={"query": query, "documents": docs,
                                                "top_n": 1})).json()["results"]
     assert [x["index"] for x in top] == order[:1]
-    await released(pod)
+    await pod_released(server)
 
 
-async def test_the_rendered_query_is_computed_once_per_call(http, pod):
+async def test_the_rendered_query_is_computed_once_per_call(http, server):
     query = "which planet is the largest in the solar system? " * 3
     docs = [f"document number {i} says something about topic {i * 7}" for i in range(8)]
     first, second = [await tokens(http, rendered(query, d)) for d in docs[:2]]
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
     assert shared > 3 * BLOCK  # the system prompt, the instruction and the query
-    before = pod.scrape()
+    before = server.scrape()
     r = await http.post("/rerank", json={"query": query, "documents": docs})
     assert r.status_code == 200, r.text
-    after = pod.scrape()
-    hits = value(after, "vllm:prefix_cache_hits_total") - value(before,
+    after = server.scrape()
+    hits = sample_sum(after, "vllm:prefix_cache_hits_total") - sample_sum(before,
                                                                  "vllm:prefix_cache_hits_total")
     # every document after the first finds the shared prefix's full blocks cached
     assert hits >= (len(docs) - 1) * (shared // BLOCK) * BLOCK
-    await released(pod)
+    await pod_released(server)
 
 
-async def test_instruction_and_chat_template_kwargs_reach_the_template(http, pod):
+async def test_instruction_and_chat_template_kwargs_reach_the_template(http, server):
     async def used(**extra) -> int:
         r = await http.post("/score", json={"queries": "cats", "documents": ["a cat"], **extra})
         assert r.status_code == 200, r.text
@@ -114,7 +98,7 @@ async def test_instruction_and_chat_template_kwargs_reach_the_template(http, pod
     bad = await http.post("/score", json={"queries": "a", "documents": ["b"],
                                           "chat_template_kwargs": {"tokenize": True}})
     assert bad.status_code == 400 and "reserved keys" in bad.json()["error"]["message"]
-    await released(pod)
+    await pod_released(server)
 
 
 async def test_score_logits_and_probabilities_agree(http):
@@ -131,17 +115,17 @@ async def test_score_logits_and_probabilities_agree(http):
     assert n_to_n["data"][0]["score"] > n_to_n["data"][1]["score"]
 
 
-async def test_max_tokens_per_doc_cuts_the_document(http, pod):
+async def test_max_tokens_per_doc_cuts_the_document(http, server):
     doc = " ".join(f"word{i}" for i in range(200))
     full = (await http.post("/score", json={"queries": "q", "documents": [doc]})).json()
     cut = (await http.post("/score", json={"queries": "q", "documents": [doc],
                                            "max_tokens_per_doc": 10})).json()
     assert full["usage"]["prompt_tokens"] == len(await tokens(http, rendered("q", doc)))
     assert cut["usage"]["prompt_tokens"] < full["usage"]["prompt_tokens"] - 100
-    await released(pod)
+    await pod_released(server)
 
 
-async def test_classify_answers_a_probability_per_prompt(http, pod):
+async def test_classify_answers_a_probability_per_prompt(http, server):
     r = await http.post("/classify", json={"model": REPO, "input": ["hello world", "bye"]})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -158,7 +142,7 @@ async def test_classify_answers_a_probability_per_prompt(http, pod):
     assert pooled["data"][0]["data"] == body["data"][0]["probs"]
     assert body["usage"]["prompt_tokens"] == sum([len(await tokens(http, t))
                                                   for t in ("hello world", "bye")])
-    await released(pod)
+    await pod_released(server)
 
 
 @pytest.mark.parametrize("path, body, status, says", [
@@ -177,10 +161,10 @@ async def test_classify_answers_a_probability_per_prompt(http, pod):
     ("/rerank", {"query": "q", "documents": ["word " * 1100]}, 400,
      "maximum context length is 1024 tokens"),
 ])
-async def test_what_a_cross_encoder_pod_refuses(http, pod, path, body, status, says):
+async def test_what_a_cross_encoder_pod_refuses(http, server, path, body, status, says):
     r = await http.post(path, json=body)
     assert r.status_code == status and says in r.json()["error"]["message"], r.text
-    await released(pod)
+    await pod_released(server)
 
 
 async def test_sagemaker_invocations_take_a_classifiers_bodies(http):
@@ -193,12 +177,12 @@ async def test_sagemaker_invocations_take_a_classifiers_bodies(http):
         "'RerankRequest', 'ScoreRequest', 'PoolingRequest']" in no.text
 
 
-async def test_grpc_embed_on_a_classifier_is_invalid(pod):
+async def test_grpc_embed_on_a_classifier_is_invalid(server):
     import grpc
     from smg_grpc_proto import vllm_engine_pb2 as vpb
     from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
-    async with grpc.aio.insecure_channel(pod.target) as channel:
+    async with grpc.aio.insecure_channel(server.target) as channel:
         stub = vpb_grpc.VllmEngineStub(channel)
         assert (await stub.GetModelInfo(vpb.GetModelInfoRequest())).is_generation is False
         with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -206,10 +190,10 @@ async def test_grpc_embed_on_a_classifier_is_invalid(pod):
                 original_text="hi", input_ids=[1, 2, 3])))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "does not support the 'embed' pooling task" in refused.value.details()
-    await released(pod)
+    await pod_released(server)
 
 
-def test_aiperf_rankings_run_one_prompt_per_pair(pod, tmp_path):
+def test_aiperf_rankings_run_one_prompt_per_pair(server, tmp_path):
     import json
     import os
     import subprocess
@@ -218,10 +202,10 @@ def test_aiperf_rankings_run_one_prompt_per_pair(pod, tmp_path):
     from server.engine.tokenizer import TOKENIZER_DIR
 
     n, passages = 12, 4
-    before = value(pod.scrape(), "vllm:request_success_total")
+    before = sample_sum(server.scrape(), "vllm:request_success_total")
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # see docs/TOKENIZER
     cmd = [str(Path(sys.executable).parent / "aiperf"), "profile", "-m", REPO, "--url",
-           pod.http_url, "--endpoint-type", "cohere-rankings", "--rankings-passages-mean",
+           server.http_url, "--endpoint-type", "cohere-rankings", "--rankings-passages-mean",
            str(passages), "--rankings-passages-stddev", "0",
            "--rankings-passages-prompt-token-mean", "32",
            "--rankings-query-prompt-token-mean", "16", "--tokenizer", str(TOKENIZER_DIR),
@@ -234,4 +218,4 @@ def test_aiperf_rankings_run_one_prompt_per_pair(pod, tmp_path):
                (tmp_path / "profile_export.jsonl").read_text().splitlines()]
     assert len(records) == n and not any(r.get("error") for r in records)
     # a cross-encoder pools each (query, passage) pair: 4 prompts per call, not 5
-    assert value(pod.scrape(), "vllm:request_success_total") - before == n * passages
+    assert sample_sum(server.scrape(), "vllm:request_success_total") - before == n * passages
