@@ -1,17 +1,20 @@
-"""Running a pooling model's request: its prompts pooled on the deployment, each answered with
-its emulated vector (`server.frontend.pooled`) when its prefill ends.
+"""Running a pooling model's request: its prompts pooled on the deployment, each answered when
+its prefill ends with the emulated output of its task: an embedding model's vector
+(`server.frontend.pooled`), a classifier's probabilities (`server.frontend.classified`).
 
-The lifecycle of one `/v1/embeddings`, `/pooling`, `/score`, `/rerank` or `/v2/embed` call:
+The lifecycle of one `/v1/embeddings`, `/pooling`, `/classify`, `/score`, `/rerank` or
+`/v2/embed` call:
 1. `pooling_client`: the deployment its `model` names (a pod of one deployment answers any
-   name, as vLLM's pooling routes do not check it), or 501 when that model does not pool;
+   name, as vLLM's pooling routes do not check it), or 501 when that model's task has no such
+   route (`embeds`, `classifies`, `scores`, `pools`: vLLM's route table per task);
 2. `prompt_ids`: each input tokenized, truncated (`truncate_prompt_tokens`; a pooling
    tokenizer truncates on the right, vLLM's `truncation_side` for the pooling runner) and
    checked against the context (a prompt may fill it: nothing is generated);
 3. `check_params`: `dimensions` and `use_activation` as vLLM's `PoolingParams.verify`;
-4. `pool`: one engine request per prompt (`pooling` set: it ends with its prefill), all
-   admitted or none, collected, always freed (`generate.collect`); the vectors.
+4. `run`: one engine request per prompt (`pooling` set: it ends with its prefill), all
+   admitted or none, collected, always freed (`generate.collect`); `pool` adds each prompt's
+   answer (`output`).
 """
-
 from __future__ import annotations
 
 import asyncio
