@@ -35,24 +35,24 @@ def _directions(num_labels: int, size: int) -> np.ndarray:
     return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
 
-def _content(ids: Sequence[int], special: frozenset[int]) -> list[int]:
-    """The prompt's tokens but its `special` ones (a BOS every prompt shares is no likeness)."""
-    return [t for t in ids if t not in special] or list(ids)
+def text_vector(ids: Sequence[int], size: int,
+                special: frozenset[int] = frozenset()) -> np.ndarray:
+    """A text's unit vector, from its tokens but its `special` ones (a BOS every prompt
+    shares is no likeness)."""
+    return pooled_vector([t for t in ids if t not in special] or list(ids), size)
 
 
 def label_logits(ids: Sequence[int], num_labels: int, size: int,
                  special: frozenset[int] = frozenset()) -> np.ndarray:
     """One prompt's `num_labels` logits (float64)."""
-    v = pooled_vector(_content(ids, special), size).astype(np.float64)
+    v = text_vector(ids, size, special).astype(np.float64)
     return np.sqrt(size) * (_directions(num_labels, size) @ v)
 
 
-def pair_logit(query: Sequence[int], document: Sequence[int], size: int,
-               special: frozenset[int] = frozenset()) -> float:
-    """A cross-encoder's logit for a document against a query (one label)."""
-    p = cosine(pooled_vector(_content(query, special), size),
-               pooled_vector(_content(document, special), size))
-    p = min(max(p, EPS), 1 - EPS)
+def pair_logit(query: np.ndarray, document: np.ndarray) -> float:
+    """A cross-encoder's logit for a document against a query (one label), from their
+    `text_vector`s."""
+    p = min(max(cosine(query, document), EPS), 1 - EPS)
     return float(np.log(p / (1 - p)))
 
 

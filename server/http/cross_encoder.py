@@ -21,7 +21,7 @@ import numpy as np
 from starlette.requests import Request
 
 from server.engine.score_template import render
-from server.frontend.classified import activated, pair_logit
+from server.frontend.classified import activated, pair_logit, text_vector
 from server.frontend.deployment import DeploymentClient
 from server.http import pooling
 from server.http.errors import vllm_invalid
@@ -67,7 +67,8 @@ async def cross_scores(state: HttpState, request: Request, body: ScoringFields,
     params = pooling.check_params(client, name, "classify", None, body.use_activation)
     await pooling.run(request, client, rid, response_id, ids, params, body.priority)
     tok, size = state.tokenizer, client.limits.embedding_size
-    special = tok.special_token_ids
-    scores = [activated(np.array([pair_logit(tok.encode(q), tok.encode(d), size, special)]),
+    vectors = {t: text_vector(tok.encode(t), size, tok.special_token_ids)
+               for t in {*queries, *docs}}  # (a query shared by N documents: made once)
+    scores = [activated(np.array([pair_logit(vectors[q], vectors[d])]),
                         params.use_activation)[0] for q, d in zip(queries, docs, strict=True)]
     return scores, sum(map(len, ids))

@@ -16,7 +16,7 @@ import pytest
 from server.engine import score_template
 from server.engine.intake import Limits
 from server.engine.interface import PoolingParams
-from server.frontend.classified import EPS, activated, label_logits, pair_logit
+from server.frontend.classified import EPS, activated, label_logits, pair_logit, text_vector
 from server.http.pooling import output
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,15 +43,16 @@ def test_vllms_activation_for_one_label_and_several():
 
 
 def test_a_pairs_probability_is_the_texts_overlap():
-    same = pair_logit([5, 6, 7], [5, 6, 7], 1024)
-    none = pair_logit([5, 6, 7], [8, 9, 10], 1024)
-    some = pair_logit([5, 6, 7], [5, 6, 10], 1024)
+    def logit(a: list[int], b: list[int], special: frozenset[int] = frozenset()) -> float:
+        return pair_logit(text_vector(a, 1024, special), text_vector(b, 1024, special))
+
+    same, none, some = logit([5, 6, 7], [5, 6, 7]), logit([5, 6, 7], [8, 9, 10]), \
+        logit([5, 6, 7], [5, 6, 10])
     assert none < some < same
     assert activated(np.array([same]), True)[0] == pytest.approx(1 - EPS)
     assert activated(np.array([some]), True)[0] == pytest.approx(2 / 3, abs=0.05)
     # special tokens (a BOS every prompt has) are no likeness
-    assert pair_logit([1, 8], [1, 9], 1024, frozenset({1})) == pytest.approx(math.log(
-        EPS / (1 - EPS)))
+    assert logit([1, 8], [1, 9], frozenset({1})) == pytest.approx(math.log(EPS / (1 - EPS)))
 
 
 def test_a_classifier_of_several_labels_answers_a_distribution():
