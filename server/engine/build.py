@@ -153,6 +153,8 @@ class EngineOptions:
 
     def conversion(self) -> hf_overrides.Conversion:
         """How the checkpoint is served (ValueError when vLLM would not start)."""
+        if not (self.hf_overrides or self.runner or self.convert):
+            return hf_overrides.Conversion()  # as published (whatever the model)
         model = catalog.get_model(self.model)
         return hf_overrides.conversion(self.hf_overrides, self.runner, self.convert,
                                        model.name, model.is_pooling)

@@ -34,6 +34,10 @@ from server.http.app import PUBLIC_PATHS, build_app
 
 EMBED = {"name": "embed", "model": "qwen3-embedding-0.6b", "quant": "bf16", "chip": "h100-sxm",
          "engine": "vllm", "max_model_len": 256}
+RERANK = {"name": "rerank", "model": "qwen3-reranker-0.6b", "quant": "bf16", "chip": "h100-sxm",
+          "engine": "vllm", "max_model_len": 256, "hf_overrides": '{"architectures": '
+          '["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], '
+          '"method": "from_2_way_softmax"}'}
 KEYS = ("key-one", "key-two")
 DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}  # vLLM's development routes (/pause, ...) too
 TOK = get_tokenizer()
@@ -53,6 +57,7 @@ def server(tmp_path_factory):
         if d["name"] == "slow":
             d.update(enable_lora=True, max_loras=2)
     doc["deployments"].append(EMBED)  # an embedding model: the pooling routes are mounted
+    doc["deployments"].append(RERANK)  # and a classifier: /classify
     with ServerProcess(doc, "--api-key", *KEYS, "--enable-scale-out",
                        "--enable-tokenizer-info-endpoint", env=DEV_MODE) as s:
         wait_ready(s.target, api_key=KEYS[0])
@@ -106,7 +111,7 @@ async def _inference(channel, md) -> dict[str, object]:
     req = pb.GenerateRequest(text="hello", deployment="fast",
                              sampling=pb.SamplingParams(max_tokens=4, ignore_eos=True))
     chunks = [c async for c in s.Generate(req, metadata=md, timeout=10)]
-    return {"ListDeployments": {d.name for d in listing.deployments} == {"fast", "slow", "embed"},
+    return {"ListDeployments": {d.name for d in listing.deployments} == {"fast", "slow", "embed", "rerank"},
             "GetDeployment": one.name == "fast",
             "Generate": chunks[-1].final.usage.completion_tokens == 4}
 
@@ -243,6 +248,7 @@ BODIES = {("GET", "/v1/models"): None,
           **{("POST", p): {"model": EMBED["model"], "input": "hi"}
              for p in ("/v1/embeddings", "/pooling")},
           ("POST", "/v2/embed"): {"model": EMBED["model"], "texts": ["hi"]},
+          ("POST", "/classify"): {"model": RERANK["model"], "input": "hi"},
           **{("POST", p): {"model": EMBED["model"], "queries": "a", "documents": ["b"]}
              for p in ("/score", "/v1/score")},
           **{("POST", p): {"model": EMBED["model"], "query": "a", "documents": ["b"]}
