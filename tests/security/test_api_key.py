@@ -111,7 +111,8 @@ async def _inference(channel, md) -> dict[str, object]:
     req = pb.GenerateRequest(text="hello", deployment="fast",
                              sampling=pb.SamplingParams(max_tokens=4, ignore_eos=True))
     chunks = [c async for c in s.Generate(req, metadata=md, timeout=10)]
-    return {"ListDeployments": {d.name for d in listing.deployments} == {"fast", "slow", "embed", "rerank"},
+    names = {"fast", "slow", "embed", "rerank"}
+    return {"ListDeployments": {d.name for d in listing.deployments} == names,
             "GetDeployment": one.name == "fast",
             "Generate": chunks[-1].final.usage.completion_tokens == 4}
 
