@@ -14,9 +14,11 @@ Contract (the CLI's; docs in `doppelchip generate --help`):
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -73,7 +75,7 @@ def run_generate(
     progress = Progress(start=time.perf_counter())
     final: pb.Final | None = None
     try:
-        with Client(target, **(security or {})) as client:
+        with _quiet_after_interrupt(), Client(target, **(security or {})) as client:
             stream = client.generate(prompt, timeout=timeout, return_token_times=True, **kwargs)
             with contextlib.closing(stream):  # closing cancels the call (Client.generate)
                 for chunk in stream:
@@ -94,6 +96,40 @@ def run_generate(
     _end_line(out, progress)
     err.write(summary_line(final, progress, time.perf_counter()) + "\n")
     return OK
+
+
+@contextlib.contextmanager
+def _quiet_after_interrupt() -> Iterator[None]:
+    """Ctrl-C cancels the call and closes the channel while gRPC's own threads may still be
+    reading it; an exception one of them raises then would print "Exception in thread …" in
+    the middle of the summary (seen once in a loaded test run). From the SIGINT on, such
+    exceptions are dropped: the call is cancelled on purpose. The main thread still gets its
+    KeyboardInterrupt. The previous SIGINT handler is restored on the way out, and the previous
+    hook too unless interrupted (the closed channel's threads may outlive the block while the
+    summary is written; the command then exits). Off the main thread, where signal handlers
+    cannot be set, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    interrupted = threading.Event()
+    hook = threading.excepthook
+
+    def on_sigint(signum: int, frame: object) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    def quiet(args: threading.ExceptHookArgs) -> None:
+        if not interrupted.is_set():
+            hook(args)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    threading.excepthook = quiet
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if not interrupted.is_set():
+            threading.excepthook = hook
 
 
 def _end_line(out: TextIO, progress: Progress) -> None:

@@ -224,3 +224,32 @@ def test_only_one_flag_reads_stdin():
                          capture_output=True, text=True, input="{}", timeout=60)
     assert out.returncode == 2
     assert "only one of --prompt-file, --json-schema and --grammar can read" in out.stderr
+
+
+def test_after_ctrl_c_a_grpc_threads_exception_does_not_cut_into_the_summary():
+    import signal
+    import threading
+
+    from clients.generate import _quiet_after_interrupt
+
+    def raise_in_a_thread() -> None:
+        def boom() -> None:
+            raise RuntimeError("channel closed under me")
+        t = threading.Thread(target=boom, name="spin")
+        t.start()
+        t.join()
+
+    reported: list[str] = []
+    hook = threading.excepthook
+    threading.excepthook = lambda args: reported.append(args.thread.name)
+    try:
+        with _quiet_after_interrupt():
+            raise_in_a_thread()  # before the interrupt: reported as ever
+        assert reported == ["spin"]
+        with pytest.raises(KeyboardInterrupt), _quiet_after_interrupt():
+            signal.raise_signal(signal.SIGINT)
+        raise_in_a_thread()  # the cancelled call's threads, after it: dropped
+        assert reported == ["spin"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        threading.excepthook = hook
