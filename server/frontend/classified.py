@@ -3,7 +3,7 @@ would return — and of a cross-encoder scoring a query against a document.
 
 No model runs, so, as `server.frontend.pooled` does for vectors, the answers are made from the
 prompts' token ids, deterministic across pods and processes:
-- a prompt's logits (`label_logits`): its pooled vector (`pooled.pooled_vector`, unit length)
+- a prompt's logits (`label_logits`): its pooled vector (`pooled.text_vector`, unit length)
   read by `num_labels` fixed random unit directions, scaled by √size so that each logit is
   about a standard normal over prompts; similar prompts get similar logits;
 - a (query, document) pair's logit (`pair_logit`): the logit of the cosine of the two texts'
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from server.frontend.pooled import cosine, pooled_vector
+from server.frontend.pooled import cosine, text_vector
 
 EPS = 1e-6  # the probability a pair's cosine is clipped to, at either end (a finite logit)
 
@@ -35,13 +35,6 @@ def _directions(num_labels: int, size: int) -> np.ndarray:
     return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
 
-def text_vector(ids: Sequence[int], size: int,
-                special: frozenset[int] = frozenset()) -> np.ndarray:
-    """A text's unit vector, from its tokens but its `special` ones (a BOS every prompt
-    shares is no likeness)."""
-    return pooled_vector([t for t in ids if t not in special] or list(ids), size)
-
-
 def label_logits(ids: Sequence[int], num_labels: int, size: int,
                  special: frozenset[int] = frozenset()) -> np.ndarray:
     """One prompt's `num_labels` logits (float64)."""
@@ -51,7 +44,7 @@ def label_logits(ids: Sequence[int], num_labels: int, size: int,
 
 def pair_logit(query: np.ndarray, document: np.ndarray) -> float:
     """A cross-encoder's logit for a document against a query (one label), from their
-    `text_vector`s."""
+    `pooled.text_vector`s."""
     p = min(max(cosine(query, document), EPS), 1 - EPS)
     return float(np.log(p / (1 - p)))
 

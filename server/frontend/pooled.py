@@ -80,12 +80,18 @@ def pooled_vector(ids: Sequence[int], size: int, dimensions: int | None = None,
     return v.astype(np.float32)
 
 
+def text_vector(ids: Sequence[int], size: int, special: frozenset[int] = frozenset(),
+                dimensions: int | None = None, normalize: bool = True) -> np.ndarray:
+    """A text's vector, made from its tokens but its `special` ones (a BOS every prompt
+    shares is no likeness)."""
+    return pooled_vector([t for t in ids if t not in special] or list(ids), size, dimensions,
+                         normalize)
+
+
 def prompt_vector(ids: Sequence[int], size: int, params: PoolingParams,
                   special: frozenset[int] = frozenset()) -> np.ndarray:
-    """A pooling request's answer: its prompt's vector as `params` ask it, made from the
-    prompt's tokens but its `special` ones (a BOS every prompt shares is no likeness)."""
-    return pooled_vector([t for t in ids if t not in special] or ids, size, params.dimensions,
-                         params.use_activation)
+    """A pooling request's answer: its prompt's `text_vector` as `params` ask it."""
+    return text_vector(ids, size, special, params.dimensions, params.use_activation)
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -21,8 +21,9 @@ import numpy as np
 from starlette.requests import Request
 
 from server.engine.score_template import render
-from server.frontend.classified import activated, pair_logit, text_vector
+from server.frontend.classified import activated, pair_logit
 from server.frontend.deployment import DeploymentClient
+from server.frontend.pooled import text_vector
 from server.http import pooling
 from server.http.errors import vllm_invalid
 from server.http.pooling_protocol import ScoringFields
@@ -52,10 +53,10 @@ async def cross_scores(state: HttpState, request: Request, body: ScoringFields,
                        docs: list[str], caps: tuple[int, int], rid: str, response_id: str
                        ) -> tuple[list[float], int]:
     """(each pair's score, the prompt tokens pooled); HttpError when a pair cannot be run."""
+    queries = [_cut(q, caps[0], state) for q in queries]  # (before a lone query is repeated)
+    docs = [_cut(d, caps[1], state) for d in docs]
     if len(queries) == 1:
         queries = queries * len(docs)
-    queries = [_cut(q, caps[0], state) for q in queries]
-    docs = [_cut(d, caps[1], state) for d in docs]
     template, kwargs = client.info.chat_template, _kwargs(body)
     try:
         texts = [render(template, q, d, kwargs) if template else q + d

@@ -55,6 +55,10 @@ _POOLING = (("EmbeddingRequest", EmbeddingRequest, embeddings, embeds),
 
 
 def add_sagemaker_routes(app: FastAPI, state: HttpState) -> None:
+    # the bodies this pod takes, in vLLM's order (its deployments are fixed once it serves)
+    handlers = ([h[:3] for h in _POOLING if any_pooling(state, h[3])]
+                if all_pooling(state) else _HANDLERS)
+
     @app.post("/invocations")
     async def invocations(request: Request) -> Response:
         if not media_type_ok(request.headers.get("content-type", "")):
@@ -70,8 +74,6 @@ def add_sagemaker_routes(app: FastAPI, state: HttpState) -> None:
         adapter = request.headers.get(ADAPTER_HEADER)
         if adapter and isinstance(body, dict):
             body = {**body, "model": adapter}
-        handlers = ([h[:3] for h in _POOLING if any_pooling(state, h[3])]
-                    if all_pooling(state) else _HANDLERS)
         for _, model, handler in handlers:
             try:
                 req = (model.validate_python(body) if isinstance(model, TypeAdapter)

@@ -16,7 +16,8 @@ import pytest
 from server.engine import score_template
 from server.engine.intake import Limits
 from server.engine.interface import PoolingParams
-from server.frontend.classified import EPS, activated, label_logits, pair_logit, text_vector
+from server.frontend.classified import EPS, activated, label_logits, pair_logit
+from server.frontend.pooled import text_vector
 from server.http.pooling import output
 
 ROOT = Path(__file__).resolve().parents[2]
