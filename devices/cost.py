@@ -107,10 +107,11 @@ def plan_cost(plan: Plan, batch: BatchShape) -> StepCost:
     q = 1 + batch.spec_tokens  # query tokens per decode (verification of the drafts)
     n_pre = 0
     ctx_read = ctx_swa = attn = attn_swa = 0.0
+    both_ways = plan.bidirectional
     for n, s in batch.prefill:
         n_pre += n
         ctx_read += s
-        attn += n * s + n * (n + 1) / 2
+        attn += n * (s + n) if both_ways else n * s + n * (n + 1) / 2
         if w:
             ctx_swa += min(s, w)
             attn_swa += _windowed(n, s, w)

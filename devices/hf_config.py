@@ -7,7 +7,10 @@ layers, hidden size, attention and KV heads, vocabulary and context length (a mo
 `text_config` for multimodal checkpoints). The weight format is `quantization_config`'s
 `quant_method` (as vLLM's `--quantization` names it), else `torch_dtype` (`dtype` in newer
 transformers): float16 is f16, bfloat16 bf16, and float32 bf16 (vLLM's `--dtype auto` casts
-32-bit weights to 16 bits on a GPU).
+32-bit weights to 16 bits on a GPU), or f16 for a pooling model (vLLM's preference for them).
+An encoder's config.json gives its learned positions, which may outnumber its context
+(`catalogue_figures`); an encoder and the classifier fine-tuned from it share every figure,
+and `architectures` (`*ForSequenceClassification`) tells them apart.
 """
 
 from __future__ import annotations
@@ -53,11 +56,27 @@ def figures(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def catalogue_figures(model: ModelSpec) -> dict[str, Any]:
+    """What `model`'s config.json says for each compared figure (an encoder's learned
+    positions may outnumber its context: RoBERTa's start after the padding index)."""
+    out = {ours: getattr(model, ours) for ours, _ in FIGURES}
+    out["max_context"] = model.max_position_embeddings or model.max_context
+    return out
+
+
+def classifies(config: dict[str, Any]) -> bool:
+    """Whether `config`'s architecture is a sequence classifier (a cross-encoder's head)."""
+    return any(str(a).endswith("ForSequenceClassification")
+               for a in config.get("architectures") or ())
+
+
 def model_for(config: dict[str, Any]) -> ModelSpec:
-    """The catalogue model whose figures are `config`'s."""
+    """The catalogue model whose figures are `config`'s; where an encoder and the classifier
+    fine-tuned from it share them, its `architectures` tells which."""
     want = figures(config)
-    found = [m for m in catalog.list_models()
-             if all(getattr(m, k) == v for k, v in want.items())]
+    found = [m for m in catalog.list_models() if catalogue_figures(m) == want]
+    if len(found) > 1:
+        found = [m for m in found if (m.pooling_task == "classify") == classifies(config)]
     if len(found) != 1:
         shown = ", ".join(f"{theirs} {want[ours]}" for ours, theirs in FIGURES)
         raise ConfigMismatch(f"no catalogue model has this config.json's figures ({shown}); "
@@ -65,8 +84,9 @@ def model_for(config: dict[str, Any]) -> ModelSpec:
     return found[0]
 
 
-def quant_for(config: dict[str, Any]) -> str:
-    """The weight format `config`'s checkpoint ships in."""
+def quant_for(config: dict[str, Any], pooling: bool = False) -> str:
+    """The weight format `config`'s checkpoint is served in: a pooling model's float32 weights
+    in float16 (vLLM 0.33.0 `_resolve_auto_dtype` prefers float16 for pooling models)."""
     qc = config.get("quantization_config")
     if isinstance(qc, dict) and qc.get("quant_method"):
         try:
@@ -76,7 +96,7 @@ def quant_for(config: dict[str, Any]) -> str:
     dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
     if dtype not in DTYPES:
         raise ConfigMismatch(f"torch_dtype {dtype!r}: known are {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+    return "f16" if pooling and dtype == "float32" else DTYPES[dtype]
 
 
 def checkpoint_kv_cache_dtype(name: str) -> str | None:

@@ -49,6 +49,16 @@ class ModelSpec:
     sliding_window: int = 0  # tokens a sliding-window (or chunked) layer attends to
     sliding_layers: int = 0  # how many layers use the window
     mtp_layers: int = 0  # multi-token-prediction layers shipped beside the model (DeepSeek)
+    # --- encoders (BERT, XLM-RoBERTa): what their config.json says differently from a decoder
+    encoder_only: bool = False  # bidirectional attention (vLLM's attn_type "encoder_only")
+    gated_mlp: bool = True  # False: an up and a down projection around GELU (BERT), no gate
+    mlp_bias: bool = False  # MLP projection biases (BERT)
+    norm_bias: bool = False  # LayerNorm (a weight and a bias) instead of RMSNorm (a weight)
+    max_position_embeddings: int = 0  # learned absolute positions (0: rotary, none learned)
+    type_vocab_size: int = 0  # learned token-type (segment) rows
+    head_dense: bool = False  # a hidden × hidden layer (+ bias) on the pooled token: BERT's
+    #                           pooler, RoBERTa's classification head (its out_proj is in the
+    #                           same ASSUMPTION as `as_pooling`'s score head)
     # --- pooling models (embeddings): what vLLM reads from the repository beside config.json
     lm_head: bool = True  # False: the checkpoint ships no output projection (an embedding model)
     pooling_task: str = ""  # "embed": vLLM's runner "pooling" (Sentence Transformers modules.json)
@@ -65,6 +75,14 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
+
+    @property
+    def holds_kv(self) -> bool:
+        """Whether serving keeps a KV cache. An encoder attends over the whole prompt in one
+        pass and keeps nothing for a next step: no KV cache, so no prefix caching and no
+        chunked prefill (vLLM 0.33.0: EncoderOnlyAttention has no KV-cache spec; ModelConfig
+        `is_prefix_caching_supported` and `is_chunked_prefill_supported` are false)."""
+        return not self.encoder_only
 
     @property
     def is_pooling(self) -> bool:
@@ -106,7 +124,7 @@ class ModelSpec:
     @property
     def attn_params_per_layer(self) -> int:
         h, nh = self.hidden, self.n_heads
-        norms = 2 * h
+        norms = (4 if self.norm_bias else 2) * h
         if self.is_mla:
             qk = self.qk_nope_head_dim + self.qk_rope_head_dim
             if self.q_lora_rank:
@@ -125,7 +143,10 @@ class ModelSpec:
 
     @property
     def dense_mlp_params(self) -> int:
-        return 3 * self.hidden * self.ffn
+        h, f = self.hidden, self.ffn
+        if self.gated_mlp:
+            return 3 * h * f + (2 * f + h if self.mlp_bias else 0)
+        return 2 * h * f + (f + h if self.mlp_bias else 0)
 
     @property
     def expert_params(self) -> int:
@@ -146,7 +167,15 @@ class ModelSpec:
 
     @property
     def embed_params(self) -> int:
-        return self.vocab * self.hidden
+        """The token embedding, with an encoder's learned position and token-type rows."""
+        return (self.vocab + self.max_position_embeddings + self.type_vocab_size) * self.hidden
+
+    @property
+    def outer_params(self) -> int:
+        """Parameters outside the layers but the embedding and the head: one norm (the final
+        RMSNorm; an encoder's embedding LayerNorm) and an encoder's pooled dense layer."""
+        h = self.hidden
+        return (2 * h if self.norm_bias else h) + (h * h + h if self.head_dense else 0)
 
     @property
     def head_params(self) -> int:
@@ -185,7 +214,8 @@ class ModelSpec:
     def params(self) -> int:
         """Total parameters, derived from the architecture (MTP layers not included)."""
         head = 0 if self.tied_embeddings else self.head_params
-        return round(self.n_layers * self.layer_params) + self.embed_params + head + self.hidden
+        layers = round(self.n_layers * self.layer_params)
+        return layers + self.embed_params + head + self.outer_params
 
     @property
     def active_params(self) -> float:
@@ -194,7 +224,10 @@ class ModelSpec:
     # -- attention and KV ----------------------------------------------------------------
     @property
     def kv_elems_per_layer(self) -> int:
-        """KV-cache elements per token and layer: K and V per KV head, or MLA's latent."""
+        """KV-cache elements per token and layer: K and V per KV head, or MLA's latent; none for
+        an encoder (it keeps no KV cache)."""
+        if not self.holds_kv:
+            return 0
         if self.is_mla:
             return self.kv_lora_rank + self.qk_rope_head_dim
         return 2 * self.n_kv_heads * self.head_dim

@@ -19,6 +19,7 @@ from devices.placed import (
     DEFAULT_CONTEXT_CONTIGUOUS,
     FactorTable,
     Placement,
+    attention_fields,
     factors_for,
     kv_element_bytes,
     moe_fields,
@@ -133,7 +134,7 @@ def place_offload(
         stages=(Stage(tuple(segments), 1, 1, box.busy_watts - box.idle_watts),),
         hop_fixed_s=0.0, hop_tok_s=0.0, n_hops=0, idle_w=box.idle_watts,
         usd_per_s=box.usd_per_hour / 3600, offload_min_tokens=OFFLOAD_MIN_TOKENS,
-        window=model.sliding_window if model.sliding_layers else 0,
+        **attention_fields(model),  # type: ignore[arg-type]
         **moe_fields(model, Parallelism(1, 1, 1, 1)),  # type: ignore[arg-type]
     )
     kv_tokens = n_ctx  # llama.cpp allocates exactly n_ctx (one slot) up front

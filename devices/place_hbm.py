@@ -19,6 +19,7 @@ from devices.placed import (
     DEFAULT_CONTEXT_CONTIGUOUS,
     FactorTable,
     Placement,
+    attention_fields,
     factors_for,
     gb,
     kv_element_bytes,
@@ -103,7 +104,15 @@ def place_hbm(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: Ch
                 f"kv_cache_memory_bytes {gb(kv_free)} per chip > the {total} of {chip.id}")
     else:
         kv_free = rule.kv_bytes(tier.capacity_bytes, share, worst_w, act)
-    per_replica = int(kv_free // kv_per_chip) if kv_free > 0 else 0
+    if not model.holds_kv:  # an encoder keeps no KV cache (vLLM: one null block, no pool)
+        per_replica = need = 0
+        if kv_free < 0:
+            raise PlacementError(
+                f"{model.name} {quant.id} does not fit the {tier.name.upper()} of {par.chips} × "
+                f"{chip.id}: weights {gb(worst_w)} + activations {gb(act)} per chip > "
+                f"{share:.3g} of {total}; add chips (tp) or use a smaller quantisation")
+    else:
+        per_replica = int(kv_free // kv_per_chip) if kv_free > 0 else 0
     if per_replica < need:
         where = "unified memory" if unified else f"{tier.name.upper()} of {par.chips} × {chip.id}"
         kv = f"KV for {need} tokens {gb(need * kv_per_chip)}"
@@ -147,8 +156,7 @@ def place_hbm(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: Ch
                   Stage((seg(layers, 1.0),), 1, par.stage_chips, delta))
     n = par.chips
     common = dict(idle_w=n * chip.idle_watts, usd_per_s=n * chip.usd_per_hour / 3600,
-                  offload_min_tokens=0, window=model.sliding_window if model.sliding_layers
-                  else 0, **moe_fields(model, par))
+                  offload_min_tokens=0, **attention_fields(model), **moe_fields(model, par))
     draft = None
     if dl:
         draft = Plan(stages=(Stage((seg(dl, 1.0),), 1, par.stage_chips, delta),),
@@ -172,7 +180,8 @@ def place_hbm(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: Ch
         spec=spec, model=model, quant=quant, chip=chip, engine=engine, chips=n, tp=tp, pp=pp,
         dp=par.dp, ep=par.ep, kv_bytes=kvb, memory_share=share, kv_pool_bytes=kv_free,
         n_gpu_layers=None, weight_bytes=held, kv_tokens=per_replica * par.dp, notes=notes,
-        max_context=min(spec.max_context or model.max_context, per_replica),
+        max_context=min(spec.max_context or model.max_context,
+                        per_replica if model.holds_kv else model.max_context),
         factors=((chip.chip_class, f),), load_seconds=resident / n / load_bw, plan=plan,
     )
 

@@ -25,6 +25,7 @@ from devices.placed import (
     DEFAULT_CONTEXT_SRAM,
     FactorTable,
     Placement,
+    attention_fields,
     factors_for,
     gb,
     kv_element_bytes,
@@ -62,8 +63,8 @@ def place_sram(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: C
             f"{math.ceil(resident / cap)} × {chip.id} ({gb(cap)} each), not {n}"
         )
     kv_tok = model.kv_bytes_per_context_token(ctx, kvb)
-    kv_tokens = int((n * cap - resident) // kv_tok)
-    if kv_tokens < 16 or (spec.max_context and kv_tokens < spec.max_context):
+    kv_tokens = int((n * cap - resident) // kv_tok) if kv_tok else 0  # (an encoder: no KV)
+    if kv_tok and (kv_tokens < 16 or (spec.max_context and kv_tokens < spec.max_context)):
         raise PlacementError(
             f"{n} × {chip.id} hold the weights but only {kv_tokens} tokens of KV; add chips"
         )
@@ -86,7 +87,7 @@ def place_sram(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: C
         idle_w=n * chip.idle_watts,
         usd_per_s=n * chip.usd_per_hour / 3600,
         offload_min_tokens=0,
-        window=model.sliding_window if model.sliding_layers else 0,
+        **attention_fields(model),  # type: ignore[arg-type]
         **moe_fields(model, par),  # type: ignore[arg-type]
     )
     sized = f"{n} chips computed for weights + KV of {ctx} tokens"
@@ -94,7 +95,8 @@ def place_sram(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: C
         spec=spec, model=model, quant=quant, chip=chip, engine=engine, chips=n, tp=par.tp,
         pp=depth,
         n_gpu_layers=None, weight_bytes=((chip.tier.name, resident),), kv_tokens=kv_tokens,
-        max_context=min(spec.max_context or model.max_context, kv_tokens), kv_bytes=kvb,
+        max_context=min(spec.max_context or model.max_context,
+                        kv_tokens if kv_tok else model.max_context), kv_bytes=kvb,
         factors=((chip.chip_class, f),), load_seconds=resident / n / chip.host_link_bw_bps,
         notes=(sized,) if not spec.count else (), plan=plan, memory_share=chip.usable_fraction,
     )

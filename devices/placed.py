@@ -149,5 +149,12 @@ def moe_fields(model: ModelSpec, par: Parallelism) -> dict[str, object]:
             "expert_tokens_div": par.dp if par.ep == 1 else 1}
 
 
+def attention_fields(model: ModelSpec) -> dict[str, object]:
+    """The Plan's attention constants: the sliding window, and whether a prompt's tokens
+    attend both ways (an encoder)."""
+    return {"window": model.sliding_window if model.sliding_layers else 0,
+            "bidirectional": model.encoder_only}
+
+
 def gb(x: float) -> str:
     return f"{x / 1e9:.1f} GB"

@@ -77,6 +77,8 @@ class Plan:
     moe: bool
     expert_tokens_div: int = 1  # an expert shard sees all tokens / this (dp without ep)
     window: int = 0  # sliding-window size (0: none)
+    bidirectional: bool = False  # an encoder: a prompt's n tokens each attend to all n (n², not
+    #                              causal attention's n(n + 1)/2)
     draft: Plan | None = None  # speculative decoding: one pass of the draft model
     ranks: int = 1  # engine cores stepping this plan together, each with a batch like the one
     #                 costed (vLLM's data-parallel ranks of a MoE model): the step is the

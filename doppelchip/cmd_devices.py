@@ -223,7 +223,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     served = Conversion()
     try:
         model = catalog.get_model(args.model)
-        served = conversion(args.hf_overrides, None, args.convert, model.name, model.is_pooling)
+        served = conversion(args.hf_overrides, None, args.convert, model.name, model.pooling_task)
     except UnknownId:
         pass  # (estimate says so)
     except ValueError as e:

@@ -73,7 +73,7 @@ def check_runner(args: argparse.Namespace, spec: ModelSpec) -> str:
     from server.engine.hf_overrides import conversion
 
     served = conversion(args.hf_overrides, args.runner, args.convert, spec.name,
-                        spec.is_pooling)
+                        spec.pooling_task)
     return served.task or spec.pooling_task
 
 
@@ -92,7 +92,8 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         from devices.hf_config import model_for, quant_for, read_config
 
         config = read_config(tag)
-        model, quant = model_for(config).id, quant_for(config)
+        spec = model_for(config)
+        model, quant = spec.id, quant_for(config, spec.is_pooling)
     else:
         try:
             ckpt = catalog.get_checkpoint(tag)
@@ -116,9 +117,6 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         raise ValueError(f"--kv-cache-dtype {kv}: emulated are {', '.join(KV_DTYPES)}")
     task = check_runner(args, catalog.get_model(model))
     start, local = local_ranks(args, catalog.get_model(model).is_moe)
-    if args.enable_chunked_prefill is False:
-        raise ValueError("--disable-chunked-prefill (--no-enable-chunked-prefill): doppelchip's "
-                         "vLLM always chunks prefills (vLLM v1's default); not emulated")
     grpc, http = ((args.port, 0) if args.grpc  # vLLM's --grpc: gRPC on --port, no HTTP there
                   else (50051 if args.grpc_port is None else args.grpc_port, args.port))
     out = ["--chip", args.chip, "--engine", "vllm", "--model", model, "--quant", quant,
@@ -138,6 +136,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
               "check_integrity": args.check_integrity,
               "cold": args.cold, "prefix_cache": {True: "on", False: "off"}.get(
                   args.enable_prefix_caching),
+              "chunked_prefill": {True: "on", False: "off"}.get(args.enable_chunked_prefill),
               "data_parallel_start_rank": start or None, "data_parallel_size_local": local,
               "hf_overrides": args.hf_overrides, "runner": args.runner, "convert": args.convert}
     for name, _ in PASSTHROUGH:
@@ -253,10 +252,12 @@ def _unplaceable(serve: argparse.Namespace, fit_model_len: bool) -> str:
     from devices import DeviceError, place
     from doppelchip.cmd_serve import pod_fleet
     from server.config import load_fleet
+    from server.engine.scheduler_defaults import scheduler_config
 
     try:
         deployment = pod_fleet(serve, load_fleet(None)).deployments[0]
         placed = place(deployment.spec(), ranks=deployment.data_parallel_size)
+        scheduler_config(deployment, placed)  # (vLLM's SchedulerConfig checks)
     except (DeviceError, ValueError) as e:
         return str(e)
     if fit_model_len and placed.max_context < placed.model.max_context:

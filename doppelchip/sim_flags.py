@@ -80,6 +80,9 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
                    "(engines that replay graphs only)")
     g.add_argument("--policy", choices=["fcfs", "priority", "lpm"], help="queue policy")
     g.add_argument("--prefix-cache", choices=["on", "off"], help="radix prefix cache on/off")
+    g.add_argument("--chunked-prefill", choices=["on", "off"],
+                   help="chunked prefill on/off (default: on where the engine has a step "
+                   "budget and the model keeps a KV cache; off for an encoder)")
     g.add_argument("--kv-layout", choices=["paged", "contiguous"],
                    help="paged blocks, or the pre-vLLM contiguous max-length reservation")
     g.add_argument("--batching", choices=["continuous", "static"], help="batching baseline")

@@ -80,9 +80,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> set[str]:
                     help="context length: 32k, 32K, 32768, or auto (-1: the longest that fits)")
     add_vllm_option(e, "--max-num-batched-tokens", type=human_readable_int, metavar="N",
                     help="token budget per step (8k, 8K, 8192)")
-    add_vllm_option(e, "--enable-prefix-caching", help="automatic prefix caching (default on)")
+    add_vllm_option(e, "--enable-prefix-caching",
+                    help="automatic prefix caching (default on; off for an encoder)")
     add_vllm_option(e, "--enable-chunked-prefill",
-                    help="chunked prefill (always on here; --no-... is refused)")
+                    help="chunked prefill (default on; off for an encoder)")
     add_vllm_option(e, "--scheduling-policy", help="queue order (default fcfs)")
     add_vllm_option(e, "--enforce-eager",
                     help="no CUDA/HIP graphs: the host launches every kernel")

@@ -228,7 +228,8 @@ SHARE_CHIPS = ("rtx-4090", "h100-sxm", "b200")
 def memory_rules() -> list[str]:
     """Each engine's KV sizing rule (engines.toml `memory`), with its default share and the KV
     pool of Llama 3.1 8B bf16 per chip: what a capacity planner compares across engines."""
-    from server.engine.build import EngineOptions, scheduler_config
+    from server.engine.build import EngineOptions
+    from server.engine.scheduler_defaults import scheduler_config
 
     lines = ["", "## How each engine sizes its KV cache", "",
              "Each engine's own rule and default share (`engines.toml` `memory`, with sources; "

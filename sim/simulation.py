@@ -141,6 +141,7 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "policy": args.policy, "kv_layout": args.kv_layout, "batching": args.batching,
         "output_len_mean": args.output_len_mean,
         "prefix_cache": None if args.prefix_cache is None else args.prefix_cache == "on",
+        "chunked_prefill": {"on": True, "off": False}.get(getattr(args, "chunked_prefill", None)),
         "start": "cold" if args.cold else None,
         "jump_forward": {"on": True, "off": False}.get(getattr(args, "jump_forward", None)),
         # --- KV events (issue 13) ---

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 from devices import (
     DeploymentSpec,
-    Placement,
     SpeculativeConfig,
     catalog,
     make_compile_strategy,
@@ -50,27 +49,10 @@ from server.engine.lora import LoraConfig, LoraRegistry
 from server.engine.mock_model import MockModel, OutputLengths
 from server.engine.radix_cache import RadixCache
 from server.engine.scheduler import Scheduler
-from server.engine.scheduler_config import SchedulerConfig
+from server.engine.scheduler_defaults import default_seqs, scheduler_config
 from server.engine.tokenizer import Tokenizer, get_tokenizer
 
 logger = logging.getLogger("doppelchip.engine")
-
-def engine_defaults(engine: str, chip: str) -> tuple[str, int | None, int | None]:
-    """(policy, max_num_seqs, max_num_batched_tokens) of `engine` on `chip`, from the catalogue."""
-    eng, spec = catalog.get_engine(engine), catalog.get_chip(chip)
-    return eng.scheduler.for_chip(spec.tier.capacity_bytes, spec.name)
-
-
-def default_seqs(opts: EngineOptions, placement: Placement | None = None) -> int | None:
-    """The engine's sequence cap for `opts` (None: the build limit); SGLang's comes from the KV
-    pool of `placement`, its floor before placing (SchedulerDefaults.max_seqs)."""
-    chip = catalog.get_chip(opts.chip)
-    pool = context = None
-    if placement is not None:
-        pool, context = placement.kv_tokens, opts.max_model_len or placement.model.max_context
-    return catalog.get_engine(opts.engine).scheduler.max_seqs(
-        chip.tier.capacity_bytes, chip.name, pool, context or 1)
-
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -103,6 +85,8 @@ class EngineOptions:
     kv_blocks: int | None = None  # cap the KV pool (vLLM's num_gpu_blocks_override)
     policy: str | None = None  # fcfs | priority | lpm
     prefix_cache: bool | None = None
+    chunked_prefill: bool | None = None  # vLLM's --enable-chunked-prefill (None: the engine's
+    #                                      and the model's default; scheduler_defaults.py)
     kv_layout: str | None = None  # paged | contiguous
     batching: str | None = None  # continuous | static
     output_len_mean: float = 128.0  # mean output length when EOS is sampled (not ignore_eos)
@@ -157,7 +141,7 @@ class EngineOptions:
             return hf_overrides.Conversion()  # as published (whatever the model)
         model = catalog.get_model(self.model)
         return hf_overrides.conversion(self.hf_overrides, self.runner, self.convert,
-                                       model.name, model.is_pooling)
+                                       model.name, model.pooling_task)
 
     def lora_config(self) -> LoraConfig:
         """The LoRA options, checked (LoraError, a ValueError, when one is wrong)."""
@@ -231,44 +215,6 @@ class EngineOptions:
             cpu_offload_bytes=int(self.cpu_offload_gb * 2**30),
             convert=(served := self.conversion()).task, num_labels=served.num_labels,
         )
-
-
-def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConfig:
-    policy, _, tokens = engine_defaults(opts.engine, opts.chip)
-    engine = placement.engine
-    max_model_len = placement.max_context
-    max_num_seqs = opts.max_num_seqs or default_seqs(opts, placement) or placement.spec.max_batch
-    active = opts.max_num_active_seqs
-    if active is not None and active > max_num_seqs:  # vLLM's SchedulerConfig check
-        raise ValueError(f"max_num_active_seqs ({active}) cannot be greater than max_num_seqs "
-                         f"({max_num_seqs}).")
-    chunked = tokens is not None or opts.max_num_batched_tokens is not None
-    budget = opts.max_num_batched_tokens or tokens or max_model_len
-    blocks = placement.kv_blocks(opts.block_size)
-    if opts.kv_blocks is not None:
-        if opts.kv_blocks > blocks:
-            raise ValueError(f"kv_blocks={opts.kv_blocks} exceeds the {blocks} blocks the device "
-                             "holds")
-        blocks = opts.kv_blocks
-    return SchedulerConfig(
-        num_blocks=max(1, blocks),
-        block_size=opts.block_size,
-        max_num_seqs=active or max_num_seqs,  # the admission cap; max_num_seqs sized memory
-        max_num_batched_tokens=max(budget, 1 if chunked else max_model_len),
-        max_model_len=max_model_len,
-        enable_chunked_prefill=chunked,
-        policy=opts.policy or policy,  # type: ignore[arg-type]
-        enable_prefix_caching=(
-            opts.prefix_cache if opts.prefix_cache is not None else engine.prefix_cache != "off"
-        ),
-        kv_layout=opts.kv_layout or engine.kv_layout,  # type: ignore[arg-type]
-        batching=opts.batching or engine.batching,  # type: ignore[arg-type]
-        num_speculative_tokens=(placement.spec.speculative.num_speculative_tokens
-                                if placement.spec.speculative else 0),
-        max_loras=opts.max_loras if opts.enable_lora else 0,  # --- LoRA (issue 13) ---
-        long_prefill_token_threshold=opts.long_prefill_token_threshold,
-        long_prefill_token_threshold_adaptive=opts.long_prefill_token_threshold_adaptive,
-    )
 
 
 def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> EngineCore:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 EMULATED = ("is_matryoshka", "matryoshka_dimensions", "architectures", "classifier_from_token",
-            "method", "is_original_qwen3_reranker")
+            "method", "is_original_qwen3_reranker", "use_sep_token")
 # vLLM's SEQ_CLS_LOAD_METHODS (model_executor/models/adapters.py): how the score head is made
 # from LM-head rows: the difference of 2 rows (one label), or N rows as they are (N labels)
 METHODS = ("from_2_way_softmax", "no_post_processing")
@@ -44,8 +44,9 @@ def parse(text: str | None) -> dict[str, Any]:
     if dims is not None and not (isinstance(dims, list) and all(
             isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims)):
         raise ValueError("--hf-overrides: matryoshka_dimensions is a list of positive ints")
-    if not isinstance(doc.get("is_matryoshka", False), bool):
-        raise ValueError("--hf-overrides: is_matryoshka is true or false")
+    for key in ("is_matryoshka", "use_sep_token"):
+        if not isinstance(doc.get(key, False), bool):
+            raise ValueError(f"--hf-overrides: {key} is true or false")
     for key in ("architectures", "classifier_from_token"):
         value = doc.get(key)
         if value is not None and not (isinstance(value, list)
@@ -67,10 +68,11 @@ class Conversion:
 
 
 def conversion(text: str | None, runner: str | None, convert: str | None, name: str,
-               pooling: bool) -> Conversion:
+               native: str) -> Conversion:
     """What vLLM serves for these flags (ValueError, in its terms, when it would not start).
 
-    `pooling`: the checkpoint is a pooling model already (an embedding model), `name` its name.
+    `native`: the checkpoint's own pooling task ("embed", "classify"; "" for a generative
+    one), `name` its name.
     As vLLM's `ModelConfig`: `--runner auto` is `pooling` when `--convert` asks for a
     conversion or an overridden architecture is a classifier; `--convert auto` is then
     `classify` for such an architecture, else `embed`. A classifier needs a score head: a
@@ -79,6 +81,7 @@ def conversion(text: str | None, runner: str | None, convert: str | None, name: 
     as vLLM's `Qwen3ForSequenceClassificationConfig`): one label from two tokens, or one per
     token."""
     doc = parse(text)
+    pooling = bool(native)
     runner, convert = runner or "auto", convert or "auto"
     arch = "classify" if any(a.endswith(CLASSIFIER_SUFFIXES)
                              for a in doc.get("architectures") or ()) else ""
@@ -97,9 +100,10 @@ def conversion(text: str | None, runner: str | None, convert: str | None, name: 
     if convert == "auto":
         convert = arch or ("none" if pooling else "embed")
     if pooling:
-        if convert not in ("none", "embed"):
-            raise ValueError(f"--convert {convert}: {name} is an embedding model; its "
-                             "checkpoint has no classifier (score) weights")
+        if convert not in ("none", native):
+            kind = "a classifier" if native == "classify" else "an embedding model"
+            raise ValueError(f"--convert {convert}: {name} is {kind}; serve it with --convert "
+                             f"{native} (or none)")
         return Conversion()
     if convert == "none":
         raise ValueError(f"--runner pooling --convert none: {name} is a generative model; "
@@ -124,6 +128,14 @@ def _labels(doc: dict[str, Any], name: str) -> int:
                              f"(got {len(tokens)})")
         return 1
     return len(tokens)
+
+
+def use_sep_token(text: str | None, converted: bool) -> bool:
+    """Whether a cross-encoder's pair is tokenized as a pair, with the tokenizer's separator
+    (vLLM's `ModelConfig.use_sep_token`: config.json's, true by default; a language model
+    converted into a reranker defaults to false, `as_seq_cls_model`, and takes the texts back to
+    back)."""
+    return bool(parse(text).get("use_sep_token", not converted))
 
 
 def matryoshka(text: str | None, declared: bool) -> tuple[bool, tuple[int, ...]]:

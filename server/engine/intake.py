@@ -47,12 +47,14 @@ class Limits(msgspec.Struct, frozen=True):
     max_stop_bytes: int = 1024
     priority_scheduling: bool = False  # policy "priority": requests may carry a priority
     max_logprobs: int = 20  # vLLM's --max-logprobs: alternatives a request may ask (-1: all)
+    holds_kv: bool = True  # False: the model keeps no KV cache (an encoder): no block to need
     # --- a pooling model (devices.ModelSpec.is_pooling): its task, vector length, Matryoshka
     pooling_task: str = ""  # "" : a generative model
     embedding_size: int = 0
     matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()  # the only ones allowed (): any
     num_labels: int = 0  # a classifier's (task "classify"; 1: a cross-encoder's score)
+    use_sep_token: bool = False  # a cross-encoder tokenizes (query, document) as a pair
     task_instructions: tuple[tuple[str, str], ...] = ()  # (input_type, its instruction)
 
 
@@ -145,7 +147,9 @@ def check_request(request: EngineRequest, limits: Limits,
 
 def check_blocks(tokens: int, limits: Limits) -> None:
     """InvalidRequest when a request of `tokens` tokens at its longest needs more KV blocks
-    than the deployment's whole pool."""
+    than the deployment's whole pool (none for a model without a KV cache)."""
+    if not limits.holds_kv:
+        return
     need = -(-tokens // limits.block_size)
     if need > limits.num_blocks:
         raise InvalidRequest(

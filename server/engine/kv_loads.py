@@ -107,10 +107,13 @@ class KvLoads:
         with a KV connector configured (`has_connector`: NIXL, the CPU tier or both) or a
         request whose KV a remote prefill sent, the connector's: every admission queries it
         for its tokens past the device hit (vLLM's `connector_prefix_cache_queries`); hits
-        are the tokens `transferred` over NIXL or `loaded` from the CPU tier."""
+        are the tokens `transferred` over NIXL or `loaded` from the CPU tier. Without the
+        prefix cache, nothing is looked up and the device's counters stay (vLLM 0.33.0
+        `KVCacheManager.record_prefix_cache_stats`)."""
         st = self.stats
-        st.prefix_cache_queries += req.num_tokens
-        st.prefix_cache_hits += device_hit
+        if self.cache.enabled:
+            st.prefix_cache_queries += req.num_tokens
+            st.prefix_cache_hits += device_hit
         if self.has_connector or req.num_external_tokens:
             st.external_prefix_cache_queries += req.num_tokens - device_hit
             st.external_prefix_cache_hits += transferred + loaded

@@ -203,3 +203,36 @@ def _cached_blocks(cache: PrefixCache) -> list[list[int]]:
         out.append(node.block_ids)
         stack.extend(node.children.values())
     return out
+
+
+class NoKVCacheManager(KVCacheManager):
+    """The manager of a model that keeps no KV cache (an encoder, `ModelSpec.holds_kv` false):
+    vLLM's KVCacheManager with no KV-cache group. Every request fits, nothing is allocated or
+    cached, and the pool is vLLM's single null block, always free (KV usage 0)."""
+
+    @property
+    def usage(self) -> float:
+        return 0.0
+
+    def blocks_needed_alone(self, req: Request) -> int:
+        return 0
+
+    def match(self, req: Request) -> PrefixMatch:
+        return NO_MATCH
+
+    def allocate_slots(
+        self, req: Request, num_new_tokens: int, match: PrefixMatch = NO_MATCH
+    ) -> bool:
+        return True
+
+    def cache_blocks(self, req: Request, num_tokens: int | None = None) -> None:
+        return None
+
+    def check_integrity(self, live: list[Request], held: list[list[int]] = ()) -> None:
+        """The pool is whole and free, and no request holds a block or a cache node."""
+        self.pool.check_integrity()
+        if self.pool.num_free != self.pool.num_blocks:
+            raise AssertionError("a model without a KV cache allocated a block")
+        for req in live:
+            if req.block_ids or req.cache_node is not None:
+                raise AssertionError(f"{req} holds KV blocks on a model without a KV cache")

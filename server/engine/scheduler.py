@@ -19,7 +19,7 @@ from __future__ import annotations
 from .block_pool import BlockPool
 from .kv_hold import KvHold
 from .kv_loads import KvLoads
-from .kv_manager import KVCacheManager
+from .kv_manager import KVCacheManager, NoKVCacheManager
 from .lora_budget import lora_budget
 from .policy import make_queue
 from .prefix_cache import NoPrefixCache, PrefixCache
@@ -48,7 +48,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         self.cache: PrefixCache = (
             RadixCache(self.pool) if config.enable_prefix_caching else NoPrefixCache(self.pool)
         )
-        self.kv = KVCacheManager(
+        self.kv = (KVCacheManager if config.kv_cache else NoKVCacheManager)(
             self.pool, self.cache, kv_layout=config.kv_layout, max_model_len=config.max_model_len
         )
         self.waiting = make_queue(config.policy, config.lpm_fcfs_threshold)

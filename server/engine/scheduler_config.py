@@ -29,6 +29,8 @@ class SchedulerConfig:
     request gets more than that many tokens a step, so a long prefill cannot take the whole
     budget from the others; with ``long_prefill_token_threshold_adaptive`` the cap is at least
     the budget's fair share (budget / requests), as vLLM 0.33.0's scheduler.
+    ``kv_cache=False``: the model keeps no KV cache (an encoder): nothing is allocated, and
+    the pool is one null block (``kv_manager.NoKVCacheManager``).
     """
 
     num_blocks: int = 1024
@@ -39,6 +41,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     policy: Policy = "fcfs"
     enable_prefix_caching: bool = True
+    kv_cache: bool = True
     kv_layout: KVLayout = "paged"
     batching: Batching = "continuous"
     lpm_fcfs_threshold: int = 128
@@ -63,10 +66,11 @@ class SchedulerConfig:
         if self.batching not in ("continuous", "static"):
             raise ValueError(f"unknown batching {self.batching!r} (continuous or static)")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                "without chunked prefill, max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
-            )
+            raise ValueError(  # vLLM 0.33.0's SchedulerConfig.verify_max_model_len
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({self.max_model_len}). This effectively limits the maximum "
+                "sequence length to max_num_batched_tokens and makes vLLM reject longer "
+                "sequences. Please increase max_num_batched_tokens or decrease max_model_len.")
 
 
 class ScheduledRequest(NamedTuple):

@@ -129,6 +129,12 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """The two texts as one input, with the special tokens of the tokenizer's pair template
+        (Hugging Face's `tokenizer(text=first, text_pair=second)`: "<bos> first <bos> second"
+        here, as Llama 3's): a cross-encoder's (query, document) prompt."""
+        return self._tok.encode(first, second, add_special_tokens=True).ids
+
     def encode_unlocked(self, text: str) -> list[int]:
         """`encode`, releasing the GIL while the Rust tokenizer works (`tokenizers` releases
         it in batch encoding only): what a thread runs so an event loop keeps serving while a

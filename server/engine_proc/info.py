@@ -10,7 +10,7 @@ from server.engine import score_template
 from server.engine.build import EngineOptions
 from server.engine.core import EngineCore
 from server.engine.faults import has_faults
-from server.engine.hf_overrides import matryoshka
+from server.engine.hf_overrides import matryoshka, use_sep_token
 from server.engine.intake import Limits
 from server.engine.interface import Capacity
 from server.engine.tokenizer import Tokenizer
@@ -58,6 +58,7 @@ def limits_of(opts: EngineOptions, vocab_size: int, capacity: Capacity,
         pooling = {"pooling_task": model.pooling_task, "embedding_size": model.embedding_size,
                    "matryoshka": mrl, "matryoshka_dimensions": dims,
                    "num_labels": model.num_labels,
+                   "use_sep_token": use_sep_token(opts.hf_overrides, bool(opts.conversion().task)),
                    "task_instructions": tuple(model.task_instructions.items())}
     return Limits(name=opts.name, vocab_size=vocab_size, max_model_len=capacity.max_model_len,
                   num_blocks=capacity.kv_blocks_total, block_size=capacity.block_size,
@@ -66,7 +67,7 @@ def limits_of(opts: EngineOptions, vocab_size: int, capacity: Capacity,
                   max_prompt_bytes=opts.max_prompt_bytes,
                   max_stop_strings=opts.max_stop_strings, max_stop_bytes=opts.max_stop_bytes,
                   priority_scheduling=policy == "priority", max_logprobs=opts.max_logprobs,
-                  **pooling)
+                  holds_kv=model is None or model.holds_kv, **pooling)
 
 
 def placed_info(opts: EngineOptions, rank: int, core: EngineCore,

@@ -6,13 +6,17 @@ Each (query, document) pair is one prompt, pooled on the deployment as one engin
    (vLLM's `truncate_text_to_tokens`: the first N tokens, decoded back to text);
 2. the pair is rendered through the deployment's `--chat-template` (`server.engine.
    score_template`: messages `query` and `document`, the request's `chat_template_kwargs` with
-   its `instruction`), or, without one, the two texts back to back (a model converted from a
-   language model has no separator token: vLLM's `use_sep_token` false);
-3. the text is tokenized with the special tokens, truncated and checked as any pooling prompt;
+   its `instruction`); without one, a native cross-encoder (BERT, XLM-RoBERTa: vLLM's
+   `use_sep_token`, true by default) tokenizes the two as a pair with the tokenizer's
+   separators (`Tokenizer.encode_pair`), and a model converted from a language model takes
+   the two texts back to back (`use_sep_token` false, `as_seq_cls_model`'s default);
+3. the prompt is tokenized with the special tokens, truncated and checked as any pooling
+   prompt;
 4. the pair's score is the classifier's probability (`classified.pair_logit` through the
    sigmoid; the logit with `use_activation` false).
 Every pair of one call shares the rendered text before its document, so a deployment with the
-prefix cache computes the template and the query once (what makes reranking N documents cheap).
+prefix cache computes the template and the query once (what makes reranking N documents cheap
+on a converted language model; an encoder keeps no KV cache and computes every pair whole).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from server.frontend.pooled import text_vector
 from server.http import pooling
 from server.http.errors import vllm_invalid
 from server.http.pooling_protocol import ScoringFields
+from server.http.prompts import check_texts
 from server.http.state import HttpState
 
 
@@ -58,12 +63,19 @@ async def cross_scores(state: HttpState, request: Request, body: ScoringFields,
     if len(queries) == 1:
         queries = queries * len(docs)
     template, kwargs = client.info.chat_template, _kwargs(body)
+    pairs = zip(queries, docs, strict=True)
+    prompts: list[str | list[int]]
     try:
-        texts = [render(template, q, d, kwargs) if template else q + d
-                 for q, d in zip(queries, docs, strict=True)]
+        if template:
+            prompts = [render(template, q, d, kwargs) for q, d in pairs]
+        elif client.limits.use_sep_token:  # (the texts' size checked before they are encoded)
+            check_texts([*queries, *docs], client.limits)
+            prompts = [state.tokenizer.encode_pair(q, d) for q, d in pairs]
+        else:
+            prompts = [q + d for q, d in pairs]
     except ValueError as e:
         raise vllm_invalid(str(e)) from None
-    ids = await pooling.prompt_ids(texts, client, state, True, body.truncate_prompt_tokens,
+    ids = await pooling.prompt_ids(prompts, client, state, True, body.truncate_prompt_tokens,
                                    body.truncation_side)
     params = pooling.check_params(client, name, "classify", None, body.use_activation)
     await pooling.run(request, client, rid, response_id, ids, params, body.priority)

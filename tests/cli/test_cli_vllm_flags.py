@@ -123,6 +123,10 @@ def test_vllms_inverse_switches_mean_what_they_mean_in_vllm():
     assert hidden[hidden.index("--prefix-cache") + 1] == "off"
     on = translate(parse(REPO, "--enable-prefix-caching"))[0]
     assert on[on.index("--prefix-cache") + 1] == "on"
+    for off in ("--disable-chunked-prefill", "--no-enable-chunked-prefill"):
+        argv = translate(parse(REPO, off))[0]
+        assert argv[argv.index("--chunked-prefill") + 1] == "off"
+    assert "--chunked-prefill" not in translate(parse(REPO))[0]  # (the default decides)
     # logging switches are silent either way; turning an unemulated one off asks nothing
     assert translate(parse(REPO, "--disable-log-requests", "--disable-log-outputs"))[1] == []
     assert translate(parse(REPO, "-ep"))[0].count("--enable-expert-parallel") == 1
@@ -167,7 +171,6 @@ def test_running_without_graphs_is_enforce_eager(argv, eager, warned):
     (["--runner", "draft"], "--runner draft: a speculative draft model's runner"),
     (["--headless", "--api-server-count", "2"], "cannot be used with --headless"),
     (["--grpc", "--grpc-port", "50052"], "mutually exclusive"),
-    (["--disable-chunked-prefill"], "not emulated"),
 ])
 def test_what_vllm_would_serve_differently_is_refused(argv, says):
     # (`main` prints it and exits 2 before anything starts: test_cli_vllm_serve.py)
@@ -195,11 +198,12 @@ def test_hf_overrides_pass_through_and_name_the_keys_they_ignore():
     assert serve[serve.index("--hf-overrides") + 1] == '{"is_matryoshka": true, "rope_theta": 5}'
     assert warnings == ["--hf-overrides: rope_theta accepted but not emulated (only "
                         "is_matryoshka, matryoshka_dimensions, architectures, "
-                        "classifier_from_token, method, is_original_qwen3_reranker change "
-                        "anything here)"]
+                        "classifier_from_token, method, is_original_qwen3_reranker, "
+                        "use_sep_token change anything here)"]
     for bad in ("[1]", "{", '{"matryoshka_dimensions": [0]}', '{"is_matryoshka": 1}',
                 '{"architectures": "LlamaForSequenceClassification"}',
-                '{"classifier_from_token": [1, 2]}', '{"method": "from_3_way_softmax"}'):
+                '{"classifier_from_token": [1, 2]}', '{"method": "from_3_way_softmax"}',
+                '{"use_sep_token": "yes"}'):
         with pytest.raises(ValueError, match="--hf-overrides"):
             translate(parse(REPO, "--hf-overrides", bad))
 
@@ -212,6 +216,29 @@ def test_hf_overrides_pass_through_and_name_the_keys_they_ignore():
 def test_an_embedding_checkpoint_cannot_generate(argv, says):
     with pytest.raises(ValueError) as refused:
         translate(parse("Qwen/Qwen3-Embedding-8B", *argv))
+    assert says in str(refused.value)
+
+
+@pytest.mark.parametrize("repo, model, argv", [
+    ("BAAI/bge-m3", "bge-m3", ()), ("BAAI/bge-m3", "bge-m3", ("--convert", "embed")),
+    ("BAAI/bge-reranker-v2-m3", "bge-reranker-v2-m3", ()),
+    ("BAAI/bge-reranker-v2-m3", "bge-reranker-v2-m3", ("--convert", "classify")),
+    ("sentence-transformers/all-MiniLM-L6-v2", "all-minilm-l6-v2", ("--runner", "pooling")),
+])
+def test_an_encoder_checkpoint_is_served_in_float16(repo, model, argv):
+    serve, warnings = translate(parse(repo, *argv))
+    assert warnings == []
+    assert [serve[serve.index(f) + 1] for f in ("--model", "--quant")] == [model, "f16"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("--convert", "embed"), "--convert embed: bge-reranker-v2-m3 is a classifier; serve it "
+                             "with --convert classify"),
+    (("--runner", "generate"), "--runner generate: bge-reranker-v2-m3 is served as a pooling"),
+])
+def test_an_encoder_cross_encoder_stays_a_classifier(argv, says):
+    with pytest.raises(ValueError) as refused:
+        translate(parse("BAAI/bge-reranker-v2-m3", *argv))
     assert says in str(refused.value)
 
 

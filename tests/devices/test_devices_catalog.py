@@ -20,7 +20,7 @@ MODELS = ["llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3.1-8
           "deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "qwen3-235b-a22b", "qwen3-32b",
           "llama-4-scout", "llama-4-maverick", "gemma-3-27b", "qwen3-embedding-8b",
           "qwen3-embedding-0.6b", "qwen3-reranker-0.6b", "qwen3-reranker-4b",
-          "qwen3-reranker-8b"]
+          "qwen3-reranker-8b", "bge-m3", "bge-reranker-v2-m3", "all-minilm-l6-v2"]
 QUANTS = ["f16", "bf16", "fp8", "int8", "q8_0", "q4_0", "q4_k_m", "mlx-4bit",
           "nvfp4", "mxfp4", "awq-int4", "gptq-int4"]
 CATALOG_DIR = Path(catalog.__file__).parent

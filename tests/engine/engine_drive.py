@@ -51,3 +51,23 @@ def run(
         if check:
             sched.check_integrity()
     raise AssertionError("the scheduler did not drain")
+
+
+def pooling_request(rid: str, prompt: list[int]):
+    req = request(rid, prompt, 1)
+    req.pooling = True
+    return req
+
+
+def drive(sched, model) -> list[tuple[int, list]]:
+    """(step, requests finished in it) until idle; integrity checked after every step."""
+    out, n = [], 0
+    while sched.has_unfinished():
+        o = sched.schedule()
+        sampled = model.next_tokens(o, sched.requests)
+        assert not any(sched.requests[rid].pooling for rid in sampled), "a pooling one sampled"
+        finished = sched.update(o, sampled)
+        sched.check_integrity()
+        out.append((n, finished))
+        n += 1
+    return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from engine_drive import make, request
+from engine_drive import drive, make, pooling_request, request
 
 from devices import catalog
 from server.engine.build import EngineOptions, build_core
@@ -18,26 +18,6 @@ from server.engine.interface import EngineRequest, FinishReason, InvalidRequest,
 from server.engine.request import RequestStatus
 
 EMBED = dict(name="e", model="qwen3-embedding-8b", quant="bf16", chip="h100-sxm", engine="vllm")
-
-
-def pooling_request(rid: str, prompt: list[int]):
-    req = request(rid, prompt, 1)
-    req.pooling = True
-    return req
-
-
-def drive(sched, model) -> list[tuple[int, list]]:
-    """(step, requests finished in it) until idle; integrity checked after every step."""
-    out, n = [], 0
-    while sched.has_unfinished():
-        o = sched.schedule()
-        sampled = model.next_tokens(o, sched.requests)
-        assert not any(sched.requests[rid].pooling for rid in sampled), "a pooling one sampled"
-        finished = sched.update(o, sampled)
-        sched.check_integrity()
-        out.append((n, finished))
-        n += 1
-    return out
 
 
 def test_a_chunked_prefill_ends_the_request_in_its_last_chunk():

@@ -10,8 +10,9 @@ import pytest
 
 from devices import catalog
 from devices.estimate import prefill_steps
-from server.engine.build import EngineOptions, build_core, scheduler_config
+from server.engine.build import EngineOptions, build_core
 from server.engine.request import Request, SamplingParams
+from server.engine.scheduler_defaults import scheduler_config
 
 
 def scheduled_chunks(opts: EngineOptions, prompt: int) -> list[tuple[tuple[int, int], ...]]:

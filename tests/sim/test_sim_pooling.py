@@ -134,3 +134,29 @@ def test_plan_sizes_a_reranker_fleet_that_keeps_its_conversion(tmp_path, capsys)
     assert main(["simulate", "--config", str(tmp_path / "w.toml"), *work, "--json"]) == 0
     again = last_json(capsys)
     assert again["output_tokens"] == 0 and again["pooling"]["usd_per_m_input_tok"] > 0
+
+
+ENCODER = EngineOptions(name="b", model="bge-reranker-v2-m3", quant="f16", chip="h100-sxm",
+                        engine="vllm")
+SHARED = WorkloadSpec(kind="shared-prefix", num_requests=400, rate=400.0, isl=164, osl=8,
+                      system_prompt_len=112, users_per_prefix=16, seed=5)
+
+
+def test_an_encoder_computes_every_prompt_whole_and_its_lone_request_costs_one_step():
+    from devices import BatchShape, step_cost
+    from server.engine.build import build_core
+
+    summary, records = simulate_conversations(ENCODER, SHARED)
+    assert all(r.ok and r.output_tokens == 0 for r in records)
+    assert summary["cached_prompt_tokens"] == 0  # no KV cache, no prefix cache
+    assert summary["prefill_tokens"] == summary["prompt_tokens"]
+    # a converted decoder of the same size reuses the shared prefix of the same workload
+    qwen = dataclasses.replace(RERANKER, model="qwen3-reranker-0.6b")
+    decoder, _ = simulate_conversations(qwen, SHARED)
+    assert decoder["cached_prompt_tokens"] > 0.3 * decoder["prompt_tokens"]
+    # alone on the chip, a request's TTFT is one step of its whole prompt (bidirectional)
+    lone = WorkloadSpec(kind="random", num_requests=1, rate=1.0, isl=3000, osl=8, seed=1)
+    _, (rec,) = simulate_conversations(ENCODER, lone)
+    placement = build_core(ENCODER).placement
+    step = step_cost(placement, BatchShape(prefill=((rec.prompt_tokens, 0),))).seconds
+    assert rec.ttft == pytest.approx(step, rel=1e-6)
