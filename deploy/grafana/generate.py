@@ -121,9 +121,11 @@ def serving() -> dict:
             (f"max by (deployment) (vllm:kv_cache_usage_perc{{{SEL}}})", "{{deployment}}")],
               "percentunit"),
         panel("Prefix-cache hit rate", "Prompt tokens served from the prefix cache / prompt "
-              "tokens looked up.", [
-            (f"{rate('vllm:prefix_cache_hits_total')} / {rate('vllm:prefix_cache_queries_total')}",
-             "{{deployment}}")], "percentunit"),
+              "tokens looked up; no series for a deployment that looks nothing up (prefix "
+              "caching off, or an encoder: vLLM counts no query then).", [
+            (f"{rate('vllm:prefix_cache_hits_total')} / "
+             f"({rate('vllm:prefix_cache_queries_total')} > 0)", "{{deployment}}")],
+              "percentunit"),
         panel("Finish reasons", "Finished requests per second by reason (stop, length, abort, "
               "error).", [
             (rate("vllm:request_success_total", "deployment, finished_reason"),
