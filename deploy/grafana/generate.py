@@ -7,8 +7,9 @@ Two dashboards, both with a `deployment` variable (multi-select, compared side b
 - serving: latency percentiles, throughput, scheduler state, KV usage, prefix-cache hit rate,
   finish reasons, preemptions (vLLM's metric names, so vLLM deployments show up too);
 - devices: bandwidth and FLOP utilisation, bound, memory tiers, SSD page-ins, compile stalls,
-  energy and cost per token (doppelchip's own `doppelchip_` metrics); and a row of injected
-  faults (failures by type, stream cuts, device faults, hang/slowdown/lost KV).
+  energy and cost per token (doppelchip's own `doppelchip_` metrics); a row of the CPU KV tier
+  (prompt tokens by source, offload traffic, hit rate, pinned share: vLLM's names); and a row
+  of injected faults (failures by type, stream cuts, device faults, hang/slowdown/lost KV).
 No query hides missing data behind a fallback (`or vector(0)` and the like): an empty panel
 means the metric is missing. `tests/observability/test_obs_panels.py` runs every query against
 a real Prometheus scraping a loaded server. docs/OBSERVABILITY.md describes each panel.
@@ -197,12 +198,16 @@ def devices() -> dict:
             (rate("doppelchip_pipeline_idle_seconds_total"), "pipeline idle {{deployment}}")],
               "s"),
         panel("Energy per token", "Joules drawn (busy, stalled and idle) per generated token.",
-              [(f"{rate('doppelchip_energy_joules_total')} / {gen}", "{{deployment}}")],
+              [(f"{rate('doppelchip_energy_joules_total')} / ({gen} > 0)", "{{deployment}}")],
               "J"),
         panel("Cost per million tokens", "The deployment's price for its time per million "
-              "generated tokens (USD).", [
-            (f"1e6 * {rate('doppelchip_cost_dollars_total')} / {gen}", "{{deployment}}")],
+              "generated tokens (USD); no series for a deployment that generates none.", [
+            (f"1e6 * {rate('doppelchip_cost_dollars_total')} / ({gen} > 0)", "{{deployment}}")],
               "currencyUSD"),
+        panel("Cost per million prompt tokens", "The deployment's price for its time per "
+              "million prompt tokens (USD): how an embedding model or a reranker is priced.", [
+            (f"1e6 * {rate('doppelchip_cost_dollars_total')} / "
+             f"({rate('vllm:prompt_tokens_total')} > 0)", "{{deployment}}")], "currencyUSD"),
         panel("Step time (p50 / p99)", "Emulated duration of an engine step, stalls included.",
               [(quantile(0.5, "doppelchip_step_seconds"), "p50 {{deployment}}"),
                (quantile(0.99, "doppelchip_step_seconds"), "p99 {{deployment}}")], "s"),
@@ -217,8 +222,34 @@ def devices() -> dict:
             (f"sum by (deployment, chip) (doppelchip_chips{{{SEL}}})",
              "{{chip}} {{deployment}}")], "short", kind="stat"),
         *pd_sleep_panels(),
+        *kv_tier_panels(),
         *fault_panels(),
     ])
+
+
+# --- vLLM's CPU KV offloading (docs/KV_OFFLOAD.md): a row of the devices dashboard ----------
+def kv_tier_panels() -> list[dict[str, Any]]:
+    return [
+        panel("Prompt tokens by source", "Prompt tokens per second computed on the chip, found "
+              "in its prefix cache, or received from outside it (the CPU tier, a P/D "
+              "transfer): vllm:prompt_tokens_by_source_total.", [
+            (rate("vllm:prompt_tokens_by_source_total", "deployment, source"),
+             "{{source}} {{deployment}}")], "short", stack=True),
+        panel("CPU KV tier traffic", "KV bytes per second stored to the CPU tier (GPU→CPU) "
+              "and loaded back (CPU→GPU), over the host link: vllm:kv_offload_store_bytes, "
+              "vllm:kv_offload_load_bytes.", [
+            (rate("vllm:kv_offload_store_bytes_total"), "GPU→CPU {{deployment}}"),
+            (rate("vllm:kv_offload_load_bytes_total"), "CPU→GPU {{deployment}}")], "Bps"),
+        panel("CPU KV tier hit rate", "Prompt tokens found in the CPU tier / tokens looked up "
+              "there (those past the device's own hit): vllm:external_prefix_cache_*.", [
+            (f"{rate('vllm:external_prefix_cache_hits_total')} / "
+             f"({rate('vllm:external_prefix_cache_queries_total')} > 0)", "{{deployment}}")],
+              "percentunit"),
+        panel("CPU KV tier pinned", "Share of the CPU tier pinned by transfers in flight "
+              "(vllm:kv_offload_cpu_cache_usage_perc; 1 = stores may be dropped).", [
+            (f"max by (deployment) (vllm:kv_offload_cpu_cache_usage_perc{{{SEL}}})",
+             "{{deployment}}")], "percentunit"),
+    ]
 
 
 # --- P/D and sleep mode (issue 13): the last row of the devices dashboard ------------------

@@ -9,6 +9,9 @@
   sizes recompile the whole program while the pipeline idles;
 - `llamacpp-ssd`: Llama 3.1 70B f16 on an RTX 4090 box: the CPU layers exceed host RAM and
   are re-read from SSD every token (SSD page-ins).
+- `vllm-offload`: the same H100 with 40 KV blocks and a CPU tier (`kv_offloading_size`):
+  three 300-token prompts in turn evict the first from the device, and the first again comes
+  back from host memory (CPU KV tier stores, loads and hits).
 `mlx-m4max` also has a hang scheduled far beyond the test, so the failure-injection series
 (docs/FAULTS.md) are exported, at zero.
 time_scale 0.002: an emulated second takes 2 ms of wall time, so the slowest deployment
@@ -40,6 +43,8 @@ DEPLOYMENTS = [
      "engine": "groq", "max_model_len": 4096, "max_num_seqs": 4, "shape_policy": "recompile"},
     {"name": "llamacpp-ssd", "model": "llama-3.1-70b", "quant": "f16", "chip": "rtx-4090",
      "engine": "llama.cpp", "max_model_len": 512, "max_num_seqs": 1},
+    {"name": "vllm-offload", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
+     "engine": "vllm", "max_model_len": 512, "kv_blocks": 40, "kv_offloading_size": 1.0},
 ]
 
 # deployment -> [(prompt, max_tokens)]
@@ -51,7 +56,10 @@ LOAD: dict[str, list[tuple[str, int]]] = {
     # and run together as a batch of 2, which recompiles the program
     "groq-recompile": [("first, long", 2000), ("second", 8), ("third one", 8)],
     "llamacpp-ssd": [("page in", 3), ("page in again", 3)],
+    # one after another: the third evicts the first from the device; the first comes back
+    "vllm-offload": [(word * 300, 4) for word in (" apple", " banana", " green", " apple")],
 }
+SEQUENTIAL = ("vllm-offload",)
 
 
 def fleet_doc() -> dict:
@@ -104,8 +112,14 @@ async def drive(client: AsyncClient) -> list[Result]:
     for d in DEPLOYMENTS:  # the cold deployment must have built first
         await until(client, d["name"], lambda s: s.state == pb.DEPLOYMENT_STATE_READY)
     stagger = ("vllm-small-kv", "groq-recompile")
-    jobs = [one(client, d, p, n) for d, reqs in LOAD.items() if d not in stagger
-            for p, n in reqs]
+    jobs = [one(client, d, p, n) for d, reqs in LOAD.items()
+            if d not in stagger + SEQUENTIAL for p, n in reqs]
     *staged, rest = await asyncio.gather(*(staggered(client, d) for d in stagger),
+                                         *(in_turn(client, d) for d in SEQUENTIAL),
                                          asyncio.gather(*jobs))
     return [r for group in (*staged, rest) for r in group]
+
+
+async def in_turn(client: AsyncClient, deployment: str) -> list[Result]:
+    """Each request once the one before it has finished."""
+    return [await one(client, deployment, p, n) for p, n in LOAD[deployment]]

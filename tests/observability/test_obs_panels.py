@@ -96,7 +96,8 @@ def test_every_panel_query_returns_finite_data(observed):
     required = {"Time to first token", "Inter-token latency", "End-to-end latency",
                 "Token throughput", "Scheduler state", "KV-cache usage",
                 "Prefix-cache hit rate", "Finish reasons", "Preemptions", "Compile stalls",
-                "Bandwidth utilisation per tier", "Cost per million tokens"}
+                "Bandwidth utilisation per tier", "Cost per million tokens",
+                "Cost per million prompt tokens", "CPU KV tier traffic", "CPU KV tier hit rate"}
     assert required <= titles
 
 
@@ -115,6 +116,11 @@ def test_load_shows_preemptions_compiles_and_ssd_page_ins(observed):
     assert all(v == 0 for d, v in ssd.items() if d != "llamacpp-ssd")
     hits = by_deployment(prom, "sum by (deployment) (vllm:prefix_cache_hits_total)", t1)
     assert hits["vllm-small-kv"] > 0
+    host = by_deployment(prom, "sum by (deployment) (vllm:external_prefix_cache_hits_total)", t1)
+    # the first prompt's blocks the device evicted came back from host memory, whole blocks
+    assert host["vllm-offload"] > 0 and host["vllm-offload"] % 16 == 0
+    loaded = by_deployment(prom, "sum by (deployment) (vllm:kv_offload_load_bytes_total)", t1)
+    assert loaded["vllm-offload"] > 0
 
 
 def test_token_counters_match_what_clients_received(observed):
