@@ -59,7 +59,10 @@ class Placement:
     def max_concurrency(self, context_tokens: int | None = None, block_size: int = 16) -> int:
         """How many sequences of ``context_tokens`` fit at once, capped by ``max_batch``.
 
-        A contiguous layout configured with ``max_context`` reserves all of it per sequence."""
+        A contiguous layout configured with ``max_context`` reserves all of it per sequence;
+        a model without a KV cache (an encoder) holds no tokens between steps."""
+        if not self.model.holds_kv:
+            return self.spec.max_batch
         per_seq = context_tokens or self.max_context
         if self.engine.kv_layout == "contiguous" and self.spec.max_context:
             per_seq = self.spec.max_context  # every slot reserves its full length

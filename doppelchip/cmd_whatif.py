@@ -47,7 +47,12 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         except DeviceError as e:  # UnknownId: the message lists the known ids
             problem = f"--model: {e}"
         else:
-            if args.isl + args.osl > model.max_context:
+            if model.is_pooling:
+                problem = (f"--model: {args.model} is a pooling model ({model.pooling_task}): "
+                           "it generates no token, and what-if compares generation (cost per "
+                           "output token against each user's speed); `doppelchip simulate` "
+                           "and `doppelchip plan` price it per million input tokens")
+            elif args.isl + args.osl > model.max_context:
                 problem = (f"--isl + --osl is {args.isl + args.osl} tokens; {args.model}'s "
                            f"context is {model.max_context}")
     problem = problem or unwritable([], [("--out", args.out)])

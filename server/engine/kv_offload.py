@@ -257,6 +257,9 @@ def host_tier(config: OffloadConfig, placement: Placement, sched: SchedulerConfi
                              f"({sched.block_size} tokens).")
         raise ValueError("kv_connector_extra_config: a block_size of several device blocks is "
                          "not emulated (a chunk is one device block)")
+    if not sched.kv_cache:
+        raise ValueError(f"--kv-offloading-size: {placement.model.name} keeps no KV cache (an "
+                         "encoder): nothing to offload")
     if not sched.enable_prefix_caching:
         raise ValueError("--kv-offloading-size needs the prefix cache on (its blocks are "
                          "found by their prefix, as vLLM's by block hashes)")

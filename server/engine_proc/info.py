@@ -81,7 +81,8 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         kv_blocks_total=cfg.num_blocks, kv_blocks_free=cfg.num_blocks,
         block_size=cfg.block_size, max_model_len=cfg.max_model_len,
         max_num_seqs=cfg.max_num_seqs,
-        max_concurrency=min(cfg.max_num_seqs, cfg.num_blocks // per_request),
+        max_concurrency=min(cfg.max_num_seqs, cfg.num_blocks // per_request) if cfg.kv_cache
+        else cfg.max_num_seqs,  # (an encoder: no KV cache bounds it)
         max_waiting=opts.max_waiting,
     )
     return DeploymentInfo(

@@ -213,6 +213,13 @@ def test_whatif_refuses_a_workload_longer_than_the_models_context(
     assert "context is 131072" in line
 
 
+@pytest.mark.parametrize("model", ["bge-m3", "qwen3-embedding-0.6b"])
+def test_whatif_refuses_a_pooling_model(capsys: pytest.CaptureFixture[str], model: str):
+    # it divided by the time per output token a pooling model does not have
+    line = usage_error(capsys, ["whatif", "--model", model, "--batches", "1"])
+    assert f"{model} is a pooling model (embed)" in line and "doppelchip plan" in line
+
+
 def test_whatif_bounds_its_batches(capsys: pytest.CaptureFixture[str]):
     # batch 100000 was 100000 simulated requests per engine: hours
     line = usage_error(capsys, ["whatif", "--batches", "1,100000"])

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from devices import BatchShape, DeploymentSpec, PlacementError, catalog, place
+from devices import BatchShape, DeploymentSpec, PlacementError, catalog, estimate, place
 from devices.cost import plan_cost
 
 BGE = DeploymentSpec("bge-m3", "f16", "h100-sxm", "vllm")
@@ -37,6 +37,10 @@ def test_an_encoder_holds_no_kv_in_any_tier():
     assert groq.kv_tokens == 0 and groq.max_context == 8192  # SRAM sized by weights alone
     decoder = place(DeploymentSpec("qwen3-embedding-0.6b", "bf16", "h100-sxm", "vllm"))
     assert decoder.memory_bytes(100_000) != decoder.memory_bytes(0)
+    # no KV bounds how many prompts run at once: the sequence cap does
+    assert placed.max_concurrency(8192) == placed.spec.max_batch
+    batch = estimate(BGE, prompt=8000, output=1, batch=placed.spec.max_batch)
+    assert batch["max_concurrency"] == placed.spec.max_batch and "error" not in batch
 
 
 @pytest.mark.parametrize("n", [1, 64, 512, 3000])

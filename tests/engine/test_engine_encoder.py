@@ -113,3 +113,8 @@ def test_without_the_prefix_cache_nothing_is_looked_up():
     on.add_request(pooling_request("a", list(range(1, 101))))
     drive(on, model)
     assert on.stats.prefix_cache_queries == 100
+
+
+def test_an_encoder_has_no_kv_to_offload():
+    with pytest.raises(ValueError, match="bge-reranker-v2-m3 keeps no KV cache"):
+        build_core(EngineOptions(**RERANKER, kv_offloading_size=1.0))

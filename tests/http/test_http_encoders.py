@@ -16,6 +16,7 @@ import pytest
 from http_helpers import pod_released, sample_sum
 from server_proc import ServerProcess
 
+from clients.client import AsyncClient
 from server.engine.tokenizer import TOKENIZER_DIR, get_tokenizer
 
 RERANKER = "BAAI/bge-reranker-v2-m3"
@@ -64,6 +65,10 @@ async def test_the_pod_keeps_no_kv_cache_and_computes_every_prompt_whole(http, s
     assert after["vllm:prompt_tokens_cached_total"] == before["vllm:prompt_tokens_cached_total"]
     assert after["vllm:prefix_cache_queries_total"] == before["vllm:prefix_cache_queries_total"]
     assert counter(server, "vllm:kv_cache_usage_perc") == 0.0
+    async with AsyncClient(server.target) as client:  # no KV bounds the concurrency
+        (d,) = (await client.list_deployments()).deployments
+    assert d.capacity.kv_blocks_total == 1
+    assert d.capacity.max_concurrency == d.capacity.max_num_seqs > 1
     await pod_released(server)
 
 
