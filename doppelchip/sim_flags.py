@@ -153,6 +153,12 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
                    help="vLLM's --chat-template, for a cross-encoder's /score and /rerank: "
                    "each (query, document) pair rendered through it, e.g. examples/pooling/"
                    "score/template/qwen3_reranker.jinja (chat requests use the tokenizer's)")
+    g.add_argument("--pooler-config", metavar="JSON",
+                   help="vLLM's --pooler-config for a pooling model; emulated: pooling_type / "
+                   "seq_pooling_type (MEAN or CLS on a decoder turns off prefix caching and "
+                   "chunked prefill), use_activation and dimensions (request defaults), "
+                   "logit_mean and logit_sigma (a classifier's calibration), task "
+                   "(docs/EMBEDDINGS.md)")
     g.add_argument("--enable-sleep-mode", action="store_true",
                    help="accepted for vLLM compatibility: sleep mode is always available")
     # --- vLLM's observability flags (docs/OBSERVABILITY.md) ---

@@ -108,6 +108,7 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--kv-transfer-config", {}),
     ("--kv-offloading-size", {"type": float}),
     ("--kv-offloading-backend", {}),
+    ("--pooler-config", {}),
     ("--prefix-caching-hash-algo", {}),
     ("--enable-lora", {}),
     ("--max-loras", {"type": int}),

@@ -162,6 +162,7 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "runner": getattr(args, "runner", None),
         "convert": getattr(args, "convert", None),
         "chat_template": getattr(args, "chat_template", None),
+        "pooler_config": getattr(args, "pooler_config", None),
         "enable_sleep_mode": getattr(args, "enable_sleep_mode", None) or None,
         # --- vLLM's --kv-cache-metrics (docs/OBSERVABILITY.md) ---
         "kv_cache_metrics": getattr(args, "kv_cache_metrics", None),

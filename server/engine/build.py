@@ -34,7 +34,8 @@ from devices import (
     place,
 )
 from devices.hf_config import checkpoint_kv_cache_dtype
-from server.engine import hf_overrides, score_template
+from devices.model import ModelSpec
+from server.engine import hf_overrides, pooler_config, score_template
 from server.engine.block_hash import BlockHasher
 from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
@@ -47,6 +48,7 @@ from server.engine.kv_offload_config import OffloadConfig
 from server.engine.kv_transfer import KvTransferConfig
 from server.engine.lora import LoraConfig, LoraRegistry
 from server.engine.mock_model import MockModel, OutputLengths
+from server.engine.pooler_config import PoolerOptions
 from server.engine.radix_cache import RadixCache
 from server.engine.scheduler import Scheduler
 from server.engine.scheduler_defaults import default_seqs, scheduler_config
@@ -134,6 +136,11 @@ class EngineOptions:
     convert: str | None = None  # auto | none | embed | classify (None: auto)
     chat_template: str | None = None  # vLLM's --chat-template: a cross-encoder's pair prompt
     #                                   (a file or the template; server/engine/score_template)
+    pooler_config: str | None = None  # vLLM's --pooler-config JSON (server/engine/pooler_config)
+
+    def pooler(self) -> PoolerOptions:
+        """The parsed `--pooler-config` (ValueError, in vLLM's words, when it is wrong)."""
+        return pooler_config.parse(self.pooler_config)
 
     def conversion(self) -> hf_overrides.Conversion:
         """How the checkpoint is served (ValueError when vLLM would not start)."""
@@ -217,6 +224,20 @@ class EngineOptions:
         )
 
 
+def pooler_problems(opts: EngineOptions, model: ModelSpec) -> None:
+    """`--pooler-config` checked against the model served: vLLM's refusal of a task it does
+    not serve (ValueError); what changes nothing here, logged."""
+    options = opts.pooler()
+    if opts.pooler_config and not model.is_pooling:
+        logger.warning("--pooler-config is ignored: %s is served by the generate runner",
+                       model.name)
+        return
+    pooler_config.check_task(options, model.pooling_task)
+    if options.ignored:
+        logger.warning("--pooler-config: %s accepted but not emulated",
+                       ", ".join(options.ignored))
+
+
 def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> EngineCore:
     """Place the deployment and assemble its core. Raises devices.DeviceError (with the
     reason) when it cannot be placed, ValueError when an option is out of range."""
@@ -225,6 +246,7 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     if advice := score_template.check(opts.model, opts.hf_overrides, opts.chat_template):
         logger.warning(advice)
     placement = place(opts.spec(), ranks=opts.data_parallel_size)  # one rank's view
+    pooler_problems(opts, placement.model)
     transfer = KvTransferConfig.parse(opts.kv_transfer_config)  # refuse a bad config
     offload = OffloadConfig.resolve(opts.kv_offloading_size, opts.kv_offloading_backend,
                                     transfer.kv_connector if transfer else None,

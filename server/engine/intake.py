@@ -55,6 +55,11 @@ class Limits(msgspec.Struct, frozen=True):
     matryoshka_dimensions: tuple[int, ...] = ()  # the only ones allowed (): any
     num_labels: int = 0  # a classifier's (task "classify"; 1: a cross-encoder's score)
     use_sep_token: bool = False  # a cross-encoder tokenizes (query, document) as a pair
+    # --pooler-config's request defaults and a classifier's calibration (None: unset)
+    default_use_activation: bool | None = None
+    default_dimensions: int | None = None
+    logit_mean: float | None = None
+    logit_sigma: float | None = None
     task_instructions: tuple[tuple[str, str], ...] = ()  # (input_type, its instruction)
 
 

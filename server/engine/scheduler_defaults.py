@@ -4,10 +4,11 @@ engines.toml `scheduler`), the model's traits, then the deployment's own options
 What the model decides (vLLM 0.33.0 `EngineArgs._set_default_chunked_prefill_and_prefix_caching
 _args`, `ModelConfig.is_chunked_prefill_supported` / `is_prefix_caching_supported`): a model
 that keeps no KV cache (an encoder, `ModelSpec.holds_kv`) has nothing to cache or to continue a
-chunk from, so prefix caching and chunked prefill default to off, and without chunking the step
-budget is raised to a whole prompt (`max(max_model_len, default)`) unless it was given. Asked
-for anyway, vLLM enables them with a warning; so does doppelchip for chunked prefill, while the
-prefix cache stays off (there are no blocks to keep), with vLLM's warning.
+chunk from, and a causal pooling model pooled by MEAN or CLS (`--pooler-config`) needs every
+token's state at once; for both, prefix caching and chunked prefill default to off, and without
+chunking the step budget is raised to a whole prompt (`max(max_model_len, default)`) unless it
+was given. Asked for anyway, vLLM enables them with a warning; so does doppelchip, except the
+prefix cache of a model without a KV cache, which stays off (there are no blocks to keep).
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ def default_seqs(opts: EngineOptions, placement: Placement | None = None) -> int
 
 def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConfig:
     policy, _, tokens = engine_defaults(opts.engine, opts.chip)
-    engine, holds_kv = placement.engine, placement.model.holds_kv
+    engine, model = placement.engine, placement.model
+    holds_kv = model.holds_kv
+    supported = holds_kv and not (  # (vLLM: is_prefix/chunked_prefill_supported)
+        model.is_pooling and not opts.pooler().caches_and_chunks(model.pooling_type))
     max_model_len = placement.max_context
     max_num_seqs = opts.max_num_seqs or default_seqs(opts, placement) or placement.spec.max_batch
     active = opts.max_num_active_seqs
@@ -57,16 +61,16 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
     budget = opts.max_num_batched_tokens or tokens
     chunked = opts.chunked_prefill
     if chunked is None:  # the engine chunks when it has a step budget; an encoder never
-        chunked = budget is not None and holds_kv
-    elif chunked and not holds_kv:
+        chunked = budget is not None and supported
+    elif chunked and not supported:
         logger.warning(UNSUPPORTED.format("chunked prefill"))
     if opts.max_num_batched_tokens is None:  # vLLM: whole prompts fit an unchunked step
         budget = max(budget or 1, 1 if chunked else max_model_len)
     prefix = opts.prefix_cache if opts.prefix_cache is not None else (
-        engine.prefix_cache != "off" and holds_kv)
-    if prefix and not holds_kv:
+        engine.prefix_cache != "off" and supported)
+    if prefix and not supported:
         logger.warning(UNSUPPORTED.format("prefix caching"))
-        prefix = False  # (no KV blocks to keep)
+        prefix = prefix and holds_kv  # (an encoder has no KV blocks to keep)
     blocks = placement.kv_blocks(opts.block_size)
     if opts.kv_blocks is not None:
         if opts.kv_blocks > blocks:

@@ -55,10 +55,14 @@ def limits_of(opts: EngineOptions, vocab_size: int, capacity: Capacity,
     pooling = {}
     if model is not None and model.is_pooling:
         mrl, dims = matryoshka(opts.hf_overrides, model.matryoshka)
+        pooler = opts.pooler()
         pooling = {"pooling_task": model.pooling_task, "embedding_size": model.embedding_size,
                    "matryoshka": mrl, "matryoshka_dimensions": dims,
                    "num_labels": model.num_labels,
                    "use_sep_token": use_sep_token(opts.hf_overrides, bool(opts.conversion().task)),
+                   "default_use_activation": pooler.use_activation,
+                   "default_dimensions": pooler.dimensions, "logit_mean": pooler.logit_mean,
+                   "logit_sigma": pooler.logit_sigma,
                    "task_instructions": tuple(model.task_instructions.items())}
     return Limits(name=opts.name, vocab_size=vocab_size, max_model_len=capacity.max_model_len,
                   num_blocks=capacity.kv_blocks_total, block_size=capacity.block_size,

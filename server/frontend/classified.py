@@ -13,7 +13,8 @@ prompts' token ids, deterministic across pods and processes:
   bi-encoder's cosine does.
 
 The activation is vLLM's classifier pooler's (`resolve_classifier_act_fn`): a sigmoid for one
-label, a softmax over several; `use_activation` false returns the raw logits.
+label, a softmax over several; `use_activation` false returns the raw logits (calibrated by
+`--pooler-config`'s `logit_mean` / `logit_sigma` either way).
 """
 
 from __future__ import annotations
@@ -49,9 +50,15 @@ def pair_logit(query: np.ndarray, document: np.ndarray) -> float:
     return float(np.log(p / (1 - p)))
 
 
-def activated(logits: np.ndarray, use_activation: bool) -> list[float]:
+def activated(logits: np.ndarray, use_activation: bool, mean: float | None = None,
+              sigma: float | None = None) -> list[float]:
     """The classifier's answer: probabilities (sigmoid of one logit, softmax of several), or
-    the logits themselves."""
+    the logits themselves; calibrated first by `--pooler-config`'s `logit_mean` and
+    `logit_sigma` when given, (logit − mean) / sigma, as vLLM's classifier head."""
+    if mean is not None:
+        logits = logits - mean
+    if sigma is not None:
+        logits = logits / sigma
     if not use_activation:
         return [float(x) for x in logits]
     if len(logits) == 1:

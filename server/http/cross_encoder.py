@@ -79,9 +79,10 @@ async def cross_scores(state: HttpState, request: Request, body: ScoringFields,
                                    body.truncation_side)
     params = pooling.check_params(client, name, "classify", None, body.use_activation)
     await pooling.run(request, client, rid, response_id, ids, params, body.priority)
-    tok, size = state.tokenizer, client.limits.embedding_size
-    vectors = {t: text_vector(tok.encode(t), size, tok.special_token_ids)
+    tok, limits = state.tokenizer, client.limits
+    vectors = {t: text_vector(tok.encode(t), limits.embedding_size, tok.special_token_ids)
                for t in {*queries, *docs}}  # (a query shared by N documents: made once)
-    scores = [activated(np.array([pair_logit(vectors[q], vectors[d])]),
-                        params.use_activation)[0] for q, d in zip(queries, docs, strict=True)]
+    scores = [activated(np.array([pair_logit(vectors[q], vectors[d])]), params.use_activation,
+                        limits.logit_mean, limits.logit_sigma)[0]
+              for q, d in zip(queries, docs, strict=True)]
     return scores, sum(map(len, ids))

@@ -143,8 +143,14 @@ async def body_ids(state: HttpState, client: DeploymentClient,
 
 def check_params(client: DeploymentClient, name: str, task: str, dimensions: int | None,
                  use_activation: bool | None) -> PoolingParams:
-    """The request's PoolingParams, checked as vLLM's `PoolingParams.verify` checks them."""
+    """The request's PoolingParams, checked as vLLM's `PoolingParams.verify` checks them: what
+    it leaves unset takes `--pooler-config`'s default first (`_merge_default_parameters`:
+    `dimensions` for embeddings, `use_activation` for both tasks)."""
     limits = client.limits
+    if use_activation is None:
+        use_activation = limits.default_use_activation
+    if dimensions is None and task == "embed":
+        dimensions = limits.default_dimensions
     if dimensions is not None:
         size = limits.embedding_size
         if not limits.matryoshka:
@@ -186,7 +192,8 @@ def output(ids: list[int], limits: Limits, params: PoolingParams,
     probabilities (its logits without `use_activation`)."""
     if params.task == "classify":
         logits = label_logits(ids, limits.num_labels, limits.embedding_size, special)
-        return np.asarray(activated(logits, params.use_activation), dtype=np.float32)
+        return np.asarray(activated(logits, params.use_activation, limits.logit_mean,
+                                    limits.logit_sigma), dtype=np.float32)
     return prompt_vector(ids, limits.embedding_size, params, special)
 
 

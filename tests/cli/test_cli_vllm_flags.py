@@ -43,7 +43,8 @@ PASS_VALUES = {"--kv-cache-dtype": "fp8", "--speculative-config": '{"method": "n
                "--max-lora-rank": "16", "--kv-transfer-config": '{"kv_role": "kv_both"}',
                "--profiler-config": '{"profiler": "torch", "torch_profiler_dir": "/tmp"}',
                "--kv-cache-metrics-sample": "0.5", "--custom-histogram-buckets": "{}",
-               "--hf-overrides": '{"is_matryoshka": true}'}
+               "--hf-overrides": '{"is_matryoshka": true}',
+               "--pooler-config": '{"pooling_type": "MEAN"}'}
 
 
 CHAT_TEMPLATE_WARNING = ("--chat-template renders a cross-encoder's /score and /rerank pairs "
@@ -105,6 +106,9 @@ def test_each_option_is_translated_passed_accepted_refused_or_warned():
             assert not warned  # auto / generate: a generative model, as served
         elif option.name == "--chat-template":  # passed, but a generative model's chat
             assert warned == [CHAT_TEMPLATE_WARNING] and option.name in serve  # ignores it
+        elif option.name == "--pooler-config":  # passed; a generative model ignores it
+            assert warned == ["--pooler-config is ignored: the model is served by the generate "
+                              "runner"] and option.name in serve
         elif option.name in dict(PASSTHROUGH):
             assert not warned and option.name in serve, option.name
         elif option.name in ACCEPTED:
@@ -286,3 +290,16 @@ def test_grpc_serves_grpc_on_port_and_shutdown_timeout_is_the_drain():
     assert plain[plain.index("--port") + 1] == "50051"
     assert plain[plain.index("--http-port") + 1] == "8001"
     assert plain[plain.index("--drain-grace") + 1] == "0"  # vLLM's default: abort at once
+
+
+def test_pooler_config_passes_through_and_names_what_it_ignores():
+    config = '{"pooling_type": "MEAN", "max_embed_len": 9000}'
+    serve, warnings = translate(parse("Qwen/Qwen3-Embedding-8B", "--pooler-config", config))
+    assert serve[serve.index("--pooler-config") + 1] == config
+    assert warnings == ["--pooler-config: max_embed_len accepted but not emulated (only task, "
+                        "pooling_type, seq_pooling_type, use_activation, dimensions, "
+                        "logit_mean, logit_sigma change anything here)"]
+    _, warnings = translate(parse(REPO, "--pooler-config", config))
+    assert warnings == ["--pooler-config is ignored: the model is served by the generate runner"]
+    with pytest.raises(ValueError, match="Unsupported task: 'embed'"):
+        translate(parse("BAAI/bge-reranker-v2-m3", "--pooler-config", '{"task": "embed"}'))
