@@ -35,6 +35,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--hf-overrides", metavar="JSON",
                    help="vLLM's config.json overrides of every candidate: a generative model "
                    "served as a classifier, e.g. a Qwen3-Reranker (docs/EMBEDDINGS.md)")
+    g.add_argument("--pooler-config", metavar="JSON",
+                   help="vLLM's --pooler-config of every candidate: how a pooling model pools "
+                   "(MEAN or CLS on a decoder: no prefix caching, no chunked prefill)")
     g.add_argument("--slo", required=True, metavar="TERMS",
                    help="ttft=S,tpot=S,e2e=S: per-request bounds (as load --slo); goodput=F: "
                    "the share of requests meeting all of them (default 0.9); ttft_p99=S "
@@ -135,6 +138,7 @@ def _gibs(text: str) -> tuple[float | None, ...]:
 
 def build_inputs(args: argparse.Namespace):
     from devices import catalog
+    from server.engine import pooler_config
     from sim.plan import PlanInputs
     from sim.plan_slo import parse_plan_slo
     from sim.plan_space import MODES, PD_AVAILABLE, SearchSpace, check_ids, check_not_empty
@@ -156,6 +160,7 @@ def build_inputs(args: argparse.Namespace):
         check_ids(flag[:-1], chosen, known)
         lists[flag] = tuple(chosen)
     check_ids("model", [args.model], [m.id for m in catalog.list_models()])
+    pooler_config.parse(args.pooler_config)  # (a bad one: vLLM's words, before any candidate)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if "pd" in modes and not PD_AVAILABLE:
         raise ValueError("--modes pd: P/D pools need the fleet file's `role` key, which this "
@@ -172,7 +177,7 @@ def build_inputs(args: argparse.Namespace):
                         offloads=_gibs(args.kv_offloading_size),
                         max_num_seqs=_ints(args.max_num_seqs, "--max-num-seqs") or (None,),
                         modes=modes, max_replicas=args.max_replicas,
-                        hf_overrides=args.hf_overrides)
+                        hf_overrides=args.hf_overrides, pooler_config=args.pooler_config)
     check_not_empty(space)
     inputs = PlanInputs(space, workload, workload_argv(args), parse_plan_slo(args.slo),
                         router=args.router, runners_up=args.runners_up)

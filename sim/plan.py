@@ -130,7 +130,8 @@ def helped(now: list[float], before: list[float] | None) -> bool:
 
 
 SHAPE_KEYS = ("chip", "engine", "quant", "model", "tp", "pp", "ep", "dp", "count",
-              "max_num_seqs", "max_model_len", "kv_offloading_size", "hf_overrides")
+              "max_num_seqs", "max_model_len", "kv_offloading_size", "hf_overrides",
+              "pooler_config")
 
 
 def record(unit: Unit, counts: tuple[int, ...], out: dict[str, Any], inputs: PlanInputs,

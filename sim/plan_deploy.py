@@ -42,7 +42,7 @@ def config_of(rec: dict[str, Any], mode: str | None = None) -> Config:
     return Config(rec["chip"], rec["engine"], rec["quant"], rec["model"], rec["tp"], rec["pp"],
                   rec["ep"], rec["count"], rec["max_num_seqs"], rec.get("max_model_len"),
                   mode or rec["mode"], rec.get("dp", 1), rec.get("kv_offloading_size"),
-                  rec.get("hf_overrides"))
+                  rec.get("hf_overrides"), rec.get("pooler_config"))
 
 
 # P/D pods as llm-d's P/D guides run them: both pools' vLLM takes the NIXL connector in both

@@ -34,6 +34,7 @@ def _table(config: Config, replicas: int, name: str, role: str | None = None) ->
               "data_parallel_size": opts.data_parallel_size if config.dp > 1 else None,
               "kv_offloading_size": opts.kv_offloading_size,
               "max_model_len": opts.max_model_len, "hf_overrides": opts.hf_overrides,
+              "pooler_config": opts.pooler_config,
               "replicas": replicas, "role": role}
     return ["[[deployments]]"] + [f"{k} = {_toml(v)}" for k, v in fields.items()
                                   if v is not None]
@@ -110,7 +111,8 @@ def deployment_flags(config: Config) -> list[str]:
                         ("--kv-offloading-size", opts.kv_offloading_size),
                         ("--max-num-seqs", opts.max_num_seqs),
                         ("--max-model-len", opts.max_model_len),
-                        ("--hf-overrides", opts.hf_overrides)):
+                        ("--hf-overrides", opts.hf_overrides),
+                        ("--pooler-config", opts.pooler_config)):
         if value is not None:
             flags += [flag, str(value)]
     return flags

@@ -88,6 +88,7 @@ class Config:
     dp: int = 1  # data-parallel ranks (engine cores) of one replica
     kv_offloading_size: float | None = None  # GiB of vLLM's CPU KV tier (docs/KV_OFFLOAD.md)
     hf_overrides: str | None = None  # vLLM's, as given (a reranker's: docs/EMBEDDINGS.md)
+    pooler_config: str | None = None  # vLLM's --pooler-config, as given (a pooling model's)
 
     @property
     def name(self) -> str:
@@ -109,7 +110,7 @@ class Config:
                              max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                              replicas=replicas, data_parallel_size=self.dp,
                              kv_offloading_size=self.kv_offloading_size,
-                             hf_overrides=self.hf_overrides)
+                             hf_overrides=self.hf_overrides, pooler_config=self.pooler_config)
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class SearchSpace:
     modes: tuple[str, ...] = MODES
     max_replicas: int = 64
     hf_overrides: str | None = None  # every config's (a generative model served converted)
+    pooler_config: str | None = None  # every config's (how a pooling model pools)
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,7 @@ def _combinations(space: SearchSpace) -> Iterator[Config]:
                             for gib in space.offloads:
                                 yield Config(chip_id, engine_id, quant_id, space.model, tp,
                                              pp, ep, None, seqs, None, mode, dp, gib,
-                                             space.hf_overrides)
+                                             space.hf_overrides, space.pooler_config)
 
 
 def check_not_empty(space: SearchSpace) -> None:

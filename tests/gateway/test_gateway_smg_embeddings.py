@@ -20,11 +20,13 @@ pytestmark = pytest.mark.skipif(SMG is None, reason="smg is not installed (make 
 
 EMBED = {"name": "embed", "model": "qwen3-embedding-0.6b", "quant": "bf16", "chip": "h100-sxm",
          "engine": "vllm", "max_model_len": 512}
+# an encoder (XLM-RoBERTa: no KV cache, one null block): the same path, the same answers
+ENCODER = {**EMBED, "model": "bge-m3", "quant": "f16"}
 
 
-@pytest.fixture
-async def two_replicas(tmp_path) -> AsyncIterator[Gateway]:
-    fleet = gateway_fleet([EMBED])
+@pytest.fixture(params=[EMBED, ENCODER], ids=["decoder", "encoder"])
+async def two_replicas(tmp_path, request) -> AsyncIterator[Gateway]:
+    fleet = gateway_fleet([request.param])
     async with gateway(tmp_path, [fleet, fleet]) as gw:
         yield gw
 

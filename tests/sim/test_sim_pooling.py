@@ -160,3 +160,26 @@ def test_an_encoder_computes_every_prompt_whole_and_its_lone_request_costs_one_s
     placement = build_core(ENCODER).placement
     step = step_cost(placement, BatchShape(prefill=((rec.prompt_tokens, 0),))).seconds
     assert rec.ttft == pytest.approx(step, rel=1e-6)
+
+
+def test_plan_keeps_the_pooler_config_and_its_fleet_caches_nothing(tmp_path, capsys):
+    from doppelchip.cli import main
+
+    work = ["--workload", "shared-prefix", "--system-prompt-len", "256", "--isl", "320",
+            "--osl", "8", "--users-per-prefix", "8", "--num-requests", "200", "--rate", "50",
+            "--seed", "1"]
+    mean = '{"pooling_type": "MEAN"}'
+    argv = ["plan", "--model", "qwen3-embedding-0.6b", "--pooler-config", mean,
+            "--chips", "rtx-4090", "--engines", "vllm", "--quants", "bf16", "--tp", "1", *work,
+            "--slo", "ttft=0.5", "--jobs", "1", "--write-fleet", str(tmp_path / "w.toml")]
+    assert main([*argv, "--json"]) == 0
+    assert "pooler_config = " in last_json(capsys)["fleet"]
+    # re-simulated, the MEAN-pooled fleet computes every prompt whole; as published (LAST),
+    # the same workload finds its shared prefix cached
+    assert main(["simulate", "--config", str(tmp_path / "w.toml"), *work, "--json"]) == 0
+    assert last_json(capsys)["cached_prompt_tokens"] == 0
+    last = EngineOptions(name="e", model="qwen3-embedding-0.6b", quant="bf16", chip="rtx-4090",
+                         engine="vllm")
+    shared = WorkloadSpec(kind="shared-prefix", num_requests=200, rate=50.0, isl=320, osl=8,
+                          system_prompt_len=256, users_per_prefix=8, seed=1)
+    assert simulate_conversations(last, shared)[0]["cached_prompt_tokens"] > 0
