@@ -1,6 +1,6 @@
-"""vLLM's JSON-valued flags (`--kv-events-config`, `--kv-transfer-config`): one reading, so each
-is refused the same way — not JSON, not an object, or with a key vLLM's config class does not
-have (vLLM's dataclass configs refuse unknown fields too)."""
+"""vLLM's JSON-valued flags (`--kv-events-config`, `--kv-transfer-config`, `--pooler-config`):
+one reading, so each is refused the same way — not JSON, not an object, or with a key vLLM's
+config class does not have (vLLM's dataclass configs refuse unknown fields too)."""
 
 from __future__ import annotations
 

@@ -17,9 +17,10 @@ inputs chunked and averaged, reward models' step tags).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from server.engine.json_config import json_object
 
 SEQ_POOLING_TYPES = ("CLS", "LAST", "MEAN")
 TOK_POOLING_TYPES = ("ALL", "STEP")
@@ -66,17 +67,9 @@ def parse(text: str | None) -> PoolerOptions:
     """The config (PoolerOptions() when none); ValueError, in vLLM's words where it has them."""
     if not text:
         return PoolerOptions()
-    try:
-        doc = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"--pooler-config: not JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise ValueError("--pooler-config: a JSON object of PoolerConfig fields")
+    doc = json_object(text, "--pooler-config", (*EMULATED, *NOT_EMULATED, "normalize"))
     if "normalize" in doc:
         raise ValueError("Parameter `normalize` was removed; use `use_activation` instead.")
-    if unknown := sorted(set(doc) - set(EMULATED) - set(NOT_EMULATED)):
-        raise ValueError(f"--pooler-config: unknown field {unknown[0]!r} (PoolerConfig's "
-                         f"fields: {', '.join(EMULATED + NOT_EMULATED)})")
     task = doc.get("task")
     if isinstance(task, str) and task in REMOVED_TASKS:
         raise ValueError(REMOVED_TASKS[task])

@@ -212,14 +212,19 @@ def test_hf_overrides_pass_through_and_name_the_keys_they_ignore():
             translate(parse(REPO, "--hf-overrides", bad))
 
 
-@pytest.mark.parametrize("argv, says", [
-    (("--runner", "generate"), "--runner generate: Qwen3-Embedding-8B is served as a pooling "
-                               "model"),
-    (("--convert", "classify"), "--convert classify: Qwen3-Embedding-8B is an embedding model"),
+@pytest.mark.parametrize("repo, argv, says", [
+    ("Qwen/Qwen3-Embedding-8B", ("--runner", "generate"),
+     "--runner generate: Qwen3-Embedding-8B is served as a pooling model"),
+    ("Qwen/Qwen3-Embedding-8B", ("--convert", "classify"),
+     "--convert classify: Qwen3-Embedding-8B is an embedding model"),
+    ("BAAI/bge-reranker-v2-m3", ("--convert", "embed"),
+     "--convert embed: bge-reranker-v2-m3 is a classifier; serve it with --convert classify"),
+    ("BAAI/bge-reranker-v2-m3", ("--runner", "generate"),
+     "--runner generate: bge-reranker-v2-m3 is served as a pooling"),
 ])
-def test_an_embedding_checkpoint_cannot_generate(argv, says):
+def test_a_pooling_checkpoint_stays_what_it_is(repo, argv, says):
     with pytest.raises(ValueError) as refused:
-        translate(parse("Qwen/Qwen3-Embedding-8B", *argv))
+        translate(parse(repo, *argv))
     assert says in str(refused.value)
 
 
@@ -233,17 +238,6 @@ def test_an_encoder_checkpoint_is_served_in_float16(repo, model, argv):
     serve, warnings = translate(parse(repo, *argv))
     assert warnings == []
     assert [serve[serve.index(f) + 1] for f in ("--model", "--quant")] == [model, "f16"]
-
-
-@pytest.mark.parametrize("argv, says", [
-    (("--convert", "embed"), "--convert embed: bge-reranker-v2-m3 is a classifier; serve it "
-                             "with --convert classify"),
-    (("--runner", "generate"), "--runner generate: bge-reranker-v2-m3 is served as a pooling"),
-])
-def test_an_encoder_cross_encoder_stays_a_classifier(argv, says):
-    with pytest.raises(ValueError) as refused:
-        translate(parse("BAAI/bge-reranker-v2-m3", *argv))
-    assert says in str(refused.value)
 
 
 RERANKER = ('{"architectures": ["Qwen3ForSequenceClassification"], '

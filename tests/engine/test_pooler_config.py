@@ -24,11 +24,11 @@ EMBED = dict(name="e", model="qwen3-embedding-0.6b", quant="bf16", chip="h100-sx
     ('{"logit_sigma": 0}', "logit_sigma cannot be 0 (division by zero)"),
     ('{"task": "score"}', "`score` task was removed; use `classify` instead."),
     ('{"pooling_type": "MAX"}', "pooling_type 'MAX' is not one of CLS, LAST, MEAN, ALL, STEP"),
-    ('{"dimension": 8}', "unknown field 'dimension'"),
+    ('{"dimension": 8}', "--pooler-config: unknown key(s) dimension"),
     ('{"dimensions": 0}', "dimensions must be a positive int"),
     ('{"use_activation": "no"}', "use_activation is true or false"),
     ('{"logit_mean": "1"}', "logit_mean must be a number"),
-    ("[1]", "a JSON object"), ("{", "not JSON"),
+    ("[1]", "must be a JSON object"), ("{", "is not valid JSON"),
 ])
 def test_what_vllm_would_not_start_with_is_refused_in_its_words(text, says):
     with pytest.raises(ValueError) as refused:

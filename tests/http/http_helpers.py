@@ -104,3 +104,31 @@ async def named_events(http: httpx.AsyncClient, path: str, body: dict) -> list[d
     for name, event in zip(lines[::2], events, strict=True):
         assert name == "event: " + event["type"]
     return events
+
+
+def aiperf_rankings(server, model: str, tmp_path, calls: int, passages: int) -> list[dict]:
+    """AIPerf's `cohere-rankings` against the server (`calls` calls of `passages` 32-token
+    passages and a 16-token query, 4 in flight, the server's tokenizer): its records, after
+    checking it succeeded and none failed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from server.engine.tokenizer import TOKENIZER_DIR
+
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # see docs/TOKENIZER
+    cmd = [str(Path(sys.executable).parent / "aiperf"), "profile", "-m", model, "--url",
+           server.http_url, "--endpoint-type", "cohere-rankings", "--rankings-passages-mean",
+           str(passages), "--rankings-passages-stddev", "0",
+           "--rankings-passages-prompt-token-mean", "32",
+           "--rankings-query-prompt-token-mean", "16", "--tokenizer", str(TOKENIZER_DIR),
+           "--request-count", str(calls), "--concurrency", "4", "--ui", "none",
+           "--no-gpu-telemetry", "--artifact-dir", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in
+               (tmp_path / "profile_export.jsonl").read_text().splitlines()]
+    assert len(records) == calls and not any(r.get("error") for r in records)
+    return records

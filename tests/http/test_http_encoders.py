@@ -6,18 +6,12 @@ nothing up in a prefix cache and computes every prompt whole, every time; vLLM's
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from http_helpers import pod_released, sample_sum
+from http_helpers import aiperf_rankings, pod_released, sample_sum
 from server_proc import ServerProcess
 
 from clients.client import AsyncClient
-from server.engine.tokenizer import TOKENIZER_DIR, get_tokenizer
+from server.engine.tokenizer import get_tokenizer
 
 RERANKER = "BAAI/bge-reranker-v2-m3"
 QUERY = "which planet is the largest in the solar system?"
@@ -94,20 +88,7 @@ def test_aiperf_rankings_against_an_encoder(server, tmp_path):
     n, passages = 8, 4
     before = counter(server, "vllm:request_success_total")
     cached = counter(server, "vllm:prompt_tokens_cached_total")
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # see docs/TOKENIZER
-    cmd = [str(Path(sys.executable).parent / "aiperf"), "profile", "-m", RERANKER, "--url",
-           server.http_url, "--endpoint-type", "cohere-rankings", "--rankings-passages-mean",
-           str(passages), "--rankings-passages-stddev", "0",
-           "--rankings-passages-prompt-token-mean", "32",
-           "--rankings-query-prompt-token-mean", "16", "--tokenizer", str(TOKENIZER_DIR),
-           "--request-count", str(n), "--concurrency", "4", "--ui", "none",
-           "--no-gpu-telemetry", "--artifact-dir", str(tmp_path)]
-    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = [json.loads(line) for line in
-               (tmp_path / "profile_export.jsonl").read_text().splitlines()]
-    assert len(records) == n and not any(r.get("error") for r in records)
+    aiperf_rankings(server, RERANKER, tmp_path, n, passages)
     assert counter(server, "vllm:request_success_total") - before == n * passages
     assert counter(server, "vllm:prompt_tokens_cached_total") == cached
 

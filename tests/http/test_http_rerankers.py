@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
-from http_helpers import pod_released, sample_sum
+from http_helpers import aiperf_rankings, pod_released, sample_sum
 from server_proc import ServerProcess
 
 from server.engine import score_template
@@ -194,28 +194,8 @@ async def test_grpc_embed_on_a_classifier_is_invalid(server):
 
 
 def test_aiperf_rankings_run_one_prompt_per_pair(server, tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from server.engine.tokenizer import TOKENIZER_DIR
-
     n, passages = 12, 4
     before = sample_sum(server.scrape(), "vllm:request_success_total")
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # see docs/TOKENIZER
-    cmd = [str(Path(sys.executable).parent / "aiperf"), "profile", "-m", REPO, "--url",
-           server.http_url, "--endpoint-type", "cohere-rankings", "--rankings-passages-mean",
-           str(passages), "--rankings-passages-stddev", "0",
-           "--rankings-passages-prompt-token-mean", "32",
-           "--rankings-query-prompt-token-mean", "16", "--tokenizer", str(TOKENIZER_DIR),
-           "--request-count", str(n), "--concurrency", "4", "--ui", "none",
-           "--no-gpu-telemetry", "--artifact-dir", str(tmp_path)]
-    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = [json.loads(line) for line in
-               (tmp_path / "profile_export.jsonl").read_text().splitlines()]
-    assert len(records) == n and not any(r.get("error") for r in records)
+    aiperf_rankings(server, REPO, tmp_path, n, passages)
     # a cross-encoder pools each (query, passage) pair: 4 prompts per call, not 5
     assert sample_sum(server.scrape(), "vllm:request_success_total") - before == n * passages
