@@ -100,6 +100,9 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's: a request asking its prompt's logprobs reads nothing from the prefix cache (or a
+    # connector's tier): every prompt token is computed (SamplingParams.__post_init__)
+    skip_reading_prefix_cache: bool = False
 
     def stops_at(self, token: int, num_output: int, eos: int, constrained: bool) -> bool:
         """Whether `token`, the request's `num_output`-th output token, ends it with reason

@@ -108,10 +108,11 @@ class KvLoads:
         request whose KV a remote prefill sent, the connector's: every admission queries it
         for its tokens past the device hit (vLLM's `connector_prefix_cache_queries`); hits
         are the tokens `transferred` over NIXL or `loaded` from the CPU tier. Without the
-        prefix cache, nothing is looked up and the device's counters stay (vLLM 0.33.0
+        prefix cache, or for a request that reads nothing from it (`skip_reading_prefix_cache`),
+        nothing is looked up and the device's counters stay (vLLM 0.33.0
         `KVCacheManager.record_prefix_cache_stats`)."""
         st = self.stats
-        if self.cache.enabled:
+        if self.cache.enabled and not req.sampling_params.skip_reading_prefix_cache:
             st.prefix_cache_queries += req.num_tokens
             st.prefix_cache_hits += device_hit
         if self.has_connector or req.num_external_tokens:

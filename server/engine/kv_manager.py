@@ -75,7 +75,8 @@ class KVCacheManager:
 
     # -- per request -----------------------------------------------------------------------
     def match(self, req: Request) -> PrefixMatch:
-        if not self.cache.enabled or req.block_ids:
+        if not self.cache.enabled or req.block_ids or \
+                req.sampling_params.skip_reading_prefix_cache:
             return NO_MATCH
         tokens = req.token_ids
         return self.cache.match_prefix(tokens, req.lora_id, num_tokens=len(tokens) - 1)

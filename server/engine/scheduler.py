@@ -222,7 +222,8 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
                     continue
                 match = kv.match(req)
                 resumed = req.request_id in self.landed  # holds what a load brought
-                if self.offload is not None and not resumed and not req.num_external_tokens:
+                if self.offload is not None and not resumed and not req.num_external_tokens \
+                        and not req.sampling_params.skip_reading_prefix_cache:
                     loading = self._load(req, match)
                     if loading is None:
                         break

@@ -103,8 +103,7 @@ class CompletionShapes:
                     if req.logprobs is not None else None)
         # the prompt's logprobs (vLLM: `prompt_logprobs`, or `logprobs` with `echo`) depend on
         # the prompt alone; with echo the completions logprobs begin with them
-        k = req.prompt_logprobs if req.prompt_logprobs is not None else (
-            req.logprobs if req.echo else None)
+        k = sampling.prompt_logprobs_asked(req)
         self.prompt_lp = [prompt_logprobs(Logprobs(tok, 0), p, k) for p in prompts
                           ] if k is not None else None
         self.heads = [echo_logprobs(Logprobs(tok, 0, ids_only), p, req.logprobs or 0)

@@ -20,7 +20,13 @@ from server.engine.interface import Constraint, SamplingParams
 from server.engine.tokenizer import get_tokenizer
 from server.frontend.parallel import MAX_N
 from server.http.errors import bad_request, vllm_invalid
-from server.http.protocol import CONSTRAINT_KEYS, UNSET_FIELDS, GenerationFields, check_one_kind
+from server.http.protocol import (
+    CONSTRAINT_KEYS,
+    UNSET_FIELDS,
+    ChatCompletionRequest,
+    GenerationFields,
+    check_one_kind,
+)
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 JSON_OBJECT = '{"type": "object"}'  # what json_object constrains to (any JSON object)
@@ -108,8 +114,19 @@ def check_prompt_logprobs(value: int | None, cap: int = MAX_LOGPROBS) -> None:
                            f"allowed: {_allowed(cap)}", "prompt_logprobs", asked)
 
 
+def prompt_logprobs_asked(req: GenerationFields) -> int | None:
+    """vLLM's `prompt_logprobs` of a request (`to_sampling_params`): as given, else with
+    `echo` the completion's `logprobs` (a chat's `top_logprobs`, 0 by default)."""
+    asked = getattr(req, "prompt_logprobs", None)
+    if asked is None and getattr(req, "echo", False):
+        asked = req.top_logprobs if isinstance(req, ChatCompletionRequest) else req.logprobs
+    return asked
+
+
 def sampling_params(req: GenerationFields, max_tokens: int | None) -> SamplingParams:
-    """The engine's sampling parameters (validated again by the engine's own rules)."""
+    """The engine's sampling parameters (validated again by the engine's own rules). A request
+    that asks its prompt's logprobs reads nothing from the prefix cache, as vLLM's
+    (`skip_reading_prefix_cache`): its whole prompt is computed."""
     d = SamplingParams()
 
     def pick(value: Any, default: Any) -> Any:
@@ -133,6 +150,7 @@ def sampling_params(req: GenerationFields, max_tokens: int | None) -> SamplingPa
         stop_token_ids=tuple(req.stop_token_ids or ()),
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=pick(req.skip_special_tokens, True),
+        skip_reading_prefix_cache=prompt_logprobs_asked(req) is not None,
     )
 
 

@@ -101,20 +101,6 @@ def test_a_decoder_without_chunked_prefill_takes_whole_prompts():
         build_core(EngineOptions(**opts, chunked_prefill=False, max_num_batched_tokens=8192))
 
 
-def test_without_the_prefix_cache_nothing_is_looked_up():
-    # vLLM counts prefix-cache queries only where the cache is looked up
-    sched, model = make(num_blocks=64, block_size=16, max_model_len=1024,
-                        enable_prefix_caching=False)
-    for rid in ("a", "b"):
-        sched.add_request(pooling_request(rid, list(range(1, 101))))
-        drive(sched, model)
-    assert sched.stats.prefix_cache_queries == 0 and sched.stats.num_prefill_tokens == 200
-    on, model = make(num_blocks=64, block_size=16, max_model_len=1024)
-    on.add_request(pooling_request("a", list(range(1, 101))))
-    drive(on, model)
-    assert on.stats.prefix_cache_queries == 100
-
-
 def test_an_encoder_has_no_kv_to_offload():
     with pytest.raises(ValueError, match="bge-reranker-v2-m3 keeps no KV cache"):
         build_core(EngineOptions(**RERANKER, kv_offloading_size=1.0))

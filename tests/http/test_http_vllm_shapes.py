@@ -224,3 +224,21 @@ async def test_return_tokens_as_token_ids_names_the_ids(http):
     assert b"".join(bytes(c["bytes"]) for c in content).decode() == chat["message"]["content"]
     assert all(a["bytes"] == list(a["token"].encode())
                for c in content for a in c["top_logprobs"])
+
+
+async def test_a_request_asking_prompt_logprobs_reads_nothing_from_the_prefix_cache(http):
+    """vLLM's `skip_reading_prefix_cache`: set by `prompt_logprobs` (or `echo` with logprobs),
+    the prompt is computed whole; the same prompt without them is served from the cache."""
+    prompt = "A long shared prompt that fills several KV blocks of sixteen tokens. " * 8
+
+    async def cached(**extra) -> int:
+        r = await http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1,
+                                                     **extra})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    await cached()  # (now in the cache)
+    assert await cached() >= 64
+    assert await cached(prompt_logprobs=1) == 0
+    assert await cached(echo=True, logprobs=1) == 0
+    assert await cached() >= 64  # (and it stays cached for the others)
