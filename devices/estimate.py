@@ -40,6 +40,8 @@ POOLING_NOTE = ("a pooling model (embeddings, a classifier): a request ends with
                 "generates nothing "
                 "(docs/EMBEDDINGS.md); the decode and output figures are its body's per-token "
                 "cost, not what it serves")
+ENCODER_NOTE = ("an encoder: each prompt attends to itself both ways in one pass and keeps no KV "
+                "cache (kv_tokens 0), so the sequence cap, not memory, bounds max_concurrency")
 
 
 def _sig(x: float, digits: int = 5) -> float:
@@ -213,7 +215,8 @@ def estimate(
         "memory_share": placement.memory_share,
         "max_context": placement.max_context,
         "max_concurrency": placement.max_concurrency(need),
-        "notes": list(placement.notes) + ([POOLING_NOTE] if pooling else []),
+        "notes": list(placement.notes) + ([POOLING_NOTE] if pooling else [])
+        + ([] if placement.model.holds_kv else [ENCODER_NOTE]),
         "units": UNITS,
         **(_pooling(batch * prompt, prefill_s, prefill_j, usd_per_s, batch) if pooling else {}),
     }

@@ -41,6 +41,7 @@ def test_an_encoder_holds_no_kv_in_any_tier():
     assert placed.max_concurrency(8192) == placed.spec.max_batch
     batch = estimate(BGE, prompt=8000, output=1, batch=placed.spec.max_batch)
     assert batch["max_concurrency"] == placed.spec.max_batch and "error" not in batch
+    assert any("keeps no KV cache" in n for n in batch["notes"])
 
 
 @pytest.mark.parametrize("n", [1, 64, 512, 3000])
