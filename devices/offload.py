@@ -137,7 +137,8 @@ def place_offload(
         **attention_fields(model),  # type: ignore[arg-type]
         **moe_fields(model, Parallelism(1, 1, 1, 1)),  # type: ignore[arg-type]
     )
-    kv_tokens = n_ctx  # llama.cpp allocates exactly n_ctx (one slot) up front
+    # llama.cpp allocates exactly n_ctx (one slot) up front; an encoder (BERT) gets no KV cache
+    kv_tokens = n_ctx if model.holds_kv else 0
     factors = [(host.chip_class, f_cpu)] + ([] if cpu_only else [(chip.chip_class, f_gpu)])
     total = sum(weight_bytes.values())
     return Placement(

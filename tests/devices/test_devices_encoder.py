@@ -35,6 +35,8 @@ def test_an_encoder_holds_no_kv_in_any_tier():
     assert placed.max_context == placed.model.max_context == 8192
     groq = place(DeploymentSpec("bge-m3", "f16", "groq-lpu-v1", "groq"))
     assert groq.kv_tokens == 0 and groq.max_context == 8192  # SRAM sized by weights alone
+    box = place(DeploymentSpec("bge-m3", "f16", "rtx-4090", "llama.cpp"))
+    assert box.kv_tokens == 0 and box.max_context == 4096  # llama.cpp's n_ctx, no KV cache
     decoder = place(DeploymentSpec("qwen3-embedding-0.6b", "bf16", "h100-sxm", "vllm"))
     assert decoder.memory_bytes(100_000) != decoder.memory_bytes(0)
     # no KV bounds how many prompts run at once: the sequence cap does
