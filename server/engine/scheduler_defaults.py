@@ -65,7 +65,7 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
     elif chunked and not supported:
         logger.warning(UNSUPPORTED.format("chunked prefill"))
     if opts.max_num_batched_tokens is None:  # vLLM: whole prompts fit an unchunked step
-        budget = max(budget or 1, 1 if chunked else max_model_len)
+        budget = max(budget or max_model_len, 1 if chunked else max_model_len)
     prefix = opts.prefix_cache if opts.prefix_cache is not None else (
         engine.prefix_cache != "off" and supported)
     if prefix and not supported:

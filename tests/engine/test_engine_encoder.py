@@ -104,3 +104,13 @@ def test_a_decoder_without_chunked_prefill_takes_whole_prompts():
 def test_an_encoder_has_no_kv_to_offload():
     with pytest.raises(ValueError, match="bge-reranker-v2-m3 keeps no KV cache"):
         build_core(EngineOptions(**RERANKER, kv_offloading_size=1.0))
+
+
+def test_chunking_asked_of_an_engine_without_a_step_budget_takes_whole_contexts():
+    # JetStream's catalogue entry has no budget: its prefills are whole; asked to chunk, a
+    # chunk is at most the context (not one token at a time)
+    opts = dict(name="j", model="llama-3.1-8b", quant="bf16", chip="tpu-v5e", engine="jetstream",
+                max_model_len=2048, tp=8)
+    cfg = build_core(EngineOptions(**opts, chunked_prefill=True)).scheduler.config
+    assert cfg.enable_chunked_prefill and cfg.max_num_batched_tokens == 2048
+    assert not build_core(EngineOptions(**opts)).scheduler.config.enable_chunked_prefill
