@@ -27,6 +27,7 @@ FIGURES = (("n_layers", "num_hidden_layers"), ("hidden", "hidden_size"),
            ("n_heads", "num_attention_heads"), ("n_kv_heads", "num_key_value_heads"),
            ("vocab", "vocab_size"), ("max_context", "max_position_embeddings"))
 DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "bf16"}
+CLASSIFIER_SUFFIXES = ("ForSequenceClassification", "ClassificationModel")
 
 
 class ConfigMismatch(DeviceError, ValueError):
@@ -64,10 +65,11 @@ def catalogue_figures(model: ModelSpec) -> dict[str, Any]:
     return out
 
 
-def classifies(config: dict[str, Any]) -> bool:
-    """Whether `config`'s architecture is a sequence classifier (a cross-encoder's head)."""
-    return any(str(a).endswith("ForSequenceClassification")
-               for a in config.get("architectures") or ())
+def classifies(architectures: Any) -> bool:
+    """Whether a config.json's `architectures` (as published, or as `--hf-overrides` names
+    them) is a sequence classifier (a cross-encoder's head): vLLM's `_SUFFIX_TO_DEFAULTS`
+    (config/model.py) serves those suffixes as classifiers."""
+    return any(str(a).endswith(CLASSIFIER_SUFFIXES) for a in architectures or ())
 
 
 def model_for(config: dict[str, Any]) -> ModelSpec:
@@ -76,7 +78,8 @@ def model_for(config: dict[str, Any]) -> ModelSpec:
     want = figures(config)
     found = [m for m in catalog.list_models() if catalogue_figures(m) == want]
     if len(found) > 1:
-        found = [m for m in found if (m.pooling_task == "classify") == classifies(config)]
+        classifier = classifies(config.get("architectures"))
+        found = [m for m in found if (m.pooling_task == "classify") == classifier]
     if len(found) != 1:
         shown = ", ".join(f"{theirs} {want[ours]}" for ours, theirs in FIGURES)
         raise ConfigMismatch(f"no catalogue model has this config.json's figures ({shown}); "

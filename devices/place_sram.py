@@ -62,9 +62,10 @@ def place_sram(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: C
             f"{model.name} {quant.id} needs {gb(resident)} of SRAM: at least "
             f"{math.ceil(resident / cap)} × {chip.id} ({gb(cap)} each), not {n}"
         )
-    kv_tok = model.kv_bytes_per_context_token(ctx, kvb)
-    kv_tokens = int((n * cap - resident) // kv_tok) if kv_tok else 0  # (an encoder: no KV)
-    if kv_tok and (kv_tokens < 16 or (spec.max_context and kv_tokens < spec.max_context)):
+    kv_tokens = 0  # an encoder keeps no KV cache: the weights alone size the chips
+    if model.holds_kv:
+        kv_tokens = int((n * cap - resident) // model.kv_bytes_per_context_token(ctx, kvb))
+    if model.holds_kv and (kv_tokens < 16 or (spec.max_context and kv_tokens < spec.max_context)):
         raise PlacementError(
             f"{n} × {chip.id} hold the weights but only {kv_tokens} tokens of KV; add chips"
         )
@@ -96,7 +97,7 @@ def place_sram(spec: DeploymentSpec, model: ModelSpec, quant: QuantSpec, chip: C
         pp=depth,
         n_gpu_layers=None, weight_bytes=((chip.tier.name, resident),), kv_tokens=kv_tokens,
         max_context=min(spec.max_context or model.max_context,
-                        kv_tokens if kv_tok else model.max_context), kv_bytes=kvb,
+                        kv_tokens if model.holds_kv else model.max_context), kv_bytes=kvb,
         factors=((chip.chip_class, f),), load_seconds=resident / n / chip.host_link_bw_bps,
         notes=(sized,) if not spec.count else (), plan=plan, memory_share=chip.usable_fraction,
     )

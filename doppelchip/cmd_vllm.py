@@ -162,29 +162,13 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
                         "cost what vLLM's default asynchronous scheduling costs")
     if args.seed is not None:
         warnings.append("--seed: each deployment's sampler is seeded already (0)")
-    from server.engine import hf_overrides
+    from server.engine import hf_overrides, pooler_config
 
     if ignored := sorted(set(hf_overrides.parse(args.hf_overrides)) - set(hf_overrides.EMULATED)):
         warnings.append(f"--hf-overrides: {', '.join(ignored)} accepted but not emulated (only "
                         f"{', '.join(hf_overrides.EMULATED)} change anything here)")
-    warnings += pooler_warnings(args.pooler_config, task)
+    warnings += pooler_config.problems(args.pooler_config, task)
     return out, warnings
-
-
-def pooler_warnings(text: str | None, task: str) -> list[str]:
-    """What `--pooler-config` asks that changes nothing here (ValueError, in vLLM's words,
-    when vLLM would not start with it)."""
-    from server.engine import pooler_config
-
-    options = pooler_config.parse(text)
-    if not text:
-        return []
-    if not task:
-        return ["--pooler-config is ignored: the model is served by the generate runner"]
-    pooler_config.check_task(options, task)
-    return [f"--pooler-config: {', '.join(options.ignored)} accepted but not emulated (only "
-            f"{', '.join(pooler_config.EMULATED)} change anything here)"] if options.ignored \
-        else []
 
 
 def _compilation(args: argparse.Namespace) -> dict[str, Any]:

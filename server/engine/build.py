@@ -34,7 +34,6 @@ from devices import (
     place,
 )
 from devices.hf_config import checkpoint_kv_cache_dtype
-from devices.model import ModelSpec
 from server.engine import hf_overrides, pooler_config, score_template
 from server.engine.block_hash import BlockHasher
 from server.engine.constraints import compiler_for
@@ -224,20 +223,6 @@ class EngineOptions:
         )
 
 
-def pooler_problems(opts: EngineOptions, model: ModelSpec) -> None:
-    """`--pooler-config` checked against the model served: vLLM's refusal of a task it does
-    not serve (ValueError); what changes nothing here, logged."""
-    options = opts.pooler()
-    if opts.pooler_config and not model.is_pooling:
-        logger.warning("--pooler-config is ignored: %s is served by the generate runner",
-                       model.name)
-        return
-    pooler_config.check_task(options, model.pooling_task)
-    if options.ignored:
-        logger.warning("--pooler-config: %s accepted but not emulated",
-                       ", ".join(options.ignored))
-
-
 def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> EngineCore:
     """Place the deployment and assemble its core. Raises devices.DeviceError (with the
     reason) when it cannot be placed, ValueError when an option is out of range."""
@@ -246,7 +231,8 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     if advice := score_template.check(opts.model, opts.hf_overrides, opts.chat_template):
         logger.warning(advice)
     placement = place(opts.spec(), ranks=opts.data_parallel_size)  # one rank's view
-    pooler_problems(opts, placement.model)
+    for warning in pooler_config.problems(opts.pooler_config, placement.model.pooling_task):
+        logger.warning(warning)  # (a refusal raises ValueError)
     transfer = KvTransferConfig.parse(opts.kv_transfer_config)  # refuse a bad config
     offload = OffloadConfig.resolve(opts.kv_offloading_size, opts.kv_offloading_backend,
                                     transfer.kv_connector if transfer else None,

@@ -20,13 +20,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from devices.hf_config import classifies
+
 EMULATED = ("is_matryoshka", "matryoshka_dimensions", "architectures", "classifier_from_token",
             "method", "is_original_qwen3_reranker", "use_sep_token")
 # vLLM's SEQ_CLS_LOAD_METHODS (model_executor/models/adapters.py): how the score head is made
 # from LM-head rows: the difference of 2 rows (one label), or N rows as they are (N labels)
 METHODS = ("from_2_way_softmax", "no_post_processing")
-# vLLM's _SUFFIX_TO_DEFAULTS (config/model.py): an architecture served as a classifier
-CLASSIFIER_SUFFIXES = ("ForSequenceClassification", "ClassificationModel")
 
 
 def parse(text: str | None) -> dict[str, Any]:
@@ -83,8 +83,7 @@ def conversion(text: str | None, runner: str | None, convert: str | None, name: 
     doc = parse(text)
     pooling = bool(native)
     runner, convert = runner or "auto", convert or "auto"
-    arch = "classify" if any(a.endswith(CLASSIFIER_SUFFIXES)
-                             for a in doc.get("architectures") or ()) else ""
+    arch = "classify" if classifies(doc.get("architectures")) else ""
     if runner == "auto":
         runner = "pooling" if pooling or arch or convert not in ("auto", "none") else "generate"
     if runner == "draft":

@@ -112,7 +112,7 @@ class KvLoads:
         nothing is looked up and the device's counters stay (vLLM 0.33.0
         `KVCacheManager.record_prefix_cache_stats`)."""
         st = self.stats
-        if self.cache.enabled and not req.sampling_params.skip_reading_prefix_cache:
+        if self.kv.reads_cache(req):
             st.prefix_cache_queries += req.num_tokens
             st.prefix_cache_hits += device_hit
         if self.has_connector or req.num_external_tokens:

@@ -74,9 +74,14 @@ class KVCacheManager:
         return cdiv(req.max_len(self.max_model_len), self.block_size)
 
     # -- per request -----------------------------------------------------------------------
+    def reads_cache(self, req: Request) -> bool:
+        """Whether the request's prefix is looked up (in the device cache, or the CPU tier
+        behind it): not without a cache, nor for a request that skips reading it (vLLM's
+        `prefix_cache_lookup_enabled`: prompt logprobs need every prompt token computed)."""
+        return self.cache.enabled and not req.sampling_params.skip_reading_prefix_cache
+
     def match(self, req: Request) -> PrefixMatch:
-        if not self.cache.enabled or req.block_ids or \
-                req.sampling_params.skip_reading_prefix_cache:
+        if req.block_ids or not self.reads_cache(req):
             return NO_MATCH
         tokens = req.token_ids
         return self.cache.match_prefix(tokens, req.lora_id, num_tokens=len(tokens) - 1)

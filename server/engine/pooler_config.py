@@ -113,3 +113,17 @@ def check_task(options: PoolerOptions, served: str) -> None:
         raise ValueError(f"--pooler-config: task {options.task!r}: token-level pooling is not "
                          "emulated")
     raise ValueError(f"Unsupported task: {options.task!r} Supported tasks: ({served!r},)")
+
+
+def problems(text: str | None, task: str) -> list[str]:
+    """`--pooler-config` checked against the task the model is served for ("" when it
+    generates): ValueError, in vLLM's words, when vLLM would not start with it; else what it
+    asks that changes nothing here (each a warning)."""
+    options = parse(text)
+    if not text:
+        return []
+    if not task:
+        return ["--pooler-config is ignored: the model is served by the generate runner"]
+    check_task(options, task)
+    return [f"--pooler-config: {', '.join(options.ignored)} accepted but not emulated (only "
+            f"{', '.join(EMULATED)} change anything here)"] if options.ignored else []

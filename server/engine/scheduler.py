@@ -223,7 +223,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
                 match = kv.match(req)
                 resumed = req.request_id in self.landed  # holds what a load brought
                 if self.offload is not None and not resumed and not req.num_external_tokens \
-                        and not req.sampling_params.skip_reading_prefix_cache:
+                        and kv.reads_cache(req):
                     loading = self._load(req, match)
                     if loading is None:
                         break

@@ -50,8 +50,9 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
     policy, _, tokens = engine_defaults(opts.engine, opts.chip)
     engine, model = placement.engine, placement.model
     holds_kv = model.holds_kv
-    supported = holds_kv and not (  # (vLLM: is_prefix/chunked_prefill_supported)
-        model.is_pooling and not opts.pooler().caches_and_chunks(model.pooling_type))
+    # vLLM's is_prefix_caching_supported / is_chunked_prefill_supported (the same rule)
+    supported = holds_kv and (not model.is_pooling
+                              or opts.pooler().caches_and_chunks(model.pooling_type))
     max_model_len = placement.max_context
     max_num_seqs = opts.max_num_seqs or default_seqs(opts, placement) or placement.spec.max_batch
     active = opts.max_num_active_seqs
