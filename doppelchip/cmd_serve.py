@@ -110,6 +110,13 @@ def register(subparsers: Any) -> None:
     pod.add_argument("--data-parallel-start-rank", type=int, metavar="S",
                      help="the first rank run here (the engine label of the first: S); "
                      "default 0")
+    pod.add_argument("--http-api", choices=["vllm", "sglang"],
+                     help="the HTTP API the pod speaks: vllm (default: vLLM's OpenAI server) or "
+                     "sglang (SGLang's server: /generate, /model_info, /server_info, /v1/loads, "
+                     "/flush_cache, the OpenAI routes, sglang: metrics; docs/SGLANG.md)")
+    pod.add_argument("--enable-metrics", action="store_true", default=None,
+                     help="as SGLang's flag, on an --http-api sglang pod: serve /metrics with "
+                     "SGLang's sglang: series (without it SGLang mounts no /metrics)")
     pod.add_argument("--enable-expert-parallel", action="store_true",
                      help="as vLLM's flag: experts spread over every chip of a stage "
                      "(--ep = --count / --pp, or --tp without --count)")
@@ -143,6 +150,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return_tokens_as_token_ids=args.return_tokens_as_token_ids,
             enable_auto_tool_choice=args.enable_auto_tool_choice,
             tool_call_parser=args.tool_call_parser,
+            http_api=args.http_api, enable_metrics=args.enable_metrics,
             **security_overrides(args),
         )
         fleet = with_env_api_key(fleet, os.environ)
@@ -233,8 +241,8 @@ def with_env_api_key(fleet, env: Mapping[str, str]):
     return fleet.with_server(api_key=(env["VLLM_API_KEY"],))
 
 
-POD_ONLY = ("served_model_name", "data_parallel_size", "data_parallel_size_local",
-            "data_parallel_start_rank", "enable_expert_parallel",
+POD_ONLY = ("served_model_name", "http_api", "enable_metrics", "data_parallel_size",
+            "data_parallel_size_local", "data_parallel_start_rank", "enable_expert_parallel",
             "enable_lora", "lora_modules",  # (LoRA: issue 13; in fleet mode: the fleet keys)
             # --- failure injection (issue 13): in a fleet, per deployment in the file ---
             "failure_injection_rate", "failure_types", "failure_injection_seed",

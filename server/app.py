@@ -39,6 +39,7 @@ from server.http.metrics import enable_multiprocess
 from server.http.parser_metrics import ToolParserMetrics
 from server.http.responses_store import ResponseStore
 from server.http.server import HttpServer, ListenerOptions
+from server.http.sglang.app import build_sglang_app
 from server.http.state import HttpState
 from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
@@ -71,8 +72,9 @@ class FrontendApp:
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
         keys = [(d, r.rank) for d, ranks in enumerate(infos) for r in ranks]
         buckets = parse_custom_histogram_buckets(cfg.custom_histogram_buckets)
+        sglang = cfg.http_api == "sglang" and cfg.enable_metrics  # SGLang's sglang: series
         self.stats = FrontendStats(run_dir.frontend_stats(frontend), keys, max(1, max_len),
-                                   any(r.faults for d in infos for r in d), buckets)
+                                   any(r.faults for d in infos for r in d), buckets, sglang)
         tokenizer = get_tokenizer()
         tokenizer.warm()  # not at the first request: its TTFT would pay ~0.3 s
         self.pacer = LoopPacer()  # coalescing while this process's event loop is saturated
@@ -102,7 +104,7 @@ class FrontendApp:
         enable_multiprocess(run_dir.prometheus_dir())
         collector = StatsCollector(infos, run_dir, num_frontends, cfg.time_scale, wall0,
                                    cfg.show_hidden_metrics_for_version == "0.10", cfg.pod,
-                                   buckets, log_stats=not cfg.disable_log_stats)
+                                   buckets, log_stats=not cfg.disable_log_stats, sglang=sglang)
         self.http_state = HttpState(self.fleet, tokenizer,
                                     MetricsView(collector, run_dir.prometheus_dir()),
                                     load_tracking=cfg.enable_server_load_tracking,
@@ -115,9 +117,11 @@ class FrontendApp:
                                     tokens_as_ids=cfg.return_tokens_as_token_ids,
                                     tool_parser=ToolParserMetrics(
                                         c.info.model_name for c in self.clients)
-                                    if cfg.tool_call_parser else None)
+                                    if cfg.tool_call_parser else None,
+                                    enable_metrics=cfg.http_api != "sglang" or cfg.enable_metrics)
         # Always SO_REUSEPORT: the supervisor holds a reserved socket on the HTTP port.
-        self.http = HttpServer(build_app(self.http_state, ApiKeys(cfg.api_key)), cfg.host,
+        build = build_sglang_app if cfg.http_api == "sglang" else build_app  # docs/SGLANG.md
+        self.http = HttpServer(build(self.http_state, ApiKeys(cfg.api_key)), cfg.host,
                                http_port, reuse_port=True, options=ListenerOptions.of(cfg))
         self._watch: asyncio.Task[None] | None = None
 

@@ -94,6 +94,13 @@ class ServerConfig:
     # One deployment per pod (`serve --deployment`/catalogue flags): the vllm: series carry
     # vLLM's own labels only (model_name, engine), no `deployment` label, as a vLLM pod's
     pod: bool = False
+    # The HTTP API a pod speaks: "vllm" (vLLM's OpenAI server) or "sglang" (SGLang's server:
+    # /generate, /model_info, /server_info, /v1/loads, /flush_cache, sglang: metrics;
+    # server/http/sglang/, docs/SGLANG.md). "sglang" needs pod mode: SGLang serves one model.
+    http_api: str = "vllm"
+    # SGLang's --enable-metrics: /metrics (sglang: series) on an SGLang pod; without it SGLang
+    # mounts no /metrics. (A vLLM pod always exports its metrics.)
+    enable_metrics: bool = False
     # ---- security (vLLM's flags; all off by default: loopback) -----------------------------
     api_key: tuple[str, ...] = ()  # --api-key: Bearer keys, HTTP and gRPC (OPERATIONS.md)
     ssl_keyfile: str = ""  # TLS for both ports when ssl_keyfile and ssl_certfile are set
@@ -119,6 +126,7 @@ class ServerConfig:
         return self.http_port
 
 
+HTTP_APIS = ("vllm", "sglang")
 ALIASES = {"metrics_port": "http_port"}  # [server] keys accepted under another name
 
 
@@ -294,6 +302,11 @@ def server_problem(s: ServerConfig) -> str:
         ProfilerConfig.parse(s.profiler_config)
     except ValueError as e:
         return str(e)
+    if s.http_api not in HTTP_APIS:
+        return f"http_api must be one of {', '.join(HTTP_APIS)}, got {s.http_api!r}"
+    if s.http_api == "sglang" and not s.pod:
+        return ("http_api 'sglang' serves one deployment, as an SGLang server serves one model: "
+                "use pod mode (--deployment NAME, or --chip --engine --model --quant)")
     if s.grpc_max_concurrent_streams < 0:
         return "grpc_max_concurrent_streams must be >= 0 (0: grpc's default)"
     for key in ("http_timeout_keep_alive_s", "http_header_timeout_s"):

@@ -215,6 +215,9 @@ class EngineRequest(msgspec.Struct, frozen=True):
     # vLLM's pooling_params: set on a pooling model's requests (embeddings, scores), which end
     # with their prefill; None for generation
     pooling: PoolingParams | None = None
+    # the client asked for a stream (HTTP `stream: true`): SGLang's metrics split requests by
+    # it (`is_streaming`); nothing else reads it
+    stream: bool = False
 
 
 class Usage(msgspec.Struct, frozen=True):

@@ -238,7 +238,8 @@ class DeploymentClient(DeploymentStatusView, DeploymentControls):
         self.blocks[stream.rank].finished(
             reason.value, tm.e2e_s, tm.queue_s, tm.prefill_s, tm.decode_s,
             len(stream.out.prompt_ids), stream.n_out, stream.request.sampling.max_tokens,
-            stream.cached, stream.preemptions)
+            stream.cached, stream.preemptions, stream=stream.request.stream,
+            structured=stream.request.constraint is not None)
         self.stats.end()
 
     def fail_rank(self, rank: int, message: str) -> None:

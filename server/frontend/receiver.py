@@ -113,6 +113,7 @@ class Receiver:
                 st.preemptions += 1
         generation = prompt = cached = external = 0
         ttfts: list[float] = []
+        streaming: list[bool] = []  # each first token's request asked a stream (SGLang's)
         itl: list[float] = []
         itl_n: list[int] = []
         tokens, pos = msg.tokens, 0
@@ -128,6 +129,7 @@ class Receiver:
             prev = st.last_token
             if prev is None:
                 ttfts.append(t - st.arrival)
+                streaming.append(st.request.stream)
                 prompt += len(st.out.prompt_ids)
                 cached += st.cached
                 external += st.external
@@ -148,9 +150,11 @@ class Receiver:
                         and reason is FinishReason.STOP:  # the pooled vector: its one output
                     st.first_token = st.last_token = t
                     ttfts.append(t - st.arrival)
+                    streaming.append(st.request.stream)
                     prompt += len(st.out.prompt_ids)
                     cached += st.cached
                     external += st.external
                 client.finished(st, reason)
                 st.finish(reason, f.stop_token_id, f.kv_transfer_params)
-        client.blocks[msg.rank].step(generation, prompt, cached, ttfts, itl, itl_n, external)
+        client.blocks[msg.rank].step(generation, prompt, cached, ttfts, itl, itl_n, external,
+                                     streaming)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from server.frontend.stats_sglang import SglangRequestStats
 from server.stats.buckets import Overrides
 from server.stats.layout import HistogramWriter, Layout
 from server.stats.schema import request_metrics
@@ -45,12 +46,16 @@ class RequestStatsBlock:
         self.itl = HistogramWriter(view, layout, "vllm:inter_token_latency_seconds")
         self.fine_itl = HistogramWriter(view, layout, "doppelchip_inter_token_latency_seconds")
         self.finish = [HistogramWriter(view, layout, n) for n in _FINISH_HISTS]
+        self.sglang = (SglangRequestStats(view, layout)  # an SGLang pod's series
+                       if "sglang:num_requests" in layout.defs else None)
 
     def step(self, generation: int, prompt: int, cached: int, ttfts: Sequence[float],
-             itl: Sequence[float], itl_n: Sequence[int], external: int = 0) -> None:
+             itl: Sequence[float], itl_n: Sequence[int], external: int = 0,
+             streaming: Sequence[bool] = ()) -> None:
         """One step message: tokens generated; for the requests that got their first token in
         it, their prompt tokens (and how many of those came from the prefix cache; of those,
-        `external` arrived by a P/D KV transfer, vLLM's external_kv_transfer source)."""
+        `external` arrived by a P/D KV transfer, vLLM's external_kv_transfer source) and
+        whether each of those `ttfts` was asked as a stream (SGLang's label)."""
         a = self.a
         a[self.generation] += generation
         a[self.prompt] += prompt
@@ -62,10 +67,13 @@ class RequestStatsBlock:
         self.ttft.observe_many(ttfts)
         self.itl.observe_many(itl, itl_n)
         self.fine_itl.observe_many(itl, itl_n)
+        if self.sglang is not None:
+            self.sglang.step(ttfts, streaming, itl, itl_n)
 
     def finished(self, reason: str, e2e: float, queue: float, prefill: float, decode: float,
                  prompt_tokens: int, generation_tokens: int, max_tokens: int | None,
-                 cached: int = 0, preemptions: int = 0, n: int = 1) -> None:
+                 cached: int = 0, preemptions: int = 0, n: int = 1, stream: bool = False,
+                 structured: bool = False) -> None:
         """A request ended: vLLM's per-request histograms (with n = 1 the parent's maximum
         generation length is this request's; time per output token is the decode time over
         the tokens after the first, 0 with one token or none)."""
@@ -78,14 +86,18 @@ class RequestStatsBlock:
             h.observe(v)
         if max_tokens:
             self.finish[-1].observe(max_tokens)
+        if self.sglang is not None:
+            self.sglang.finished(reason, e2e, queue, decode, prompt_tokens, generation_tokens,
+                                 cached, stream, structured)
 
 
 class FrontendStats:
     """The stats file of one front end: a block per (deployment, rank) in fleet order."""
 
     def __init__(self, path: Path, keys: Sequence[tuple[int, int]], max_model_len: int,
-                 faults: bool = False, buckets: Overrides | None = None) -> None:
-        self.layout = Layout(request_metrics(max_model_len, faults, buckets))
+                 faults: bool = False, buckets: Overrides | None = None,
+                 sglang: bool = False) -> None:
+        self.layout = Layout(request_metrics(max_model_len, faults, buckets, sglang))
         self.keys = list(keys)
         self.file = StatsFile(path, self.layout.size * len(self.keys), create=True)
         self.blocks = {key: RequestStatsBlock(self.file.values, self.layout,

@@ -89,7 +89,8 @@ def engine_request(req: ChatCompletionRequest, request_id: str, ids: list[int],
                          sampling=sampling.sampling_params(req, max_tokens),
                          priority=req.priority, constraint=constraint,
                          kv_transfer_params=req.kv_transfer_params,
-                         return_weight_versions=req.return_weight_versions), n
+                         return_weight_versions=req.return_weight_versions,
+                         stream=bool(req.stream)), n
 
 
 def finish_reason(f, plan: tools.ToolPlan, called: bool) -> str | None:

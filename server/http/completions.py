@@ -82,7 +82,8 @@ def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[
         out.append(EngineRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp,
                                  priority=req.priority, constraint=constraint,
                                  kv_transfer_params=req.kv_transfer_params,
-                                 return_weight_versions=req.return_weight_versions))
+                                 return_weight_versions=req.return_weight_versions,
+                                 stream=bool(req.stream)))
     return out, n
 
 

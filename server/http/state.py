@@ -37,6 +37,7 @@ class HttpState:
     response_role: str = "assistant"  # --response-role (vLLM's)
     tokens_as_ids: bool = False  # --return-tokens-as-token-ids (vLLM's): requests' default
     tool_parser: ToolParserMetrics | None = None  # --tool-call-parser (vLLM's metric)
+    enable_metrics: bool = True  # /metrics mounted (an SGLang pod: its --enable-metrics)
 
     def load(self) -> InFlight:
         """One request in flight from now (`InFlight.done` ends it)."""

@@ -20,6 +20,7 @@ import numpy as np
 from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.stats.buckets import Overrides
+from server.stats.collector_sglang import compile_sglang
 from server.stats.exposition import Exposition, Scrape
 from server.stats.layout import Layout, MetricDef
 from server.stats.lora import LORA_INFO, LORA_INFO_HELP, lora_info_lines
@@ -32,16 +33,18 @@ class StatsCollector:
     def __init__(self, infos: list[list[DeploymentInfo]], run_dir: RunDir, num_frontends: int,
                  time_scale: float, wall0: float, show_hidden_metrics: bool = False,
                  pod: bool = False, buckets: Overrides | None = None,
-                 log_stats: bool = True) -> None:
+                 log_stats: bool = True, sglang: bool = False) -> None:
         """`log_stats` False (vLLM's --disable-log-stats): vLLM then builds no stat loggers,
-        so none of the engine's and requests' vllm: series exist; doppelchip's own stay."""
+        so none of the engine's and requests' vllm: series exist; doppelchip's own stay.
+        `sglang` (an SGLang pod with --enable-metrics): SGLang's sglang: series instead of
+        vLLM's (`server.stats.collector_sglang`)."""
         self.infos, self.run, self.num_frontends = infos, run_dir, num_frontends
-        self.pod, self.log_stats = pod, log_stats
+        self.pod, self.log_stats, self.sglang = pod, log_stats, sglang
         self.show_hidden = show_hidden_metrics
         self.scale, self.wall0 = time_scale, wall0
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
         faults = any(r.faults for d in infos for r in d)  # failure injection (issue 13)
-        self.request_layout = Layout(request_metrics(max(1, max_len), faults, buckets))
+        self.request_layout = Layout(request_metrics(max(1, max_len), faults, buckets, sglang))
         self.keys = [(d, r.rank) for d, ranks in enumerate(infos) for r in ranks]
         self.engine_layouts = {(d, r.rank): Layout(engine_metrics(r))
                                for d, ranks in enumerate(infos) for r in ranks}
@@ -107,6 +110,8 @@ class StatsCollector:
             vllm = self._vllm_labels(info)
             dev = [] if self.pod else [("deployment", info.name)]
             for d in self.request_layout.defs.values():
+                if d.name.startswith("sglang:"):  # (compile_sglang: SGLang's labels)
+                    continue
                 plan.add_def(d, vllm if d.name.startswith("vllm:") else dev,
                              lambda s, k=k: s.requests[k], req_offset[d.name])
             if info.placed:
@@ -125,8 +130,10 @@ class StatsCollector:
                 paths = [self.run.engine_stats(d_index, r.rank) for r in ranks]
                 plan.add_dynamic(LORA_INFO, "gauge", LORA_INFO_HELP, lora_info_lines(
                     paths, info.max_loras, [] if self.pod else [("deployment", info.name)]))
-        if not self.log_stats:
+        if not self.log_stats or self.sglang:
             plan.families = {n: f for n, f in plan.families.items() if not n.startswith("vllm:")}
+        if self.sglang:
+            compile_sglang(plan, self.infos, self.request_layout, self.engine_layouts, self.keys)
         return plan
 
     def _compile_engine(self, plan: Exposition, key: tuple[int, int], info: DeploymentInfo,

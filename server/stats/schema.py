@@ -30,6 +30,7 @@ from server.stats.schema_features import (
     OFFLOAD_METRICS,
     pd_sleep_metrics,
 )
+from server.stats.schema_sglang import SGLANG_REQUEST_METRICS
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 WAITING_REASONS = ("capacity", "deferred")
@@ -113,10 +114,11 @@ def _vllm_hist(name: str, max_model_len: int, overrides: Overrides | None = None
 
 
 def request_metrics(max_model_len: int, faults: bool = False,
-                    buckets: Overrides | None = None) -> list[MetricDef]:
+                    buckets: Overrides | None = None, sglang: bool = False) -> list[MetricDef]:
     """What a front end writes per (deployment, rank); `faults`: some deployment of the
     server has failure injection configured (its counters are exported); `buckets`: the
-    server's --custom-histogram-buckets."""
+    server's --custom-histogram-buckets; `sglang`: an SGLang pod's series too
+    (`server.stats.schema_sglang`)."""
     return [
         MetricDef("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
         MetricDef("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
@@ -133,6 +135,7 @@ def request_metrics(max_model_len: int, faults: bool = False,
                   "Inter-token latency (emulated), sub-millisecond buckets.",
                   FINE_ITL_BUCKETS),
         *(FAULT_REQUEST_METRICS if faults else ()),
+        *(SGLANG_REQUEST_METRICS if sglang else ()),
     ]
 
 

@@ -1,0 +1,139 @@
+"""The HTTP application of an SGLang pod (`--http-api sglang`): SGLang 0.5.23's server as
+routers and tools that speak SGLang use it (smg and sgl-router in HTTP mode poll `/v1/loads`,
+detect the backend by `/v1/models`' `owned_by` and `/server_info`, route `/generate`).
+
+Routes: the native ones (`server.http.sglang.native`, `/generate`), the OpenAI ones SGLang
+serves for a generative model (`/v1/completions`, `/v1/chat/completions` — the same handlers
+as a vLLM pod's, their refusals in SGLang's flat `ErrorResponse`), `/v1/models` (`owned_by`
+"sglang", `max_model_len`), and `/metrics` with `--enable-metrics` only (SGLang mounts it only
+then). Not here: vLLM's own routes (`/version`, `/load`, `/ping`, `/tokenize`, ...).
+
+Errors: a refused body is 400 (SGLang turns FastAPI's 422 into 400 too); an unknown route 404
+`{"detail": "Not Found"}` (FastAPI's, which SGLang keeps). `--api-key`: every route but
+`/health*`, `/ready*` and `/metrics*` needs `Authorization: Bearer KEY`, else 401
+`{"error": "Unauthorized"}` (SGLang's `decide_request_auth`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server import metrics as exposition
+from server.auth import ApiKeys
+from server.http.errors import HttpError, validation_error
+from server.http.protocol import ChatCompletionRequest, CompletionRequest
+from server.http.routes import chat_completion, completion, parse
+from server.http.sglang.errors import OpenAIErrors, flat, sglang_error
+from server.http.sglang.generate import generate
+from server.http.sglang.native import add_native_routes, pod_client
+from server.http.state import HttpState
+
+log = logging.getLogger("doppelchip.http")
+PUBLIC = ("/health", "/ready", "/metrics")  # SGLang's: matched by prefix
+
+
+class SglangApiKey:
+    """`--api-key` as SGLang checks it (pure ASGI, before routing)."""
+
+    def __init__(self, app: ASGIApp, keys: ApiKeys) -> None:
+        self.app, self.keys = app, keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" \
+                and not scope["path"].startswith(PUBLIC):
+            authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+            if not self.keys.verify(authorization):
+                await JSONResponse({"error": "Unauthorized"}, 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def model_cards(state: HttpState) -> list[dict]:
+    info = pod_client(state).info
+    return [{"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+             "root": name, "parent": None, "max_model_len": info.capacity.max_model_len}
+            for name in (info.served_model_names or (info.model_name,))[:1]]
+
+
+def build_sglang_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
+    app = FastAPI()
+    app.state.http = state
+
+    @app.exception_handler(HttpError)
+    async def on_http_error(request: Request, e: HttpError) -> Response:
+        if request.url.path.startswith("/v1/"):
+            return JSONResponse(flat(e.body()), e.status)
+        return sglang_error(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, e: RequestValidationError) -> Response:
+        return JSONResponse(flat(validation_error(list(e.errors())).body()), 400)
+
+    @app.exception_handler(HTTPException)
+    async def on_starlette(request: Request, e: HTTPException) -> Response:
+        return JSONResponse({"detail": e.detail}, e.status_code, headers=e.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def on_gone(request: Request, e: ClientDisconnect) -> Response:
+        return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, e: Exception) -> Response:
+        log.exception("unexpected error on %s", request.url.path)
+        return sglang_error(HttpError(500, f"{type(e).__name__}: {e}"))
+
+    add_native_routes(app, state)
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate_route(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError as e:
+            return sglang_error(HttpError(400, f"JSON decode error: {e}"))
+        return await generate(state, request, body)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": model_cards(state)}
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> Response:
+        for card in model_cards(state):
+            if card["id"] == model:
+                return JSONResponse(card)
+        return JSONResponse({"error": {"message": f"The model '{model}' does not exist",
+                                       "type": "invalid_request_error", "param": "model",
+                                       "code": "model_not_found"}}, 404)
+
+    def served(body):  # SGLang answers whatever `model` says: it names no deployment there
+        names = pod_client(state).info.served_model_names or (pod_client(state).info.model_name,)
+        return body if body.model in names else body.model_copy(update={"model": names[0]})
+
+    @app.post("/v1/completions")
+    async def create_completion(request: Request) -> Response:
+        return await completion(state, request, served(await parse(request, CompletionRequest)))
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(request: Request) -> Response:
+        body = served(await parse(request, ChatCompletionRequest))
+        return await chat_completion(state, request, body)
+
+    if state.enable_metrics:
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            body = await asyncio.to_thread(state.metrics.render)
+            return Response(body, media_type=exposition.CONTENT_TYPE)
+
+    app.add_middleware(OpenAIErrors)
+    if keys:
+        app.add_middleware(SglangApiKey, keys=keys)
+    return app

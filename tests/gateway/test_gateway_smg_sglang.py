@@ -1,0 +1,76 @@
+"""SGLang pods behind the real smg gateway in HTTP mode, as smg fronts SGLang servers: smg
+detects the backend as sglang (`/v1/models`' owned_by, `/server_info`), polls each pod's
+`/v1/loads`, routes SGLang's native `/generate` and the OpenAI routes to them, sends a
+repeated prompt to the pod that caches it (`cache_aware`), and fans `/flush_cache` out."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fleets import assert_released
+from gateway_harness import SMG, Gateway, start_smg, stop_smg
+from server_proc import ServerProcess
+
+from clients.client import AsyncClient
+
+pytestmark = pytest.mark.skipif(SMG is None, reason="smg is not installed (make install-dev)")
+
+POD = ("--chip", "h100-sxm", "--engine", "sglang", "--model", "llama-3.1-8b", "--quant",
+       "bf16", "--max-model-len", "1024", "--time-scale", "0.05", "--http-api", "sglang")
+
+
+@pytest.fixture
+async def gw(tmp_path):
+    pods = [ServerProcess(None, *POD) for _ in range(2)]
+    proc = None
+    try:
+        for p in pods:
+            await asyncio.to_thread(p.start)
+        proc, port = start_smg([p.http_url for p in pods], tmp_path / "smg.log",
+                               "--policy", "cache_aware", "--load-monitor-interval", "1")
+        g = Gateway(pods, port, proc, tmp_path / "smg.log", [p.http_url for p in pods])
+        await g.wait_ready(2)
+        yield g
+    finally:
+        if proc is not None:
+            await asyncio.to_thread(stop_smg, proc)
+        for p in pods:
+            await asyncio.to_thread(p.stop)
+
+
+async def test_smg_fronts_sglang_pods(gw):
+    status, workers = await gw.call("GET", "/workers")
+    assert status == 200
+    assert sorted(w["runtime_type"] for w in workers["workers"]) == ["sglang", "sglang"]
+    prompt = "A long shared system prompt. " * 40
+    cached = []
+    for _ in range(4):
+        status, out = await gw.call("POST", "/generate", {
+            "text": prompt, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
+        assert status == 200, out
+        assert len(out["output_ids"]) == 4 and out["meta_info"]["finish_reason"]["type"] == \
+            "length"
+        cached.append(out["meta_info"]["cached_tokens"])
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:])  # the pod that holds it
+    by_worker: dict = {}
+    for _ in range(100):  # smg's load monitor polls each pod's /v1/loads on its own clock
+        status, loads = await gw.call("GET", "/get_loads")
+        assert status == 200
+        by_worker = {load["worker"]: load for load in loads["loads"]}
+        if set(by_worker) == set(gw.urls):
+            break
+        await asyncio.sleep(0.05)
+    assert set(by_worker) == set(gw.urls)  # smg read every pod's /v1/loads
+    assert all(load["max_total_num_tokens"] > 0 for load in by_worker.values())
+    status, out = await gw.call("POST", "/v1/completions", {
+        "model": "llama-3.1-8b", "prompt": "hi", "max_tokens": 3})
+    assert status == 200 and out["usage"]["completion_tokens"] <= 3
+    status, _ = await gw.call("POST", "/flush_cache")
+    assert status == 200
+    status, out = await gw.call("POST", "/generate", {
+        "text": prompt, "sampling_params": {"max_new_tokens": 1}})
+    assert status == 200 and out["meta_info"]["cached_tokens"] == 0
+    for pod in gw.replicas:
+        async with AsyncClient(pod.target) as c:
+            await assert_released(c, (await c.list_deployments()).deployments[0].name)
