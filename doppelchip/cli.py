@@ -39,11 +39,11 @@ def _generate(args: argparse.Namespace) -> int:
 # The modules that register the other commands, in `doppelchip --help` order, and the commands
 # each registers: a command line naming one of them builds (and imports) only that module.
 _MODULES = ("cmd_serve", "cmd_pods", "cmd_devices", "cmd_simulate", "cmd_load", "cmd_whatif",
-            "cmd_plan", "cmd_gateway", "cmd_status", "cmd_vllm")
+            "cmd_plan", "cmd_gateway", "cmd_status", "cmd_vllm", "cmd_sglang")
 _COMMANDS = {"serve": "cmd_serve", "pods": "cmd_pods", "devices": "cmd_devices",
              "estimate": "cmd_devices", "simulate": "cmd_simulate", "load": "cmd_load",
              "whatif": "cmd_whatif", "plan": "cmd_plan", "gateway": "cmd_gateway",
-             "status": "cmd_status", "vllm": "cmd_vllm"}
+             "status": "cmd_status", "vllm": "cmd_vllm", "sglang": "cmd_sglang"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -89,6 +89,8 @@ def _module(name: str) -> ModuleType:
         from doppelchip import cmd_status as m
     elif name == "cmd_vllm":
         from doppelchip import cmd_vllm as m
+    elif name == "cmd_sglang":
+        from doppelchip import cmd_sglang as m
     else:
         raise KeyError(name)
     return m
@@ -156,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return exit_codes.USAGE
+    if first == "sglang":  # SGLang's: `sglang serve REPO`, --model-type, --config FILE.yaml
+        from doppelchip.sglang_argv import sglang_argv
+
+        try:
+            argv = sglang_argv(argv)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return exit_codes.USAGE
     args = parser.parse_args(argv)
     try:
         return args.func(args)
@@ -178,6 +188,12 @@ def vllm_main() -> int:
     """`doppelchip-vllm` (installed as `vllm` in the container image): `vllm serve ...` is
     `doppelchip vllm serve ...` (doppelchip/cmd_vllm.py)."""
     return main(["vllm", *sys.argv[1:]])
+
+
+def sglang_main() -> int:
+    """`doppelchip-sglang`: `sglang serve ...` is `doppelchip sglang serve ...`
+    (doppelchip/cmd_sglang.py)."""
+    return main(["sglang", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

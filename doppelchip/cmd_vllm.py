@@ -21,6 +21,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
+from doppelchip.checkpoint_arg import resolve_checkpoint, weight_format
 from doppelchip.vllm_dp import HEADLESS, local_ranks
 from doppelchip.vllm_flags import BY_FLAG, PASSTHROUGH, REFUSED, VLLM_OPTIONS
 from doppelchip.vllm_parser import add_serve_arguments, is_given
@@ -28,7 +29,6 @@ from doppelchip.vllm_parser import add_serve_arguments, is_given
 if TYPE_CHECKING:
     from devices.model import ModelSpec
 
-DTYPES = {"half": "f16", "float16": "f16", "bfloat16": "bf16"}  # vLLM ModelDType -> quant
 KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
              "bfloat16": "bf16", "float16": "f16"}
 LOG_LEVELS = {"CRITICAL": "error", "ERROR": "error", "WARNING": "warning", "INFO": "info",
@@ -81,37 +81,14 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """(`doppelchip serve` arguments, warnings) for a parsed `vllm serve` command line;
     ValueError says what cannot be served."""
     from devices import catalog
-    from devices.errors import UnknownId
 
     tag = args.model_tag or args.model
     if not tag:
         raise ValueError("no model: give it as `vllm serve MODEL` (a Hugging Face repository "
                          "id such as meta-llama/Llama-3.1-8B-Instruct, or a catalogue model)")
     _refuse(args)
-    if os.path.exists(tag):  # a local checkpoint (a mounted volume): what its config.json says
-        from devices.hf_config import model_for, quant_for, read_config
-
-        config = read_config(tag)
-        spec = model_for(config)
-        model, quant = spec.id, quant_for(config, spec.is_pooling)
-    else:
-        try:
-            ckpt = catalog.get_checkpoint(tag)
-            model, quant = ckpt.model, ckpt.quant
-        except UnknownId as e:
-            if tag not in {m.id for m in catalog.list_models()}:
-                raise ValueError(f"{e} (or a catalogue model: `doppelchip devices`; or a "
-                                 "local checkpoint folder with its config.json)") from None
-            model, quant = tag, "bf16"  # a catalogue id: dtype auto on a bf16 checkpoint
-    if args.dtype in ("float", "float32"):
-        raise ValueError(f"--dtype {args.dtype}: the catalogue has no 32-bit weight format")
-    if args.quantization:
-        try:
-            quant = catalog.quant_for_vllm(args.quantization).id
-        except UnknownId as e:
-            raise ValueError(f"--quantization: {e}") from None
-    elif args.dtype in DTYPES and catalog.get_quant(quant).family == "float":
-        quant = DTYPES[args.dtype]
+    model, quant = resolve_checkpoint(tag)
+    quant = weight_format(quant, args.dtype, args.quantization)
     kv = getattr(args, "kv_cache_dtype", None)
     if kv is not None and kv not in KV_DTYPES:
         raise ValueError(f"--kv-cache-dtype {kv}: emulated are {', '.join(KV_DTYPES)}")
@@ -232,15 +209,16 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
     return serve.func(serve)
 
 
-def _idle() -> int:
-    """A `--headless` worker's pod: nothing to serve (HEADLESS); exit 0 on SIGTERM/SIGINT."""
+def _idle(note: str = f"doppelchip vllm serve: {HEADLESS}") -> int:
+    """A `--headless` worker's pod (or `doppelchip sglang serve`'s pod of a node rank above 0):
+    nothing to serve (`note` says why); exit 0 on SIGTERM/SIGINT."""
     import signal
     import threading
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # (handlers run in this, the main, thread)
         signal.signal(sig, lambda *_: stop.set())
-    print(f"doppelchip vllm serve: {HEADLESS}", file=sys.stderr, flush=True)
+    print(note, file=sys.stderr, flush=True)
     while not stop.wait(60):
         pass
     return 0

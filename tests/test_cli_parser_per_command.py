@@ -27,6 +27,8 @@ ARGV = [
     ["serve", "--port", "50999"],
     ["plan", "--model", "llama-2-7b", "--slo", "ttft_p99<1"],
     ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "-tp", "2", "--trust-remote-code"],
+    ["sglang", "serve", "--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--tp", "2",
+     "--trust-remote-code"],
 ]
 
 

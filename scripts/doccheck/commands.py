@@ -3,7 +3,8 @@
 The docs write the defaults a reader types (gRPC 50051, HTTP 8000, smg 30000, ...). On a shared
 machine those may be taken, so the runner moves every port a command names (after making the
 defaults explicit: `serve` gets `--port 50051 --http-port 8000`, `vllm serve` `--port 8000
---grpc-port 50051`, a client without `--target` gets `--target 127.0.0.1:50051`, a KV-events
+--grpc-port 50051`, `sglang serve` `--port 30000 --grpc-port 50051`, a client without
+`--target` gets `--target 127.0.0.1:50051`, a KV-events
 config without an endpoint gets vLLM's `tcp://*:5557`). `Moves` maps each hundred of
 documented ports (50000-50099, 8000-8099, ...) to a free hundred below the kernel's ephemeral
 range, so successive ports (pods, replicas) stay successive and no outgoing connection's local
@@ -61,6 +62,8 @@ def server_of(command: str) -> Server | None:
         return Server("serve", f"http:{_flag(ws, '--http-port', '--metrics-port') or 8000}/health")
     if _vllm_serve(ws):  # vLLM's command line: --port is the HTTP port
         return Server("serve", f"http:{_flag(ws, '--port') or 8000}/health")
+    if _sglang_serve(ws):  # SGLang's: --port is the HTTP port (30000 by default)
+        return Server("serve", f"http:{_flag(ws, '--port') or 30000}/health")
     if ws[:2] == ["doppelchip", "pods"]:
         return Server("pods", "log:pods up")
     if ws[:2] == ["make", "gateway"] or ws[:2] == ["doppelchip", "gateway"]:
@@ -73,6 +76,13 @@ def server_of(command: str) -> Server | None:
 def _vllm_serve(ws: list[str]) -> bool:
     """`doppelchip vllm serve ...` or `doppelchip-vllm serve ...`."""
     return ws[:3] == ["doppelchip", "vllm", "serve"] or ws[:2] == ["doppelchip-vllm", "serve"]
+
+
+def _sglang_serve(ws: list[str]) -> bool:
+    """`doppelchip sglang serve|launch_server ...` or `doppelchip-sglang serve ...`."""
+    verbs = ("serve", "launch_server")
+    return (ws[:2] == ["doppelchip", "sglang"] and ws[2:3] and ws[2] in verbs) or (
+        ws[:1] == ["doppelchip-sglang"] and ws[1:2] and ws[1] in verbs)
 
 
 def _flag(ws: list[str], *names: str) -> str | None:
@@ -104,6 +114,11 @@ def explicit_defaults(command: str) -> str:
                *(["--grpc-port", "50051"] if _flag(ws, "--grpc-port") is None else [])]
         return re.sub(r"\b(doppelchip[ -]vllm serve)", lambda m: " ".join([m[1], *add]),
                       command, count=1) if add else command
+    if _sglang_serve(ws):
+        add = [*(["--port", "30000"] if _flag(ws, "--port") is None else []),
+               *(["--grpc-port", "50051"] if _flag(ws, "--grpc-port") is None else [])]
+        return re.sub(r"\b(doppelchip[ -]sglang (?:serve|launch_server))",
+                      lambda m: " ".join([m[1], *add]), command, count=1) if add else command
     add: list[str] = []
     if head in (["doppelchip", "serve"], ["doppelchip", "pods"], ["doppelchip", "gateway"]):
         if _flag(ws, "--port") is None:

@@ -70,6 +70,11 @@ def test_ports_are_moved_defaults_made_explicit_and_servers_probed():
     vllm = script(["doppelchip vllm serve meta-llama/Llama-3.1-8B-Instruct -tp 2 &"], moves)
     assert ("__dc_server 0 http 12300/health 'doppelchip vllm serve --port 12300 --grpc-port "
             "23451 meta-llama/Llama-3.1-8B-Instruct -tp 2'") in vllm
+    # SGLang's: --port is HTTP (30000 by default), gRPC has doppelchip's own flag
+    sglang = script(["doppelchip sglang serve --model-path meta-llama/Llama-3.1-8B-Instruct &"],
+                    {**moves, 30000: 14500})
+    assert ("__dc_server 0 http 14500/health 'doppelchip sglang serve --port 14500 --grpc-port "
+            "23451 --model-path meta-llama/Llama-3.1-8B-Instruct'") in sglang
 
 
 def test_wall_outputs_ignore_numbers_and_nothing_else():
