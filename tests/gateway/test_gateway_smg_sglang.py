@@ -6,10 +6,12 @@ repeated prompt to the pod that caches it (`cache_aware`), and fans `/flush_cach
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 from fleets import assert_released
-from gateway_harness import SMG, Gateway, start_smg, stop_smg
+from gateway_harness import SMG, Gateway, http, start_smg, stop_smg
 from server_proc import ServerProcess
 
 from clients.client import AsyncClient
@@ -20,15 +22,16 @@ POD = ("--chip", "h100-sxm", "--engine", "sglang", "--model", "llama-3.1-8b", "-
        "bf16", "--max-model-len", "1024", "--time-scale", "0.05", "--http-api", "sglang")
 
 
-@pytest.fixture
-async def gw(tmp_path):
-    pods = [ServerProcess(None, *POD) for _ in range(2)]
+@contextlib.asynccontextmanager
+async def sglang_gateway(tmp_path, pod_args, *smg_args: str) -> AsyncIterator[Gateway]:
+    """Two SGLang pods behind smg (HTTP workers), everything stopped on the way out."""
+    pods = [ServerProcess(None, *pod_args) for _ in range(2)]
     proc = None
     try:
         for p in pods:
             await asyncio.to_thread(p.start)
         proc, port = start_smg([p.http_url for p in pods], tmp_path / "smg.log",
-                               "--policy", "cache_aware", "--load-monitor-interval", "1")
+                               "--load-monitor-interval", "1", *smg_args)
         g = Gateway(pods, port, proc, tmp_path / "smg.log", [p.http_url for p in pods])
         await g.wait_ready(2)
         yield g
@@ -37,6 +40,18 @@ async def gw(tmp_path):
             await asyncio.to_thread(stop_smg, proc)
         for p in pods:
             await asyncio.to_thread(p.stop)
+
+
+@pytest.fixture
+async def gw(tmp_path):
+    async with sglang_gateway(tmp_path, POD, "--policy", "cache_aware") as g:
+        yield g
+
+
+async def released(pods) -> None:
+    for pod in pods:
+        async with AsyncClient(pod.target) as c:
+            await assert_released(c, (await c.list_deployments()).deployments[0].name)
 
 
 async def test_smg_fronts_sglang_pods(gw):
@@ -71,6 +86,22 @@ async def test_smg_fronts_sglang_pods(gw):
     status, out = await gw.call("POST", "/generate", {
         "text": prompt, "sampling_params": {"max_new_tokens": 1}})
     assert status == 200 and out["meta_info"]["cached_tokens"] == 0
-    for pod in gw.replicas:
-        async with AsyncClient(pod.target) as c:
-            await assert_released(c, (await c.list_deployments()).deployments[0].name)
+    await released(gw.replicas)
+
+
+async def test_smg_reranks_on_sglang_pods(tmp_path):
+    """smg's HTTP router reads a worker's rerank answer as SGLang's list: through SGLang pods
+    of a cross-encoder its `/v1/rerank` works (through vLLM pods it cannot: EMBEDDINGS.md)."""
+    reranker = ("--chip", "h100-sxm", "--engine", "sglang", "--model", "bge-reranker-v2-m3",
+                "--quant", "f16", "--time-scale", "0.05", "--http-api", "sglang")
+    docs = ["hi", "The giant panda is a bear native to China.", "pandas is a library"]
+    async with sglang_gateway(tmp_path, reranker, "--policy", "round_robin") as g:
+        status, out = await g.call("POST", "/v1/rerank", {
+            "model": "bge-reranker-v2-m3", "query": "what is a panda?", "documents": docs})
+        assert status == 200, out
+        _, direct = await asyncio.to_thread(http, "POST", g.urls[0] + "/v1/rerank", {
+            "query": "what is a panda?", "documents": docs})
+        assert [r["index"] for r in out["results"]] == [r["index"] for r in direct]
+        assert [r["score"] for r in out["results"]] == pytest.approx(  # (smg writes f32)
+            [r["score"] for r in direct], rel=1e-6)
+        await released(g.replicas)

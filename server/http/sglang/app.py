@@ -2,9 +2,10 @@
 routers and tools that speak SGLang use it (smg and sgl-router in HTTP mode poll `/v1/loads`,
 detect the backend by `/v1/models`' `owned_by` and `/server_info`, route `/generate`).
 
-Routes: the native ones (`server.http.sglang.native`, `/generate`), the OpenAI ones SGLang
-serves for a generative model (`/v1/completions`, `/v1/chat/completions` — the same handlers
-as a vLLM pod's, their refusals in SGLang's flat `ErrorResponse`), `/v1/models` (`owned_by`
+Routes: the native ones (`server.http.sglang.native`); for a generative model `/generate` and
+the OpenAI ones (`/v1/completions`, `/v1/chat/completions` — the same handlers as a vLLM
+pod's, their refusals in SGLang's flat `ErrorResponse`), for a pooling model `/encode`,
+`/v1/embeddings` and `/v1/rerank` (`server.http.sglang.pooling`); `/v1/models` (`owned_by`
 "sglang", `max_model_len`), and `/metrics` with `--enable-metrics` only (SGLang mounts it only
 then). Not here: vLLM's own routes (`/version`, `/load`, `/ping`, `/tokenize`, ...).
 
@@ -35,6 +36,7 @@ from server.http.routes import chat_completion, completion, parse
 from server.http.sglang.errors import OpenAIErrors, flat, sglang_error
 from server.http.sglang.generate import generate
 from server.http.sglang.native import add_native_routes, pod_client
+from server.http.sglang.pooling import add_pooling_routes
 from server.http.state import HttpState
 
 log = logging.getLogger("doppelchip.http")
@@ -62,6 +64,31 @@ def model_cards(state: HttpState) -> list[dict]:
     return [{"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
              "root": name, "parent": None, "max_model_len": info.capacity.max_model_len}
             for name in (info.served_model_names or (info.model_name,))[:1]]
+
+
+def add_generation_routes(app: FastAPI, state: HttpState) -> None:
+    """`/generate` and the OpenAI generation routes (a generative model's)."""
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate_route(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError as e:
+            return sglang_error(HttpError(400, f"JSON decode error: {e}"))
+        return await generate(state, request, body)
+
+    def served(body):  # SGLang answers whatever `model` says: it names no deployment there
+        info = pod_client(state).info
+        names = info.served_model_names or (info.model_name,)
+        return body if body.model in names else body.model_copy(update={"model": names[0]})
+
+    @app.post("/v1/completions")
+    async def create_completion(request: Request) -> Response:
+        return await completion(state, request, served(await parse(request, CompletionRequest)))
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(request: Request) -> Response:
+        body = served(await parse(request, ChatCompletionRequest))
+        return await chat_completion(state, request, body)
 
 
 def build_sglang_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
@@ -93,13 +120,10 @@ def build_sglang_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
 
     add_native_routes(app, state)
 
-    @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate_route(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError as e:
-            return sglang_error(HttpError(400, f"JSON decode error: {e}"))
-        return await generate(state, request, body)
+    if pod_client(state).limits.pooling_task:  # SGLang's routes for a pooling model
+        add_pooling_routes(app, state)
+    else:
+        add_generation_routes(app, state)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -113,19 +137,6 @@ def build_sglang_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
         return JSONResponse({"error": {"message": f"The model '{model}' does not exist",
                                        "type": "invalid_request_error", "param": "model",
                                        "code": "model_not_found"}}, 404)
-
-    def served(body):  # SGLang answers whatever `model` says: it names no deployment there
-        names = pod_client(state).info.served_model_names or (pod_client(state).info.model_name,)
-        return body if body.model in names else body.model_copy(update={"model": names[0]})
-
-    @app.post("/v1/completions")
-    async def create_completion(request: Request) -> Response:
-        return await completion(state, request, served(await parse(request, CompletionRequest)))
-
-    @app.post("/v1/chat/completions")
-    async def create_chat_completion(request: Request) -> Response:
-        body = served(await parse(request, ChatCompletionRequest))
-        return await chat_completion(state, request, body)
 
     if state.enable_metrics:
         @app.get("/metrics")

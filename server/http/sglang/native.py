@@ -25,7 +25,14 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.engine.interface import DeploymentState, EngineError, EngineRequest, SamplingParams
+from server.engine.interface import (
+    DeploymentState,
+    EngineError,
+    EngineRequest,
+    FinishReason,
+    PoolingParams,
+    SamplingParams,
+)
 from server.frontend import parallel
 from server.frontend.deployment import DeploymentClient
 from server.frontend.stream import StreamFailed
@@ -130,15 +137,19 @@ async def health_generate(state: HttpState) -> Response:
     if not healthy(state):
         return Response(status_code=503)
     client = pod_client(state)
+    pooled = bool(client.limits.pooling_task)  # SGLang sends an EmbeddingReqInput then
     request = EngineRequest(f"HEALTH_CHECK_{time.monotonic_ns()}", prompt_token_ids=(0,),
-                            sampling=SamplingParams(max_tokens=1, temperature=0.0))
+                            sampling=SamplingParams(max_tokens=1, temperature=0.0),
+                            pooling=PoolingParams(task=client.limits.pooling_task) if pooled
+                            else None)
     try:
         (stream,) = await parallel.submit_all(client, [request])
     except EngineError:  # refused (a full queue, a drain): SGLang's check times out: 503
         return Response(status_code=503)
     try:
         async for chunk in stream.outputs():
-            if chunk.token_ids:
+            if chunk.token_ids or (pooled and chunk.finish is not None
+                                   and chunk.finish.reason is FinishReason.STOP):
                 return Response(status_code=200)
     except StreamFailed:
         pass
