@@ -23,7 +23,8 @@ from typing import Any
 
 from doppelchip.checkpoint_arg import resolve_checkpoint, weight_format
 from doppelchip.sglang_flags import BY_FLAG, REFUSED, SGLANG_OPTIONS, SGLANG_VERSION
-from doppelchip.sglang_parser import add_serve_arguments, is_given
+from doppelchip.sglang_parser import add_serve_arguments
+from doppelchip.vllm_parser import is_given
 
 # SGLang's --quantization methods whose weight format the catalogue has, as vLLM's method
 # names (devices/catalog/quants.toml `vllm_quantization`); `modelopt` keeps a ModelOpt

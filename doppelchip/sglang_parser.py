@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
 from doppelchip.sglang_flags import ACCEPTED, REFUSED, SGLANG_OPTIONS, add_sglang_option
 
@@ -111,8 +110,3 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> set[str]:
             unemulated.add(option.name)
     return unemulated
 
-
-def is_given(value: Any) -> bool:
-    """Whether an option's parsed value asks for something (a switch turned off does not;
-    a value of 0 does)."""
-    return value is not None and value is not False

@@ -132,5 +132,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> set[str]:
 
 
 def is_given(value: Any) -> bool:
-    """Whether an option's parsed value asks for something (a switch turned off does not)."""
-    return value not in (None, False)
+    """Whether an option's parsed value asks for something (a switch turned off does not; an
+    integer 0 does, which `0 in (None, False)` would miss: SGLang's parser types its values).
+    `doppelchip sglang serve` reads its options with this too."""
+    return value is not None and value is not False
