@@ -3,11 +3,12 @@
 Starts `--replicas` `doppelchip serve --deployment NAME` pods (replica i on gRPC port
 `--port + i`, HTTP and metrics on `--http-port + i`), then
 `smg launch --host 127.0.0.1 --port GATEWAY_PORT --worker-urls grpc://127.0.0.1:P ...
---prometheus-host 127.0.0.1` (smg binds 0.0.0.0 unless told), waits until smg is ready, prints
-the OpenAI base URL, and on SIGINT/SIGTERM stops smg first (no new request reaches a replica),
-waits for it to exit, then stops the replicas, which drain their in-flight requests. A replica
-(or smg) that exits is reported with its own exit status and the last lines of its stderr.
-smg is a dev dependency (`pip install -e '.[dev]'`, pinned smg==1.13.0).
+--prometheus-host 127.0.0.1` (smg binds 0.0.0.0 unless told; with `--http-api sglang` the
+replicas speak SGLang's HTTP API and the worker URLs are their `http://` ports), waits until
+smg is ready, prints the OpenAI base URL, and on SIGINT/SIGTERM stops smg first (no new
+request reaches a replica), waits for it to exit, then stops the replicas, which drain their
+in-flight requests. A replica (or smg) that exits is reported with its own exit status and the
+last lines of its stderr. smg is a dev dependency (`pip install -e '.[dev]'`, pinned smg==1.13.0).
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def register(subparsers: Any) -> None:
                    help="smg routing policy (default round_robin; smg's own default is "
                    "cache_aware)")
     p.add_argument("--time-scale", type=float, help="the replicas' time scale")
+    p.add_argument("--http-api", choices=["vllm", "sglang"], default="vllm",
+                   help="vllm (default): smg talks to the replicas over gRPC "
+                   "(vllm.grpc.engine); sglang: the replicas speak SGLang's HTTP API and smg "
+                   "fronts them as HTTP workers, as it fronts SGLang servers (docs/SGLANG.md)")
     p.add_argument("--ready-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="give up if the gateway is not ready in time (default 60)")
     p.add_argument("--smg-arg", action="append", default=[], metavar="ARG",
@@ -73,11 +78,20 @@ def replica_cmd(args: argparse.Namespace, i: int) -> list[str]:
         cmd += ["--config", args.config]
     if args.time_scale is not None:
         cmd += ["--time-scale", str(args.time_scale)]
+    if args.http_api == "sglang":
+        cmd += ["--http-api", "sglang"]
     return cmd
 
 
+def worker_urls(args: argparse.Namespace) -> list[str]:
+    """What smg is given: each replica's gRPC port, or (SGLang's HTTP API) its HTTP port."""
+    if args.http_api == "sglang":
+        return [f"http://{HOST}:{args.http_port + i}" for i in range(args.replicas)]
+    return [f"grpc://{HOST}:{args.port + i}" for i in range(args.replicas)]
+
+
 def smg_cmd(args: argparse.Namespace, smg: str) -> list[str]:
-    urls = [f"grpc://{HOST}:{args.port + i}" for i in range(args.replicas)]
+    urls = worker_urls(args)
     return [smg, "launch", "--host", HOST, "--port", str(args.gateway_port),
             "--worker-urls", *urls, "--prometheus-host", HOST,
             "--prometheus-port", str(args.prometheus_port), "--policy", args.policy,
@@ -136,10 +150,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             why = up.failure() if up else "not ready in time"
             print(f"error: smg did not become ready: {why}", file=sys.stderr)
             return exit_codes.FAILED
-        ports = [args.port + i for i in range(args.replicas)]
         print(f"doppelchip gateway: OpenAI API on http://{HOST}:{args.gateway_port}/v1 "
-              f"({args.replicas} x {args.deployment} on gRPC ports "
-              f"{', '.join(map(str, ports))}); Ctrl-C stops", file=sys.stderr, flush=True)
+              f"({args.replicas} x {args.deployment} at {', '.join(worker_urls(args))}); "
+              "Ctrl-C stops", file=sys.stderr, flush=True)
         while not stopping.is_set():
             if (dead := first_exited(everyone)) is not None:
                 print(f"error: {dead.failure()}", file=sys.stderr)

@@ -45,6 +45,19 @@ def test_commands_bind_loopback_and_front_one_deployment():
         f"grpc://127.0.0.1:{p}" for p in (6000, 6001, 6002)]
 
 
+def test_sglang_replicas_are_http_workers():
+    args = build_parser().parse_args(["gateway", "--replicas", "2", "--port", "6000",
+                                      "--http-port", "7000", "--deployment", "sglang-h100",
+                                      "--http-api", "sglang"])
+    serve = replica_cmd(args, 1)
+    assert serve[serve.index("--http-api") + 1] == "sglang"
+    launch = smg_cmd(args, "smg")
+    urls = launch[launch.index("--worker-urls") + 1:launch.index("--prometheus-host")]
+    assert urls == ["http://127.0.0.1:7000", "http://127.0.0.1:7001"]
+    default = build_parser().parse_args(["gateway"])
+    assert "--http-api" not in replica_cmd(default, 0)
+
+
 def start_gateway(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
     """The gateway, started and ready: (process, gateway port, log). Ports are picked free
     and may be taken by someone else before the gateway binds them (a race with other
