@@ -12,11 +12,9 @@ line; building that parser from SGLang's option table is a separate, longer step
 from __future__ import annotations
 
 import argparse
-import os
 
 from doppelchip.sglang_flags import ACCEPTED, REFUSED, SGLANG_OPTIONS, add_sglang_option
-
-DEFAULT_CHIP = "h100-sxm"
+from doppelchip.vllm_parser import add_doppelchip_arguments
 
 # the options cmd_sglang.translate reads, each with what it does here (its help)
 TRANSLATED: dict[str, str] = {
@@ -83,17 +81,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> set[str]:
     g = p.add_argument_group("SGLang's flags translated (docs/SGLANG_SERVE.md)")
     for name, text in TRANSLATED.items():
         add_sglang_option(g, name, help=text)
-    d = p.add_argument_group("doppelchip (no SGLang equivalent)")
-    d.add_argument("--chip", default=os.environ.get("DOPPELCHIP_CHIP", DEFAULT_CHIP),
-                   help="the emulated chip (default $DOPPELCHIP_CHIP or h100-sxm)")
-    # a string default goes through `type` too: a bad $DOPPELCHIP_TIME_SCALE is argparse's error
-    d.add_argument("--time-scale", type=float, default=os.environ.get("DOPPELCHIP_TIME_SCALE"),
-                   help="wall seconds per emulated second (default $DOPPELCHIP_TIME_SCALE, "
-                   "else 1)")
-    d.add_argument("--cold", action="store_true",
-                   default=os.environ.get("DOPPELCHIP_COLD", "") not in ("", "0"),
-                   help="start cold, as a new SGLang pod: load the weights before serving "
-                   "(default $DOPPELCHIP_COLD)")
+    add_doppelchip_arguments(p, "SGLang")
     quiet = p.add_argument_group("accepted, no effect here (weights are not loaded)")
     for name in ACCEPTED:
         add_sglang_option(quiet, name, help=argparse.SUPPRESS)

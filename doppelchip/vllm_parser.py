@@ -101,17 +101,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> set[str]:
                     "every rank, so this one waits for SIGTERM")
     for name, kwargs in PASSTHROUGH:
         add_vllm_option(e, name, **kwargs, help="as `doppelchip serve`'s flag of this name")
-    d = p.add_argument_group("doppelchip (no vLLM equivalent)")
-    d.add_argument("--chip", default=os.environ.get("DOPPELCHIP_CHIP", DEFAULT_CHIP),
-                   help="the emulated chip (default $DOPPELCHIP_CHIP or h100-sxm)")
-    # a string default goes through `type` too: a bad $DOPPELCHIP_TIME_SCALE is argparse's error
-    d.add_argument("--time-scale", type=float, default=os.environ.get("DOPPELCHIP_TIME_SCALE"),
-                   help="wall seconds per emulated second (default $DOPPELCHIP_TIME_SCALE, "
-                   "else 1)")
-    d.add_argument("--cold", action="store_true",
-                   default=os.environ.get("DOPPELCHIP_COLD", "") not in ("", "0"),
-                   help="start cold, as a new vLLM pod: load the weights before serving "
-                   "(default $DOPPELCHIP_COLD)")
+    d = add_doppelchip_arguments(p, "vLLM")
     d.add_argument("--check-integrity", action="store_true",
                    help="engines check their KV pool and queues when idle (tests)")
     taken = {s for a in p._actions for s in a.option_strings}
@@ -129,6 +119,24 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> set[str]:
         if not refused and option.name not in POOLING:  # (refused by value in translate)
             unemulated.add(option.name)
     return unemulated
+
+
+def add_doppelchip_arguments(p: argparse.ArgumentParser, engine: str) -> Any:
+    """The options an engine's own command line lacks (`--chip`, `--time-scale`, `--cold`,
+    defaulted from the environment, as a container sets them), in a group of their own (which
+    is returned); `engine` names whose command line it is (vLLM, SGLang)."""
+    d = p.add_argument_group(f"doppelchip (no {engine} equivalent)")
+    d.add_argument("--chip", default=os.environ.get("DOPPELCHIP_CHIP", DEFAULT_CHIP),
+                   help="the emulated chip (default $DOPPELCHIP_CHIP or h100-sxm)")
+    # a string default goes through `type` too: a bad $DOPPELCHIP_TIME_SCALE is argparse's error
+    d.add_argument("--time-scale", type=float, default=os.environ.get("DOPPELCHIP_TIME_SCALE"),
+                   help="wall seconds per emulated second (default $DOPPELCHIP_TIME_SCALE, "
+                   "else 1)")
+    d.add_argument("--cold", action="store_true",
+                   default=os.environ.get("DOPPELCHIP_COLD", "") not in ("", "0"),
+                   help=f"start cold, as a new {engine} pod: load the weights before serving "
+                   "(default $DOPPELCHIP_COLD)")
+    return d
 
 
 def is_given(value: Any) -> bool:

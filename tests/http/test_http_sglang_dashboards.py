@@ -27,7 +27,7 @@ from http_helpers import sample_sum, sse_events
 from server_proc import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "observability"))
-from obs_prometheus import Prometheus, free_port, running_prometheus
+from obs_prometheus import Prometheus, free_port, range_values, running_prometheus, substitute
 
 FIXTURES = Path(__file__).resolve().parents[1] / "observability/fixtures"
 DASHBOARD = "sglang_dashboard.json"
@@ -35,6 +35,8 @@ SERVED = "meta-llama/Llama-3.1-8B-Instruct"
 POD = ("--chip", "h100-sxm", "--engine", "sglang", "--model", "llama-3.1-8b", "--quant", "bf16",
        "--http-api", "sglang", "--enable-metrics", "--served-model-name", SERVED,
        "--max-model-len", "1024", "--max-num-seqs", "4", "--time-scale", "1.0")
+# A range-query step under the 200 ms scrape interval: every scrape of a gauge is seen.
+STEP = "0.1"
 CLIENTS, PER_CLIENT, NEW_TOKENS = 16, 4, 32
 
 
@@ -57,21 +59,6 @@ def label_values(prom: Prometheus, variable: dict) -> list[str]:
     found = re.fullmatch(r"label_values\((\w+)\)", variable["query"]["query"])
     assert found, variable
     return prom.api(f"label/{found.group(1)}/values")
-
-
-def substitute(expr: str, values: dict[str, str]) -> str:
-    for key in sorted(values, key=len, reverse=True):
-        expr = expr.replace(key, values[key])
-    assert "$" not in expr, expr
-    return expr
-
-
-def range_values(prom: Prometheus, expr: str, start: float, end: float) -> list[float]:
-    # A step under the 200 ms scrape interval, so that every scrape of a gauge is seen.
-    data = prom.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}",
-                    step="0.1")
-    assert data["resultType"] == "matrix", (expr, data["resultType"])
-    return [float(v) for series in data["result"] for _, v in series["values"]]
 
 
 async def drive(base: str) -> int:
@@ -124,7 +111,7 @@ def test_sglang_dashboard_fills_from_a_pod_under_load(tmp_path):
         checked = 0
         for title, expr in panels(doc):
             q = substitute(expr, values)
-            series = range_values(prom, q, t0, t1)
+            series = range_values(prom, q, t0, t1, STEP)
             checked += 1
             assert series, f"{title}: no data for {q!r}"
             finite = [v for v in series if math.isfinite(v)]

@@ -25,7 +25,7 @@ from fleets import fleet_doc
 from server_proc import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "observability"))
-from obs_prometheus import Prometheus, free_port, running_prometheus
+from obs_prometheus import free_port, range_values, running_prometheus, substitute
 
 FIXTURES = Path(__file__).resolve().parents[1] / "observability/fixtures"
 SERVED = "meta-llama/Llama-3.1-8B-Instruct"
@@ -70,20 +70,6 @@ def slo_value(dashboard: str, variable: str, scrape: str, family: str) -> str:
         if value in les:
             return value
     raise AssertionError(f"{variable}: no option among {sorted(les)}")
-
-
-def substitute(expr: str, values: dict[str, str]) -> str:
-    for key in sorted(values, key=len, reverse=True):
-        expr = expr.replace(key, values[key])
-    assert "$" not in expr, expr
-    return expr
-
-
-def range_values(prom: Prometheus, expr: str, start: float, end: float) -> list[float]:
-    data = prom.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}",
-                    step="0.5")
-    assert data["resultType"] == "matrix", (expr, data["resultType"])
-    return [float(v) for series in data["result"] for _, v in series["values"]]
 
 
 async def drive(base: str) -> int:

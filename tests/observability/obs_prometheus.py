@@ -150,3 +150,21 @@ def running_prometheus(targets: list[str], folder: Path,
 
 def finite_values(result: list[dict]) -> list[float]:
     return [float(r["value"][1]) for r in result if math.isfinite(float(r["value"][1]))]
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    """A dashboard query with Grafana's variables replaced (the longest names first: `$__range`
+    before `$__r...`); no `$` may be left."""
+    for key in sorted(values, key=len, reverse=True):
+        expr = expr.replace(key, values[key])
+    assert "$" not in expr, expr
+    return expr
+
+
+def range_values(prom: Prometheus, expr: str, start: float, end: float,
+                 step: str = "0.5") -> list[float]:
+    """Every value of every series `expr` gives over [start, end] (a range query)."""
+    data = prom.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}",
+                    step=step)
+    assert data["resultType"] == "matrix", (expr, data["resultType"])
+    return [float(v) for series in data["result"] for _, v in series["values"]]

@@ -33,7 +33,7 @@ from server.auth import ApiKeys
 from server.http.errors import HttpError, validation_error
 from server.http.protocol import ChatCompletionRequest, CompletionRequest
 from server.http.routes import chat_completion, completion, parse
-from server.http.sglang.errors import OpenAIErrors, flat, sglang_error
+from server.http.sglang.errors import OpenAIErrors, flat, sglang_error, with_json
 from server.http.sglang.generate import generate
 from server.http.sglang.native import add_native_routes, pod_client
 from server.http.sglang.pooling import add_pooling_routes
@@ -70,11 +70,7 @@ def add_generation_routes(app: FastAPI, state: HttpState) -> None:
     """`/generate` and the OpenAI generation routes (a generative model's)."""
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate_route(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError as e:
-            return sglang_error(HttpError(400, f"JSON decode error: {e}"))
-        return await generate(state, request, body)
+        return await with_json(request, lambda body: generate(state, request, body))
 
     def served(body):  # SGLang answers whatever `model` says: it names no deployment there
         info = pod_client(state).info

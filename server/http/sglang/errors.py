@@ -8,8 +8,10 @@ answer `ErrorResponse` — `{"object": "error", "message", "type", "param", "cod
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 import msgspec
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,6 +26,16 @@ def body(e: HttpError) -> dict:
 def sglang_error(e: HttpError) -> Response:
     return Response(msgspec.json.encode(body(e)), status_code=e.status,
                     media_type="application/json")
+
+
+async def with_json(request: Request, answer: Callable[[object], Awaitable[Response]]
+                    ) -> Response:
+    """`answer(body)` for the request's JSON body, or SGLang's 400 when it is not JSON."""
+    try:
+        body = await request.json()
+    except ValueError as e:
+        return sglang_error(HttpError(400, f"JSON decode error: {e}"))
+    return await answer(body)
 
 
 def _stream_error(e: HttpError) -> bytes:

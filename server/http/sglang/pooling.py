@@ -29,7 +29,7 @@ from server.http.errors import HttpError
 from server.http.pooling_protocol import EmbeddingRequest, RerankRequest
 from server.http.routes import parse
 from server.http.scores import scored
-from server.http.sglang.errors import sglang_error
+from server.http.sglang.errors import sglang_error, with_json
 from server.http.sglang.native import pod_client
 from server.http.state import HttpState
 
@@ -116,11 +116,7 @@ def add_pooling_routes(app: FastAPI, state: HttpState) -> None:
     if pooling.scores(limits):
         @app.api_route("/v1/rerank", methods=["POST", "PUT"])
         async def rerank_route(request: Request) -> Response:
-            try:
-                body = await request.json()
-            except ValueError as e:
-                return sglang_error(HttpError(400, f"JSON decode error: {e}"))
-            return await rerank(state, request, body)
+            return await with_json(request, lambda body: rerank(state, request, body))
 
     if pooling.embeds(limits):
         @app.post("/v1/embeddings")
@@ -129,8 +125,4 @@ def add_pooling_routes(app: FastAPI, state: HttpState) -> None:
 
     @app.api_route("/encode", methods=["POST", "PUT"])
     async def encode_route(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError as e:
-            return sglang_error(HttpError(400, f"JSON decode error: {e}"))
-        return await encode(state, request, body)
+        return await with_json(request, lambda body: encode(state, request, body))
