@@ -30,6 +30,7 @@ from server.http.generate import Choice, Run
 from server.http.logprobs import Logprobs
 from server.http.routes import answer, data_parallel_rank, start_completion
 from server.http.sglang.errors import FRAMING, sglang_error
+from server.http.sglang.native import pod_client
 from server.http.sglang.protocol import (
     MAX_NEW_TOKENS,
     GenerateInput,
@@ -111,7 +112,7 @@ async def generate(state: HttpState, request: Request, body: object) -> Response
         inp = parse(body)
         if state.draining:
             raise draining()
-        client = next(iter(state.fleet.clients.values()))  # an SGLang pod serves one
+        client = pod_client(state)
         limits, tok = client.limits, state.tokenizer
         ids = []
         for p in inp.prompts:
