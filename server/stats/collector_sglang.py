@@ -9,9 +9,10 @@ of every rank (SGLang has one tokenizer manager over its DP ranks); the schedule
 rank. doppelchip's own device series stay (`doppelchip_*`, no clash with any SGLang name).
 
 Two scheduler gauges are windows in SGLang (its last prefill batch, its last decode log
-interval); here `sglang:cache_hit_rate` is the rank's prefix-cache hits over lookups since it
-started and `sglang:gen_throughput` the rank's tokens per emulated second since the previous
-scrape this front end rendered (docs/SGLANG.md).
+interval); here both are over the window since the previous scrape this front end rendered
+(`HitRate`, `Throughput`): `sglang:cache_hit_rate` the rank's prefix-cache hits over lookups
+then, held while nothing was looked up (SGLang's gauge keeps its last prefill's value), and
+`sglang:gen_throughput` its tokens per emulated second, 0 when idle (docs/SGLANG.md).
 """
 
 from __future__ import annotations
@@ -53,6 +54,20 @@ class Throughput:
         return (generated - prev[0]) / (t - prev[1])
 
 
+class HitRate:
+    """Prefix-cache hits over lookups of one rank between two reads; the last value while
+    nothing was looked up (SGLang's gauge holds its last prefill batch's rate)."""
+
+    def __init__(self) -> None:
+        self.last, self.value = (0.0, 0.0), 0.0
+
+    def __call__(self, hits: float, queries: float) -> float:
+        (h0, q0), self.last = self.last, (hits, queries)
+        if queries > q0:
+            self.value = (hits - h0) / (queries - q0)
+        return self.value
+
+
 def compile_sglang(plan: Exposition, infos: list[list[DeploymentInfo]],
                    request_layout: Layout, engine_layouts: dict[tuple[int, int], Layout],
                    keys: list[tuple[int, int]]) -> None:
@@ -92,7 +107,7 @@ def _scheduler(plan: Exposition, key: tuple[int, int], info: DeploymentInfo,
     used, generated, t = slot("_kv_used"), slot("_generated"), slot("_t")
     queries, hits = slot("vllm:prefix_cache_queries"), slot("vllm:prefix_cache_hits")
     preemptions = slot("vllm:num_preemptions")
-    rate = Throughput()
+    rate, hit_rate = Throughput(), HitRate()
 
     def value(fn: Callable[[np.ndarray], float]) -> Source:
         def source(s: Scrape) -> np.ndarray | None:
@@ -104,7 +119,7 @@ def _scheduler(plan: Exposition, key: tuple[int, int], info: DeploymentInfo,
         "sglang:num_running_reqs": value(lambda a: a[running]),
         "sglang:num_queue_reqs": value(lambda a: a[waiting]),
         "sglang:gen_throughput": value(lambda a: rate(a[generated], a[t])),
-        "sglang:cache_hit_rate": value(lambda a: a[hits] / a[queries] if a[queries] else 0.0),
+        "sglang:cache_hit_rate": value(lambda a: hit_rate(a[hits], a[queries])),
         "sglang:token_usage": value(lambda a: a[used] / total if total else 0.0),
         "sglang:num_used_tokens": value(lambda a: a[used] * bs),
         "sglang:kv_used_tokens": value(lambda a: a[used] * bs),

@@ -12,7 +12,7 @@ from server.config import ServerConfig, server_problem
 from server.http.errors import HttpError
 from server.http.sglang.native import prometheus_loads
 from server.http.sglang.protocol import completion_body, parse
-from server.stats.collector_sglang import Throughput
+from server.stats.collector_sglang import HitRate, Throughput
 
 
 def test_sglang_api_needs_a_pod():
@@ -78,3 +78,11 @@ def test_throughput_is_per_emulated_second_between_renders():
     assert rate(100, 1.0) == 0.0  # no window yet
     assert rate(300, 3.0) == 100.0
     assert rate(300, 3.0) == 0.0  # no time passed (idle)
+
+
+def test_hit_rate_is_the_window_since_the_last_read_held_while_idle():
+    rate = HitRate()
+    assert rate(30, 100) == 0.3  # since start
+    assert rate(130, 200) == 1.0  # the last window's: 100 of 100
+    assert rate(130, 200) == 1.0  # nothing looked up since: held, as SGLang's gauge
+    assert rate(130, 300) == 0.0

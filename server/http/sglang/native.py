@@ -39,6 +39,7 @@ from server.frontend.stream import StreamFailed
 from server.http.rl import abort_matching
 from server.http.routes import healthy
 from server.http.state import HttpState
+from server.stats.collector_sglang import HitRate, Throughput
 
 SGLANG_VERSION = "0.5.23"  # the SGLang release whose server this mirrors (docs/SGLANG.md)
 SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
@@ -48,22 +49,21 @@ def pod_client(state: HttpState) -> DeploymentClient:
     return next(iter(state.fleet.clients.values()))
 
 
-class Rates:
-    """Generated tokens per emulated second of each rank between two `/v1/loads` polls."""
+class Windows:
+    """Each rank's `/v1/loads` windows between two polls (as the sglang: gauges' between two
+    scrapes): generated tokens per emulated second, prefix-cache hit rate."""
 
     def __init__(self) -> None:
-        self.last: dict[int, tuple[int, float]] = {}
+        self.rates: dict[int, tuple[Throughput, HitRate]] = {}
 
-    def update(self, rank: int, generated: int, now: float) -> float:
-        prev, self.last[rank] = self.last.get(rank), (generated, now)
-        if prev is None or now <= prev[1]:
-            return 0.0
-        return (generated - prev[0]) / (now - prev[1])
+    def of(self, rank: int) -> tuple[Throughput, HitRate]:
+        return self.rates.setdefault(rank, (Throughput(), HitRate()))
 
 
-def load_snapshot(client: DeploymentClient, rank: int, throughput: float,
+def load_snapshot(client: DeploymentClient, rank: int, windows: Windows, now: float,
                   include: set[str] | None) -> dict:
     """One rank's `LoadSnapshot.to_dict(include)`."""
+    rate, hit_rate = windows.of(rank)
     view = client.views[rank]
     values, _ = view.read()
     status = client.status([rank])
@@ -79,8 +79,9 @@ def load_snapshot(client: DeploymentClient, rank: int, throughput: float,
         "num_waiting_uncached_tokens": 0, "num_used_tokens": used, "num_total_tokens": used,
         "num_active_tokens": used, "num_prealloc_ready_tokens": 0,
         "max_total_num_tokens": total, "max_running_requests": cap,
-        "token_usage": used / total if total else 0.0, "gen_throughput": throughput,
-        "cache_hit_rate": hits / queries if queries else 0.0,
+        "token_usage": used / total if total else 0.0,
+        "gen_throughput": rate(client.generated_tokens([rank]), now),
+        "cache_hit_rate": hit_rate(hits, queries),
         "utilization": status.num_running / cap if cap else 0.0,
         "total_prefill_uncached_tokens": int(queries - hits), "total_prefill_busy_us": 0,
         "decode_moments": None,
@@ -159,7 +160,7 @@ async def health_generate(state: HttpState) -> Response:
 
 
 def add_native_routes(app: FastAPI, state: HttpState) -> None:
-    rates = Rates()
+    windows = Windows()
 
     @app.get("/health")
     @app.get("/health_generate")
@@ -191,8 +192,7 @@ def add_native_routes(app: FastAPI, state: HttpState) -> None:
                                  f"{sorted(SECTIONS)}"}, 400)
         client = pod_client(state)
         now = state.now()
-        out = [load_snapshot(client, r, rates.update(r, client.generated_tokens([r]), now),
-                             sections)
+        out = [load_snapshot(client, r, windows, now, sections)
                for r, view in enumerate(client.views)
                if dp_rank is None or view.info.dp_rank == dp_rank]
         if format == "prometheus":
