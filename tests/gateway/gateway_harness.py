@@ -161,15 +161,25 @@ async def gateway(tmp_path: Path, fleets: list[dict], *smg_args: str, wait: bool
                   ) -> AsyncIterator[Gateway]:
     """Replicas (one server per fleet document) behind one smg; everything stopped on the
     way out."""
-    replicas = [ServerProcess(f) for f in fleets]
+    fronted = fleets[0]["server"]["vllm_engine_deployment"]
+    model = next(d["model"] for d in fleets[0]["deployments"] if d["name"] == fronted)
+    async with gateway_over(tmp_path, [ServerProcess(f) for f in fleets],
+                            lambda r: f"grpc://{r.target}", model, *smg_args,
+                            wait=wait) as gw:
+        yield gw
+
+
+@contextlib.asynccontextmanager
+async def gateway_over(tmp_path: Path, replicas: list[ServerProcess], url, model: str,
+                       *smg_args: str, wait: bool = True) -> AsyncIterator[Gateway]:
+    """`replicas` (not started yet) behind one smg, each given to it as `url(replica)`;
+    everything stopped on the way out."""
     proc = None
     try:
         for r in replicas:
             await asyncio.to_thread(r.start)
-        urls = [f"grpc://{r.target}" for r in replicas]
+        urls = [url(r) for r in replicas]
         proc, port = start_smg(urls, tmp_path / "smg.log", *smg_args)
-        fronted = fleets[0]["server"]["vllm_engine_deployment"]
-        model = next(d["model"] for d in fleets[0]["deployments"] if d["name"] == fronted)
         gw = Gateway(replicas, port, proc, tmp_path / "smg.log", urls, model)
         if wait:
             await gw.wait_ready(len(replicas))

@@ -6,12 +6,10 @@ repeated prompt to the pod that caches it (`cache_aware`), and fans `/flush_cach
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 import pytest
 from fleets import assert_released
-from gateway_harness import SMG, Gateway, http, start_smg, stop_smg
+from gateway_harness import SMG, gateway_over, http
 from server_proc import ServerProcess
 
 from clients.client import AsyncClient
@@ -22,24 +20,11 @@ POD = ("--chip", "h100-sxm", "--engine", "sglang", "--model", "llama-3.1-8b", "-
        "bf16", "--max-model-len", "1024", "--time-scale", "0.05", "--http-api", "sglang")
 
 
-@contextlib.asynccontextmanager
-async def sglang_gateway(tmp_path, pod_args, *smg_args: str) -> AsyncIterator[Gateway]:
+def sglang_gateway(tmp_path, pod_args, *smg_args: str):
     """Two SGLang pods behind smg (HTTP workers), everything stopped on the way out."""
-    pods = [ServerProcess(None, *pod_args) for _ in range(2)]
-    proc = None
-    try:
-        for p in pods:
-            await asyncio.to_thread(p.start)
-        proc, port = start_smg([p.http_url for p in pods], tmp_path / "smg.log",
-                               "--load-monitor-interval", "1", *smg_args)
-        g = Gateway(pods, port, proc, tmp_path / "smg.log", [p.http_url for p in pods])
-        await g.wait_ready(2)
-        yield g
-    finally:
-        if proc is not None:
-            await asyncio.to_thread(stop_smg, proc)
-        for p in pods:
-            await asyncio.to_thread(p.stop)
+    return gateway_over(tmp_path, [ServerProcess(None, *pod_args) for _ in range(2)],
+                        lambda pod: pod.http_url, pod_args[pod_args.index("--model") + 1],
+                        "--load-monitor-interval", "1", *smg_args)
 
 
 @pytest.fixture

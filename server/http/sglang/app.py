@@ -72,9 +72,10 @@ def add_generation_routes(app: FastAPI, state: HttpState) -> None:
     async def generate_route(request: Request) -> Response:
         return await with_json(request, lambda body: generate(state, request, body))
 
+    info = pod_client(state).info
+    names = info.served_model_names or (info.model_name,)
+
     def served(body):  # SGLang answers whatever `model` says: it names no deployment there
-        info = pod_client(state).info
-        names = info.served_model_names or (info.model_name,)
         return body if body.model in names else body.model_copy(update={"model": names[0]})
 
     @app.post("/v1/completions")

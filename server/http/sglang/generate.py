@@ -50,6 +50,9 @@ class Shapes:
         self.many = inp.batch or inp.n > 1
         self.lps = ({c.index: Logprobs(state.tokenizer, c.seed) for c in run.choices}
                     if inp.return_logprob else None)
+        # each choice's tokens' top logprobs so far: a cumulative stream repeats them all in
+        # every event, each computed once
+        self.tops: dict[int, list[list[tuple[int, float]]]] = {}
 
     def _finish_reason(self, c: Choice) -> dict | None:
         f = c.finish
@@ -74,7 +77,8 @@ class Shapes:
                      "weight_version": "default", "num_retractions": stream.preemptions}
         if self.lps is not None:
             lp, k = self.lps[c.index], self.inp.top_logprobs_num
-            tops = [lp.top(i, t, max(1, k)) for i, t in enumerate(c.ids)]
+            tops = self.tops.setdefault(c.index, [])
+            tops += [lp.top(i, c.ids[i], max(1, k)) for i in range(len(tops), len(c.ids))]
             out["input_token_logprobs"] = []
             out["output_token_logprobs"] = [[top[0][1], t, None]
                                             for t, top in zip(c.ids, tops, strict=True)]

@@ -31,6 +31,7 @@ from server.http.routes import parse
 from server.http.scores import scored
 from server.http.sglang.errors import sglang_error, with_json
 from server.http.sglang.native import pod_client
+from server.http.sglang.protocol import prompt_inputs
 from server.http.state import HttpState
 
 
@@ -84,16 +85,8 @@ async def encode(state: HttpState, request: Request, body: object) -> Response:
     """SGLang's `/encode`: the pooled vector of each prompt."""
     if not isinstance(body, dict):
         return sglang_error(HttpError(400, "The request body must be a JSON object"))
-    text, ids = body.get("text"), body.get("input_ids")
-    if (text is None) == (ids is None):
-        return sglang_error(HttpError(400, "Either text or input_ids should be provided."
-                                      if text is None else
-                                      "Only one of text or input_ids should be provided."))
-    batch = isinstance(text, list) or (isinstance(ids, list) and bool(ids)
-                                       and isinstance(ids[0], list))
-    inputs = (text if isinstance(text, list) else [text]) if text is not None else (
-        ids if batch else [ids])
     try:
+        inputs, batch = prompt_inputs(body)
         client = pod_client(state)
         name = client.info.model_name
         rid = str(body.get("rid") or uuid.uuid4().hex)

@@ -56,26 +56,7 @@ def parse(body: Any) -> GenerateInput:
     """The body, or the 400 SGLang answers (its messages where it has them)."""
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object")
-    text, ids = body.get("text"), body.get("input_ids")
-    if (text is None) == (ids is None):
-        raise invalid("Either text or input_ids should be provided." if text is None else
-                      "Only one of text or input_ids should be provided.")
-    for key in ("input_embeds", "image_data", "video_data", "audio_data"):
-        if body.get(key) is not None:
-            raise invalid(f"{key} is not served by doppelchip: its models are text only")
-    if text is not None:
-        batch = isinstance(text, list)
-        prompts = list(text) if batch else [text]
-        if not all(isinstance(t, str) for t in prompts):
-            raise invalid("text must be a string or a list of strings")
-    else:
-        batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
-        prompts = [list(p) for p in ids] if batch else [ids]
-        if not all(isinstance(p, list) and all(isinstance(t, int) for t in p)
-                   for p in prompts):
-            raise invalid("input_ids must be a list of token ids or a list of such lists")
-    if batch and not prompts:
-        raise invalid("The batch is empty")
+    prompts, batch = prompt_inputs(body)
     sampling = body.get("sampling_params") or {}
     if isinstance(sampling, list):
         if len({repr(s) for s in sampling}) > 1:
@@ -101,6 +82,32 @@ def parse(body: Any) -> GenerateInput:
     return GenerateInput(prompts, batch, sampling, bool(body.get("stream")), rids,
                          bool(body.get("return_logprob")), int(body.get("top_logprobs_num")
                                                                or 0))
+
+
+def prompt_inputs(body: dict) -> tuple[list[str | list[int]], bool]:
+    """A `/generate` or `/encode` body's prompts (`text` or `input_ids`, one or a list) and
+    whether they were a batch; the 400 SGLang answers for neither or both."""
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise invalid("Either text or input_ids should be provided." if text is None else
+                      "Only one of text or input_ids should be provided.")
+    for key in ("input_embeds", "image_data", "video_data", "audio_data"):
+        if body.get(key) is not None:
+            raise invalid(f"{key} is not served by doppelchip: its models are text only")
+    if text is not None:
+        batch = isinstance(text, list)
+        prompts = list(text) if batch else [text]
+        if not all(isinstance(t, str) for t in prompts):
+            raise invalid("text must be a string or a list of strings")
+    else:
+        batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
+        prompts = [list(p) for p in ids] if batch else [ids]
+        if not all(isinstance(p, list) and all(isinstance(t, int) for t in p)
+                   for p in prompts):
+            raise invalid("input_ids must be a list of token ids or a list of such lists")
+    if batch and not prompts:
+        raise invalid("The batch is empty")
+    return prompts, batch
 
 
 def check_sampling(sp: dict[str, Any]) -> None:
