@@ -49,8 +49,12 @@ async def test_real_server_and_sim_agree_at_light_load_and_near_capacity():
             real = summarize(run.results)
             sim, _ = simulate_conversations(options, spec)
             assert real["requests"] == sim["requests"] == n
-            # the client kept to its schedule
-            assert run.max_send_lag_s < 0.1 * sim["e2e_s"]["p50"]
+            # the client kept to its schedule: no request sent later than a quarter of the
+            # mean gap between arrivals (at 0.05 wall s per emulated s, a 20 ms hiccup of the
+            # client's process is 0.4 emulated s: a bound of 10% of one E2E, 12 ms of wall,
+            # failed once on the 2-core CI machine under a parallel suite, with the comparison
+            # below still inside its tolerance)
+            assert run.max_send_lag_s < 0.25 / spec.rate
             assert real["output_tokens_per_s"] == pytest.approx(sim["output_tokens_per_s"],
                                                                 rel=tolerance)
             assert real["e2e_s"]["p50"] == pytest.approx(sim["e2e_s"]["p50"], rel=tolerance)
