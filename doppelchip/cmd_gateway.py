@@ -4,7 +4,8 @@ Starts `--replicas` `doppelchip serve --deployment NAME` pods (replica i on gRPC
 `--port + i`, HTTP and metrics on `--http-port + i`), then
 `smg launch --host 127.0.0.1 --port GATEWAY_PORT --worker-urls grpc://127.0.0.1:P ...
 --prometheus-host 127.0.0.1` (smg binds 0.0.0.0 unless told; with `--http-api sglang` the
-replicas speak SGLang's HTTP API and the worker URLs are their `http://` ports), waits until
+replicas are SGLang pods; with `--workers http`, the default for them, the worker URLs are
+their `http://` ports), waits until
 smg is ready, prints the OpenAI base URL, and on SIGINT/SIGTERM stops smg first (no new
 request reaches a replica), waits for it to exit, then stops the replicas, which drain their
 in-flight requests. A replica (or smg) that exits is reported with its own exit status and the
@@ -36,7 +37,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "gateway", help="serve replicas of one deployment behind the smg gateway (OpenAI HTTP)",
         description="Start doppelchip replicas of one deployment and the smg gateway in front "
-        "of them (vllm.grpc.engine over gRPC), all on 127.0.0.1; Ctrl-C stops everything.",
+        "of them (their engine gRPC service, or their HTTP API), all on 127.0.0.1; Ctrl-C "
+        "stops everything.",
     )
     p.add_argument("--deployment", default="vllm-h100", metavar="NAME",
                    help="deployment every replica fronts (default vllm-h100)")
@@ -56,9 +58,12 @@ def register(subparsers: Any) -> None:
                    "cache_aware)")
     p.add_argument("--time-scale", type=float, help="the replicas' time scale")
     p.add_argument("--http-api", choices=["vllm", "sglang"], default="vllm",
-                   help="vllm (default): smg talks to the replicas over gRPC "
-                   "(vllm.grpc.engine); sglang: the replicas speak SGLang's HTTP API and smg "
-                   "fronts them as HTTP workers, as it fronts SGLang servers (docs/SGLANG.md)")
+                   help="the server the replicas imitate: vllm (default; vLLM's HTTP API, "
+                   "vllm.grpc.engine on gRPC) or sglang (SGLang's HTTP API, "
+                   "sglang.grpc.scheduler on gRPC: docs/SGLANG.md)")
+    p.add_argument("--workers", choices=["grpc", "http"],
+                   help="how smg talks to the replicas: grpc (their engine service; the "
+                   "default for vllm) or http (their HTTP API; the default for sglang)")
     p.add_argument("--ready-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="give up if the gateway is not ready in time (default 60)")
     p.add_argument("--smg-arg", action="append", default=[], metavar="ARG",
@@ -83,9 +88,15 @@ def replica_cmd(args: argparse.Namespace, i: int) -> list[str]:
     return cmd
 
 
+def workers(args: argparse.Namespace) -> str:
+    """grpc or http: `--workers`, else http for SGLang pods (as smg fronts SGLang servers
+    started without --smg-grpc-mode) and grpc for vLLM pods."""
+    return args.workers or ("http" if args.http_api == "sglang" else "grpc")
+
+
 def worker_urls(args: argparse.Namespace) -> list[str]:
-    """What smg is given: each replica's gRPC port, or (SGLang's HTTP API) its HTTP port."""
-    if args.http_api == "sglang":
+    """What smg is given: each replica's gRPC port, or (HTTP workers) its HTTP port."""
+    if workers(args) == "http":
         return [f"http://{HOST}:{args.http_port + i}" for i in range(args.replicas)]
     return [f"grpc://{HOST}:{args.port + i}" for i in range(args.replicas)]
 

@@ -111,9 +111,10 @@ def register(subparsers: Any) -> None:
                      help="the first rank run here (the engine label of the first: S); "
                      "default 0")
     pod.add_argument("--http-api", choices=["vllm", "sglang"],
-                     help="the HTTP API the pod speaks: vllm (default: vLLM's OpenAI server) or "
-                     "sglang (SGLang's server: /generate, /model_info, /server_info, /v1/loads, "
-                     "/flush_cache, the OpenAI routes, sglang: metrics; docs/SGLANG.md)")
+                     help="the server the pod imitates: vllm (default: vLLM's OpenAI server; "
+                     "vllm.grpc.engine on the gRPC port) or sglang (SGLang's server: /generate, "
+                     "/model_info, /server_info, /v1/loads, /flush_cache, the OpenAI routes, "
+                     "sglang: metrics; sglang.grpc.scheduler on the gRPC port; docs/SGLANG.md)")
     pod.add_argument("--enable-metrics", action="store_true", default=None,
                      help="as SGLang's flag, on an --http-api sglang pod: serve /metrics with "
                      "SGLang's sglang: series (without it SGLang mounts no /metrics)")

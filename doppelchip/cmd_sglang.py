@@ -5,7 +5,8 @@ Why it exists: manifests and scripts start SGLang as `python -m sglang.launch_se
 --model-path REPO --tp 2 --port 30000` or `sglang serve REPO ...` (RBG, OME, SkyPilot, the
 SGLang cookbook). With this command (also installed as `doppelchip-sglang`; `launch_server` is
 an alias of `serve`) the same arguments start a doppelchip pod that speaks SGLang's HTTP API
-(`doppelchip serve --http-api sglang --engine sglang`): the model resolves as for `doppelchip
+(`doppelchip serve --http-api sglang --engine sglang`; its gRPC port serves SGLang's
+scheduler service, on --port with --smg-grpc-mode): the model resolves as for `doppelchip
 vllm serve` (doppelchip/checkpoint_arg.py), and every flag SGLang 0.5.23 gives a meaning
 doppelchip emulates maps onto `doppelchip serve`'s pod mode. Flags that only load weights, log
 or bind processes are accepted and have no effect; flags whose effect is not emulated are
@@ -132,6 +133,20 @@ def parallel(args: argparse.Namespace) -> dict[str, int | None]:
             "data_parallel_size": dp if dp > 1 else None}
 
 
+def _ports(args: argparse.Namespace) -> list[str]:
+    """`--port`/`--http-port`: SGLang's HTTP server on --port (default 30000) and doppelchip's
+    gRPC port on --grpc-port (default 50051); with --smg-grpc-mode (or the deprecated
+    --grpc-mode) the gRPC scheduler service on --port, as smg-grpc-servicer binds it, and the
+    HTTP API on the sidecar's port (--smg-http-sidecar-port, default --port + 1)."""
+    port = 30000 if args.port is None else args.port
+    if args.smg_grpc_mode or args.grpc_mode:
+        sidecar = args.smg_http_sidecar_port
+        return ["--port", str(port), "--http-port", str(port + 1 if sidecar is None
+                                                        else sidecar)]
+    return ["--port", str(50051 if args.grpc_port is None else args.grpc_port),
+            "--http-port", str(port)]
+
+
 def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """(`doppelchip serve` arguments, warnings) for a parsed `sglang serve` command line;
     ValueError says what cannot be served."""
@@ -151,8 +166,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
            "--model", model, "--quant", quant, "--served-model-name",
            args.served_model_name or tag,
            "--host", args.host or os.environ.get("DOPPELCHIP_HOST", "127.0.0.1"),
-           "--port", str(50051 if args.grpc_port is None else args.grpc_port),
-           "--http-port", str(30000 if args.port is None else args.port),
+           *_ports(args),
            "--policy", policy(args)]
     values: dict[str, Any] = {
         **parallel(args), "max_model_len": args.context_length,
@@ -190,6 +204,13 @@ def _warnings(args: argparse.Namespace) -> list[str]:
             names.setdefault(o.dest, []).append(o.name)  # (--moe-dp-size: understood by --ep)
     out = [f"{'/'.join(n)} is accepted but not emulated: it changes nothing here"
            for n in names.values()]
+    if args.grpc_mode and not args.smg_grpc_mode:  # SGLang's own warning
+        out.append("--grpc-mode is deprecated and will be removed in a future version. Use "
+                   "--smg-grpc-mode for the legacy SMG gRPC server, or --grpc-port for the "
+                   "native gRPC server.")
+    if (args.smg_grpc_mode or args.grpc_mode) and args.grpc_port is not None:
+        out.append("--grpc-port is not used with --smg-grpc-mode: the scheduler service is "
+                   "on --port")
     if args.max_prefill_tokens is not None:
         out.append("--max-prefill-tokens is accepted but not emulated: a step's prefill "
                    "tokens are bounded by --chunked-prefill-size here")

@@ -129,12 +129,6 @@ ACCEPTED: tuple[str, ...] = (
 # refused before anything starts (exit status 2), with the reason; `--disaggregation-mode`,
 # `--is-embedding`, `--enable-lora`/`--lora-paths` and `--model-type` by value in cmd_sglang
 REFUSED: dict[str, str] = {
-    "--grpc-mode": "SGLang's gRPC scheduler service (smg-grpc-servicer) is not emulated: the "
-                   "pod speaks doppelchip.v1 and vLLM's engine gRPC (vllm.grpc.engine) on "
-                   "--grpc-port beside SGLang's HTTP API on --port",
-    "--smg-grpc-mode": "SGLang's gRPC scheduler service (smg-grpc-servicer) is not emulated: "
-                       "the pod speaks doppelchip.v1 and vLLM's engine gRPC "
-                       "(vllm.grpc.engine) on --grpc-port beside SGLang's HTTP API on --port",
     "--encoder-only": "an encoder-only server (SGLang's encoder disaggregation) is not "
                       "emulated",
 }

@@ -19,9 +19,16 @@ from doppelchip.vllm_parser import add_doppelchip_arguments
 # the options cmd_sglang.translate reads, each with what it does here (its help)
 TRANSLATED: dict[str, str] = {
     "--host": "address to bind (default: $DOPPELCHIP_HOST or 127.0.0.1, SGLang's)",
-    "--port": "the HTTP port: SGLang's API, and /metrics with --enable-metrics (default 30000)",
-    "--grpc-port": "gRPC port: doppelchip.v1, vllm.grpc.engine and health (default 50051); "
-                   "SGLang's own gRPC services are not emulated",
+    "--port": "the HTTP port: SGLang's API, and /metrics with --enable-metrics (default "
+              "30000); with --smg-grpc-mode, the gRPC port",
+    "--grpc-port": "gRPC port: doppelchip.v1, SGLang's scheduler service "
+                   "(sglang.grpc.scheduler) and health (default 50051); SGLang's native gRPC "
+                   "server is not emulated",
+    "--smg-grpc-mode": "serve SGLang's scheduler service for smg on --port, as SGLang does; "
+                       "the HTTP API moves to --smg-http-sidecar-port",
+    "--grpc-mode": "deprecated: --smg-grpc-mode",
+    "--smg-http-sidecar-port": "with --smg-grpc-mode: the HTTP port (SGLang's sidecar with "
+                               "/metrics; here SGLang's whole HTTP API), default --port + 1",
     "--log-level": "logging verbosity (default info)",
     "--api-key": "require 'Authorization: Bearer KEY' on every route but /health*, /ready* "
                  "and /metrics*",

@@ -1,6 +1,7 @@
 """One front-end process's application: the deployments' clients, the receiver of engine
-messages, the gRPC server (Inference + VllmEngine + health + reflection), the OpenAI-compatible
-HTTP server with `/metrics` (`server.http`), and their drain.
+messages, the gRPC server (Inference, the engine service smg fronts — VllmEngine, or
+SglangScheduler on an SGLang pod — health, reflection), the OpenAI-compatible HTTP server
+with `/metrics` (`server.http`), and their drain.
 
 Health, reflection and ListDeployments are answered here from local state and the engines'
 stats files, never by waiting on a busy engine. Drain (SIGTERM from the supervisor): gRPC
@@ -45,9 +46,9 @@ from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.metrics import MetricsView
 from server.servicer import InferenceServicer
+from server.sglang_servicer import SGLANG_SERVICE, SglangSchedulerServicer
 from server.stats.buckets import parse_custom_histogram_buckets
 from server.stats.collector import StatsCollector
-from server.vllm_servicer import SERVICE_NAME as VLLM_SERVICE_NAME
 from server.vllm_servicer import VLLM_SERVICE, VllmEngineServicer
 
 log = logging.getLogger("doppelchip.server")
@@ -95,8 +96,12 @@ class FrontendApp:
         self.fleet = Fleet(self.clients, config.default_deployment)
         self.receiver = Receiver(self.input, self.clients, frontend, self.stats)
         self.servicer = InferenceServicer(self.fleet, cfg.time_scale, http_port, frontend)
-        self.vllm = VllmEngineServicer(self.fleet.get(config.vllm_engine_deployment),
-                                       api_keys=cfg.api_key)
+        # the engine service smg fronts: an SGLang pod's scheduler, else vLLM's (docs/SGLANG.md)
+        engine = self.fleet.get(config.vllm_engine_deployment)
+        self.engine_service, self.engine_descriptor = (
+            (SglangSchedulerServicer(engine, cfg.api_key, cfg.enable_metrics), SGLANG_SERVICE)
+            if cfg.http_api == "sglang" else (VllmEngineServicer(engine, cfg.api_key),
+                                              VLLM_SERVICE))
         self.health = health.aio.HealthServicer()
         self.requested_port, self.reuse_port = port, reuse_port
         self.server: grpc.aio.Server | None = None
@@ -129,10 +134,10 @@ class FrontendApp:
         cfg = self.config.server
         self.server = build_server(cfg, self.reuse_port)
         wire.add_service(self.server, self.servicer, pb.DESCRIPTOR.services_by_name["Inference"])
-        wire.add_service(self.server, self.vllm, VLLM_SERVICE)
+        wire.add_service(self.server, self.engine_service, self.engine_descriptor)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, VLLM_SERVICE_NAME,
+            (SERVICE_NAME, self.engine_descriptor.full_name,
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server,
         )
@@ -145,17 +150,18 @@ class FrontendApp:
         await self.server.start()
         for service in ("", SERVICE_NAME):
             await self.health.set(service, SERVING)
-        await self.health.set(VLLM_SERVICE_NAME, NOT_SERVING)
-        self._watch = asyncio.create_task(self._follow_vllm_deployment())
+        await self.health.set(self.engine_descriptor.full_name, NOT_SERVING)
+        self._watch = asyncio.create_task(self._follow_engine_deployment())
 
-    async def _follow_vllm_deployment(self) -> None:
-        """The standard health of the VllmEngine service follows its deployment: SERVING
-        only while it is ready (a cold deployment compiles first; a crashed one restarts)."""
+    async def _follow_engine_deployment(self) -> None:
+        """The standard health of the engine service (VllmEngine or SglangScheduler) follows
+        its deployment: SERVING only while it is ready (a cold deployment compiles first; a
+        crashed one restarts)."""
         current = NOT_SERVING
         while True:
-            wanted = SERVING if self.vllm.ready() else NOT_SERVING
+            wanted = SERVING if self.engine_service.ready() else NOT_SERVING
             if wanted != current:
-                await self.health.set(VLLM_SERVICE_NAME, wanted)
+                await self.health.set(self.engine_descriptor.full_name, wanted)
                 current = wanted
             await asyncio.sleep(0.1)
 
@@ -164,7 +170,7 @@ class FrontendApp:
         if self.server is None:
             return
         grace = self.config.server.drain_grace_s if grace_s is None else grace_s
-        self.servicer.draining = self.vllm.draining = self.http_state.draining = True
+        self.servicer.draining = self.engine_service.draining = self.http_state.draining = True
         if self._watch is not None:
             self._watch.cancel()
         await self.health.enter_graceful_shutdown()

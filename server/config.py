@@ -94,9 +94,10 @@ class ServerConfig:
     # One deployment per pod (`serve --deployment`/catalogue flags): the vllm: series carry
     # vLLM's own labels only (model_name, engine), no `deployment` label, as a vLLM pod's
     pod: bool = False
-    # The HTTP API a pod speaks: "vllm" (vLLM's OpenAI server) or "sglang" (SGLang's server:
-    # /generate, /model_info, /server_info, /v1/loads, /flush_cache, sglang: metrics;
-    # server/http/sglang/, docs/SGLANG.md). "sglang" needs pod mode: SGLang serves one model.
+    # The server a pod imitates: "vllm" (vLLM's OpenAI server; VllmEngine on the gRPC port) or
+    # "sglang" (SGLang's server: /generate, /model_info, /server_info, /v1/loads,
+    # /flush_cache, sglang: metrics, server/http/sglang/; SglangScheduler on the gRPC port,
+    # server/sglang_servicer.py; docs/SGLANG.md). "sglang" needs pod mode: one model.
     http_api: str = "vllm"
     # SGLang's --enable-metrics: /metrics (sglang: series) on an SGLang pod; without it SGLang
     # mounts no /metrics. (A vLLM pod always exports its metrics.)

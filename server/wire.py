@@ -82,7 +82,7 @@ def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescr
         assert not m.client_streaming, f"{service.full_name}/{m.name}: client streaming"
         req = message_factory.GetMessageClass(m.input_type)
         resp = message_factory.GetMessageClass(m.output_type)
-        behaviour = getattr(servicer, m.name)
+        behaviour = getattr(servicer, m.name, None)  # absent: UNIMPLEMENTED, as grpc's base
         if not (inspect.iscoroutinefunction(behaviour)
                 or inspect.isasyncgenfunction(behaviour)):
             behaviour = _unimplemented(f"{service.full_name}/{m.name}", m.server_streaming)

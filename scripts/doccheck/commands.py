@@ -3,7 +3,8 @@
 The docs write the defaults a reader types (gRPC 50051, HTTP 8000, smg 30000, ...). On a shared
 machine those may be taken, so the runner moves every port a command names (after making the
 defaults explicit: `serve` gets `--port 50051 --http-port 8000`, `vllm serve` `--port 8000
---grpc-port 50051`, `sglang serve` `--port 30000 --grpc-port 50051`, a client without
+--grpc-port 50051`, `sglang serve` `--port 30000 --grpc-port 50051` (`--port 30000` alone with
+`--smg-grpc-mode`), a client without
 `--target` gets `--target 127.0.0.1:50051`, a KV-events
 config without an endpoint gets vLLM's `tcp://*:5557`). `Moves` maps each hundred of
 documented ports (50000-50099, 8000-8099, ...) to a free hundred below the kernel's ephemeral
@@ -62,8 +63,11 @@ def server_of(command: str) -> Server | None:
         return Server("serve", f"http:{_flag(ws, '--http-port', '--metrics-port') or 8000}/health")
     if _vllm_serve(ws):  # vLLM's command line: --port is the HTTP port
         return Server("serve", f"http:{_flag(ws, '--port') or 8000}/health")
-    if _sglang_serve(ws):  # SGLang's: --port is the HTTP port (30000 by default)
-        return Server("serve", f"http:{_flag(ws, '--port') or 30000}/health")
+    if _sglang_serve(ws):  # SGLang's: --port is the HTTP port (30000 by default), or with
+        port = int(_flag(ws, "--port") or 30000)  # --smg-grpc-mode the gRPC one (HTTP: + 1)
+        if _smg_grpc_mode(ws):
+            port = int(_flag(ws, "--smg-http-sidecar-port") or port + 1)
+        return Server("serve", f"http:{port}/health")
     if ws[:2] == ["doppelchip", "pods"]:
         return Server("pods", "log:pods up")
     if ws[:2] == ["make", "gateway"] or ws[:2] == ["doppelchip", "gateway"]:
@@ -83,6 +87,10 @@ def _sglang_serve(ws: list[str]) -> bool:
     verbs = ("serve", "launch_server")
     return (ws[:2] == ["doppelchip", "sglang"] and ws[2:3] and ws[2] in verbs) or (
         ws[:1] == ["doppelchip-sglang"] and ws[1:2] and ws[1] in verbs)
+
+
+def _smg_grpc_mode(ws: list[str]) -> bool:
+    return "--smg-grpc-mode" in ws or "--grpc-mode" in ws
 
 
 def _flag(ws: list[str], *names: str) -> str | None:
@@ -111,12 +119,14 @@ def explicit_defaults(command: str) -> str:
                                "8000 --gateway-port 30000 --prometheus-port 29000'", 1)
     if _vllm_serve(ws):
         add = [*(["--port", "8000"] if _flag(ws, "--port") is None else []),
-               *(["--grpc-port", "50051"] if _flag(ws, "--grpc-port") is None else [])]
+               *(["--grpc-port", "50051"] if _flag(ws, "--grpc-port") is None
+                 and not _smg_grpc_mode(ws) else [])]
         return re.sub(r"\b(doppelchip[ -]vllm serve)", lambda m: " ".join([m[1], *add]),
                       command, count=1) if add else command
     if _sglang_serve(ws):
         add = [*(["--port", "30000"] if _flag(ws, "--port") is None else []),
-               *(["--grpc-port", "50051"] if _flag(ws, "--grpc-port") is None else [])]
+               *(["--grpc-port", "50051"] if _flag(ws, "--grpc-port") is None
+                 and not _smg_grpc_mode(ws) else [])]
         return re.sub(r"\b(doppelchip[ -]sglang (?:serve|launch_server))",
                       lambda m: " ".join([m[1], *add]), command, count=1) if add else command
     add: list[str] = []

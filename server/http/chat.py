@@ -5,7 +5,7 @@ Messages are rendered by the tokenizer's own template (`Tokenizer.apply_chat_tem
 content given as parts is joined (text parts, one per line); an assistant message's tool calls
 are written after its content as `{"name": …, "parameters": …}` JSON, as Llama 3.1's template
 writes them. `tools` and `tool_choice` are served by `server.http.tools` (the grammar writes
-schema-valid calls); `logprobs` / `top_logprobs` by `server.http.logprobs`.
+schema-valid calls); `logprobs` / `top_logprobs` by `server.frontend.logprobs`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from collections.abc import Callable
 from server.engine.intake import Limits
 from server.engine.interface import EngineRequest, TokenChunk
 from server.engine.tokenizer import Tokenizer
+from server.frontend.logprobs import Logprobs, chat_logprobs, prompt_logprobs
 from server.http import lengths, sampling, tools
 from server.http.completions import stop_reason, weight_versions
 from server.http.errors import bad_request
 from server.http.generate import Choice, Run
-from server.http.logprobs import Logprobs, chat_logprobs, prompt_logprobs
 from server.http.parser_metrics import Recorder
 from server.http.protocol import ChatCompletionRequest, ChatMessage
 

@@ -4,7 +4,7 @@
 Prompts: a string, a list of strings, token ids or a list of token-id lists; each prompt gets
 `n` choices. With `add_special_tokens` (the default) a text prompt starts with BOS, as vLLM's
 tokenization of a Llama-3 prompt does. `echo` prepends the prompt's text to each choice.
-`logprobs: k` returns the emulated log-probabilities (`server.http.logprobs`) of the generated
+`logprobs: k` returns the emulated log-probabilities (`server.frontend.logprobs`) of the generated
 tokens.
 """
 
@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from server.engine.intake import Limits
 from server.engine.interface import EngineRequest, TokenChunk
 from server.engine.tokenizer import Tokenizer
+from server.frontend.logprobs import Logprobs, completion_logprobs, echo_logprobs, prompt_logprobs
 from server.http import lengths, sampling
 from server.http.errors import bad_request, vllm_invalid
 from server.http.generate import Choice, Run
-from server.http.logprobs import Logprobs, completion_logprobs, echo_logprobs, prompt_logprobs
 from server.http.protocol import CompletionRequest
 
 

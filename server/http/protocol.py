@@ -170,7 +170,7 @@ class CompletionRequest(GenerationFields):
     n: int = 1  # not nullable here (chat's is)
     max_tokens: int | None = 16
     logprobs: int | None = None
-    prompt_logprobs: int | None = None  # emulated as `logprobs` (server.http.logprobs)
+    prompt_logprobs: int | None = None  # emulated as `logprobs` (server.frontend.logprobs)
     echo: bool | None = False
     suffix: str | None = None
     add_special_tokens: bool = True

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from server.engine.interface import TokenChunk
 from server.engine.tokenizer import Tokenizer
+from server.frontend.logprobs import Logprobs, chat_logprobs, prompt_logprobs
 from server.http.completions import stop_reason, weight_versions
 from server.http.generate import Choice, Run
-from server.http.logprobs import Logprobs, chat_logprobs, prompt_logprobs
 from server.http.protocol import CompletionRequest
 from server.http.scale_out_protocol import GenerateRequest
 

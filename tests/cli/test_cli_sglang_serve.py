@@ -159,8 +159,6 @@ def test_a_yaml_config_file_holds_flags_as_sglang_reads_it(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--grpc-mode"], "--grpc-mode: SGLang's gRPC scheduler service"),
-    (["--smg-grpc-mode"], "--smg-grpc-mode: SGLang's gRPC scheduler service"),
     (["--disaggregation-mode", "prefill"], "--disaggregation-mode prefill: SGLang's "
                                            "prefill/decode disaggregation"),
     (["--disaggregation-mode", "decode"], "is not emulated"),
@@ -203,6 +201,22 @@ def test_what_sglang_does_not_take_is_argparses_error(capsys, argv, says):
         main(["sglang", "serve", *([REPO] if argv else []), *argv])
     assert exit_.value.code == exit_codes.USAGE
     assert says in capsys.readouterr().err
+
+
+def test_smg_grpc_mode_serves_the_scheduler_on_port_and_http_on_the_sidecar():
+    """smg-grpc-servicer binds the scheduler service to --port; SGLang's HTTP sidecar (here
+    the whole HTTP API) is on --smg-http-sidecar-port, default --port + 1."""
+    a = serve_args(REPO, "--smg-grpc-mode", "--port", "31000")
+    assert (a.port, a.http_port, a.http_api) == (31000, 31001, "sglang")
+    a = serve_args(REPO, "--smg-grpc-mode", "--smg-http-sidecar-port", "9100")
+    assert (a.port, a.http_port) == (30000, 9100)
+    assert (serve_args(REPO, "--grpc-mode").port, warnings(REPO, "--smg-grpc-mode")) == \
+        (30000, [])
+    (said,) = warnings(REPO, "--grpc-mode")  # SGLang's own deprecation warning
+    assert said.startswith("--grpc-mode is deprecated") and "--smg-grpc-mode" in said
+    (said,) = warnings(REPO, "--smg-grpc-mode", "--grpc-port", "50100")
+    assert "--grpc-port is not used with --smg-grpc-mode" in said
+    assert serve_args(REPO, "--smg-http-sidecar-port", "9100").http_port == 30000  # HTTP mode
 
 
 def test_loading_flags_are_silent_and_unemulated_ones_warned():

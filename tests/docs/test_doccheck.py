@@ -75,6 +75,11 @@ def test_ports_are_moved_defaults_made_explicit_and_servers_probed():
                     {**moves, 30000: 14500})
     assert ("__dc_server 0 http 14500/health 'doppelchip sglang serve --port 14500 --grpc-port "
             "23451 --model-path meta-llama/Llama-3.1-8B-Instruct'") in sglang
+    # with --smg-grpc-mode --port is the scheduler service's; HTTP (probed) is on --port + 1
+    grpc_mode = script(["doppelchip sglang serve --model-path m --smg-grpc-mode --port 30100 &"],
+                       {**moves, 30100: 14600})
+    assert "__dc_server 0 http 14601/health 'doppelchip sglang serve --model-path m " \
+        "--smg-grpc-mode --port 14600'" in grpc_mode
 
 
 def test_wall_outputs_ignore_numbers_and_nothing_else():

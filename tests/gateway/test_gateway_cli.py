@@ -58,6 +58,19 @@ def test_sglang_replicas_are_http_workers():
     assert "--http-api" not in replica_cmd(default, 0)
 
 
+@pytest.mark.parametrize("argv, scheme", [
+    (["--http-api", "sglang", "--workers", "grpc"], "grpc://127.0.0.1:600"),  # its scheduler
+    (["--workers", "http"], "http://127.0.0.1:700"),  # vLLM pods as smg's HTTP workers
+    ([], "grpc://127.0.0.1:600"), (["--http-api", "sglang"], "http://127.0.0.1:700"),
+])
+def test_workers_choose_the_protocol_smg_speaks(argv, scheme):
+    args = build_parser().parse_args(["gateway", "--port", "6000", "--http-port", "7000",
+                                      *argv])
+    launch = smg_cmd(args, "smg")
+    urls = launch[launch.index("--worker-urls") + 1:launch.index("--prometheus-host")]
+    assert urls == [f"{scheme}0", f"{scheme}1"]
+
+
 def start_gateway(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
     """The gateway, started and ready: (process, gateway port, log). Ports are picked free
     and may be taken by someone else before the gateway binds them (a race with other

@@ -1,7 +1,9 @@
-"""SGLang pods behind the real smg gateway in HTTP mode, as smg fronts SGLang servers: smg
+"""SGLang pods behind the real smg gateway, as smg fronts SGLang servers. In HTTP mode smg
 detects the backend as sglang (`/v1/models`' owned_by, `/server_info`), polls each pod's
 `/v1/loads`, routes SGLang's native `/generate` and the OpenAI routes to them, sends a
-repeated prompt to the pod that caches it (`cache_aware`), and fans `/flush_cache` out."""
+repeated prompt to the pod that caches it (`cache_aware`), and fans `/flush_cache` out. In
+gRPC mode (the pods' `sglang.grpc.scheduler` service, as `--smg-grpc-mode` serves it) smg
+detects them as sglang gRPC workers, tokenizes with the bundle they ship, and streams."""
 
 from __future__ import annotations
 
@@ -90,3 +92,38 @@ async def test_smg_reranks_on_sglang_pods(tmp_path):
         assert [r["score"] for r in out["results"]] == pytest.approx(  # (smg writes f32)
             [r["score"] for r in direct], rel=1e-6)
         await released(g.replicas)
+
+
+async def test_smg_fronts_sglang_pods_over_grpc(tmp_path):
+    pods = [ServerProcess(None, *POD) for _ in range(2)]
+    async with gateway_over(tmp_path, pods, lambda pod: f"grpc://{pod.target}", "llama-3.1-8b",
+                            "--policy", "cache_aware") as gw:
+        status, workers = await gw.call("GET", "/workers")
+        assert status == 200
+        assert sorted((w["runtime_type"], w["connection_mode"]) for w in workers["workers"]) \
+            == [("sglang", "grpc")] * 2
+        assert all(w["labels"]["max_req_input_len"] == "1018" for w in workers["workers"])
+        prompt = "A long shared system prompt. " * 40
+        body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 6, "ignore_eos": True, "seed": 3}
+        cached = []
+        for _ in range(3):
+            status, out = await gw.call("POST", "/v1/chat/completions", body)
+            assert status == 200, out
+            assert out["usage"]["completion_tokens"] == 6
+            assert out["choices"][0]["finish_reason"] == "length"
+            cached.append(out["usage"]["prompt_tokens_details"]["cached_tokens"])
+        assert cached[0] == 0 and all(c > 0 for c in cached[1:])  # the pod that holds it
+        status, events = await gw.stream("/v1/chat/completions", {
+            **body, "stream": True, "n": 2, "stream_options": {"include_usage": True}})
+        assert status == 200
+        texts = {i: "".join(c["delta"].get("content") or "" for e in events
+                            for c in e["choices"] if c["index"] == i) for i in (0, 1)}
+        assert texts[0] == out["choices"][0]["message"]["content"] and texts[1]
+        assert events[-1]["usage"]["completion_tokens"] == 12  # n = 2 outputs of 6
+        prompt = " ".join(["fox"] * 1019)  # 1020 tokens: under smg's 1024, over the pod's 1018
+        status, out = await gw.call("POST", "/v1/completions", {  # the worker's refusal
+            "model": "llama-3.1-8b", "prompt": prompt, "max_tokens": 3})
+        assert status == 400 and "exceeds the maximum allowed length (1018 tokens)" in \
+            str(out), out
+        await released(gw.replicas)

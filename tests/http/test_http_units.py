@@ -13,7 +13,7 @@ import pytest
 from server.config import ConfigError, parse_fleet
 from server.engine.interface import Constraint
 from server.engine.tokenizer import get_tokenizer
-from server.http.logprobs import Logprobs
+from server.frontend.logprobs import Logprobs
 from server.http.tools import ToolPlan, ToolStreamer, parse_calls
 
 CALLS = [{"name": "get_weather", "parameters": {"city": "Pa,ris {\"x\"} ]", "n": [1, {"a": 2}]}},

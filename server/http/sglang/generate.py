@@ -14,7 +14,7 @@
   finish — on the emulated timeline, as every time this server reports;
 - `return_logprob`: `output_token_logprobs` `[[logprob, token id, None], ...]` (and
   `output_top_logprobs` with `top_logprobs_num`), the emulated distribution
-  (`server.http.logprobs`); `input_token_logprobs` is empty (SGLang's default
+  (`server.frontend.logprobs`); `input_token_logprobs` is empty (SGLang's default
   `logprob_start_len` -1).
 """
 
@@ -24,10 +24,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.engine.interface import FinishReason, TokenChunk
+from server.frontend.logprobs import Logprobs
 from server.http import prompts
 from server.http.errors import HttpError, draining
 from server.http.generate import Choice, Run
-from server.http.logprobs import Logprobs
 from server.http.routes import answer, data_parallel_rank, start_completion
 from server.http.sglang.errors import FRAMING, sglang_error
 from server.http.sglang.native import pod_client

@@ -18,145 +18,38 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.engine.interface import (
-    DeploymentState,
-    EngineError,
-    EngineRequest,
-    FinishReason,
-    PoolingParams,
-    SamplingParams,
-)
-from server.frontend import parallel
+from server.engine.interface import DeploymentState
 from server.frontend.deployment import DeploymentClient
-from server.frontend.stream import StreamFailed
+from server.frontend.sglang_pod import (
+    SECTIONS,
+    SGLANG_VERSION,
+    Windows,
+    load_snapshot,
+    model_info,
+    probe,
+    server_info,
+)
 from server.http.rl import abort_matching
 from server.http.routes import healthy
 from server.http.state import HttpState
-from server.stats.collector_sglang import HitRate, Throughput
-
-SGLANG_VERSION = "0.5.23"  # the SGLang release whose server this mirrors (docs/SGLANG.md)
-SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
 
 
 def pod_client(state: HttpState) -> DeploymentClient:
     return next(iter(state.fleet.clients.values()))
 
 
-class Windows:
-    """Each rank's `/v1/loads` windows between two polls (as the sglang: gauges' between two
-    scrapes): generated tokens per emulated second, prefix-cache hit rate."""
-
-    def __init__(self) -> None:
-        self.rates: dict[int, tuple[Throughput, HitRate]] = {}
-
-    def of(self, rank: int) -> tuple[Throughput, HitRate]:
-        return self.rates.setdefault(rank, (Throughput(), HitRate()))
-
-
-def load_snapshot(client: DeploymentClient, rank: int, windows: Windows, now: float,
-                  include: set[str] | None) -> dict:
-    """One rank's `LoadSnapshot.to_dict(include)`."""
-    rate, hit_rate = windows.of(rank)
-    view = client.views[rank]
-    values, _ = view.read()
-    status = client.status([rank])
-    c = status.capacity
-    used = (c.kv_blocks_total - c.kv_blocks_free) * c.block_size
-    total = c.kv_blocks_total * c.block_size
-    queries = view.value(values, "vllm:prefix_cache_queries")
-    hits = view.value(values, "vllm:prefix_cache_hits")
-    cap = c.max_num_seqs  # SGLang's max_running_requests
-    out: dict = {
-        "timestamp": time.time(), "dp_rank": view.info.dp_rank,
-        "num_running_reqs": status.num_running, "num_waiting_reqs": status.num_waiting,
-        "num_waiting_uncached_tokens": 0, "num_used_tokens": used, "num_total_tokens": used,
-        "num_active_tokens": used, "num_prealloc_ready_tokens": 0,
-        "max_total_num_tokens": total, "max_running_requests": cap,
-        "token_usage": used / total if total else 0.0,
-        "gen_throughput": rate(client.generated_tokens([rank]), now),
-        "cache_hit_rate": hit_rate(hits, queries),
-        "utilization": status.num_running / cap if cap else 0.0,
-        "total_prefill_uncached_tokens": int(queries - hits), "total_prefill_busy_us": 0,
-        "decode_moments": None,
-    }
-    if include is None or "all" in include or "memory" in include:
-        info = view.info
-        out["memory"] = {"weight_gb": round(sum(info.weights_resident) / 1e9, 3),
-                         "kv_cache_gb": round(total * info.kv_bytes_per_token / 1e9, 3),
-                         "graph_gb": 0.0, "token_capacity": total}
-    if include is None or "all" in include or "queues" in include:
-        out["queues"] = {"waiting": status.num_waiting, "grammar": 0, "paused": 0,
-                         "retracted": 0, "prealloc_ready": 0}
-    return out
-
-
-def server_info(state: HttpState) -> dict:
-    client = pod_client(state)
-    info, c = client.info, client.info.capacity
-    lim = client.limits
-    return {
-        "model_path": info.model_path or info.model, "tokenizer_path": info.model_path or
-        info.model, "served_model_name": info.model_name, "tp_size": info.tensor_parallel,
-        "pp_size": info.pipeline_parallel, "dp_size": info.data_parallel_size,
-        "context_length": c.max_model_len, "mem_fraction_static": info.gpu_memory_utilisation,
-        "max_running_requests": c.max_num_seqs, "page_size": c.block_size,
-        "disable_radix_cache": not info.enable_prefix_caching,
-        "kv_cache_dtype": info.cache_dtype, "schedule_policy": "fcfs" if not
-        lim.priority_scheduling else "priority", "enable_metrics": state.enable_metrics,
-        "device": "cuda", "chip": info.chip, "max_total_num_tokens": c.kv_blocks_total *
-        c.block_size, "max_req_input_len": c.max_model_len - 1, "status": "ready",
-        "internal_states": [{"world_size": info.tensor_parallel * info.pipeline_parallel,
-                             "effective_max_running_requests_per_dp": c.max_num_seqs,
-                             "last_gen_throughput": 0.0}
-                            for _ in client.views],
-        "version": SGLANG_VERSION, "frontend": "python",
-    }
-
-
-def model_info(state: HttpState) -> dict:
-    client = pod_client(state)
-    info = client.info
-    generation = not client.limits.pooling_task
-    return {"model_path": info.model_path or info.model, "served_model_name": info.model_name,
-            "tokenizer_path": info.model_path or info.model, "is_generation": generation,
-            "preferred_sampling_params": None, "weight_version": "default",
-            "load_format": "auto", "reasoning_parser": None, "tool_call_parser": None,
-            "disaggregation_mode": "null", "has_image_understanding": False,
-            "has_audio_understanding": False, "model_type": None, "architectures": None}
-
-
 async def health_generate(state: HttpState) -> Response:
-    """SGLang's check: one token from input_ids [0] (not counted in the metrics there; here
-    it counts as any request does)."""
+    """SGLang's check (`sglang_pod.probe`): 503 while starting or draining, or when the
+    one-token generation fails; 200 once it produced its token."""
     if not healthy(state):
         return Response(status_code=503)
-    client = pod_client(state)
-    pooled = bool(client.limits.pooling_task)  # SGLang sends an EmbeddingReqInput then
-    request = EngineRequest(f"HEALTH_CHECK_{time.monotonic_ns()}", prompt_token_ids=(0,),
-                            sampling=SamplingParams(max_tokens=1, temperature=0.0),
-                            pooling=PoolingParams(task=client.limits.pooling_task) if pooled
-                            else None)
-    try:
-        (stream,) = await parallel.submit_all(client, [request])
-    except EngineError:  # refused (a full queue, a drain): SGLang's check times out: 503
-        return Response(status_code=503)
-    try:
-        async for chunk in stream.outputs():
-            if chunk.token_ids or (pooled and chunk.finish is not None
-                                   and chunk.finish.reason is FinishReason.STOP):
-                return Response(status_code=200)
-    except StreamFailed:
-        pass
-    finally:
-        client.abort(stream)  # (a no-op once finished)
-    return Response(status_code=503)
+    return Response(status_code=200 if await probe(pod_client(state)) else 503)
 
 
 def add_native_routes(app: FastAPI, state: HttpState) -> None:
@@ -175,12 +68,12 @@ def add_native_routes(app: FastAPI, state: HttpState) -> None:
     @app.get("/model_info")
     @app.get("/get_model_info")
     async def model_info_() -> dict:
-        return model_info(state)
+        return model_info(pod_client(state))
 
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info_() -> dict:
-        return server_info(state)
+        return server_info(pod_client(state), state.enable_metrics)
 
     @app.get("/v1/loads")
     async def loads(dp_rank: int | None = None, include: str | None = None,

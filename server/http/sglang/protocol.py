@@ -11,15 +11,16 @@ Why its own body: routers that speak SGLang (smg and sgl-router in HTTP mode, SG
 
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from server.engine.interface import InvalidRequest
+from server.frontend import sglang_pod
+from server.frontend.sglang_pod import MAX_NEW_TOKENS
 from server.http.errors import HttpError
 from server.http.protocol import CompletionRequest
 
-MAX_NEW_TOKENS = 128  # SamplingParams' default
 # SamplingParams' keyword arguments: emulated (mapped below) or accepted without effect
 MAPPED = {"max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
           "frequency_penalty", "presence_penalty", "repetition_penalty", "stop",
@@ -111,40 +112,11 @@ def prompt_inputs(body: dict) -> tuple[list[str | list[int]], bool]:
 
 
 def check_sampling(sp: dict[str, Any]) -> None:
-    """`SamplingParams.verify`, in its words."""
-    def num(key: str, default: float) -> float:
-        value = sp.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise invalid(f"{key} must be a number, got {value!r}.")
-        return value
-
-    temperature, top_p, min_p = num("temperature", 1.0), num("top_p", 1.0), num("min_p", 0.0)
-    top_k = num("top_k", -1)
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise invalid(f"temperature must be a non-negative finite number, got {temperature}.")
-    if not 0 < top_p <= 1:
-        raise invalid(f"top_p must be in (0, 1], got {top_p}.")
-    if not 0 <= min_p <= 1:
-        raise invalid(f"min_p must be in [0, 1], got {min_p}.")
-    if top_k < 1 and top_k != -1:
-        raise invalid(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
-    for key in ("frequency_penalty", "presence_penalty"):
-        if not -2 <= num(key, 0.0) <= 2:
-            raise invalid(f"{key} must be in [-2, 2], got {sp[key]}.")
-    if not 0 <= num("repetition_penalty", 1.0) <= 2:
-        raise invalid(f"repetition_penalty must be in [0, 2], got {sp['repetition_penalty']}.")
-    max_new = sp.get("max_new_tokens", MAX_NEW_TOKENS)
-    min_new = num("min_new_tokens", 0)
-    if max_new is not None:
-        if num("max_new_tokens", MAX_NEW_TOKENS) < 0:
-            raise invalid(f"max_new_tokens must be at least 0, got {max_new}.")
-        if not 0 <= min_new <= max_new:
-            raise invalid(f"min_new_tokens must be in [0, max_new_tokens({max_new})], got "
-                          f"{min_new}.")
-    elif min_new < 0:
-        raise invalid(f"min_new_tokens must be in [0, max_new_tokens], got {min_new}.")
-    if int(num("n", 1)) < 1:
-        raise invalid(f"n must be at least 1, got {sp.get('n')}.")
+    """`SamplingParams.verify` (`sglang_pod.check_sampling`), as SGLang's 400."""
+    try:
+        sglang_pod.check_sampling(sp)
+    except InvalidRequest as e:
+        raise invalid(str(e)) from None
 
 
 def check_length(n_input: int, max_new: int | None, context_len: int) -> None:

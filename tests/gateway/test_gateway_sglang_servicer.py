@@ -1,0 +1,327 @@
+"""An SGLang pod's gRPC scheduler service (`sglang.grpc.scheduler.SglangScheduler`, what
+smg-grpc-servicer serves for `--smg-grpc-mode`) over real gRPC, without the gateway: the
+shapes smg reads (chunks with deltas and cumulative counts, the complete, `index` for n),
+SGLang's limits and refusals, the management calls, and every request freed however it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import itertools
+import random
+import zipfile
+from collections.abc import AsyncIterator
+
+import grpc
+import httpx
+import pytest
+from fleets import assert_released
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from server_proc import ServerProcess, metric, until
+from smg_grpc_proto import sglang_scheduler_pb2 as spb
+from smg_grpc_proto import sglang_scheduler_pb2_grpc as spb_grpc
+from smg_grpc_proto import vllm_engine_pb2 as vpb
+from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
+from smg_grpc_proto.generated import common_pb2
+
+from clients.client import AsyncClient
+from server.engine.tokenizer import get_tokenizer
+from server.sglang_servicer import SERVICE_NAME
+
+TOK = get_tokenizer()
+CTX = 512
+POD = ("--chip", "h100-sxm", "--engine", "sglang", "--model", "llama-3.1-8b", "--quant",
+       "bf16", "--max-model-len", str(CTX), "--http-api", "sglang")
+IDS = TOK.encode("hello world, the scheduler speaks")
+
+
+@pytest.fixture(scope="module")
+def pod():
+    with ServerProcess(None, *POD, "--time-scale", "0.05", "--enable-metrics") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def slow_pod():
+    """Real time, one request running at a time: a stream is still running when its Abort
+    comes, and a second request waits."""
+    with ServerProcess(None, *POD, "--time-scale", "1", "--max-num-seqs", "1") as s:
+        yield s
+
+
+@pytest.fixture
+async def stub(pod) -> AsyncIterator[spb_grpc.SglangSchedulerStub]:
+    async with grpc.aio.insecure_channel(pod.target) as channel:
+        yield spb_grpc.SglangSchedulerStub(channel)
+
+
+def gen(ids=IDS, rid: str = "", stream: bool = True, **sampling) -> spb.GenerateRequest:
+    sampling.setdefault("temperature", 1.0)
+    return spb.GenerateRequest(request_id=rid, tokenized=spb.TokenizedInput(input_ids=ids),
+                               sampling_params=spb.SamplingParams(**sampling), stream=stream,
+                               logprob_start_len=-1)
+
+
+async def responses(stub, request) -> list[spb.GenerateResponse]:
+    return [r async for r in stub.Generate(request)]
+
+
+async def read_rest(call) -> list[spb.GenerateResponse]:
+    """The rest of a stream whose first message was taken with `read()`."""
+    out = []
+    while (msg := await call.read()) is not grpc.aio.EOF:
+        out.append(msg)
+    return out
+
+
+async def released(pod) -> None:
+    async with AsyncClient(pod.target) as c:
+        await assert_released(c, (await c.list_deployments()).deployments[0].name)
+
+
+async def test_a_stream_is_chunks_of_new_ids_then_the_complete(stub, pod):
+    call = stub.Generate(gen(rid="s-1", max_new_tokens=12, ignore_eos=True))
+    assert ("x-request-id", "s-1") in tuple(await call.initial_metadata())
+    msgs = [m async for m in call]
+    assert all(m.request_id == "s-1" for m in msgs)
+    assert [m.WhichOneof("response") for m in msgs][-2:] == ["chunk", "complete"]
+    chunks = [m.chunk for m in msgs[:-1]]
+    assert [c.completion_tokens for c in chunks] == list(  # cumulative, as SGLang's meta_info
+        itertools.accumulate(len(c.token_ids) for c in chunks))
+    assert chunks[-1].completion_tokens == 12 and all(c.prompt_tokens == len(IDS)
+                                                       for c in chunks)
+    done = msgs[-1].complete
+    assert (done.finish_reason, done.completion_tokens, done.prompt_tokens) == \
+        ("length", 12, len(IDS))
+    assert list(done.output_ids) == list(chunks[-1].token_ids)  # the last delta, as SGLang's
+    whole = (await responses(stub, gen(stream=False, max_new_tokens=12, ignore_eos=True)))
+    assert [m.WhichOneof("response") for m in whole] == ["complete"]
+    assert list(whole[0].complete.output_ids) == [t for c in chunks for t in c.token_ids]
+    await released(pod)
+
+
+async def test_n_outputs_are_told_apart_by_index(stub, pod):
+    msgs = await responses(stub, gen(max_new_tokens=6, ignore_eos=True, n=2))
+    done = {m.complete.index: m.complete for m in msgs if m.HasField("complete")}
+    assert sorted(done) == [0, 1]
+    for i in (0, 1):
+        ids = [t for m in msgs if m.HasField("chunk") and m.chunk.index == i
+               for t in m.chunk.token_ids]
+        assert len(ids) == 6 and done[i].completion_tokens == 6
+    assert [list(d.output_ids) for d in done.values()] != [[]] * 2
+    whole = await responses(stub, gen(stream=False, max_new_tokens=6, ignore_eos=True, n=3))
+    assert [m.complete.index for m in whole] == [0, 1, 2]  # together, in index order
+    outs = [tuple(m.complete.output_ids) for m in whole]
+    assert len(set(outs)) == 3 and all(len(o) == 6 for o in outs)  # seeds 0, 1, 2
+    await released(pod)
+
+
+async def test_stops_report_what_matched(stub):
+    full = (await responses(stub, gen(stream=False, max_new_tokens=16, ignore_eos=True)))
+    out = list(full[0].complete.output_ids)
+    stopped = (await responses(stub, gen(stream=False, max_new_tokens=16, ignore_eos=True,
+                                         stop_token_ids=[out[4]])))[0].complete
+    first = out.index(out[4])
+    assert (stopped.finish_reason, stopped.matched_token_id) == ("stop", out[4])
+    assert stopped.completion_tokens == first + 1
+    word = TOK.decode(out[5:6]).strip() or TOK.decode(out[5:7])
+    by_str = (await responses(stub, gen(stream=False, max_new_tokens=16, ignore_eos=True,
+                                        stop=[word])))[0].complete
+    assert by_str.WhichOneof("matched_stop") == "matched_stop_str"
+    assert (by_str.finish_reason, by_str.matched_stop_str) == ("stop", word)
+
+
+async def test_logprobs_streamed_equal_logprobs_whole(stub):
+    def req(stream: bool) -> spb.GenerateRequest:
+        r = gen(stream=stream, max_new_tokens=5, ignore_eos=True)
+        r.return_logprob, r.top_logprobs_num = True, 3
+        return r
+
+    whole = (await responses(stub, req(False)))[0].complete.output_logprobs
+    assert list(whole.token_ids) == list(
+        (await responses(stub, req(False)))[0].complete.output_ids)
+    assert len(whole.token_logprobs) == 5 and all(lp <= 0 for lp in whole.token_logprobs)
+    assert all(len(t.values) == 3 and t.token_ids[0] == tid and t.values[0] == lp
+               for t, tid, lp in zip(whole.top_logprobs, whole.token_ids,
+                                     whole.token_logprobs, strict=True))
+    streamed = [m.chunk.output_logprobs for m in await responses(stub, req(True))
+                if m.HasField("chunk")]
+    assert [v for c in streamed for v in c.token_logprobs] == list(whole.token_logprobs)
+
+
+async def test_max_new_tokens_runs_to_the_schedulers_limit(stub, pod):
+    """Unset, it runs to `max_req_len` (context less one); asked for more, it is clipped
+    there, not refused (`Scheduler.init_req_max_new_tokens`)."""
+    limit = CTX - 1 - len(IDS) - 1
+    for sampling in ({}, {"max_new_tokens": 100_000}):
+        done = (await responses(stub, gen(stream=False, ignore_eos=True, **sampling)))
+        assert (done[0].complete.completion_tokens, done[0].complete.finish_reason) == \
+            (limit, "length")
+    await released(pod)
+
+
+@pytest.mark.parametrize("request_, says", [
+    (spb.GenerateRequest(request_id="x"), "Tokenized input must be provided"),
+    (gen([1] * (CTX - 6)), f"Input length ({CTX - 6} tokens) exceeds the maximum allowed "
+                          f"length ({CTX - 6} tokens). Use a shorter input or enable "
+                          "--allow-auto-truncate."),  # max_req_len - 5: (CTX - 1) - 5
+    (gen(top_p=3.0), "top_p must be in (0, 1], got 3.0."),
+    (gen(temperature=-1.0), "temperature must be a non-negative finite number"),
+    (gen(min_new_tokens=9, max_new_tokens=4), "min_new_tokens must be in [0, "
+                                              "max_new_tokens(4)], got 9."),
+    (gen(structural_tag="{}"), "structural_tag constraints are not supported"),
+    (gen(max_new_tokens=0), "prefill-only request"),
+    (gen(n=1000), "n must be in [1, 128]"),
+    (gen([]), "prompt is empty"),
+    (gen(rid="bad\nid"), "control character"),
+    (spb.GenerateRequest(tokenized=spb.TokenizedInput(input_ids=IDS), lora_id="sql"),
+     "LoRA adapters are not served"),
+    (spb.GenerateRequest(tokenized=spb.TokenizedInput(input_ids=IDS), return_logprob=True),
+     "logprob_start_len -1"),
+])
+async def test_refusals_are_invalid_argument_in_sglangs_words(stub, pod, request_, says):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await responses(stub, request_)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in err.value.details()
+    await released(pod)
+
+
+async def test_health_model_server_info_and_tokenizer(stub, pod):
+    assert (await stub.HealthCheck(spb.HealthCheckRequest())).healthy
+    async with grpc.aio.insecure_channel(pod.target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", SERVICE_NAME):
+            r = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert r.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # an SGLang pod: no VllmEngine
+            await vpb_grpc.VllmEngineStub(channel).HealthCheck(vpb.HealthCheckRequest())
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    model = await stub.GetModelInfo(spb.GetModelInfoRequest())
+    assert (model.served_model_name, model.is_generation, model.max_context_length,
+            model.max_req_input_len) == ("llama-3.1-8b", True, CTX, CTX - 6)
+    assert list(model.eos_token_ids) == [TOK.eos_token_id]
+    info = await stub.GetServerInfo(spb.GetServerInfoRequest())
+    assert (info.server_type, info.sglang_version) == ("grpc", "0.5.23")
+    args = dict(info.server_args)
+    assert (args["tp_size"], args["context_length"], args["page_size"]) == (1, CTX, 16)
+    assert info.max_total_num_tokens == args["max_total_num_tokens"] > 0
+    data = b""
+    async for chunk in stub.GetTokenizer(common_pb2.GetTokenizerRequest()):
+        data += chunk.data
+        digest = chunk.sha256
+    assert digest == hashlib.sha256(data).hexdigest()
+    assert set(zipfile.ZipFile(io.BytesIO(data)).namelist()) == {"tokenizer.json",
+                                                                  "tokenizer_config.json"}
+
+
+async def test_grpc_requests_count_in_the_sglang_metrics(stub, pod):
+    async with httpx.AsyncClient(base_url=pod.http_url, timeout=30) as h:
+        def grew(before: str, after: str, streaming: str) -> float:
+            return metric(after, "sglang:num_requests_total", is_streaming=streaming) - \
+                metric(before, "sglang:num_requests_total", is_streaming=streaming)
+
+        before = (await h.get("/metrics")).text
+        await responses(stub, gen(max_new_tokens=3))
+        await responses(stub, gen(stream=False, max_new_tokens=3, n=2))
+        after = (await h.get("/metrics")).text
+        assert (grew(before, after, "true"), grew(before, after, "false")) == (1, 2)
+
+
+async def test_abort_is_owned_and_frees_the_request(slow_pod):
+    own = [("grpc.use_local_subchannel_pool", 1)]  # two connections, two peers
+    async with grpc.aio.insecure_channel(slow_pod.target, options=own) as mine, \
+            grpc.aio.insecure_channel(slow_pod.target, options=own) as theirs:
+        stub, other = spb_grpc.SglangSchedulerStub(mine), spb_grpc.SglangSchedulerStub(theirs)
+        call = stub.Generate(gen(rid="ab-1", ignore_eos=True))
+        assert (await call.read()).chunk.token_ids
+        refused = await other.Abort(spb.AbortRequest(request_id="ab-1"))
+        assert (refused.success, refused.message) == (False, "Request ab-1 not found")
+        ok = await stub.Abort(spb.AbortRequest(request_id="ab-1"))
+        assert (ok.success, ok.message) == (True, "Request ab-1 aborted")
+        rest = await read_rest(call)
+        assert rest[-1].complete.finish_reason == "abort"
+        await released(slow_pod)
+        early = await stub.Abort(spb.AbortRequest(request_id="ab-2"))  # before its Generate
+        assert not early.success
+        msgs = await responses(stub, gen(rid="ab-2", max_new_tokens=4))
+        assert [m.complete.finish_reason for m in msgs] == ["abort"]  # nothing ran
+    await released(slow_pod)
+
+
+async def test_a_cancelled_stream_frees_the_request(slow_pod):
+    async with grpc.aio.insecure_channel(slow_pod.target) as channel:
+        stub = spb_grpc.SglangSchedulerStub(channel)
+        call = stub.Generate(gen(rid="cx-1", ignore_eos=True, n=2))
+        await call.read()
+        call.cancel()
+    slow_pod.wait_for_log(r"\[request_id=1_cx-1\] finished on .*: abort")
+    await released(slow_pod)
+
+
+async def test_loads_are_the_schedulers(slow_pod):
+    async with grpc.aio.insecure_channel(slow_pod.target) as channel, \
+            AsyncClient(slow_pod.target) as client:
+        stub = spb_grpc.SglangSchedulerStub(channel)
+        calls = [stub.Generate(gen(rid=f"q-{i}", ignore_eos=True)) for i in range(2)]
+        name = (await client.list_deployments()).deployments[0].name
+        await until(client, name, lambda d: (d.load.num_running, d.load.num_waiting) == (1, 1))
+        loads = await stub.GetLoads(spb.GetLoadsRequest())
+        assert (loads.version, loads.dp_rank_count) == ("0.5.23", 1)
+        (load,) = loads.loads
+        assert (load.num_running_reqs, load.num_waiting_reqs, load.num_total_reqs,
+                load.max_running_requests) == (1, 1, 2, 1)
+        assert 0 < load.token_usage < 1 and load.num_used_tokens > 0
+        assert load.HasField("memory") and load.memory.token_capacity == \
+            load.max_total_num_tokens
+        assert load.queues.waiting == 1
+        assert (loads.aggregate.total_running_reqs, loads.aggregate.total_reqs) == (1, 2)
+        core = (await stub.GetLoads(spb.GetLoadsRequest(include=["core"]))).loads[0]
+        assert not core.HasField("memory") and not core.HasField("queues")
+        assert not (await stub.GetLoads(spb.GetLoadsRequest(dp_rank=3))).loads
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetLoads(spb.GetLoadsRequest(include=["gpu"]))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "Invalid include sections" in err.value.details()
+        info = await stub.GetServerInfo(spb.GetServerInfoRequest())
+        assert info.active_requests == 2
+        for i in range(2):
+            assert (await stub.Abort(spb.AbortRequest(request_id=f"q-{i}"))).success
+        for call in calls:
+            assert [m async for m in call][-1].complete.finish_reason == "abort"
+    await released(slow_pod)
+
+
+async def test_a_cancellation_storm_leaves_the_pool_idle(pod):
+    """120 requests (n of 1 or 2, streaming or not) ended by their clients at seeded random
+    points — before admission, mid-stream, by a deadline: afterwards nothing runs or waits,
+    every KV block is free, and the front end logged no error (it did not crash)."""
+    rng = random.Random(7)
+    start = len(pod.log)
+
+    async def one(stub, i: int) -> None:
+        how = rng.choice(("sleep", "chunks", "deadline"))
+        call = stub.Generate(gen(rid=f"storm-{i}", stream=rng.random() < 0.7, ignore_eos=True,
+                                 max_new_tokens=200, n=rng.choice((1, 2))),
+                             timeout=rng.uniform(0.001, 0.1) if how == "deadline" else 30)
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            if how == "sleep":
+                await asyncio.sleep(rng.uniform(0, 0.05))
+                call.cancel()
+            elif how == "chunks":
+                for _ in range(rng.randint(1, 5)):
+                    if await call.read() is grpc.aio.EOF:
+                        break
+                call.cancel()
+            while await call.read() is not grpc.aio.EOF:
+                pass
+
+    async with grpc.aio.insecure_channel(pod.target) as channel:
+        stub = spb_grpc.SglangSchedulerStub(channel)
+        await asyncio.gather(*(one(stub, i) for i in range(120)))
+        assert (await stub.HealthCheck(spb.HealthCheckRequest())).healthy
+    await released(pod)
+    assert not [line for line in pod.log[start:].splitlines()
+                if " ERROR " in line or line.startswith("Traceback")]
