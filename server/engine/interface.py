@@ -218,6 +218,9 @@ class EngineRequest(msgspec.Struct, frozen=True):
     # the client asked for a stream (HTTP `stream: true`): SGLang's metrics split requests by
     # it (`is_streaming`); nothing else reads it
     stream: bool = False
+    # SGLang's log_metrics: False for its health probe, which the front end's request metrics
+    # do not count (the engine's gauges still see it run, as SGLang's scheduler does)
+    log_metrics: bool = True
 
 
 class Usage(msgspec.Struct, frozen=True):

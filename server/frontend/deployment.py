@@ -232,6 +232,8 @@ class DeploymentClient(DeploymentStatusView, DeploymentControls):
             self.record_finish(stream, reason)
 
     def record_finish(self, stream: RequestStream, reason: FinishReason) -> None:
+        if not stream.logged:  # SGLang's health probe (log_metrics=False)
+            return
         tm = request_timings(stream.arrival, stream.first_scheduled, stream.first_token,
                              stream.last_token, self.clock())
         self.stats.begin()

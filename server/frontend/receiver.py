@@ -121,7 +121,9 @@ class Receiver:
         version = msg.weight_version
         for seq, n in zip(msg.seqs, msg.counts, strict=True):
             st = streams.get(seq)
-            if st is None:
+            if st is None or not st.logged:  # gone, or a health probe the metrics skip
+                if st is not None and st.push(tokens[pos : pos + n], t):
+                    stopped.append(st)
                 pos += n
                 continue
             if st.versions is not None:  # vLLM's return_weight_versions
@@ -149,11 +151,12 @@ class Receiver:
                 if st.request.pooling is not None and st.first_token is None \
                         and reason is FinishReason.STOP:  # the pooled vector: its one output
                     st.first_token = st.last_token = t
-                    ttfts.append(t - st.arrival)
-                    streaming.append(st.request.stream)
-                    prompt += len(st.out.prompt_ids)
-                    cached += st.cached
-                    external += st.external
+                    if st.logged:
+                        ttfts.append(t - st.arrival)
+                        streaming.append(st.request.stream)
+                        prompt += len(st.out.prompt_ids)
+                        cached += st.cached
+                        external += st.external
                 client.finished(st, reason)
                 st.finish(reason, f.stop_token_id, f.kv_transfer_params)
         client.blocks[msg.rank].step(generation, prompt, cached, ttfts, itl, itl_n, external,

@@ -168,13 +168,13 @@ def load_snapshot(client: DeploymentClient, rank: int, windows: Windows, now: fl
 async def probe(client: DeploymentClient) -> bool:
     """SGLang's health check: one token from input_ids [0] (an embedding request on a pooling
     model); True once it produced its token. A refusal (a full queue, a drain) is False, as
-    SGLang's check times out then. Not counted in the metrics there; here it counts as any
-    request does."""
+    SGLang's check times out then. Not counted in the request metrics (`log_metrics=False`,
+    as SGLang sends it); the scheduler's gauges see it run."""
     pooled = bool(client.limits.pooling_task)
     request = EngineRequest(f"HEALTH_CHECK_{time.monotonic_ns()}", prompt_token_ids=(0,),
                             sampling=SamplingParams(max_tokens=1, temperature=0.0),
                             pooling=PoolingParams(task=client.limits.pooling_task) if pooled
-                            else None)
+                            else None, log_metrics=False)
     try:
         (stream,) = await parallel.submit_all(client, [request])
     except EngineError:

@@ -51,6 +51,7 @@ class RequestStream:
         "kv_transfer_params",
         "lag",
         "last_token",
+        "logged",
         "n_out",
         "out",
         "pacer",
@@ -80,6 +81,7 @@ class RequestStream:
         self.interval = max(1, interval)
         self.pacer = pacer  # its factor multiplies the interval while the loop is saturated
         self.want_times = request.return_token_times
+        self.logged = request.log_metrics  # False: the front end's metrics skip it
         self.eager = out.has_stops
         self._clock = clock  # emulated now, on the shared timeline
         self.first_scheduled: float | None = None

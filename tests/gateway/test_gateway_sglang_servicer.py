@@ -226,8 +226,13 @@ async def test_grpc_requests_count_in_the_sglang_metrics(stub, pod):
         before = (await h.get("/metrics")).text
         await responses(stub, gen(max_new_tokens=3))
         await responses(stub, gen(stream=False, max_new_tokens=3, n=2))
+        assert (await stub.HealthCheck(spb.HealthCheckRequest())).healthy  # not counted
+        await released(pod)
         after = (await h.get("/metrics")).text
         assert (grew(before, after, "true"), grew(before, after, "false")) == (1, 2)
+        tokens = [metric(text, "sglang:generation_tokens_total", is_streaming="false")
+                  for text in (before, after)]
+        assert tokens[1] - tokens[0] == 6
 
 
 async def test_abort_is_owned_and_frees_the_request(slow_pod):

@@ -231,6 +231,8 @@ async def test_metrics_follow_the_requests(h, pod):
                                                               "ignore_eos": True})
                            for _ in range(3)))
     await stream(h, text="m", sampling_params={"max_new_tokens": 5, "ignore_eos": True})
+    for _ in range(2):  # SGLang's health probe generates a token, and is not counted
+        assert (await h.get("/health_generate")).status_code == 200
     await pod_released(pod)
     text = pod.scrape()
     after = samples(text)
@@ -246,6 +248,7 @@ async def test_metrics_follow_the_requests(h, pod):
     assert grew("sglang:prompt_tokens_total", "false") == 3 * prompt_len("m")
     assert grew("sglang:time_to_first_token_seconds_count", "true") == 1
     assert grew("sglang:e2e_request_latency_seconds_count", "false") == 3
+    assert grew("sglang:time_to_first_token_seconds_count", "false") == 3
     assert not any(line.startswith("vllm:") for line in text.splitlines())
     for name in SCHEDULER_SERIES:  # the scheduler's series, with its labels
         sample = name + ("_total" if SCHEDULER_SERIES[name][0] == "counter" else "")
