@@ -226,3 +226,38 @@ def free_run(n: int, avoid: range | None = None) -> int:
                 probe.close()
         return base
     raise RuntimeError(f"no {n} consecutive free ports")
+
+
+async def read_rest(call) -> list[Any]:
+    """The rest of a gRPC stream whose first messages were taken with `read()`."""
+    import grpc
+
+    out = []
+    while (msg := await call.read()) is not grpc.aio.EOF:
+        out.append(msg)
+    return out
+
+
+async def end_at_random(call, how: str, rng) -> str:
+    """End a streaming call as a client would at a seeded random point: `sleep` (cancel after
+    up to 0.1 s), `chunks` (cancel after 1-20 messages) or `deadline` (the call's own timeout,
+    set by the caller); the outcome: OK (it ran to its end), the status code's name, or
+    CANCELLED."""
+    import grpc
+
+    try:
+        if how == "sleep":
+            await asyncio.sleep(rng.uniform(0, 0.1))
+            call.cancel()
+        elif how == "chunks":
+            for _ in range(rng.randint(1, 20)):
+                if await call.read() is grpc.aio.EOF:
+                    break
+            call.cancel()
+        while await call.read() is not grpc.aio.EOF:
+            pass
+        return "OK"
+    except grpc.aio.AioRpcError as e:
+        return e.code().name
+    except asyncio.CancelledError:
+        return "CANCELLED"

@@ -18,7 +18,7 @@ import grpc
 import httpx
 import pytest
 from documented import HEALTHY_HTTP
-from server_proc import ServerProcess, released
+from server_proc import ServerProcess, end_at_random, released
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 from test_faults_fuzz import FUZZ_FLEET, log_errors
@@ -47,22 +47,7 @@ async def _grpc_cancelled(client: AsyncClient, vllm, rng: random.Random, i: int)
         call = client.stub.Generate(build_request(
             "storm", deployment="fast", request_id=f"storm-{i}", max_tokens=200,
             ignore_eos=True), timeout=rng.uniform(0.001, 0.2) if how == "deadline" else 30)
-    try:
-        if how == "sleep":
-            await asyncio.sleep(rng.uniform(0, 0.1))
-            call.cancel()
-        elif how == "chunks":
-            for _ in range(rng.randint(1, 20)):
-                if await call.read() is grpc.aio.EOF:
-                    break
-            call.cancel()
-        while await call.read() is not grpc.aio.EOF:
-            pass
-        return "OK"
-    except grpc.aio.AioRpcError as e:
-        return e.code().name
-    except asyncio.CancelledError:
-        return "CANCELLED"
+    return await end_at_random(call, how, rng)
 
 
 async def _http_dropped(http: httpx.AsyncClient, rng: random.Random, i: int) -> str:

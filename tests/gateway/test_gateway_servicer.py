@@ -14,7 +14,7 @@ import grpc
 import pytest
 from fleets import assert_released, fleet_doc, make_fleet
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from server_proc import ServerProcess, until
+from server_proc import ServerProcess, read_rest, until
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 from smg_grpc_proto.generated import common_pb2
@@ -60,14 +60,6 @@ def gen(ids, rid: str = "", stream: bool = True, **sampling) -> vpb.GenerateRequ
 
 async def responses(stub, request) -> list[vpb.GenerateResponse]:
     return [r async for r in stub.Generate(request)]
-
-
-async def read_rest(call) -> list[vpb.GenerateResponse]:
-    """The rest of a stream whose first message was taken with `read()`."""
-    out = []
-    while (msg := await call.read()) is not grpc.aio.EOF:
-        out.append(msg)
-    return out
 
 
 async def test_streaming_generate_chunks_then_complete(stub):

@@ -6,7 +6,6 @@ SGLang's limits and refusals, the management calls, and every request freed howe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import io
 import itertools
@@ -19,7 +18,7 @@ import httpx
 import pytest
 from fleets import assert_released
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from server_proc import ServerProcess, metric, until
+from server_proc import ServerProcess, end_at_random, metric, read_rest, until
 from smg_grpc_proto import sglang_scheduler_pb2 as spb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as spb_grpc
 from smg_grpc_proto import vllm_engine_pb2 as vpb
@@ -66,14 +65,6 @@ def gen(ids=IDS, rid: str = "", stream: bool = True, **sampling) -> spb.Generate
 
 async def responses(stub, request) -> list[spb.GenerateResponse]:
     return [r async for r in stub.Generate(request)]
-
-
-async def read_rest(call) -> list[spb.GenerateResponse]:
-    """The rest of a stream whose first message was taken with `read()`."""
-    out = []
-    while (msg := await call.read()) is not grpc.aio.EOF:
-        out.append(msg)
-    return out
 
 
 async def released(pod) -> None:
@@ -306,26 +297,17 @@ async def test_a_cancellation_storm_leaves_the_pool_idle(pod):
     rng = random.Random(7)
     start = len(pod.log)
 
-    async def one(stub, i: int) -> None:
+    async def one(stub, i: int) -> str:
         how = rng.choice(("sleep", "chunks", "deadline"))
         call = stub.Generate(gen(rid=f"storm-{i}", stream=rng.random() < 0.7, ignore_eos=True,
                                  max_new_tokens=200, n=rng.choice((1, 2))),
                              timeout=rng.uniform(0.001, 0.1) if how == "deadline" else 30)
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
-            if how == "sleep":
-                await asyncio.sleep(rng.uniform(0, 0.05))
-                call.cancel()
-            elif how == "chunks":
-                for _ in range(rng.randint(1, 5)):
-                    if await call.read() is grpc.aio.EOF:
-                        break
-                call.cancel()
-            while await call.read() is not grpc.aio.EOF:
-                pass
+        return await end_at_random(call, how, rng)
 
     async with grpc.aio.insecure_channel(pod.target) as channel:
         stub = spb_grpc.SglangSchedulerStub(channel)
-        await asyncio.gather(*(one(stub, i) for i in range(120)))
+        outcomes = await asyncio.gather(*(one(stub, i) for i in range(120)))
+        assert set(outcomes) <= {"OK", "CANCELLED", "DEADLINE_EXCEEDED"}, outcomes
         assert (await stub.HealthCheck(spb.HealthCheckRequest())).healthy
     await released(pod)
     assert not [line for line in pod.log[start:].splitlines()
