@@ -312,3 +312,25 @@ async def test_a_cancellation_storm_leaves_the_pool_idle(pod):
     await released(pod)
     assert not [line for line in pod.log[start:].splitlines()
                 if " ERROR " in line or line.startswith("Traceback")]
+
+
+async def test_an_embedding_pods_embed_and_health_pool():
+    """On an embedding model's SGLang pod: Embed answers SGLang's flat EmbedResponse (the
+    vector /encode gives for the same ids), the health probe pools, Generate is refused."""
+    with ServerProcess(None, "--chip", "h100-sxm", "--engine", "sglang", "--model",
+                       "qwen3-embedding-8b", "--quant", "bf16", "--time-scale", "0.05",
+                       "--http-api", "sglang") as pod:
+        async with grpc.aio.insecure_channel(pod.target) as channel, \
+                httpx.AsyncClient(base_url=pod.http_url, timeout=30) as h:
+            stub = spb_grpc.SglangSchedulerStub(channel)
+            out = await stub.Embed(spb.EmbedRequest(
+                request_id="e-1", tokenized=spb.TokenizedInput(input_ids=IDS)))
+            assert out.prompt_tokens == len(IDS) and out.embedding_dim == len(out.embedding)
+            direct = (await h.post("/encode", json={"input_ids": IDS})).json()
+            assert list(out.embedding) == pytest.approx(direct["embedding"], rel=1e-6)
+            assert (await stub.HealthCheck(spb.HealthCheckRequest())).healthy
+            assert not (await stub.GetModelInfo(spb.GetModelInfoRequest())).is_generation
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await responses(stub, gen(max_new_tokens=2))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        await released(pod)
