@@ -13,7 +13,9 @@ them (tests/deploy runs --check). What it writes, and README.md beside it says h
 - fleet/: the whole fleet in one pod (dashboards and demos; never behind a router);
 - monitoring/: a Prometheus Operator ServiceMonitor for every doppelchip Service;
 - inference-gateway/: an InferencePool, its endpoint picker and an HTTPRoute (gaie.py);
-- llm-d/: Helm values pointing llm-d's router charts at the same pods (gaie.py).
+- llm-d/: Helm values pointing llm-d's router charts at the same pods (gaie.py);
+- smg/: SGLang-shaped pods (`sglang serve --smg-grpc-mode`) behind the smg router
+  (smg_router.py; not smg.py, which would shadow the installed smg package).
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ sys.path[:0] = [str(ROOT), str(HERE)]  # the repository's packages and the sibli
 
 from emit import Comments, Doc, dump  # noqa: E402
 from gaie import inference_gateway, llm_d_values  # noqa: E402
+from smg_router import smg_example  # noqa: E402
 
 from devices import make_compile_strategy, place  # noqa: E402
 from server.config import FleetConfig, ServerConfig, load_fleet  # noqa: E402
 from server.engine.build import EngineOptions  # noqa: E402
 
 IMAGE = "doppelchip:latest"  # built by deploy/Dockerfile; load it into the cluster (README.md)
-GENERATED = ("pods", "fleet", "monitoring", "inference-gateway", "llm-d")
+GENERATED = ("pods", "fleet", "monitoring", "inference-gateway", "smg", "llm-d")
 NAME = "app.kubernetes.io/name"
 COMPONENT = "app.kubernetes.io/component"
 
@@ -241,6 +244,9 @@ def render(fleet: FleetConfig) -> dict[str, str]:
     files.update({f"inference-gateway/{n}": text for n, text in gateway.items()})
     files["inference-gateway/kustomization.yaml"] = kustomization(sorted(gateway))
     files["llm-d/values.yaml"] = llm_d_values(fleet)
+    example = smg_example(fleet, pod, startup_seconds)
+    files.update({f"smg/{n}": text for n, text in example.items()})
+    files["smg/kustomization.yaml"] = kustomization(sorted(example))
     return files
 
 
