@@ -10,6 +10,7 @@ import hashlib
 import io
 import itertools
 import random
+import re
 import zipfile
 from collections.abc import AsyncIterator
 
@@ -334,3 +335,30 @@ async def test_an_embedding_pods_embed_and_health_pool():
                 await responses(stub, gen(max_new_tokens=2))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         await released(pod)
+
+
+async def test_data_parallel_rank_pins_and_loads_are_per_rank():
+    """smg's dp-aware routing pins a request to a rank (`data_parallel_rank`, explicit
+    presence: a pin to rank 0 is told from no pin) and reads one load per rank."""
+    with ServerProcess(None, *POD, "--time-scale", "0.05", "--data-parallel-size", "2") as dp:
+        async with grpc.aio.insecure_channel(dp.target) as channel:
+            stub = spb_grpc.SglangSchedulerStub(channel)
+            for i, rank in enumerate((1, 0, 1, 1)):
+                request = gen(rid=f"pin-{i}", stream=False, max_new_tokens=2)
+                request.data_parallel_rank = rank
+                await responses(stub, request)
+            ranks = re.findall(r"engine\[[^\]]*/(\d)\] doppelchip\.engine: \[request_id=pin-(\d)"
+                               r"\] queued", dp.log)
+            assert sorted((int(i), int(r)) for r, i in ranks) == [(0, 1), (1, 0), (2, 1),
+                                                                   (3, 1)]
+            loads = await stub.GetLoads(spb.GetLoadsRequest())
+            assert [load.dp_rank for load in loads.loads] == [0, 1]
+            only = await stub.GetLoads(spb.GetLoadsRequest(dp_rank=1))
+            assert [load.dp_rank for load in only.loads] == [1]
+            request = gen(max_new_tokens=2)
+            request.data_parallel_rank = 2
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await responses(stub, request)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "data_parallel_rank 2 is out of range" in err.value.details()
+        await released(dp)
