@@ -19,6 +19,9 @@ tokenizer zip, KV events, FlushCache) are `server/engine_servicer.py`'s. What sm
   `GetLoads` (each rank's LoadSnapshot, `include` and `dp_rank` applied, the aggregate);
 - `Embed`: a pooling model's tokenized prompt, its emulated vector.
 LoRA and profiling methods answer UNIMPLEMENTED (not emulated on an SGLang pod).
+Errors: INVALID_ARGUMENT (HTTP 400 through smg), RESOURCE_EXHAUSTED (429), ALREADY_EXISTS (an
+id in flight), UNAVAILABLE (503: draining, an engine down), INTERNAL (the engine failed the
+request).
 """
 
 from __future__ import annotations

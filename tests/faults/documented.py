@@ -5,6 +5,9 @@ The fault-tolerance tests assert that nothing else ever comes back. Sources:
 - `server/frontend/request_ids.py`: ALREADY_EXISTS / 409 for an id in flight;
 - `server/vllm_servicer.py` (its docstring): vllm.grpc.engine.VllmEngine; the methods it does
   not serve (profiling, KV events when off) are UNIMPLEMENTED, as any gRPC server answers them;
+- `server/sglang_servicer.py` (its docstring): sglang.grpc.scheduler.SglangScheduler on an
+  SGLang pod; INTERNAL only for a request the engine failed, UNIMPLEMENTED for the LoRA and
+  profiling methods it does not serve;
 - `server/http/errors.py` and `server/http/app.py`: the HTTP API (vLLM's error shape); 501
   is the Responses API's `json_object` (`server/http/responses.py`: vLLM's NotImplementedError);
 - grpc itself: a message above the server's receive limit is RESOURCE_EXHAUSTED.
@@ -24,6 +27,9 @@ INFERENCE = frozenset({C.OK, C.NOT_FOUND, C.INVALID_ARGUMENT, C.RESOURCE_EXHAUST
                        C.ALREADY_EXISTS})
 VLLM_ENGINE = frozenset({C.OK, C.INVALID_ARGUMENT, C.RESOURCE_EXHAUSTED, C.UNAVAILABLE,
                          C.ALREADY_EXISTS, C.UNIMPLEMENTED, C.DEADLINE_EXCEEDED, C.CANCELLED})
+SGLANG_SCHEDULER = frozenset({C.OK, C.INVALID_ARGUMENT, C.RESOURCE_EXHAUSTED, C.UNAVAILABLE,
+                              C.ALREADY_EXISTS, C.UNIMPLEMENTED, C.INTERNAL,
+                              C.DEADLINE_EXCEEDED, C.CANCELLED})
 HTTP = frozenset({200, 400, 404, 405, 409, 429, 500, 501, 503})
 
 HEALTHY_GRPC = frozenset({C.OK, C.NOT_FOUND, C.INVALID_ARGUMENT, C.RESOURCE_EXHAUSTED,

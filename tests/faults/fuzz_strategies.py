@@ -60,7 +60,7 @@ FLOAT = st.one_of(st.floats(width=32), st.sampled_from(
 SMALL_INT = st.one_of(st.integers(-3, 300), st.sampled_from(INT32))
 
 
-def _stops() -> st.SearchStrategy[list[str]]:
+def stops() -> st.SearchStrategy[list[str]]:
     return st.one_of(
         st.lists(SAFE_TEXT, max_size=4),
         st.integers(250, 3000).map(lambda n: [f"s{i}" for i in range(n)]),
@@ -91,7 +91,7 @@ def _sampling(cls: type) -> st.SearchStrategy:
         "min_tokens": SMALL_INT, "temperature": FLOAT, "top_p": FLOAT, "top_k": SMALL_INT,
         "min_p": FLOAT, "repetition_penalty": FLOAT, "presence_penalty": FLOAT,
         "frequency_penalty": FLOAT, "seed": st.integers(0, 2**63 - 1),
-        "ignore_eos": st.booleans(), "stop": _stops(),
+        "ignore_eos": st.booleans(), "stop": stops(),
         "stop_token_ids": st.lists(st.integers(0, 2**32 - 1), max_size=3),
     }
     if cls is pb.SamplingParams:
@@ -240,7 +240,7 @@ def http_body(draw, route: str) -> dict:
         body["token_ids"] = draw(st.one_of(TOKEN_IDS, JSON_VALUE))
         body["sampling_params"] = draw(st.one_of(st.fixed_dictionaries({}, optional={
             "max_tokens": st.one_of(st.integers(-3, 300), JSON_VALUE), "temperature": FLOAT,
-            "n": st.integers(-1, 4), "logprobs": JSON_VALUE, "stop": _stops(),
+            "n": st.integers(-1, 4), "logprobs": JSON_VALUE, "stop": stops(),
             "ignore_eos": st.booleans(), "seed": JSON_VALUE,
             "structured_outputs": st.sampled_from(({"choice": ["a", "b"]}, {"regex": "["},
                                                    {}))}), JSON_VALUE))
@@ -285,7 +285,7 @@ def http_body(draw, route: str) -> dict:
     optional = {
         "max_tokens": st.one_of(st.integers(-3, 300), JSON_VALUE), "temperature": FLOAT,
         "top_p": FLOAT, "top_k": SMALL_INT, "min_tokens": SMALL_INT, "n": st.integers(-1, 4),
-        "stop": st.one_of(_stops(), JSON_VALUE), "stream": st.booleans(),
+        "stop": st.one_of(stops(), JSON_VALUE), "stream": st.booleans(),
         "request_id": REQUEST_ID, "ignore_eos": st.booleans(), "seed": JSON_VALUE,
         "presence_penalty": FLOAT, "repetition_penalty": FLOAT, "logprobs": JSON_VALUE,
         "response_format": st.one_of(
