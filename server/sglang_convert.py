@@ -77,12 +77,17 @@ def _refuse_unserved(req: spb.GenerateRequest) -> None:
 
 
 def to_engine_requests(req: spb.GenerateRequest, rid: str, max_req_len: int,
-                       max_req_input_len: int) -> list[EngineRequest]:
+                       max_req_input_len: int, max_logprobs: int) -> list[EngineRequest]:
     """The engine requests of one GenerateRequest (n of them for `n` > 1: children sharing
-    the prompt, `server/frontend/parallel.py`); raises InvalidRequest saying what is wrong."""
+    the prompt, `server/frontend/parallel.py`); raises InvalidRequest saying what is wrong.
+    `max_logprobs`: the deployment's `--max-logprobs`, which bounds `top_logprobs_num` as it
+    bounds the pod's HTTP routes (SGLang sets no bound)."""
     if not req.HasField("tokenized"):
         raise InvalidRequest("Tokenized input must be provided")
     _refuse_unserved(req)
+    if req.return_logprob and req.top_logprobs_num > max_logprobs >= 0:
+        raise InvalidRequest(f"Requested sample logprobs of {req.top_logprobs_num}, which is "
+                             f"greater than max allowed: {max_logprobs}")
     sp = req.sampling_params
     values = sampling_dict(sp)
     check_sampling(values)

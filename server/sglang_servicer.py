@@ -89,7 +89,7 @@ class SglangSchedulerServicer(EngineServicer):
         if type(request) is Undecodable:
             await wire.reject(request, context)
         rid = request.request_id or f"grpc-{uuid.uuid4().hex}"
-        limits = sglang_pod.request_limits(self.client)
+        limits = (*sglang_pod.request_limits(self.client), self.client.limits.max_logprobs)
         call = await self.open_call(
             context, rid, lambda: sc.to_engine_requests(request, rid, *limits))
         if call.streams is None:  # its Abort overtook it: it ends at once, having run nothing
@@ -97,7 +97,7 @@ class SglangSchedulerServicer(EngineServicer):
                                        complete=spb.GenerateComplete(finish_reason="abort"))
             return
         streams = call.streams
-        k = request.top_logprobs_num if request.return_logprob else 0
+        k = max(0, request.top_logprobs_num) if request.return_logprob else 0
         outs = [_Output(s, Logprobs(self.client.tokenizer, s.request.sampling.seed or 0)
                         if request.return_logprob else None) for s in streams]
         eos = self.client.tokenizer.eos_token_id

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from server.engine.tokenizer import Tokenizer
 
 _M64 = (1 << 64) - 1
+_LN2 = math.log(2.0)
 
 
 def _mix(x: int) -> int:
@@ -47,6 +48,10 @@ class Logprobs:
         r = _mix(_mix(_mix(self.seed) ^ position) ^ token)
         p0 = 0.5 + 0.5 * (r / 2**64)
         out = [(token, math.log(p0))]
+        # the alternatives' log-probabilities in log space (ln(1 - p0) - k ln 2): no underflow
+        # to log(0) however many are asked (p0 rounds to 1.0 once in 2^54: hence the floor)
+        rest = math.log(max(1.0 - p0, 2.0**-54))
+        k = min(k, len(self.pool))  # no more alternatives than the pool holds, or no end
         seen = {token}
         i = 1
         while len(out) < k:
@@ -55,7 +60,7 @@ class Logprobs:
             if alt in seen:
                 continue
             seen.add(alt)
-            out.append((alt, math.log((1 - p0) * 2.0 ** -(len(out)))))
+            out.append((alt, rest - len(out) * _LN2))
         return out
 
     def text(self, token: int, special: bool = False) -> str:

@@ -172,6 +172,9 @@ async def test_max_new_tokens_runs_to_the_schedulers_limit(stub, pod):
      "LoRA adapters are not served"),
     (spb.GenerateRequest(tokenized=spb.TokenizedInput(input_ids=IDS), return_logprob=True),
      "logprob_start_len -1"),
+    (spb.GenerateRequest(tokenized=spb.TokenizedInput(input_ids=IDS), return_logprob=True,
+                         logprob_start_len=-1, top_logprobs_num=2000),  # --max-logprobs 20
+     "Requested sample logprobs of 2000, which is greater than max allowed: 20"),
 ])
 async def test_refusals_are_invalid_argument_in_sglangs_words(stub, pod, request_, says):
     with pytest.raises(grpc.aio.AioRpcError) as err:

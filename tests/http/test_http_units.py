@@ -68,6 +68,23 @@ def test_logprobs_form_a_distribution_and_repeat():
     assert values == sorted(values, reverse=True) and sum(math.exp(v) for v in values) < 1
 
 
+def test_logprobs_of_many_alternatives_stay_finite_and_end():
+    """Past ~1,074 alternatives (1 - p0) 2^-k underflows to 0: the values are taken in log
+    space, so none is log(0); and no more alternatives than the pool holds are listed (an
+    ask for more, `--max-logprobs -1` with the whole vocabulary, would never end)."""
+    tok = get_tokenizer()
+    pool = tok.free_text_token_ids
+    token = pool[10]
+    top = Logprobs(tok, 3).top(0, token, 1500)
+    values = [v for _, v in top]
+    assert len(top) == 1500 and all(math.isfinite(v) for v in values)
+    assert values == sorted(values, reverse=True)
+    assert values[1:4] == pytest.approx([math.log((1 - math.exp(values[0])) * 2.0 ** -k)
+                                         for k in (1, 2, 3)], rel=1e-12)
+    everything = Logprobs(tok, 3).top(0, token, tok.vocab_size)
+    assert len(everything) == len(pool) == len({t for t, _ in everything})
+
+
 def test_metrics_port_is_an_alias_of_http_port():
     doc = {"deployments": [{"name": "d", "model": "llama-3.1-8b", "quant": "bf16",
                             "chip": "h100-sxm", "engine": "vllm"}]}
