@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
 import httpx
 from documented import INFERENCE, VLLM_ENGINE, allowed_grpc, allowed_http
 from fuzz_strategies import Case
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
@@ -130,3 +132,25 @@ async def run_batch(c: Clients, cases: list[Case]) -> list[tuple[Case, Any]]:
     results = await asyncio.gather(*(run_case(c, k) for k in cases))
     return [(k, answer) for k, (answer, allowed) in zip(cases, results, strict=True)
             if status_of(answer) not in allowed]
+
+
+def run_batches(loop: LoopThread, run: Callable[[list[Case]], Coroutine[Any, Any, list]],
+                cases: st.SearchStrategy[Case], examples: int, size: int) -> int:
+    """Hypothesis draws `examples` batches of `size` cases (derandomized: CI is
+    deterministic); each batch runs concurrently on `loop` (`run(batch)`: the cases whose
+    answer was not allowed, each with it), and a batch with any fails listing them. The
+    number of cases run."""
+    seen: list[int] = []
+
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              phases=(Phase.explicit, Phase.generate),
+              suppress_health_check=list(HealthCheck))
+    @given(st.lists(cases, min_size=size, max_size=size))
+    def batch(drawn: list[Case]) -> None:
+        bad = loop.run(run(drawn))
+        seen.append(len(drawn))
+        assert not bad, "undocumented answers:\n" + "\n".join(
+            f"{answer!r:.300} <- {k!r}" for k, answer in bad)
+
+    batch()
+    return sum(seen)

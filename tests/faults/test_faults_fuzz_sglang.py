@@ -18,7 +18,7 @@ import asyncio
 import grpc
 import pytest
 from documented import SGLANG_SCHEDULER, allowed_grpc
-from fuzz_env import DEADLINE, READ_TIMEOUT, LoopThread
+from fuzz_env import DEADLINE, READ_TIMEOUT, LoopThread, run_batches, status_of
 from fuzz_strategies import (
     ACTION,
     BAD_UTF8,
@@ -32,7 +32,6 @@ from fuzz_strategies import (
     field,
     stops,
 )
-from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from server_proc import ServerProcess, released
 from smg_grpc_proto import sglang_scheduler_pb2 as spb
@@ -194,24 +193,11 @@ def test_fuzz_sglang_scheduler_answers_only_documented_statuses(pod):
     async def run(cases: list[Case]) -> list[tuple[Case, object]]:
         results = await asyncio.gather(*(run_case(stub, channel, k) for k in cases))
         return [(k, answer) for k, (answer, allowed) in zip(cases, results, strict=True)
-                if (answer[0] if isinstance(answer, tuple) else answer) not in allowed]
+                if status_of(answer) not in allowed]
 
-    seen: list[int] = []
     try:
         loop.run(connect())
-
-        @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
-                  phases=(Phase.explicit, Phase.generate),
-                  suppress_health_check=list(HealthCheck))
-        @given(st.lists(case(), min_size=BATCH, max_size=BATCH))
-        def batch(cases) -> None:
-            bad = loop.run(run(cases))
-            seen.append(len(cases))
-            assert not bad, "undocumented answers:\n" + "\n".join(
-                f"{answer!r:.300} <- {k!r}" for k, answer in bad)
-
-        batch()
-        assert sum(seen) >= 900
+        assert run_batches(loop, run, case(), EXAMPLES, BATCH) >= 900
         loop.run(assert_idle(pod))
     finally:
         if channel is not None:
