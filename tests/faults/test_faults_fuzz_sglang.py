@@ -1,9 +1,11 @@
-"""A property-based fuzzer over an SGLang pod's gRPC scheduler service
-(`sglang.grpc.scheduler.SglangScheduler`), as `test_faults_fuzz.py` is over the other two
-services: random GenerateRequests (odd sampling values, NaN and infinities, huge stop lists,
-constraints, n, logprobs, ranks, unserved fields), invalid UTF-8 written on the wire by hand,
-random bytes to every method, Aborts and load queries; ended by reading, a cancel or a 50 ms
-deadline, concurrently (ids drawn from a small pool collide).
+"""A property-based fuzzer over an SGLang pod, as `test_faults_fuzz.py` is over a vLLM one:
+its gRPC scheduler service (`sglang.grpc.scheduler.SglangScheduler`) — random GenerateRequests
+(odd sampling values, NaN and infinities, huge stop lists, constraints, n, logprobs, ranks,
+unserved fields), invalid UTF-8 written on the wire by hand, random bytes to every method,
+Aborts and load queries, ended by reading, a cancel or a 50 ms deadline — and its HTTP server
+(SGLang's `/generate` with odd `GenerateReqInput` bodies, the OpenAI routes, `/abort_request`,
+`/flush_cache`, `/v1/loads`, bodies that are not JSON), concurrently (ids drawn from a small
+pool collide).
 
 Properties, over 960 cases (20 examples of 48, derandomized): every answer is a status the
 servicer documents that a serving pod may give (`documented.py`), no read hangs; afterwards the
@@ -14,22 +16,28 @@ and its log holds no error or traceback.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import grpc
+import httpx
 import pytest
-from documented import SGLANG_SCHEDULER, allowed_grpc
+from documented import SGLANG_SCHEDULER, allowed_grpc, allowed_http
 from fuzz_env import DEADLINE, READ_TIMEOUT, LoopThread, run_batches, status_of
 from fuzz_strategies import (
     ACTION,
     BAD_UTF8,
     FLOAT,
     ID_POOL,
+    JSON_VALUE,
+    PROMPT_TEXT,
     REQUEST_ID,
     SAFE_TEXT,
     SCHEMA_TEXT,
     SMALL_INT,
+    TOKEN_IDS,
     Case,
     field,
+    http_body,
     stops,
 )
 from hypothesis import strategies as st
@@ -122,8 +130,66 @@ UNARY = ("HealthCheck", "Abort", "GetModelInfo", "GetServerInfo", "GetLoads", "F
 
 
 @st.composite
+def native_generate(draw) -> dict:
+    """A body for SGLang's HTTP `/generate` (`GenerateReqInput`), odd values included."""
+    sampling = st.fixed_dictionaries({}, optional={
+        "max_new_tokens": st.one_of(st.integers(-3, 16), JSON_VALUE), "temperature": FLOAT,
+        "top_p": FLOAT, "top_k": SMALL_INT, "min_new_tokens": SMALL_INT,
+        "n": st.integers(-1, 3), "stop": st.one_of(stops(), JSON_VALUE),
+        "stop_token_ids": st.one_of(TOKEN_IDS, JSON_VALUE), "ignore_eos": st.booleans(),
+        "json_schema": SCHEMA_TEXT, "regex": SAFE_TEXT, "sampling_seed": JSON_VALUE,
+        "bogus": JSON_VALUE})
+    fields = {
+        "text": st.one_of(SAFE_TEXT, st.lists(SAFE_TEXT, max_size=3), JSON_VALUE, PROMPT_TEXT),
+        "input_ids": st.one_of(TOKEN_IDS, st.lists(TOKEN_IDS, max_size=2), JSON_VALUE),
+        "sampling_params": st.one_of(sampling, st.lists(sampling, max_size=2), JSON_VALUE),
+        "rid": st.one_of(REQUEST_ID, st.lists(SAFE_TEXT, max_size=3), JSON_VALUE),
+        "stream": st.booleans(), "return_logprob": st.one_of(st.booleans(), JSON_VALUE),
+        "top_logprobs_num": st.one_of(st.integers(-2, 30), JSON_VALUE)}
+    if draw(st.booleans()):  # one odd field in a valid body, so its own check is reached
+        key = draw(st.sampled_from(sorted(fields)))
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 4}, "return_logprob": True,
+                key: draw(fields[key])}
+        if key == "input_ids":
+            del body["text"]
+    else:
+        body = draw(st.fixed_dictionaries({}, optional=fields))
+    if isinstance(body.get("sampling_params"), dict):  # most end in milliseconds
+        body["sampling_params"].setdefault("max_new_tokens", 8)
+    return body
+
+
+HTTP_ROUTES = ("/generate", "/generate", "/generate", "/v1/completions",
+               "/v1/chat/completions", "/abort_request", "/flush_cache", "/v1/loads",
+               "/health_generate", "/server_info", "/model_info", "/encode")
+
+
+@st.composite
+def http_case(draw) -> Case:
+    route = draw(st.sampled_from(HTTP_ROUTES))
+    if route in ("/generate", "/encode"):
+        body: object = draw(native_generate())
+    elif route in ("/v1/completions", "/v1/chat/completions"):
+        body = draw(http_body(route))
+    elif route == "/v1/loads":
+        include = draw(st.sampled_from(("", "core", "all", "memory,queues", "gpu")))
+        route += f"?include={include}&dp_rank={draw(st.integers(-1, 1))}"
+        return Case("http", ("GET", route, b""), "read")
+    elif route in ("/health_generate", "/server_info", "/model_info"):
+        return Case("http", ("GET", route, b""), "read")
+    else:
+        body = draw(st.one_of(st.fixed_dictionaries({}, optional={
+            "rid": REQUEST_ID, "abort_all": st.booleans()}), JSON_VALUE))
+    data = draw(st.one_of(st.just(json.dumps(body).encode()), st.just(b"{not json"),
+                          st.just(b"\xff\xfe")))
+    return Case("http", ("POST", route, data), draw(st.sampled_from(("read", "read", "cancel"))))
+
+
+@st.composite
 def case(draw) -> Case:
     pick = draw(st.integers(0, 99))
+    if pick < 25:
+        return draw(http_case())
     if pick < 60:
         return Case("generate", draw(generate()), draw(ACTION))
     if pick < 72:  # invalid UTF-8 in the request id, the original text, a stop, a regex
@@ -151,7 +217,20 @@ async def _finish(call, action: str) -> None:
             break
 
 
-async def run_case(stub, channel, k: Case) -> tuple[object, frozenset]:
+async def _http(http: httpx.AsyncClient, k: Case) -> int:
+    method, path, data = k.payload
+    headers = {"Content-Type": "application/json"}
+    if k.action == "cancel":  # leave after the first bytes of the answer
+        async with http.stream(method, path, content=data, headers=headers) as r:
+            async for _ in r.aiter_bytes():
+                break
+            return r.status_code
+    return (await http.request(method, path, content=data, headers=headers)).status_code
+
+
+async def run_case(stub, channel, http, k: Case) -> tuple[object, frozenset]:
+    if k.kind == "http":
+        return await _http(http, k), allowed_http()
     allowed = allowed_grpc(SGLANG_SCHEDULER, k.action)
     timeout = DEADLINE if k.action == "deadline" else READ_TIMEOUT
     try:
@@ -182,16 +261,17 @@ def pod():
 
 def test_fuzz_sglang_scheduler_answers_only_documented_statuses(pod):
     loop = LoopThread()
-    channel = stub = None
+    channel = stub = http = None
 
     async def connect() -> None:
-        nonlocal channel, stub
+        nonlocal channel, stub, http
         channel = grpc.aio.insecure_channel(pod.target,
                                             options=[("grpc.max_send_message_length", -1)])
         stub = spb_grpc.SglangSchedulerStub(channel)
+        http = httpx.AsyncClient(base_url=pod.http_url, timeout=READ_TIMEOUT)
 
     async def run(cases: list[Case]) -> list[tuple[Case, object]]:
-        results = await asyncio.gather(*(run_case(stub, channel, k) for k in cases))
+        results = await asyncio.gather(*(run_case(stub, channel, http, k) for k in cases))
         return [(k, answer) for k, (answer, allowed) in zip(cases, results, strict=True)
                 if status_of(answer) not in allowed]
 
@@ -202,6 +282,8 @@ def test_fuzz_sglang_scheduler_answers_only_documented_statuses(pod):
     finally:
         if channel is not None:
             loop.run(channel.close())
+        if http is not None:
+            loop.run(http.aclose())
         loop.stop()
     assert not (errors := log_errors(pod.log)), "\n".join(errors)
 

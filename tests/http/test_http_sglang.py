@@ -111,6 +111,10 @@ async def test_stops_and_logprobs(h, pod):
     assert [t for _, t, _ in lps] == ids and all(lp <= 0 for lp, _, _ in lps)
     assert all(len(top) == 2 for top in out["meta_info"]["output_top_logprobs"])
     assert out["meta_info"]["input_token_logprobs"] == []
+    below = await gen(h, text="Stop test", return_logprob=True, top_logprobs_num=-3,
+                      sampling_params={"max_new_tokens": 2})  # below 1: none, as SGLang
+    assert "output_top_logprobs" not in below["meta_info"]
+    assert len(below["meta_info"]["output_token_logprobs"]) == 2
     await pod_released(pod)
 
 
@@ -132,6 +136,10 @@ async def test_stops_and_logprobs(h, pod):
      "You requested a total of 600 tokens: 100 tokens from the input messages and 500 tokens "
      "for the completion. Please reduce the number of tokens in the input messages or the "
      "completion to fit within the limit."),
+    ({"text": "hi", "return_logprob": True, "top_logprobs_num": "abc"},
+     "top_logprobs_num must be an integer, got 'abc'"),  # (a 500 before: int() raised)
+    ({"text": "hi", "return_logprob": True, "top_logprobs_num": [1, 2]},
+     "per-prompt top_logprobs_num lists are not served by doppelchip: give one"),
 ])
 async def test_refusals_in_sglangs_words(h, pod, body, message):
     r = await h.post("/generate", json=body)

@@ -81,8 +81,18 @@ def parse(body: Any) -> GenerateInput:
     if len(rids) != count:
         raise invalid("The rid should be a list for batch processing.")
     return GenerateInput(prompts, batch, sampling, bool(body.get("stream")), rids,
-                         bool(body.get("return_logprob")), int(body.get("top_logprobs_num")
-                                                               or 0))
+                         bool(body.get("return_logprob")), _top_logprobs_num(body))
+
+
+def _top_logprobs_num(body: dict) -> int:
+    """`top_logprobs_num`: an integer (none or below 1: no top logprobs, as SGLang reads it);
+    anything else is a 400 here (SGLang's dataclass takes it unchecked and fails later)."""
+    value = body.get("top_logprobs_num")
+    if isinstance(value, list):
+        raise invalid("per-prompt top_logprobs_num lists are not served by doppelchip: give one")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise invalid(f"top_logprobs_num must be an integer, got {value!r}")
+    return max(0, value or 0)
 
 
 def prompt_inputs(body: dict) -> tuple[list[str | list[int]], bool]:
