@@ -69,6 +69,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 async for chunk in chunks:
                     finished += chunk.finish is not None
                     yield convert.to_response(chunk, rid, client.name)
+            wire.end_stream(context)
         except StreamFailed as e:
             await wire.abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
         finally:

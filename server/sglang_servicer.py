@@ -95,6 +95,7 @@ class SglangSchedulerServicer(EngineServicer):
         if call.streams is None:  # its Abort overtook it: it ends at once, having run nothing
             yield spb.GenerateResponse(request_id=rid,
                                        complete=spb.GenerateComplete(finish_reason="abort"))
+            wire.end_stream(context)
             return
         streams = call.streams
         k = max(0, request.top_logprobs_num) if request.return_logprob else 0
@@ -130,6 +131,7 @@ class SglangSchedulerServicer(EngineServicer):
             if not request.stream:  # the outputs together, in index order, as SGLang's batch
                 for i in sorted(ended):
                     yield spb.GenerateResponse(request_id=rid, complete=ended[i])
+            wire.end_stream(context)
         except StreamFailed as e:
             await wire.abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
         finally:

@@ -82,6 +82,7 @@ class VllmEngineServicer(EngineServicer):
             context, rid, lambda: [vllm_convert.to_engine_request(request, rid)])
         if call.streams is None:  # its Abort overtook it: it ends at once, having run nothing
             yield vllm_convert.to_complete(ABORTED, ())
+            wire.end_stream(context)
             return
         (stream,) = call.streams
         prompt_tokens = len(stream.out.prompt_ids)
@@ -99,6 +100,7 @@ class VllmEngineServicer(EngineServicer):
                     self.account(chunk, stream.rank)
                     ids = chunk.token_ids if request.stream else tuple(output_ids)
                     yield vllm_convert.to_complete(chunk, ids)
+            wire.end_stream(context)
         except StreamFailed as e:
             await wire.abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
         finally:

@@ -1,4 +1,5 @@
-"""A status for a call that has already ended is not an error (`server.wire.abort`).
+"""A status for a call that has already ended is not an error (`server.wire.abort`,
+`server.wire.end_stream`).
 
 grpc.aio learns that a client cancelled, or that a call's deadline passed, from a callback
 that can run after the handler's next send. A handler that aborts in that window has its
@@ -80,3 +81,17 @@ async def test_headers_refused_by_core_end_the_stream_as_cancelled():
     with pytest.raises(asyncio.CancelledError):
         await wire.send_headers(Context(remaining=1e-3, refuse=True), ())
     assert await wire.send_headers(Context(remaining=5.0), ()) is None  # sent
+
+
+@pytest.mark.parametrize(("ended", "cancelled"), [
+    ({"remaining": 0.0}, True), ({"cancelled": True}, True), ({"remaining": 5.0}, False),
+    ({}, False)], ids=["deadline passed", "client cancelled", "live", "no deadline"])
+def test_a_stream_that_ended_for_its_client_ends_as_cancelled(ended, cancelled):
+    """A streaming handler's own end: grpc.aio would send an OK status after the last message,
+    refused by core once the call is over (an ERROR in the log); the handler ends as
+    cancelled instead, and a live call ends normally."""
+    if cancelled:
+        with pytest.raises(asyncio.CancelledError):
+            wire.end_stream(Context(**ended))
+    else:
+        assert wire.end_stream(Context(**ended)) is None
