@@ -19,6 +19,8 @@ smg gateway reads:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 from smg_grpc_proto import sglang_scheduler_pb2 as spb
 
@@ -154,7 +156,7 @@ class Counts(msgspec.Struct):
     cached_tokens: int = 0
 
 
-def to_chunk(ids: list[int], counts: Counts, index: int,
+def to_chunk(ids: Sequence[int], counts: Counts, index: int,
              logprobs: spb.OutputLogProbs | None) -> spb.GenerateStreamChunk:
     return spb.GenerateStreamChunk(
         token_ids=ids, prompt_tokens=counts.prompt_tokens,
@@ -162,7 +164,7 @@ def to_chunk(ids: list[int], counts: Counts, index: int,
         output_logprobs=logprobs, index=index)
 
 
-def to_complete(chunk: TokenChunk, ids: list[int], counts: Counts, index: int, eos: int,
+def to_complete(chunk: TokenChunk, ids: Sequence[int], counts: Counts, index: int, eos: int,
                 logprobs: spb.OutputLogProbs | None) -> spb.GenerateComplete:
     return spb.GenerateComplete(
         output_ids=ids, prompt_tokens=counts.prompt_tokens,

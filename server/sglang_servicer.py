@@ -41,7 +41,7 @@ from smg_grpc_proto import sglang_scheduler_pb2 as spb
 from server import sglang_convert as sc
 from server import vllm_embed, wire
 from server.engine.interface import FinishReason
-from server.engine_servicer import EngineServicer
+from server.engine_servicer import ARCHITECTURES, MODEL_TYPE, EngineServicer
 from server.frontend import parallel, sglang_pod
 from server.frontend.deployment import DeploymentClient
 from server.frontend.logprobs import Logprobs
@@ -119,10 +119,10 @@ class SglangSchedulerServicer(EngineServicer):
                     lps = sc.output_logprobs(tops, k) if o.lp is not None else None
                     if chunk.token_ids or finished:
                         yield spb.GenerateResponse(request_id=rid, chunk=sc.to_chunk(
-                            list(chunk.token_ids), o.counts, i, lps))
+                            chunk.token_ids, o.counts, i, lps))
                     if finished:
-                        ended[i] = sc.to_complete(chunk, list(chunk.token_ids), o.counts, i,
-                                                  eos, lps)
+                        ended[i] = sc.to_complete(chunk, chunk.token_ids, o.counts, i, eos,
+                                                  lps)
                         yield spb.GenerateResponse(request_id=rid, complete=ended[i])
                 elif finished:
                     ended[i] = sc.to_complete(chunk, o.ids, o.counts, i, eos,
@@ -180,11 +180,11 @@ class SglangSchedulerServicer(EngineServicer):
             is_generation=info["is_generation"], weight_version=info["weight_version"],
             served_model_name=info["served_model_name"],
             max_context_length=self.client.info.capacity.max_model_len,
-            vocab_size=tok.vocab_size, supports_vision=False, model_type="llama",
+            vocab_size=tok.vocab_size, supports_vision=False, model_type=MODEL_TYPE,
             eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id or 0,
             bos_token_id=tok.bos_token_id,
             max_req_input_len=sglang_pod.request_limits(self.client)[1],
-            architectures=["LlamaForCausalLM"])
+            architectures=ARCHITECTURES)
 
     async def GetServerInfo(self, request: spb.GetServerInfoRequest,
                             context: grpc.aio.ServicerContext) -> spb.GetServerInfoResponse:
@@ -210,10 +210,8 @@ class SglangSchedulerServicer(EngineServicer):
     async def GetLoads(self, request: spb.GetLoadsRequest, context: grpc.aio.ServicerContext
                        ) -> spb.GetLoadsResponse:
         include = set(request.include) or {"all"}
-        if not include <= set(sglang_pod.SECTIONS):
-            await wire.abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                             f"Invalid include sections: {include - set(sglang_pod.SECTIONS)}. "
-                             f"Valid options: {sorted(sglang_pod.SECTIONS)}")
+        if refusal := sglang_pod.unknown_sections(include):
+            await wire.abort(context, grpc.StatusCode.INVALID_ARGUMENT, refusal)
         rank = request.dp_rank if request.HasField("dp_rank") else None
         now = self.client.clock()
         loads = [sc.to_scheduler_load(sglang_pod.load_snapshot(self.client, r, self.windows,

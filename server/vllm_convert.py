@@ -22,6 +22,7 @@ from server.engine.interface import (
     SamplingParams,
     TokenChunk,
 )
+from server.engine_servicer import ARCHITECTURES, MODEL_TYPE
 
 
 def to_sampling(sp: vpb.SamplingParams) -> SamplingParams:
@@ -125,8 +126,8 @@ def to_model_info(status: DeploymentStatus, served_name: str, model_path: str, e
         model_path=model_path or status.model, served_model_name=served_name, tokenizer_path="",
         is_generation=is_generation, max_context_length=c.max_model_len,
         max_req_input_len=c.max_model_len,
-        vocab_size=vocab_size, supports_vision=False, model_type="llama",
-        architectures=["LlamaForCausalLM"], eos_token_ids=[eos], bos_token_id=bos,
+        vocab_size=vocab_size, supports_vision=False, model_type=MODEL_TYPE,
+        architectures=ARCHITECTURES, eos_token_ids=[eos], bos_token_id=bos,
         pad_token_id=pad,
     )
 

@@ -117,6 +117,15 @@ def model_info(client: DeploymentClient) -> dict:
             "has_audio_understanding": False, "model_type": None, "architectures": None}
 
 
+def unknown_sections(include: set[str]) -> str | None:
+    """SGLang's refusal of `include` sections it does not know (`/v1/loads`, GetLoads), or
+    None when every one is known."""
+    if include <= set(SECTIONS):
+        return None
+    return (f"Invalid include sections: {include - set(SECTIONS)}. Valid options: "
+            f"{sorted(SECTIONS)}")
+
+
 class Windows:
     """Each rank's load windows between two polls (as the sglang: gauges' between two
     scrapes): generated tokens per emulated second, prefix-cache hit rate. One per door."""

@@ -27,13 +27,13 @@ from starlette.responses import JSONResponse, Response
 from server.engine.interface import DeploymentState
 from server.frontend.deployment import DeploymentClient
 from server.frontend.sglang_pod import (
-    SECTIONS,
     SGLANG_VERSION,
     Windows,
     load_snapshot,
     model_info,
     probe,
     server_info,
+    unknown_sections,
 )
 from server.http.rl import abort_matching
 from server.http.routes import healthy
@@ -79,10 +79,8 @@ def add_native_routes(app: FastAPI, state: HttpState) -> None:
     async def loads(dp_rank: int | None = None, include: str | None = None,
                     format: str | None = None) -> Response:
         sections = {s.strip() for s in include.split(",")} if include else None
-        if sections is not None and not sections <= set(SECTIONS):
-            return JSONResponse({"detail": f"Invalid include sections: "
-                                 f"{sections - set(SECTIONS)}. Valid options: "
-                                 f"{sorted(SECTIONS)}"}, 400)
+        if sections is not None and (refusal := unknown_sections(sections)):
+            return JSONResponse({"detail": refusal}, 400)
         client = pod_client(state)
         now = state.now()
         out = [load_snapshot(client, r, windows, now, sections)
