@@ -115,6 +115,10 @@ def register(subparsers: Any) -> None:
                      "vllm.grpc.engine on the gRPC port) or sglang (SGLang's server: /generate, "
                      "/model_info, /server_info, /v1/loads, /flush_cache, the OpenAI routes, "
                      "sglang: metrics; sglang.grpc.scheduler on the gRPC port; docs/SGLANG.md)")
+    pod.add_argument("--grpc-api", choices=["vllm", "sglang", "trtllm"],
+                     help="the engine service on the gRPC port (default: the --http-api's): "
+                     "trtllm serves TensorRT-LLM's trtllm.TrtllmService (`trtllm-serve "
+                     "--grpc`) in place of vllm.grpc.engine, on a vLLM-API pod (docs/TRTLLM.md)")
     pod.add_argument("--enable-metrics", action="store_true", default=None,
                      help="as SGLang's flag, on an --http-api sglang pod: serve /metrics with "
                      "SGLang's sglang: series (without it SGLang mounts no /metrics)")
@@ -151,7 +155,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return_tokens_as_token_ids=args.return_tokens_as_token_ids,
             enable_auto_tool_choice=args.enable_auto_tool_choice,
             tool_call_parser=args.tool_call_parser,
-            http_api=args.http_api, enable_metrics=args.enable_metrics,
+            http_api=args.http_api, grpc_api=args.grpc_api,
+            enable_metrics=args.enable_metrics,
             **security_overrides(args),
         )
         fleet = with_env_api_key(fleet, os.environ)
@@ -242,7 +247,7 @@ def with_env_api_key(fleet, env: Mapping[str, str]):
     return fleet.with_server(api_key=(env["VLLM_API_KEY"],))
 
 
-POD_ONLY = ("served_model_name", "http_api", "enable_metrics", "data_parallel_size",
+POD_ONLY = ("served_model_name", "http_api", "grpc_api", "enable_metrics", "data_parallel_size",
             "data_parallel_size_local", "data_parallel_start_rank", "enable_expert_parallel",
             "enable_lora", "lora_modules",  # (LoRA: issue 13; in fleet mode: the fleet keys)
             # --- failure injection (issue 13): in a fleet, per deployment in the file ---

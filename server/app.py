@@ -1,7 +1,8 @@
 """One front-end process's application: the deployments' clients, the receiver of engine
-messages, the gRPC server (Inference, the engine service smg fronts — VllmEngine, or
-SglangScheduler on an SGLang pod — health, reflection), the OpenAI-compatible HTTP server
-with `/metrics` (`server.http`), and their drain.
+messages, the gRPC server (Inference, the engine service smg fronts — VllmEngine,
+SglangScheduler on an SGLang pod or TrtllmService on a TensorRT-LLM one — health,
+reflection), the OpenAI-compatible HTTP server with `/metrics` (`server.http`), and their
+drain.
 
 Health, reflection and ListDeployments are answered here from local state and the engines'
 stats files, never by waiting on a busy engine. Drain (SIGTERM from the supervisor): gRPC
@@ -49,6 +50,7 @@ from server.servicer import InferenceServicer
 from server.sglang_servicer import SGLANG_SERVICE, SglangSchedulerServicer
 from server.stats.buckets import parse_custom_histogram_buckets
 from server.stats.collector import StatsCollector
+from server.trtllm_servicer import TRTLLM_SERVICE, TrtllmServiceServicer
 from server.vllm_servicer import VLLM_SERVICE, VllmEngineServicer
 
 log = logging.getLogger("doppelchip.server")
@@ -96,12 +98,15 @@ class FrontendApp:
         self.fleet = Fleet(self.clients, config.default_deployment)
         self.receiver = Receiver(self.input, self.clients, frontend, self.stats)
         self.servicer = InferenceServicer(self.fleet, cfg.time_scale, http_port, frontend)
-        # the engine service smg fronts: an SGLang pod's scheduler, else vLLM's (docs/SGLANG.md)
+        # the engine service smg fronts: an SGLang pod's scheduler, a TensorRT-LLM pod's
+        # TrtllmService, else vLLM's (docs/SGLANG.md, docs/TRTLLM.md)
         engine = self.fleet.get(config.vllm_engine_deployment)
-        self.engine_service, self.engine_descriptor = (
-            (SglangSchedulerServicer(engine, cfg.api_key, cfg.enable_metrics), SGLANG_SERVICE)
-            if cfg.http_api == "sglang" else (VllmEngineServicer(engine, cfg.api_key),
-                                              VLLM_SERVICE))
+        self.engine_service, self.engine_descriptor = {
+            "sglang": lambda: (SglangSchedulerServicer(engine, cfg.api_key, cfg.enable_metrics),
+                               SGLANG_SERVICE),
+            "trtllm": lambda: (TrtllmServiceServicer(engine, cfg.api_key), TRTLLM_SERVICE),
+            "vllm": lambda: (VllmEngineServicer(engine, cfg.api_key), VLLM_SERVICE),
+        }[cfg.engine_api]()
         self.health = health.aio.HealthServicer()
         self.requested_port, self.reuse_port = port, reuse_port
         self.server: grpc.aio.Server | None = None
@@ -154,9 +159,9 @@ class FrontendApp:
         self._watch = asyncio.create_task(self._follow_engine_deployment())
 
     async def _follow_engine_deployment(self) -> None:
-        """The standard health of the engine service (VllmEngine or SglangScheduler) follows
-        its deployment: SERVING only while it is ready (a cold deployment compiles first; a
-        crashed one restarts)."""
+        """The standard health of the engine service (VllmEngine, SglangScheduler or
+        TrtllmService) follows its deployment: SERVING only while it is ready (a cold
+        deployment compiles first; a crashed one restarts)."""
         current = NOT_SERVING
         while True:
             wanted = SERVING if self.engine_service.ready() else NOT_SERVING

@@ -99,6 +99,11 @@ class ServerConfig:
     # /flush_cache, sglang: metrics, server/http/sglang/; SglangScheduler on the gRPC port,
     # server/sglang_servicer.py; docs/SGLANG.md). "sglang" needs pod mode: one model.
     http_api: str = "vllm"
+    # The engine service on the gRPC port beside Inference (what smg in gRPC mode detects):
+    # "" follows http_api (VllmEngine on a vLLM pod, SglangScheduler on an SGLang pod);
+    # "trtllm": TensorRT-LLM's TrtllmService (`trtllm-serve --grpc`, server/trtllm_servicer.py;
+    # docs/TRTLLM.md), on a vLLM-API pod in pod mode.
+    grpc_api: str = ""
     # SGLang's --enable-metrics: /metrics (sglang: series) on an SGLang pod; without it SGLang
     # mounts no /metrics. (A vLLM pod always exports its metrics.)
     enable_metrics: bool = False
@@ -122,12 +127,18 @@ class ServerConfig:
         return bool(self.ssl_keyfile and self.ssl_certfile)
 
     @property
+    def engine_api(self) -> str:
+        """Whose engine service the gRPC port serves: "vllm", "sglang" or "trtllm"."""
+        return self.grpc_api or self.http_api
+
+    @property
     def metrics_port(self) -> int:
         """The permanent alias of `http_port` (/metrics is served on the HTTP port)."""
         return self.http_port
 
 
 HTTP_APIS = ("vllm", "sglang")
+GRPC_APIS = ("", "vllm", "sglang", "trtllm")
 ALIASES = {"metrics_port": "http_port"}  # [server] keys accepted under another name
 
 
@@ -308,6 +319,12 @@ def server_problem(s: ServerConfig) -> str:
     if s.http_api == "sglang" and not s.pod:
         return ("http_api 'sglang' serves one deployment, as an SGLang server serves one model: "
                 "use pod mode (--deployment NAME, or --chip --engine --model --quant)")
+    if s.grpc_api not in GRPC_APIS:
+        return f"grpc_api must be one of {', '.join(GRPC_APIS[1:])}, got {s.grpc_api!r}"
+    if s.grpc_api not in ("", s.http_api) and not (s.grpc_api == "trtllm" and s.pod
+                                                   and s.http_api == "vllm"):
+        return (f"grpc_api {s.grpc_api!r} with http_api {s.http_api!r}: an SGLang pod serves "
+                "SglangScheduler, a vLLM pod VllmEngine, or (pod mode) TrtllmService")
     if s.grpc_max_concurrent_streams < 0:
         return "grpc_max_concurrent_streams must be >= 0 (0: grpc's default)"
     for key in ("http_timeout_keep_alive_s", "http_header_timeout_s"):

@@ -1,5 +1,6 @@
 """What the engines' gRPC services that smg fronts share: vLLM's `VllmEngine`
-(`server/vllm_servicer.py`) and SGLang's `SglangScheduler` (`server/sglang_servicer.py`).
+(`server/vllm_servicer.py`), SGLang's `SglangScheduler` (`server/sglang_servicer.py`) and
+TensorRT-LLM's `TrtllmService` (`server/trtllm_servicer.py`).
 
 Why a base of its own: both front one deployment for the same gateway, and the rules that keep
 a request's resources honest are one rule, not two copies:
@@ -10,7 +11,8 @@ a request's resources honest are one rule, not two copies:
 - `abort_owned`: an Abort ends a request only from the connection that started it, or from a
   caller holding the API key (`server/frontend/request_ids.py`);
 - the tokenizer zip (`GetTokenizer`), the KV-event relay (`SubscribeKvEvents`) and
-  `FlushCache` are the same messages (`smg.grpc.common`) on both services.
+  `FlushCache` are the same messages (`smg.grpc.common`) on every service that has them
+  (TensorRT-LLM's has no FlushCache).
 """
 
 from __future__ import annotations

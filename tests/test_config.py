@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from server.config import ConfigError, load_fleet, parse_fleet
+from server.config import ConfigError, ServerConfig, load_fleet, parse_fleet, server_problem
 
 
 def test_default_fleet_covers_every_system_in_the_design_notes():
@@ -97,3 +99,19 @@ def test_vllms_memory_share_and_eager_mode_are_deployment_keys():
     assert off.spec().cpu_offload_bytes == 3 * 2**29  # GiB, as vLLM
     with pytest.raises(ConfigError, match="cpu_offload_gb must be >= 0"):
         parse_fleet({"deployments": [{**DEP, "cpu_offload_gb": -1}]})
+
+
+def test_grpc_api_trtllm_needs_a_vllm_api_pod():
+    """`grpc_api` picks the engine service on the gRPC port (docs/TRTLLM.md): TensorRT-LLM's
+    on a vLLM-API pod only; by default it follows `http_api`."""
+    assert server_problem(ServerConfig(grpc_api="trtllm", pod=True)) == ""
+    assert ServerConfig(grpc_api="trtllm", pod=True).engine_api == "trtllm"
+    assert ServerConfig(http_api="sglang", pod=True).engine_api == "sglang"
+    assert ServerConfig().engine_api == "vllm"
+    assert "TrtllmService" in server_problem(ServerConfig(grpc_api="trtllm"))  # not a pod
+    assert "TrtllmService" in server_problem(ServerConfig(grpc_api="trtllm", pod=True,
+                                                          http_api="sglang"))
+    assert "grpc_api 'sglang' with http_api 'vllm'" in server_problem(
+        ServerConfig(grpc_api="sglang", pod=True))
+    assert "grpc_api must be one of vllm, sglang, trtllm" in server_problem(
+        dataclasses.replace(ServerConfig(), grpc_api="mlx"))

@@ -31,6 +31,9 @@ from server_proc import ServerProcess
 
 SMG = shutil.which("smg", path=str(Path(sys.executable).parent)) or shutil.which("smg")
 MODEL = "llama-3.1-8b"  # the served model name of the test fleet's "fast"
+# smg looks a tokenizer up on the Hugging Face hub before asking the worker (GetTokenizer):
+# its hub client is pointed at a closed loopback port, so no test reaches the network
+OFFLINE = {"NO_COLOR": "1", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1"}
 
 
 def free_port() -> int:
@@ -137,7 +140,7 @@ def start_smg(worker_urls: list[str], log: Path, *extra: str) -> tuple[subproces
            "--worker-urls", *worker_urls, "--policy", "round_robin",
            "--shutdown-grace-period-secs", "1", "--log-level", "info", *extra]
     out = log.open("wb")
-    env = {**os.environ, "NO_COLOR": "1"}
+    env = {**os.environ, **OFFLINE}
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=env, start_new_session=True)
     out.close()
