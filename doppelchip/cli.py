@@ -39,11 +39,12 @@ def _generate(args: argparse.Namespace) -> int:
 # The modules that register the other commands, in `doppelchip --help` order, and the commands
 # each registers: a command line naming one of them builds (and imports) only that module.
 _MODULES = ("cmd_serve", "cmd_pods", "cmd_devices", "cmd_simulate", "cmd_load", "cmd_whatif",
-            "cmd_plan", "cmd_gateway", "cmd_status", "cmd_vllm", "cmd_sglang")
+            "cmd_plan", "cmd_gateway", "cmd_status", "cmd_vllm", "cmd_sglang", "cmd_trtllm")
 _COMMANDS = {"serve": "cmd_serve", "pods": "cmd_pods", "devices": "cmd_devices",
              "estimate": "cmd_devices", "simulate": "cmd_simulate", "load": "cmd_load",
              "whatif": "cmd_whatif", "plan": "cmd_plan", "gateway": "cmd_gateway",
-             "status": "cmd_status", "vllm": "cmd_vllm", "sglang": "cmd_sglang"}
+             "status": "cmd_status", "vllm": "cmd_vllm", "sglang": "cmd_sglang",
+             "trtllm-serve": "cmd_trtllm"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -91,6 +92,8 @@ def _module(name: str) -> ModuleType:
         from doppelchip import cmd_vllm as m
     elif name == "cmd_sglang":
         from doppelchip import cmd_sglang as m
+    elif name == "cmd_trtllm":
+        from doppelchip import cmd_trtllm as m
     else:
         raise KeyError(name)
     return m
@@ -166,6 +169,14 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return exit_codes.USAGE
+    if first == "trtllm-serve":  # click's command group: `trtllm-serve serve MODEL`
+        from doppelchip.trtllm_flags import trtllm_argv
+
+        try:
+            argv = trtllm_argv(argv)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return exit_codes.USAGE
     args = parser.parse_args(argv)
     try:
         return args.func(args)
@@ -194,6 +205,12 @@ def sglang_main() -> int:
     """`doppelchip-sglang`: `sglang serve ...` is `doppelchip sglang serve ...`
     (doppelchip/cmd_sglang.py)."""
     return main(["sglang", *sys.argv[1:]])
+
+
+def trtllm_serve_main() -> int:
+    """`doppelchip-trtllm-serve`: `trtllm-serve MODEL --grpc ...` is `doppelchip trtllm-serve
+    MODEL --grpc ...` (doppelchip/cmd_trtllm.py)."""
+    return main(["trtllm-serve", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ ARGV = [
     ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "-tp", "2", "--trust-remote-code"],
     ["sglang", "serve", "--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--tp", "2",
      "--trust-remote-code"],
+    ["trtllm-serve", "meta-llama/Llama-3.1-8B-Instruct", "--grpc", "--tp_size", "2",
+     "--trust_remote_code"],
 ]
 
 

@@ -1,0 +1,208 @@
+"""`doppelchip trtllm-serve`: TensorRT-LLM's `trtllm-serve MODEL --grpc` command line, served by
+doppelchip (docs/TRTLLM_SERVE.md).
+
+Why it exists: the smg gateway starts TensorRT-LLM workers as `python -m
+tensorrt_llm.commands.serve MODEL --grpc --host H --port P ...` (smg's TrtllmWorkerLauncher),
+and manifests run `trtllm-serve MODEL --grpc ...`. With this command (also installed as
+`doppelchip-trtllm-serve`) the same arguments start a doppelchip pod serving TensorRT-LLM's
+gRPC service, `trtllm.TrtllmService`, on --port (`doppelchip serve --engine tensorrt-llm
+--grpc-api trtllm`), and doppelchip's own HTTP API (vLLM's OpenAI server, /metrics) on
+--http-port: TensorRT-LLM's gRPC mode has no HTTP server. The model resolves as for `doppelchip
+vllm serve` (doppelchip/checkpoint_arg.py); the sizes TensorRT-LLM's flags and `--config` YAML
+set map onto the pod (doppelchip/trtllm_config.py merges the two as TensorRT-LLM does). Flags
+that only load, log or bind processes are accepted with no effect; flags whose effect is not
+emulated are accepted with a warning naming them; what cannot be served is refused (exit
+status 2), as is a flag trtllm-serve does not define (argparse's error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from typing import Any
+
+from doppelchip.trtllm_config import Settings, merge
+from doppelchip.trtllm_flags import (
+    BACKENDS,
+    GRPC_NAMES,
+    GRPC_REFUSED,
+    LOG_LEVELS,
+    OPTIONS,
+    REFUSED,
+    WARNED,
+    add_arguments,
+)
+from doppelchip.vllm_parser import is_given
+
+PROG = "doppelchip trtllm-serve"
+GRPC_REASON = ("The gRPC server is designed for use with external routers that handle these "
+               "features (e.g., tool parsing, chat templates).")  # TensorRT-LLM's words
+NO_GRPC = ("trtllm-serve without --grpc starts TensorRT-LLM's OpenAI HTTP server, which is not "
+           "emulated; --grpc (TensorRT-LLM's gRPC worker, what smg launches) is. For an "
+           "OpenAI-compatible server use `doppelchip vllm serve MODEL`")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "trtllm-serve", allow_abbrev=False, usage="trtllm-serve MODEL --grpc [options]",
+        help="TensorRT-LLM's command line (`trtllm-serve MODEL --grpc ...`), served by "
+        "doppelchip",
+        description="TensorRT-LLM's `trtllm-serve MODEL --grpc` command line (what the smg "
+        "gateway launches as `python -m tensorrt_llm.commands.serve`): starts a pod serving "
+        "TensorRT-LLM's gRPC service trtllm.TrtllmService on --port, on an emulated chip "
+        "(--chip, default $DOPPELCHIP_CHIP or h100-sxm), with doppelchip's OpenAI HTTP API and "
+        "/metrics on --http-port. Options use TensorRT-LLM's spellings; docs/TRTLLM_SERVE.md "
+        "says what each does here. Also installed as `doppelchip-trtllm-serve`.")
+    add_arguments(p)
+    p.set_defaults(func=cmd_trtllm_serve)
+
+
+def _refuse(args: argparse.Namespace) -> None:
+    """ValueError for a command line TensorRT-LLM's gRPC mode (or doppelchip) cannot serve."""
+    if not args.grpc:
+        raise ValueError(NO_GRPC)
+    for o in OPTIONS:
+        if not is_given(getattr(args, o.dest)):
+            continue
+        if o.role == GRPC_REFUSED:
+            more = ("; disaggregated serving is not emulated (doppelchip's P/D is vLLM's, "
+                    "docs/PD.md)" if o.dest in ("metadata_server_config_file", "server_role",
+                                                "disagg_cluster_uri") else "")
+            raise ValueError(f"{o.name}: Argument '{GRPC_NAMES.get(o.dest, o.dest)}' is not "
+                             f"supported when running in gRPC mode. {GRPC_REASON}{more}")
+        if o.role == REFUSED:
+            raise ValueError(f"{o.name}: --grpc is not supported by the VisualGen server "
+                             "(TensorRT-LLM's words); image and video generation is not "
+                             "emulated")
+    if args.grpc_protocol == "openengine":
+        raise ValueError("--grpc-protocol openengine: TensorRT-LLM's OpenEngine protocol is "
+                         "not emulated; smg's (trtllm.TrtllmService, the default) is")
+    if args.media_io_kwargs is not None:
+        try:
+            json.loads(args.media_io_kwargs)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--media_io_kwargs: Invalid JSON for media_io_kwargs: {e}") \
+                from None
+
+
+def _refuse_values(s: Settings) -> None:
+    """ValueError for merged settings (flags and YAML) that cannot be served here."""
+    f, kv = s.fields, s.kv
+    if f["backend"] not in BACKENDS:
+        raise ValueError(f"{s.label('backend')} {f['backend']!r}: not a backend "
+                         f"({', '.join(BACKENDS)})")
+    if f["context_parallel_size"] > 1:
+        raise ValueError(f"{s.label('context_parallel_size')} {f['context_parallel_size']}: "
+                         "context parallelism (one request's sequence split over chips) is "
+                         "not emulated")
+    if f["max_beam_width"] > 1:
+        raise ValueError(f"{s.label('max_beam_width')} {f['max_beam_width']}: beam search is "
+                         "not emulated (a request with beam_width > 1 is refused); serve with "
+                         "max_beam_width 1")
+    if kv["dtype"] not in ("auto", "fp8"):
+        raise ValueError(f"{s.label('kv_cache_config.dtype')} {kv['dtype']}: emulated KV cache "
+                         "dtypes are auto and fp8" + (" (an NVFP4 KV cache is not)"
+                                                      if kv["dtype"] == "nvfp4" else ""))
+    if f["dtype"] in ("float", "float32"):
+        raise ValueError(f"{s.label('dtype')} {f['dtype']}: the catalogue has no 32-bit weight "
+                         "format")
+    tp, ep = f["tensor_parallel_size"], f["moe_expert_parallel_size"]
+    if ep is not None and tp % ep:  # TensorRT-LLM's Mapping: moe_tp x moe_ep = tp
+        raise ValueError(f"tp_size must equal to moe_tp_size * moe_ep_size * "
+                         f"moe_cluster_size, but got {tp} != {tp // ep} * {ep} * 1")
+
+
+def _address(args: argparse.Namespace) -> list[str]:
+    """`--host H --port P --http-port M`: trtllm-serve's host (localhost, its default, bound as
+    127.0.0.1) and port (8000) for gRPC; doppelchip's HTTP API on --http-port, default P + 1
+    (0, a free port, when P is 0)."""
+    host = args.host or os.environ.get("DOPPELCHIP_HOST") or "localhost"
+    port = 8000 if args.port is None else args.port
+    http = args.http_port if args.http_port is not None else (port + 1 if port else 0)
+    for flag, value in (("--port", port), ("--http-port", http)):
+        if not 0 <= value <= 65535:
+            raise ValueError(f"{flag} {value}: not a TCP port (0-65535)")
+    return ["--host", "127.0.0.1" if host == "localhost" else host, "--port", str(port),
+            "--http-port", str(http)]
+
+
+def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(`doppelchip serve` arguments, warnings) for a parsed `trtllm-serve` command line;
+    ValueError says what cannot be served."""
+    from devices import catalog
+    from doppelchip.checkpoint_arg import resolve_checkpoint, weight_format
+
+    _refuse(args)
+    s = merge(args)
+    _refuse_values(s)
+    f, kv = s.fields, s.kv
+    tag = args.model
+    model, checkpoint_quant = resolve_checkpoint(tag)
+    spec = catalog.get_model(model)
+    tp, pp, ep = (f["tensor_parallel_size"], f["pipeline_parallel_size"],
+                  f["moe_expert_parallel_size"])
+    attention_dp = f["enable_attention_dp"] and tp > 1
+    length, budget = f["max_seq_len"] or spec.max_context, f["max_num_tokens"]
+    unchunked = not f["enable_chunked_prefill"] and budget >= length
+    fraction = kv["free_gpu_memory_fraction"]
+    out = ["--chip", args.chip, "--engine", "tensorrt-llm", "--grpc-api", "trtllm",
+           "--model", model, "--quant", weight_format(checkpoint_quant, f["dtype"], None),
+           "--served-model-name", args.served_model_name or tag, *_address(args)]
+    values: dict[str, Any] = {
+        "count": tp * pp if attention_dp else None,
+        "tp": 1 if attention_dp else (tp if tp > 1 else None), "pp": pp if pp > 1 else None,
+        "ep": ep if spec.is_moe and ep and ep > 1 else None,  # (none in a dense model)
+        "max_num_seqs": f["max_batch_size"], "max_num_batched_tokens": budget,
+        "max_model_len": f["max_seq_len"], "chunked_prefill": "off" if unchunked else None,
+        "block_size": kv["tokens_per_block"],
+        "gpu_memory_utilization": fraction if fraction != 0.9 else None,
+        "prefix_cache": None if kv["enable_block_reuse"] else "off",
+        "kv_cache_dtype": "fp8" if kv["dtype"] == "fp8" else None,
+        "log_level": LOG_LEVELS.get(args.log_level or ""),
+        "time_scale": args.time_scale, "cold": args.cold}
+    for dest, value in values.items():
+        flag = "--" + dest.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is not None and value is not False:
+            out += [flag, str(value)]
+    warnings = _warnings(args, s)
+    if not f["enable_chunked_prefill"] and not unchunked:
+        warnings.append(f"without --enable_chunked_prefill TensorRT-LLM refuses prompts longer "
+                        f"than max_num_tokens ({budget}); this pod prefills them in chunks")
+    return out, warnings
+
+
+def _warnings(args: argparse.Namespace, s: Settings) -> list[str]:
+    """What is accepted but not emulated: each given option of the WARNED role, an AutoDeploy
+    backend, and what merging the YAML file had to say."""
+    out = [f"{o.name} is accepted but not emulated: it changes nothing here"
+           for o in OPTIONS if o.role == WARNED and is_given(getattr(args, o.dest))]
+    if s.fields["backend"] == "_autodeploy":
+        out.append("backend _autodeploy is served as the PyTorch backend: AutoDeploy's graph "
+                   "transformations are not emulated")
+    return out + s.warnings
+
+
+def cmd_trtllm_serve(args: argparse.Namespace) -> int:
+    from doppelchip.cmd_vllm import _serve_args, _unplaceable
+
+    try:
+        argv, warnings = translate(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for warning in warnings:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    print(f"{PROG}: doppelchip serve {shlex.join(argv)}", file=sys.stderr)
+    serve = _serve_args(argv)
+    serve.model_path = args.model  # /v1/models' root
+    # TensorRT-LLM starts with the KV cache that fits (a request is capped by it)
+    problem = _unplaceable(serve, fit_model_len=False)
+    if problem:  # TensorRT-LLM stops when the model cannot load; a pod that never serves is worse
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    return serve.func(serve)
