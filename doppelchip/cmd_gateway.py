@@ -61,6 +61,11 @@ def register(subparsers: Any) -> None:
                    help="the server the replicas imitate: vllm (default; vLLM's HTTP API, "
                    "vllm.grpc.engine on gRPC) or sglang (SGLang's HTTP API, "
                    "sglang.grpc.scheduler on gRPC: docs/SGLANG.md)")
+    p.add_argument("--grpc-api", choices=["trtllm"],
+                   help="trtllm: the replicas serve TensorRT-LLM's trtllm.TrtllmService on "
+                   "their gRPC port (`trtllm-serve --grpc`; use a tensorrt-llm deployment, e.g. "
+                   "trtllm-h100) and smg fronts them as trtllm workers, told the model with "
+                   "--model-path (docs/TRTLLM.md)")
     p.add_argument("--workers", choices=["grpc", "http"],
                    help="how smg talks to the replicas: grpc (their engine service; the "
                    "default for vllm) or http (their HTTP API; the default for sglang)")
@@ -85,6 +90,8 @@ def replica_cmd(args: argparse.Namespace, i: int) -> list[str]:
         cmd += ["--time-scale", str(args.time_scale)]
     if args.http_api == "sglang":
         cmd += ["--http-api", "sglang"]
+    if args.grpc_api:
+        cmd += ["--grpc-api", args.grpc_api]
     return cmd
 
 
@@ -101,10 +108,25 @@ def worker_urls(args: argparse.Namespace) -> list[str]:
     return [f"grpc://{HOST}:{args.port + i}" for i in range(args.replicas)]
 
 
+def served_model(args: argparse.Namespace) -> str:
+    """The name the replicas serve their deployment under (the fleet's `served_model_name`,
+    else its catalogue model id)."""
+    from server.config import load_fleet
+
+    fleet = load_fleet(args.config)
+    (dep,) = [d for d in fleet.deployments if d.name == args.deployment] or [None]
+    if dep is None:
+        raise ValueError(f"--deployment {args.deployment!r} is not in the fleet")
+    return (dep.served_model_name or (dep.model,))[0]
+
+
 def smg_cmd(args: argparse.Namespace, smg: str) -> list[str]:
     urls = worker_urls(args)
+    # TensorRT-LLM's GetModelInfo names no path: smg is told the model, as for trtllm-serve
+    model = (["--model-path", served_model(args)]
+             if args.grpc_api == "trtllm" and workers(args) == "grpc" else [])
     return [smg, "launch", "--host", HOST, "--port", str(args.gateway_port),
-            "--worker-urls", *urls, "--prometheus-host", HOST,
+            "--worker-urls", *urls, *model, "--prometheus-host", HOST,
             "--prometheus-port", str(args.prometheus_port), "--policy", args.policy,
             "--shutdown-grace-period-secs", "5", "--log-level", "warn", *args.smg_arg]
 
@@ -139,6 +161,11 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         print("error: --replicas must be >= 1", file=sys.stderr)
         return exit_codes.USAGE
+    try:
+        smg_argv = smg_cmd(args, smg)
+    except ValueError as e:  # (the fleet file's ConfigError is one)
+        print(f"error: {e}", file=sys.stderr)
+        return exit_codes.USAGE
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
@@ -154,7 +181,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             why = up.failure() if up else "they did not start in time"
             print(f"error: a replica did not start: {why}", file=sys.stderr)
             return exit_codes.FAILED
-        gateway.append(Child("smg", smg_cmd(args, smg)))
+        gateway.append(Child("smg", smg_argv))
         everyone = replicas + gateway
         up = _wait(lambda: _ready(args.gateway_port, args.replicas), deadline, everyone)
         if up is not True:

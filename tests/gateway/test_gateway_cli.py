@@ -71,6 +71,28 @@ def test_workers_choose_the_protocol_smg_speaks(argv, scheme):
     assert urls == [f"{scheme}0", f"{scheme}1"]
 
 
+def test_trtllm_replicas_serve_trtllms_service_and_smg_is_told_the_model(tmp_path):
+    args = build_parser().parse_args(["gateway", "--deployment", "trtllm-h100",
+                                      "--grpc-api", "trtllm"])
+    serve = replica_cmd(args, 0)
+    assert serve[serve.index("--grpc-api") + 1] == "trtllm"
+    launch = smg_cmd(args, "smg")
+    assert launch[launch.index("--model-path") + 1] == "llama-3.1-8b"  # trtllm-h100's model
+    assert "--model-path" not in smg_cmd(build_parser().parse_args(["gateway"]), "smg")
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[deployments]]\nname = "t"\nmodel = "llama-3.1-8b"\nquant = "bf16"\n'
+                     'chip = "h100-sxm"\nengine = "tensorrt-llm"\n'
+                     'served_model_name = ["my-llama"]\n')
+    named = build_parser().parse_args(["gateway", "--config", str(fleet), "--deployment", "t",
+                                       "--grpc-api", "trtllm"])
+    launch = smg_cmd(named, "smg")
+    assert launch[launch.index("--model-path") + 1] == "my-llama"  # the served name
+    missing = build_parser().parse_args(["gateway", "--deployment", "nope", "--grpc-api",
+                                         "trtllm"])
+    with pytest.raises(ValueError, match="'nope' is not in the fleet"):
+        smg_cmd(missing, "smg")
+
+
 def start_gateway(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
     """The gateway, started and ready: (process, gateway port, log). Ports are picked free
     and may be taken by someone else before the gateway binds them (a race with other

@@ -1,0 +1,1 @@
+"""Shim: `sglang` is doppelchip here (deploy/shims/README.md)."""

@@ -1,0 +1,1 @@
+"""Shim: `tensorrt_llm` is doppelchip here (deploy/shims/README.md)."""
