@@ -129,6 +129,21 @@ def _address(args: argparse.Namespace) -> list[str]:
             "--http-port", str(http)]
 
 
+# TensorRT-LLM keeps KV cache events (what its gRPC SubscribeKvEvents streams to smg's
+# cache-aware router) when kv_cache_config.event_buffer_max_size > 0 and blocks are reused; the
+# pod publishes its own on free ports (bound on loopback unless the pod binds all interfaces),
+# which the gRPC relay reads
+EVENTS = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:0",
+          "replay_endpoint": "tcp://*:0"}
+
+
+def kv_events(kv: dict[str, Any]) -> str | None:
+    """`--kv-events-config` for the pod: events on when TensorRT-LLM would keep them."""
+    if kv["event_buffer_max_size"] > 0 and kv["enable_block_reuse"]:
+        return json.dumps(EVENTS, separators=(",", ":"))
+    return None
+
+
 def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """(`doppelchip serve` arguments, warnings) for a parsed `trtllm-serve` command line;
     ValueError says what cannot be served."""
@@ -161,6 +176,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         "gpu_memory_utilization": fraction if fraction != 0.9 else None,
         "prefix_cache": None if kv["enable_block_reuse"] else "off",
         "kv_cache_dtype": "fp8" if kv["dtype"] == "fp8" else None,
+        "kv_events_config": kv_events(kv),
         "log_level": LOG_LEVELS.get(args.log_level or ""),
         "time_scale": args.time_scale, "cold": args.cold}
     for dest, value in values.items():

@@ -27,9 +27,10 @@ DEFAULTS: dict[str, Any] = {
     "max_batch_size": 2048, "max_num_tokens": 8192, "max_seq_len": None, "max_beam_width": 1,
     "enable_chunked_prefill": False, "enable_attention_dp": False}
 # KvCacheConfig field defaults: 90% of the free memory, block reuse (prefix caching) on,
-# the checkpoint's KV dtype, 32 tokens a block
+# the checkpoint's KV dtype, 32 tokens a block, no KV cache event buffer
 KV_DEFAULTS: dict[str, Any] = {"free_gpu_memory_fraction": 0.9, "enable_block_reuse": True,
-                               "dtype": "auto", "tokens_per_block": 32}
+                               "dtype": "auto", "tokens_per_block": 32,
+                               "event_buffer_max_size": 0}  # > 0: KV cache events kept
 KV_FLAGS = {"free_gpu_memory_fraction": "free_gpu_memory_fraction", "kv_cache_dtype": "dtype"}
 SILENT = frozenset({  # loading, logging, processes: nothing a client sees changes
     "trust_remote_code", "revision", "hf_revision", "tokenizer", "tokenizer_mode",
@@ -159,6 +160,10 @@ def _check(s: Settings) -> None:
             or not 0 < fraction <= 1:
         raise ValueError(f"{s.label('kv_cache_config.free_gpu_memory_fraction')} must be a "
                          f"fraction in (0, 1] (got {fraction!r})")
+    events = kv["event_buffer_max_size"]
+    if isinstance(events, bool) or not isinstance(events, int) or events < 0:
+        raise ValueError(f"{s.label('kv_cache_config.event_buffer_max_size')} must be a "
+                         f"non-negative integer (got {events!r})")
     if not _positive_int(kv["tokens_per_block"]):
         raise ValueError(f"{s.label('kv_cache_config.tokens_per_block')} must be a positive "
                          f"integer (got {kv['tokens_per_block']!r})")
