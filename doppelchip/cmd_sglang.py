@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 from typing import Any
 
 from doppelchip.checkpoint_arg import resolve_checkpoint, weight_format
+from doppelchip.dropin import pod_flags, serve_pod
 from doppelchip.sglang_flags import BY_FLAG, REFUSED, SGLANG_OPTIONS, SGLANG_VERSION
 from doppelchip.sglang_parser import add_serve_arguments
 from doppelchip.vllm_parser import is_given
@@ -184,13 +184,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         "stream_interval": args.stream_interval,
         "log_level": LOG_LEVELS.get((args.log_level or "").lower()),
         "time_scale": args.time_scale, "cold": args.cold}
-    for dest, value in values.items():
-        flag = "--" + dest.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        elif value is not None and value is not False:
-            out += [flag, str(value)]
-    return out, _warnings(args)
+    return out + pod_flags(values), _warnings(args)
 
 
 def _warnings(args: argparse.Namespace) -> list[str]:
@@ -223,7 +217,7 @@ def _warnings(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_sglang_serve(args: argparse.Namespace) -> int:
-    from doppelchip.cmd_vllm import _idle, _serve_args, _unplaceable
+    from doppelchip.cmd_vllm import _idle
 
     prog = f"doppelchip sglang {args.sglang_command}"
     try:
@@ -233,14 +227,5 @@ def cmd_sglang_serve(args: argparse.Namespace) -> int:
         return 2
     if (args.nnodes or 1) > 1 and (args.node_rank or 0) > 0:
         return _idle(f"{prog}: {FOLLOWER}")
-    for warning in warnings:
-        print(f"{prog}: warning: {warning}", file=sys.stderr)
-    print(f"{prog}: doppelchip serve {shlex.join(argv)}", file=sys.stderr)
-    serve = _serve_args(argv)
-    serve.model_path = args.model_path  # /v1/models' root
     # SGLang starts whatever its KV pool holds: requests are capped at the pool, not refused
-    problem = _unplaceable(serve, fit_model_len=False)
-    if problem:  # SGLang stops when the model cannot load; a pod that never serves is worse
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    return serve.func(serve)
+    return serve_pod(prog, argv, warnings, args.model_path, fit_model_len=False)

@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 from typing import Any
 
+from doppelchip.dropin import pod_flags, serve_pod
 from doppelchip.trtllm_config import Settings, merge
 from doppelchip.trtllm_flags import (
     BACKENDS,
@@ -179,12 +179,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         "kv_events_config": kv_events(kv),
         "log_level": LOG_LEVELS.get(args.log_level or ""),
         "time_scale": args.time_scale, "cold": args.cold}
-    for dest, value in values.items():
-        flag = "--" + dest.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        elif value is not None and value is not False:
-            out += [flag, str(value)]
+    out += pod_flags(values)
     warnings = _warnings(args, s)
     if not f["enable_chunked_prefill"] and not unchunked:
         warnings.append(f"without --enable_chunked_prefill TensorRT-LLM refuses prompts longer "
@@ -204,21 +199,10 @@ def _warnings(args: argparse.Namespace, s: Settings) -> list[str]:
 
 
 def cmd_trtllm_serve(args: argparse.Namespace) -> int:
-    from doppelchip.cmd_vllm import _serve_args, _unplaceable
-
     try:
         argv, warnings = translate(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for warning in warnings:
-        print(f"{PROG}: warning: {warning}", file=sys.stderr)
-    print(f"{PROG}: doppelchip serve {shlex.join(argv)}", file=sys.stderr)
-    serve = _serve_args(argv)
-    serve.model_path = args.model  # /v1/models' root
     # TensorRT-LLM starts with the KV cache that fits (a request is capped by it)
-    problem = _unplaceable(serve, fit_model_len=False)
-    if problem:  # TensorRT-LLM stops when the model cannot load; a pod that never serves is worse
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    return serve.func(serve)
+    return serve_pod(PROG, argv, warnings, args.model, fit_model_len=False)

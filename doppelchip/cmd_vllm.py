@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
 from doppelchip.checkpoint_arg import resolve_checkpoint, weight_format
+from doppelchip.dropin import pod_flags, serve_pod
 from doppelchip.vllm_dp import HEADLESS, local_ranks
 from doppelchip.vllm_flags import BY_FLAG, PASSTHROUGH, REFUSED, VLLM_OPTIONS
 from doppelchip.vllm_parser import add_serve_arguments, is_given
@@ -120,14 +120,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         dest = BY_FLAG[name].dest
         if dest not in values:
             values[dest] = getattr(args, dest)
-    for dest, value in values.items():
-        flag = "--" + dest.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        elif isinstance(value, list):
-            out += [flag, *map(str, value)]
-        elif value is not None and value is not False:
-            out += [flag, str(value)]
+    out += pod_flags(values)
     warnings = [f"{o.name} is accepted but not emulated: it changes nothing here"
                 for o in VLLM_OPTIONS if o.name in args.unemulated
                 and is_given(getattr(args, o.dest)) and not understood(o.name, args)]
@@ -180,15 +173,6 @@ def understood(name: str, args: argparse.Namespace) -> bool:
     return False
 
 
-def _serve_args(argv: list[str]) -> argparse.Namespace:
-    """`doppelchip serve ARGV`, parsed by serve's own parser."""
-    from doppelchip import cmd_serve
-
-    parser = argparse.ArgumentParser(prog="doppelchip")
-    cmd_serve.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["serve", *argv])
-
-
 def cmd_vllm_serve(args: argparse.Namespace) -> int:
     try:
         argv, warnings = translate(args)
@@ -197,16 +181,9 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         return 2
     if args.headless:
         return _idle()
-    for warning in warnings:
-        print(f"doppelchip vllm serve: warning: {warning}", file=sys.stderr)
-    print(f"doppelchip vllm serve: doppelchip serve {shlex.join(argv)}", file=sys.stderr)
-    serve = _serve_args(argv)
-    serve.model_path = args.model_tag or args.model  # /v1/models' root, as vLLM's (no flag)
-    problem = _unplaceable(serve, fit_model_len=args.max_model_len is None)
-    if problem:  # vLLM stops when the model cannot load; a pod that never serves is worse
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    return serve.func(serve)
+    return serve_pod("doppelchip vllm serve", argv, warnings,
+                     args.model_tag or args.model,  # /v1/models' root, as vLLM's (no flag)
+                     fit_model_len=args.max_model_len is None)
 
 
 def _idle(note: str = f"doppelchip vllm serve: {HEADLESS}") -> int:
@@ -222,38 +199,3 @@ def _idle(note: str = f"doppelchip vllm serve: {HEADLESS}") -> int:
     while not stop.wait(60):
         pass
     return 0
-
-
-def _unplaceable(serve: argparse.Namespace, fit_model_len: bool) -> str:
-    """Why the pod's deployment cannot be placed ("" when it can). `fit_model_len` (no
-    --max-model-len given): as vLLM, the KV cache must hold one request of the model's whole
-    context; `auto` (-1) takes the longest that fits instead."""
-    from devices import DeviceError, place
-    from doppelchip.cmd_serve import pod_fleet
-    from server.config import load_fleet
-    from server.engine.scheduler_defaults import scheduler_config
-
-    try:
-        deployment = pod_fleet(serve, load_fleet(None)).deployments[0]
-        placed = place(deployment.spec(), ranks=deployment.data_parallel_size)
-        scheduler_config(deployment, placed)  # (vLLM's SchedulerConfig checks)
-    except (DeviceError, ValueError) as e:
-        return str(e)
-    if fit_model_len and placed.max_context < placed.model.max_context:
-        return _kv_too_small(placed)
-    return ""
-
-
-def _kv_too_small(placed: Any) -> str:
-    """vLLM 0.33.0's start-up error (`_check_enough_kv_cache_memory`), per worker."""
-    workers = placed.chips / placed.dp
-    per_token = (sum(placed.memory_bytes(1).values())
-                 - sum(placed.memory_bytes(0).values())) / workers
-    gib = 2**30
-    need, have = per_token * placed.model.max_context, per_token * placed.max_context
-    return (f"To serve at least one request with the model's max seq len "
-            f"({placed.model.max_context}), ({round(need / gib, 2)} GiB KV cache is needed, "
-            f"which is larger than the available KV cache memory ({round(have / gib, 2)} GiB). "
-            f"Based on the available memory, the estimated maximum model length is "
-            f"{placed.max_context}. Try increasing `gpu_memory_utilization` or decreasing "
-            f"`max_model_len` when initializing the engine.")

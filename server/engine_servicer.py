@@ -160,6 +160,12 @@ class EngineServicer:
             self.client.cancel(stream)
         return True
 
+    def abort_reply(self, context: grpc.aio.ServicerContext, rid: str) -> dict:
+        """SGLang's and TensorRT-LLM's Abort answer for `rid` (`abort_owned`): `success`, and
+        "Request X aborted" or "Request X not found" (anyone else's request ends nothing)."""
+        ok = self.abort_owned(context, rid)
+        return {"success": ok, "message": f"Request {rid} {'aborted' if ok else 'not found'}"}
+
     async def GetTokenizer(
         self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:

@@ -21,17 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import msgspec
 from smg_grpc_proto import sglang_scheduler_pb2 as spb
 
 from server.engine.interface import (
     Constraint,
     EngineRequest,
-    FinishReason,
     InvalidRequest,
     SamplingParams,
     TokenChunk,
 )
+from server.frontend.outputs import Counts, finish_fields
 from server.frontend.parallel import MAX_N, child_requests
 from server.frontend.sglang_pod import check_sampling
 
@@ -124,20 +123,6 @@ def to_engine_requests(req: spb.GenerateRequest, rid: str, max_req_len: int,
     return child_requests(request, n)
 
 
-def finish_reason(chunk: TokenChunk, eos: int) -> dict:
-    """The `complete` message's finish fields: its reason and what matched a stop."""
-    f = chunk.finish
-    assert f is not None
-    if f.reason is FinishReason.LENGTH:
-        return {"finish_reason": "length"}
-    if f.reason is FinishReason.STOP:
-        if f.stop_str is not None:
-            return {"finish_reason": "stop", "matched_stop_str": f.stop_str}
-        token = f.stop_token_id if f.stop_token_id is not None else eos
-        return {"finish_reason": "stop", "matched_token_id": token}
-    return {"finish_reason": "abort"}
-
-
 def output_logprobs(tops: list[list[tuple[int, float]]], k: int) -> spb.OutputLogProbs:
     """Each position's emulated top tokens (the generated one first: `server/frontend/
     logprobs.py`) as SGLang's OutputLogProbs; `k` top alternatives per position when asked."""
@@ -146,14 +131,6 @@ def output_logprobs(tops: list[list[tuple[int, float]]], k: int) -> spb.OutputLo
         top_logprobs=[spb.TopLogProbs(values=[v for _, v in top[:k]],
                                       token_ids=[t for t, _ in top[:k]])
                       for top in tops] if k else [])
-
-
-class Counts(msgspec.Struct):
-    """One output's cumulative counts, as every chunk and the `complete` carry them."""
-
-    prompt_tokens: int
-    completion_tokens: int = 0
-    cached_tokens: int = 0
 
 
 def to_chunk(ids: Sequence[int], counts: Counts, index: int,
@@ -169,7 +146,7 @@ def to_complete(chunk: TokenChunk, ids: Sequence[int], counts: Counts, index: in
     return spb.GenerateComplete(
         output_ids=ids, prompt_tokens=counts.prompt_tokens,
         completion_tokens=counts.completion_tokens, cached_tokens=counts.cached_tokens,
-        output_logprobs=logprobs, index=index, **finish_reason(chunk, eos))
+        output_logprobs=logprobs, index=index, **finish_fields(chunk, eos, "abort"))
 
 
 def to_scheduler_load(snapshot: dict) -> spb.SchedulerLoad:

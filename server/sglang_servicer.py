@@ -45,7 +45,8 @@ from server.engine_servicer import ARCHITECTURES, MODEL_TYPE, EngineServicer
 from server.frontend import parallel, sglang_pod
 from server.frontend.deployment import DeploymentClient
 from server.frontend.logprobs import Logprobs
-from server.frontend.stream import RequestStream, StreamFailed
+from server.frontend.outputs import Output
+from server.frontend.stream import StreamFailed
 from server.wire import Undecodable
 
 log = logging.getLogger("doppelchip.sglang")
@@ -53,28 +54,6 @@ log = logging.getLogger("doppelchip.sglang")
 SGLANG_SERVICE = spb.DESCRIPTOR.services_by_name["SglangScheduler"]
 SERVICE_NAME = SGLANG_SERVICE.full_name
 HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT's default
-
-
-class _Output:
-    """One of a request's n outputs as it streams: its ids so far, counts, logprobs."""
-
-    def __init__(self, stream: RequestStream, logprobs: Logprobs | None) -> None:
-        self.stream, self.lp = stream, logprobs
-        self.ids: list[int] = []
-        self.counts = sc.Counts(prompt_tokens=len(stream.out.prompt_ids))
-        self.tops: list[list[tuple[int, float]]] = []
-
-    def add(self, ids: Sequence[int], k: int) -> list[list[tuple[int, float]]]:
-        """Take a chunk's ids; their top logprobs (none unless asked)."""
-        start = len(self.ids)
-        self.ids.extend(ids)
-        self.counts.completion_tokens = len(self.ids)
-        self.counts.cached_tokens = self.stream.cached
-        if self.lp is None:
-            return []
-        new = [self.lp.top(start + i, t, max(1, k)) for i, t in enumerate(ids)]
-        self.tops += new
-        return new
 
 
 class SglangSchedulerServicer(EngineServicer):
@@ -99,7 +78,7 @@ class SglangSchedulerServicer(EngineServicer):
             return
         streams = call.streams
         k = max(0, request.top_logprobs_num) if request.return_logprob else 0
-        outs = [_Output(s, Logprobs(self.client.tokenizer, s.request.sampling.seed or 0)
+        outs = [Output(s, Logprobs(self.client.tokenizer, s.request.sampling.seed or 0)
                         if request.return_logprob else None) for s in streams]
         eos = self.client.tokenizer.eos_token_id
         ended: dict[int, spb.GenerateComplete] = {}
@@ -167,10 +146,7 @@ class SglangSchedulerServicer(EngineServicer):
                     ) -> spb.AbortResponse:
         """Owned, as VllmEngine's (`EngineServicer.abort_owned`): anyone else's Abort answers
         `success: false`, "not found", and ends nothing."""
-        rid = request.request_id
-        ok = self.abort_owned(context, rid)
-        return spb.AbortResponse(success=ok,
-                                 message=f"Request {rid} {'aborted' if ok else 'not found'}")
+        return spb.AbortResponse(**self.abort_reply(context, request.request_id))
 
     async def GetModelInfo(self, request: spb.GetModelInfoRequest,
                            context: grpc.aio.ServicerContext) -> spb.GetModelInfoResponse:

@@ -34,11 +34,11 @@ from smg_grpc_proto import trtllm_service_pb2 as tpb
 from server.engine.interface import (
     Constraint,
     EngineRequest,
-    FinishReason,
     InvalidRequest,
     SamplingParams,
     TokenChunk,
 )
+from server.frontend.outputs import Counts, finish_fields
 from server.frontend.parallel import MAX_N, child_requests
 
 GUIDES = {tpb.GuidedDecodingParams.GUIDE_TYPE_JSON: "json_object",
@@ -147,21 +147,6 @@ def to_engine_requests(req: tpb.GenerateRequest, rid: str, max_seq_len: int,
     return child_requests(request, n)
 
 
-def finish_fields(chunk: TokenChunk) -> dict:
-    """The `complete` message's finish fields: its reason and what matched a stop."""
-    f = chunk.finish
-    assert f is not None
-    if f.reason is FinishReason.LENGTH:
-        return {"finish_reason": "length"}
-    if f.reason is FinishReason.STOP:
-        if f.stop_str is not None:
-            return {"finish_reason": "stop", "matched_stop_str": f.stop_str}
-        if f.stop_token_id is not None:
-            return {"finish_reason": "stop", "matched_token_id": f.stop_token_id}
-        return {"finish_reason": "stop"}  # end of sequence: END_ID, nothing matched
-    return {"finish_reason": "cancelled"}
-
-
 def token_logprobs(tops: Sequence[list[tuple[int, float]]]) -> list[tpb.TokenLogprob]:
     """Each position's emulated top tokens (the generated one first: `server/frontend/
     logprobs.py`) as TokenLogprob: its own logprob and the whole top list."""
@@ -169,14 +154,6 @@ def token_logprobs(tops: Sequence[list[tuple[int, float]]]) -> list[tpb.TokenLog
                              top_logprobs=[tpb.TopLogprob(token_id=t, logprob=v)
                                            for t, v in top])
             for top in tops]
-
-
-class Counts(msgspec.Struct):
-    """One sequence's cumulative counts, as every chunk and its `complete` carry them."""
-
-    prompt_tokens: int
-    completion_tokens: int = 0
-    cached_tokens: int = 0
 
 
 def to_chunk(ids: Sequence[int], counts: Counts, index: int,
@@ -192,4 +169,4 @@ def to_complete(chunk: TokenChunk, ids: Sequence[int], counts: Counts, index: in
     return tpb.GenerateComplete(
         output_token_ids=ids, sequence_index=index, prompt_tokens=counts.prompt_tokens,
         completion_tokens=counts.completion_tokens, cached_tokens=counts.cached_tokens,
-        logprobs=logprobs, **finish_fields(chunk))
+        logprobs=logprobs, **finish_fields(chunk, None, "cancelled"))

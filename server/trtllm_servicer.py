@@ -38,7 +38,8 @@ from server.engine_servicer import EngineServicer
 from server.frontend import parallel
 from server.frontend.deployment import DeploymentClient
 from server.frontend.logprobs import Logprobs
-from server.frontend.stream import RequestStream, StreamFailed
+from server.frontend.outputs import Output
+from server.frontend.stream import StreamFailed
 from server.wire import Undecodable
 
 log = logging.getLogger("doppelchip.trtllm")
@@ -48,28 +49,6 @@ SERVICE_NAME = TRTLLM_SERVICE.full_name
 # the release GetServerInfo names: the first llm-d's trtllm-serve guide requires (docs/TRTLLM.md)
 TRTLLM_VERSION = "1.3.0rc12"
 MAX_INPUT_LEN = 1024  # BaseLlmArgs.max_input_len's default, what GetModelInfo reports
-
-
-class _Sequence:
-    """One of a request's n sequences as it streams: its ids so far, counts, logprobs."""
-
-    def __init__(self, stream: RequestStream, logprobs: Logprobs | None) -> None:
-        self.stream, self.lp = stream, logprobs
-        self.ids: list[int] = []
-        self.counts = tc.Counts(prompt_tokens=len(stream.out.prompt_ids))
-        self.tops: list[list[tuple[int, float]]] = []
-
-    def add(self, ids: Sequence[int], k: int) -> list[list[tuple[int, float]]]:
-        """Take a chunk's ids; their top logprobs (none unless asked)."""
-        start = len(self.ids)
-        self.ids.extend(ids)
-        self.counts.completion_tokens = len(self.ids)
-        self.counts.cached_tokens = self.stream.cached
-        if self.lp is None:
-            return []
-        new = [self.lp.top(start + i, t, k) for i, t in enumerate(ids)]
-        self.tops += new
-        return new
 
 
 class TrtllmServiceServicer(EngineServicer):
@@ -93,7 +72,7 @@ class TrtllmServiceServicer(EngineServicer):
         streams = call.streams
         oc = request.output_config
         k = oc.logprobs if oc.HasField("logprobs") else 0
-        seqs = [_Sequence(s, Logprobs(self.client.tokenizer, s.request.sampling.seed or 0)
+        seqs = [Output(s, Logprobs(self.client.tokenizer, s.request.sampling.seed or 0)
                           if k > 0 else None) for s in streams]
         ended: dict[int, tpb.GenerateComplete] = {}
         try:  # from here on every way out frees what the engine holds
@@ -140,10 +119,7 @@ class TrtllmServiceServicer(EngineServicer):
                     ) -> tpb.AbortResponse:
         """Owned, as VllmEngine's (`EngineServicer.abort_owned`): anyone else's Abort answers
         `success: false`, "not found", and ends nothing."""
-        rid = request.request_id
-        ok = self.abort_owned(context, rid)
-        return tpb.AbortResponse(success=ok,
-                                 message=f"Request {rid} {'aborted' if ok else 'not found'}")
+        return tpb.AbortResponse(**self.abort_reply(context, request.request_id))
 
     async def GetModelInfo(self, request: tpb.GetModelInfoRequest,
                            context: grpc.aio.ServicerContext) -> tpb.GetModelInfoResponse:

@@ -71,12 +71,13 @@ def vllm_pod_options(*argv: str):
     cmd_vllm_serve builds it, without starting anything."""
     from doppelchip.cli import build_parser
     from doppelchip.cmd_serve import pod_fleet
-    from doppelchip.cmd_vllm import _serve_args, translate
+    from doppelchip.cmd_vllm import translate
+    from doppelchip.dropin import serve_args
     from doppelchip.vllm_argv import vllm_argv
     from server.config import load_fleet
 
     vllm = build_parser("vllm").parse_args(vllm_argv(["vllm", "serve", *argv], set()))
-    serve = _serve_args(translate(vllm)[0])
+    serve = serve_args(translate(vllm)[0])
     serve.model_path = vllm.model_tag or vllm.model
     (d,) = pod_fleet(serve, load_fleet(None)).deployments
     return d

@@ -104,13 +104,14 @@ def test_modelopt_keeps_a_modelopt_checkpoints_format(tmp_path):
     ("--tp", "8", "--attn-dp-size", "8", "--ep", "8"),
 ])
 def test_attention_data_parallelism_keeps_tp_chips_as_attention_replicas(argv):
-    from doppelchip.cmd_vllm import _serve_args, _unplaceable
+    from doppelchip.dropin import serve_args as pod_args
+    from doppelchip.dropin import unplaceable
 
     args = parse("deepseek-ai/DeepSeek-V3", "--chip", "h200-sxm", *argv)
     out = translate(args)[0]
-    a = _serve_args(out)
+    a = pod_args(out)
     assert (a.count, a.tp, a.ep, a.data_parallel_size) == (8, 1, 8, None)
-    assert _unplaceable(a, fit_model_len=False) == ""
+    assert unplaceable(a, fit_model_len=False) == ""
     expert = serve_args("deepseek-ai/DeepSeek-V3", "--tp", "8", "--ep", "8")
     assert (expert.count, expert.tp, expert.ep) == (None, 8, 8)
 

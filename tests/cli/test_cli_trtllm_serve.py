@@ -87,16 +87,17 @@ def test_each_translated_flag_reaches_serves_parser(argv, dest, value):
 
 
 def test_expert_and_attention_data_parallelism():
-    from doppelchip.cmd_vllm import _serve_args, _unplaceable
+    from doppelchip.dropin import serve_args as pod_args
+    from doppelchip.dropin import unplaceable
 
     a = serve_args(MOE, "--grpc", "--tp_size", "4", "--ep_size", "2")
     assert (a.tp, a.ep, a.count) == (4, 2, None)
     assert serve_args(REPO, "--grpc", "--tp_size", "2", "--ep_size", "2").ep is None  # dense
     out = translate(parse("deepseek-ai/DeepSeek-V3", "--grpc", "--chip", "h200-sxm",
                           "--tp_size", "8", "--ep_size", "8", "--enable_attention_dp"))[0]
-    a = _serve_args(out)
+    a = pod_args(out)
     assert (a.count, a.tp, a.ep) == (8, 1, 8)
-    assert _unplaceable(a, fit_model_len=False) == ""
+    assert unplaceable(a, fit_model_len=False) == ""
 
 
 def write(tmp_path: Path, text: str) -> str:

@@ -219,7 +219,7 @@ def test_without_max_model_len_the_kv_cache_must_hold_the_models_whole_context(c
     """vLLM 0.33.0 stops when one request of the model's max seq len does not fit the KV
     cache (Llama 3.1 8B's 131,072 tokens on a 24 GB card); `auto` takes what fits."""
     from devices import DeploymentSpec, place
-    from doppelchip.cmd_vllm import _serve_args, _unplaceable
+    from doppelchip.dropin import serve_args, unplaceable
 
     rc = main(["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--chip", "rtx-4090"])
     err = capsys.readouterr().err
@@ -232,8 +232,8 @@ def test_without_max_model_len_the_kv_cache_must_hold_the_models_whole_context(c
         vllm = build_parser("vllm").parse_args(
             ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--chip", "rtx-4090",
              "--max-model-len", given])
-        serve = _serve_args(translate(vllm)[0])
-        assert _unplaceable(serve, fit_model_len=vllm.max_model_len is None) == ""
+        serve = serve_args(translate(vllm)[0])
+        assert unplaceable(serve, fit_model_len=vllm.max_model_len is None) == ""
 
 
 def test_a_local_checkpoint_folder_is_read_from_its_config_json(tmp_path, capsys):

@@ -16,12 +16,14 @@ from typing import Any
 import grpc
 import httpx
 from documented import INFERENCE, VLLM_ENGINE, allowed_grpc, allowed_http
-from fuzz_strategies import Case
+from fuzz_strategies import ID_POOL, Case
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from server_proc import ServerProcess, released
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
+from clients.client import AsyncClient
 from doppelchip.v1 import inference_pb2_grpc as pb_grpc
 
 READ_TIMEOUT = 30.0  # a read case that takes this long is stuck: a failure
@@ -154,3 +156,94 @@ def run_batches(loop: LoopThread, run: Callable[[list[Case]], Coroutine[Any, Any
 
     batch()
     return sum(seen)
+
+
+# --- an engine service's fuzzer (SGLang's, TensorRT-LLM's): one stub, raw calls, HTTP ----------
+async def run_service_case(stub: Any, channel: grpc.aio.Channel, case: Case, service: frozenset,
+                           abort: Callable[[str], Any],
+                           other: Callable[[Any, Case], Coroutine[Any, Any, Any]] | None = None
+                           ) -> tuple[Any, frozenset]:
+    """(what came back, what may come back) for one gRPC case of an engine service: a
+    `generate` (its request), `raw` (method and bytes to a streaming method), `unary` (method
+    and bytes), `abort` (an id: `abort(rid)` is the AbortRequest), or any other kind
+    (`other(stub, case)`). A call the client cancelled ends OK."""
+    allowed = allowed_grpc(service, case.action)
+    try:
+        if case.kind == "generate":
+            await _finish(stub.Generate(case.payload, timeout=_timeout(case.action)),
+                          case.action)
+        elif case.kind == "raw":
+            method, data = case.payload
+            await _finish(channel.unary_stream(method)(data, timeout=_timeout(case.action)),
+                          case.action)
+        elif case.kind == "unary":
+            method, data = case.payload
+            await channel.unary_unary(method)(data, timeout=READ_TIMEOUT)
+        elif case.kind == "abort":
+            await stub.Abort(abort(case.payload), timeout=READ_TIMEOUT)
+        else:
+            assert other is not None, case.kind
+            await other(stub, case)
+        return grpc.StatusCode.OK, allowed
+    except grpc.aio.AioRpcError as e:
+        if case.action == "cancel" and e.code() is grpc.StatusCode.CANCELLED:
+            return grpc.StatusCode.OK, allowed
+        return (e.code(), e.details()), allowed
+
+
+CaseRunner = Callable[[Any, grpc.aio.Channel, "httpx.AsyncClient | None", Case],
+                      Coroutine[Any, Any, tuple[Any, frozenset]]]
+
+
+def fuzz_service(pod: ServerProcess, stub_class: type, run_case: CaseRunner,
+                 cases: st.SearchStrategy[Case], one_token: Callable[[str], Any],
+                 examples: int, size: int, http: bool = False) -> int:
+    """Fuzz the engine service `stub_class` of `pod` (`run_case(stub, channel, http, case)`:
+    what came back and what may; `http`: an httpx client on the pod's HTTP port too). The
+    properties: every answer is a status the servicer documents that a serving pod may give
+    (`documented.py`), no read hangs; afterwards the pod is idle (nothing running or waiting,
+    every KV block free) and each pooled id is free again (`one_token(rid)`: a one-token
+    GenerateRequest). The number of cases run; the caller checks the pod's log."""
+    loop = LoopThread()
+    clients: dict[str, Any] = {}
+
+    async def connect() -> None:
+        clients["channel"] = grpc.aio.insecure_channel(
+            pod.target, options=[("grpc.max_send_message_length", -1)])
+        clients["stub"] = stub_class(clients["channel"])
+        clients["http"] = (httpx.AsyncClient(base_url=pod.http_url, timeout=READ_TIMEOUT)
+                           if http else None)
+
+    async def run(batch: list[Case]) -> list[tuple[Case, Any]]:
+        results = await asyncio.gather(*(run_case(clients["stub"], clients["channel"],
+                                                  clients["http"], k) for k in batch))
+        return [(k, answer) for k, (answer, allowed) in zip(batch, results, strict=True)
+                if status_of(answer) not in allowed]
+
+    try:
+        loop.run(connect())
+        count = run_batches(loop, run, cases, examples, size)
+        loop.run(assert_service_idle(pod, stub_class, one_token))
+    finally:
+        if "channel" in clients:
+            loop.run(clients["channel"].close())
+        if clients.get("http") is not None:
+            loop.run(clients["http"].aclose())
+        loop.stop()
+    return count
+
+
+async def assert_service_idle(pod: ServerProcess, stub_class: type,
+                              one_token: Callable[[str], Any]) -> None:
+    """Nothing runs or waits, every KV block is free, and no front end still holds a pooled
+    id in flight: each runs one token, asked from a new connection, which the fuzzer's
+    remembered Aborts (an Abort that may precede its Generate) do not reach."""
+    async with AsyncClient(pod.target) as client:
+        await released(client, (await client.list_deployments()).deployments[0].name,
+                       timeout=30)
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(pod.target, options=own) as channel:
+        stub = stub_class(channel)
+        for rid in ID_POOL:
+            msgs = [m async for m in stub.Generate(one_token(rid))]
+            assert msgs[-1].complete.completion_tokens == 1

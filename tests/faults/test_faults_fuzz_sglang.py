@@ -15,14 +15,12 @@ and its log holds no error or traceback.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-import grpc
 import httpx
 import pytest
-from documented import SGLANG_SCHEDULER, allowed_grpc, allowed_http
-from fuzz_env import DEADLINE, READ_TIMEOUT, LoopThread, run_batches, status_of
+from documented import SGLANG_SCHEDULER, allowed_http
+from fuzz_env import READ_TIMEOUT, fuzz_service, run_service_case
 from fuzz_strategies import (
     ACTION,
     BAD_UTF8,
@@ -41,12 +39,10 @@ from fuzz_strategies import (
     stops,
 )
 from hypothesis import strategies as st
-from server_proc import ServerProcess, released
+from server_proc import ServerProcess
 from smg_grpc_proto import sglang_scheduler_pb2 as spb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as spb_grpc
 from test_faults_fuzz import log_errors
-
-from clients.client import AsyncClient
 
 BATCH = 48
 EXAMPLES = 20
@@ -210,13 +206,6 @@ def case(draw) -> Case:
         **({"dp_rank": draw(st.integers(-1, 2))} if draw(st.booleans()) else {})))
 
 
-async def _finish(call, action: str) -> None:
-    async for _ in call:
-        if action == "cancel":
-            call.cancel()
-            break
-
-
 async def _http(http: httpx.AsyncClient, k: Case) -> int:
     method, path, data = k.payload
     headers = {"Content-Type": "application/json"}
@@ -231,26 +220,9 @@ async def _http(http: httpx.AsyncClient, k: Case) -> int:
 async def run_case(stub, channel, http, k: Case) -> tuple[object, frozenset]:
     if k.kind == "http":
         return await _http(http, k), allowed_http()
-    allowed = allowed_grpc(SGLANG_SCHEDULER, k.action)
-    timeout = DEADLINE if k.action == "deadline" else READ_TIMEOUT
-    try:
-        if k.kind == "generate":
-            await _finish(stub.Generate(k.payload, timeout=timeout), k.action)
-        elif k.kind == "raw":
-            method, data = k.payload
-            await _finish(channel.unary_stream(method)(data, timeout=timeout), k.action)
-        elif k.kind == "unary":
-            method, data = k.payload
-            await channel.unary_unary(method)(data, timeout=READ_TIMEOUT)
-        elif k.kind == "abort":
-            await stub.Abort(spb.AbortRequest(request_id=k.payload), timeout=READ_TIMEOUT)
-        else:
-            await stub.GetLoads(k.payload, timeout=READ_TIMEOUT)
-        return grpc.StatusCode.OK, allowed
-    except grpc.aio.AioRpcError as e:
-        if k.action == "cancel" and e.code() is grpc.StatusCode.CANCELLED:
-            return grpc.StatusCode.OK, allowed
-        return (e.code(), e.details()), allowed
+    return await run_service_case(
+        stub, channel, k, SGLANG_SCHEDULER, lambda rid: spb.AbortRequest(request_id=rid),
+        other=lambda stub, k: stub.GetLoads(k.payload, timeout=READ_TIMEOUT))
 
 
 @pytest.fixture(scope="module")
@@ -260,45 +232,11 @@ def pod():
 
 
 def test_fuzz_sglang_scheduler_answers_only_documented_statuses(pod):
-    loop = LoopThread()
-    channel = stub = http = None
+    def one_token(rid: str) -> spb.GenerateRequest:
+        return spb.GenerateRequest(
+            request_id=rid, tokenized=spb.TokenizedInput(input_ids=[1, 2, 3]),
+            sampling_params=spb.SamplingParams(temperature=1.0, max_new_tokens=1))
 
-    async def connect() -> None:
-        nonlocal channel, stub, http
-        channel = grpc.aio.insecure_channel(pod.target,
-                                            options=[("grpc.max_send_message_length", -1)])
-        stub = spb_grpc.SglangSchedulerStub(channel)
-        http = httpx.AsyncClient(base_url=pod.http_url, timeout=READ_TIMEOUT)
-
-    async def run(cases: list[Case]) -> list[tuple[Case, object]]:
-        results = await asyncio.gather(*(run_case(stub, channel, http, k) for k in cases))
-        return [(k, answer) for k, (answer, allowed) in zip(cases, results, strict=True)
-                if status_of(answer) not in allowed]
-
-    try:
-        loop.run(connect())
-        assert run_batches(loop, run, case(), EXAMPLES, BATCH) >= 900
-        loop.run(assert_idle(pod))
-    finally:
-        if channel is not None:
-            loop.run(channel.close())
-        if http is not None:
-            loop.run(http.aclose())
-        loop.stop()
+    assert fuzz_service(pod, spb_grpc.SglangSchedulerStub, run_case, case(), one_token,
+                        EXAMPLES, BATCH, http=True) >= 900
     assert not (errors := log_errors(pod.log)), "\n".join(errors)
-
-
-async def assert_idle(pod: ServerProcess) -> None:
-    async with AsyncClient(pod.target) as client:
-        await released(client, (await client.list_deployments()).deployments[0].name,
-                       timeout=30)
-    # no front end still holds a pooled id in flight; asked from a new connection, which the
-    # fuzzer's remembered Aborts (an Abort that may precede its Generate) do not reach
-    own = [("grpc.use_local_subchannel_pool", 1)]
-    async with grpc.aio.insecure_channel(pod.target, options=own) as channel:
-        stub = spb_grpc.SglangSchedulerStub(channel)
-        for rid in ID_POOL:
-            msgs = [m async for m in stub.Generate(spb.GenerateRequest(
-                request_id=rid, tokenized=spb.TokenizedInput(input_ids=[1, 2, 3]),
-                sampling_params=spb.SamplingParams(temperature=1.0, max_new_tokens=1)))]
-            assert msgs[-1].complete.completion_tokens == 1

@@ -1,25 +1,17 @@
-"""A property-based fuzzer over a TensorRT-LLM pod's gRPC service (`trtllm.TrtllmService`), as
-`test_faults_fuzz_sglang.py` is over an SGLang pod's: random GenerateRequests (odd sampling
-values, NaN and infinities, beam widths, huge stop lists, guides, n, logprobs, max_tokens
-around the context, unserved fields), invalid UTF-8 written on the wire by hand, random bytes
-to every method, and Aborts, ended by reading, a cancel or a 50 ms deadline, concurrently (ids
-drawn from a small pool collide). The pod's HTTP port is the vLLM API, fuzzed by
-`test_faults_fuzz.py`.
-
-Properties, over 960 cases (20 examples of 48, derandomized): every answer is a status the
-servicer documents that a serving pod may give (`documented.py`), no read hangs; afterwards the
-pod is idle (nothing running or waiting, every KV block free), every pooled id is free again,
-and its log holds no error or traceback.
-"""
+"""The TensorRT-LLM pod's gRPC service (`trtllm.TrtllmService`) fuzzed as the SGLang pod's
+scheduler is (`fuzz_env.fuzz_service`, which states the properties: documented statuses only,
+no hang, an idle pod and a clean log afterwards), with TensorRT-LLM's own odd inputs: beam
+widths, `num_return_sequences`, `max_tokens` of zero or around the context, guides of every
+type (structural tags refused), logprob counts, and each field this pod does not serve (LoRA,
+disaggregated parameters, prompt logprobs, embedding bias, images, logits, bad words); invalid
+UTF-8 in the request id, the text, a stop and a guide. 960 cases, derandomized. The pod's HTTP
+port is the vLLM API, which `test_faults_fuzz.py` fuzzes."""
 
 from __future__ import annotations
 
-import asyncio
-
-import grpc
 import pytest
-from documented import TRTLLM_SERVICE, allowed_grpc
-from fuzz_env import DEADLINE, READ_TIMEOUT, LoopThread, run_batches, status_of
+from documented import TRTLLM_SERVICE
+from fuzz_env import fuzz_service, run_service_case
 from fuzz_strategies import (
     ACTION,
     BAD_UTF8,
@@ -34,12 +26,10 @@ from fuzz_strategies import (
     stops,
 )
 from hypothesis import strategies as st
-from server_proc import ServerProcess, released
+from server_proc import ServerProcess
 from smg_grpc_proto import trtllm_service_pb2 as tpb
 from smg_grpc_proto import trtllm_service_pb2_grpc as tpb_grpc
 from test_faults_fuzz import log_errors
-
-from clients.client import AsyncClient
 
 BATCH = 48
 EXAMPLES = 20
@@ -139,32 +129,9 @@ def case(draw) -> Case:
     return Case("abort", draw(REQUEST_ID))
 
 
-async def _finish(call, action: str) -> None:
-    async for _ in call:
-        if action == "cancel":
-            call.cancel()
-            break
-
-
-async def run_case(stub, channel, k: Case) -> tuple[object, frozenset]:
-    allowed = allowed_grpc(TRTLLM_SERVICE, k.action)
-    timeout = DEADLINE if k.action == "deadline" else READ_TIMEOUT
-    try:
-        if k.kind == "generate":
-            await _finish(stub.Generate(k.payload, timeout=timeout), k.action)
-        elif k.kind == "raw":
-            method, data = k.payload
-            await _finish(channel.unary_stream(method)(data, timeout=timeout), k.action)
-        elif k.kind == "unary":
-            method, data = k.payload
-            await channel.unary_unary(method)(data, timeout=READ_TIMEOUT)
-        else:
-            await stub.Abort(tpb.AbortRequest(request_id=k.payload), timeout=READ_TIMEOUT)
-        return grpc.StatusCode.OK, allowed
-    except grpc.aio.AioRpcError as e:
-        if k.action == "cancel" and e.code() is grpc.StatusCode.CANCELLED:
-            return grpc.StatusCode.OK, allowed
-        return (e.code(), e.details()), allowed
+async def run_case(stub, channel, http, k: Case) -> tuple[object, frozenset]:
+    return await run_service_case(stub, channel, k, TRTLLM_SERVICE,
+                                  lambda rid: tpb.AbortRequest(request_id=rid))
 
 
 @pytest.fixture(scope="module")
@@ -174,42 +141,10 @@ def pod():
 
 
 def test_fuzz_trtllm_service_answers_only_documented_statuses(pod):
-    loop = LoopThread()
-    channel = stub = None
+    def one_token(rid: str) -> tpb.GenerateRequest:
+        return tpb.GenerateRequest(request_id=rid, max_tokens=1,
+                                   tokenized=tpb.TokenizedInput(input_token_ids=[1, 2, 3]))
 
-    async def connect() -> None:
-        nonlocal channel, stub
-        channel = grpc.aio.insecure_channel(pod.target,
-                                            options=[("grpc.max_send_message_length", -1)])
-        stub = tpb_grpc.TrtllmServiceStub(channel)
-
-    async def run(cases: list[Case]) -> list[tuple[Case, object]]:
-        results = await asyncio.gather(*(run_case(stub, channel, k) for k in cases))
-        return [(k, answer) for k, (answer, allowed) in zip(cases, results, strict=True)
-                if status_of(answer) not in allowed]
-
-    try:
-        loop.run(connect())
-        assert run_batches(loop, run, case(), EXAMPLES, BATCH) >= 900
-        loop.run(assert_idle(pod))
-    finally:
-        if channel is not None:
-            loop.run(channel.close())
-        loop.stop()
+    assert fuzz_service(pod, tpb_grpc.TrtllmServiceStub, run_case, case(), one_token,
+                        EXAMPLES, BATCH) >= 900
     assert not (errors := log_errors(pod.log)), "\n".join(errors)
-
-
-async def assert_idle(pod: ServerProcess) -> None:
-    async with AsyncClient(pod.target) as client:
-        await released(client, (await client.list_deployments()).deployments[0].name,
-                       timeout=30)
-    # no front end still holds a pooled id in flight; asked from a new connection, which the
-    # fuzzer's remembered Aborts (an Abort that may precede its Generate) do not reach
-    own = [("grpc.use_local_subchannel_pool", 1)]
-    async with grpc.aio.insecure_channel(pod.target, options=own) as channel:
-        stub = tpb_grpc.TrtllmServiceStub(channel)
-        for rid in ID_POOL:
-            msgs = [m async for m in stub.Generate(tpb.GenerateRequest(
-                request_id=rid, tokenized=tpb.TokenizedInput(input_token_ids=[1, 2, 3]),
-                max_tokens=1))]
-            assert msgs[-1].complete.completion_tokens == 1

@@ -201,3 +201,27 @@ async def wait_for(cond, deadline_s: float = 10.0) -> None:
     while not cond():
         assert loop.time() < end, "condition not met before the deadline"
         await asyncio.sleep(0.01)
+
+
+async def check_cache_aware_chat(gw: Gateway, model: str = MODEL) -> None:
+    """Through smg with `cache_aware` over two gRPC workers: the same chat request three times
+    (6 tokens each) reads cached tokens 0, then > 0 twice (the pod that holds the prompt), and
+    a streamed `n` = 2 request gives two outputs, the first the same text, 12 tokens in all."""
+    prompt = "A long shared system prompt. " * 40
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 6, "ignore_eos": True, "seed": 3}
+    cached = []
+    for _ in range(3):
+        status, out = await gw.call("POST", "/v1/chat/completions", body)
+        assert status == 200, out
+        assert out["usage"]["completion_tokens"] == 6
+        assert out["choices"][0]["finish_reason"] == "length"
+        cached.append((out["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:])  # the pod that holds it
+    status, events = await gw.stream("/v1/chat/completions", {
+        **body, "stream": True, "n": 2, "stream_options": {"include_usage": True}})
+    assert status == 200
+    texts = {i: "".join(c["delta"].get("content") or "" for e in events
+                        for c in e["choices"] if c["index"] == i) for i in (0, 1)}
+    assert texts[0] == out["choices"][0]["message"]["content"] and texts[1]
+    assert events[-1]["usage"]["completion_tokens"] == 12  # n = 2 outputs of 6

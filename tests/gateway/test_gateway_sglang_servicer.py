@@ -5,26 +5,24 @@ SGLang's limits and refusals, the management calls, and every request freed howe
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import io
 import itertools
-import random
 import re
-import zipfile
 from collections.abc import AsyncIterator
 
 import grpc
 import httpx
 import pytest
-from fleets import assert_released
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from server_proc import ServerProcess, end_at_random, metric, read_rest, until
+from engine_service_checks import (
+    Wire,
+    check_cancelled_stream,
+    check_health_and_tokenizer,
+    check_owned_abort,
+    check_storm,
+    released,
+)
+from server_proc import ServerProcess, metric, until
 from smg_grpc_proto import sglang_scheduler_pb2 as spb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as spb_grpc
-from smg_grpc_proto import vllm_engine_pb2 as vpb
-from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
-from smg_grpc_proto.generated import common_pb2
 
 from clients.client import AsyncClient
 from server.engine.tokenizer import get_tokenizer
@@ -66,11 +64,6 @@ def gen(ids=IDS, rid: str = "", stream: bool = True, **sampling) -> spb.Generate
 
 async def responses(stub, request) -> list[spb.GenerateResponse]:
     return [r async for r in stub.Generate(request)]
-
-
-async def released(pod) -> None:
-    async with AsyncClient(pod.target) as c:
-        await assert_released(c, (await c.list_deployments()).deployments[0].name)
 
 
 async def test_a_stream_is_chunks_of_new_ids_then_the_complete(stub, pod):
@@ -184,34 +177,6 @@ async def test_refusals_are_invalid_argument_in_sglangs_words(stub, pod, request
     await released(pod)
 
 
-async def test_health_model_server_info_and_tokenizer(stub, pod):
-    assert (await stub.HealthCheck(spb.HealthCheckRequest())).healthy
-    async with grpc.aio.insecure_channel(pod.target) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        for service in ("", SERVICE_NAME):
-            r = await health.Check(health_pb2.HealthCheckRequest(service=service))
-            assert r.status == health_pb2.HealthCheckResponse.SERVING
-        with pytest.raises(grpc.aio.AioRpcError) as err:  # an SGLang pod: no VllmEngine
-            await vpb_grpc.VllmEngineStub(channel).HealthCheck(vpb.HealthCheckRequest())
-        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    model = await stub.GetModelInfo(spb.GetModelInfoRequest())
-    assert (model.served_model_name, model.is_generation, model.max_context_length,
-            model.max_req_input_len) == ("llama-3.1-8b", True, CTX, CTX - 6)
-    assert list(model.eos_token_ids) == [TOK.eos_token_id]
-    info = await stub.GetServerInfo(spb.GetServerInfoRequest())
-    assert (info.server_type, info.sglang_version) == ("grpc", "0.5.23")
-    args = dict(info.server_args)
-    assert (args["tp_size"], args["context_length"], args["page_size"]) == (1, CTX, 16)
-    assert info.max_total_num_tokens == args["max_total_num_tokens"] > 0
-    data = b""
-    async for chunk in stub.GetTokenizer(common_pb2.GetTokenizerRequest()):
-        data += chunk.data
-        digest = chunk.sha256
-    assert digest == hashlib.sha256(data).hexdigest()
-    assert set(zipfile.ZipFile(io.BytesIO(data)).namelist()) == {"tokenizer.json",
-                                                                  "tokenizer_config.json"}
-
-
 async def test_grpc_requests_count_in_the_sglang_metrics(stub, pod):
     async with httpx.AsyncClient(base_url=pod.http_url, timeout=30) as h:
         def grew(before: str, after: str, streaming: str) -> float:
@@ -230,35 +195,37 @@ async def test_grpc_requests_count_in_the_sglang_metrics(stub, pod):
         assert tokens[1] - tokens[0] == 6
 
 
+async def _healthy(stub) -> bool:
+    return (await stub.HealthCheck(spb.HealthCheckRequest())).healthy
+
+
+WIRE = Wire(spb_grpc.SglangSchedulerStub,
+            lambda rid, streaming, max_new, n: gen(rid=rid, stream=streaming, ignore_eos=True,
+                                                   max_new_tokens=max_new, n=n),
+            lambda rid: spb.AbortRequest(request_id=rid),
+            lambda m: m.complete.finish_reason if m.HasField("complete") else "",
+            "abort", _healthy)
+
+
+async def test_health_model_server_info_and_tokenizer(stub, pod):
+    await check_health_and_tokenizer(pod, WIRE, SERVICE_NAME)
+    model = await stub.GetModelInfo(spb.GetModelInfoRequest())
+    assert (model.served_model_name, model.is_generation, model.max_context_length,
+            model.max_req_input_len) == ("llama-3.1-8b", True, CTX, CTX - 6)
+    assert list(model.eos_token_ids) == [TOK.eos_token_id]
+    info = await stub.GetServerInfo(spb.GetServerInfoRequest())
+    assert (info.server_type, info.sglang_version) == ("grpc", "0.5.23")
+    args = dict(info.server_args)
+    assert (args["tp_size"], args["context_length"], args["page_size"]) == (1, CTX, 16)
+    assert info.max_total_num_tokens == args["max_total_num_tokens"] > 0
+
+
 async def test_abort_is_owned_and_frees_the_request(slow_pod):
-    own = [("grpc.use_local_subchannel_pool", 1)]  # two connections, two peers
-    async with grpc.aio.insecure_channel(slow_pod.target, options=own) as mine, \
-            grpc.aio.insecure_channel(slow_pod.target, options=own) as theirs:
-        stub, other = spb_grpc.SglangSchedulerStub(mine), spb_grpc.SglangSchedulerStub(theirs)
-        call = stub.Generate(gen(rid="ab-1", ignore_eos=True))
-        assert (await call.read()).chunk.token_ids
-        refused = await other.Abort(spb.AbortRequest(request_id="ab-1"))
-        assert (refused.success, refused.message) == (False, "Request ab-1 not found")
-        ok = await stub.Abort(spb.AbortRequest(request_id="ab-1"))
-        assert (ok.success, ok.message) == (True, "Request ab-1 aborted")
-        rest = await read_rest(call)
-        assert rest[-1].complete.finish_reason == "abort"
-        await released(slow_pod)
-        early = await stub.Abort(spb.AbortRequest(request_id="ab-2"))  # before its Generate
-        assert not early.success
-        msgs = await responses(stub, gen(rid="ab-2", max_new_tokens=4))
-        assert [m.complete.finish_reason for m in msgs] == ["abort"]  # nothing ran
-    await released(slow_pod)
+    await check_owned_abort(slow_pod, WIRE)
 
 
 async def test_a_cancelled_stream_frees_the_request(slow_pod):
-    async with grpc.aio.insecure_channel(slow_pod.target) as channel:
-        stub = spb_grpc.SglangSchedulerStub(channel)
-        call = stub.Generate(gen(rid="cx-1", ignore_eos=True, n=2))
-        await call.read()
-        call.cancel()
-    slow_pod.wait_for_log(r"\[request_id=1_cx-1\] finished on .*: abort")
-    await released(slow_pod)
+    await check_cancelled_stream(slow_pod, WIRE)
 
 
 async def test_loads_are_the_schedulers(slow_pod):
@@ -295,27 +262,7 @@ async def test_loads_are_the_schedulers(slow_pod):
 
 
 async def test_a_cancellation_storm_leaves_the_pool_idle(pod):
-    """120 requests (n of 1 or 2, streaming or not) ended by their clients at seeded random
-    points — before admission, mid-stream, by a deadline: afterwards nothing runs or waits,
-    every KV block is free, and the front end logged no error (it did not crash)."""
-    rng = random.Random(7)
-    start = len(pod.log)
-
-    async def one(stub, i: int) -> str:
-        how = rng.choice(("sleep", "chunks", "deadline"))
-        call = stub.Generate(gen(rid=f"storm-{i}", stream=rng.random() < 0.7, ignore_eos=True,
-                                 max_new_tokens=200, n=rng.choice((1, 2))),
-                             timeout=rng.uniform(0.001, 0.1) if how == "deadline" else 30)
-        return await end_at_random(call, how, rng)
-
-    async with grpc.aio.insecure_channel(pod.target) as channel:
-        stub = spb_grpc.SglangSchedulerStub(channel)
-        outcomes = await asyncio.gather(*(one(stub, i) for i in range(120)))
-        assert set(outcomes) <= {"OK", "CANCELLED", "DEADLINE_EXCEEDED"}, outcomes
-        assert (await stub.HealthCheck(spb.HealthCheckRequest())).healthy
-    await released(pod)
-    assert not [line for line in pod.log[start:].splitlines()
-                if " ERROR " in line or line.startswith("Traceback")]
+    await check_storm(pod, WIRE, seed=7)
 
 
 async def test_an_embedding_pods_embed_and_health_pool():

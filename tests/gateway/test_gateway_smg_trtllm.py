@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from fleets import assert_released
-from gateway_harness import SMG, gateway_over
+from gateway_harness import SMG, check_cache_aware_chat, gateway_over
 from server_proc import ServerProcess
 
 from clients.client import AsyncClient
@@ -38,25 +38,7 @@ async def test_smg_fronts_trtllm_pods_over_grpc(tmp_path):
         assert sorted((w["runtime_type"], w["connection_mode"]) for w in workers["workers"]) \
             == [("trtllm", "grpc")] * 2
         assert all(w["labels"]["max_seq_len"] == str(CTX) for w in workers["workers"])
-        prompt = "A long shared system prompt. " * 40
-        body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": 6, "ignore_eos": True, "seed": 3}
-        cached = []
-        for _ in range(3):
-            status, out = await gw.call("POST", "/v1/chat/completions", body)
-            assert status == 200, out
-            assert out["usage"]["completion_tokens"] == 6
-            assert out["choices"][0]["finish_reason"] == "length"
-            cached.append((out["usage"].get("prompt_tokens_details") or {}).get(
-                "cached_tokens", 0))
-        assert cached[0] == 0 and all(c > 0 for c in cached[1:])  # the pod that holds it
-        status, events = await gw.stream("/v1/chat/completions", {
-            **body, "stream": True, "n": 2, "stream_options": {"include_usage": True}})
-        assert status == 200
-        texts = {i: "".join(c["delta"].get("content") or "" for e in events
-                            for c in e["choices"] if c["index"] == i) for i in (0, 1)}
-        assert texts[0] == out["choices"][0]["message"]["content"] and texts[1]
-        assert events[-1]["usage"]["completion_tokens"] == 12  # n = 2 outputs of 6
+        await check_cache_aware_chat(gw)
         status, out = await gw.call("POST", "/v1/completions", {
             "model": "llama-3.1-8b", "prompt": "The capital of France is", "max_tokens": 5,
             "ignore_eos": True})

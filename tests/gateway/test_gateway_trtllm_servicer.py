@@ -6,25 +6,23 @@ limits and refusals, the management calls, and every request freed however it en
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import io
 import itertools
-import random
-import zipfile
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from fleets import assert_released
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from server_proc import ServerProcess, end_at_random, read_rest
+from engine_service_checks import (
+    Wire,
+    check_cancelled_stream,
+    check_health_and_tokenizer,
+    check_owned_abort,
+    check_storm,
+    released,
+)
+from server_proc import ServerProcess
 from smg_grpc_proto import trtllm_service_pb2 as tpb
 from smg_grpc_proto import trtllm_service_pb2_grpc as tpb_grpc
-from smg_grpc_proto import vllm_engine_pb2 as vpb
-from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
-from smg_grpc_proto.generated import common_pb2
 
-from clients.client import AsyncClient
 from server.engine.tokenizer import get_tokenizer
 from server.trtllm_servicer import SERVICE_NAME
 
@@ -68,11 +66,6 @@ def gen(ids=IDS, rid: str = "", streaming: bool = True, max_tokens: int = 16, k:
 
 async def responses(stub, request) -> list[tpb.GenerateResponse]:
     return [r async for r in stub.Generate(request)]
-
-
-async def released(pod) -> None:
-    async with AsyncClient(pod.target) as c:
-        await assert_released(c, (await c.list_deployments()).deployments[0].name)
 
 
 async def test_a_stream_is_chunks_of_new_ids_then_the_complete_with_all(stub, pod):
@@ -196,16 +189,21 @@ async def test_guided_decoding_constrains_the_output(stub):
         ("yes", "no")
 
 
+async def _healthy(stub) -> bool:
+    return (await stub.HealthCheck(tpb.HealthCheckRequest())).status == "OK"
+
+
+WIRE = Wire(tpb_grpc.TrtllmServiceStub,
+            lambda rid, streaming, max_tokens, n: gen(rid=rid, streaming=streaming,
+                                                      max_tokens=max_tokens, ignore_eos=True,
+                                                      num_return_sequences=n),
+            lambda rid: tpb.AbortRequest(request_id=rid),
+            lambda m: m.complete.finish_reason if m.HasField("complete") else "",
+            "cancelled", _healthy)
+
+
 async def test_health_model_server_info_and_tokenizer(stub, pod):
-    assert (await stub.HealthCheck(tpb.HealthCheckRequest())).status == "OK"
-    async with grpc.aio.insecure_channel(pod.target) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        for service in ("", SERVICE_NAME):
-            r = await health.Check(health_pb2.HealthCheckRequest(service=service))
-            assert r.status == health_pb2.HealthCheckResponse.SERVING
-        with pytest.raises(grpc.aio.AioRpcError) as err:  # a TensorRT-LLM pod: no VllmEngine
-            await vpb_grpc.VllmEngineStub(channel).HealthCheck(vpb.HealthCheckRequest())
-        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    await check_health_and_tokenizer(pod, WIRE, SERVICE_NAME)
     model = await stub.GetModelInfo(tpb.GetModelInfoRequest())
     assert (model.model_id, model.max_seq_len, model.max_input_len, model.vocab_size) == \
         ("llama-3.1-8b", CTX, CTX, TOK.vocab_size)  # max_input_len: min(1024, max_seq_len)
@@ -216,67 +214,15 @@ async def test_health_model_server_info_and_tokenizer(stub, pod):
         await stub.Embed(tpb.EmbedRequest(tokenized=tpb.TokenizedInput(input_token_ids=IDS)))
     assert (err.value.code(), err.value.details()) == (grpc.StatusCode.UNIMPLEMENTED,
                                                        "Embed RPC not yet implemented")
-    data = b""
-    async for chunk in stub.GetTokenizer(common_pb2.GetTokenizerRequest()):
-        data += chunk.data
-        digest = chunk.sha256
-    assert digest == hashlib.sha256(data).hexdigest()
-    assert set(zipfile.ZipFile(io.BytesIO(data)).namelist()) == {"tokenizer.json",
-                                                                  "tokenizer_config.json"}
 
 
 async def test_abort_is_owned_and_frees_the_request(slow_pod):
-    own = [("grpc.use_local_subchannel_pool", 1)]  # two connections, two peers
-    async with grpc.aio.insecure_channel(slow_pod.target, options=own) as mine, \
-            grpc.aio.insecure_channel(slow_pod.target, options=own) as theirs:
-        stub, other = tpb_grpc.TrtllmServiceStub(mine), tpb_grpc.TrtllmServiceStub(theirs)
-        call = stub.Generate(gen(rid="ab-1", ignore_eos=True, max_tokens=400))
-        assert (await call.read()).chunk.token_ids
-        refused = await other.Abort(tpb.AbortRequest(request_id="ab-1"))
-        assert (refused.success, refused.message) == (False, "Request ab-1 not found")
-        ok = await stub.Abort(tpb.AbortRequest(request_id="ab-1"))
-        assert (ok.success, ok.message) == (True, "Request ab-1 aborted")
-        rest = await read_rest(call)
-        assert rest[-1].complete.finish_reason == "cancelled"
-        await released(slow_pod)
-        early = await stub.Abort(tpb.AbortRequest(request_id="ab-2"))  # before its Generate
-        assert not early.success
-        msgs = await responses(stub, gen(rid="ab-2", max_tokens=4))
-        assert [m.complete.finish_reason for m in msgs] == ["cancelled"]  # nothing ran
-    await released(slow_pod)
+    await check_owned_abort(slow_pod, WIRE)
 
 
 async def test_a_cancelled_stream_frees_the_request(slow_pod):
-    async with grpc.aio.insecure_channel(slow_pod.target) as channel:
-        stub = tpb_grpc.TrtllmServiceStub(channel)
-        call = stub.Generate(gen(rid="cx-1", ignore_eos=True, max_tokens=400,
-                                 num_return_sequences=2))
-        await call.read()
-        call.cancel()
-    slow_pod.wait_for_log(r"\[request_id=1_cx-1\] finished on .*: abort")
-    await released(slow_pod)
+    await check_cancelled_stream(slow_pod, WIRE)
 
 
 async def test_a_cancellation_storm_leaves_the_pool_idle(pod):
-    """120 requests (1 or 2 sequences, streaming or not) ended by their clients at seeded
-    random points — before admission, mid-stream, by a deadline: afterwards nothing runs or
-    waits, every KV block is free, and the front end logged no error."""
-    rng = random.Random(11)
-    start = len(pod.log)
-
-    async def one(stub, i: int) -> str:
-        how = rng.choice(("sleep", "chunks", "deadline"))
-        call = stub.Generate(gen(rid=f"storm-{i}", streaming=rng.random() < 0.7,
-                                 ignore_eos=True, max_tokens=200,
-                                 num_return_sequences=rng.choice((1, 2))),
-                             timeout=rng.uniform(0.001, 0.1) if how == "deadline" else 30)
-        return await end_at_random(call, how, rng)
-
-    async with grpc.aio.insecure_channel(pod.target) as channel:
-        stub = tpb_grpc.TrtllmServiceStub(channel)
-        outcomes = await asyncio.gather(*(one(stub, i) for i in range(120)))
-        assert set(outcomes) <= {"OK", "CANCELLED", "DEADLINE_EXCEEDED"}, outcomes
-        assert (await stub.HealthCheck(tpb.HealthCheckRequest())).status == "OK"
-    await released(pod)
-    assert not [line for line in pod.log[start:].splitlines()
-                if " ERROR " in line or line.startswith("Traceback")]
+    await check_storm(pod, WIRE, seed=11)
