@@ -79,7 +79,7 @@ class SglangSchedulerServicer(EngineServicer):
         streams = call.streams
         k = max(0, request.top_logprobs_num) if request.return_logprob else 0
         outs = [Output(s, Logprobs(self.client.tokenizer, s.request.sampling.seed or 0)
-                        if request.return_logprob else None) for s in streams]
+                       if request.return_logprob else None) for s in streams]
         eos = self.client.tokenizer.eos_token_id
         ended: dict[int, spb.GenerateComplete] = {}
         try:  # from here on every way out frees what the engine holds

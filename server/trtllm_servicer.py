@@ -73,7 +73,7 @@ class TrtllmServiceServicer(EngineServicer):
         oc = request.output_config
         k = oc.logprobs if oc.HasField("logprobs") else 0
         seqs = [Output(s, Logprobs(self.client.tokenizer, s.request.sampling.seed or 0)
-                          if k > 0 else None) for s in streams]
+                       if k > 0 else None) for s in streams]
         ended: dict[int, tpb.GenerateComplete] = {}
         try:  # from here on every way out frees what the engine holds
             await self.send_headers(context, rid)
