@@ -132,7 +132,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from server import forkserver
 
     forkserver.start_early()  # it preloads on the other core while the lines below run
-    from server.config import ConfigError, kv_events_problem, load_fleet, server_problem
+    from server.config import ConfigError, kv_events_problem, load_fleet
+    from server.server_config import server_problem
     from server.stats.buckets import parse_custom_histogram_buckets
     from server.supervisor import ServeOptions, serve
 

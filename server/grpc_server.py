@@ -18,7 +18,7 @@ import grpc
 
 from server.auth import ApiKeyInterceptor, ApiKeys
 from server.backlog import BACKLOG_OPTIONS
-from server.config import ServerConfig
+from server.server_config import ServerConfig
 
 
 def server_options(cfg: ServerConfig, reuse_port: bool) -> list[tuple[str, int]]:

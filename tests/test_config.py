@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from server.config import ConfigError, ServerConfig, load_fleet, parse_fleet, server_problem
+from server.config import ConfigError, load_fleet, parse_fleet
+from server.server_config import ServerConfig, server_problem
 
 
 def test_default_fleet_covers_every_system_in_the_design_notes():

@@ -34,8 +34,9 @@ from gaie import inference_gateway, llm_d_values  # noqa: E402
 from smg_router import smg_example  # noqa: E402
 
 from devices import make_compile_strategy, place  # noqa: E402
-from server.config import FleetConfig, ServerConfig, load_fleet  # noqa: E402
+from server.config import FleetConfig, load_fleet  # noqa: E402
 from server.engine.build import EngineOptions  # noqa: E402
+from server.server_config import ServerConfig  # noqa: E402
 
 IMAGE = "doppelchip:latest"  # built by deploy/Dockerfile; load it into the cluster (README.md)
 GENERATED = ("pods", "fleet", "monitoring", "inference-gateway", "smg", "llm-d")

@@ -36,8 +36,9 @@ from typing import Protocol
 
 from emit import Comments, Doc, dump
 
-from server.config import FleetConfig, ServerConfig
+from server.config import FleetConfig
 from server.engine.build import EngineOptions
+from server.server_config import ServerConfig
 
 WORKER = "doppelchip-sglang-grpc"
 WORKER_ARGV = ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--smg-grpc-mode",

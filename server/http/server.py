@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import uvicorn
 from starlette.types import ASGIApp
 
-from server.config import ServerConfig
 from server.http.listener import HeaderLimits, guarded_protocol
+from server.server_config import ServerConfig
 
 BACKLOG = 2048
 

@@ -11,8 +11,9 @@ import math
 import pytest
 from k8s_validation import K8S, docs_of, load_all
 
-from server.config import ServerConfig, load_fleet, parse_fleet
+from server.config import load_fleet, parse_fleet
 from server.engine.build import build_core
+from server.server_config import ServerConfig
 
 FLEET = load_fleet()
 SERVER = FLEET.server

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from server.config import ServerConfig, server_problem
 from server.http.errors import HttpError
 from server.http.sglang.native import prometheus_loads
 from server.http.sglang.protocol import completion_body, parse
+from server.server_config import ServerConfig, server_problem
 from server.stats.collector_sglang import HitRate, Throughput
 
 
