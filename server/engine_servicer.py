@@ -42,8 +42,6 @@ from server.kv_events import relay as kv_relay
 log = logging.getLogger("doppelchip.engine_grpc")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-# what GetModelInfo names for every model: the mock model and its tokenizer are Llama-shaped
-MODEL_TYPE, ARCHITECTURES = "llama", ("LlamaForCausalLM",)
 CHUNK_BYTES = 64 * 1024  # as the servicers stream the bundle
 
 

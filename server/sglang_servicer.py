@@ -41,7 +41,8 @@ from smg_grpc_proto import sglang_scheduler_pb2 as spb
 from server import sglang_convert as sc
 from server import vllm_embed, wire
 from server.engine.interface import FinishReason
-from server.engine_servicer import ARCHITECTURES, MODEL_TYPE, EngineServicer
+from server.engine.tokenizer import ARCHITECTURES, MODEL_TYPE
+from server.engine_servicer import EngineServicer
 from server.frontend import parallel, sglang_pod
 from server.frontend.deployment import DeploymentClient
 from server.frontend.logprobs import Logprobs

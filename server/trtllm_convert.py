@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import msgspec
 from smg_grpc_proto import trtllm_service_pb2 as tpb
 
 from server.engine.interface import (
+    JSON_OBJECT,
     Constraint,
     EngineRequest,
     InvalidRequest,
@@ -59,7 +59,7 @@ def _constraint(req: tpb.GenerateRequest) -> Constraint | None:
         return None  # GUIDE_TYPE_UNSPECIFIED: no constraint, as TensorRT-LLM
     kind = GUIDES[g.guide_type]
     if kind == "json_object":  # any JSON object (TensorRT-LLM's json_object=True)
-        return Constraint("json_schema", text='{"type": "object"}')
+        return Constraint("json_schema", text=JSON_OBJECT)
     return Constraint(kind, text=g.guide)  # type: ignore[arg-type]  # json_schema, regex, grammar
 
 
@@ -117,7 +117,8 @@ def to_engine_requests(req: tpb.GenerateRequest, rid: str, max_seq_len: int,
         raise InvalidRequest(f"n must be in [1, {MAX_N}], got {n}")
     top_k = sc.top_k if sc.HasField("top_k") else None
     top_p = sc.top_p if sc.HasField("top_p") else 1.0
-    if n > 1 and top_k in (None, 1) and top_p == 0.0:
+    greedy = top_p == 0.0 and top_k in (None, 1)  # the LLM API's _greedy_decoding
+    if n > 1 and greedy:
         raise InvalidRequest(
             f"Greedy decoding in the LLM API does not allow multiple returns. Please set to "
             f"best_of=1, got best_of={n}. Please set to best_of=1 or set an environment "
@@ -129,9 +130,8 @@ def to_engine_requests(req: tpb.GenerateRequest, rid: str, max_seq_len: int,
     max_new = max_new_tokens(req.max_tokens, len(ids), max_seq_len)
     sampling = SamplingParams(
         max_tokens=max_new, min_tokens=min(sc.min_tokens, max_new),
-        temperature=sc.temperature if sc.HasField("temperature") else 1.0,
-        # top_p 0 is greedy in TensorRT-LLM: the engine's top_p is in (0, 1], and its
-        # temperature 0 is the same greedy choice
+        # greedy as the engine's temperature 0 (its top_p is in (0, 1])
+        temperature=0.0 if greedy else sc.temperature if sc.HasField("temperature") else 1.0,
         top_p=top_p if top_p > 0 else 1.0, top_k=top_k if top_k else -1,
         min_p=sc.min_p,
         repetition_penalty=sc.repetition_penalty if sc.HasField("repetition_penalty") else 1.0,
@@ -139,8 +139,6 @@ def to_engine_requests(req: tpb.GenerateRequest, rid: str, max_seq_len: int,
         seed=sc.seed if sc.HasField("seed") else None, ignore_eos=req.ignore_eos,
         stop=tuple(req.stop), stop_token_ids=tuple(req.stop_token_ids),
         include_stop_str_in_output=req.include_stop_token_in_output)
-    if top_p == 0.0 and top_k in (None, 1):
-        sampling = msgspec.structs.replace(sampling, temperature=0.0)
     sampling.validate()
     request = EngineRequest(request_id=rid, prompt_token_ids=ids, sampling=sampling,
                             constraint=_constraint(req), stream=req.streaming)

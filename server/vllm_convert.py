@@ -15,6 +15,7 @@ from __future__ import annotations
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 
 from server.engine.interface import (
+    JSON_OBJECT,
     Constraint,
     DeploymentStatus,
     EngineRequest,
@@ -22,7 +23,7 @@ from server.engine.interface import (
     SamplingParams,
     TokenChunk,
 )
-from server.engine_servicer import ARCHITECTURES, MODEL_TYPE
+from server.engine.tokenizer import ARCHITECTURES, MODEL_TYPE
 
 
 def to_sampling(sp: vpb.SamplingParams) -> SamplingParams:
@@ -61,7 +62,7 @@ def to_constraint(sp: vpb.SamplingParams) -> Constraint | None:
     if kind == "choice":
         return Constraint("choice", choices=tuple(sp.choice.choices))
     if kind == "json_object":
-        return Constraint("json_schema", text='{"type": "object"}') if sp.json_object else None
+        return Constraint("json_schema", text=JSON_OBJECT) if sp.json_object else None
     if kind == "structural_tag":
         raise InvalidRequest("structural_tag constraints are not supported")
     return Constraint(kind, text=getattr(sp, kind))  # json_schema, regex, grammar

@@ -157,6 +157,9 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
 ConstraintKind = Literal["regex", "json_schema", "choice", "grammar"]
 
 
+JSON_OBJECT = '{"type": "object"}'  # the schema of "any JSON object" (json_object constraints)
+
+
 class Constraint(msgspec.Struct, frozen=True):
     """Structured output: the generated text must match this (see `constraints.py`).
 

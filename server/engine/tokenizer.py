@@ -38,6 +38,9 @@ if TYPE_CHECKING:  # imported where the vocabulary is first parsed (see `Tokeniz
     from tokenizers import Tokenizer as HFTokenizer
 
 TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer_data"
+# what the engine services' model info names for every model: the mock model and this
+# tokenizer are Llama-shaped
+MODEL_TYPE, ARCHITECTURES = "llama", ("LlamaForCausalLM",)
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -16,7 +16,7 @@ import json
 import math
 from typing import Any
 
-from server.engine.interface import Constraint, SamplingParams
+from server.engine.interface import JSON_OBJECT, Constraint, SamplingParams
 from server.engine.tokenizer import get_tokenizer
 from server.frontend.parallel import MAX_N
 from server.http.errors import bad_request, vllm_invalid
@@ -29,7 +29,6 @@ from server.http.protocol import (
 )
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
-JSON_OBJECT = '{"type": "object"}'  # what json_object constrains to (any JSON object)
 
 
 def check_common(req: GenerationFields, max_tokens: int | None) -> int:

@@ -147,16 +147,19 @@ def start_smg(worker_urls: list[str], log: Path, *extra: str) -> tuple[subproces
     return proc, port
 
 
-def stop_smg(proc: subprocess.Popen) -> None:
+def stop_group(proc: subprocess.Popen, timeout: float = 5.0) -> int:
+    """SIGTERM to a process started in its own session (smg, a launcher and its children),
+    SIGKILL if it is not gone within `timeout`; its exit status."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=5)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
+    return proc.returncode
 
 
 @contextlib.asynccontextmanager
@@ -189,7 +192,7 @@ async def gateway_over(tmp_path: Path, replicas: list[ServerProcess], url, model
         yield gw
     finally:
         if proc is not None:
-            await asyncio.to_thread(stop_smg, proc)
+            await asyncio.to_thread(stop_group, proc)
         for r in replicas:
             await asyncio.to_thread(r.stop)
 

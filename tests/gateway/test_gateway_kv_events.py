@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 import zmq
-from gateway_harness import SMG, Gateway, free_port, start_smg, stop_smg, wait_for
+from gateway_harness import SMG, Gateway, free_port, start_smg, stop_group, wait_for
 from server_proc import ServerProcess
 
 from server.engine.tokenizer import get_tokenizer
@@ -133,7 +133,7 @@ async def scenario(tmp_path: Path, servers: list[ServerProcess], policy: str) ->
             prompt, cached = prompt + p, cached + c
         return cached / prompt
     finally:
-        await asyncio.to_thread(stop_smg, proc)
+        await asyncio.to_thread(stop_group, proc)
 
 
 def batches_published(url: str) -> int:

@@ -8,14 +8,13 @@ A shim without its `__main__` guard starts a second server in the pod's worker p
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from gateway_harness import OFFLINE, SMG, free_port, http
+from gateway_harness import OFFLINE, SMG, free_port, http, stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIMS = ROOT / "deploy" / "shims"
@@ -38,19 +37,8 @@ def started(cmd: list[str], url: str, log: Path, ready, deadline_s: float = 60.0
         if ready(status, body):
             return proc
         time.sleep(0.2)
-    stop(proc)
+    stop_group(proc, timeout=30)
     raise AssertionError(f"not ready: {' '.join(cmd)}\n{log.read_text(errors='replace')[-4000:]}")
-
-
-def stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    return proc.returncode
 
 
 def test_sglang_launch_server_module_starts_an_sglang_pod(tmp_path):
@@ -65,7 +53,7 @@ def test_sglang_launch_server_module_starts_an_sglang_pod(tmp_path):
             "text": "hi", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
         assert status == 200 and len(body["output_ids"]) == 3, body
     finally:
-        assert stop(proc) == 0
+        assert stop_group(proc, timeout=30) == 0
 
 
 @pytest.mark.skipif(SMG is None, reason="smg is not installed (make install-dev)")
@@ -85,6 +73,6 @@ def test_smgs_trtllm_launcher_starts_a_trtllm_pod_through_the_module(tmp_path):
             "model": "llama-3.1-8b", "prompt": "hello", "max_tokens": 4, "ignore_eos": True})
         assert status == 200 and out["usage"]["completion_tokens"] == 4, out
     finally:
-        stop(proc)
+        stop_group(proc, timeout=30)
     log = (tmp_path / "smg.log").read_text(errors="replace")
     assert "doppelchip serve --chip h100-sxm --engine tensorrt-llm --grpc-api trtllm" in log
