@@ -8,6 +8,8 @@ A shim without its `__main__` guard starts a second server in the pod's worker p
 from __future__ import annotations
 
 import os
+import random
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +20,27 @@ from gateway_harness import OFFLINE, SMG, free_port, http, stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIMS = ROOT / "deploy" / "shims"
+
+
+def quiet_pair() -> int:
+    """A port P with P + 1 free too, below the kernel's ephemeral range (32768-60999) and
+    the docs checker's (10000-32699): the pod binds P + 1 for HTTP itself, and an ephemeral
+    port next to a free one can be taken by any outgoing connection meanwhile."""
+    rng = random.Random()
+    for _ in range(200):
+        p = rng.randrange(4000, 9900)
+        if all(_bindable(p + i) for i in (0, 1)):
+            return p
+    raise RuntimeError("no two free consecutive ports in 4000-9900")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def started(cmd: list[str], url: str, log: Path, ready, deadline_s: float = 60.0
@@ -58,7 +81,7 @@ def test_sglang_launch_server_module_starts_an_sglang_pod(tmp_path):
 
 @pytest.mark.skipif(SMG is None, reason="smg is not installed (make install-dev)")
 def test_smgs_trtllm_launcher_starts_a_trtllm_pod_through_the_module(tmp_path):
-    port, prometheus, worker = free_port(), free_port(), free_port()
+    port, prometheus, worker = free_port(), free_port(), quiet_pair()
     proc = started([SMG, "serve", "--backend", "trtllm", "--model", "llama-3.1-8b", "--host",
                     "127.0.0.1", "--port", str(port), "--worker-host", "127.0.0.1",
                     "--worker-base-port", str(worker), "--router-prometheus-host", "127.0.0.1",
