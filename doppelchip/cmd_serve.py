@@ -110,18 +110,23 @@ def register(subparsers: Any) -> None:
     pod.add_argument("--data-parallel-start-rank", type=int, metavar="S",
                      help="the first rank run here (the engine label of the first: S); "
                      "default 0")
-    pod.add_argument("--http-api", choices=["vllm", "sglang"],
+    pod.add_argument("--http-api", choices=["vllm", "sglang", "trtllm"],
                      help="the server the pod imitates: vllm (default: vLLM's OpenAI server; "
-                     "vllm.grpc.engine on the gRPC port) or sglang (SGLang's server: /generate, "
+                     "vllm.grpc.engine on the gRPC port), sglang (SGLang's server: /generate, "
                      "/model_info, /server_info, /v1/loads, /flush_cache, the OpenAI routes, "
-                     "sglang: metrics; sglang.grpc.scheduler on the gRPC port; docs/SGLANG.md)")
+                     "sglang: metrics; sglang.grpc.scheduler on the gRPC port; docs/SGLANG.md) "
+                     "or trtllm (trtllm-serve's OpenAI server: /health, /version, the iteration "
+                     "stats on /metrics, trtllm_ series on /prometheus/metrics; "
+                     "trtllm.TrtllmService on the gRPC port; docs/TRTLLM.md)")
     pod.add_argument("--grpc-api", choices=["vllm", "sglang", "trtllm"],
                      help="the engine service on the gRPC port (default: the --http-api's): "
                      "trtllm serves TensorRT-LLM's trtllm.TrtllmService (`trtllm-serve "
                      "--grpc`) in place of vllm.grpc.engine, on a vLLM-API pod (docs/TRTLLM.md)")
     pod.add_argument("--enable-metrics", action="store_true", default=None,
                      help="as SGLang's flag, on an --http-api sglang pod: serve /metrics with "
-                     "SGLang's sglang: series (without it SGLang mounts no /metrics)")
+                     "SGLang's sglang: series (without it SGLang mounts no /metrics); on an "
+                     "--http-api trtllm pod, TensorRT-LLM's return_perf_metrics and "
+                     "enable_iter_perf_stats: /prometheus/metrics and the iteration stats")
     pod.add_argument("--enable-expert-parallel", action="store_true",
                      help="as vLLM's flag: experts spread over every chip of a stage "
                      "(--ep = --count / --pp, or --tp without --count)")

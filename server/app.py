@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 import grpc
@@ -43,6 +44,7 @@ from server.http.responses_store import ResponseStore
 from server.http.server import HttpServer, ListenerOptions
 from server.http.sglang.app import build_sglang_app
 from server.http.state import HttpState
+from server.http.trtllm.app import build_trtllm_app
 from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.metrics import MetricsView
@@ -63,7 +65,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 class FrontendApp:
     def __init__(self, config: FleetConfig, infos: list[list[DeploymentInfo]], *, frontend: int,
                  run_dir: RunDir, wall0: float, port: int, http_port: int,
-                 reuse_port: bool, num_frontends: int = 1) -> None:
+                 reuse_port: bool, num_frontends: int = 1, supervisor_pid: int = 0) -> None:
         self.config, self.frontend = config, frontend
         cfg = config.server
         self.timeline = Timeline(wall0, cfg.time_scale)
@@ -75,9 +77,10 @@ class FrontendApp:
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
         keys = [(d, r.rank) for d, ranks in enumerate(infos) for r in ranks]
         buckets = parse_custom_histogram_buckets(cfg.custom_histogram_buckets)
-        sglang = cfg.http_api == "sglang" and cfg.enable_metrics  # SGLang's sglang: series
+        # whose series the pod exports: an SGLang or TensorRT-LLM pod's with --enable-metrics
+        series = cfg.http_api if cfg.enable_metrics else "vllm"
         self.stats = FrontendStats(run_dir.frontend_stats(frontend), keys, max(1, max_len),
-                                   any(r.faults for d in infos for r in d), buckets, sglang)
+                                   any(r.faults for d in infos for r in d), buckets, series)
         tokenizer = get_tokenizer()
         tokenizer.warm()  # not at the first request: its TTFT would pay ~0.3 s
         self.pacer = LoopPacer()  # coalescing while this process's event loop is saturated
@@ -114,7 +117,8 @@ class FrontendApp:
         enable_multiprocess(run_dir.prometheus_dir())
         collector = StatsCollector(infos, run_dir, num_frontends, cfg.time_scale, wall0,
                                    cfg.show_hidden_metrics_for_version == "0.10", cfg.pod,
-                                   buckets, log_stats=not cfg.disable_log_stats, sglang=sglang)
+                                   buckets, log_stats=not cfg.disable_log_stats, series=series,
+                                   pid=supervisor_pid or os.getpid())
         self.http_state = HttpState(self.fleet, tokenizer,
                                     MetricsView(collector, run_dir.prometheus_dir()),
                                     load_tracking=cfg.enable_server_load_tracking,
@@ -128,9 +132,10 @@ class FrontendApp:
                                     tool_parser=ToolParserMetrics(
                                         c.info.model_name for c in self.clients)
                                     if cfg.tool_call_parser else None,
-                                    enable_metrics=cfg.http_api != "sglang" or cfg.enable_metrics)
+                                    enable_metrics=cfg.http_api == "vllm" or cfg.enable_metrics)
         # Always SO_REUSEPORT: the supervisor holds a reserved socket on the HTTP port.
-        build = build_sglang_app if cfg.http_api == "sglang" else build_app  # docs/SGLANG.md
+        build = {"sglang": build_sglang_app, "trtllm": build_trtllm_app,  # docs/SGLANG.md,
+                 "vllm": build_app}[cfg.http_api]  # docs/TRTLLM.md
         self.http = HttpServer(build(self.http_state, ApiKeys(cfg.api_key)), cfg.host,
                                http_port, reuse_port=True, options=ListenerOptions.of(cfg))
         self._watch: asyncio.Task[None] | None = None

@@ -40,3 +40,8 @@ class MetricsView:
     def render(self) -> bytes:
         with self._lock:
             return self.collector.render().encode() + generate_latest(self.registry)
+
+    def iteration_stats(self) -> list[dict]:
+        """A TensorRT-LLM pod's `/metrics` JSON (it reads the same held values as a render)."""
+        with self._lock:
+            return self.collector.iteration_stats()

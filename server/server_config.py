@@ -64,7 +64,10 @@ class ServerConfig:
     # The server a pod imitates: "vllm" (vLLM's OpenAI server; VllmEngine on the gRPC port) or
     # "sglang" (SGLang's server: /generate, /model_info, /server_info, /v1/loads,
     # /flush_cache, sglang: metrics, server/http/sglang/; SglangScheduler on the gRPC port,
-    # server/sglang_servicer.py; docs/SGLANG.md). "sglang" needs pod mode: one model.
+    # server/sglang_servicer.py; docs/SGLANG.md) or "trtllm" (trtllm-serve's OpenAI server:
+    # /health, /version, iteration stats on /metrics, trtllm_ series on /prometheus/metrics,
+    # server/http/trtllm/; TrtllmService on the gRPC port; docs/TRTLLM.md). "sglang" and
+    # "trtllm" need pod mode: one model.
     http_api: str = "vllm"
     # The engine service on the gRPC port beside Inference (what smg in gRPC mode detects):
     # "" follows http_api (VllmEngine on a vLLM pod, SglangScheduler on an SGLang pod);
@@ -72,7 +75,9 @@ class ServerConfig:
     # docs/TRTLLM.md), on a vLLM-API pod in pod mode.
     grpc_api: str = ""
     # SGLang's --enable-metrics: /metrics (sglang: series) on an SGLang pod; without it SGLang
-    # mounts no /metrics. (A vLLM pod always exports its metrics.)
+    # mounts no /metrics. On a TensorRT-LLM pod, its return_perf_metrics and
+    # enable_iter_perf_stats: /prometheus/metrics (trtllm_ series) and the iteration stats of
+    # /metrics. (A vLLM pod always exports its metrics.)
     enable_metrics: bool = False
     # ---- security (vLLM's flags; all off by default: loopback) -----------------------------
     api_key: tuple[str, ...] = ()  # --api-key: Bearer keys, HTTP and gRPC (OPERATIONS.md)
@@ -104,7 +109,7 @@ class ServerConfig:
         return self.http_port
 
 
-HTTP_APIS = ("vllm", "sglang")
+HTTP_APIS = ("vllm", "sglang", "trtllm")
 GRPC_APIS = ("", "vllm", "sglang", "trtllm")
 
 
@@ -130,15 +135,17 @@ def server_problem(s: ServerConfig) -> str:
         return str(e)
     if s.http_api not in HTTP_APIS:
         return f"http_api must be one of {', '.join(HTTP_APIS)}, got {s.http_api!r}"
-    if s.http_api == "sglang" and not s.pod:
-        return ("http_api 'sglang' serves one deployment, as an SGLang server serves one model: "
-                "use pod mode (--deployment NAME, or --chip --engine --model --quant)")
+    if s.http_api != "vllm" and not s.pod:
+        server = "an SGLang" if s.http_api == "sglang" else "a trtllm-serve"
+        return (f"http_api {s.http_api!r} serves one deployment, as {server} server serves one "
+                "model: use pod mode (--deployment NAME, or --chip --engine --model --quant)")
     if s.grpc_api not in GRPC_APIS:
         return f"grpc_api must be one of {', '.join(GRPC_APIS[1:])}, got {s.grpc_api!r}"
     if s.grpc_api not in ("", s.http_api) and not (s.grpc_api == "trtllm" and s.pod
                                                    and s.http_api == "vllm"):
         return (f"grpc_api {s.grpc_api!r} with http_api {s.http_api!r}: an SGLang pod serves "
-                "SglangScheduler, a vLLM pod VllmEngine, or (pod mode) TrtllmService")
+                "SglangScheduler, a TensorRT-LLM pod TrtllmService, a vLLM pod VllmEngine or "
+                "(pod mode) TrtllmService")
     if s.grpc_max_concurrent_streams < 0:
         return "grpc_max_concurrent_streams must be >= 0 (0: grpc's default)"
     for key in ("http_timeout_keep_alive_s", "http_header_timeout_s"):

@@ -116,3 +116,15 @@ def test_grpc_api_trtllm_needs_a_vllm_api_pod():
         ServerConfig(grpc_api="sglang", pod=True))
     assert "grpc_api must be one of vllm, sglang, trtllm" in server_problem(
         dataclasses.replace(ServerConfig(), grpc_api="mlx"))
+
+
+def test_http_api_trtllm_is_a_pod_whose_grpc_port_serves_trtllm():
+    """`http_api = "trtllm"` (trtllm-serve's HTTP server, docs/TRTLLM.md) serves one model, and
+    its gRPC port follows it: TrtllmService; no other engine service goes with it."""
+    pod = ServerConfig(http_api="trtllm", pod=True)
+    assert server_problem(pod) == "" and pod.engine_api == "trtllm"
+    assert server_problem(ServerConfig(http_api="trtllm", grpc_api="trtllm", pod=True)) == ""
+    assert "'trtllm' serves one deployment, as a trtllm-serve server" in server_problem(
+        ServerConfig(http_api="trtllm"))
+    assert "grpc_api 'vllm' with http_api 'trtllm'" in server_problem(
+        ServerConfig(http_api="trtllm", grpc_api="vllm", pod=True))

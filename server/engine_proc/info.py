@@ -109,6 +109,7 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         data_parallel_size=opts.data_parallel_size,
         dp_rank=opts.data_parallel_start_rank + rank,
         chat_template=score_template.load(opts.chat_template),
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
         **offload_info(core),
     )
 

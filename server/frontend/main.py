@@ -61,7 +61,8 @@ async def _serve(spec: FrontendSpec) -> None:
     run = RunDir(spec.run_dir)
     app = FrontendApp(spec.config, spec.infos, frontend=spec.frontend, run_dir=run,
                       wall0=spec.wall0, port=spec.port, http_port=spec.http_port,
-                      reuse_port=spec.reuse_port, num_frontends=spec.num_frontends)
+                      reuse_port=spec.reuse_port, num_frontends=spec.num_frontends,
+                      supervisor_pid=spec.supervisor_pid)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

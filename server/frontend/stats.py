@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from server.frontend.stats_sglang import SglangRequestStats
+from server.frontend.stats_trtllm import TrtllmRequestStats
 from server.stats.buckets import Overrides
 from server.stats.layout import HistogramWriter, Layout
 from server.stats.schema import request_metrics
@@ -48,6 +49,8 @@ class RequestStatsBlock:
         self.finish = [HistogramWriter(view, layout, n) for n in _FINISH_HISTS]
         self.sglang = (SglangRequestStats(view, layout)  # an SGLang pod's series
                        if "sglang:num_requests" in layout.defs else None)
+        self.trtllm = (TrtllmRequestStats(view, layout)  # a TensorRT-LLM pod's
+                       if "trtllm_request_success" in layout.defs else None)
 
     def step(self, generation: int, prompt: int, cached: int, ttfts: Sequence[float],
              itl: Sequence[float], itl_n: Sequence[int], external: int = 0,
@@ -89,6 +92,9 @@ class RequestStatsBlock:
         if self.sglang is not None:
             self.sglang.finished(reason, e2e, queue, decode, prompt_tokens, generation_tokens,
                                  cached, stream, structured)
+        if self.trtllm is not None:
+            self.trtllm.finished(reason, queue, prefill, decode, prompt_tokens,
+                                 generation_tokens, cached, n)
 
 
 class FrontendStats:
@@ -96,8 +102,8 @@ class FrontendStats:
 
     def __init__(self, path: Path, keys: Sequence[tuple[int, int]], max_model_len: int,
                  faults: bool = False, buckets: Overrides | None = None,
-                 sglang: bool = False) -> None:
-        self.layout = Layout(request_metrics(max_model_len, faults, buckets, sglang))
+                 series: str = "vllm") -> None:
+        self.layout = Layout(request_metrics(max_model_len, faults, buckets, series))
         self.keys = list(keys)
         self.file = StatsFile(path, self.layout.size * len(self.keys), create=True)
         self.blocks = {key: RequestStatsBlock(self.file.values, self.layout,

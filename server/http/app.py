@@ -63,17 +63,18 @@ GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses",
                     "/v1/messages", "/inference/v1/")
 
 
-def _public(path: str) -> bool:
-    return any(path == p or path.startswith(p + "/") for p in PUBLIC_PATHS)
+def _public(path: str, public: Sequence[str] = PUBLIC_PATHS) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in public)
 
 
-def guarded_prefixes(routes: Sequence[object]) -> tuple[str, ...]:
+def guarded_prefixes(routes: Sequence[object], public: Sequence[str] = PUBLIC_PATHS
+                     ) -> tuple[str, ...]:
     """The path prefixes `--api-key` guards: `/v1`, and the static part of every route that
     is not public (a template `/v1/x/{id}` guards `/v1/x/`)."""
     out = set(GUARDED_FLOOR)
     for route in routes:
         path = getattr(route, "path", None)
-        if isinstance(path, str) and not _public(path):
+        if isinstance(path, str) and not _public(path, public):
             out.add(path.split("{", 1)[0] or "/")
     return tuple(sorted(out))
 
@@ -82,17 +83,17 @@ class ApiKeyMiddleware:
     """401 for a guarded path without a valid `Authorization: Bearer KEY` (pure ASGI, so a
     refused request costs no routing, parsing or metrics beyond its count)."""
 
-    def __init__(self, app: ASGIApp, keys: ApiKeys,
-                 routes: Callable[[], Sequence[object]]) -> None:
-        self.app, self.keys, self.routes = app, keys, routes
+    def __init__(self, app: ASGIApp, keys: ApiKeys, routes: Callable[[], Sequence[object]],
+                 public: Sequence[str] = PUBLIC_PATHS) -> None:
+        self.app, self.keys, self.routes, self.public = app, keys, routes, tuple(public)
         self._guarded: tuple[str, ...] = ()
         self._known = -1  # how many routes the guard was derived from
 
     def guarded(self, path: str) -> bool:
         routes = self.routes()
         if len(routes) != self._known:  # routes are only ever added
-            self._guarded, self._known = guarded_prefixes(routes), len(routes)
-        return path.startswith(self._guarded) and not _public(path)
+            self._guarded, self._known = guarded_prefixes(routes, self.public), len(routes)
+        return path.startswith(self._guarded) and not _public(path, self.public)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] != "OPTIONS" \

@@ -76,6 +76,7 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     #                   index of this engine core among the server's
     chat_template: str = ""  # --chat-template's text: a cross-encoder's pair prompt (docs/
     #                          EMBEDDINGS.md; server/engine/score_template.py)
+    max_num_batched_tokens: int = 0  # the scheduler's token budget per step (trtllm_ metrics)
 
     @property
     def model_name(self) -> str:

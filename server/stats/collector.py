@@ -21,6 +21,7 @@ from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.stats.buckets import Overrides
 from server.stats.collector_sglang import compile_sglang
+from server.stats.collector_trtllm import IterationLog, compile_trtllm
 from server.stats.exposition import Exposition, Scrape
 from server.stats.layout import Layout, MetricDef
 from server.stats.lora import LORA_INFO, LORA_INFO_HELP, lora_info_lines
@@ -33,18 +34,21 @@ class StatsCollector:
     def __init__(self, infos: list[list[DeploymentInfo]], run_dir: RunDir, num_frontends: int,
                  time_scale: float, wall0: float, show_hidden_metrics: bool = False,
                  pod: bool = False, buckets: Overrides | None = None,
-                 log_stats: bool = True, sglang: bool = False) -> None:
+                 log_stats: bool = True, series: str = "vllm", pid: int = 0) -> None:
         """`log_stats` False (vLLM's --disable-log-stats): vLLM then builds no stat loggers,
         so none of the engine's and requests' vllm: series exist; doppelchip's own stay.
-        `sglang` (an SGLang pod with --enable-metrics): SGLang's sglang: series instead of
-        vLLM's (`server.stats.collector_sglang`)."""
+        `series` "sglang" (an SGLang pod with --enable-metrics): SGLang's sglang: series
+        instead of vLLM's (`server.stats.collector_sglang`); "trtllm" (a TensorRT-LLM pod with
+        --enable-metrics): TensorRT-LLM's trtllm_ series, their gauges labelled with `pid`
+        (`server.stats.collector_trtllm`)."""
         self.infos, self.run, self.num_frontends = infos, run_dir, num_frontends
-        self.pod, self.log_stats, self.sglang = pod, log_stats, sglang
+        self.pod, self.log_stats, self.series, self.pid = pod, log_stats, series, pid
+        self.iteration_log: IterationLog | None = None  # a TensorRT-LLM pod's /metrics JSON
         self.show_hidden = show_hidden_metrics
         self.scale, self.wall0 = time_scale, wall0
         max_len = max((r.capacity.max_model_len for d in infos for r in d), default=1)
         faults = any(r.faults for d in infos for r in d)  # failure injection (issue 13)
-        self.request_layout = Layout(request_metrics(max(1, max_len), faults, buckets, sglang))
+        self.request_layout = Layout(request_metrics(max(1, max_len), faults, buckets, series))
         self.keys = [(d, r.rank) for d, ranks in enumerate(infos) for r in ranks]
         self.engine_layouts = {(d, r.rank): Layout(engine_metrics(r))
                                for d, ranks in enumerate(infos) for r in ranks}
@@ -77,6 +81,15 @@ class StatsCollector:
 
     def render(self) -> str:
         """The stats arrays' series in the Prometheus text format (see `exposition`)."""
+        return self.plan.render(self.scrape())
+
+    def iteration_stats(self) -> list[dict]:
+        """A TensorRT-LLM pod's `/metrics` JSON (`collector_trtllm.IterationLog`); [] on
+        other pods."""
+        return self.iteration_log.drain(self.scrape()) if self.iteration_log else []
+
+    def scrape(self) -> Scrape:
+        """The arrays one scrape reads (engines' idle energy and cost brought up to now)."""
         now = (time.monotonic() - self.wall0) / self.scale
         engines: dict[tuple[int, int], np.ndarray | None] = {}
         summed: dict[int, np.ndarray] = {}  # deployment -> its ranks' arrays, summed
@@ -94,7 +107,7 @@ class StatsCollector:
                 arr[layout.slot("doppelchip_energy_joules")] += info.idle_watts * gap
                 arr[layout.slot("doppelchip_cost_dollars")] += info.usd_per_s * gap
             engines[key] = arr
-        return self.plan.render(Scrape(self._requests(), engines, summed))
+        return Scrape(self._requests(), engines, summed)
 
     def _vllm_labels(self, info: DeploymentInfo) -> list[tuple[str, str]]:
         labels = [("model_name", info.model_name), ("engine", str(info.dp_rank))]
@@ -110,7 +123,7 @@ class StatsCollector:
             vllm = self._vllm_labels(info)
             dev = [] if self.pod else [("deployment", info.name)]
             for d in self.request_layout.defs.values():
-                if d.name.startswith("sglang:"):  # (compile_sglang: SGLang's labels)
+                if d.name.startswith(("sglang:", "trtllm_")):  # (compile_sglang, _trtllm)
                     continue
                 plan.add_def(d, vllm if d.name.startswith("vllm:") else dev,
                              lambda s, k=k: s.requests[k], req_offset[d.name])
@@ -130,10 +143,13 @@ class StatsCollector:
                 paths = [self.run.engine_stats(d_index, r.rank) for r in ranks]
                 plan.add_dynamic(LORA_INFO, "gauge", LORA_INFO_HELP, lora_info_lines(
                     paths, info.max_loras, [] if self.pod else [("deployment", info.name)]))
-        if not self.log_stats or self.sglang:
+        if not self.log_stats or self.series != "vllm":
             plan.families = {n: f for n, f in plan.families.items() if not n.startswith("vllm:")}
-        if self.sglang:
+        if self.series == "sglang":
             compile_sglang(plan, self.infos, self.request_layout, self.engine_layouts, self.keys)
+        elif self.series == "trtllm":
+            self.iteration_log = compile_trtllm(plan, self.infos, self.request_layout,
+                                             self.engine_layouts, self.keys, self.pid)
         return plan
 
     def _compile_engine(self, plan: Exposition, key: tuple[int, int], info: DeploymentInfo,

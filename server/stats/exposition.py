@@ -94,9 +94,11 @@ class Exposition:
         return fam
 
     def add_def(self, d: MetricDef, labels: Labels, array: Callable[[Scrape], np.ndarray | None],
-                at: int) -> None:
+                at: int, sparse: bool = False) -> None:
         """Every series of `d` (per value of its extra label) read from `array(scrape)` at
-        offset `at` of its layout."""
+        offset `at` of its layout. `sparse`: a series is absent until it has counted or
+        observed something (prometheus_client's multiprocess mode writes a labelled series
+        only once it is used: TensorRT-LLM's metrics)."""
         fam = self.family(d.name, d.kind, d.help)
         for i, extra in enumerate(d.values or (None,)):
             lv = [*labels, *([(d.label, extra)] if extra is not None else [])]
@@ -106,11 +108,13 @@ class Exposition:
                 les = [floatToGoString(b) for b in d.buckets] + ["+Inf"]
                 prefixes = [f"{d.name}_bucket{label_text([*lv, ('le', le)])} " for le in les]
                 prefixes += [f"{d.name}_count{label_text(lv)} ", f"{d.name}_sum{label_text(lv)} "]
-                fam.entries.append(_Entry(prefixes, _histogram(array, base, n)))
+                source = _histogram(array, base, n)
+                fam.entries.append(_Entry(prefixes, _used(source, -2) if sparse else source))
             else:
                 name = d.name + "_total" if d.kind == "counter" else d.name
+                source = _slot(array, at + i)
                 fam.entries.append(_Entry([f"{name}{label_text(lv)} "],
-                                          _slot(array, at + i)))
+                                          _used(source, 0) if sparse else source))
 
     def add_value(self, name: str, kind: str, doc: str, labels: Labels, source: Source) -> None:
         """One series whose value `source(scrape)` computes (a 1-vector, or None: absent)."""
@@ -151,6 +155,14 @@ def _slot(array: Callable[[Scrape], np.ndarray | None], at: int) -> Source:
         arr = array(scrape)
         return None if arr is None else arr[at:at + 1]
     return source
+
+
+def _used(source: Source, at: int) -> Source:
+    """`source`, absent while its value at `at` (a counter's, a histogram's count) is 0."""
+    def used(scrape: Scrape) -> np.ndarray | None:
+        values = source(scrape)
+        return None if values is None or not values[at] else values
+    return used
 
 
 def _histogram(array: Callable[[Scrape], np.ndarray | None], base: int, n: int) -> Source:

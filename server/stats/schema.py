@@ -31,6 +31,7 @@ from server.stats.schema_features import (
     pd_sleep_metrics,
 )
 from server.stats.schema_sglang import SGLANG_REQUEST_METRICS
+from server.stats.schema_trtllm import TRTLLM_REQUEST_METRICS
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 WAITING_REASONS = ("capacity", "deferred")
@@ -114,11 +115,12 @@ def _vllm_hist(name: str, max_model_len: int, overrides: Overrides | None = None
 
 
 def request_metrics(max_model_len: int, faults: bool = False,
-                    buckets: Overrides | None = None, sglang: bool = False) -> list[MetricDef]:
+                    buckets: Overrides | None = None, series: str = "vllm") -> list[MetricDef]:
     """What a front end writes per (deployment, rank); `faults`: some deployment of the
     server has failure injection configured (its counters are exported); `buckets`: the
-    server's --custom-histogram-buckets; `sglang`: an SGLang pod's series too
-    (`server.stats.schema_sglang`)."""
+    server's --custom-histogram-buckets; `series`: whose series a pod exports besides the
+    vllm: slots the others derive from ("sglang": `server.stats.schema_sglang`, "trtllm":
+    `server.stats.schema_trtllm`)."""
     return [
         MetricDef("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
         MetricDef("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
@@ -135,7 +137,8 @@ def request_metrics(max_model_len: int, faults: bool = False,
                   "Inter-token latency (emulated), sub-millisecond buckets.",
                   FINE_ITL_BUCKETS),
         *(FAULT_REQUEST_METRICS if faults else ()),
-        *(SGLANG_REQUEST_METRICS if sglang else ()),
+        *(SGLANG_REQUEST_METRICS if series == "sglang" else ()),
+        *(TRTLLM_REQUEST_METRICS if series == "trtllm" else ()),
     ]
 
 

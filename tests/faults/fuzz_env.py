@@ -195,6 +195,19 @@ CaseRunner = Callable[[Any, grpc.aio.Channel, "httpx.AsyncClient | None", Case],
                       Coroutine[Any, Any, tuple[Any, frozenset]]]
 
 
+async def run_http_case(http: httpx.AsyncClient, k: Case) -> int:
+    """An `http` case (`payload`: method, path, body bytes) and its status; `cancel`: leave
+    after the first bytes of the answer."""
+    method, path, data = k.payload
+    headers = {"Content-Type": "application/json"}
+    if k.action == "cancel":
+        async with http.stream(method, path, content=data, headers=headers) as r:
+            async for _ in r.aiter_bytes():
+                break
+            return r.status_code
+    return (await http.request(method, path, content=data, headers=headers)).status_code
+
+
 def fuzz_service(pod: ServerProcess, stub_class: type, run_case: CaseRunner,
                  cases: st.SearchStrategy[Case], one_token: Callable[[str], Any],
                  examples: int, size: int, http: bool = False) -> int:

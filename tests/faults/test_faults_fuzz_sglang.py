@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 from documented import SGLANG_SCHEDULER, allowed_http
-from fuzz_env import READ_TIMEOUT, fuzz_service, run_service_case
+from fuzz_env import READ_TIMEOUT, fuzz_service, run_http_case, run_service_case
 from fuzz_strategies import (
     ACTION,
     BAD_UTF8,
@@ -206,20 +205,9 @@ def case(draw) -> Case:
         **({"dp_rank": draw(st.integers(-1, 2))} if draw(st.booleans()) else {})))
 
 
-async def _http(http: httpx.AsyncClient, k: Case) -> int:
-    method, path, data = k.payload
-    headers = {"Content-Type": "application/json"}
-    if k.action == "cancel":  # leave after the first bytes of the answer
-        async with http.stream(method, path, content=data, headers=headers) as r:
-            async for _ in r.aiter_bytes():
-                break
-            return r.status_code
-    return (await http.request(method, path, content=data, headers=headers)).status_code
-
-
 async def run_case(stub, channel, http, k: Case) -> tuple[object, frozenset]:
     if k.kind == "http":
-        return await _http(http, k), allowed_http()
+        return await run_http_case(http, k), allowed_http()
     return await run_service_case(
         stub, channel, k, SGLANG_SCHEDULER, lambda rid: spb.AbortRequest(request_id=rid),
         other=lambda stub, k: stub.GetLoads(k.payload, timeout=READ_TIMEOUT))

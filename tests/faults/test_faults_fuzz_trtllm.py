@@ -4,14 +4,18 @@ no hang, an idle pod and a clean log afterwards), with TensorRT-LLM's own odd in
 widths, `num_return_sequences`, `max_tokens` of zero or around the context, guides of every
 type (structural tags refused), logprob counts, and each field this pod does not serve (LoRA,
 disaggregated parameters, prompt logprobs, embedding bias, images, logits, bad words); invalid
-UTF-8 in the request id, the text, a stop and a guide. 960 cases, derandomized. The pod's HTTP
-port is the vLLM API, which `test_faults_fuzz.py` fuzzes."""
+UTF-8 in the request id, the text, a stop and a guide — and, concurrently, its HTTP door
+(`--http-api trtllm --enable-metrics`: trtllm-serve's OpenAI routes with odd bodies and bodies
+that are not JSON, `/health_generate`, the iteration-stats `/metrics`, `/prometheus/metrics`,
+`/v1/models`, `/version`, `/perf_metrics`, `/kv_cache_events`). 960 cases, derandomized."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from documented import TRTLLM_SERVICE
-from fuzz_env import fuzz_service, run_service_case
+from documented import TRTLLM_SERVICE, allowed_http
+from fuzz_env import fuzz_service, run_http_case, run_service_case
 from fuzz_strategies import (
     ACTION,
     BAD_UTF8,
@@ -23,6 +27,7 @@ from fuzz_strategies import (
     SMALL_INT,
     Case,
     field,
+    http_body,
     stops,
 )
 from hypothesis import strategies as st
@@ -39,7 +44,7 @@ CTX = 256
 FLEET = {"server": {"time_scale": 0.05}, "deployments": [
     {"name": "tiny", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
      "engine": "tensorrt-llm", "max_num_seqs": 2, "max_waiting": 3, "max_model_len": CTX}]}
-POD = ("--deployment", "tiny", "--grpc-api", "trtllm")
+POD = ("--deployment", "tiny", "--http-api", "trtllm", "--enable-metrics")
 GUIDE = tpb.GuidedDecodingParams
 PLAUSIBLE = {  # values TensorRT-LLM accepts: most requests run, so cancels meet streams
     "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1), "top_k": st.integers(0, 50),
@@ -111,10 +116,29 @@ def generate(draw) -> tpb.GenerateRequest:
 UNARY = ("HealthCheck", "Abort", "GetModelInfo", "GetServerInfo", "Embed")
 
 
+HTTP_ROUTES = ("/v1/completions", "/v1/completions", "/v1/chat/completions", "/health_generate",
+               "/metrics", "/prometheus/metrics", "/v1/models", "/version", "/perf_metrics",
+               "/kv_cache_events")
+
+
+@st.composite
+def http_case(draw) -> Case:
+    route = draw(st.sampled_from(HTTP_ROUTES))
+    if route == "/kv_cache_events":
+        return Case("http", ("POST", route, draw(st.binary(max_size=16))), "read")
+    if not route.startswith("/v1/c"):
+        return Case("http", ("GET", route, b""), "read")
+    data = draw(st.one_of(st.builds(lambda b: json.dumps(b).encode(), http_body(route)),
+                          st.just(b"{not json"), st.just(b"\xff\xfe")))
+    return Case("http", ("POST", route, data), draw(st.sampled_from(("read", "read", "cancel"))))
+
+
 @st.composite
 def case(draw) -> Case:
     pick = draw(st.integers(0, 99))
-    if pick < 60:
+    if pick < 20:
+        return draw(http_case())
+    if pick < 65:
         return Case("generate", draw(generate()), draw(ACTION))
     if pick < 75:  # invalid UTF-8 in the request id, the original text, a stop, a guide
         path = draw(st.sampled_from(((1,), (2, 1), (21,), (11, 2))))
@@ -130,6 +154,10 @@ def case(draw) -> Case:
 
 
 async def run_case(stub, channel, http, k: Case) -> tuple[object, frozenset]:
+    if k.kind == "http":
+        # /health_generate answers 500 when its one-token generation is refused (a full queue)
+        extra = {500} if k.payload[1] == "/health_generate" else set()
+        return await run_http_case(http, k), allowed_http() | extra
     return await run_service_case(stub, channel, k, TRTLLM_SERVICE,
                                   lambda rid: tpb.AbortRequest(request_id=rid))
 
@@ -146,5 +174,5 @@ def test_fuzz_trtllm_service_answers_only_documented_statuses(pod):
                                    tokenized=tpb.TokenizedInput(input_token_ids=[1, 2, 3]))
 
     assert fuzz_service(pod, tpb_grpc.TrtllmServiceStub, run_case, case(), one_token,
-                        EXAMPLES, BATCH) >= 900
+                        EXAMPLES, BATCH, http=True) >= 900
     assert not (errors := log_errors(pod.log)), "\n".join(errors)

@@ -31,9 +31,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from server import metrics as exposition
 from server.auth import ApiKeys
 from server.http.errors import HttpError, validation_error
+from server.http.flat_errors import OpenAIErrors, flat
 from server.http.protocol import ChatCompletionRequest, CompletionRequest
 from server.http.routes import chat_completion, completion, parse
-from server.http.sglang.errors import OpenAIErrors, flat, sglang_error, with_json
+from server.http.sglang.errors import sglang_error, with_json
 from server.http.sglang.generate import generate
 from server.http.sglang.native import add_native_routes, pod_client
 from server.http.sglang.pooling import add_pooling_routes

@@ -1,0 +1,1 @@
+"""A TensorRT-LLM pod's HTTP server (`--http-api trtllm`): trtllm-serve's OpenAI server."""
