@@ -208,8 +208,8 @@ def sglang_main() -> int:
 
 
 def trtllm_serve_main() -> int:
-    """`doppelchip-trtllm-serve`: `trtllm-serve MODEL --grpc ...` is `doppelchip trtllm-serve
-    MODEL --grpc ...` (doppelchip/cmd_trtllm.py)."""
+    """`doppelchip-trtllm-serve`: `trtllm-serve MODEL [--grpc] ...` is `doppelchip trtllm-serve
+    MODEL [--grpc] ...` (doppelchip/cmd_trtllm.py)."""
     return main(["trtllm-serve", *sys.argv[1:]])
 
 

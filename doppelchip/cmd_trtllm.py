@@ -1,18 +1,28 @@
-"""`doppelchip trtllm-serve`: TensorRT-LLM's `trtllm-serve MODEL --grpc` command line, served by
-doppelchip (docs/TRTLLM_SERVE.md).
+"""`doppelchip trtllm-serve`: TensorRT-LLM's `trtllm-serve MODEL [--grpc]` command line, served
+by doppelchip (docs/TRTLLM_SERVE.md).
 
-Why it exists: the smg gateway starts TensorRT-LLM workers as `python -m
-tensorrt_llm.commands.serve MODEL --grpc --host H --port P ...` (smg's TrtllmWorkerLauncher),
-and manifests run `trtllm-serve MODEL --grpc ...`. With this command (also installed as
-`doppelchip-trtllm-serve`) the same arguments start a doppelchip pod serving TensorRT-LLM's
-gRPC service, `trtllm.TrtllmService`, on --port (`doppelchip serve --engine tensorrt-llm
---grpc-api trtllm`), and doppelchip's own HTTP API (vLLM's OpenAI server, /metrics) on
---http-port: TensorRT-LLM's gRPC mode has no HTTP server. The model resolves as for `doppelchip
-vllm serve` (doppelchip/checkpoint_arg.py); the sizes TensorRT-LLM's flags and `--config` YAML
-set map onto the pod (doppelchip/trtllm_config.py merges the two as TensorRT-LLM does). Flags
-that only load, log or bind processes are accepted with no effect; flags whose effect is not
-emulated are accepted with a warning naming them; what cannot be served is refused (exit
-status 2), as is a flag trtllm-serve does not define (argparse's error).
+Why it exists: manifests and llm-d's guides run `trtllm-serve MODEL ...` (its OpenAI HTTP
+server, which llm-d's endpoint picker scrapes on /prometheus/metrics), and the smg gateway starts
+TensorRT-LLM workers as `python -m tensorrt_llm.commands.serve MODEL --grpc --host H --port P
+...` (smg's TrtllmWorkerLauncher). With this command (also installed as
+`doppelchip-trtllm-serve`) the same arguments start a doppelchip pod on an emulated chip
+(`doppelchip serve --engine tensorrt-llm`):
+
+- without --grpc, trtllm-serve's OpenAI server (`--http-api trtllm`: /health, /v1/models,
+  completions, chat, iteration stats on /metrics, and with the YAML's return_perf_metrics or
+  enable_iter_perf_stats, `--enable-metrics`: /prometheus/metrics) on --port, and doppelchip's
+  gRPC port (doppelchip.v1, trtllm.TrtllmService) on --grpc-port, default 50051: the
+  convention of `doppelchip vllm serve`, whose --port is HTTP too;
+- with --grpc, TensorRT-LLM's gRPC service trtllm.TrtllmService on --port (`--grpc-api
+  trtllm`), and doppelchip's own HTTP API (vLLM's OpenAI server, /metrics) on --http-port:
+  TensorRT-LLM's gRPC mode has no HTTP server.
+
+The model resolves as for `doppelchip vllm serve` (doppelchip/checkpoint_arg.py); the sizes
+TensorRT-LLM's flags and `--config` YAML set map onto the pod (doppelchip/trtllm_config.py
+merges the two as TensorRT-LLM does). Flags that only load, log or bind processes are accepted
+with no effect; flags whose effect is not emulated are accepted with a warning naming them;
+what cannot be served is refused (exit status 2), as is a flag trtllm-serve does not define
+(argparse's error). An option's role can differ between the two modes (trtllm_flags.py).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from doppelchip.trtllm_config import Settings, merge
 from doppelchip.trtllm_flags import (
     BACKENDS,
     GRPC_NAMES,
+    GRPC_PORT,
     GRPC_REFUSED,
     LOG_LEVELS,
     OPTIONS,
@@ -40,46 +51,56 @@ from doppelchip.vllm_parser import is_given
 PROG = "doppelchip trtllm-serve"
 GRPC_REASON = ("The gRPC server is designed for use with external routers that handle these "
                "features (e.g., tool parsing, chat templates).")  # TensorRT-LLM's words
-NO_GRPC = ("trtllm-serve without --grpc starts TensorRT-LLM's OpenAI HTTP server, which is not "
-           "emulated; --grpc (TensorRT-LLM's gRPC worker, what smg launches) is. For an "
-           "OpenAI-compatible server use `doppelchip vllm serve MODEL`")
+DISAGG = ("metadata_server_config_file", "server_role", "disagg_cluster_uri")
+NO_DISAGG = "disaggregated serving is not emulated (doppelchip's P/D is vLLM's, docs/PD.md)"
+METRICS = ("return_perf_metrics", "enable_iter_perf_stats")  # the YAML's HTTP metrics
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "trtllm-serve", allow_abbrev=False, usage="trtllm-serve MODEL --grpc [options]",
-        help="TensorRT-LLM's command line (`trtllm-serve MODEL --grpc ...`), served by "
+        "trtllm-serve", allow_abbrev=False, usage="trtllm-serve MODEL [--grpc] [options]",
+        help="TensorRT-LLM's command line (`trtllm-serve MODEL [--grpc] ...`), served by "
         "doppelchip",
-        description="TensorRT-LLM's `trtllm-serve MODEL --grpc` command line (what the smg "
-        "gateway launches as `python -m tensorrt_llm.commands.serve`): starts a pod serving "
-        "TensorRT-LLM's gRPC service trtllm.TrtllmService on --port, on an emulated chip "
-        "(--chip, default $DOPPELCHIP_CHIP or h100-sxm), with doppelchip's OpenAI HTTP API and "
-        "/metrics on --http-port. Options use TensorRT-LLM's spellings; docs/TRTLLM_SERVE.md "
-        "says what each does here. Also installed as `doppelchip-trtllm-serve`.")
+        description="TensorRT-LLM's `trtllm-serve MODEL` command line, on an emulated chip "
+        "(--chip, default $DOPPELCHIP_CHIP or h100-sxm). Without --grpc: trtllm-serve's OpenAI "
+        "HTTP server on --port (/health, /v1/models, completions, chat, /metrics; "
+        "/prometheus/metrics when the --config YAML sets return_perf_metrics or "
+        "enable_iter_perf_stats), doppelchip's gRPC port on --grpc-port (default 50051). With "
+        "--grpc (what the smg gateway launches as `python -m tensorrt_llm.commands.serve`): "
+        "TensorRT-LLM's gRPC service trtllm.TrtllmService on --port, doppelchip's OpenAI HTTP "
+        "API and /metrics on --http-port. Options use TensorRT-LLM's spellings; "
+        "docs/TRTLLM_SERVE.md says what each does here. Also installed as "
+        "`doppelchip-trtllm-serve`.")
     add_arguments(p)
     p.set_defaults(func=cmd_trtllm_serve)
 
 
 def _refuse(args: argparse.Namespace) -> None:
-    """ValueError for a command line TensorRT-LLM's gRPC mode (or doppelchip) cannot serve."""
-    if not args.grpc:
-        raise ValueError(NO_GRPC)
+    """ValueError for a command line TensorRT-LLM (in the mode --grpc picks) or doppelchip
+    cannot serve."""
     for o in OPTIONS:
         if not is_given(getattr(args, o.dest)):
             continue
-        if o.role == GRPC_REFUSED:
-            more = ("; disaggregated serving is not emulated (doppelchip's P/D is vLLM's, "
-                    "docs/PD.md)" if o.dest in ("metadata_server_config_file", "server_role",
-                                                "disagg_cluster_uri") else "")
+        role = o.role_in(args.grpc)
+        if role == GRPC_REFUSED:
+            more = f"; {NO_DISAGG}" if o.dest in DISAGG else ""
             raise ValueError(f"{o.name}: Argument '{GRPC_NAMES.get(o.dest, o.dest)}' is not "
                              f"supported when running in gRPC mode. {GRPC_REASON}{more}")
-        if o.role == REFUSED:
-            raise ValueError(f"{o.name}: --grpc is not supported by the VisualGen server "
-                             "(TensorRT-LLM's words); image and video generation is not "
-                             "emulated")
-    if args.grpc_protocol == "openengine":
+        if role == REFUSED and o.dest in DISAGG:  # (HTTP mode)
+            raise ValueError(f"{o.name}: TensorRT-LLM's {NO_DISAGG}")
+        if role == REFUSED:
+            said = ("--grpc is not supported by the VisualGen server (TensorRT-LLM's words); "
+                    if args.grpc else "TensorRT-LLM's VisualGen server: ")
+            raise ValueError(f"{o.name}: {said}image and video generation is not emulated")
+    if args.grpc and args.grpc_protocol == "openengine":
         raise ValueError("--grpc-protocol openengine: TensorRT-LLM's OpenEngine protocol is "
                          "not emulated; smg's (trtllm.TrtllmService, the default) is")
+    if args.grpc and args.grpc_port is not None:
+        raise ValueError("--grpc-port: with --grpc the gRPC service is on --port (and the pod's "
+                         "HTTP API on --http-port)")
+    if not args.grpc and args.http_port is not None:
+        raise ValueError("--http-port: without --grpc trtllm-serve's HTTP server is on --port "
+                         "(and the pod's gRPC port is --grpc-port)")
     if args.media_io_kwargs is not None:
         try:
             json.loads(args.media_io_kwargs)
@@ -116,16 +137,27 @@ def _refuse_values(s: Settings) -> None:
 
 
 def _address(args: argparse.Namespace) -> list[str]:
-    """`--host H --port P --http-port M`: trtllm-serve's host (localhost, its default, bound as
-    127.0.0.1) and port (8000) for gRPC; doppelchip's HTTP API on --http-port, default P + 1
-    (0, a free port, when P is 0)."""
+    """The pod's `--host H --port G --http-port M`: trtllm-serve's host (localhost, its default,
+    bound as 127.0.0.1) and port P (8000). With --grpc, P is the gRPC port (G) and doppelchip's
+    HTTP API is on --http-port, default P + 1; without, P is the HTTP port (M), as trtllm-serve's
+    OpenAI server binds it, and the gRPC port is --grpc-port, default 50051 as for `doppelchip
+    vllm serve`. A default is 0 (a free port) when P is 0."""
     host = args.host or os.environ.get("DOPPELCHIP_HOST") or "localhost"
     port = 8000 if args.port is None else args.port
-    http = args.http_port if args.http_port is not None else (port + 1 if port else 0)
-    for flag, value in (("--port", port), ("--http-port", http)):
+    if args.grpc:
+        other = ("--http-port", args.http_port if args.http_port is not None
+                 else (port + 1 if port else 0))
+    else:
+        other = ("--grpc-port", args.grpc_port if args.grpc_port is not None
+                 else (GRPC_PORT if port else 0))
+    for flag, value in (("--port", port), other):
         if not 0 <= value <= 65535:
             raise ValueError(f"{flag} {value}: not a TCP port (0-65535)")
-    return ["--host", "127.0.0.1" if host == "localhost" else host, "--port", str(port),
+    if not args.grpc and port and other[1] == port:
+        raise ValueError(f"--port {port}: the gRPC port (--grpc-port, default {GRPC_PORT}) is "
+                         "the same port; give --grpc-port another")
+    grpc, http = (port, other[1]) if args.grpc else (other[1], port)
+    return ["--host", "127.0.0.1" if host == "localhost" else host, "--port", str(grpc),
             "--http-port", str(http)]
 
 
@@ -163,7 +195,8 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     length, budget = f["max_seq_len"] or spec.max_context, f["max_num_tokens"]
     unchunked = not f["enable_chunked_prefill"] and budget >= length
     fraction = kv["free_gpu_memory_fraction"]
-    out = ["--chip", args.chip, "--engine", "tensorrt-llm", "--grpc-api", "trtllm",
+    api = "--grpc-api" if args.grpc else "--http-api"  # (an HTTP pod's gRPC API follows it)
+    out = ["--chip", args.chip, "--engine", "tensorrt-llm", api, "trtllm",
            "--model", model, "--quant", weight_format(checkpoint_quant, f["dtype"], None),
            "--served-model-name", args.served_model_name or tag, *_address(args)]
     values: dict[str, Any] = {
@@ -177,6 +210,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         "prefix_cache": None if kv["enable_block_reuse"] else "off",
         "kv_cache_dtype": "fp8" if kv["dtype"] == "fp8" else None,
         "kv_events_config": kv_events(kv),
+        "enable_metrics": not args.grpc and any(f[k] for k in METRICS),
         "log_level": LOG_LEVELS.get(args.log_level or ""),
         "time_scale": args.time_scale, "cold": args.cold}
     out += pod_flags(values)
@@ -188,17 +222,42 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def _warnings(args: argparse.Namespace, s: Settings) -> list[str]:
-    """What is accepted but not emulated: each given option of the WARNED role, an AutoDeploy
-    backend, and what merging the YAML file had to say."""
+    """What is accepted but not emulated: each given option of the WARNED role (in the mode
+    --grpc picks), an AutoDeploy backend, the metrics settings, and what merging the YAML file
+    had to say."""
     out = [f"{o.name} is accepted but not emulated: it changes nothing here"
-           for o in OPTIONS if o.role == WARNED and is_given(getattr(args, o.dest))]
+           for o in OPTIONS if o.role_in(args.grpc) == WARNED and is_given(getattr(args, o.dest))]
     if s.fields["backend"] == "_autodeploy":
         out.append("backend _autodeploy is served as the PyTorch backend: AutoDeploy's graph "
                    "transformations are not emulated")
-    return out + s.warnings
+    if not args.grpc and kv_events(s.kv):
+        out.append(f"{s.label('kv_cache_config.event_buffer_max_size')}: POST /kv_cache_events "
+                   "answers [] here; the pod's KV cache events stream on its gRPC port "
+                   "(trtllm.TrtllmService's SubscribeKvEvents)")
+    return out + _metrics_warnings(args, s) + s.warnings
+
+
+def _metrics_warnings(args: argparse.Namespace, s: Settings) -> list[str]:
+    """trtllm-serve mounts /prometheus/metrics with return_perf_metrics and fills /metrics'
+    iteration stats with enable_iter_perf_stats; the pod's --enable-metrics does both, so one
+    alone gets the other too. With --grpc neither has an HTTP server to change."""
+    given = [k for k in METRICS if s.fields[k]]
+    if args.grpc:
+        return [f"{', '.join(s.label(k) for k in given)}: no effect with --grpc (TensorRT-LLM's "
+                "gRPC server has no HTTP routes; the pod's HTTP port serves doppelchip's "
+                "vLLM-compatible /metrics)"] if given else []
+    if given == ["enable_iter_perf_stats"]:
+        return [f"{s.label(given[0])} without return_perf_metrics: /prometheus/metrics (the "
+                "trtllm_ series) is mounted as well; doppelchip serves both together"]
+    if given == ["return_perf_metrics"]:
+        return [f"{s.label(given[0])} without enable_iter_perf_stats: /metrics lists the "
+                "iteration stats as well (TensorRT-LLM answers []); doppelchip serves both "
+                "together"]
+    return []
 
 
 def cmd_trtllm_serve(args: argparse.Namespace) -> int:
+    """Translate, then serve the pod (exit status 2 and one `error:` line when it cannot)."""
     try:
         argv, warnings = translate(args)
     except ValueError as e:

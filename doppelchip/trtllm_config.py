@@ -7,8 +7,10 @@ empty file is no setting, a root that is not a mapping is its error ("Configurat
 must be a mapping."); a top-level key replaces the field of that name, except that a flag
 typed on the command line wins (TensorRT-LLM warns when the two differ), and
 `kv_cache_config` is merged key by key into the one the flags built. Of the fields, those
-doppelchip emulates are kept (DEFAULTS, KV_DEFAULTS: TensorRT-LLM's own defaults); loading and
-logging fields change nothing (SILENT); every other key is named in a warning.
+doppelchip emulates are kept (DEFAULTS, KV_DEFAULTS: TensorRT-LLM's own defaults), among them
+the two that turn on trtllm-serve's HTTP metrics (`return_perf_metrics`: /prometheus/metrics;
+`enable_iter_perf_stats`: the iteration stats of /metrics); loading and logging fields change
+nothing (SILENT); every other key is named in a warning.
 
 Why a module of its own: merging and checking settings from two sources is apart from
 translating them into a pod (cmd_trtllm.py).
@@ -25,7 +27,9 @@ DEFAULTS: dict[str, Any] = {
     "backend": "pytorch", "dtype": "auto", "tensor_parallel_size": 1,
     "pipeline_parallel_size": 1, "context_parallel_size": 1, "moe_expert_parallel_size": None,
     "max_batch_size": 2048, "max_num_tokens": 8192, "max_seq_len": None, "max_beam_width": 1,
-    "enable_chunked_prefill": False, "enable_attention_dp": False}
+    "enable_chunked_prefill": False, "enable_attention_dp": False,
+    # trtllm-serve's HTTP metrics (cmd_trtllm: the pod's --enable-metrics serves both)
+    "return_perf_metrics": False, "enable_iter_perf_stats": False}
 # KvCacheConfig field defaults: 90% of the free memory, block reuse (prefix caching) on,
 # the checkpoint's KV dtype, 32 tokens a block, no KV cache event buffer
 KV_DEFAULTS: dict[str, Any] = {"free_gpu_memory_fraction": 0.9, "enable_block_reuse": True,
@@ -36,14 +40,17 @@ SILENT = frozenset({  # loading, logging, processes: nothing a client sees chang
     "trust_remote_code", "revision", "hf_revision", "tokenizer", "tokenizer_mode",
     "tokenizer_revision", "custom_tokenizer", "skip_tokenizer_init", "gpus_per_node",
     "load_format", "num_postprocess_workers", "postprocess_tokenizer_dir", "print_iter_log",
-    "enable_iter_perf_stats", "enable_iter_req_stats", "iter_stats_max_iterations",
-    "request_stats_max_iterations", "return_perf_metrics", "otlp_traces_endpoint",
-    "telemetry_config", "reasoning_parser", "fail_fast_on_attention_window_too_large",
-    "num_serve_frontends"})
+    "enable_iter_req_stats", "iter_stats_max_iterations", "request_stats_max_iterations",
+    "otlp_traces_endpoint", "telemetry_config", "reasoning_parser",
+    "fail_fast_on_attention_window_too_large", "num_serve_frontends"})
+# silent in gRPC mode only (the router parses reasoning there); trtllm-serve's HTTP server
+# splits reasoning_content off, which is not emulated: named in the warning
+HTTP_UNEMULATED = frozenset({"reasoning_parser"})
 POSITIVE = ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size",
             "max_batch_size", "max_num_tokens", "max_beam_width")
 OPTIONAL_POSITIVE = ("moe_expert_parallel_size", "max_seq_len")
-SWITCHES = ("enable_chunked_prefill", "enable_attention_dp")
+SWITCHES = ("enable_chunked_prefill", "enable_attention_dp", "return_perf_metrics",
+            "enable_iter_perf_stats")
 
 
 def read_yaml(path: str) -> dict[Any, Any]:
@@ -101,12 +108,15 @@ def merge(args: argparse.Namespace) -> Settings:
             explicit.add(name)
     path = args.extra_llm_api_options
     if path is not None:
-        _merge_file(s, path, read_yaml(path), explicit)
+        _merge_file(s, path, read_yaml(path), explicit, bool(args.grpc))
     _check(s)
     return s
 
 
-def _merge_file(s: Settings, path: str, doc: dict[Any, Any], explicit: set[str]) -> None:
+def _merge_file(s: Settings, path: str, doc: dict[Any, Any], explicit: set[str],
+                grpc: bool) -> None:
+    """The file's keys over `s` (`grpc`: gRPC mode, where a few more keys have no effect)."""
+    silent = SILENT if grpc else SILENT - HTTP_UNEMULATED
     unknown: list[str] = []
     overridden: list[str] = []
 
@@ -127,12 +137,13 @@ def _merge_file(s: Settings, path: str, doc: dict[Any, Any], explicit: set[str])
                 else:
                     unknown.append(f"kv_cache_config.{sub}")
         elif key == "disagg_cluster":
-            raise ValueError(f"--config {path}: disagg_cluster: Argument 'disagg_cluster_config' "
-                             "is not supported when running in gRPC mode (TensorRT-LLM's "
-                             "words); disaggregated serving is not emulated")
+            said = ("Argument 'disagg_cluster_config' is not supported when running in gRPC "
+                    "mode (TensorRT-LLM's words); " if grpc else "")
+            raise ValueError(f"--config {path}: disagg_cluster: {said}disaggregated serving is "
+                             "not emulated")
         elif key in DEFAULTS:
             take(s.fields, key, key, value)
-        elif key not in SILENT:
+        elif key not in silent:
             unknown.append(str(key))
     if overridden:  # TensorRT-LLM's own warning
         s.warnings.append(f"Explicit CLI flag(s) {sorted(overridden)} override the value(s) "

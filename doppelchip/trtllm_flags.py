@@ -7,7 +7,11 @@ each with the role it has here: translated onto `doppelchip serve`'s pod (cmd_tr
 accepted with no effect (loading, logging, processes: nothing a client sees changes); accepted
 with a warning naming it (it changes speed, memory or answers in TensorRT-LLM in a way
 doppelchip does not emulate); refused by TensorRT-LLM's own gRPC server (the router handles
-it); or refused here. A flag not in the table is argparse's error, as it is click's there.
+it); or refused here. An option whose meaning differs between trtllm-serve's two servers (its
+OpenAI HTTP server, and with `--grpc` its gRPC worker) has a second role, `http`, for the HTTP
+mode: TensorRT-LLM's gRPC-mode refusals are the router's business there, while the HTTP server
+parses tools, renders chat templates and can join a disaggregated cluster itself. A flag not in
+the table is argparse's error, as it is click's there.
 
 Why a module of its own: the table is data, longer than the code that uses it.
 """
@@ -19,10 +23,12 @@ from dataclasses import dataclass
 
 TRANSLATED, SILENT, WARNED, GRPC_REFUSED, REFUSED = (
     "translated", "accepted, no effect", "accepted with a warning",
-    "refused by TensorRT-LLM's gRPC server", "refused here")
+    "refused with --grpc, as TensorRT-LLM's gRPC server refuses them (without --grpc: as "
+    "each says)", "refused here")
 BACKENDS = ("pytorch", "tensorrt", "trt", "_autodeploy")  # trt: click's alias of tensorrt
 LOG_LEVELS = {"internal_error": "error", "error": "error", "warning": "warning",
               "info": "info", "verbose": "debug", "debug": "debug", "trace": "debug"}
+GRPC_PORT = 50051  # without --grpc, doppelchip's gRPC port (as `doppelchip vllm serve`'s)
 SUBCOMMANDS = ("disaggregated", "disaggregated_mpi_worker", "mm_embedding_serve",
                "embeddings")  # trtllm-serve's other commands, not emulated
 
@@ -39,31 +45,40 @@ class TrtllmOption:
     role: str
     help: str
     choices: tuple[str, ...] | None = None
+    http: str = ""
 
     @property
     def name(self) -> str:
         return self.flags[0]
 
+    def role_in(self, grpc: bool) -> str:
+        """Its role with --grpc (gRPC mode) or without (trtllm-serve's OpenAI HTTP server)."""
+        return self.role if grpc or not self.http else self.http
+
 
 def _o(flags: str, kind: str, role: str, help: str, dest: str = "",
-       choices: tuple[str, ...] | None = None) -> TrtllmOption:
+       choices: tuple[str, ...] | None = None, http: str = "") -> TrtllmOption:
     names = tuple(flags.split())
     return TrtllmOption(names, dest or names[0].lstrip("-").replace("-", "_"), kind, role, help,
-                        choices)
+                        choices, http)
 
 
 T, S, W, G, R = TRANSLATED, SILENT, WARNED, GRPC_REFUSED, REFUSED
-REFUSED_GRPC = "refused, as TensorRT-LLM's gRPC mode refuses it (the router does this)"
-REFUSED_VISUAL = "refused, as TensorRT-LLM refuses it with --grpc (VisualGen has no gRPC)"
+REFUSED_GRPC = ("with --grpc refused, as TensorRT-LLM's gRPC mode refuses it (the router does "
+                "this)")
+REFUSED_DISAGG = (REFUSED_GRPC + "; without, refused too: TensorRT-LLM's disaggregated serving "
+                  "is not emulated")
+REFUSED_VISUAL = ("refused: TensorRT-LLM's VisualGen server (image and video generation) is not "
+                  "emulated, and has no gRPC mode")
 OPTIONS: tuple[TrtllmOption, ...] = (
     _o("--grpc", "switch", T, "serve TensorRT-LLM's gRPC service, trtllm.TrtllmService (what "
-       "smg's gateway speaks): required here, TensorRT-LLM's OpenAI HTTP server is not "
-       "emulated"),
-    _o("--grpc-protocol", "str", T, "smg (default); openengine is refused",
-       choices=("smg", "openengine")),
+       "smg's gateway speaks), on --port; without it, trtllm-serve's OpenAI HTTP server"),
+    _o("--grpc-protocol", "str", T, "with --grpc: smg (default); openengine is refused. Without "
+       "--grpc, no effect", choices=("smg", "openengine"), http=S),
     _o("--host", "str", T, "address to bind (default: $DOPPELCHIP_HOST, else localhost, bound "
        "as 127.0.0.1)"),
-    _o("--port", "int", T, "the gRPC port (default 8000; 0 picks a free one)"),
+    _o("--port", "int", T, "the HTTP port, or with --grpc the gRPC port (default 8000; 0 "
+       "picks a free one)"),
     _o("--backend", "str", T, "pytorch (default) or tensorrt (trt): the tensorrt-llm engine "
        "either way; _autodeploy is served as pytorch, with a warning", choices=BACKENDS),
     _o("--served_model_name", "str", T, "the model name served (default: MODEL as given)"),
@@ -102,8 +117,9 @@ OPTIONS: tuple[TrtllmOption, ...] = (
     _o("--num_serve_frontends", "int", S, "HTTP front-end processes"),
     _o("--num_input_processor_workers", "int", S, "multimodal preprocessing threads"),
     _o("--num_media_load_workers", "int", S, "media decoding threads"),
-    _o("--reasoning_parser", "str", S, "reasoning output parser (in gRPC mode the router "
-       "parses)"),
+    _o("--reasoning_parser", "str", S, "reasoning output parser: with --grpc no effect (the "
+       "router parses); without, accepted with a warning (no reasoning_content is split off)",
+       http=W),
     _o("--fail_fast_on_attention_window_too_large", "switch", S, "deprecated"),
     _o("--otlp_traces_endpoint", "str", S, "OpenTelemetry traces"),
     _o("--telemetry --no-telemetry", "negatable", S, "usage telemetry (or --no-telemetry)"),
@@ -119,13 +135,21 @@ OPTIONS: tuple[TrtllmOption, ...] = (
     _o("--report_addr", "str", W, "where to report the server's address"),
     # TensorRT-LLM's gRPC mode refuses these ("Argument '...' is not supported when running
     # in gRPC mode"): the router handles tool parsing, chat templates, disaggregation
-    _o("--tool_parser", "str", G, REFUSED_GRPC),
-    _o("--chat_template", "str", G, REFUSED_GRPC),
-    _o("--allow_request_chat_template", "switch", G, REFUSED_GRPC),
-    _o("--middleware", "append", G, REFUSED_GRPC),
-    _o("--metadata_server_config_file", "str", G, REFUSED_GRPC),
-    _o("--server_role", "str", G, REFUSED_GRPC),
-    _o("--disagg_cluster_uri", "str", G, REFUSED_GRPC),
+    # in gRPC mode the router handles tool parsing, chat templates, disaggregation. The HTTP
+    # server does these itself: tool calls here are written under the request's tools (a
+    # parser finds nothing more), chat renders with the model's own template, no middleware is
+    # loaded, and disaggregated serving is not emulated
+    _o("--tool_parser", "str", G, REFUSED_GRPC + "; without, no effect: tool calls are written "
+       "under the request's tools already", http=S),
+    _o("--chat_template", "str", G, REFUSED_GRPC + "; without, accepted with a warning: chat "
+       "renders with the model's own template", http=W),
+    _o("--allow_request_chat_template", "switch", G, REFUSED_GRPC + "; without, accepted with "
+       "a warning: a request's chat_template is ignored", http=W),
+    _o("--middleware", "append", G, REFUSED_GRPC + "; without, accepted with a warning: no "
+       "middleware is loaded", http=W),
+    _o("--metadata_server_config_file", "str", G, REFUSED_DISAGG, http=R),
+    _o("--server_role", "str", G, REFUSED_DISAGG, http=R),
+    _o("--disagg_cluster_uri", "str", G, REFUSED_DISAGG, http=R),
     # TensorRT-LLM: "--grpc is not supported by the VisualGen server"
     _o("--enable_visual_gen", "switch", R, REFUSED_VISUAL),
     _o("--visual_gen_args", "str", R, REFUSED_VISUAL),
@@ -139,7 +163,8 @@ _METAVARS = {"host": "HOST", "port": "PORT", "extra_llm_api_options": "FILE", "m
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """MODEL and every option of OPTIONS (each defaulting to None: given or not), grouped by
-    role, then doppelchip's own (`--chip`, `--time-scale`, `--cold`, `--http-port`)."""
+    role, then doppelchip's own (`--chip`, `--time-scale`, `--cold`, `--grpc-port`,
+    `--http-port`)."""
     from doppelchip.vllm_parser import add_doppelchip_arguments
 
     p.add_argument("model", metavar="MODEL", help="a Hugging Face repository id of the "
@@ -162,10 +187,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            default=None, help=h, metavar=None if o.choices else _METAVARS.get(
                                o.dest, {"int": "N", "float": "X", "str": "VALUE"}[o.kind]))
     d = add_doppelchip_arguments(p, "TensorRT-LLM")
+    d.add_argument("--grpc-port", type=int, metavar="PORT",
+                   help="without --grpc: the pod's gRPC port (doppelchip.v1 and "
+                   "trtllm.TrtllmService; trtllm-serve's HTTP server has none); default "
+                   f"{GRPC_PORT}, or 0 (a free port) with --port 0")
     d.add_argument("--http-port", type=int, metavar="PORT",
-                   help="the pod's HTTP port: doppelchip's OpenAI server and /metrics "
-                   "(TensorRT-LLM's gRPC mode serves no HTTP); default --port + 1, or 0 "
-                   "(a free port) with --port 0")
+                   help="with --grpc: the pod's HTTP port, doppelchip's OpenAI server and "
+                   "/metrics (TensorRT-LLM's gRPC mode serves no HTTP); default --port + 1, or "
+                   "0 (a free port) with --port 0")
 
 
 def trtllm_argv(argv: list[str]) -> list[str]:
@@ -175,5 +204,6 @@ def trtllm_argv(argv: list[str]) -> list[str]:
         return [argv[0], *argv[2:]]
     if len(argv) > 1 and argv[1] in SUBCOMMANDS:
         raise ValueError(f"trtllm-serve {argv[1]}: not emulated; `doppelchip trtllm-serve "
-                         "MODEL --grpc` serves one model as TensorRT-LLM's gRPC worker")
+                         "MODEL` serves one model with trtllm-serve's OpenAI server (with "
+                         "--grpc, as TensorRT-LLM's gRPC worker)")
     return argv

@@ -162,6 +162,24 @@ class ServerProcess:
         self.stop()
 
 
+class TrtllmServe(ServerProcess):
+    """`doppelchip trtllm-serve ARGV` (TensorRT-LLM's command line, either mode) in its own
+    process, ready when its pod listens: `port` is the pod's gRPC port, `http_port` its HTTP
+    port, whichever trtllm-serve's --port named."""
+
+    def start(self, timeout: float = 60.0) -> TrtllmServe:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "doppelchip.cli", "trtllm-serve", *self.extra], cwd=ROOT,
+            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+        threading.Thread(target=self._read, daemon=True).start()
+        pattern = r"listening on 127\.0\.0\.1:(\d+) \(HTTP and metrics on 127\.0\.0\.1:(\d+)\)"
+        found = re.search(pattern, self.wait_for_log(pattern, timeout))
+        assert found is not None
+        self.port, self.http_port = int(found.group(1)), int(found.group(2))
+        return self
+
+
 async def released(client, name: str, timeout: float = 10.0) -> Any:
     """Wait until deployment `name` holds no request and every KV block is free (or held only
     by the prefix cache); return its status. Fails if it does not get there in time or if its

@@ -4,7 +4,8 @@ The docs write the defaults a reader types (gRPC 50051, HTTP 8000, smg 30000, ..
 machine those may be taken, so the runner moves every port a command names (after making the
 defaults explicit: `serve` gets `--port 50051 --http-port 8000`, `vllm serve` `--port 8000
 --grpc-port 50051`, `sglang serve` `--port 30000 --grpc-port 50051` (`--port 30000` alone with
-`--smg-grpc-mode`), `trtllm-serve` `--port 8000 --http-port 8001`, a client without
+`--smg-grpc-mode`), `trtllm-serve` `--port 8000 --grpc-port 50051` (`--port 8000 --http-port
+8001` with `--grpc`), a client without
 `--target` gets `--target 127.0.0.1:50051`, a KV-events
 config without an endpoint gets vLLM's `tcp://*:5557`). `Moves` maps each hundred of
 documented ports (50000-50099, 8000-8099, ...) to a free hundred below the kernel's ephemeral
@@ -68,8 +69,8 @@ def server_of(command: str) -> Server | None:
         if _smg_grpc_mode(ws):
             port = int(_flag(ws, "--smg-http-sidecar-port") or port + 1)
         return Server("serve", f"http:{port}/health")
-    if _trtllm_serve(ws):  # TensorRT-LLM's: --port is gRPC; doppelchip's HTTP on --http-port
-        return Server("serve", f"http:{_trtllm_http_port(ws)}/health")
+    if _trtllm_serve(ws):  # TensorRT-LLM's: --port is HTTP, or with --grpc the gRPC one
+        return Server("serve", f"http:{_trtllm_http_port(ws)}/health")  # (HTTP: --http-port)
     if ws[:2] == ["doppelchip", "pods"]:
         return Server("pods", "log:pods up")
     if ws[:2] == ["make", "gateway"] or ws[:2] == ["doppelchip", "gateway"]:
@@ -97,9 +98,12 @@ def _trtllm_serve(ws: list[str]) -> bool:
 
 
 def _trtllm_http_port(ws: list[str]) -> int:
-    """`trtllm-serve`'s HTTP port: --http-port, default --port (8000) + 1."""
+    """`trtllm-serve`'s HTTP port: --port (8000); with --grpc, --http-port, default --port + 1."""
+    port = int(_flag(ws, "--port") or 8000)
+    if "--grpc" not in ws:
+        return port
     given = _flag(ws, "--http-port")
-    return int(given) if given is not None else int(_flag(ws, "--port") or 8000) + 1
+    return int(given) if given is not None else port + 1
 
 
 def _smg_grpc_mode(ws: list[str]) -> bool:
@@ -143,9 +147,10 @@ def explicit_defaults(command: str) -> str:
         return re.sub(r"\b(doppelchip[ -]sglang (?:serve|launch_server))",
                       lambda m: " ".join([m[1], *add]), command, count=1) if add else command
     if _trtllm_serve(ws):
+        other = (["--http-port", str(_trtllm_http_port(ws))] if "--grpc" in ws
+                 else ["--grpc-port", "50051"])
         add = [*(["--port", "8000"] if _flag(ws, "--port") is None else []),
-               *(["--http-port", str(_trtllm_http_port(ws))]
-                 if _flag(ws, "--http-port") is None else [])]
+               *(other if _flag(ws, other[0]) is None else [])]
         return re.sub(r"\b(doppelchip[ -]trtllm-serve)", lambda m: " ".join([m[1], *add]),
                       command, count=1) if add else command
     add: list[str] = []

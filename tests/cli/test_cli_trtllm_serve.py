@@ -2,23 +2,19 @@
 into `doppelchip serve`'s pod mode serving `trtllm.TrtllmService` on --port. TensorRT-LLM's
 spellings (`--tp_size`, `--kv_cache_free_gpu_memory_fraction`), defaults (2048 sequences, 8192
 tokens a step, 32-token KV blocks) and `--config` YAML merge carry over; what cannot be served
-is refused with exit status 2 before anything starts. One test starts a real pod."""
+is refused with exit status 2 before anything starts. One test starts a real pod. The mode
+without --grpc (trtllm-serve's OpenAI HTTP server): test_cli_trtllm_serve_http.py."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import signal
-import subprocess
-import sys
-import threading
 import tomllib
 import urllib.request
 from pathlib import Path
 
 import pytest
-from server_proc import ServerProcess
+from server_proc import TrtllmServe
 
 from doppelchip import exit_codes
 from doppelchip.cli import build_parser, main
@@ -158,6 +154,7 @@ def test_an_explicit_flag_wins_over_the_yaml_as_in_tensorrt_llm(tmp_path):
     ("kv_cache_config:\n  free_gpu_memory_fraction: 1.5\n", "must be a fraction in (0, 1]"),
     ("enable_chunked_prefill: maybe\n", "enable_chunked_prefill must be true or false"),
     ("max_beam_width: 2\n", "max_beam_width 2: beam search is not emulated"),
+    ("return_perf_metrics: 1\n", "return_perf_metrics must be true or false (got 1)"),
     ("disagg_cluster:\n  cluster_uri: http://x\n", "disaggregated serving is not emulated"),
 ])
 def test_a_bad_yaml_file_is_refused(tmp_path, capsys, monkeypatch, text, says):
@@ -169,7 +166,6 @@ def test_a_bad_yaml_file_is_refused(tmp_path, capsys, monkeypatch, text, says):
 
 
 @pytest.mark.parametrize("argv, says", [
-    ([], "without --grpc starts TensorRT-LLM's OpenAI HTTP server, which is not emulated"),
     (["--grpc", "--tool_parser", "qwen3"], "Argument 'tool_parser' is not supported when "
      "running in gRPC mode"),
     (["--grpc", "--chat_template", "t"], "Argument 'chat_template' is not supported"),
@@ -192,6 +188,7 @@ def test_a_bad_yaml_file_is_refused(tmp_path, capsys, monkeypatch, text, says):
     (["--grpc", "--tp_size", "4", "--ep_size", "3"], "tp_size must equal to moe_tp_size * "
      "moe_ep_size * moe_cluster_size, but got 4 != 1 * 3 * 1"),
     (["--grpc", "--port", "70000"], "--port 70000: not a TCP port"),
+    (["--grpc", "--grpc-port", "9000"], "--grpc-port: with --grpc the gRPC service is on --port"),
     (["--grpc", "--chip", "rtx-4090", "--max_seq_len", "4096"], "error: "),  # 8B bf16 > 24 GB
 ])
 def test_what_cannot_be_served_is_refused_before_it_starts(capsys, monkeypatch, argv, says):
@@ -262,22 +259,6 @@ def test_help_and_the_doppelchip_trtllm_serve_script(monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["trtllm-serve", "org/none", "--grpc"])
     assert script() == exit_codes.USAGE
     assert "unknown checkpoint 'org/none'" in capsys.readouterr().err
-
-
-class TrtllmServe(ServerProcess):
-    """`doppelchip trtllm-serve ARGV` in its own process, ready when its pod listens."""
-
-    def start(self, timeout: float = 60.0) -> TrtllmServe:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "doppelchip.cli", "trtllm-serve", *self.extra], cwd=ROOT,
-            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        threading.Thread(target=self._read, daemon=True).start()
-        pattern = r"listening on 127\.0\.0\.1:(\d+) \(HTTP and metrics on 127\.0\.0\.1:(\d+)\)"
-        found = re.search(pattern, self.wait_for_log(pattern, timeout))
-        assert found is not None
-        self.port, self.http_port = int(found.group(1)), int(found.group(2))
-        return self
 
 
 def test_a_trtllm_serve_pod_serves_trtllm_service_on_its_grpc_port():

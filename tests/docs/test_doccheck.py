@@ -80,7 +80,11 @@ def test_ports_are_moved_defaults_made_explicit_and_servers_probed():
                        {**moves, 30100: 14600})
     assert "__dc_server 0 http 14601/health 'doppelchip sglang serve --model-path m " \
         "--smg-grpc-mode --port 14600'" in grpc_mode
-    # TensorRT-LLM's: --port (8000) is gRPC; doppelchip's HTTP (probed) on --port + 1
+    # TensorRT-LLM's: --port (8000) is HTTP, gRPC has doppelchip's own flag, as for vLLM's
+    trtllm = script(["doppelchip trtllm-serve m &"], moves)
+    assert "__dc_server 0 http 12300/health 'doppelchip trtllm-serve --port 12300 --grpc-port " \
+        "23451 m'" in trtllm
+    # with --grpc, --port is gRPC; doppelchip's HTTP (probed) on --port + 1
     trtllm = script(["doppelchip trtllm-serve m --grpc &"], moves)
     assert "__dc_server 0 http 12301/health 'doppelchip trtllm-serve --port 12300 --http-port " \
         "12301 m --grpc'" in trtllm
