@@ -15,28 +15,16 @@ from pathlib import Path
 
 import pytest
 from server_proc import TrtllmServe
+from test_cli_trtllm_serve import REPO, parse, serve_args, warnings
 
 from doppelchip import exit_codes
-from doppelchip.cli import build_parser, main
+from doppelchip.cli import main
 from doppelchip.cmd_trtllm import translate
 
-REPO = "meta-llama/Llama-3.1-8B-Instruct"
 HTTP_POD = ["--chip", "h100-sxm", "--engine", "tensorrt-llm", "--http-api", "trtllm",
             "--model", "llama-3.1-8b", "--quant", "bf16", "--served-model-name", REPO]
 NOT_EMULATED = "is accepted but not emulated: it changes nothing here"
 
-
-def parse(*argv: str) -> argparse.Namespace:
-    return build_parser("trtllm-serve").parse_args(["trtllm-serve", *argv])
-
-
-def serve_args(*argv: str) -> argparse.Namespace:
-    """`doppelchip serve`'s own parser on the translation of `trtllm-serve ARGV`."""
-    return build_parser("serve").parse_args(["serve", *translate(parse(*argv))[0]])
-
-
-def warnings(*argv: str) -> list[str]:
-    return translate(parse(*argv))[1]
 
 
 def write(tmp_path: Path, text: str) -> str:

@@ -18,29 +18,24 @@ Errors: a refused body is 400 (SGLang turns FastAPI's 422 into 400 too); an unkn
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server import metrics as exposition
 from server.auth import ApiKeys
-from server.http.errors import HttpError, validation_error
+from server.http.errors import HttpError
 from server.http.flat_errors import OpenAIErrors, flat
-from server.http.protocol import ChatCompletionRequest, CompletionRequest
-from server.http.routes import chat_completion, completion, parse
+from server.http.pod_app import add_error_handlers, add_openai_generation
 from server.http.sglang.errors import sglang_error, with_json
 from server.http.sglang.generate import generate
 from server.http.sglang.native import add_native_routes, pod_client
 from server.http.sglang.pooling import add_pooling_routes
 from server.http.state import HttpState
 
-log = logging.getLogger("doppelchip.http")
 PUBLIC = ("/health", "/ready", "/metrics")  # SGLang's: matched by prefix
 
 
@@ -73,49 +68,21 @@ def add_generation_routes(app: FastAPI, state: HttpState) -> None:
     async def generate_route(request: Request) -> Response:
         return await with_json(request, lambda body: generate(state, request, body))
 
-    info = pod_client(state).info
-    names = info.served_model_names or (info.model_name,)
+    info = pod_client(state).info  # SGLang answers whatever `model` says
+    add_openai_generation(app, state, info.served_model_names or (info.model_name,))
 
-    def served(body):  # SGLang answers whatever `model` says: it names no deployment there
-        return body if body.model in names else body.model_copy(update={"model": names[0]})
 
-    @app.post("/v1/completions")
-    async def create_completion(request: Request) -> Response:
-        return await completion(state, request, served(await parse(request, CompletionRequest)))
-
-    @app.post("/v1/chat/completions")
-    async def create_chat_completion(request: Request) -> Response:
-        body = served(await parse(request, ChatCompletionRequest))
-        return await chat_completion(state, request, body)
+def answer(request: Request, e: HttpError) -> Response:
+    """SGLang's error body; an OpenAI route's in the flat `ErrorResponse`."""
+    if request.url.path.startswith("/v1/"):
+        return JSONResponse(flat(e.body()), e.status)
+    return sglang_error(e)
 
 
 def build_sglang_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
     app = FastAPI()
     app.state.http = state
-
-    @app.exception_handler(HttpError)
-    async def on_http_error(request: Request, e: HttpError) -> Response:
-        if request.url.path.startswith("/v1/"):
-            return JSONResponse(flat(e.body()), e.status)
-        return sglang_error(e)
-
-    @app.exception_handler(RequestValidationError)
-    async def on_invalid(request: Request, e: RequestValidationError) -> Response:
-        return JSONResponse(flat(validation_error(list(e.errors())).body()), 400)
-
-    @app.exception_handler(HTTPException)
-    async def on_starlette(request: Request, e: HTTPException) -> Response:
-        return JSONResponse({"detail": e.detail}, e.status_code, headers=e.headers)
-
-    @app.exception_handler(ClientDisconnect)
-    async def on_gone(request: Request, e: ClientDisconnect) -> Response:
-        return Response(status_code=499)
-
-    @app.exception_handler(Exception)
-    async def on_unexpected(request: Request, e: Exception) -> Response:
-        log.exception("unexpected error on %s", request.url.path)
-        return sglang_error(HttpError(500, f"{type(e).__name__}: {e}"))
-
+    add_error_handlers(app, answer)
     add_native_routes(app, state)
 
     if pod_client(state).limits.pooling_task:  # SGLang's routes for a pooling model

@@ -22,72 +22,33 @@ Errors: the OpenAI routes answer TensorRT-LLM's flat `ErrorResponse` (`{"object"
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from server import metrics as exposition
 from server.auth import ApiKeys
 from server.http.app import PUBLIC_PATHS, ApiKeyMiddleware
-from server.http.errors import HttpError, validation_error
+from server.http.errors import HttpError
 from server.http.flat_errors import OpenAIErrors, flat
-from server.http.protocol import ChatCompletionRequest, CompletionRequest
-from server.http.routes import chat_completion, completion, parse
+from server.http.pod_app import add_error_handlers, add_openai_generation
 from server.http.state import HttpState
 from server.http.trtllm.native import add_native_routes, served_name
 
-log = logging.getLogger("doppelchip.http")
 METRICS_PATHS = ("/prometheus/metrics", "/prometheus/metrics/")
 
 
-def add_generation_routes(app: FastAPI, state: HttpState) -> None:
-    """The OpenAI generation routes; whatever `model` a request names, the served one answers."""
-    def served(body):
-        name = served_name(state)
-        return body if body.model == name else body.model_copy(update={"model": name})
-
-    @app.post("/v1/completions")
-    async def create_completion(request: Request) -> Response:
-        return await completion(state, request, served(await parse(request, CompletionRequest)))
-
-    @app.post("/v1/chat/completions")
-    async def create_chat_completion(request: Request) -> Response:
-        body = served(await parse(request, ChatCompletionRequest))
-        return await chat_completion(state, request, body)
+def answer(request: Request, e: HttpError) -> Response:
+    return JSONResponse(flat(e.body()), e.status)
 
 
 def build_trtllm_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
     app = FastAPI()
     app.state.http = state
-
-    @app.exception_handler(HttpError)
-    async def on_http_error(request: Request, e: HttpError) -> Response:
-        return JSONResponse(flat(e.body()), e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def on_invalid(request: Request, e: RequestValidationError) -> Response:
-        return JSONResponse(flat(validation_error(list(e.errors())).body()), 400)
-
-    @app.exception_handler(HTTPException)
-    async def on_starlette(request: Request, e: HTTPException) -> Response:
-        return JSONResponse({"detail": e.detail}, e.status_code, headers=e.headers)
-
-    @app.exception_handler(ClientDisconnect)
-    async def on_gone(request: Request, e: ClientDisconnect) -> Response:
-        return Response(status_code=499)
-
-    @app.exception_handler(Exception)
-    async def on_unexpected(request: Request, e: Exception) -> Response:
-        log.exception("unexpected error on %s", request.url.path)
-        error = HttpError(500, f"{type(e).__name__}: {e}", "InternalServerError")
-        return JSONResponse(flat(error.body()), 500)
-
+    add_error_handlers(app, answer)
     add_native_routes(app, state)
-    add_generation_routes(app, state)
+    add_openai_generation(app, state, (served_name(state),))  # trtllm-serve answers any model
 
     if state.enable_metrics:  # trtllm-serve mounts it with return_perf_metrics only
         async def prometheus_metrics() -> Response:
