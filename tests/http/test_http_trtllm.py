@@ -147,3 +147,17 @@ async def test_without_enable_metrics_nothing_is_mounted():
             assert (await h.get("/prometheus/metrics")).status_code == 404
             assert (await h.get("/metrics")).json() == []
             assert (await h.get("/health")).status_code == 200
+
+
+async def test_api_key_guards_the_openai_routes_not_the_probes_or_metrics():
+    with ServerProcess(None, *POD, "--api-key", "sesame") as s:
+        async with httpx.AsyncClient(base_url=s.http_url, timeout=30) as h:
+            body = {"model": "m", "prompt": "x", "max_tokens": 1}
+            r = await h.post("/v1/completions", json=body)
+            assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}
+            assert (await h.get("/v1/models")).status_code == 401
+            r = await h.post("/v1/completions", json=body,
+                             headers={"Authorization": "Bearer sesame"})
+            assert r.status_code == 200
+            for path in ("/health", "/version", "/metrics", "/prometheus/metrics"):
+                assert (await h.get(path)).status_code == 200, path
