@@ -38,9 +38,10 @@ VLLM_ENGINE = {
 }
 
 
-def epp_config(metrics_path: str) -> str:
-    """The chart's default-plugins.yaml for vLLM over HTTP: queue, KV-usage and prefix-cache
-    scorers weighted 2/2/3, fed by scraping each pod's /metrics."""
+def epp_config(metrics_path: str, engine: dict[str, str] = VLLM_ENGINE) -> str:
+    """The chart's default-plugins.yaml over HTTP: queue, KV-usage and prefix-cache scorers
+    weighted 2/2/3, fed by scraping each pod's `metrics_path` and reading `engine`'s series
+    (its name the default engine: a pod without an llm-d.ai/engine-type label reads them)."""
     import yaml
 
     doc = {
@@ -51,7 +52,7 @@ def epp_config(metrics_path: str) -> str:
             {"type": "metrics-data-source", "parameters": {
                 "scheme": "http", "path": metrics_path, "insecureSkipVerify": True}},
             {"type": "core-metrics-extractor", "parameters": {
-                "defaultEngine": "vllm", "engineConfigs": [VLLM_ENGINE]}},
+                "defaultEngine": engine["name"], "engineConfigs": [engine]}},
         ],
         "schedulingProfiles": [{"name": "default", "plugins": [
             {"pluginRef": "queue-scorer", "weight": 2},
@@ -65,7 +66,11 @@ def _meta(name: str) -> Doc:
     return {"name": name, "labels": {"app.kubernetes.io/name": name}}
 
 
-def epp_objects(pool: str, epp: str) -> list[Doc]:
+def epp_objects(pool: str, epp: str, metrics_path: str = "/metrics",
+                engine: dict[str, str] = VLLM_ENGINE) -> list[Doc]:
+    """The endpoint picker of `pool`, named `epp`, as llm-d-router's gateway chart renders it:
+    ServiceAccount, Role, RoleBinding, its config (epp_config) as a ConfigMap, Deployment and
+    Service."""
     read = ["get", "watch", "list"]
     rules = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": read},
@@ -101,7 +106,7 @@ def epp_objects(pool: str, epp: str) -> list[Doc]:
          "subjects": [{"kind": "ServiceAccount", "name": epp}],
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": epp}},
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(epp),
-         "data": {"default-plugins.yaml": epp_config("/metrics")}},
+         "data": {"default-plugins.yaml": epp_config(metrics_path, engine)}},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(epp), "spec": {
             "replicas": 1, "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": select},
@@ -142,6 +147,42 @@ def llm_d_values(fleet: FleetConfig) -> str:
                 "commands.", [(doc, {})])
 
 
+def pool_doc(pool: str, selector: dict[str, str], port: int, epp: str) -> Doc:
+    """An InferencePool of the pods `selector` picks, sent HTTP on `port`, its picker `epp`."""
+    return {
+        "apiVersion": f"{POOL_GROUP}/v1", "kind": "InferencePool", "metadata": _meta(pool),
+        "spec": {
+            "selector": {"matchLabels": selector},
+            "targetPorts": [{"number": port}],
+            "appProtocol": "http",
+            "endpointPickerRef": {"name": epp, "port": {"number": EXT_PROC_PORT},
+                                  "failureMode": "FailOpen"}},
+    }
+
+
+def gateway_doc(name: str) -> Doc:
+    """A Gateway listening for HTTP on port 80 (gatewayClassName istio)."""
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": _meta(name),
+        "spec": {"gatewayClassName": "istio",
+                 "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]},
+    }
+
+
+def route_doc(pool: str, gateway: str) -> Doc:
+    """An HTTPRoute, named as the pool, sending every path on `gateway` to it."""
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": _meta(pool),
+        "spec": {
+            "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                            "name": gateway}],
+            "rules": [{"backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool",
+                                        "name": pool}],
+                       "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                       "timeouts": {"request": "300s"}}]},
+    }
+
+
 def inference_gateway(fleet: FleetConfig) -> dict[str, str]:
     """The example's files: a pool over every doppelchip pod serving the default deployment's
     model (pods of different chips serving one model: the EPP routes by their queues and KV
@@ -149,36 +190,13 @@ def inference_gateway(fleet: FleetConfig) -> dict[str, str]:
     model, pool, selector = pool_of(fleet)
     epp = f"{pool}-epp"
     members = sorted(d.name for d in fleet.deployments if d.model == model)
-    pool_doc = {
-        "apiVersion": f"{POOL_GROUP}/v1", "kind": "InferencePool", "metadata": _meta(pool),
-        "spec": {
-            "selector": {"matchLabels": selector},
-            "targetPorts": [{"number": fleet.server.metrics_port}],
-            "appProtocol": "http",
-            "endpointPickerRef": {"name": epp, "port": {"number": EXT_PROC_PORT},
-                                  "failureMode": "FailOpen"}},
-    }
-    gateway_doc = {
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": _meta(GATEWAY),
-        "spec": {"gatewayClassName": "istio",
-                 "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]},
-    }
-    route_doc = {
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": _meta(pool),
-        "spec": {
-            "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
-                            "name": GATEWAY}],
-            "rules": [{"backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool",
-                                        "name": pool}],
-                       "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
-                       "timeouts": {"request": "300s"}}]},
-    }
     return {
         "inferencepool.yaml": dump(
             f"An InferencePool of the pods serving {model!r} (pods/: {', '.join(members)}), "
             "routed by the endpoint picker in epp.yaml on its queue, KV-usage and prefix-cache "
             "scorers. Pool only one deployment's replicas instead: select on its `app` label "
-            "and scale it (README.md).", [(pool_doc, {})]),
+            "and scale it (README.md).",
+            [(pool_doc(pool, selector, fleet.server.metrics_port, epp), {})]),
         "epp.yaml": dump(
             f"The endpoint picker of {pool} (llm-d-router v0.10.0, as its gateway chart renders "
             "it): watches the pool's pods, scrapes each one's /metrics every 50 ms and picks a "
@@ -189,8 +207,8 @@ def inference_gateway(fleet: FleetConfig) -> dict[str, str]:
             "implementation's (istio here; agentgateway, kgateway, nginx, gke-l7-rilb, ...). "
             "Skip this file when a Gateway exists and point the route at it. Istio also needs "
             "a DestinationRule for the picker's TLS (README.md).",
-            [(gateway_doc, {})]),
+            [(gateway_doc(GATEWAY), {})]),
         "httproute.yaml": dump(
             f"Every path on the Gateway {GATEWAY!r} to the pool {pool!r} (the endpoint picker "
-            "chooses the pod).", [(route_doc, {})]),
+            "chooses the pod).", [(route_doc(pool, GATEWAY), {})]),
     }

@@ -15,7 +15,9 @@ them (tests/deploy runs --check). What it writes, and README.md beside it says h
 - inference-gateway/: an InferencePool, its endpoint picker and an HTTPRoute (gaie.py);
 - llm-d/: Helm values pointing llm-d's router charts at the same pods (gaie.py);
 - smg/: SGLang-shaped pods (`sglang serve --smg-grpc-mode`) behind the smg router
-  (smg_router.py; not smg.py, which would shadow the installed smg package).
+  (smg_router.py; not smg.py, which would shadow the installed smg package);
+- trtllm-serve/: TensorRT-LLM-shaped pods (`trtllm-serve MODEL --config ...`) behind their own
+  InferencePool and endpoint picker, read as engine type trtllm-serve (trtllm_serve.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]  # the repository's packages and the sibli
 from emit import Comments, Doc, dump  # noqa: E402
 from gaie import inference_gateway, llm_d_values  # noqa: E402
 from smg_router import smg_example  # noqa: E402
+from trtllm_serve import example as trtllm_serve_example  # noqa: E402
 
 from devices import make_compile_strategy, place  # noqa: E402
 from server.config import FleetConfig, load_fleet  # noqa: E402
@@ -39,7 +42,7 @@ from server.engine.build import EngineOptions  # noqa: E402
 from server.server_config import ServerConfig  # noqa: E402
 
 IMAGE = "doppelchip:latest"  # built by deploy/Dockerfile; load it into the cluster (README.md)
-GENERATED = ("pods", "fleet", "monitoring", "inference-gateway", "smg", "llm-d")
+GENERATED = ("pods", "fleet", "monitoring", "inference-gateway", "smg", "trtllm-serve", "llm-d")
 NAME = "app.kubernetes.io/name"
 COMPONENT = "app.kubernetes.io/component"
 
@@ -248,6 +251,9 @@ def render(fleet: FleetConfig) -> dict[str, str]:
     example = smg_example(fleet, pod, startup_seconds)
     files.update({f"smg/{n}": text for n, text in example.items()})
     files["smg/kustomization.yaml"] = kustomization(sorted(example))
+    trtllm = trtllm_serve_example(fleet, pod, service, startup_seconds, probe_notes)
+    files.update({f"trtllm-serve/{n}": text for n, text in trtllm.items()})
+    files["trtllm-serve/kustomization.yaml"] = kustomization(sorted(trtllm))
     return files
 
 

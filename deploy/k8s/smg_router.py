@@ -58,9 +58,10 @@ class PodBuilder(Protocol):
 
 
 @contextmanager
-def _image_environment() -> Iterator[None]:
-    """The environment `sglang serve` parses its defaults from in the container: the image
-    sets no DOPPELCHIP_CHIP, _TIME_SCALE or _COLD, so the generating machine's must not count."""
+def image_environment() -> Iterator[None]:
+    """The environment `sglang serve` (and trtllm_serve.py's `trtllm-serve`) parses its defaults
+    from in the container: the image sets no DOPPELCHIP_CHIP, _TIME_SCALE or _COLD, so the
+    generating machine's must not count."""
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("DOPPELCHIP_")}
     try:
         yield
@@ -77,7 +78,7 @@ def translation(argv: list[str], fleet: FleetConfig) -> tuple[list[str], EngineO
     from doppelchip.cmd_sglang import translate
     from doppelchip.sglang_argv import sglang_argv
 
-    with _image_environment():
+    with image_environment():
         out, _ = translate(build_parser("sglang").parse_args(
             sglang_argv(["sglang", "serve", *argv])))
         pod = pod_fleet(build_parser("serve").parse_args(["serve", *out]), fleet)

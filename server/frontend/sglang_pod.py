@@ -176,9 +176,10 @@ def load_snapshot(client: DeploymentClient, rank: int, windows: Windows, now: fl
 
 async def probe(client: DeploymentClient) -> bool:
     """SGLang's health check (and a TensorRT-LLM pod's `/health_generate`): one token from
-    input_ids [0] (an embedding request on a pooling model); True once it produced its token. A refusal (a full queue, a drain) is False, as
-    SGLang's check times out then. Not counted in the request metrics (`log_metrics=False`,
-    as SGLang sends it); the scheduler's gauges see it run."""
+    input_ids [0] (an embedding request on a pooling model); True once it produced its token.
+    A refusal (a full queue, a drain) is False, as SGLang's check times out then. Not counted
+    in the request metrics (`log_metrics=False`, as SGLang sends it); the scheduler's gauges
+    see it run."""
     pooled = bool(client.limits.pooling_task)
     request = EngineRequest(f"HEALTH_CHECK_{time.monotonic_ns()}", prompt_token_ids=(0,),
                             sampling=SamplingParams(max_tokens=1, temperature=0.0),

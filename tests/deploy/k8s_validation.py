@@ -29,7 +29,7 @@ sys.path.insert(0, str(K8S))
 from emit import load_all  # noqa: E402  (the generator's reader: one YAML dialect)
 
 K8S_VERSION = "1.36.0"  # the Kubernetes API GAIE v1.6.0 builds against (k8s.io/api v0.36)
-GENERATED = ("pods", "fleet", "monitoring", "inference-gateway", "smg", "llm-d")
+GENERATED = ("pods", "fleet", "monitoring", "inference-gateway", "smg", "trtllm-serve", "llm-d")
 API_DIRS = GENERATED[:-1]  # Kubernetes objects (llm-d/ holds Helm values)
 DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DNS1123_SUBDOMAIN = re.compile(rf"{DNS1123_LABEL}(\.{DNS1123_LABEL})*")
