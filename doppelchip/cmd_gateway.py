@@ -61,11 +61,13 @@ def register(subparsers: Any) -> None:
                    help="the server the replicas imitate: vllm (default; vLLM's HTTP API, "
                    "vllm.grpc.engine on gRPC) or sglang (SGLang's HTTP API, "
                    "sglang.grpc.scheduler on gRPC: docs/SGLANG.md)")
-    p.add_argument("--grpc-api", choices=["trtllm"],
+    p.add_argument("--grpc-api", choices=["trtllm", "mlx"],
                    help="trtllm: the replicas serve TensorRT-LLM's trtllm.TrtllmService on "
                    "their gRPC port (`trtllm-serve --grpc`; use a tensorrt-llm deployment, e.g. "
                    "trtllm-h100) and smg fronts them as trtllm workers, told the model with "
-                   "--model-path (docs/TRTLLM.md)")
+                   "--model-path (docs/TRTLLM.md); mlx: MLX's mlx.grpc.engine.MlxEngine (use "
+                   "an mlx deployment, e.g. mlx-m4max) and smg fronts them as mlx workers, "
+                   "whose model info names the model (docs/MLX.md)")
     p.add_argument("--workers", choices=["grpc", "http"],
                    help="how smg talks to the replicas: grpc (their engine service; the "
                    "default for vllm) or http (their HTTP API; the default for sglang)")

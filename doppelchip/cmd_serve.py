@@ -118,10 +118,12 @@ def register(subparsers: Any) -> None:
                      "or trtllm (trtllm-serve's OpenAI server: /health, /version, the iteration "
                      "stats on /metrics, trtllm_ series on /prometheus/metrics; "
                      "trtllm.TrtllmService on the gRPC port; docs/TRTLLM.md)")
-    pod.add_argument("--grpc-api", choices=["vllm", "sglang", "trtllm"],
+    pod.add_argument("--grpc-api", choices=["vllm", "sglang", "trtllm", "mlx"],
                      help="the engine service on the gRPC port (default: the --http-api's): "
                      "trtllm serves TensorRT-LLM's trtllm.TrtllmService (`trtllm-serve "
-                     "--grpc`) in place of vllm.grpc.engine, on a vLLM-API pod (docs/TRTLLM.md)")
+                     "--grpc`) in place of vllm.grpc.engine, on a vLLM-API pod (docs/TRTLLM.md); "
+                     "mlx serves MLX's mlx.grpc.engine.MlxEngine (smg's MLX servicer) there "
+                     "(docs/MLX.md)")
     pod.add_argument("--enable-metrics", action="store_true", default=None,
                      help="as SGLang's flag, on an --http-api sglang pod: serve /metrics with "
                      "SGLang's sglang: series (without it SGLang mounts no /metrics); on an "

@@ -48,6 +48,7 @@ from server.http.trtllm.app import build_trtllm_app
 from server.ipc.messages import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.metrics import MetricsView
+from server.mlx_servicer import MLX_SERVICE, MlxEngineServicer
 from server.servicer import InferenceServicer
 from server.sglang_servicer import SGLANG_SERVICE, SglangSchedulerServicer
 from server.stats.buckets import parse_custom_histogram_buckets
@@ -102,12 +103,14 @@ class FrontendApp:
         self.receiver = Receiver(self.input, self.clients, frontend, self.stats)
         self.servicer = InferenceServicer(self.fleet, cfg.time_scale, http_port, frontend)
         # the engine service smg fronts: an SGLang pod's scheduler, a TensorRT-LLM pod's
-        # TrtllmService, else vLLM's (docs/SGLANG.md, docs/TRTLLM.md)
+        # TrtllmService, an MLX pod's MlxEngine, else vLLM's (docs/SGLANG.md, docs/TRTLLM.md,
+        # docs/MLX.md)
         engine = self.fleet.get(config.vllm_engine_deployment)
         self.engine_service, self.engine_descriptor = {
             "sglang": lambda: (SglangSchedulerServicer(engine, cfg.api_key, cfg.enable_metrics),
                                SGLANG_SERVICE),
             "trtllm": lambda: (TrtllmServiceServicer(engine, cfg.api_key), TRTLLM_SERVICE),
+            "mlx": lambda: (MlxEngineServicer(engine, cfg.api_key), MLX_SERVICE),
             "vllm": lambda: (VllmEngineServicer(engine, cfg.api_key), VLLM_SERVICE),
         }[cfg.engine_api]()
         self.health = health.aio.HealthServicer()

@@ -1,6 +1,7 @@
 """What the engines' gRPC services that smg fronts share: vLLM's `VllmEngine`
-(`server/vllm_servicer.py`), SGLang's `SglangScheduler` (`server/sglang_servicer.py`) and
-TensorRT-LLM's `TrtllmService` (`server/trtllm_servicer.py`).
+(`server/vllm_servicer.py`), SGLang's `SglangScheduler` (`server/sglang_servicer.py`),
+TensorRT-LLM's `TrtllmService` (`server/trtllm_servicer.py`) and MLX's `MlxEngine`
+(`server/mlx_servicer.py`).
 
 Why a base of its own: both front one deployment for the same gateway, and the rules that keep
 a request's resources honest are one rule, not two copies:

@@ -72,7 +72,8 @@ class ServerConfig:
     # The engine service on the gRPC port beside Inference (what smg in gRPC mode detects):
     # "" follows http_api (VllmEngine on a vLLM pod, SglangScheduler on an SGLang pod);
     # "trtllm": TensorRT-LLM's TrtllmService (`trtllm-serve --grpc`, server/trtllm_servicer.py;
-    # docs/TRTLLM.md), on a vLLM-API pod in pod mode.
+    # docs/TRTLLM.md), or "mlx": MLX's MlxEngine (smg's MLX servicer, server/mlx_servicer.py;
+    # docs/MLX.md), on a vLLM-API pod in pod mode.
     grpc_api: str = ""
     # SGLang's --enable-metrics: /metrics (sglang: series) on an SGLang pod; without it SGLang
     # mounts no /metrics. On a TensorRT-LLM pod, its return_perf_metrics and
@@ -100,7 +101,7 @@ class ServerConfig:
 
     @property
     def engine_api(self) -> str:
-        """Whose engine service the gRPC port serves: "vllm", "sglang" or "trtllm"."""
+        """Whose engine service the gRPC port serves: "vllm", "sglang", "trtllm" or "mlx"."""
         return self.grpc_api or self.http_api
 
     @property
@@ -110,7 +111,9 @@ class ServerConfig:
 
 
 HTTP_APIS = ("vllm", "sglang", "trtllm")
-GRPC_APIS = ("", "vllm", "sglang", "trtllm")
+GRPC_APIS = ("", "vllm", "sglang", "trtllm", "mlx")
+# engine services a vLLM-API pod serves in VllmEngine's place (pod mode: one model)
+POD_GRPC_APIS = ("trtllm", "mlx")
 
 
 def server_problem(s: ServerConfig) -> str:
@@ -141,11 +144,11 @@ def server_problem(s: ServerConfig) -> str:
                 "model: use pod mode (--deployment NAME, or --chip --engine --model --quant)")
     if s.grpc_api not in GRPC_APIS:
         return f"grpc_api must be one of {', '.join(GRPC_APIS[1:])}, got {s.grpc_api!r}"
-    if s.grpc_api not in ("", s.http_api) and not (s.grpc_api == "trtllm" and s.pod
+    if s.grpc_api not in ("", s.http_api) and not (s.grpc_api in POD_GRPC_APIS and s.pod
                                                    and s.http_api == "vllm"):
         return (f"grpc_api {s.grpc_api!r} with http_api {s.http_api!r}: an SGLang pod serves "
                 "SglangScheduler, a TensorRT-LLM pod TrtllmService, a vLLM pod VllmEngine or "
-                "(pod mode) TrtllmService")
+                "(pod mode) TrtllmService or MlxEngine")
     if s.grpc_max_concurrent_streams < 0:
         return "grpc_max_concurrent_streams must be >= 0 (0: grpc's default)"
     for key in ("http_timeout_keep_alive_s", "http_header_timeout_s"):

@@ -114,8 +114,28 @@ def test_grpc_api_trtllm_needs_a_vllm_api_pod():
                                                           http_api="sglang"))
     assert "grpc_api 'sglang' with http_api 'vllm'" in server_problem(
         ServerConfig(grpc_api="sglang", pod=True))
-    assert "grpc_api must be one of vllm, sglang, trtllm" in server_problem(
-        dataclasses.replace(ServerConfig(), grpc_api="mlx"))
+    assert "grpc_api must be one of vllm, sglang, trtllm, mlx" in server_problem(
+        dataclasses.replace(ServerConfig(), grpc_api="tokenspeed"))
+
+
+def test_grpc_api_mlx_needs_a_vllm_api_pod():
+    """`grpc_api = "mlx"` serves MLX's MlxEngine in VllmEngine's place (docs/MLX.md), as
+    "trtllm" does TrtllmService: on a vLLM-API pod in pod mode only."""
+    assert server_problem(ServerConfig(grpc_api="mlx", pod=True)) == ""
+    assert ServerConfig(grpc_api="mlx", pod=True).engine_api == "mlx"
+    assert "MlxEngine" in server_problem(ServerConfig(grpc_api="mlx"))  # not a pod
+    for http_api in ("sglang", "trtllm"):
+        assert f"grpc_api 'mlx' with http_api {http_api!r}" in server_problem(
+            ServerConfig(grpc_api="mlx", pod=True, http_api=http_api))
+
+
+def test_serve_takes_grpc_api_mlx():
+    """`doppelchip serve --grpc-api mlx` (docs/MLX.md) is a choice of the serve command."""
+    from doppelchip.cli import build_parser
+
+    args = build_parser("serve").parse_args(["serve", "--deployment", "mlx-m4max",
+                                             "--grpc-api", "mlx"])
+    assert (args.grpc_api, args.deployment) == ("mlx", "mlx-m4max")
 
 
 def test_http_api_trtllm_is_a_pod_whose_grpc_port_serves_trtllm():

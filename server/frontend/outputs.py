@@ -1,10 +1,11 @@
 """One of a request's n outputs as an engine gRPC service streams it (SGLang's
-`SglangScheduler`, TensorRT-LLM's `TrtllmService`): its ids so far, the cumulative counts every
-chunk and its final message carry, and its emulated logprobs when asked.
+`SglangScheduler`, TensorRT-LLM's `TrtllmService`, MLX's `MlxEngine`): its ids so far, the
+cumulative counts every chunk and its final message carry, and its emulated logprobs when
+asked.
 
-Why a module of its own: both services stream the same three things per output and differ only
+Why a module of its own: the services stream the same three things per output and differ only
 in the message shapes they build from them (`server/sglang_convert.py`,
-`server/trtllm_convert.py`).
+`server/trtllm_convert.py`, `server/mlx_convert.py`).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ The fault-tolerance tests assert that nothing else ever comes back. Sources:
 - `server/trtllm_servicer.py` (its docstring): trtllm.TrtllmService on a TensorRT-LLM pod;
   INTERNAL only for a request the engine failed, UNIMPLEMENTED for Embed (as TensorRT-LLM's)
   and for KV events when off;
+- `server/mlx_servicer.py` (its docstring): mlx.grpc.engine.MlxEngine on an MLX pod
+  (`--grpc-api mlx`); INTERNAL only for a request the engine failed;
 - `server/http/errors.py` and `server/http/app.py`: the HTTP API (vLLM's error shape); 501
   is the Responses API's `json_object` (`server/http/responses.py`: vLLM's NotImplementedError);
 - grpc itself: a message above the server's receive limit is RESOURCE_EXHAUSTED.
@@ -36,6 +38,8 @@ SGLANG_SCHEDULER = frozenset({C.OK, C.INVALID_ARGUMENT, C.RESOURCE_EXHAUSTED, C.
 TRTLLM_SERVICE = frozenset({C.OK, C.INVALID_ARGUMENT, C.RESOURCE_EXHAUSTED, C.UNAVAILABLE,
                             C.ALREADY_EXISTS, C.UNIMPLEMENTED, C.INTERNAL,
                             C.DEADLINE_EXCEEDED, C.CANCELLED})
+MLX_ENGINE = frozenset({C.OK, C.INVALID_ARGUMENT, C.RESOURCE_EXHAUSTED, C.UNAVAILABLE,
+                        C.ALREADY_EXISTS, C.INTERNAL, C.DEADLINE_EXCEEDED, C.CANCELLED})
 HTTP = frozenset({200, 400, 404, 405, 409, 429, 500, 501, 503})
 
 HEALTHY_GRPC = frozenset({C.OK, C.NOT_FOUND, C.INVALID_ARGUMENT, C.RESOURCE_EXHAUSTED,

@@ -93,6 +93,17 @@ def test_trtllm_replicas_serve_trtllms_service_and_smg_is_told_the_model(tmp_pat
         smg_cmd(missing, "smg")
 
 
+def test_mlx_replicas_serve_mlx_engine_and_smg_needs_no_model_path():
+    """`--grpc-api mlx`: each replica serves MlxEngine; MLX's model info names the model path,
+    so smg is not told it (docs/MLX.md)."""
+    args = build_parser().parse_args(["gateway", "--deployment", "mlx-m4max",
+                                      "--grpc-api", "mlx"])
+    serve = replica_cmd(args, 0)
+    assert serve[serve.index("--grpc-api") + 1] == "mlx"
+    assert serve[serve.index("--deployment") + 1] == "mlx-m4max"
+    assert "--model-path" not in smg_cmd(args, "smg")
+
+
 def start_gateway(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
     """The gateway, started and ready: (process, gateway port, log). Ports are picked free
     and may be taken by someone else before the gateway binds them (a race with other
