@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from server.frontend.deployment import DeploymentClient
 from server.http.errors import HttpError, validation_error
 from server.http.flat_errors import flat
 from server.http.protocol import ChatCompletionRequest, CompletionRequest
@@ -21,6 +22,11 @@ from server.http.routes import chat_completion, completion, parse
 from server.http.state import HttpState
 
 log = logging.getLogger("doppelchip.http")
+
+
+def pod_client(state: HttpState) -> DeploymentClient:
+    """The pod's one deployment (both servers serve one model)."""
+    return next(iter(state.fleet.clients.values()))
 
 
 def add_error_handlers(app: FastAPI, answer: Callable[[Request, HttpError], Response]) -> None:

@@ -58,9 +58,13 @@ def gpu_memory_bytes(info: DeploymentInfo) -> float:
 
 class Iteration:
     """Rank 0's iteration values: an idle engine's at start-up, then recomputed only when a
-    request has finished since the last read (see the module's docstring)."""
+    request has finished since the last read (see the module's docstring). Read once per
+    scrape, whatever the number of series that show them."""
 
-    def __init__(self, info: DeploymentInfo, layout: Layout) -> None:
+    def __init__(self, key: tuple[int, int], info: DeploymentInfo, layout: Layout,
+                 finished: Callable[[Scrape], float]) -> None:
+        self.key, self.finished_of = key, finished
+        self.scrape: Scrape | None = None  # the last scrape read
         self.bs = info.capacity.block_size
         self.total = info.capacity.kv_blocks_total
         slot = layout.slot
@@ -75,10 +79,17 @@ class Iteration:
         self.refreshes = 1
         self.last_steps, self.last_seconds, self.latency = 0.0, 0.0, 0.0
 
-    def __call__(self, arr: np.ndarray, finished: float) -> np.ndarray:
-        if finished != self.finished:
-            self.finished, self.values = finished, self.compute(arr, finished)
-            self.refreshes += 1
+    def read(self, s: Scrape) -> np.ndarray | None:
+        """The values scrape `s` shows (None while the engine is not up)."""
+        arr = s.engines[self.key]
+        if arr is None:
+            return None
+        if s is not self.scrape:
+            self.scrape = s
+            finished = self.finished_of(s)
+            if finished != self.finished:
+                self.finished, self.values = finished, self.compute(arr, finished)
+                self.refreshes += 1
         return self.values
 
     def compute(self, arr: np.ndarray, finished: float) -> np.ndarray:
@@ -121,17 +132,15 @@ class IterationLog:
     the previous call, which it then forgets. Here one entry, the latest iteration, when the
     values were refreshed (a request finished) since the previous call; [] otherwise."""
 
-    def __init__(self, key: tuple[int, int], info: DeploymentInfo, iteration: Iteration,
-                 finished: Callable[[Scrape], float]) -> None:
-        self.key, self.info, self.iteration, self.finished = key, info, iteration, finished
+    def __init__(self, info: DeploymentInfo, iteration: Iteration) -> None:
+        self.info, self.iteration = info, iteration
         self.seen = (0, 0.0)  # (refreshes, finished requests) at the previous call
 
     def drain(self, s: Scrape) -> list[dict]:
-        arr = s.engines[self.key]
-        if arr is None:
+        values = self.iteration.read(s)
+        if values is None:
             return []
-        finished = self.finished(s)
-        values = self.iteration(arr, finished)
+        finished = float(values[_VALUES.index("completed")])
         seen, self.seen = self.seen, (self.iteration.refreshes, finished)
         if self.iteration.refreshes == seen[0]:
             return []
@@ -186,24 +195,22 @@ def compile_trtllm(plan: Exposition, infos: list[list[DeploymentInfo]],
             if d.name.startswith("trtllm_"):
                 plan.add_def(d, labels(info), summed, offset[d.name], sparse=True)
         key = (d_index, info.rank)
-        iteration = Iteration(info, engine_layouts[key])
-        log = log or IterationLog(key, info, iteration, finished)
-        _iteration(plan, key, info, iteration, finished, pid_label)
+        iteration = Iteration(key, info, engine_layouts[key], finished)
+        log = log or IterationLog(info, iteration)
+        _iteration(plan, key, info, iteration, pid_label)
     return log
 
 
 def _iteration(plan: Exposition, key: tuple[int, int], info: DeploymentInfo,
-               iteration: Iteration, finished: Callable[[Scrape], float],
-               pid: list[tuple[str, str]]) -> None:
+               iteration: Iteration, pid: list[tuple[str, str]]) -> None:
     cap = info.capacity
 
     def held(index: int, counter: bool = False) -> Callable[[Scrape], np.ndarray | None]:
         def source(s: Scrape) -> np.ndarray | None:
-            arr = s.engines[key]
-            if arr is None:
+            v = iteration.read(s)
+            if v is None or (counter and not v[index]):
                 return None
-            value = iteration(arr, finished(s))[index]
-            return None if counter and not value else np.array([value])
+            return v[index:index + 1]
         return source
 
     def constant(value: float) -> Callable[[Scrape], np.ndarray | None]:
@@ -213,10 +220,9 @@ def _iteration(plan: Exposition, key: tuple[int, int], info: DeploymentInfo,
     def ratio(num: int, den: int | None, total: float = 0.0
               ) -> Callable[[Scrape], np.ndarray | None]:
         def source(s: Scrape) -> np.ndarray | None:
-            arr = s.engines[key]
-            if arr is None:
+            v = iteration.read(s)
+            if v is None:
                 return None
-            v = iteration(arr, finished(s))
             d = v[den] + v[num] if den is not None else total
             return np.array([v[num] / d if d else 0.0])
         return source

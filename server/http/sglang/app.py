@@ -29,10 +29,10 @@ from server import metrics as exposition
 from server.auth import ApiKeys
 from server.http.errors import HttpError
 from server.http.flat_errors import OpenAIErrors, flat
-from server.http.pod_app import add_error_handlers, add_openai_generation
+from server.http.pod_app import add_error_handlers, add_openai_generation, pod_client
 from server.http.sglang.errors import sglang_error, with_json
 from server.http.sglang.generate import generate
-from server.http.sglang.native import add_native_routes, pod_client
+from server.http.sglang.native import add_native_routes
 from server.http.sglang.pooling import add_pooling_routes
 from server.http.state import HttpState
 

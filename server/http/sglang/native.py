@@ -25,7 +25,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from server.engine.interface import DeploymentState
-from server.frontend.deployment import DeploymentClient
 from server.frontend.sglang_pod import (
     SGLANG_VERSION,
     Windows,
@@ -35,13 +34,10 @@ from server.frontend.sglang_pod import (
     server_info,
     unknown_sections,
 )
+from server.http.pod_app import pod_client
 from server.http.rl import abort_matching
 from server.http.routes import healthy
 from server.http.state import HttpState
-
-
-def pod_client(state: HttpState) -> DeploymentClient:
-    return next(iter(state.fleet.clients.values()))
 
 
 async def health_generate(state: HttpState) -> Response:

@@ -26,11 +26,11 @@ from starlette.responses import JSONResponse, Response
 from server.http import pooling
 from server.http.embeddings import embeddings
 from server.http.errors import HttpError
+from server.http.pod_app import pod_client
 from server.http.pooling_protocol import EmbeddingRequest, RerankRequest
 from server.http.routes import parse
 from server.http.scores import scored
 from server.http.sglang.errors import sglang_error, with_json
-from server.http.sglang.native import pod_client
 from server.http.sglang.protocol import prompt_inputs
 from server.http.state import HttpState
 

@@ -23,8 +23,8 @@ import time
 from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response
 
-from server.frontend.deployment import DeploymentClient
 from server.frontend.sglang_pod import probe
+from server.http.pod_app import pod_client
 from server.http.routes import healthy
 from server.http.state import HttpState
 from server.trtllm_servicer import TRTLLM_VERSION
@@ -32,14 +32,9 @@ from server.trtllm_servicer import TRTLLM_VERSION
 UNAVAILABLE = "LLM is unavailable. Please check the server logs for more details."
 
 
-def pod_client(state: HttpState) -> DeploymentClient:
-    return next(iter(state.fleet.clients.values()))
-
-
 def served_name(state: HttpState) -> str:
     """trtllm-serve's `self.model`: the one name it answers with, whatever a request says."""
-    info = pod_client(state).info
-    return (info.served_model_names or (info.model_name,))[0]
+    return pod_client(state).info.model_name
 
 
 def model_card(state: HttpState) -> dict:
