@@ -162,9 +162,10 @@ def _address(args: argparse.Namespace) -> list[str]:
 
 
 # TensorRT-LLM keeps KV cache events (what its gRPC SubscribeKvEvents streams to smg's
-# cache-aware router) when kv_cache_config.event_buffer_max_size > 0 and blocks are reused; the
-# pod publishes its own on free ports (bound on loopback unless the pod binds all interfaces),
-# which the gRPC relay reads
+# cache-aware router, and its HTTP POST /kv_cache_events returns) when
+# kv_cache_config.event_buffer_max_size > 0 and blocks are reused; the pod publishes its own on
+# free ports (bound on loopback unless the pod binds all interfaces), which the gRPC relay and
+# the HTTP route (through the replay socket) read
 EVENTS = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:0",
           "replay_endpoint": "tcp://*:0"}
 
@@ -230,10 +231,6 @@ def _warnings(args: argparse.Namespace, s: Settings) -> list[str]:
     if s.fields["backend"] == "_autodeploy":
         out.append("backend _autodeploy is served as the PyTorch backend: AutoDeploy's graph "
                    "transformations are not emulated")
-    if not args.grpc and kv_events(s.kv):
-        out.append(f"{s.label('kv_cache_config.event_buffer_max_size')}: POST /kv_cache_events "
-                   "answers [] here; the pod's KV cache events stream on its gRPC port "
-                   "(trtllm.TrtllmService's SubscribeKvEvents)")
     return out + _metrics_warnings(args, s) + s.warnings
 
 

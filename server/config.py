@@ -249,6 +249,12 @@ def kv_events_problem(fleet: FleetConfig) -> str:
     server's host ("" when none): checked again once `serve`'s --host is applied."""
     for i, d in enumerate(fleet.deployments):
         problem = endpoint_problem(d.kv_events_config, fleet.server.host)
+        cfg = KVEventsConfig.parse(d.kv_events_config)
+        if not problem and fleet.server.http_api == "trtllm" and cfg.enabled and (
+                cfg.replay_endpoint is None):
+            problem = ("kv_events_config: a TensorRT-LLM pod's POST /kv_cache_events reads "
+                       "the publisher's replay socket; give a replay_endpoint "
+                       "(e.g. \"tcp://*:0\")")
         if problem:
             return f"deployments[{i}]: {problem}"
     return ""

@@ -77,7 +77,7 @@ def to_proto(batch: KVEventBatch, seq: int, first_event_id: int) -> common_pb2.K
     return out
 
 
-async def _replay(ctx: zmq.asyncio.Context, endpoint: str, start: int
+async def replay(ctx: zmq.asyncio.Context, endpoint: str, start: int
                   ) -> list[tuple[int, bytes]]:
     """vLLM's replay: one REQ frame with the start sequence; batches until the end marker."""
     sock = ctx.socket(zmq.DEALER)  # a DEALER sends [b"", start], as a REQ would
@@ -110,7 +110,7 @@ async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
     event_id, last = 0, start - 1
     try:
         if start > 0 and replay_endpoint:
-            for seq, payload in await _replay(ctx, replay_endpoint, start):
+            for seq, payload in await replay(ctx, replay_endpoint, start):
                 batch = to_proto(decode_batch(payload), seq, event_id)
                 event_id += len(batch.events)
                 last = seq
@@ -125,7 +125,7 @@ async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
             seq = int.from_bytes(frames[1], "big")
             pending = [(seq, frames[2])]
             if last >= 0 and seq > last + 1 and replay_endpoint:  # a gap: refill it
-                pending = [p for p in await _replay(ctx, replay_endpoint, last + 1)
+                pending = [p for p in await replay(ctx, replay_endpoint, last + 1)
                            if p[0] < seq] + pending
             for s, payload in pending:
                 if s <= last:

@@ -99,12 +99,14 @@ def test_grpc_mode_refusals_are_decided_per_option_without_grpc(tmp_path):
     assert warnings(*base, "--grpc", "--config", path) == []
 
 
-def test_kv_cache_events_stream_on_the_grpc_port(tmp_path):
+def test_kv_cache_events_are_published_with_a_replay_socket(tmp_path):
+    """The HTTP route reads the publisher's replay socket, so the pod always binds one; no
+    warning: POST /kv_cache_events serves the events (tests/http/test_http_trtllm_kv_events.py)."""
     path = write(tmp_path, "kv_cache_config:\n  event_buffer_max_size: 1024\n")
     a = serve_args(REPO, "--max_seq_len", "4096", "--config", path)
-    assert json.loads(a.kv_events_config)["enable_kv_cache_events"] is True
-    (said,) = warnings(REPO, "--max_seq_len", "4096", "--config", path)
-    assert "POST /kv_cache_events answers [] here" in said
+    cfg = json.loads(a.kv_events_config)
+    assert cfg["enable_kv_cache_events"] is True and cfg["replay_endpoint"]
+    assert warnings(REPO, "--max_seq_len", "4096", "--config", path) == []
 
 
 @pytest.mark.parametrize("argv, says", [

@@ -132,3 +132,15 @@ def test_an_engine_is_told_whether_its_server_is_exposed(host: str, exposed: boo
     finally:
         sup.run_dir.remove()
     assert spec.exposed is exposed
+
+
+def test_a_trtllm_pod_needs_the_replay_socket_its_http_route_reads() -> None:
+    """POST /kv_cache_events (server/http/trtllm/kv_cache_events.py) reads the publisher's
+    replay socket; a TensorRT-LLM pod publishing without one is refused, with what to give."""
+    server = {"pod": True, "http_api": "trtllm"}
+    trt = {**dep("a", ON), "engine": "tensorrt-llm"}
+    with pytest.raises(ConfigError, match=r"give a replay_endpoint \(e.g. \"tcp://\*:0\"\)"):
+        parse_fleet({"server": server, "deployments": [trt]})
+    parse_fleet({"server": server, "deployments": [
+        {**trt, "kv_events_config": json.dumps({**ON, "replay_endpoint": "tcp://*:0"})}]})
+    parse_fleet({"deployments": [trt]})  # a vLLM-API pod reads no replay socket

@@ -7,7 +7,8 @@ disaggregated parameters, prompt logprobs, embedding bias, images, logits, bad w
 UTF-8 in the request id, the text, a stop and a guide — and, concurrently, its HTTP door
 (`--http-api trtllm --enable-metrics`: trtllm-serve's OpenAI routes with odd bodies and bodies
 that are not JSON, `/health_generate`, the iteration-stats `/metrics`, `/prometheus/metrics`,
-`/v1/models`, `/version`, `/perf_metrics`, `/kv_cache_events`). 960 cases, derandomized."""
+`/v1/models`, `/version`, `/perf_metrics`, `/kv_cache_events` draining live KV events,
+`/server_info`). 960 cases, derandomized."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ CTX = 256
 FLEET = {"server": {"time_scale": 0.05}, "deployments": [
     {"name": "tiny", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
      "engine": "tensorrt-llm", "max_num_seqs": 2, "max_waiting": 3, "max_model_len": CTX}]}
-POD = ("--deployment", "tiny", "--http-api", "trtllm", "--enable-metrics")
+POD = ("--deployment", "tiny", "--http-api", "trtllm", "--enable-metrics",  # KV events on:
+       "--kv-events-config",  # POST /kv_cache_events drains them while requests run
+       '{"enable_kv_cache_events": true, "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0"}')
 GUIDE = tpb.GuidedDecodingParams
 PLAUSIBLE = {  # values TensorRT-LLM accepts: most requests run, so cancels meet streams
     "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1), "top_k": st.integers(0, 50),
@@ -118,7 +121,7 @@ UNARY = ("HealthCheck", "Abort", "GetModelInfo", "GetServerInfo", "Embed")
 
 HTTP_ROUTES = ("/v1/completions", "/v1/completions", "/v1/chat/completions", "/health_generate",
                "/metrics", "/prometheus/metrics", "/v1/models", "/version", "/perf_metrics",
-               "/kv_cache_events")
+               "/kv_cache_events", "/server_info")
 
 
 @st.composite

@@ -11,8 +11,11 @@
   `--enable-metrics` (TensorRT-LLM's `enable_iter_perf_stats`); `[]` without it
   (`server.stats.collector_trtllm.IterationLog`).
 - `GET /perf_metrics`: `[]` (`perf_metrics_max_requests` is 0 by default, which keeps none).
-- `POST /kv_cache_events`: `[]`: the pod's KV events stream on the gRPC port
-  (`SubscribeKvEvents`) and on vLLM's ZMQ publisher, not here (docs/TRTLLM.md).
+- `POST /kv_cache_events`: the KV cache events since the previous call, in TensorRT-LLM's JSON
+  (`server.http.trtllm.kv_cache_events`); `[]` without KV events.
+- `GET /server_info`: what TensorRT-LLM's routers read before routing there:
+  `disaggregated_params` (null: no disaggregated role), `max_batch_size`, `kv_cache_hash_algo`
+  ("v1_block_key") and `tokens_per_block` (the pod's block size).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from server.frontend.sglang_pod import probe
 from server.http.pod_app import pod_client
 from server.http.routes import healthy
 from server.http.state import HttpState
+from server.http.trtllm.kv_cache_events import KvCacheEvents
+from server.kv_events.trtllm_hash import HASH_ALGO
 from server.trtllm_servicer import TRTLLM_VERSION
 
 UNAVAILABLE = "LLM is unavailable. Please check the server logs for more details."
@@ -73,6 +78,16 @@ def add_native_routes(app: FastAPI, state: HttpState) -> None:
     async def perf_metrics() -> Response:
         return JSONResponse([])
 
+    events: list[KvCacheEvents] = []  # made at the first call (the deployment is up by then)
+
     @app.post("/kv_cache_events")
     async def kv_cache_events() -> Response:
-        return JSONResponse([])
+        if not events:
+            events.append(KvCacheEvents(pod_client(state).infos))
+        return JSONResponse(await events[0].drain())
+
+    @app.get("/server_info")
+    async def server_info() -> dict:
+        info = pod_client(state).info
+        return {"disaggregated_params": None, "max_batch_size": info.capacity.max_num_seqs,
+                "kv_cache_hash_algo": HASH_ALGO, "tokens_per_block": info.capacity.block_size}

@@ -1,0 +1,70 @@
+"""`POST /kv_cache_events` of a TensorRT-LLM pod: the KV cache events since the previous call,
+drained, in TensorRT-LLM's JSON (`server.kv_events.trtllm_events`), which TensorRT-LLM's
+`KvCacheAwareRouter` polls after each request it routed there.
+
+How it reads them: trtllm-serve drains the executor's event buffer (`event_buffer_max_size`
+events); the pod's engine core publishes each step's events on vLLM's ZeroMQ stream and keeps
+the last `buffer_steps` batches on its replay socket. A call asks each rank's replay socket for
+the batches after the last one it converted (vLLM's replay protocol, `relay.replay`), so the
+pod needs no subscriber running between calls and a router that polls late loses nothing the
+buffer still holds. The replay socket is therefore required (`kv_events_problem` refuses a
+`trtllm` pod whose events have none; `doppelchip trtllm-serve` always binds one). Without KV
+events the answer is `[]`, as trtllm-serve's without `event_buffer_max_size`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import zmq.asyncio
+
+from server.engine.kv_events import decode_batch
+from server.ipc.messages import DeploymentInfo
+from server.kv_events.relay import replay
+from server.kv_events.trtllm_events import TrtllmEvents
+
+log = logging.getLogger("doppelchip.kv_events")
+
+
+class _Rank:
+    """One rank's replay socket, the last batch converted from it, and its conversion."""
+
+    def __init__(self, info: DeploymentInfo, attention_dp: bool) -> None:
+        self.endpoint = info.kv_events_replay_endpoint
+        self.last = -1
+        self.events = TrtllmEvents(num_blocks=info.capacity.kv_blocks_total,
+                                   host_blocks=info.kv_offload_blocks,
+                                   window_size=info.capacity.max_model_len,
+                                   dp_rank=info.rank if attention_dp else None)
+
+
+class KvCacheEvents:
+    """What the route drains. One writer: `drain`, one call at a time (its lock), so every
+    rank's batches are converted once and in order."""
+
+    def __init__(self, infos: list[DeploymentInfo]) -> None:
+        many = len(infos) > 1  # TensorRT-LLM's attention data parallelism: a rank per event
+        self.ranks = [_Rank(i, many) for i in infos if i.kv_events_replay_endpoint]
+        self.lock = asyncio.Lock()
+        self.started = False
+
+    async def drain(self) -> list[dict[str, Any]]:
+        async with self.lock:
+            out: list[dict[str, Any]] = []
+            if not self.started:  # the KV cache manager's creation comes first
+                out += [r.events.created() for r in self.ranks]
+                self.started = True
+            ctx = zmq.asyncio.Context.instance()
+            for r in self.ranks:
+                for seq, payload in await replay(ctx, r.endpoint, r.last + 1):
+                    if seq <= r.last:
+                        continue
+                    if seq > r.last + 1:
+                        log.warning("KV events: batches %d-%d were no longer in the replay "
+                                    "buffer (buffer_steps); their events are lost",
+                                    r.last + 1, seq - 1)
+                    out += r.events.convert(decode_batch(payload))
+                    r.last = seq
+            return out
