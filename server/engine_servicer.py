@@ -188,10 +188,14 @@ class EngineServicer:
         await context.send_initial_metadata(())
         self.log.info("SubscribeKvEvents from %s: relaying %s from sequence %d",
                       context.peer(), info.kv_events_endpoint, request.start_sequence_number)
-        async for batch in kv_relay.relay(info.kv_events_endpoint,
-                                          info.kv_events_replay_endpoint, info.kv_events_topic,
-                                          request.start_sequence_number, context.cancelled):
-            yield batch
+        batches = kv_relay.relay(info.kv_events_endpoint, info.kv_events_replay_endpoint,
+                                 info.kv_events_topic, request.start_sequence_number,
+                                 context.cancelled, lambda: self.client.rank_state(0)[2])
+        try:
+            async for batch in batches:
+                yield batch
+        except kv_relay.PublisherRestarted as e:
+            await wire.abort(context, grpc.StatusCode.DATA_LOSS, str(e))
 
     async def FlushCache(
         self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext

@@ -181,6 +181,9 @@ class Supervisor:
 
     def _engine_spec(self, slot: EngineSlot, cold: bool) -> EngineSpec:
         cfg = self.config.server
+        last = slot.info if slot.epoch else None  # a restart: what the last incarnation bound
+        pinned = ((last.kv_events_endpoint, last.kv_events_replay_endpoint)
+                  if last is not None else ("", ""))
         return EngineSpec(deployment=slot.deployment, rank=slot.rank, epoch=slot.epoch,
                           options=slot.options, run_dir=str(self.run_dir.path),
                           num_frontends=self.num_frontends, time_scale=cfg.time_scale,
@@ -188,7 +191,8 @@ class Supervisor:
                           check_integrity=self.options.check_integrity,
                           histogram_buckets=self._histogram_buckets(),
                           profiler_config=cfg.profiler_config, pod=cfg.pod,
-                          exposed=not is_loopback(cfg.host), supervisor_pid=os.getpid())
+                          exposed=not is_loopback(cfg.host), supervisor_pid=os.getpid(),
+                          kv_events_pinned=pinned)
 
     def _histogram_buckets(self) -> tuple[tuple[str, tuple[float, ...]], ...]:
         """The server's --custom-histogram-buckets, as every engine's info carries them."""

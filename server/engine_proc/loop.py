@@ -61,7 +61,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                  limits: Limits, stats: EngineStats, run_dir: RunDir, num_frontends: int,
                  timeline: Timeline, cold: bool, check_integrity: bool,
                  kv_events: KVEventsConfig | None = None, kv_offset: int = 0,
-                 kv_exposed: bool = False,
+                 kv_exposed: bool = False, kv_pinned: tuple[str, str] = ("", ""),
                  kv_transfer: KvTransferConfig | None = None,
                  info: m.DeploymentInfo | None = None,
                  faults: FaultDriver | None = None,
@@ -105,7 +105,8 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         if kv_events is not None and kv_events.enabled and self.kv_log is not None:
             dp_rank = info.dp_rank if info is not None else rank  # vLLM's: ports by it
             self.kv_pub = KvEventPublisher(self.ctx, kv_events, rank=dp_rank,
-                                           offset=kv_offset + dp_rank, exposed=kv_exposed)
+                                           offset=kv_offset + dp_rank, exposed=kv_exposed,
+                                           pinned=kv_pinned)
             if self.kv_pub.replay is not None:
                 self.poller.register(self.kv_pub.replay, zmq.POLLIN)
         # --- LoRA (issue 13) ---

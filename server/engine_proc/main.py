@@ -62,6 +62,9 @@ class EngineSpec:
     pod: bool = False  # the server serves this deployment alone (vLLM's names for its files)
     exposed: bool = False  # the server binds off loopback: KV events may too (kv_events_config)
     supervisor_pid: int = 0  # exit when it is gone (server.ipc.lifeline); 0: no lifeline
+    # a restart's KV-event endpoints: where the previous incarnation bound (its port 0
+    # resolved), so that front ends and subscribers, which keep the address, find it again
+    kv_events_pinned: tuple[str, str] = ("", "")
 
 
 def _less_timer_slack() -> None:
@@ -105,6 +108,7 @@ def engine_main(spec: EngineSpec) -> None:
                       check_integrity=spec.check_integrity,
                       kv_events=KVEventsConfig.parse(opts.kv_events_config),
                       kv_offset=opts.kv_events_port_offset, kv_exposed=spec.exposed,
+                      kv_pinned=spec.kv_events_pinned,
                       kv_transfer=KvTransferConfig.parse(opts.kv_transfer_config), info=info,
                       faults=FaultDriver(schedule_of(opts), core, stats, spec.time_scale,
                                          opts.name) if has_device_faults(opts) else None,

@@ -25,7 +25,7 @@ from collections import deque
 import zmq
 
 from server.engine.kv_events import KVCacheEvent, KVEventBatch, encode_batch
-from server.engine.kv_events_config import KVEventsConfig, resolve
+from server.engine.kv_events_config import Endpoint, KVEventsConfig, resolve
 
 log = logging.getLogger("doppelchip.engine")
 
@@ -37,13 +37,17 @@ class KvEventPublisher:
     subscribers go (the bound address, port 0 resolved), for DeploymentInfo and the docs."""
 
     def __init__(self, ctx: zmq.Context, cfg: KVEventsConfig, *, rank: int, offset: int,
-                 exposed: bool = False) -> None:
+                 exposed: bool = False, pinned: tuple[str, str] = ("", "")) -> None:
+        """`pinned`: on a restart, the (endpoint, replay endpoint) the previous incarnation
+        bound; bound again exactly, so a configured port 0 does not move."""
         self.rank = rank
         self.topic = cfg.topic.encode("utf-8")
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps)
         self.next_seq = 0
         self.batches = self.events = self.dropped = 0
         where = resolve(cfg.endpoint, offset, exposed=exposed)
+        if pinned[0] and where.bind:
+            where = Endpoint(pinned[0], True)
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.set_hwm(cfg.hwm)
@@ -59,8 +63,8 @@ class KvEventPublisher:
             self.replay = ctx.socket(zmq.ROUTER)
             self.replay.setsockopt(zmq.LINGER, 0)
             self.replay.setsockopt(zmq.SNDHWM, 2 * (cfg.buffer_steps + 1))
-            self.replay.bind(resolve(cfg.replay_endpoint, offset, replay=True,
-                                     exposed=exposed).url)
+            self.replay.bind(pinned[1] or resolve(cfg.replay_endpoint, offset, replay=True,
+                                                  exposed=exposed).url)
             self.replay_endpoint = self.replay.getsockopt_string(zmq.LAST_ENDPOINT)
         log.info("KV events: publishing on %s (%s)%s", self.endpoint,
                  "bound" if where.bind else "connected",

@@ -11,7 +11,10 @@ ids), `BlockRemoved` a `KvBlocksRemoved`, `AllBlocksCleared` a `KvCacheCleared`;
 Beyond smg's Python servicer (which streams live events only): a `start_sequence_number` > 0
 is served from the publisher's replay socket when the deployment has one (vLLM's replay
 protocol), and a gap in the live stream is refilled from it the same way; without a replay
-socket the stream is live only, as smg's.
+socket the stream is live only, as smg's. When the engine restarts (its epoch changes), its
+publisher counts from 0 again on the same endpoints: the relay ends with `PublisherRestarted`,
+which the servicer answers DATA_LOSS, as smg's servicer ends its live subscribers then; a
+subscriber subscribes again.
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ DISABLED = ("KV cache events not enabled. Start vLLM with --kv-events-config "
 TIER = {"GPU": common_pb2.KV_CACHE_TIER_DEVICE, "CPU": common_pb2.KV_CACHE_TIER_HOST,
         "STORAGE": common_pb2.KV_CACHE_TIER_DISK}
 REPLAY_TIMEOUT_S = 2.0
+RESTARTED = "KV event publisher restarted"  # smg's servicer's words
+
+
+class PublisherRestarted(Exception):
+    """The engine behind the stream restarted: its sequence numbers start over."""
 
 
 def to_int64(h: int | bytes) -> int:
@@ -100,8 +108,11 @@ async def replay(ctx: zmq.asyncio.Context, endpoint: str, start: int
 
 
 async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
-                cancelled: Callable[[], bool]) -> AsyncIterator[common_pb2.KvEventBatch]:
-    """The deployment's batches from `start` (0: live from now on) until cancelled."""
+                cancelled: Callable[[], bool], epoch: Callable[[], int] | None = None
+                ) -> AsyncIterator[common_pb2.KvEventBatch]:
+    """The deployment's batches from `start` (0: live from now on) until cancelled; raises
+    PublisherRestarted once `epoch()` (the engine's incarnation) changes."""
+    first = epoch() if epoch is not None else 0
     ctx = zmq.asyncio.Context.instance()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
@@ -119,7 +130,9 @@ async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
             try:
                 frames = await asyncio.wait_for(sub.recv_multipart(), 1.0)
             except TimeoutError:
-                continue
+                frames = []
+            if epoch is not None and epoch() != first:
+                raise PublisherRestarted(RESTARTED)
             if len(frames) < 3:
                 continue
             seq = int.from_bytes(frames[1], "big")

@@ -21,6 +21,7 @@ from typing import Any
 import zmq.asyncio
 
 from server.engine.kv_events import decode_batch
+from server.frontend.deployment import DeploymentClient
 from server.ipc.messages import DeploymentInfo
 from server.kv_events.relay import replay
 from server.kv_events.trtllm_events import TrtllmEvents
@@ -29,35 +30,49 @@ log = logging.getLogger("doppelchip.kv_events")
 
 
 class _Rank:
-    """One rank's replay socket, the last batch converted from it, and its conversion."""
+    """One rank's replay socket, its engine's incarnation, the last batch converted from it,
+    and its conversion (made anew, from a `created` event, for each incarnation)."""
 
-    def __init__(self, info: DeploymentInfo, attention_dp: bool) -> None:
+    def __init__(self, index: int, info: DeploymentInfo, attention_dp: bool) -> None:
+        self.index, self.info, self.attention_dp = index, info, attention_dp
         self.endpoint = info.kv_events_replay_endpoint
+        self.epoch = -1
         self.last = -1
-        self.events = TrtllmEvents(num_blocks=info.capacity.kv_blocks_total,
-                                   host_blocks=info.kv_offload_blocks,
-                                   window_size=info.capacity.max_model_len,
-                                   dp_rank=info.rank if attention_dp else None)
+        self.events = self._fresh()
+
+    def _fresh(self) -> TrtllmEvents:
+        i = self.info
+        return TrtllmEvents(num_blocks=i.capacity.kv_blocks_total,
+                            host_blocks=i.kv_offload_blocks,
+                            window_size=i.capacity.max_model_len,
+                            dp_rank=i.rank if self.attention_dp else None)
+
+    def restart(self, epoch: int) -> dict[str, Any]:
+        """A new engine incarnation (the first, or one after a crash): its publisher counts
+        from 0 and its cache is empty, as a restarted TensorRT-LLM's; its `created` event."""
+        self.epoch, self.last, self.events = epoch, -1, self._fresh()
+        return self.events.created()
 
 
 class KvCacheEvents:
     """What the route drains. One writer: `drain`, one call at a time (its lock), so every
     rank's batches are converted once and in order."""
 
-    def __init__(self, infos: list[DeploymentInfo]) -> None:
-        many = len(infos) > 1  # TensorRT-LLM's attention data parallelism: a rank per event
-        self.ranks = [_Rank(i, many) for i in infos if i.kv_events_replay_endpoint]
+    def __init__(self, client: DeploymentClient) -> None:
+        many = len(client.infos) > 1  # TensorRT-LLM's attention data parallelism
+        self.client = client
+        self.ranks = [_Rank(n, i, many) for n, i in enumerate(client.infos)
+                      if i.kv_events_replay_endpoint]
         self.lock = asyncio.Lock()
-        self.started = False
 
     async def drain(self) -> list[dict[str, Any]]:
         async with self.lock:
             out: list[dict[str, Any]] = []
-            if not self.started:  # the KV cache manager's creation comes first
-                out += [r.events.created() for r in self.ranks]
-                self.started = True
             ctx = zmq.asyncio.Context.instance()
             for r in self.ranks:
+                epoch = self.client.rank_state(r.index)[2]
+                if epoch != r.epoch:
+                    out.append(r.restart(epoch))
                 for seq, payload in await replay(ctx, r.endpoint, r.last + 1):
                     if seq <= r.last:
                         continue

@@ -83,7 +83,7 @@ def add_native_routes(app: FastAPI, state: HttpState) -> None:
     @app.post("/kv_cache_events")
     async def kv_cache_events() -> Response:
         if not events:
-            events.append(KvCacheEvents(pod_client(state).infos))
+            events.append(KvCacheEvents(pod_client(state)))
         return JSONResponse(await events[0].drain())
 
     @app.get("/server_info")
