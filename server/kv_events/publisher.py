@@ -99,10 +99,15 @@ class KvEventPublisher:
                 continue
             client, _, start = frames
             first = int.from_bytes(start, "big")
-            for seq, payload in self.buffer:
-                if seq >= first:
-                    sock.send_multipart((client, b"", self.topic, seq.to_bytes(8, "big"),
-                                         payload))
+            # from the newest back: a poller that keeps up asks for the last few batches only
+            # (TensorRT-LLM's router polls after every request), so this costs what it sends
+            wanted = []
+            for batch in reversed(self.buffer):
+                if batch[0] < first:
+                    break
+                wanted.append(batch)
+            for seq, payload in reversed(wanted):
+                sock.send_multipart((client, b"", self.topic, seq.to_bytes(8, "big"), payload))
             sock.send_multipart((client, b"", b"", END_SEQ, b""))
 
     def close(self) -> None:
