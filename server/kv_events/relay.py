@@ -86,7 +86,7 @@ def to_proto(batch: KVEventBatch, seq: int, first_event_id: int) -> common_pb2.K
 
 
 async def replay(ctx: zmq.asyncio.Context, endpoint: str, start: int
-                  ) -> list[tuple[int, bytes]]:
+                 ) -> list[tuple[int, bytes]]:
     """vLLM's replay: one REQ frame with the start sequence; batches until the end marker."""
     sock = ctx.socket(zmq.DEALER)  # a DEALER sends [b"", start], as a REQ would
     sock.setsockopt(zmq.LINGER, 0)

@@ -20,6 +20,7 @@ from typing import Any
 
 import zmq.asyncio
 
+from server.engine.interface import DeploymentState
 from server.engine.kv_events import decode_batch
 from server.frontend.deployment import DeploymentClient
 from server.ipc.messages import DeploymentInfo
@@ -70,7 +71,9 @@ class KvCacheEvents:
             out: list[dict[str, Any]] = []
             ctx = zmq.asyncio.Context.instance()
             for r in self.ranks:
-                epoch = self.client.rank_state(r.index)[2]
+                state, _, epoch, _ = self.client.rank_state(r.index)
+                if state == DeploymentState.FAILED:  # down until its restart: nothing to ask
+                    continue
                 if epoch != r.epoch:
                     out.append(r.restart(epoch))
                 for seq, payload in await replay(ctx, r.endpoint, r.last + 1):
