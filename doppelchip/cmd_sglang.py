@@ -17,6 +17,7 @@ SGLang does not define is argparse's error (exit status 2).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
@@ -85,6 +86,35 @@ def _refuse(args: argparse.Namespace) -> None:
     if args.quantization and args.quantization not in QUANTIZATION:
         raise ValueError(f"--quantization {args.quantization}: no catalogue weight format "
                          f"for it (emulated: {', '.join(QUANTIZATION)})")
+
+
+# SGLang's KVEventsConfig (sglang/srt/disaggregation/kv_events.py): its keys, and vLLM's
+# `enable_kv_cache_events`, which SGLang does not have (a "zmq" publisher is events on)
+SGLANG_KV_EVENTS = ("publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm",
+                    "max_queue_size", "topic")
+
+
+def kv_events(text: str | None) -> str | None:
+    """The pod's `--kv-events-config` (vLLM's JSON, which the engine reads) for SGLang's
+    `--kv-events-config`; None without a "zmq" publisher. ValueError for what is not SGLang's
+    or not emulated (placement snapshots)."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--kv-events-config: not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ValueError("--kv-events-config: a JSON object is expected")
+    if "snapshot_endpoint" in doc:
+        raise ValueError("--kv-events-config: snapshot_endpoint: SGLang's placement "
+                         "snapshots are not emulated (the replay_endpoint is)")
+    if unknown := sorted(set(doc) - set(SGLANG_KV_EVENTS)):
+        raise ValueError(f"--kv-events-config: {', '.join(unknown)}: not a key of SGLang's "
+                         f"KVEventsConfig ({', '.join(SGLANG_KV_EVENTS)})")
+    if doc.get("publisher", "null") != "zmq":
+        return None
+    return json.dumps({"enable_kv_cache_events": True, **doc}, separators=(",", ":"))
 
 
 def policy(args: argparse.Namespace) -> str:
@@ -175,6 +205,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         "max_num_batched_tokens": chunk if chunk is not None and chunk > 0 else None,
         "chunked_prefill": "off" if chunk is not None and chunk <= 0 else None,
         "block_size": args.page_size,
+        "kv_events_config": kv_events(args.kv_events_config),
         "prefix_cache": "off" if args.disable_radix_cache else None,
         "kv_cache_dtype": KV_DTYPES.get(args.kv_cache_dtype or ""),
         "enforce_eager": args.disable_cuda_graph or args.cuda_graph_backend_decode == "disabled",

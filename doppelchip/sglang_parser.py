@@ -57,6 +57,9 @@ TRANSLATED: dict[str, str] = {
                               "chunked prefill off",
     "--max-prefill-tokens": "accepted; the step budget is --chunked-prefill-size's",
     "--page-size": "KV block size in tokens (default 16 here)",
+    "--kv-events-config": "SGLang's KV-event publisher JSON ({\"publisher\": \"zmq\", "
+                          "\"endpoint\", \"replay_endpoint\", \"topic\", ...}): the pod "
+                          "publishes its cache's events in SGLang's wire form",
     "--disable-radix-cache": "no prefix cache",
     "--dtype": "16-bit weights: the checkpoint's (auto), half/float16 or bfloat16",
     "--quantization": "SGLang's method name: fp8, modelopt_fp8, w8a8_fp8, modelopt_fp4, mxfp4, "

@@ -172,8 +172,9 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
     if bad := range_problem(table):
         raise ConfigError(f"{where}: {bad[0]} {bad[1]}")
     # --- KV events (issue 13) ---
-    if "kv_events_port_offset" in table:
-        raise ConfigError(f"{where}: kv_events_port_offset is set by the server, not the file")
+    for key in ("kv_events_port_offset", "kv_events_wire"):
+        if key in table:
+            raise ConfigError(f"{where}: {key} is set by the server, not the file")
     try:
         KVEventsConfig.parse(table.get("kv_events_config"))
         hash_function(table.get("prefix_caching_hash_algo", "sha256"))

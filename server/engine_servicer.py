@@ -190,7 +190,8 @@ class EngineServicer:
                       context.peer(), info.kv_events_endpoint, request.start_sequence_number)
         batches = kv_relay.relay(info.kv_events_endpoint, info.kv_events_replay_endpoint,
                                  info.kv_events_topic, request.start_sequence_number,
-                                 context.cancelled, lambda: self.client.rank_state(0)[2])
+                                 context.cancelled, lambda: self.client.rank_state(0)[2],
+                                 info.kv_events_wire)
         try:
             async for batch in batches:
                 yield batch

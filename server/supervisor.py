@@ -23,6 +23,7 @@ the heavy modules preloaded, so starting (and restarting) one is fast and fork-s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -99,6 +100,9 @@ class Supervisor:
         self.inbox, self.ctx = inbox, ctx
         self.to_frontends = []
         deployments = with_port_offsets(self.config.deployments)  # KV events (issue 13)
+        if self.config.server.engine_api == "sglang":  # SGLang's events (sglang_wire.py)
+            deployments = tuple(dataclasses.replace(d, kv_events_wire="sglang")
+                                for d in deployments)
         for d, dep in enumerate(deployments):
             for rank in range(dep.local_ranks):
                 slot = EngineSlot(d, rank, dep)

@@ -111,3 +111,29 @@ class BlockHasher:
     def external(self, h: bytes) -> int | bytes:
         """The hash as a KV event carries it."""
         return int.from_bytes(h, "big") & _U64 if self.int_hashes else h
+
+
+class SglangBlockHasher:
+    """SGLang's page hashes, for a pod that imitates SGLang (its KV events name blocks so):
+    ``compute_node_hash_values`` / ``get_hash_str`` in ``sglang/srt/mem_cache/utils.py``,
+    a SHA-256 chain — page i's digest is SHA-256 of page i-1's 32-byte digest (nothing for the
+    first page) followed by each token id as 4 little-endian bytes — and on the wire
+    ``hash_str_to_int64``: the digest's first 8 bytes, big-endian, as a signed 64-bit integer.
+    No namespace for LoRA adapters (SGLang's events carry ``lora_id`` None)."""
+
+    __slots__ = ()
+    algo = "sglang_sha256"
+
+    def chain(self, parent: bytes | None, token_ids: Sequence[int], block_size: int,
+              extra_keys: tuple[Any, ...] | None = None) -> list[bytes]:
+        out: list[bytes] = []
+        prev = parent
+        for i in range(0, len(token_ids) - block_size + 1, block_size):
+            h = hashlib.sha256(prev) if prev is not None else hashlib.sha256()
+            h.update(b"".join(t.to_bytes(4, "little") for t in token_ids[i:i + block_size]))
+            prev = h.digest()
+            out.append(prev)
+        return out
+
+    def external(self, h: bytes) -> int:
+        return int.from_bytes(h[:8], "big", signed=True)

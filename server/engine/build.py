@@ -35,7 +35,7 @@ from devices import (
 )
 from devices.hf_config import checkpoint_kv_cache_dtype
 from server.engine import hf_overrides, pooler_config, score_template
-from server.engine.block_hash import BlockHasher
+from server.engine.block_hash import BlockHasher, SglangBlockHasher
 from server.engine.constraints import compiler_for
 from server.engine.core import EngineCore
 from server.engine.intake import QueueLimits
@@ -115,6 +115,7 @@ class EngineOptions:
     kv_events_config: str | None = None  # vLLM's --kv-events-config JSON
     prefix_caching_hash_algo: str = "sha256"  # vLLM's --prefix-caching-hash-algo
     kv_events_port_offset: int = 0  # set by the supervisor in fleet mode, never by users
+    kv_events_wire: str = "vllm"  # "sglang" on a pod imitating SGLang: set by the supervisor
     # --- LoRA (issue 13): vLLM's flags (server/engine/lora.py, docs/LORA.md) ---
     enable_lora: bool = False
     max_loras: int = 1  # distinct adapters one batch (step) may run
@@ -258,7 +259,10 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
     core.queue_limits = QueueLimits(opts.max_num_queued_reqs, opts.max_num_queued_tokens)
     # --- KV events (issue 13) ---
     events = KVEventsConfig.parse(opts.kv_events_config)
-    hasher = BlockHasher.from_env(opts.prefix_caching_hash_algo)  # also checks the algorithm
+    hasher: BlockHasher | SglangBlockHasher = BlockHasher.from_env(
+        opts.prefix_caching_hash_algo)  # also checks the algorithm
+    if opts.kv_events_wire == "sglang":  # a pod imitating SGLang names blocks as SGLang
+        hasher = SglangBlockHasher()
     if events.enabled:
         if not isinstance(core.scheduler.cache, RadixCache):
             raise ValueError("kv_events_config: KV events need the prefix cache on")

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from .block_hash import BlockHasher
+from .block_hash import BlockHasher, SglangBlockHasher
 
 MEDIUM_GPU = "GPU"  # vLLM's medium for device memory (our KV pool)
 MEDIUM_CPU = "CPU"  # vLLM's medium for host memory (the CPU offloading tier: kv_offload.py)
@@ -87,7 +87,7 @@ class KvEventLog:
     __slots__ = ("block_size", "blocks_removed", "blocks_stored", "cleared_count", "events",
                  "hasher", "lora_names")
 
-    def __init__(self, hasher: BlockHasher, block_size: int) -> None:
+    def __init__(self, hasher: BlockHasher | SglangBlockHasher, block_size: int) -> None:
         self.hasher, self.block_size = hasher, block_size
         self.events: list[KVCacheEvent] = []
         self.blocks_stored = self.blocks_removed = self.cleared_count = 0

@@ -62,6 +62,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                  timeline: Timeline, cold: bool, check_integrity: bool,
                  kv_events: KVEventsConfig | None = None, kv_offset: int = 0,
                  kv_exposed: bool = False, kv_pinned: tuple[str, str] = ("", ""),
+                 kv_wire: str = "vllm",
                  kv_transfer: KvTransferConfig | None = None,
                  info: m.DeploymentInfo | None = None,
                  faults: FaultDriver | None = None,
@@ -106,7 +107,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
             dp_rank = info.dp_rank if info is not None else rank  # vLLM's: ports by it
             self.kv_pub = KvEventPublisher(self.ctx, kv_events, rank=dp_rank,
                                            offset=kv_offset + dp_rank, exposed=kv_exposed,
-                                           pinned=kv_pinned)
+                                           pinned=kv_pinned, wire=kv_wire)
             if self.kv_pub.replay is not None:
                 self.poller.register(self.kv_pub.replay, zmq.POLLIN)
         # --- LoRA (issue 13) ---

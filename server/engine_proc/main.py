@@ -108,7 +108,7 @@ def engine_main(spec: EngineSpec) -> None:
                       check_integrity=spec.check_integrity,
                       kv_events=KVEventsConfig.parse(opts.kv_events_config),
                       kv_offset=opts.kv_events_port_offset, kv_exposed=spec.exposed,
-                      kv_pinned=spec.kv_events_pinned,
+                      kv_pinned=spec.kv_events_pinned, kv_wire=opts.kv_events_wire,
                       kv_transfer=KvTransferConfig.parse(opts.kv_transfer_config), info=info,
                       faults=FaultDriver(schedule_of(opts), core, stats, spec.time_scale,
                                          opts.name) if has_device_faults(opts) else None,
@@ -118,7 +118,7 @@ def engine_main(spec: EngineSpec) -> None:
         info = msgspec.structs.replace(
             info, kv_events_endpoint=loop.kv_pub.endpoint,
             kv_events_replay_endpoint=loop.kv_pub.replay_endpoint,
-            kv_events_topic=loop.kv_pub.topic.decode())
+            kv_events_topic=loop.kv_pub.topic.decode(), kv_events_wire=opts.kv_events_wire)
     _hello(run, spec, info)
     gc.collect()  # the core, its tables and the tokenizer leave the collector's generations
     gc.freeze()

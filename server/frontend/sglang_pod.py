@@ -15,6 +15,7 @@ smg-grpc-servicer's `SglangScheduler`). SGLang 0.5.23's words and numbers (docs/
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any
@@ -30,6 +31,7 @@ from server.engine.interface import (
 from server.frontend import parallel
 from server.frontend.deployment import DeploymentClient
 from server.frontend.stream import StreamFailed
+from server.ipc import messages as m
 from server.stats.collector_sglang import HitRate, Throughput
 
 SGLANG_VERSION = "0.5.23"  # the SGLang release whose server this mirrors (docs/SGLANG.md)
@@ -103,7 +105,19 @@ def server_info(client: DeploymentClient, enable_metrics: bool) -> dict:
                              "last_gen_throughput": 0.0}
                             for _ in client.views],
         "version": SGLANG_VERSION, "frontend": "python",
+        "kv_events_config": kv_events_config(info),
     }
+
+
+def kv_events_config(info: m.DeploymentInfo) -> str | None:
+    """SGLang's `kv_events_config` server argument (its JSON, or null without events), with the
+    endpoints the pod bound (a port 0 resolved), where a router subscribes."""
+    if not info.kv_events_endpoint:
+        return None
+    doc = {"publisher": "zmq", "endpoint": info.kv_events_endpoint, "topic": info.kv_events_topic}
+    if info.kv_events_replay_endpoint:
+        doc["replay_endpoint"] = info.kv_events_replay_endpoint
+    return json.dumps(doc)
 
 
 def model_info(client: DeploymentClient) -> dict:

@@ -77,6 +77,7 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     chat_template: str = ""  # --chat-template's text: a cross-encoder's pair prompt (docs/
     #                          EMBEDDINGS.md; server/engine/score_template.py)
     max_num_batched_tokens: int = 0  # the scheduler's token budget per step (trtllm_ metrics)
+    kv_events_wire: str = "vllm"  # how its KV events are encoded (server/kv_events/sglang_wire)
 
     @property
     def model_name(self) -> str:

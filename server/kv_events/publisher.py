@@ -26,6 +26,7 @@ import zmq
 
 from server.engine.kv_events import KVCacheEvent, KVEventBatch, encode_batch
 from server.engine.kv_events_config import Endpoint, KVEventsConfig, resolve
+from server.kv_events import sglang_wire
 
 log = logging.getLogger("doppelchip.engine")
 
@@ -37,10 +38,13 @@ class KvEventPublisher:
     subscribers go (the bound address, port 0 resolved), for DeploymentInfo and the docs."""
 
     def __init__(self, ctx: zmq.Context, cfg: KVEventsConfig, *, rank: int, offset: int,
-                 exposed: bool = False, pinned: tuple[str, str] = ("", "")) -> None:
+                 exposed: bool = False, pinned: tuple[str, str] = ("", ""),
+                 wire: str = "vllm") -> None:
         """`pinned`: on a restart, the (endpoint, replay endpoint) the previous incarnation
-        bound; bound again exactly, so a configured port 0 does not move."""
-        self.rank = rank
+        bound; bound again exactly, so a configured port 0 does not move. `wire`: "vllm", or
+        "sglang" for a pod that imitates SGLang (`sglang_wire.py`: its batches, and replay
+        answers without the topic frame)."""
+        self.rank, self.sglang = rank, wire == "sglang"
         self.topic = cfg.topic.encode("utf-8")
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps)
         self.next_seq = 0
@@ -74,8 +78,9 @@ class KvEventPublisher:
         """One batch: the events of one engine step, in the order the cache changed."""
         seq = self.next_seq
         self.next_seq += 1
-        payload = encode_batch(KVEventBatch(ts=time.time(), events=events,
-                                            data_parallel_rank=self.rank))
+        payload = (sglang_wire.encode(events, self.rank) if self.sglang else
+                   encode_batch(KVEventBatch(ts=time.time(), events=events,
+                                             data_parallel_rank=self.rank)))
         try:
             self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
         except zmq.Again:  # past the high-water mark: this subscriber misses it (replayable)
@@ -106,9 +111,10 @@ class KvEventPublisher:
                 if batch[0] < first:
                     break
                 wanted.append(batch)
+            topic = () if self.sglang else (self.topic,)
             for seq, payload in reversed(wanted):
-                sock.send_multipart((client, b"", self.topic, seq.to_bytes(8, "big"), payload))
-            sock.send_multipart((client, b"", b"", END_SEQ, b""))
+                sock.send_multipart((client, b"", *topic, seq.to_bytes(8, "big"), payload))
+            sock.send_multipart((client, b"", *(b"" for _ in topic), END_SEQ, b""))
 
     def close(self) -> None:
         self.pub.close(linger=0)

@@ -35,6 +35,7 @@ from server.engine.kv_events import (
     KVEventBatch,
     decode_batch,
 )
+from server.kv_events import sglang_wire
 from server.kv_events.publisher import END_SEQ
 
 log = logging.getLogger("doppelchip.kv_events")
@@ -49,6 +50,11 @@ RESTARTED = "KV event publisher restarted"  # smg's servicer's words
 
 class PublisherRestarted(Exception):
     """The engine behind the stream restarted: its sequence numbers start over."""
+
+
+def decoder(wire: str) -> Callable[[bytes], KVEventBatch]:
+    """How a deployment's batches decode (`DeploymentInfo.kv_events_wire`)."""
+    return sglang_wire.decode if wire == "sglang" else decode_batch
 
 
 def to_int64(h: int | bytes) -> int:
@@ -96,7 +102,7 @@ async def replay(ctx: zmq.asyncio.Context, endpoint: str, start: int
         await sock.send_multipart((b"", start.to_bytes(8, "big")))
         while True:
             frames = await asyncio.wait_for(sock.recv_multipart(), REPLAY_TIMEOUT_S)
-            _, _topic, seq, payload = frames
+            seq, payload = frames[-2:]  # after [b"", topic] (vLLM) or [b""] (SGLang)
             if seq == END_SEQ:
                 return out
             out.append((int.from_bytes(seq, "big"), payload))
@@ -108,10 +114,11 @@ async def replay(ctx: zmq.asyncio.Context, endpoint: str, start: int
 
 
 async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
-                cancelled: Callable[[], bool], epoch: Callable[[], int] | None = None
-                ) -> AsyncIterator[common_pb2.KvEventBatch]:
+                cancelled: Callable[[], bool], epoch: Callable[[], int] | None = None,
+                wire: str = "vllm") -> AsyncIterator[common_pb2.KvEventBatch]:
     """The deployment's batches from `start` (0: live from now on) until cancelled; raises
     PublisherRestarted once `epoch()` (the engine's incarnation) changes."""
+    decode = decoder(wire)
     first = epoch() if epoch is not None else 0
     ctx = zmq.asyncio.Context.instance()
     sub = ctx.socket(zmq.SUB)
@@ -122,7 +129,7 @@ async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
     try:
         if start > 0 and replay_endpoint:
             for seq, payload in await replay(ctx, replay_endpoint, start):
-                batch = to_proto(decode_batch(payload), seq, event_id)
+                batch = to_proto(decode(payload), seq, event_id)
                 event_id += len(batch.events)
                 last = seq
                 yield batch
@@ -143,7 +150,7 @@ async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
             for s, payload in pending:
                 if s <= last:
                     continue
-                batch = to_proto(decode_batch(payload), s, event_id)
+                batch = to_proto(decode(payload), s, event_id)
                 event_id += len(batch.events)
                 last = s
                 yield batch

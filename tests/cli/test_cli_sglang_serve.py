@@ -181,6 +181,11 @@ def test_a_yaml_config_file_holds_flags_as_sglang_reads_it(tmp_path, capsys):
     (["--mem-fraction-static", "1.5"], "(0, 1]"),
     (["--chip", "rtx-4090", "--tp", "1", "--model-path", "meta-llama/Llama-3.1-405B-Instruct"],
      "error: "),
+    (["--kv-events-config", '{"publisher": "zmq", "snapshot_endpoint": "tcp://*:5560"}'],
+     "snapshot_endpoint: SGLang's placement snapshots are not emulated"),
+    (["--kv-events-config", '{"publisher": "zmq", "enable_kv_cache_events": true}'],
+     "enable_kv_cache_events: not a key of SGLang's KVEventsConfig"),
+    (["--kv-events-config", "{zmq"], "--kv-events-config: not JSON"),
 ])
 def test_what_cannot_be_served_is_refused_before_it_starts(capsys, monkeypatch, argv, says):
     monkeypatch.setattr("doppelchip.cmd_serve.cmd_serve", lambda a: pytest.fail("served"))
@@ -273,3 +278,17 @@ def test_the_doppelchip_sglang_script_is_sglangs_command(monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["sglang", "serve", "org/none"])
     assert script() == exit_codes.USAGE
     assert "unknown checkpoint 'org/none'" in capsys.readouterr().err
+
+
+def test_sglangs_kv_events_config_becomes_the_pods():
+    """SGLang's JSON has no enable_kv_cache_events: a "zmq" publisher is events on, "null" (its
+    default) none; the endpoints, buffer and topic carry over, and the pod publishes in
+    SGLang's wire form (tests/service/test_kv_events_sglang.py)."""
+    cfg = {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558",
+           "topic": "kv", "buffer_steps": 100}
+    a = serve_args(REPO, "--kv-events-config", json.dumps(cfg))
+    assert json.loads(a.kv_events_config) == {"enable_kv_cache_events": True, **cfg}
+    assert serve_args(REPO, "--kv-events-config", '{"endpoint": "tcp://*:5557"}'
+                      ).kv_events_config is None
+    assert serve_args(REPO).kv_events_config is None
+    assert warnings(REPO, "--kv-events-config", json.dumps(cfg)) == []

@@ -21,10 +21,9 @@ from typing import Any
 import zmq.asyncio
 
 from server.engine.interface import DeploymentState
-from server.engine.kv_events import decode_batch
 from server.frontend.deployment import DeploymentClient
 from server.ipc.messages import DeploymentInfo
-from server.kv_events.relay import replay
+from server.kv_events.relay import decoder, replay
 from server.kv_events.trtllm_events import TrtllmEvents
 
 log = logging.getLogger("doppelchip.kv_events")
@@ -37,6 +36,7 @@ class _Rank:
     def __init__(self, index: int, info: DeploymentInfo, attention_dp: bool) -> None:
         self.index, self.info, self.attention_dp = index, info, attention_dp
         self.endpoint = info.kv_events_replay_endpoint
+        self.decode = decoder(info.kv_events_wire)
         self.epoch = -1
         self.last = -1
         self.events = self._fresh()
@@ -83,6 +83,6 @@ class KvCacheEvents:
                         log.warning("KV events: batches %d-%d were no longer in the replay "
                                     "buffer (buffer_steps); their events are lost",
                                     r.last + 1, seq - 1)
-                    out += r.events.convert(decode_batch(payload))
+                    out += r.events.convert(r.decode(payload))
                     r.last = seq
             return out
