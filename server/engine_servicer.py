@@ -73,6 +73,8 @@ class EngineServicer:
     """The shared half of an engine gRPC service fronting `client` (see the module docstring).
     `logger`: the service's own log, so a request's lines say which protocol it came by."""
 
+    KV_DISABLED = kv_relay.DISABLED  # SubscribeKvEvents without events: the servicer's words
+
     def __init__(self, client: DeploymentClient, api_keys: Sequence[str] = (),
                  logger: logging.Logger = log) -> None:
         self.client = client
@@ -184,7 +186,7 @@ class EngineServicer:
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
         info = self.client.info  # rank 0, as smg's vLLM servicer relays rank 0 only
         if not info.kv_events_endpoint:
-            await wire.abort(context, grpc.StatusCode.UNIMPLEMENTED, kv_relay.DISABLED)
+            await wire.abort(context, grpc.StatusCode.UNIMPLEMENTED, self.KV_DISABLED)
         await context.send_initial_metadata(())
         self.log.info("SubscribeKvEvents from %s: relaying %s from sequence %d",
                       context.peer(), info.kv_events_endpoint, request.start_sequence_number)

@@ -58,6 +58,9 @@ HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT's default
 
 
 class SglangSchedulerServicer(EngineServicer):
+    KV_DISABLED = ("KV cache events not enabled. Start SGLang with "  # smg's SGLang servicer
+                   '--kv-events-config \'{"publisher": "zmq"}\'')
+
     def __init__(self, client: DeploymentClient, api_keys: Sequence[str] = (),
                  enable_metrics: bool = False) -> None:
         super().__init__(client, api_keys, log)

@@ -23,6 +23,7 @@ from engine_service_checks import (
 from server_proc import ServerProcess, metric, until
 from smg_grpc_proto import sglang_scheduler_pb2 as spb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as spb_grpc
+from smg_grpc_proto.generated import common_pb2
 
 from clients.client import AsyncClient
 from server.engine.tokenizer import get_tokenizer
@@ -218,6 +219,12 @@ async def test_health_model_server_info_and_tokenizer(stub, pod):
     args = dict(info.server_args)
     assert (args["tp_size"], args["context_length"], args["page_size"]) == (1, CTX, 16)
     assert info.max_total_num_tokens == args["max_total_num_tokens"] > 0
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # no --kv-events-config: smg's words
+        async for _ in stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest()):
+            pass
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert err.value.details() == ("KV cache events not enabled. Start SGLang with "
+                                   "--kv-events-config '{\"publisher\": \"zmq\"}'")
 
 
 async def test_abort_is_owned_and_frees_the_request(slow_pod):
