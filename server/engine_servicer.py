@@ -184,18 +184,20 @@ class EngineServicer:
     async def SubscribeKvEvents(
         self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
-        info = self.client.info  # rank 0, as smg's vLLM servicer relays rank 0 only
-        if not info.kv_events_endpoint:
+        ranks = [(n, i) for n, i in enumerate(self.client.infos) if i.kv_events_endpoint]
+        if not ranks:
             await wire.abort(context, grpc.StatusCode.UNIMPLEMENTED, self.KV_DISABLED)
         await context.send_initial_metadata(())
         self.log.info("SubscribeKvEvents from %s: relaying %s from sequence %d",
-                      context.peer(), info.kv_events_endpoint, request.start_sequence_number)
-        batches = kv_relay.relay(info.kv_events_endpoint, info.kv_events_replay_endpoint,
-                                 info.kv_events_topic, request.start_sequence_number,
-                                 context.cancelled, lambda: self.client.rank_state(0)[2],
-                                 info.kv_events_wire)
+                      context.peer(), ", ".join(i.kv_events_endpoint for _, i in ranks),
+                      request.start_sequence_number)
+        streams = [kv_relay.relay(i.kv_events_endpoint, i.kv_events_replay_endpoint,
+                                  i.kv_events_topic, request.start_sequence_number,
+                                  context.cancelled,
+                                  lambda n=n: self.client.rank_state(n)[2], i.kv_events_wire)
+                   for n, i in ranks]
         try:
-            async for batch in batches:
+            async for batch in kv_relay.merge(streams):
                 yield batch
         except kv_relay.PublisherRestarted as e:
             await wire.abort(context, grpc.StatusCode.DATA_LOSS, str(e))

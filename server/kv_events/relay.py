@@ -8,10 +8,13 @@ and `convert_batch`): the ZeroMQ sequence number becomes `KvEventBatch.sequence_
 ids), `BlockRemoved` a `KvBlocksRemoved`, `AllBlocksCleared` a `KvCacheCleared`; block hashes
 (unsigned 64-bit on the ZeroMQ wire) become the proto's signed int64, two's complement.
 
-Beyond smg's Python servicer (which streams live events only): a `start_sequence_number` > 0
-is served from the publisher's replay socket when the deployment has one (vLLM's replay
-protocol), and a gap in the live stream is refilled from it the same way; without a replay
-socket the stream is live only, as smg's. When the engine restarts (its epoch changes), its
+Every data-parallel rank publishes its own stream with its own sequence; the servicer relays
+them all as one (`merge`), each batch under its rank's sequence number and with its `dp_rank`,
+as smg-grpc-servicer 0.14.1's relay does. Beyond that relay (which streams live events only and
+refuses a resumption): a `start_sequence_number` > 0 is served, on each rank, from the
+publisher's replay socket when the deployment has one (vLLM's replay protocol), and a gap in
+the live stream is refilled from it the same way; without a replay socket the stream is live
+only. When the engine restarts (its epoch changes), its
 publisher counts from 0 again on the same endpoints: the relay ends with `PublisherRestarted`,
 which the servicer answers DATA_LOSS, as smg's servicer ends its live subscribers then; a
 subscriber subscribes again.
@@ -157,6 +160,41 @@ async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
     finally:
         with contextlib.suppress(zmq.ZMQError):
             sub.close(linger=0)
+
+
+async def merge(streams: list[AsyncIterator[common_pb2.KvEventBatch]]
+                ) -> AsyncIterator[common_pb2.KvEventBatch]:
+    """Every rank's stream as one, in arrival order (each batch keeps its rank's own sequence
+    number and carries the rank, as smg-grpc-servicer 0.14.1's relay sends them); the first
+    stream to fail ends it with that failure."""
+    if len(streams) == 1:
+        async for batch in streams[0]:
+            yield batch
+        return
+    queue: asyncio.Queue[common_pb2.KvEventBatch] = asyncio.Queue(maxsize=1024)
+
+    async def pump(stream: AsyncIterator[common_pb2.KvEventBatch]) -> None:
+        async for batch in stream:
+            await queue.put(batch)
+
+    pumps = {asyncio.create_task(pump(s)) for s in streams}
+    get: asyncio.Task[common_pb2.KvEventBatch] | None = None
+    try:
+        while pumps or not queue.empty():
+            get = asyncio.create_task(queue.get())
+            done, _ = await asyncio.wait({get, *pumps}, return_when=asyncio.FIRST_COMPLETED)
+            if get not in done:
+                get.cancel()  # not taken: nothing is lost
+            for task in done - {get}:
+                pumps.discard(task)
+                task.result()  # a failed rank's error ends the stream
+            if get in done:
+                yield get.result()
+    finally:
+        tasks = [*pumps, *([get] if get is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _place(msg, e: BlockStored | BlockRemoved) -> None:
