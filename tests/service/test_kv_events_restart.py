@@ -58,21 +58,31 @@ async def next_batch(call) -> common_pb2.KvEventBatch:
     return await asyncio.wait_for(call.read(), 30)
 
 
+async def subscribe(stub, http: httpx.Client) -> tuple[object, common_pb2.KvEventBatch]:
+    """Two requests, then a subscription from sequence 1, which the replay socket serves at
+    once: a stream that is surely established (a live-only one could miss what is published
+    before its SUB socket has joined)."""
+    for seed in (1, 3):
+        await asyncio.to_thread(complete, http, seed)
+    call = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest(start_sequence_number=1))
+    await call.initial_metadata()
+    return call, await next_batch(call)
+
+
 async def test_readers_start_over_with_the_restarted_engine():
     with ServerProcess(None, *POD) as server, httpx.Client(base_url=server.http_url,
                                                            timeout=30) as http:
         engine = int(re.search(UP, server.wait_for_log(UP)).group(2))
         async with grpc.aio.insecure_channel(server.target) as channel:
             stub = tpb_grpc.TrtllmServiceStub(channel)
-            live = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
-            await live.initial_metadata()
-            await asyncio.to_thread(complete, http, 1)
-            assert (await next_batch(live)).events
+            live, first = await subscribe(stub, http)
+            assert first.sequence_number == 1 and first.events
             before = http.post("/kv_cache_events").json()
             assert [e["event_id"] for e in before][:1] == [0] and stored_keys(before)
 
             await asyncio.to_thread(healthy_again, server, http, engine)
-            await asyncio.to_thread(complete, http, 1)  # the same prompt, an empty cache
+            again, batch = await subscribe(stub, http)  # the same prompts, an empty cache
+            assert batch.sequence_number == 1 and batch.events  # the new engine's stream
             after = http.post("/kv_cache_events").json()
             assert after[0]["event_id"] == 0 and after[0]["data"]["type"] == "created"
             assert stored_keys(after) == stored_keys(before)  # the same blocks, stored anew
@@ -81,10 +91,4 @@ async def test_readers_start_over_with_the_restarted_engine():
                     await next_batch(live)
             assert err.value.code() == grpc.StatusCode.DATA_LOSS
             assert "KV event publisher restarted" in (err.value.details() or "")
-
-            again = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
-            await again.initial_metadata()
-            await asyncio.to_thread(complete, http, 2)
-            batch = await next_batch(again)
-            assert batch.sequence_number > 0 and batch.events
             again.cancel()
