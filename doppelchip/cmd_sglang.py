@@ -98,20 +98,14 @@ def kv_events(text: str | None) -> str | None:
     """The pod's `--kv-events-config` (vLLM's JSON, which the engine reads) for SGLang's
     `--kv-events-config`; None without a "zmq" publisher. ValueError for what is not SGLang's
     or not emulated (placement snapshots)."""
+    from server.engine.json_config import json_object
+
     if not text:
         return None
-    try:
-        doc = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"--kv-events-config: not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise ValueError("--kv-events-config: a JSON object is expected")
+    doc = json_object(text, "--kv-events-config", (*SGLANG_KV_EVENTS, "snapshot_endpoint"))
     if "snapshot_endpoint" in doc:
         raise ValueError("--kv-events-config: snapshot_endpoint: SGLang's placement "
                          "snapshots are not emulated (the replay_endpoint is)")
-    if unknown := sorted(set(doc) - set(SGLANG_KV_EVENTS)):
-        raise ValueError(f"--kv-events-config: {', '.join(unknown)}: not a key of SGLang's "
-                         f"KVEventsConfig ({', '.join(SGLANG_KV_EVENTS)})")
     if doc.get("publisher", "null") != "zmq":
         return None
     return json.dumps({"enable_kv_cache_events": True, **doc}, separators=(",", ":"))
