@@ -171,9 +171,12 @@ EVENTS = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp:/
 
 
 def kv_events(kv: dict[str, Any]) -> str | None:
-    """`--kv-events-config` for the pod: events on when TensorRT-LLM would keep them."""
-    if kv["event_buffer_max_size"] > 0 and kv["enable_block_reuse"]:
-        return json.dumps(EVENTS, separators=(",", ":"))
+    """`--kv-events-config` for the pod: events on when TensorRT-LLM would keep them. The
+    replay buffer keeps `event_buffer_max_size` batches (TensorRT-LLM's buffer counts events;
+    a published batch holds one or more, so nothing TensorRT-LLM would still hold is lost)."""
+    size = kv["event_buffer_max_size"]
+    if size > 0 and kv["enable_block_reuse"]:
+        return json.dumps({**EVENTS, "buffer_steps": size}, separators=(",", ":"))
     return None
 
 

@@ -106,6 +106,7 @@ def test_kv_cache_events_are_published_with_a_replay_socket(tmp_path):
     a = serve_args(REPO, "--max_seq_len", "4096", "--config", path)
     cfg = json.loads(a.kv_events_config)
     assert cfg["enable_kv_cache_events"] is True and cfg["replay_endpoint"]
+    assert cfg["buffer_steps"] == 1024  # at least the events TensorRT-LLM's buffer keeps
     assert warnings(REPO, "--max_seq_len", "4096", "--config", path) == []
 
 
