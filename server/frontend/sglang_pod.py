@@ -106,7 +106,23 @@ def server_info(client: DeploymentClient, enable_metrics: bool) -> dict:
                             for _ in client.views],
         "version": SGLANG_VERSION, "frontend": "python",
         "kv_events_config": kv_events_config(info),
+        "kv_events": kv_events_block(client),
     }
+
+
+def kv_events_block(client: DeploymentClient) -> dict | None:
+    """SGLang's `/server_info` `kv_events` (its `_build_kv_events_block`), which gateways read
+    to subscribe: where rank 0 publishes (`endpoint_host`, `endpoint_port_base`; rank r on the
+    base + r, which holds unless the configured port is 0 and there are several ranks), the
+    topic, the page size the blocks are published at, and the publishing ranks; null when the
+    pod publishes none."""
+    ranks = [i for i in client.infos if i.kv_events_endpoint]
+    if not ranks or not ranks[0].kv_events_endpoint.startswith("tcp://"):
+        return None
+    host, _, port = ranks[0].kv_events_endpoint[len("tcp://"):].rpartition(":")
+    return {"publisher": "zmq", "endpoint_host": host, "endpoint_port_base": int(port),
+            "topic": ranks[0].kv_events_topic, "block_size": client.info.capacity.block_size,
+            "dp_size": len(ranks)}
 
 
 def kv_events_config(info: m.DeploymentInfo) -> str | None:

@@ -96,6 +96,10 @@ def test_sglangs_wire_form_hashes_and_replay(pod):
     server_info = httpx.get(f"{pod.http_url}/server_info", timeout=30).json()
     assert json.loads(server_info["kv_events_config"]) == {  # where a router subscribes
         "publisher": "zmq", "endpoint": publish_at, "replay_endpoint": replay_at, "topic": "kv"}
+    host, port = publish_at.removeprefix("tcp://").rsplit(":", 1)
+    assert server_info["kv_events"] == {  # newer SGLang's block, which gateways discover
+        "publisher": "zmq", "endpoint_host": host, "endpoint_port_base": int(port),
+        "topic": "kv", "block_size": PAGE, "dp_size": 1}
     a = list(range(1000, 1010))  # 10 tokens: two full pages
     complete(pod, a)
     b = [*a[:8], *range(2000, 2008)]  # shares a's two pages, adds two

@@ -54,8 +54,8 @@ def test_smgs_relay_rehashes_every_stored_block_without_a_mismatch(check):
         line = pod.wait_for_log(r"KV events: publishing on \S+ \(bound\), replay on \S+")
         replay_at = line.rsplit(" ", 1)[1]
         shared = list(range(3000, 3040))
-        prompts = [shared + [1, 2, 3], shared + list(range(400, 440)),  # a shared prefix
-                   list(range(9000, 9120)), shared + [5]]  # a long one evicts the oldest
+        prompts = [[*shared, 1, 2, 3], shared + list(range(400, 440)),  # a shared prefix
+                   list(range(9000, 9120)), [*shared, 5]]  # a long one evicts the oldest
         for p in prompts:
             r = httpx.post(f"{pod.http_url}/v1/completions", timeout=30,
                            json={"model": "llama-3.1-8b", "prompt": p, "max_tokens": 1})
