@@ -199,7 +199,7 @@ class EngineServicer:
         try:
             async for batch in kv_relay.merge(streams):
                 yield batch
-        except kv_relay.PublisherRestarted as e:
+        except (kv_relay.PublisherRestarted, kv_relay.HistoryLost) as e:
             await wire.abort(context, grpc.StatusCode.DATA_LOSS, str(e))
 
     async def FlushCache(

@@ -55,6 +55,12 @@ class PublisherRestarted(Exception):
     """The engine behind the stream restarted: its sequence numbers start over."""
 
 
+class HistoryLost(Exception):
+    """Batches the stream needs are in neither the live stream nor the replay buffer: a
+    subscriber's index would silently diverge, so the stream ends (DATA_LOSS, smg's answer,
+    upon which the gateway clears the worker and subscribes again)."""
+
+
 def decoder(wire: str) -> Callable[[bytes], KVEventBatch]:
     """How a deployment's batches decode (`DeploymentInfo.kv_events_wire`)."""
     return sglang_wire.decode if wire == "sglang" else decode_batch
@@ -132,6 +138,7 @@ async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
     try:
         if start > 0 and replay_endpoint:
             for seq, payload in await replay(ctx, replay_endpoint, start):
+                _contiguous(last, seq)
                 batch = to_proto(decode(payload), seq, event_id)
                 event_id += len(batch.events)
                 last = seq
@@ -153,6 +160,7 @@ async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
             for s, payload in pending:
                 if s <= last:
                     continue
+                _contiguous(last, s)
                 batch = to_proto(decode(payload), s, event_id)
                 event_id += len(batch.events)
                 last = s
@@ -160,6 +168,13 @@ async def relay(endpoint: str, replay_endpoint: str, topic: str, start: int,
     finally:
         with contextlib.suppress(zmq.ZMQError):
             sub.close(linger=0)
+
+
+def _contiguous(last: int, seq: int) -> None:
+    """HistoryLost unless `seq` follows `last` (-1: nothing relayed yet, any start)."""
+    if last >= 0 and seq != last + 1:
+        raise HistoryLost(f"KV event history lost: batches {last + 1}-{seq - 1} are no longer "
+                          "in the publisher's replay buffer")
 
 
 async def merge(streams: list[AsyncIterator[common_pb2.KvEventBatch]]
