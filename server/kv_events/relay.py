@@ -15,7 +15,7 @@ refuses a resumption): a `start_sequence_number` > 0 is served, on each rank, fr
 publisher's replay socket when the deployment has one (vLLM's replay protocol), and a gap in
 the live stream is refilled from it the same way; what the buffer no longer holds ends the
 stream with `HistoryLost` (DATA_LOSS), as smg's relay ends it. Without a replay socket the
-stream is live only. When the engine restarts (its epoch changes), its
+stream is live only, and any gap ends it. When the engine restarts (its epoch changes), its
 publisher counts from 0 again on the same endpoints: the relay ends with `PublisherRestarted`,
 which the servicer answers DATA_LOSS, as smg's servicer ends its live subscribers then; a
 subscriber subscribes again.
