@@ -245,6 +245,7 @@ def admit(request: EngineRequest, ids: list[int], max_tokens: int, arrival: floa
     req.constraint = constraint
     if request.lora_name:  # --- LoRA (issue 13) ---
         req.lora_id = lora_id(request.lora_name, lora, limits.name)
+    req.cache_salt = request.cache_salt or None
     return req
 
 

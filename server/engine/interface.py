@@ -207,6 +207,9 @@ class EngineRequest(msgspec.Struct, frozen=True):
     constraint: Constraint | None = None
     # --- LoRA (issue 13) ---
     lora_name: str | None = None  # the adapter the request's `model` named (None: the base)
+    # vLLM's cache_salt: the prefix cache shares blocks only between requests with the same
+    # salt (and adapter): a namespace of its own, keyed into the first block's hash
+    cache_salt: str | None = None
     # --- P/D (issue 13): vLLM's kv_transfer_params (NIXL connector), as the client sent it
     kv_transfer_params: dict[str, Any] | None = None
     # vLLM's data_parallel_rank: the engine core (rank) a router pinned the request to

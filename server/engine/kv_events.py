@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from .block_hash import BlockHasher, SglangBlockHasher
+from .prefix_cache import Namespace
 
 MEDIUM_GPU = "GPU"  # vLLM's medium for device memory (our KV pool)
 MEDIUM_CPU = "CPU"  # vLLM's medium for host memory (the CPU offloading tier: kv_offload.py)
@@ -100,12 +101,21 @@ class KvEventLog:
         return (name,) if name else None
 
     def hashes(self, parent: bytes | None, token_ids: Sequence[int],
-               lora: int = 0) -> list[bytes]:
-        return self.hasher.chain(parent, token_ids, self.block_size, self._extra(lora))
+               ns: Namespace = 0) -> list[bytes]:
+        """vLLM's hashes of whole blocks of `token_ids` after `parent`, in namespace `ns` (a
+        LoRA id, or (id, cache_salt)): the adapter's name on every block, the salt on the first
+        block of a sequence only (`generate_block_hash_extra_keys`)."""
+        lora, salt = (ns, None) if isinstance(ns, int) else ns
+        extra, bs = self._extra(lora), self.block_size
+        if salt is None or parent is not None or len(token_ids) < bs:
+            return self.hasher.chain(parent, token_ids, bs, extra)
+        head = self.hasher.chain(None, token_ids[:bs], bs, (*(extra or ()), salt))
+        return head + self.hasher.chain(head[0], token_ids[bs:], bs, extra)
 
     def stored(self, parent: bytes | None, hashes: Sequence[bytes],
-               token_ids: Sequence[int], lora: int = 0, medium: str = MEDIUM_GPU) -> None:
+               token_ids: Sequence[int], ns: Namespace = 0, medium: str = MEDIUM_GPU) -> None:
         ext = self.hasher.external
+        lora = ns if isinstance(ns, int) else ns[0]
         name = self.lora_names.get(lora) if lora else None
         self.events.append(BlockStored(
             block_hashes=[ext(h) for h in hashes],

@@ -84,7 +84,7 @@ class KVCacheManager:
         if req.block_ids or not self.reads_cache(req):
             return NO_MATCH
         tokens = req.token_ids
-        return self.cache.match_prefix(tokens, req.lora_id, num_tokens=len(tokens) - 1)
+        return self.cache.match_prefix(tokens, req.cache_ns, num_tokens=len(tokens) - 1)
 
     def allocate_slots(
         self, req: Request, num_new_tokens: int, match: PrefixMatch = NO_MATCH
@@ -138,7 +138,7 @@ class KVCacheManager:
         if n * bs <= tree_len or not self.cache.enabled:
             return
         node, theirs = self.cache.insert_from(
-            req.cache_node, tree_len, req.token_ids, req.block_ids, n, req.lora_id)
+            req.cache_node, tree_len, req.token_ids, req.block_ids, n, req.cache_ns)
         if theirs:
             blocks = req.block_ids
             first = tree_len // bs

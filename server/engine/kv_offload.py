@@ -138,10 +138,10 @@ class HostKvTier:
         bs, cache, pool = self.block_size, self.cache, self.pool
         if self.config.prompt_only:  # vLLM's default: the decode's blocks are not stored
             num_blocks = min(num_blocks, req.num_prompt_tokens // bs)
-        tokens, lora, end = req.token_ids, req.lora_id, num_blocks * bs
+        tokens, ns, end = req.token_ids, req.cache_ns, num_blocks * bs
         start = self.cursors.get(req.request_id)
         known = _end(start, bs) if start is not None else -1
-        node, have = cache._walk(tokens, touch=False, split=True, lora=lora, limit=end,
+        node, have = cache._walk(tokens, touch=False, split=True, ns=ns, limit=end,
                                  start=(start, known) if known >= 0 else None)
         new = num_blocks - have // bs
         if new <= 0:
@@ -158,7 +158,7 @@ class HostKvTier:
                 return
         blocks = pool.allocate(new)
         leaf, _ = cache.insert(tokens[:end], [-1] * (have // bs) + blocks,
-                               start=(node, have), lora=lora)
+                               start=(node, have), ns=ns)
         pool.free(blocks)  # the tree holds them now, evictable
         self.cursors[req.request_id] = leaf
         nbytes = new * self.block_bytes
@@ -177,7 +177,7 @@ class HostKvTier:
         limit = len(tokens) - 1
         if limit - device_hit < self.block_size:
             return None
-        match = self.cache.match_prefix(tokens, req.lora_id, num_tokens=limit)
+        match = self.cache.match_prefix(tokens, req.cache_ns, num_tokens=limit)
         return match if match.num_tokens > device_hit else None
 
     def start(self, req: Request, match: PrefixMatch, device_hit: int, now: float) -> Load:

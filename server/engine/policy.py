@@ -131,7 +131,7 @@ class LongestPrefixMatchQueue(FCFSQueue):
         keyed = [
             (
                 r.status != RequestStatus.PREEMPTED,
-                -cache.peek_prefix_len(r.token_ids[: r.num_tokens - 1], r.lora_id),
+                -cache.peek_prefix_len(r.token_ids[: r.num_tokens - 1], r.cache_ns),
                 i,
                 r,
             )

@@ -32,6 +32,10 @@ from typing import Any
 
 from .block_pool import BlockPool
 
+# A prefix-cache namespace: blocks are shared only within one. A LoRA adapter's id (0: the base
+# model), or (that id, cache_salt) for a request with vLLM's cache_salt.
+Namespace = int | tuple[int, str]
+
 
 @dataclass(frozen=True, slots=True)
 class PrefixMatch:
@@ -46,14 +50,14 @@ class PrefixCache(ABC):
     enabled: bool
 
     @abstractmethod
-    def match_prefix(self, token_ids: Sequence[int], lora: int = 0, *,
+    def match_prefix(self, token_ids: Sequence[int], ns: Namespace = 0, *,
                      num_tokens: int | None = None) -> PrefixMatch:
-        """``lora``: the adapter the tokens run with (0: the base model); each adapter has
-        its own cached prefixes (LoRA, issue 13). ``num_tokens``: match only the first that
-        many of ``token_ids`` (default: all), without the caller slicing them."""
+        """``ns``: the namespace the tokens run in (the LoRA adapter, 0 for the base model, and
+        the request's cache salt); each has its own cached prefixes. ``num_tokens``: match only
+        the first that many of ``token_ids`` (default: all), without the caller slicing them."""
 
     @abstractmethod
-    def peek_prefix_len(self, token_ids: Sequence[int], lora: int = 0) -> int:
+    def peek_prefix_len(self, token_ids: Sequence[int], ns: Namespace = 0) -> int:
         """Like ``match_prefix(...).num_tokens`` with no side effect (no split, no LRU touch)."""
 
     @abstractmethod
@@ -68,7 +72,7 @@ class PrefixCache(ABC):
         token_ids: Sequence[int],
         block_ids: Sequence[int],
         start: tuple[Any, int] | None = None,
-        lora: int = 0,
+        ns: Namespace = 0,
     ) -> tuple[Any, list[int]]:
         """``start=(node, n)``: the caller knows ``node`` ends at token ``n`` of this path (its
         locked node), so the walk may begin there instead of at the root."""
@@ -85,7 +89,7 @@ class PrefixCache(ABC):
     @abstractmethod
     def insert_from(self, start: Any, num_known: int, token_ids: Sequence[int],
                     block_ids: list[int], num_blocks: int,
-                    lora: int = 0) -> tuple[Any, list[int]]:
+                    ns: Namespace = 0) -> tuple[Any, list[int]]:
         """A request's ``insert`` of its first ``num_blocks`` blocks (its lists unsliced),
         with its lock moved from ``start`` (its locked node, ending at token ``num_known``;
         None, 0 if none) to the returned node. Returns that node and the blocks the cache
@@ -119,11 +123,11 @@ class NoPrefixCache(PrefixCache):
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
 
-    def match_prefix(self, token_ids: Sequence[int], lora: int = 0, *,
+    def match_prefix(self, token_ids: Sequence[int], ns: Namespace = 0, *,
                      num_tokens: int | None = None) -> PrefixMatch:
         return PrefixMatch(0, [], None)
 
-    def peek_prefix_len(self, token_ids: Sequence[int], lora: int = 0) -> int:
+    def peek_prefix_len(self, token_ids: Sequence[int], ns: Namespace = 0) -> int:
         return 0
 
     def lock(self, node: Any) -> None:
@@ -137,7 +141,7 @@ class NoPrefixCache(PrefixCache):
         token_ids: Sequence[int],
         block_ids: Sequence[int],
         start: tuple[Any, int] | None = None,
-        lora: int = 0,
+        ns: Namespace = 0,
     ) -> tuple[Any, list[int]]:
         return None, list(block_ids)
 
@@ -146,7 +150,7 @@ class NoPrefixCache(PrefixCache):
 
     def insert_from(self, start: Any, num_known: int, token_ids: Sequence[int],
                     block_ids: list[int], num_blocks: int,
-                    lora: int = 0) -> tuple[Any, list[int]]:
+                    ns: Namespace = 0) -> tuple[Any, list[int]]:
         return None, []
 
     def evict(self, num_blocks: int) -> int:

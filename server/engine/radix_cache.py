@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from .block_pool import BlockPool
 from .kv_events import KvEventLog
-from .prefix_cache import NoPrefixCache, PrefixCache, PrefixMatch
+from .prefix_cache import Namespace, NoPrefixCache, PrefixCache, PrefixMatch
 from .radix_integrity import check_radix, iter_nodes
 from .radix_lru import RadixLru
 from .radix_node import RadixNode, matched_len
@@ -44,7 +44,10 @@ class RadixCache(RadixLru, PrefixCache):
         # --- LoRA (issue 13): one tree per adapter (0: the base model), so two adapters never
         # share a block and one adapter shares its own, as vLLM's block hashes keyed by the
         # LoRA name (extra_keys) do
-        self.roots: dict[int, RadixNode] = {0: self.root}
+        # and one per cache salt (vLLM's cache_salt: a salted request shares blocks only with
+        # requests of the same salt); empty namespaces are dropped as more are made (_root)
+        self.roots: dict[Namespace, RadixNode] = {0: self.root}
+        self._roots_cap = 64
         self._cached = 0
         self._num_nodes = 0
         self.events: KvEventLog | None = None  # KV events (issue 13): see attach_events
@@ -80,12 +83,22 @@ class RadixCache(RadixLru, PrefixCache):
     # --- end KV events ---
 
     # -- lookup ----------------------------------------------------------------------------
-    def _root(self, lora: int, create: bool) -> RadixNode | None:
-        root = self.roots.get(lora)
+    def _root(self, ns: Namespace, create: bool) -> RadixNode | None:
+        root = self.roots.get(ns)
         if root is None and create:
-            root = self.roots[lora] = RadixNode((), [], None, next(self._ids))
+            if len(self.roots) >= self._roots_cap:  # amortised: a sweep per doubling
+                self._drop_empty_roots()
+            root = self.roots[ns] = RadixNode((), [], None, next(self._ids))
             root.lock_ref = 1
         return root
+
+    def _drop_empty_roots(self) -> None:
+        """Forget the namespaces with nothing cached and no request on their root (a salt
+        used once), so that distinct salts do not grow the tree's roots without bound."""
+        for ns in [ns for ns, r in self.roots.items()
+                   if ns != 0 and not r.children and r.lock_ref == 1]:
+            del self.roots[ns]
+        self._roots_cap = max(64, 2 * len(self.roots))
 
     def _walk(
         self,
@@ -94,7 +107,7 @@ class RadixCache(RadixLru, PrefixCache):
         touch: bool,
         split: bool,
         start: tuple[RadixNode, int] | None = None,
-        lora: int = 0,
+        ns: Namespace = 0,
         limit: int | None = None,
     ) -> tuple[RadixNode, int]:
         """Follow ``token_ids`` (its first ``limit`` if given) whole block by whole block (from
@@ -107,7 +120,7 @@ class RadixCache(RadixLru, PrefixCache):
         if start is not None and start[0] is not None:
             node, pos = start
         else:
-            root = self._root(lora, create=split)
+            root = self._root(ns, create=split)
             if root is None:
                 return self.root, 0  # nothing cached for this adapter
             node, pos = root, 0
@@ -129,16 +142,16 @@ class RadixCache(RadixLru, PrefixCache):
                 break
         return node, pos
 
-    def match_prefix(self, token_ids: Sequence[int], lora: int = 0, *,
+    def match_prefix(self, token_ids: Sequence[int], ns: Namespace = 0, *,
                      num_tokens: int | None = None) -> PrefixMatch:
-        node, num_tokens = self._walk(token_ids, touch=True, split=True, lora=lora,
+        node, num_tokens = self._walk(token_ids, touch=True, split=True, ns=ns,
                                       limit=num_tokens)
         if num_tokens == 0:
             return PrefixMatch(0, [], None)
         return PrefixMatch(num_tokens, self.path_blocks(node), node)
 
-    def peek_prefix_len(self, token_ids: Sequence[int], lora: int = 0) -> int:
-        return self._walk(token_ids, touch=False, split=False, lora=lora)[1]
+    def peek_prefix_len(self, token_ids: Sequence[int], ns: Namespace = 0) -> int:
+        return self._walk(token_ids, touch=False, split=False, ns=ns)[1]
 
     def path_blocks(self, node: RadixNode) -> list[int]:
         parts = []
@@ -172,13 +185,13 @@ class RadixCache(RadixLru, PrefixCache):
         token_ids: Sequence[int],
         block_ids: Sequence[int],
         start: tuple[RadixNode | None, int] | None = None,
-        lora: int = 0,
+        ns: Namespace = 0,
     ) -> tuple[RadixNode | None, list[int]]:
         bs = self.block_size
         if len(token_ids) != len(block_ids) * bs:
             raise ValueError(f"{len(token_ids)} tokens do not fill {len(block_ids)} blocks")
         node, pos = self._walk(token_ids, touch=True, split=True, start=start,  # type: ignore[arg-type]
-                               lora=lora)
+                               ns=ns)
         tree_blocks = self.path_blocks(node) if pos else []
         if pos < len(token_ids):
             new_blocks = list(block_ids[pos // bs :])
@@ -187,8 +200,8 @@ class RadixCache(RadixLru, PrefixCache):
             leaf = RadixNode(key, new_blocks, node, next(self._ids), self._clock)
             if self.events is not None:
                 parent = node.hashes[-1] if node.hashes else None
-                leaf.hashes = self.events.hashes(parent, key, lora)
-                self.events.stored(parent, leaf.hashes, key, lora)
+                leaf.hashes = self.events.hashes(parent, key, ns)
+                self.events.stored(parent, leaf.hashes, key, ns)
             node.children[key[:bs]] = leaf
             self._evictable += len(new_blocks)
             self._cached += len(new_blocks)
@@ -205,7 +218,7 @@ class RadixCache(RadixLru, PrefixCache):
         token_ids: Sequence[int],
         block_ids: list[int],
         num_blocks: int,
-        lora: int = 0,
+        ns: Namespace = 0,
     ) -> tuple[RadixNode, list[int]]:
         """What a request's ``insert`` + ``lock(node)`` + ``unlock(start)`` does, in one walk
         and without the caller slicing its token and block lists: store the first
@@ -222,7 +235,7 @@ class RadixCache(RadixLru, PrefixCache):
             raise ValueError(f"{num_blocks} blocks exceed {len(block_ids)} blocks or "
                              f"{len(token_ids)} tokens")
         if start is None:
-            root = self._root(lora, create=True)
+            root = self._root(ns, create=True)
             assert root is not None
             start, num_known = root, 0
         self._clock += 1
@@ -248,8 +261,8 @@ class RadixCache(RadixLru, PrefixCache):
             leaf = RadixNode(key, new_blocks, node, next(self._ids), now)
             if self.events is not None:
                 parent_hash = node.hashes[-1] if node.hashes else None
-                leaf.hashes = self.events.hashes(parent_hash, key, lora)
-                self.events.stored(parent_hash, leaf.hashes, key, lora)
+                leaf.hashes = self.events.hashes(parent_hash, key, ns)
+                self.events.stored(parent_hash, leaf.hashes, key, ns)
             node.children[key[:bs]] = leaf
             leaf.lock_ref = 1  # the caller's lock (never counted evictable)
             self._cached += len(new_blocks)

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .interface import FinishReason, SamplingParams  # shared with the service
+from .prefix_cache import Namespace
 
 
 class RequestStatus(enum.IntEnum):
@@ -77,6 +78,7 @@ class Request:
         "arrival_time",
         "block_ids",
         "cache_node",
+        "cache_salt",
         "constraint",
         "finish_reason",
         "hold_kv",
@@ -128,6 +130,7 @@ class Request:
         self.constraint: Any = None  # ConstraintState of a structured-output request
         self.num_jump_forward_tokens = 0
         self.lora_id = 0  # the LoRA adapter it runs with (0: the base model; server/engine/lora.py)
+        self.cache_salt: str | None = None  # vLLM's cache_salt (see cache_ns)
         self._tree_len = 0  # tokens of this request known to be in the prefix cache
         # --- P/D (issue 13): vLLM's NIXL connector, emulated (server/engine_proc/kv_connector)
         self.num_external_tokens = 0  # decode side: prompt tokens whose KV was transferred in
@@ -161,6 +164,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def cache_ns(self) -> Namespace:
+        """Its prefix-cache namespace: the adapter's id, or (id, cache_salt) for a salted
+        request (vLLM's cache_salt: blocks are shared only within a namespace)."""
+        return self.lora_id if self.cache_salt is None else (self.lora_id, self.cache_salt)
 
     @contextmanager
     def lookahead(self, tokens: Sequence[int]) -> Iterator[Request]:

@@ -90,7 +90,7 @@ def engine_request(req: ChatCompletionRequest, request_id: str, ids: list[int],
                          priority=req.priority, constraint=constraint,
                          kv_transfer_params=req.kv_transfer_params,
                          return_weight_versions=req.return_weight_versions,
-                         stream=bool(req.stream)), n
+                         stream=bool(req.stream), cache_salt=req.cache_salt), n
 
 
 def finish_reason(f, plan: tools.ToolPlan, called: bool) -> str | None:

@@ -83,7 +83,7 @@ def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[
                                  priority=req.priority, constraint=constraint,
                                  kv_transfer_params=req.kv_transfer_params,
                                  return_weight_versions=req.return_weight_versions,
-                                 stream=bool(req.stream)))
+                                 stream=bool(req.stream), cache_salt=req.cache_salt))
     return out, n
 
 

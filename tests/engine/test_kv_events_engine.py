@@ -41,15 +41,22 @@ def with_events(algo: str = "sha256", seed: str = "vllm-none-hash", **config):
 
 @pytest.mark.parametrize("key", sorted(FIXTURE["hashes"]))
 def test_hasher_matches_the_fixture(key: str) -> None:
+    """Every case, through what the radix cache calls: the log's hashes in the request's
+    namespace (adapter 1 named as the case's LoRA, the case's cache salt)."""
     algo, seed = key.split("/")
     hasher = BlockHasher(algo, seed)
     for c in FIXTURE["hashes"][key]:
         bs = c["block_size"]
         toks = c["token_ids"][: len(c["token_ids"]) // bs * bs]
-        extra = (c["lora_name"],) if c.get("lora_name") else None  # vLLM's LoRA extra keys
-        got = hasher.chain(None, toks, bs, extra)
+        log = KvEventLog(hasher, bs)
+        lora = 1 if c.get("lora_name") else 0
+        log.lora_names = {1: c["lora_name"]} if lora else {}
+        ns = (lora, c["cache_salt"]) if c.get("cache_salt") else lora
+        got = log.hashes(None, toks, ns)
         assert [h.hex() for h in got] == c["block_hashes_hex"], c["name"]
         assert [hasher.external(h) for h in got] == c["block_hashes_int"], c["name"]
+        tail = log.hashes(got[0], toks[bs:], ns)  # a later insertion: no salt on its blocks
+        assert [h.hex() for h in tail] == c["block_hashes_hex"][1:], c["name"]
 
 
 def test_stored_events_name_a_prompts_full_blocks() -> None:

@@ -14,7 +14,7 @@ def cached_under(lora: int) -> tuple[BlockPool, RadixCache]:
     pool = BlockPool(64, BS)
     cache = RadixCache(pool)
     blocks = pool.allocate(len(TOKENS) // BS)
-    cache.insert(TOKENS, blocks, lora=lora)
+    cache.insert(TOKENS, blocks, ns=lora)
     pool.free(blocks)  # the request finished: only the tree holds them
     return pool, cache
 
@@ -23,13 +23,13 @@ def test_reset_empties_an_adapters_tree_too() -> None:
     pool, cache = cached_under(lora=3)
     assert cache.reset()
     assert pool.num_free == pool.num_blocks and cache.cached_blocks == 0
-    assert cache.match_prefix([*TOKENS, 1], lora=3).num_tokens == 0  # nothing freed is served
+    assert cache.match_prefix([*TOKENS, 1], ns=3).num_tokens == 0  # nothing freed is served
     cache.check_integrity()
 
 
 def test_reset_is_refused_while_an_adapters_node_is_locked() -> None:
     pool, cache = cached_under(lora=3)
-    match = cache.match_prefix([*TOKENS, 1], lora=3)
+    match = cache.match_prefix([*TOKENS, 1], ns=3)
     cache.lock(match.node)  # a running request uses the cached blocks
     pool.share(match.block_ids)
     assert not cache.reset()
