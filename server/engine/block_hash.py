@@ -16,8 +16,10 @@ the engine announced. The engine's hashes must therefore be vLLM's, bit for bit
   vLLM draws them (the engine process reads its environment once, at build).
 - block i of a sequence (full blocks only): ``h_i = hash_fn((parent, tuple(tokens of block i),
   extra_keys))``, parent ``NONE_HASH`` for i = 0, else ``h_{i-1}``; ``extra_keys`` is
-  ``(lora_name,)`` for a LoRA adapter's request (every block: vLLM's
-  ``_gen_lora_extra_hash_keys``), else ``None`` (no multimodal input or cache salt here).
+  ``generate_block_hash_extra_keys``' tuple of tagged keys — ``("lora", lora_name,
+  lora_path)`` on every block of a LoRA adapter's request, then ``("cache_salt", salt)`` on
+  block 0 of a salted one (no multimodal input or prompt embeddings here) — or ``None``
+  when there is none (`KvEventLog.hashes` builds them).
 - on the wire (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, default 1): the low 64 bits,
   ``int.from_bytes(h, "big") & (2**64 - 1)``, an unsigned integer; with ``0``, the raw bytes.
 """
@@ -99,7 +101,7 @@ class BlockHasher:
               extra_keys: tuple[Any, ...] | None = None) -> list[bytes]:
         """The hashes of the full blocks of ``token_ids`` (a whole number of blocks), the first
         block's parent being ``parent`` (``None``: the sequence starts here); ``extra_keys``
-        as vLLM's (``(lora_name,)`` under an adapter)."""
+        as vLLM's, the same for every block hashed here."""
         out: list[bytes] = []
         prev = parent if parent is not None else self.none_hash
         fn = self.fn

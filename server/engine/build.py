@@ -267,8 +267,8 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
         if not isinstance(core.scheduler.cache, RadixCache):
             raise ValueError("kv_events_config: KV events need the prefix cache on")
         log = KvEventLog(hasher, config.block_size)
-        if core.lora is not None:  # an adapter's blocks hash under its name, as vLLM's
-            log.lora_names = core.lora.names
+        if core.lora is not None:  # an adapter's blocks hash under its name and path
+            log.loras = core.lora.hash_keys
         core.scheduler.cache.attach_events(log)
     # --- end KV events ---
     core.scheduler.has_connector = transfer is not None  # (vLLM's connector counters)

@@ -246,6 +246,8 @@ def admit(request: EngineRequest, ids: list[int], max_tokens: int, arrival: floa
     if request.lora_name:  # --- LoRA (issue 13) ---
         req.lora_id = lora_id(request.lora_name, lora, limits.name)
     req.cache_salt = request.cache_salt or None
+    req.session_id = request.session_id
+    req.kv_cache_report_mode = request.kv_cache_report_mode
     return req
 
 

@@ -210,6 +210,12 @@ class EngineRequest(msgspec.Struct, frozen=True):
     # vLLM's cache_salt: the prefix cache shares blocks only between requests with the same
     # salt (and adapter): a namespace of its own, keyed into the first block's hash
     cache_salt: str | None = None
+    # vLLM's session_id (the body's, else the X-Session-ID header's, else vllm_xargs'): a
+    # stable id of the conversation, which the blocks it stores name in their KV events
+    session_id: str | None = None
+    # vLLM's extra_args["kv_cache_report_mode"] (the client's vllm_xargs): "full" reports a
+    # prefix-cache hit as KV events naming the reused blocks; vLLM's default "incremental" not
+    kv_cache_report_mode: str = "incremental"
     # --- P/D (issue 13): vLLM's kv_transfer_params (NIXL connector), as the client sent it
     kv_transfer_params: dict[str, Any] | None = None
     # vLLM's data_parallel_rank: the engine core (rank) a router pinned the request to

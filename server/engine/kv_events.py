@@ -4,9 +4,10 @@ The structs mirror vLLM 0.33.0's `vllm/distributed/kv_events.py` field for field
 msgspec options, because their msgpack encoding *is* the protocol: `KVEventBatch` is
 array-like, `[ts, events, data_parallel_rank]`; each event is a tagged map
 (`{"type": "BlockStored", ...}`) whose fields equal to their default are omitted. vLLM sets
-`group_idx` (0 for a plain model) and leaves the later optional fields (`extra_keys`,
-`kv_cache_spec_kind`, `locality`, `ownership`, `session_id`, `lookahead_token_ids`) unset for
-a request without LoRA, multimodal input or cache salt; so do we.
+`group_idx` (0 for a plain model); a device store carries `extra_keys`, one entry per block
+(None, or the block's untagged hash keys: the adapter's name, the cache salt on a sequence's
+first block; `to_event_extra_keys`), and the storing request's `session_id`; the later optional
+fields (`kv_cache_spec_kind`, `locality`, `ownership`, `lookahead_token_ids`) stay unset.
 
 `KvEventLog` is the boundary object between the radix cache (the one writer of the cache, in
 the engine core) and whoever publishes: the cache reports what it really stored, evicted and
@@ -82,48 +83,88 @@ class KvEventLog:
 
     Contract: `stored` is called once per insertion of new full blocks into the cache (one
     event covering them, `parent` the hash of the block before them or None at the root);
-    `removed` once per evicted block; `cleared` after a reset emptied the cache. `take()` hands
-    the events over and starts the next step's list. Counters feed the metrics."""
+    `reused` when a request that asked for vLLM's `kv_cache_report_mode: "full"` finds a cached
+    prefix; `removed` once per evicted block; `cleared` after a reset emptied the cache.
+    `take()` hands the events over and starts the next step's list. Counters feed the
+    metrics."""
 
     __slots__ = ("block_size", "blocks_removed", "blocks_stored", "cleared_count", "events",
-                 "hasher", "lora_names")
+                 "hasher", "loras")
 
     def __init__(self, hasher: BlockHasher | SglangBlockHasher, block_size: int) -> None:
         self.hasher, self.block_size = hasher, block_size
         self.events: list[KVCacheEvent] = []
         self.blocks_stored = self.blocks_removed = self.cleared_count = 0
-        # LoRA id -> name (the engine's adapter registry, when LoRA is on): an adapter's
-        # blocks hash with (lora_name,) as vLLM's extra keys and carry its id and name
-        self.lora_names: dict[int, str] = {}
+        # LoRA id -> (name, path) (the engine's adapter registry, when LoRA is on): an
+        # adapter's blocks hash with ("lora", name, path) as vLLM's extra keys, and its
+        # events carry its id and name
+        self.loras: dict[int, tuple[str, str]] = {}
 
-    def _extra(self, lora: int) -> tuple[str, ...] | None:
-        name = self.lora_names.get(lora) if lora else None
-        return (name,) if name else None
+    def _split(self, ns: Namespace) -> tuple[int, tuple[str, str] | None, str | None]:
+        """(LoRA id, the adapter's (name, path) or None, cache salt) of a namespace."""
+        lora, salt = (ns, None) if isinstance(ns, int) else ns
+        return lora, self.loras.get(lora) if lora else None, salt
 
     def hashes(self, parent: bytes | None, token_ids: Sequence[int],
                ns: Namespace = 0) -> list[bytes]:
         """vLLM's hashes of whole blocks of `token_ids` after `parent`, in namespace `ns` (a
-        LoRA id, or (id, cache_salt)): the adapter's name on every block, the salt on the first
-        block of a sequence only (`generate_block_hash_extra_keys`)."""
-        lora, salt = (ns, None) if isinstance(ns, int) else ns
-        extra, bs = self._extra(lora), self.block_size
+        LoRA id, or (id, cache_salt)): `generate_block_hash_extra_keys`' tagged keys,
+        ("lora", name, path) on every block of an adapter's request, then ("cache_salt",
+        salt) on the first block of a sequence only."""
+        _, adapter, salt = self._split(ns)
+        extra, bs = (("lora", *adapter),) if adapter else None, self.block_size
         if salt is None or parent is not None or len(token_ids) < bs:
             return self.hasher.chain(parent, token_ids, bs, extra)
-        head = self.hasher.chain(None, token_ids[:bs], bs, (*(extra or ()), salt))
+        head = self.hasher.chain(None, token_ids[:bs], bs, (*(extra or ()), ("cache_salt", salt)))
         return head + self.hasher.chain(head[0], token_ids[bs:], bs, extra)
 
+    def _event_keys(self, first: bool, n: int, adapter: tuple[str, str] | None,
+                    salt: str | None) -> list[tuple[str, ...] | None]:
+        """vLLM's `to_event_extra_keys` of `n` blocks (`first`: the first is the sequence's
+        block 0): each block's hash keys untagged, the adapter's bare name and the bare salt;
+        None for a block without any (a list of Nones for a plain request, as vLLM sends)."""
+        name = (adapter[0],) if adapter else ()
+        rest = name or None
+        if first and salt is not None:
+            return [(*name, salt)] + [rest] * (n - 1)
+        return [rest] * n
+
     def stored(self, parent: bytes | None, hashes: Sequence[bytes],
-               token_ids: Sequence[int], ns: Namespace = 0, medium: str = MEDIUM_GPU) -> None:
+               token_ids: Sequence[int], ns: Namespace = 0, medium: str = MEDIUM_GPU,
+               session_id: str | None = None) -> None:
+        """A store of new full blocks. A device store is the block pool's event (its extra
+        keys, the storing request's session); another tier's is the offloading connector's,
+        which carries neither."""
         ext = self.hasher.external
-        lora = ns if isinstance(ns, int) else ns[0]
-        name = self.lora_names.get(lora) if lora else None
+        lora, adapter, salt = self._split(ns)
+        device = medium == MEDIUM_GPU
         self.events.append(BlockStored(
             block_hashes=[ext(h) for h in hashes],
             parent_block_hash=ext(parent) if parent is not None else None,
             token_ids=list(token_ids), block_size=self.block_size,
-            lora_id=lora if name else None, medium=medium, lora_name=name, group_idx=0))
-        if medium == MEDIUM_GPU:
+            lora_id=lora if adapter else None, medium=medium,
+            lora_name=adapter[0] if adapter else None,
+            extra_keys=(self._event_keys(parent is None, len(hashes), adapter, salt)
+                        if device else None),
+            group_idx=0, session_id=session_id if device else None))
+        if device:
             self.blocks_stored += len(hashes)
+
+    def reused(self, hashes: Sequence[bytes], token_ids: Sequence[int], ns: Namespace,
+               session_id: str | None) -> None:
+        """vLLM's `emit_cached_block_events`: a request with `kv_cache_report_mode: "full"`
+        found its first `len(hashes)` blocks cached; one BlockStored names them all from the
+        root (parent None), so a consumer that missed the original stores learns them. The
+        blocks were already stored: the stored-blocks count does not grow."""
+        ext = self.hasher.external
+        lora, adapter, salt = self._split(ns)
+        self.events.append(BlockStored(
+            block_hashes=[ext(h) for h in hashes], parent_block_hash=None,
+            token_ids=list(token_ids), block_size=self.block_size,
+            lora_id=lora if adapter else None, medium=MEDIUM_GPU,
+            lora_name=adapter[0] if adapter else None,
+            extra_keys=self._event_keys(True, len(hashes), adapter, salt),
+            group_idx=0, session_id=session_id))
 
     def stored_placeholders(self, hashes: Sequence[bytes], medium: str) -> None:
         """vLLM's offloading connector without `self_describing_kv_events` (its default):
@@ -169,13 +210,14 @@ class MediumLog:
         self.log, self.medium, self.self_describing = log, medium, self_describing
 
     def hashes(self, parent: bytes | None, token_ids: Sequence[int],
-               lora: int = 0) -> list[bytes]:
-        return self.log.hashes(parent, token_ids, lora)
+               ns: Namespace = 0) -> list[bytes]:
+        return self.log.hashes(parent, token_ids, ns)
 
     def stored(self, parent: bytes | None, hashes: Sequence[bytes],
-               token_ids: Sequence[int], lora: int = 0) -> None:
+               token_ids: Sequence[int], ns: Namespace = 0,
+               session_id: str | None = None) -> None:
         if self.self_describing:
-            self.log.stored(parent, hashes, token_ids, lora, self.medium)
+            self.log.stored(parent, hashes, token_ids, ns, self.medium)
         else:
             self.log.stored_placeholders(hashes, self.medium)
 

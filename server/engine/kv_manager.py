@@ -3,7 +3,9 @@
 Contract (what the scheduler relies on):
 - ``match(req)`` looks up the request's cached prefix (block-aligned, never the whole request:
   at least its last token is computed, to produce logits). Nothing is held until
-  ``allocate_slots`` succeeds with that match.
+  ``allocate_slots`` succeeds with that match. A hit of a request with vLLM's
+  ``kv_cache_report_mode: "full"`` is reported to the KV events at each lookup, as vLLM's
+  ``get_computed_blocks`` reports it.
 - ``allocate_slots(req, n, match)`` makes room for ``n`` more computed tokens (after the
   matched prefix, if any), evicting unlocked cache blocks if the pool is short. All or nothing:
   on ``False`` nothing changed, and the scheduler preempts or stops admitting. Paged layout:
@@ -84,7 +86,10 @@ class KVCacheManager:
         if req.block_ids or not self.reads_cache(req):
             return NO_MATCH
         tokens = req.token_ids
-        return self.cache.match_prefix(tokens, req.cache_ns, num_tokens=len(tokens) - 1)
+        match = self.cache.match_prefix(tokens, req.cache_ns, num_tokens=len(tokens) - 1)
+        if match.num_tokens and req.kv_cache_report_mode == "full":  # vLLM's, per request
+            self.cache.report_reused(match.node, tokens, req.cache_ns, req.session_id)
+        return match
 
     def allocate_slots(
         self, req: Request, num_new_tokens: int, match: PrefixMatch = NO_MATCH
@@ -138,7 +143,8 @@ class KVCacheManager:
         if n * bs <= tree_len or not self.cache.enabled:
             return
         node, theirs = self.cache.insert_from(
-            req.cache_node, tree_len, req.token_ids, req.block_ids, n, req.cache_ns)
+            req.cache_node, tree_len, req.token_ids, req.block_ids, n, req.cache_ns,
+            req.session_id)
         if theirs:
             blocks = req.block_ids
             first = tree_len // bs

@@ -130,7 +130,8 @@ class LoraRegistry:
         self.base_names = base_names
         self.adapters: dict[str, LoraAdapter] = {}
         self.by_id: dict[int, LoraAdapter] = {}
-        self.names: dict[int, str] = {}  # every id ever loaded -> its name (KV-event hashes)
+        # every id ever loaded -> (name, path): what vLLM keys its blocks' hashes with
+        self.hash_keys: dict[int, tuple[str, str]] = {}
         self._next_id = 1
         self.device: OrderedDict[int, None] = OrderedDict()  # LRU: oldest first
         self.host: OrderedDict[int, None] = OrderedDict()
@@ -160,7 +161,7 @@ class LoraRegistry:
         self._next_id += 1
         self.adapters[name] = adapter
         self.by_id[adapter.id] = adapter
-        self.names[adapter.id] = adapter.name
+        self.hash_keys[adapter.id] = (adapter.name, adapter.path)
         self._touch_host(adapter.id)
         self.version += 1
         return adapter

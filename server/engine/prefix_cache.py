@@ -73,9 +73,11 @@ class PrefixCache(ABC):
         block_ids: Sequence[int],
         start: tuple[Any, int] | None = None,
         ns: Namespace = 0,
+        session_id: str | None = None,
     ) -> tuple[Any, list[int]]:
         """``start=(node, n)``: the caller knows ``node`` ends at token ``n`` of this path (its
-        locked node), so the walk may begin there instead of at the root."""
+        locked node), so the walk may begin there instead of at the root. ``session_id``: the
+        storing request's session (vLLM's), which its KV events name."""
 
     @abstractmethod
     def touch(self, node: Any) -> None:
@@ -88,8 +90,8 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def insert_from(self, start: Any, num_known: int, token_ids: Sequence[int],
-                    block_ids: list[int], num_blocks: int,
-                    ns: Namespace = 0) -> tuple[Any, list[int]]:
+                    block_ids: list[int], num_blocks: int, ns: Namespace = 0,
+                    session_id: str | None = None) -> tuple[Any, list[int]]:
         """A request's ``insert`` of its first ``num_blocks`` blocks (its lists unsliced),
         with its lock moved from ``start`` (its locked node, ending at token ``num_known``;
         None, 0 if none) to the returned node. Returns that node and the blocks the cache
@@ -99,6 +101,12 @@ class PrefixCache(ABC):
     def path_blocks(self, node: Any) -> list[int]:
         """The blocks from the root down to ``node``, in token order."""
         return []
+
+    def report_reused(self, node: Any, token_ids: Sequence[int], ns: Namespace,
+                      session_id: str | None) -> None:
+        """KV events: tell of the cached prefix ending at ``node`` (a match of ``token_ids``);
+        a cache that reports no events does nothing."""
+        return None
 
     @abstractmethod
     def evict(self, num_blocks: int) -> int: ...
@@ -142,6 +150,7 @@ class NoPrefixCache(PrefixCache):
         block_ids: Sequence[int],
         start: tuple[Any, int] | None = None,
         ns: Namespace = 0,
+        session_id: str | None = None,
     ) -> tuple[Any, list[int]]:
         return None, list(block_ids)
 
@@ -149,8 +158,8 @@ class NoPrefixCache(PrefixCache):
         pass
 
     def insert_from(self, start: Any, num_known: int, token_ids: Sequence[int],
-                    block_ids: list[int], num_blocks: int,
-                    ns: Namespace = 0) -> tuple[Any, list[int]]:
+                    block_ids: list[int], num_blocks: int, ns: Namespace = 0,
+                    session_id: str | None = None) -> tuple[Any, list[int]]:
         return None, []
 
     def evict(self, num_blocks: int) -> int:

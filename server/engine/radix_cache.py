@@ -160,6 +160,19 @@ class RadixCache(RadixLru, PrefixCache):
             node = node.parent
         return [b for part in reversed(parts) for b in part]
 
+    def report_reused(self, node: RadixNode, token_ids: Sequence[int], ns: Namespace,
+                      session_id: str | None) -> None:
+        """KV events: the cached prefix ending at ``node`` (a match of ``token_ids``) was found
+        by a request that asked to hear of it (vLLM's ``kv_cache_report_mode: "full"``)."""
+        if self.events is None:
+            return
+        parts = []
+        while node.parent is not None:
+            parts.append(node.hashes)
+            node = node.parent
+        hashes = [h for part in reversed(parts) for h in part]
+        self.events.reused(hashes, token_ids[:len(hashes) * self.block_size], ns, session_id)
+
     def _split(self, child: RadixNode, i: int) -> RadixNode:
         """Cut ``child`` after its first ``i`` tokens (a block multiple); returns the new upper
         node, which inherits the lock count (every lock through ``child`` passes through it)."""
@@ -186,6 +199,7 @@ class RadixCache(RadixLru, PrefixCache):
         block_ids: Sequence[int],
         start: tuple[RadixNode | None, int] | None = None,
         ns: Namespace = 0,
+        session_id: str | None = None,
     ) -> tuple[RadixNode | None, list[int]]:
         bs = self.block_size
         if len(token_ids) != len(block_ids) * bs:
@@ -201,7 +215,7 @@ class RadixCache(RadixLru, PrefixCache):
             if self.events is not None:
                 parent = node.hashes[-1] if node.hashes else None
                 leaf.hashes = self.events.hashes(parent, key, ns)
-                self.events.stored(parent, leaf.hashes, key, ns)
+                self.events.stored(parent, leaf.hashes, key, ns, session_id=session_id)
             node.children[key[:bs]] = leaf
             self._evictable += len(new_blocks)
             self._cached += len(new_blocks)
@@ -219,6 +233,7 @@ class RadixCache(RadixLru, PrefixCache):
         block_ids: list[int],
         num_blocks: int,
         ns: Namespace = 0,
+        session_id: str | None = None,
     ) -> tuple[RadixNode, list[int]]:
         """What a request's ``insert`` + ``lock(node)`` + ``unlock(start)`` does, in one walk
         and without the caller slicing its token and block lists: store the first
@@ -262,7 +277,7 @@ class RadixCache(RadixLru, PrefixCache):
             if self.events is not None:
                 parent_hash = node.hashes[-1] if node.hashes else None
                 leaf.hashes = self.events.hashes(parent_hash, key, ns)
-                self.events.stored(parent_hash, leaf.hashes, key, ns)
+                self.events.stored(parent_hash, leaf.hashes, key, ns, session_id=session_id)
             node.children[key[:bs]] = leaf
             leaf.lock_ref = 1  # the caller's lock (never counted evictable)
             self._cached += len(new_blocks)

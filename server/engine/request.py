@@ -82,6 +82,7 @@ class Request:
         "constraint",
         "finish_reason",
         "hold_kv",
+        "kv_cache_report_mode",
         "lora_id",
         "num_cached_tokens",
         "num_computed_tokens",
@@ -93,6 +94,7 @@ class Request:
         "priority",
         "request_id",
         "sampling_params",
+        "session_id",
         "status",
         "token_ids",
     )
@@ -131,6 +133,11 @@ class Request:
         self.num_jump_forward_tokens = 0
         self.lora_id = 0  # the LoRA adapter it runs with (0: the base model; server/engine/lora.py)
         self.cache_salt: str | None = None  # vLLM's cache_salt (see cache_ns)
+        # vLLM's session_id (the body's, the X-Session-ID header's): named by its KV events
+        self.session_id: str | None = None
+        # vLLM's extra_args["kv_cache_report_mode"]: "full" has a prefix-cache hit reported
+        # as KV events (`KvEventLog.reused`); anything else is vLLM's "incremental"
+        self.kv_cache_report_mode = "incremental"
         self._tree_len = 0  # tokens of this request known to be in the prefix cache
         # --- P/D (issue 13): vLLM's NIXL connector, emulated (server/engine_proc/kv_connector)
         self.num_external_tokens = 0  # decode side: prompt tokens whose KV was transferred in

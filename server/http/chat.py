@@ -23,7 +23,7 @@ from server.http.completions import stop_reason, weight_versions
 from server.http.errors import bad_request
 from server.http.generate import Choice, Run
 from server.http.parser_metrics import Recorder
-from server.http.protocol import ChatCompletionRequest, ChatMessage
+from server.http.protocol import ChatCompletionRequest, ChatMessage, passed_on
 
 
 def _content(m: ChatMessage) -> str:
@@ -87,10 +87,7 @@ def engine_request(req: ChatCompletionRequest, request_id: str, ids: list[int],
         constraint = plan.constraint
     return EngineRequest(request_id=request_id, prompt_token_ids=tuple(ids),
                          sampling=sampling.sampling_params(req, max_tokens),
-                         priority=req.priority, constraint=constraint,
-                         kv_transfer_params=req.kv_transfer_params,
-                         return_weight_versions=req.return_weight_versions,
-                         stream=bool(req.stream), cache_salt=req.cache_salt), n
+                         constraint=constraint, **passed_on(req)), n
 
 
 def finish_reason(f, plan: tools.ToolPlan, called: bool) -> str | None:

@@ -44,6 +44,7 @@ from server.http.routes import (
     parse,
     pinned,
     request_id,
+    with_session,
 )
 from server.http.state import HttpState
 
@@ -100,7 +101,8 @@ async def batch_chat_completion(state: HttpState, request: Request,
     rid = request_id(request, body.request_id)
     try:
         client, name = opened(state, rid, body.model)
-        singles = [tokens_as_ids(s, state.tokens_as_ids) for s in conversations(body)]
+        singles = [with_session(tokens_as_ids(s, state.tokens_as_ids), request)
+                   for s in conversations(body)]
         reqs, shapes_of = [], []
         for i, single in enumerate(singles):
             ids = await prompts.chat_generation_prompt(single, state.tokenizer, client.limits)

@@ -20,7 +20,7 @@ from server.frontend.logprobs import Logprobs, completion_logprobs, echo_logprob
 from server.http import lengths, sampling
 from server.http.errors import bad_request, vllm_invalid
 from server.http.generate import Choice, Run
-from server.http.protocol import CompletionRequest
+from server.http.protocol import CompletionRequest, passed_on
 
 
 def prompt_ids(req: CompletionRequest, tok: Tokenizer,
@@ -80,10 +80,7 @@ def engine_requests(req: CompletionRequest, request_id: str, prompts: list[list[
         budget = lengths.output_budget(asked, len(ids), limits.max_model_len, req.min_tokens)
         sp = sampling.sampling_params(req, budget)
         out.append(EngineRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp,
-                                 priority=req.priority, constraint=constraint,
-                                 kv_transfer_params=req.kv_transfer_params,
-                                 return_weight_versions=req.return_weight_versions,
-                                 stream=bool(req.stream), cache_salt=req.cache_salt))
+                                 constraint=constraint, **passed_on(req)))
     return out, n
 
 

@@ -28,6 +28,7 @@ from server.http.routes import (
     request_id,
     resolve,
     start_chat,
+    with_session,
 )
 from server.http.state import HttpState
 
@@ -41,7 +42,8 @@ def add_messages_routes(app: FastAPI, state: HttpState) -> None:
     async def _message(request: Request, body: MessagesRequest) -> Response:
         rid = request_id(request, None)
         try:
-            run, shapes = await start_chat(state, rid, to_chat(body), data_parallel_rank(request))
+            run, shapes = await start_chat(state, rid, with_session(to_chat(body), request),
+                                           data_parallel_rank(request))
         except HttpError as e:
             return error_response(e, rid, error_body)
         if body.stream:

@@ -129,10 +129,14 @@ class GenerationFields(OpenAIBase):
     guided_grammar: str | None = None
     # --- P/D (issue 13): vLLM's NIXL connector parameters (docs/PD.md) ---
     kv_transfer_params: dict[str, Any] | None = None
-    # checked as vLLM checks them, not used: the front end's --stream-interval applies, and
-    # the prefix cache is not salted
+    # checked as vLLM checks it, not used: the front end's --stream-interval applies
     stream_interval: Annotated[int, Field(ge=1)] | None = None
     cache_salt: str | None = None  # its checks: prechecks.cache_salt (vLLM's, before parsing)
+    # vLLM's: a conversation's stable id, which its KV events name (routes.with_session)
+    session_id: str | None = None
+    # vLLM's request extensions (SamplingParams.extra_args): `kv_cache_report_mode`
+    # ("full": a prefix-cache hit is reported as KV events) and `session_id` are read
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
     # how long the prompt may be: server.http.lengths (vLLM's TokenizeParams)
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
     truncation_side: Literal["left", "right"] | None = None
@@ -144,6 +148,19 @@ class GenerationFields(OpenAIBase):
 
 
 G = TypeVar("G", bound=GenerationFields)
+
+
+def passed_on(body: GenerationFields) -> dict[str, Any]:
+    """The `EngineRequest` fields completions and chat take from the body as they are (the
+    sampling, the prompt and the constraint are built apart). `kv_cache_report_mode` is
+    vLLM's `Request.kv_cache_report_mode`: the `vllm_xargs` entry, "incremental" unless it
+    says "full" (the only mode vLLM's KV-cache manager acts on)."""
+    mode = (body.vllm_xargs or {}).get("kv_cache_report_mode")
+    return {"priority": body.priority, "kv_transfer_params": body.kv_transfer_params,
+            "return_weight_versions": body.return_weight_versions,
+            "stream": bool(body.stream), "cache_salt": body.cache_salt,
+            "session_id": body.session_id,
+            "kv_cache_report_mode": "full" if mode == "full" else "incremental"}
 
 
 def forced_usage(body: G, force: bool) -> G:

@@ -64,7 +64,9 @@ def to_chat(req: ResponsesRequest, max_model_len: int,
     if req.max_output_tokens is not None:
         body["max_tokens"] = min(req.max_output_tokens, max_model_len)
     body.update({k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p),
-                                   ("top_k", req.top_k), ("cache_salt", req.cache_salt))
+                                   ("top_k", req.top_k), ("cache_salt", req.cache_salt),
+                                   ("session_id", req.session_id),
+                                   ("vllm_xargs", req.vllm_xargs))
                  if v is not None})
     if req.logprobs_included():
         body.update(logprobs=True, top_logprobs=req.top_logprobs or 0)

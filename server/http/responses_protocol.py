@@ -122,6 +122,8 @@ class ResponsesRequest(BaseModel):
     request_id: str | None = None  # the response's id (default: resp_<random hex>, as vLLM)
     priority: int = 0
     cache_salt: str | None = None
+    session_id: str | None = None  # as chat's (routes.with_session)
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
     previous_input_messages: list[Any] | None = None
 
     @model_validator(mode="before")

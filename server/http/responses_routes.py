@@ -38,6 +38,7 @@ from server.http.routes import (
     request_id,
     resolve,
     start_chat,
+    with_session,
 )
 from server.http.state import HttpState
 
@@ -65,7 +66,7 @@ def add_responses_routes(app: FastAPI, state: HttpState) -> None:
             client, _ = resolve(state, body.model)
             history = _checks(body)
             limit = client.limits.max_model_len
-            chat = to_chat(body, limit, history)
+            chat = with_session(to_chat(body, limit, history), request)
             run, shapes = await start_chat(state, rid, chat, data_parallel_rank(request),
                                            "responses")
         except HttpError as e:

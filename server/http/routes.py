@@ -39,6 +39,7 @@ from server.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    GenerationFields,
     TokenizeChatRequest,
     TokenizeRequest,
     forced_usage,
@@ -47,6 +48,7 @@ from server.http.protocol import (
 from server.http.state import VLLM_VERSION, HttpState, InFlight
 
 M = TypeVar("M", bound=BaseModel)
+G = TypeVar("G", bound=GenerationFields)
 SSE_HEADERS = {"Cache-Control": "no-cache"}
 
 
@@ -86,6 +88,17 @@ def data_parallel_rank(request: Request) -> int | None:
         return int(text) if text is not None else None
     except ValueError:
         return None
+
+
+def with_session(body: G, request: Request) -> G:
+    """vLLM's `_get_session_id`: the body's `session_id`, else the `X-Session-ID` header, else
+    a non-empty string `session_id` in `vllm_xargs` (None: no session); the body carries it
+    on to the engine request."""
+    sid = body.session_id or request.headers.get("x-session-id") or None
+    if sid is None and body.vllm_xargs:
+        value = body.vllm_xargs.get("session_id")
+        sid = value if isinstance(value, str) and value else None
+    return body if sid == body.session_id else body.model_copy(update={"session_id": sid})
 
 
 def pinned(reqs: list[EngineRequest], rank: int | None) -> list[EngineRequest]:
@@ -202,6 +215,7 @@ async def completion(state: HttpState, request: Request, body: CompletionRequest
     """A completions request's answer (`/v1/completions`, and `/invocations`'s)."""
     rid = request_id(request, body.request_id)
     body = tokens_as_ids(forced_usage(body, state.force_include_usage), state.tokens_as_ids)
+    body = with_session(body, request)
     try:
         client, name = opened(state, rid, body.model)
         run, ids = await start_completion(state, client, body, f"cmpl-{rid}", rid,
@@ -231,6 +245,7 @@ async def chat_completion(state: HttpState, request: Request, body: ChatCompleti
     """A chat request's answer (`/v1/chat/completions`, and `/invocations`'s)."""
     rid = request_id(request, body.request_id)
     body = tokens_as_ids(forced_usage(body, state.force_include_usage), state.tokens_as_ids)
+    body = with_session(body, request)
     try:
         run, shapes = await start_chat(state, rid, body, data_parallel_rank(request))
     except HttpError as e:

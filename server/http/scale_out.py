@@ -41,6 +41,7 @@ from server.http.routes import (
     request_id,
     resolve,
     start_completion,
+    with_session,
 )
 from server.http.scale_out_generate import GenerateShapes, completion_body
 from server.http.scale_out_protocol import GenerateRequest, generate_request, sampling_params
@@ -128,7 +129,9 @@ async def generate_tokens(state: HttpState, request: Request, body: GenerateRequ
             raise HttpError(501, "output_mode='derender' is not served by doppelchip: decode "
                             "the token ids with /detokenize", "NotImplementedError")
         client, name = resolve(state, body.model)
-        run, ids = await start_completion(state, client, completion_body(body),
+        # vLLM's generate takes the session from the X-Session-ID header only
+        run, ids = await start_completion(state, client,
+                                          with_session(completion_body(body), request),
                                           f"generate-tokens-{rid}", rid,
                                           data_parallel_rank(request))
     except HttpError as e:

@@ -43,6 +43,9 @@ def completion_body(body: GenerateRequest) -> CompletionRequest:
         "kv_transfer_params": body.kv_transfer_params, "cache_salt": body.cache_salt,
         "return_weight_versions": True,  # vLLM's generate always answers them
     }
+    mode = (sp.extra_args or {}).get("kv_cache_report_mode")
+    if isinstance(mode, str):  # the engine reads it from extra_args, as vLLM's Request does
+        data["vllm_xargs"] = {"kv_cache_report_mode": mode}
     if sp.structured_outputs is not None:
         data["structured_outputs"] = sp.structured_outputs
     if body.stream and body.stream_options is not None:

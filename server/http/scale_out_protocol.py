@@ -103,8 +103,9 @@ def sampling_params(req: GenerationFields, max_tokens: int, logprobs: int | None
         "structured_outputs": structured_outputs(req),
         "bad_words": list(dict.fromkeys(getattr(req, "bad_words", None) or [])),
         "skip_reading_prefix_cache": prompt_logprobs is not None,
+        # the client's vllm_xargs (render hoists kv_transfer_params out, to the top level)
+        "extra_args": dict(req.vllm_xargs) if req.vllm_xargs else None,
     }
-    # (no extra_args: render hoists kv_transfer_params out of them, to the top level)
     return {k: values[k] for k, default in SAMPLING_DEFAULTS.items()
             if k in values and values[k] != default}
 
@@ -140,6 +141,7 @@ class VllmSamplingParams(BaseModel):
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    extra_args: dict[str, Any] | None = None  # `kv_cache_report_mode` is read
 
 
 class GenerateRequest(BaseModel):

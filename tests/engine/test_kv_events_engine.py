@@ -42,7 +42,8 @@ def with_events(algo: str = "sha256", seed: str = "vllm-none-hash", **config):
 @pytest.mark.parametrize("key", sorted(FIXTURE["hashes"]))
 def test_hasher_matches_the_fixture(key: str) -> None:
     """Every case, through what the radix cache calls: the log's hashes in the request's
-    namespace (adapter 1 named as the case's LoRA, the case's cache salt)."""
+    namespace (adapter 1 named and placed as the case's LoRA, the case's cache salt), and the
+    BlockStored's per-block extra keys."""
     algo, seed = key.split("/")
     hasher = BlockHasher(algo, seed)
     for c in FIXTURE["hashes"][key]:
@@ -50,13 +51,19 @@ def test_hasher_matches_the_fixture(key: str) -> None:
         toks = c["token_ids"][: len(c["token_ids"]) // bs * bs]
         log = KvEventLog(hasher, bs)
         lora = 1 if c.get("lora_name") else 0
-        log.lora_names = {1: c["lora_name"]} if lora else {}
+        log.loras = {1: (c["lora_name"], c["lora_path"])} if lora else {}
         ns = (lora, c["cache_salt"]) if c.get("cache_salt") else lora
         got = log.hashes(None, toks, ns)
         assert [h.hex() for h in got] == c["block_hashes_hex"], c["name"]
         assert [hasher.external(h) for h in got] == c["block_hashes_int"], c["name"]
         tail = log.hashes(got[0], toks[bs:], ns)  # a later insertion: no salt on its blocks
         assert [h.hex() for h in tail] == c["block_hashes_hex"][1:], c["name"]
+        log.stored(None, got, toks, ns)
+        log.stored(got[0], tail, toks[bs:], ns)
+        head, rest = log.take()
+        wire = msgspec.msgpack.decode(encode_batch(KVEventBatch(ts=0.0, events=[head, rest])))
+        assert wire[1][0]["extra_keys"] == c["event_extra_keys"], c["name"]
+        assert wire[1][1]["extra_keys"] == c["event_extra_keys"][1:], c["name"]
 
 
 def test_stored_events_name_a_prompts_full_blocks() -> None:
@@ -120,11 +127,11 @@ def test_batch_encoding_is_vllms_bytes() -> None:
 
 
 def test_an_adapters_blocks_hash_with_its_name_as_vllms() -> None:
-    """Under a LoRA adapter, vLLM hashes every block with (lora_name,) as extra keys and the
-    BlockStored carries the adapter's id and name; the base model's blocks stay as they were
-    (both from the fixture, computed independently)."""
+    """Under a LoRA adapter, vLLM hashes every block with ("lora", name, path) as extra keys
+    and the BlockStored carries the adapter's id and name; the base model's blocks stay as
+    they were (both from the fixture, computed independently)."""
     sched, model, log = with_events(max_loras=2)
-    log.lora_names = {1: "sql"}
+    log.loras = {1: ("sql", "/adapters/sql-lora")}
     lora = case("sha256/vllm-none-hash", "prompt_a_under_lora_sql")
     base = case("sha256/vllm-none-hash", "prompt_a_3_blocks_plus_5")
     assert lora["token_ids"] == base["token_ids"]

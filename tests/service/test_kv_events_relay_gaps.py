@@ -1,9 +1,9 @@
-"""The gRPC relay (`server.kv_events.relay.relay`) against a stand-in publisher speaking vLLM's
-ZeroMQ protocol (a PUB socket and a replay ROUTER, written here with pyzmq): a resumption is
-served from the replay buffer; a gap in the live stream is refilled from it; and when the
-buffer no longer holds what is missing — a subscriber's index would silently diverge — the
-stream ends with `HistoryLost` (DATA_LOSS on the wire, smg's answer), as it does when a
-resumption starts before the buffer's oldest batch."""
+"""The gRPC relay's rank streams (`server.kv_events.relay.rank_batches`) against a stand-in
+publisher speaking vLLM's ZeroMQ protocol (a PUB socket and a replay ROUTER, written here
+with pyzmq): a resumption is served from the replay buffer; a gap in the live stream is
+refilled from it; and when the buffer no longer holds what is missing — a subscriber's index
+would silently diverge — the stream ends with `HistoryLost` (DATA_LOSS on the wire, smg's
+answer), as it does when a resumption starts before the buffer's oldest batch."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 
 from server.engine.kv_events import BlockStored, KVEventBatch, encode_batch
-from server.kv_events.relay import HistoryLost, relay
+from server.kv_events.relay import HistoryLost, rank_batches
 
 END = (-1).to_bytes(8, "big", signed=True)
 
@@ -68,8 +68,8 @@ async def until_raised(stream, pub: Publisher, seq: int) -> list[int]:
     got: list[int] = []
 
     async def read() -> None:
-        async for batch in stream:
-            got.append(batch.sequence_number)
+        async for seq, _ in stream:
+            got.append(seq)
 
     reader = asyncio.create_task(read())
     deadline = time.monotonic() + 20
@@ -88,16 +88,16 @@ async def test_a_gap_the_buffer_still_holds_is_refilled_then_a_lost_one_ends_the
     pub = Publisher()
     try:
         pub.buffer = {s: payload(s) for s in range(0, 4)}
-        stream = relay(*pub.endpoints, "kv", 1, lambda: False)
-        first = [(await anext(stream)).sequence_number for _ in range(3)]
+        stream = rank_batches(*pub.endpoints, "kv", 1, lambda: False)
+        first = [(await anext(stream))[0] for _ in range(3)]
         assert first == [1, 2, 3]  # the resumption, from the replay buffer
         pub.buffer.update({5: payload(5), 6: payload(6)})  # 4 missed live; still buffered...
         pub.buffer[4] = payload(4)
         got: list[int] = []
 
         async def read_two() -> None:
-            async for batch in stream:
-                got.append(batch.sequence_number)
+            async for seq, _ in stream:
+                got.append(seq)
                 if len(got) == 2:
                     return
 
@@ -120,7 +120,7 @@ async def test_a_resumption_older_than_the_buffer_is_history_lost():
     try:
         pub.buffer = {s: payload(s) for s in range(10, 13)}
         with pytest.raises(HistoryLost, match="batches 3-9"):
-            async for _ in relay(*pub.endpoints, "kv", 3, lambda: False):
+            async for _ in rank_batches(*pub.endpoints, "kv", 3, lambda: False):
                 pass
     finally:
         await pub.close()
