@@ -191,10 +191,11 @@ class EngineServicer:
         self.log.info("SubscribeKvEvents from %s: relaying %s from sequence %d",
                       context.peer(), ", ".join(i.kv_events_endpoint for _, i in ranks),
                       request.start_sequence_number)
-        streams = {n: kv_relay.rank_batches(i.kv_events_endpoint, i.kv_events_replay_endpoint,
-                                            i.kv_events_topic, request.start_sequence_number,
-                                            context.cancelled,
-                                            lambda n=n: self.client.rank_state(n)[2])
+        # each stream under the rank clients see (the group's: start rank + local index)
+        streams = {i.dp_rank: kv_relay.rank_batches(
+                       i.kv_events_endpoint, i.kv_events_replay_endpoint, i.kv_events_topic,
+                       request.start_sequence_number, context.cancelled,
+                       lambda n=n: self.client.rank_state(n)[2])
                    for n, i in ranks}
         try:
             async for batch in kv_relay.merge(streams):

@@ -1,7 +1,8 @@
 """`SubscribeKvEvents` on a pod with two data-parallel ranks: each rank publishes its own stream
 (its own port and sequence), and the relay carries both in one gRPC stream, each batch under
-its rank's sequence number with its `dp_rank`, as smg-grpc-servicer 0.14.1's relay does; the
-blocks a request stored arrive from the rank that ran it."""
+its rank's sequence number with its `dp_rank` — the group's rank, which a pod running ranks 2
+and 3 of a group of 4 (`--data-parallel-start-rank 2`) names so — as smg-grpc-servicer
+0.14.1's relay does; the blocks a request stored arrive from the rank that ran it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 import grpc
 import httpx
+import pytest
 from server_proc import ServerProcess
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 from smg_grpc_proto.generated import common_pb2
@@ -30,13 +32,16 @@ def complete(pod: ServerProcess, rank: int, seed: int) -> None:
     assert r.status_code == 200, r.text
 
 
-async def test_every_ranks_stream_is_relayed_under_its_own_sequence():
-    with ServerProcess(None, *POD) as pod:
+@pytest.mark.parametrize("start", [0, 2])
+async def test_every_ranks_stream_is_relayed_under_its_own_sequence(start):
+    group = ("--data-parallel-size", "4", "--data-parallel-size-local", "2",
+             "--data-parallel-start-rank", "2") if start else ()
+    with ServerProcess(None, *POD, *group) as pod:
         async with grpc.aio.insecure_channel(pod.target) as channel:
             call = vpb_grpc.VllmEngineStub(channel).SubscribeKvEvents(
                 common_pb2.SubscribeKvEventsRequest())
             await call.initial_metadata()
-            got: dict[int, list[common_pb2.KvEventBatch]] = {0: [], 1: []}
+            got: dict[int, list[common_pb2.KvEventBatch]] = {start: [], start + 1: []}
 
             async def read() -> None:
                 async for batch in call:
@@ -50,7 +55,7 @@ async def test_every_ranks_stream_is_relayed_under_its_own_sequence():
             while not reader.done():  # the relay's SUBs join asynchronously: send until heard
                 assert time.monotonic() < deadline, f"not both ranks: {got}"
                 seed += 1
-                for rank in (0, 1):
+                for rank in (0, 1):  # the header pins by the pod's local engine index
                     await asyncio.to_thread(complete, pod, rank, seed * 2 + rank)
                 await asyncio.wait([reader], timeout=0.2)
             call.cancel()
@@ -59,4 +64,4 @@ async def test_every_ranks_stream_is_relayed_under_its_own_sequence():
         assert seqs == sorted(set(seqs)), seqs  # each rank's own counter, in order
         tokens = {t // 100 % 2 for b in batches for e in b.events if e.HasField("stored")
                   for blk in e.stored.blocks for t in blk.token_ids}
-        assert tokens == {rank}  # the blocks of the requests pinned to that rank
+        assert tokens == {rank - start}  # the blocks of the requests pinned to that rank
