@@ -181,6 +181,11 @@ class EngineServicer:
                                                sha256=digest if end == len(data) else "")
 
     # --- KV events (issue 13): docs/KV_EVENTS.md ---
+    def load_source(self) -> Callable[[int | None], common_pb2.EngineLoad | None] | None:
+        """What stamps the KV-event stream's batches with a rank's load (smg's `LoadSource`),
+        or None: the stream then carries cache events only and the gateway polls GetLoads."""
+        return None
+
     async def SubscribeKvEvents(
         self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
@@ -198,7 +203,7 @@ class EngineServicer:
                        lambda n=n: self.client.rank_state(n)[2])
                    for n, i in ranks}
         try:
-            async for batch in kv_relay.merge(streams):
+            async for batch in kv_relay.merge(streams, self.load_source()):
                 yield batch
         except (kv_relay.PublisherRestarted, kv_relay.HistoryLost) as e:
             await wire.abort(context, grpc.StatusCode.DATA_LOSS, str(e))

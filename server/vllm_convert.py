@@ -132,19 +132,3 @@ def to_model_info(status: DeploymentStatus, served_name: str, model_path: str, e
         pad_token_id=pad,
     )
 
-
-def to_scheduler_load(status: DeploymentStatus, gen_throughput: float,
-                      cache_hit_rate: float, dp_rank: int = 0) -> vpb.SchedulerLoad:
-    """One data-parallel rank's load (`status` of that rank alone)."""
-    c = status.capacity
-    used_blocks = c.kv_blocks_total - c.kv_blocks_free
-    usage = used_blocks / c.kv_blocks_total if c.kv_blocks_total else 0.0
-    return vpb.SchedulerLoad(
-        dp_rank=dp_rank, num_running_reqs=status.num_running, num_waiting_reqs=status.num_waiting,
-        num_total_reqs=status.num_running + status.num_waiting,
-        num_used_tokens=used_blocks * c.block_size,
-        max_total_num_tokens=c.kv_blocks_total * c.block_size, token_usage=usage,
-        gen_throughput=gen_throughput, cache_hit_rate=cache_hit_rate,
-        utilization=status.num_running / c.max_num_seqs if c.max_num_seqs else 0.0,
-        max_running_requests=c.max_concurrency or c.max_num_seqs,
-    )

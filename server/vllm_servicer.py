@@ -11,7 +11,12 @@ to the engine (`submit`, `outputs`, `abort`, `status`), convert back. What smg r
 - `Generate` sends initial metadata at once (the gateway times TTFT from it), then chunks;
   stop strings are enforced by the engine; a stream that ends early aborts the request;
 - `Abort` (the gateway's only cancellation) frees the request's KV on the loop's next turn;
-- `GetLoads` / `GetServerInfo` report the engine's own numbers;
+- `GetLoads` reports each rank's own counts (running, waiting, KV usage) with smg-grpc-servicer
+  0.14.1's own bookkeeping of the requests this service forwards (`LoadTracker`: queued
+  uncached prompt tokens, tokens streamed over its 2-second window, the hit rate of the last
+  64 first outputs), field for field as its `scheduler_load_fields`; `SubscribeKvEvents`
+  stamps each batch with the same figures as an `EngineLoad` (`load_source`);
+- `GetServerInfo` reports the engine's own numbers;
 - `Embed` pools a tokenized prompt on an embedding model (`server/vllm_embed.py`), and
   `GetModelInfo.is_generation` is false there, so the gateway routes embeddings to it.
 Errors: INVALID_ARGUMENT (HTTP 400 through smg), RESOURCE_EXHAUSTED (429), UNAVAILABLE (503).
@@ -22,11 +27,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 
 import grpc
 from smg_grpc_proto import vllm_engine_pb2 as vpb
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_servicer.vllm.loads import LoadTracker, load_record, scheduler_load_fields
 
 from server import vllm_convert, vllm_embed, wire
 from server.engine.interface import (
@@ -40,6 +47,7 @@ from server.engine.interface import (
 from server.engine_servicer import EngineServicer
 from server.frontend.deployment import DeploymentClient
 from server.frontend.stream import StreamFailed
+from server.http.state import VLLM_VERSION
 from server.wire import Undecodable
 
 log = logging.getLogger("doppelchip.vllm")
@@ -50,27 +58,14 @@ VLLM_SERVICE = vpb.DESCRIPTOR.services_by_name["VllmEngine"]
 SERVICE_NAME = VLLM_SERVICE.full_name
 
 
-class _Rate:
-    """Generated tokens per wall second between two polls (load-aware routing reads it)."""
-
-    def __init__(self) -> None:
-        self.t, self.count, self.rate = time.monotonic(), 0, 0.0
-
-    def update(self, count: int) -> float:
-        now = time.monotonic()
-        if now - self.t >= 0.05:
-            self.rate = (count - self.count) / (now - self.t)
-            self.t, self.count = now, count
-        return self.rate
-
-
 class VllmEngineServicer(EngineServicer):
     """`vllm.grpc.engine.VllmEngine` over one deployment (the shared rules:
     `server/engine_servicer.py`)."""
 
     def __init__(self, client: DeploymentClient, api_keys: Sequence[str] = ()) -> None:
         super().__init__(client, api_keys, log)
-        self._rates = [_Rate() for _ in client.views]  # per data-parallel rank
+        # smg's per-rank bookkeeping of the requests this service forwards, by group rank
+        self.loads = LoadTracker()
 
     async def Generate(
         self, request: vpb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -86,11 +81,16 @@ class VllmEngineServicer(EngineServicer):
             return
         (stream,) = call.streams
         prompt_tokens = len(stream.out.prompt_ids)
+        rank = self.client.views[stream.rank].info.dp_rank
+        self.loads.submitted(rid, prompt_tokens, rank=rank)
         output_ids: list[int] = []
         finished = False
         try:  # from here on every way out frees what the engine holds
             await self.send_headers(context, rid)
             async for chunk in stream.outputs():
+                if not output_ids:  # its first output: started, with what the cache held
+                    self.loads.first_output(rid, prompt_tokens, stream.cached, rank=rank)
+                self.loads.generated(len(chunk.token_ids), rank=rank)
                 output_ids.extend(chunk.token_ids)
                 finished = chunk.finish is not None
                 if request.stream and (chunk.token_ids or finished):
@@ -104,6 +104,7 @@ class VllmEngineServicer(EngineServicer):
         except StreamFailed as e:
             await wire.abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
         finally:
+            self.loads.finished(rid)  # (a request that never started leaves the queue)
             self.close_call(call, finished)
 
     async def Embed(self, request: vpb.EmbedRequest, context: grpc.aio.ServicerContext
@@ -165,15 +166,33 @@ class VllmEngineServicer(EngineServicer):
     ) -> vpb.GetLoadsResponse:
         """One load per data-parallel rank this pod runs, numbered by its rank in the group, as
         smg's servicer (0.14.1) reports them; `dp_rank` and `include` are accepted and not
-        applied, as there. A rank's cache hit rate is over the requests this service
-        finished there (smg's servicer keeps its own per rank)."""
-        loads = [vllm_convert.to_scheduler_load(
-                     self.client.status([r]), rate.update(self.client.generated_tokens([r])),
-                     self.hit_rate(r), view.info.dp_rank)
-                 for r, (view, rate) in enumerate(zip(self.client.views, self._rates,
-                                                      strict=True))]
-        return vpb.GetLoadsResponse(timestamp=_now_iso(), version="doppelchip",
+        applied, as there."""
+        loads = [vpb.SchedulerLoad(**scheduler_load_fields(*args, **kw))
+                 for args, kw in map(self._rank_load, range(len(self.client.views)))]
+        return vpb.GetLoadsResponse(timestamp=_now_iso(), version=VLLM_VERSION,
                                     dp_rank_count=len(loads), loads=loads)
+
+    def _rank_load(self, r: int) -> tuple[tuple, dict]:
+        """Local rank `r`'s load, as the arguments of smg's `scheduler_load_fields` and
+        `load_record`: its own counts and KV usage (blocks neither free nor evictable, vLLM's
+        `kv_cache_usage`), this service's estimate for it, its group rank and capacities."""
+        s, dp = self.client.status([r]), self.client.views[r].info.dp_rank
+        c = s.capacity
+        total = c.kv_blocks_total
+        usage = (total - c.kv_blocks_free) / total if total else 0.0
+        return ((s.num_running, s.num_waiting, usage, self.loads.estimate(s.num_waiting, rank=dp)),
+                {"dp_rank": dp, "max_total_num_tokens": total * c.block_size,
+                 "max_running_requests": c.max_num_seqs})
+
+    def load_source(self) -> Callable[[int | None], common_pb2.EngineLoad | None]:
+        """The record smg's relay stamps on a batch of group rank `dp_rank` (None: the first
+        rank): that rank's GetLoads figures, as smg's `load_record` makes them."""
+        local = {v.info.dp_rank: r for r, v in enumerate(self.client.views)}
+
+        def record(dp_rank: int | None) -> common_pb2.EngineLoad | None:
+            args, kw = self._rank_load(local.get(dp_rank, 0) if dp_rank is not None else 0)
+            return load_record(*args, **kw)
+        return record
 
 
 def _now_iso() -> str:

@@ -32,6 +32,7 @@ import zmq
 import zmq.asyncio
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_servicer import kv_relay as smg
+from smg_grpc_servicer.load_record import LoadRecorder, LoadSource
 
 from server.engine.kv_events import KVEventBatch, decode_batch
 from server.kv_events import sglang_wire
@@ -152,13 +153,19 @@ def _contiguous(last: int, seq: int) -> None:
                           "in the publisher's replay buffer")
 
 
-async def merge(streams: dict[int, AsyncIterator[tuple[int, bytes]]]
+async def merge(streams: dict[int, AsyncIterator[tuple[int, bytes]]],
+                load_source: LoadSource | None = None
                 ) -> AsyncIterator[common_pb2.KvEventBatch]:
     """Every rank's stream (rank -> its `rank_batches`) as one, in arrival order, each batch
     converted by one smg `Normalizer` (`to_proto`) under its rank's own sequence number and
     with its rank, as smg-grpc-servicer 0.14.1's relay sends them; the first stream to fail
-    ends it with that failure."""
+    ends it with that failure. With `load_source` (the servicer's `GetLoads` figures of a
+    rank, as smg's `EngineLoad`), smg's `LoadRecorder` stamps each batch with its rank's load
+    and sends `load_only` batches while no batch flows (when the load moved, or as a
+    heartbeat), as smg's relay does."""
     norm = normalizer()
+    recorder = LoadRecorder.optional(load_source)
+    tick = recorder.poll_timeout(1.0) if recorder is not None else None
     queue: asyncio.Queue[tuple[int, int, bytes]] = asyncio.Queue(maxsize=1024)
 
     async def pump(rank: int, stream: AsyncIterator[tuple[int, bytes]]) -> None:
@@ -170,14 +177,18 @@ async def merge(streams: dict[int, AsyncIterator[tuple[int, bytes]]]
     try:
         while pumps or not queue.empty():
             get = asyncio.create_task(queue.get())
-            done, _ = await asyncio.wait({get, *pumps}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({get, *pumps}, timeout=tick,
+                                         return_when=asyncio.FIRST_COMPLETED)
             if get not in done:
                 get.cancel()  # not taken: nothing is lost
             for task in done - {get}:
                 pumps.discard(task)
                 task.result()  # a failed rank's error ends the stream
             if get in done:
-                yield to_proto(norm, *get.result())
+                batch = to_proto(norm, *get.result())
+                yield recorder.stamp(batch) if recorder is not None else batch
+            elif recorder is not None and (beat := recorder.heartbeat()) is not None:
+                yield beat
     finally:
         tasks = [*pumps, *([get] if get is not None else [])]
         for task in tasks:

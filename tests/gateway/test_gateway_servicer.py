@@ -203,6 +203,11 @@ async def test_full_queue_is_resource_exhausted_and_loads_are_real(slow):
     assert (load.num_running_reqs, load.num_waiting_reqs, load.num_total_reqs) == (1, 2, 3)
     assert load.max_running_requests == 1 and 0 < load.token_usage < 1
     assert load.num_used_tokens > 0 and load.max_total_num_tokens > load.num_used_tokens
+    # smg-grpc-servicer 0.14.1's bookkeeping: the two queued prompts, none of them cached yet
+    # (the running one's first output found nothing cached), count as uncached work
+    assert load.num_waiting_uncached_tokens == 2 * len(TOK.encode(LONG))
+    assert load.cache_hit_rate == 0.0 and load.utilization == load.token_usage
+    assert loads.version == "0.33.0"  # the vLLM release whose servicer this is
     server = await stub.GetServerInfo(vpb.GetServerInfoRequest())
     assert server.active_requests == 3 and server.max_num_seqs == 1
     assert server.last_receive_timestamp > 0
