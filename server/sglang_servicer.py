@@ -30,13 +30,15 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 
 import grpc
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 from smg_grpc_proto import sglang_scheduler_pb2 as spb
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_servicer.load_record import engine_load_from
 
 from server import sglang_convert as sc
 from server import vllm_embed, wire
@@ -186,6 +188,23 @@ class SglangSchedulerServicer(EngineServicer):
             last_receive_timestamp=self.last_receive, uptime_seconds=time.time() - self.started,
             sglang_version=sglang_pod.SGLANG_VERSION, server_type="grpc", start_time=start,
             max_total_num_tokens=scheduler["max_total_num_tokens"])
+
+    def load_source(self) -> Callable[[int | None], common_pb2.EngineLoad | None]:
+        """The record smg's relay stamps on a batch of group rank `dp_rank` (None: the first
+        rank; a rank this pod does not run: none): that rank's LoadSnapshot as GetLoads
+        reports it, every section, as smg's SGLang servicer reads it (`load_record`); its
+        windows are the stream's own, so a subscriber does not shift GetLoads' polls."""
+        local = {v.info.dp_rank: r for r, v in enumerate(self.client.views)}
+        windows = sglang_pod.Windows()
+
+        def record(dp_rank: int | None) -> common_pb2.EngineLoad | None:
+            r = local.get(min(local) if dp_rank is None else dp_rank)
+            if r is None:
+                return None
+            snapshot = sglang_pod.load_snapshot(self.client, r, windows, self.client.clock(),
+                                                None)
+            return engine_load_from(sc.to_scheduler_load(snapshot), queued_token_work=True)
+        return record
 
     async def GetLoads(self, request: spb.GetLoadsRequest, context: grpc.aio.ServicerContext
                        ) -> spb.GetLoadsResponse:

@@ -141,10 +141,16 @@ async def test_the_grpc_relay_carries_sglangs_hashes(pod):
         call = spb_grpc.SglangSchedulerStub(channel).SubscribeKvEvents(
             common_pb2.SubscribeKvEventsRequest(start_sequence_number=1))
         hashes: list[int] = []
+        loads: list[common_pb2.EngineLoad] = []
         async for batch in call:
             hashes += [blk.block_hash for e in batch.events if e.HasField("stored")
                        for blk in e.stored.blocks]
+            loads.append(batch.load)
             if batch.sequence_number >= first:
                 break
         call.cancel()
     assert sglang_hashes(d)[0] in hashes and sglang_hashes(d)[1] in hashes
+    # each batch carries the rank's load as smg's SGLang servicer stamps it (the LoadSnapshot
+    # GetLoads reports: the page pool's tokens, SGLang's max_running_requests)
+    assert [x.sample for x in loads] == list(range(1, len(loads) + 1))
+    assert loads[0].max_total_num_tokens == 12 * PAGE and loads[0].max_running_requests > 0
