@@ -14,8 +14,8 @@ import json
 import httpx
 import msgspec
 import pytest
-import zmq
 from http_helpers import openai_client, pod_released
+from kv_replay import replayed
 from server_proc import ServerProcess
 
 EVENTS = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:0",
@@ -23,7 +23,6 @@ EVENTS = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:0",
 POD = ("--chip", "h100-sxm", "--engine", "vllm", "--model", "llama-3.1-8b", "--quant", "bf16",
        "--max-model-len", "512", "--block-size", "16", "--time-scale", "0.05",
        "--enable-scale-out", "--kv-events-config", EVENTS)
-END = (-1).to_bytes(8, "big", signed=True)
 MODEL = "llama-3.1-8b"
 
 
@@ -37,22 +36,8 @@ def pod():
 
 def stores(pod, start: int = 0) -> list[dict]:
     """The BlockStored events the publisher holds from batch `start` on (its replay)."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(pod.replay_at)
-    sock.send_multipart((b"", start.to_bytes(8, "big")))
-    out = []
-    try:
-        while True:
-            assert sock.poll(10_000), "the replay did not answer"
-            seq, payload = sock.recv_multipart()[-2:]
-            if seq == END:
-                return out
-            out += [e for e in msgspec.msgpack.decode(payload)[1] if e["type"] == "BlockStored"]
-    finally:
-        sock.close(linger=0)
-        ctx.term()
+    return [e for _, payload in replayed(pod.replay_at, start, frames=4)
+            for e in msgspec.msgpack.decode(payload)[1] if e["type"] == "BlockStored"]
 
 
 def sessions(events: list[dict]) -> set:

@@ -18,7 +18,7 @@ import grpc
 import httpx
 import msgspec
 import pytest
-import zmq
+from kv_replay import replayed
 from server_proc import ServerProcess
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as spb_grpc
 from smg_grpc_proto.generated import common_pb2
@@ -29,7 +29,6 @@ EVENTS = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:0",
 POD = ("--chip", "h100-sxm", "--engine", "sglang", "--model", "llama-3.1-8b", "--quant",
        "bf16", "--max-model-len", "128", "--block-size", str(PAGE), "--num-gpu-blocks-override",
        "12", "--time-scale", "0.05", "--http-api", "sglang", "--kv-events-config", EVENTS)
-END = (-1).to_bytes(8, "big", signed=True)
 
 
 @pytest.fixture(scope="module")
@@ -58,24 +57,8 @@ def replay(endpoint: str, start: int) -> list[tuple[int, list]]:
     """SGLang's replay protocol (a DEALER sends what a REQ would, `[b"", start]`): every
     buffered batch from `start`, each answer `[b"", seq, payload]` (no topic frame), decoded
     without a schema: the positional arrays as they are on the wire."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    sock.send_multipart((b"", start.to_bytes(8, "big")))
-    out = []
-    try:
-        while True:
-            assert sock.poll(10_000), "the replay did not answer"
-            frames = sock.recv_multipart()
-            assert len(frames) == 3, frames
-            _, seq, payload = frames
-            if seq == END:
-                return out
-            out.append((int.from_bytes(seq, "big"), msgspec.msgpack.decode(payload)))
-    finally:
-        sock.close(linger=0)
-        ctx.term()
+    return [(seq, msgspec.msgpack.decode(payload))
+            for seq, payload in replayed(endpoint, start, frames=3)]
 
 
 def complete(pod: ServerProcess, tokens: list[int]) -> None:

@@ -13,7 +13,7 @@ import json
 
 import httpx
 import pytest
-import zmq
+from kv_replay import replayed
 from server_proc import ServerProcess
 from smg_grpc_servicer import kv_relay
 
@@ -24,29 +24,6 @@ COMMON = ("--chip", "h100-sxm", "--model", "llama-3.1-8b", "--quant", "bf16",
           "--time-scale", "0.05", "--kv-events-config", EVENTS)
 PODS = {"sglang": ("--engine", "sglang", "--http-api", "sglang"),
         "vllm-sha256-cbor": ("--engine", "vllm", "--prefix-caching-hash-algo", "sha256_cbor")}
-END = (-1).to_bytes(8, "big", signed=True)
-
-
-def replayed(endpoint: str) -> list[tuple[int, bytes]]:
-    """Every batch the publisher still holds, as smg's relay asks for a gap (its
-    `replay_frames`: a DEALER's `[b"", start]`; the answers' last two frames are seq and
-    payload, after an optional topic)."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    sock.send_multipart((b"", (0).to_bytes(8, "big")))
-    out = []
-    try:
-        while True:
-            assert sock.poll(10_000), "the replay did not answer"
-            seq, payload = sock.recv_multipart()[-2:]
-            if seq == END:
-                return out
-            out.append((int.from_bytes(seq, "big"), payload))
-    finally:
-        sock.close(linger=0)
-        ctx.term()
 
 
 @pytest.mark.parametrize("check", sorted(PODS))
