@@ -32,7 +32,7 @@ from smg_grpc_proto.generated import common_pb2
 
 from server import convert, wire
 from server.auth import ApiKeys, has_api_key
-from server.engine.interface import EngineError, EngineRequest, FinishReason, TokenChunk
+from server.engine.interface import EngineError, EngineRequest
 from server.engine.logs import request_log
 from server.engine.tokenizer import TOKENIZER_DIR
 from server.frontend import parallel, request_ids
@@ -85,9 +85,6 @@ class EngineServicer:
         self.draining = False
         self.started = time.time()
         self.last_receive = 0.0
-        # per data-parallel rank, of the requests this service finished (cache hit rate)
-        self.prompt_tokens = [0] * len(client.views)
-        self.cached_tokens = [0] * len(client.views)
         self._tokenizer: tuple[bytes, str] | None = None
 
     def ready(self) -> bool:
@@ -133,15 +130,13 @@ class EngineServicer:
                                                  self.client.name)
             parallel.abort_all(self.client, streams)
 
-    def account(self, chunk: TokenChunk, rank: int) -> None:
-        """A finished request's prompt and cached tokens, for its rank's cache hit rate."""
-        if chunk.finish is not None and chunk.finish.reason is not FinishReason.ABORT:
-            self.prompt_tokens[rank] += chunk.finish.usage.prompt_tokens
-            self.cached_tokens[rank] += chunk.finish.usage.cached_prompt_tokens
-
-    def hit_rate(self, rank: int) -> float:
-        p = self.prompt_tokens[rank]
-        return self.cached_tokens[rank] / p if p else 0.0
+    def local_rank(self, dp_rank: int | None) -> int | None:
+        """The pod's engine index of group rank `dp_rank` (None: its first rank); None for a
+        rank this pod does not run (a load record names no other rank's figures)."""
+        if dp_rank is None:
+            return 0
+        return next((r for r, v in enumerate(self.client.views) if v.info.dp_rank == dp_rank),
+                    None)
 
     def abort_owned(self, context: grpc.aio.ServicerContext, rid: str) -> bool:
         """End request `rid` if the caller owns it (its connection started it, or it holds

@@ -90,7 +90,6 @@ class MlxEngineServicer(EngineServicer):
                 if chunk.finish.reason is FinishReason.ERROR:
                     await wire.abort(context, grpc.StatusCode.INTERNAL,
                                      f"Request {rid} failed: the engine failed")
-                self.account(chunk, stream.rank)
                 if chunk.finish.reason is not FinishReason.ABORT:  # aborted: no complete
                     ids = [] if request.stream else seq.ids
                     lps = None if request.stream else mc.output_logprobs(seq.ids, seq.tops)

@@ -99,7 +99,6 @@ class SglangSchedulerServicer(EngineServicer):
                                      "the scheduler aborted the request: the engine failed")
                 if finished:
                     o.counts.cached_tokens = chunk.finish.usage.cached_prompt_tokens
-                    self.account(chunk, o.stream.rank)
                 if request.stream:
                     lps = sc.output_logprobs(tops, k) if o.lp is not None else None
                     if chunk.token_ids or finished:
@@ -194,11 +193,10 @@ class SglangSchedulerServicer(EngineServicer):
         rank; a rank this pod does not run: none): that rank's LoadSnapshot as GetLoads
         reports it, every section, as smg's SGLang servicer reads it (`load_record`); its
         windows are the stream's own, so a subscriber does not shift GetLoads' polls."""
-        local = {v.info.dp_rank: r for r, v in enumerate(self.client.views)}
         windows = sglang_pod.Windows()
 
         def record(dp_rank: int | None) -> common_pb2.EngineLoad | None:
-            r = local.get(min(local) if dp_rank is None else dp_rank)
+            r = self.local_rank(dp_rank)
             if r is None:
                 return None
             snapshot = sglang_pod.load_snapshot(self.client, r, windows, self.client.clock(),

@@ -86,7 +86,6 @@ class TrtllmServiceServicer(EngineServicer):
                                      f"Request {rid} failed: the engine failed")
                 if finished:
                     seq.counts.cached_tokens = chunk.finish.usage.cached_prompt_tokens
-                    self.account(chunk, seq.stream.rank)
                 if request.streaming and chunk.token_ids:
                     yield tpb.GenerateResponse(request_id=rid, chunk=tc.to_chunk(
                         chunk.token_ids, seq.counts, i, tc.token_logprobs(tops)))

@@ -97,7 +97,6 @@ class VllmEngineServicer(EngineServicer):
                     cached = chunk.finish.usage.cached_prompt_tokens if finished else 0
                     yield vllm_convert.to_chunk(chunk, prompt_tokens, cached)
                 if finished:
-                    self.account(chunk, stream.rank)
                     ids = chunk.token_ids if request.stream else tuple(output_ids)
                     yield vllm_convert.to_complete(chunk, ids)
             wire.end_stream(context)
@@ -186,11 +185,13 @@ class VllmEngineServicer(EngineServicer):
 
     def load_source(self) -> Callable[[int | None], common_pb2.EngineLoad | None]:
         """The record smg's relay stamps on a batch of group rank `dp_rank` (None: the first
-        rank): that rank's GetLoads figures, as smg's `load_record` makes them."""
-        local = {v.info.dp_rank: r for r, v in enumerate(self.client.views)}
-
+        rank; a rank this pod does not run: none): that rank's GetLoads figures, as smg's
+        `load_record` makes them."""
         def record(dp_rank: int | None) -> common_pb2.EngineLoad | None:
-            args, kw = self._rank_load(local.get(dp_rank, 0) if dp_rank is not None else 0)
+            r = self.local_rank(dp_rank)
+            if r is None:
+                return None
+            args, kw = self._rank_load(r)
             return load_record(*args, **kw)
         return record
 

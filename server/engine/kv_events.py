@@ -135,18 +135,9 @@ class KvEventLog:
         """A store of new full blocks. A device store is the block pool's event (its extra
         keys, the storing request's session); another tier's is the offloading connector's,
         which carries neither."""
-        ext = self.hasher.external
-        lora, adapter, salt = self._split(ns)
         device = medium == MEDIUM_GPU
-        self.events.append(BlockStored(
-            block_hashes=[ext(h) for h in hashes],
-            parent_block_hash=ext(parent) if parent is not None else None,
-            token_ids=list(token_ids), block_size=self.block_size,
-            lora_id=lora if adapter else None, medium=medium,
-            lora_name=adapter[0] if adapter else None,
-            extra_keys=(self._event_keys(parent is None, len(hashes), adapter, salt)
-                        if device else None),
-            group_idx=0, session_id=session_id if device else None))
+        self.events.append(self._block_stored(parent, hashes, token_ids, ns, medium,
+                                              session_id if device else None, device))
         if device:
             self.blocks_stored += len(hashes)
 
@@ -156,15 +147,25 @@ class KvEventLog:
         found its first `len(hashes)` blocks cached; one BlockStored names them all from the
         root (parent None), so a consumer that missed the original stores learns them. The
         blocks were already stored: the stored-blocks count does not grow."""
+        self.events.append(self._block_stored(None, hashes, token_ids, ns, MEDIUM_GPU,
+                                              session_id, True))
+
+    def _block_stored(self, parent: bytes | None, hashes: Sequence[bytes],
+                      token_ids: Sequence[int], ns: Namespace, medium: str,
+                      session_id: str | None, keys: bool) -> BlockStored:
+        """The BlockStored of `hashes` after `parent`; `keys`: with vLLM's per-block extra
+        keys (the block pool's events; the offloading connector's carry none)."""
         ext = self.hasher.external
         lora, adapter, salt = self._split(ns)
-        self.events.append(BlockStored(
-            block_hashes=[ext(h) for h in hashes], parent_block_hash=None,
+        return BlockStored(
+            block_hashes=[ext(h) for h in hashes],
+            parent_block_hash=ext(parent) if parent is not None else None,
             token_ids=list(token_ids), block_size=self.block_size,
-            lora_id=lora if adapter else None, medium=MEDIUM_GPU,
+            lora_id=lora if adapter else None, medium=medium,
             lora_name=adapter[0] if adapter else None,
-            extra_keys=self._event_keys(True, len(hashes), adapter, salt),
-            group_idx=0, session_id=session_id))
+            extra_keys=(self._event_keys(parent is None, len(hashes), adapter, salt)
+                        if keys else None),
+            group_idx=0, session_id=session_id)
 
     def stored_placeholders(self, hashes: Sequence[bytes], medium: str) -> None:
         """vLLM's offloading connector without `self_describing_kv_events` (its default):

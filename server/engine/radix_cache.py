@@ -154,11 +154,7 @@ class RadixCache(RadixLru, PrefixCache):
         return self._walk(token_ids, touch=False, split=False, ns=ns)[1]
 
     def path_blocks(self, node: RadixNode) -> list[int]:
-        parts = []
-        while node.parent is not None:
-            parts.append(node.block_ids)
-            node = node.parent
-        return [b for part in reversed(parts) for b in part]
+        return _along(node, "block_ids")
 
     def report_reused(self, node: RadixNode, token_ids: Sequence[int], ns: Namespace,
                       session_id: str | None) -> None:
@@ -166,11 +162,7 @@ class RadixCache(RadixLru, PrefixCache):
         by a request that asked to hear of it (vLLM's ``kv_cache_report_mode: "full"``)."""
         if self.events is None:
             return
-        parts = []
-        while node.parent is not None:
-            parts.append(node.hashes)
-            node = node.parent
-        hashes = [h for part in reversed(parts) for h in part]
+        hashes = _along(node, "hashes")
         self.events.reused(hashes, token_ids[:len(hashes) * self.block_size], ns, session_id)
 
     def _split(self, child: RadixNode, i: int) -> RadixNode:
@@ -301,3 +293,13 @@ class RadixCache(RadixLru, PrefixCache):
     def check_integrity(self) -> None:
         """The tree's invariants (`radix_integrity.check_radix`); AssertionError if broken."""
         check_radix(self)
+
+
+def _along(node: RadixNode, field: str) -> list:
+    """The node's `field` lists (its blocks, its block hashes) from the root down to it,
+    joined in token order."""
+    parts = []
+    while node.parent is not None:
+        parts.append(getattr(node, field))
+        node = node.parent
+    return [x for part in reversed(parts) for x in part]

@@ -39,7 +39,7 @@ from server.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
-    GenerationFields,
+    G,
     TokenizeChatRequest,
     TokenizeRequest,
     forced_usage,
@@ -48,7 +48,6 @@ from server.http.protocol import (
 from server.http.state import VLLM_VERSION, HttpState, InFlight
 
 M = TypeVar("M", bound=BaseModel)
-G = TypeVar("G", bound=GenerationFields)
 SSE_HEADERS = {"Cache-Control": "no-cache"}
 
 
