@@ -38,6 +38,8 @@ class KvLoads:
     stats: SchedulerStats
     offload: HostKvTier | None
     landed: set[str]  # ids of waiting requests holding the KV a load brought
+    load_blocked: str | None  # the head whose load the device could not hold at admission
+    received: set[str]  # ids of waiting requests whose KV a remote prefill sent (P/D)
     has_connector: bool  # a KV connector is configured (its counters count every admission)
     now: float  # the start of the step being scheduled (emulated seconds)
 
@@ -51,6 +53,16 @@ class KvLoads:
     @property
     def num_loading(self) -> int:
         return len(self.offload.loads) if self.offload is not None else 0
+
+    def kv_fetch_stages(self) -> tuple[int, int, int]:
+        """vLLM's async KV loads by stage (KV_FETCH_STAGES), as far as this scheduler sees
+        them: a load the device could not hold yet (waiting_to_start), loads from the CPU tier
+        in flight (in_progress), and waiting requests holding what a load brought or whose
+        KV a remote prefill sent (completed_waiting). The NIXL connector's pulls in flight
+        are the engine loop's (they join the scheduler when their KV has arrived)."""
+        blocked = self.load_blocked
+        start = int(blocked is not None and blocked in self.requests)
+        return start, self.num_loading, len(self.landed) + len(self.received)
 
     def next_load_end(self) -> float | None:
         """When the next load lands (None: none in flight): the engine loops wake the core
@@ -93,8 +105,11 @@ class KvLoads:
     def _check_loads(self, waiting: list[Request]) -> None:
         """The loads' invariants (`Scheduler.check_integrity`): a landed request is waiting,
         a loading one waits for its load, and the tier's own."""
-        if not self.landed <= {r.request_id for r in waiting}:
+        ids = {r.request_id for r in waiting}
+        if not self.landed <= ids:
             raise AssertionError("a landed request is not waiting")
+        if not self.received <= ids:
+            raise AssertionError("a request whose KV arrived over the link is not waiting")
         if self.offload is not None:
             self.offload.check_integrity()
             if any(ld.req.status != RequestStatus.WAITING_FOR_REMOTE_KVS

@@ -64,6 +64,12 @@ class KvTransferConfig:
         return self._part("OffloadingConnector")
 
     @property
+    def is_kv_consumer(self) -> bool:
+        """vLLM's name: the pod loads KV through a connector (role kv_consumer or kv_both),
+        which registers vllm:num_requests_kv_fetch_by_stage."""
+        return self.kv_role in ("kv_consumer", "kv_both")
+
+    @property
     def link(self) -> str | None:
         """The links.toml id of the link between the pods (None: the chips' networks)."""
         return self.extra.get("link")

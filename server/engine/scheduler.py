@@ -61,6 +61,10 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         # --- the CPU offloading tier (kv_loads.py): None without --kv-offloading-size ---
         self.offload = None
         self.landed: set[str] = set()
+        self.load_blocked: str | None = None  # the last admission's head whose load could not
+        #                                       start (no room on the device): waiting_to_start
+        # --- P/D (issue 13): waiting requests whose prompt KV a remote prefill sent ---
+        self.received: set[str] = set()
         self.now = 0.0
         self.has_connector = False  # a KV connector is configured (build_core sets it)
 
@@ -98,6 +102,8 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         req.status = RequestStatus.WAITING
         self.requests[req.request_id] = req
         self.waiting.add(req)
+        if req.num_external_tokens:
+            self.received.add(req.request_id)
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> Request | None:
         """End a waiting, preempted or running request now and free all its KV references.
@@ -112,6 +118,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         else:
             self.waiting.remove(req)
             self.landed.discard(request_id)
+            self.received.discard(request_id)
         self.kv.free(req, cache=False)
         req.status, req.finish_reason = RequestStatus.for_reason(reason), reason
         self.stats.num_aborted += 1
@@ -215,6 +222,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
             # --- LoRA (issue 13): vLLM v1's max_loras rule (see lora_budget) ---
             loras = lora_budget(cfg.max_loras, self.running, scheduled)
             skipped: list[Request] = []
+            self.load_blocked = None
             while self.waiting and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting.peek()
                 if loras is not None and not loras.admits(req.lora_id):
@@ -226,6 +234,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
                         and kv.reads_cache(req):
                     loading = self._load(req, match)
                     if loading is None:
+                        self.load_blocked = req.request_id
                         break
                     if loading:
                         continue
@@ -248,6 +257,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
                     self.landed.discard(req.request_id)
                 else:
                     self._count_admission(req, match.num_tokens, external, 0)
+                    self.received.discard(req.request_id)
                 if num_new:
                     scheduled[req.request_id] = scheduled_entry(req, num_new)
                     kv.cache_blocks(req, req.num_computed_tokens + num_new)

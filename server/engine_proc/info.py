@@ -13,6 +13,7 @@ from server.engine.faults import has_faults
 from server.engine.hf_overrides import matryoshka, use_sep_token
 from server.engine.intake import Limits
 from server.engine.interface import Capacity
+from server.engine.kv_transfer import KvTransferConfig
 from server.engine.tokenizer import Tokenizer
 from server.ipc.messages import DeploymentInfo
 
@@ -110,8 +111,17 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         dp_rank=opts.data_parallel_start_rank + rank,
         chat_template=score_template.load(opts.chat_template),
         max_num_batched_tokens=cfg.max_num_batched_tokens,
+        kv_consumer=kv_consumer(opts, core),
         **offload_info(core),
     )
+
+
+def kv_consumer(opts: EngineOptions, core: EngineCore) -> bool:
+    """vLLM's `is_kv_consumer`: the pod loads KV through a connector (NIXL as kv_consumer or
+    kv_both; the CPU tier, which `--kv-offloading-size` configures as kv_both)."""
+    transfer = KvTransferConfig.parse(opts.kv_transfer_config)
+    return core.scheduler.offload is not None or (transfer is not None
+                                                   and transfer.is_kv_consumer)
 
 
 def offload_info(core: EngineCore) -> dict[str, int]:

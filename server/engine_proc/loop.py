@@ -164,7 +164,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                 if (self.check_integrity and not core.has_unfinished()
                         and not (self.faults and self.faults.holds_blocks)):
                     core.scheduler.check_integrity()  # every request released: pool and cache
-                self.stats.idle(core, self.num_queued(), self._t)
+                self.stats.idle(core, self.num_queued(), self.kv_fetch(), self._t)
                 self.stats.pd_sleep(core, self.sleep, self.connector)
                 self._lagging = False
                 self._idle()
@@ -194,7 +194,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
             self._note_lag(lag)
             self._take_inbox()  # aborts that arrived during the step win over its tokens
             # status first: a client that sees the step's tokens sees its load and KV too
-            self.stats.step(core, result, lag, self._t, self.num_queued())
+            self.stats.step(core, result, lag, self._t, self.num_queued(), self.kv_fetch())
             if self.profiler is not None and self.profiler.active:  # /start_profile
                 self.profiler.step(start, result, core)
             self._publish_kv_events()
@@ -205,8 +205,20 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self._shutdown()
 
     def num_queued(self) -> int:
-        """Accepted and not yet running (the admission-control count)."""
-        return len(self.inbox) + self.core.scheduler.num_waiting
+        """Accepted and not yet running (the admission-control count), P/D requests whose KV
+        is still on its way included (vLLM's waiting queue holds them)."""
+        n = len(self.inbox) + self.core.scheduler.num_waiting
+        return n + len(self.connector.pending) if self.connector is not None else n
+
+    def kv_fetch(self) -> tuple[int, int, int]:
+        """vLLM's async KV loads by stage (waiting_to_start, in_progress, completed_waiting):
+        the scheduler's (the CPU tier; KV that arrived over the link), and the NIXL pulls
+        in flight — one still waiting for the prefill pod's answer has not started."""
+        start, going, done = self.core.scheduler.kv_fetch_stages()
+        if self.connector is not None and self.connector.pending:
+            asked = sum(tr.ready_at is None for tr in self.connector.pending.values())
+            start, going = start + asked, going + len(self.connector.pending) - asked
+        return start, going, done
 
     def _resync(self) -> None:
         """After idling, the timeline resumes at the earliest arrival that woke it (the device

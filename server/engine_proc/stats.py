@@ -14,7 +14,13 @@ from pathlib import Path
 from server.engine.core import EngineCore, StepResult
 from server.ipc.messages import DeploymentInfo
 from server.stats.layout import HistogramWriter, Layout
-from server.stats.schema import KV_RESIDENCY, STATE_CODES, compile_reason, engine_metrics
+from server.stats.schema import (
+    KV_FETCH_STAGES,
+    KV_RESIDENCY,
+    STATE_CODES,
+    compile_reason,
+    engine_metrics,
+)
 from server.stats.shm import StatsFile
 
 
@@ -46,6 +52,8 @@ class EngineStats:
         self._spec_seen: tuple[int, ...] = ()
         self._per_gpu = 1.0 / max(1, info.chip_count)
         self._kv_used = -1
+        self._fetch_slots = tuple(layout.slot("vllm:num_requests_kv_fetch_by_stage", stage)
+                                  for stage in KV_FETCH_STAGES) if info.kv_consumer else ()
         f = self.file
         f.begin()
         self.a[self.slot("_epoch")] = epoch
@@ -54,6 +62,8 @@ class EngineStats:
                      "doppelchip_realtime_lag_seconds", "_kv_used",
                      "_paused"):
             self.a[self.slot(name)] = 0
+        for i in self._fetch_slots:
+            self.a[i] = 0
         self.a[self.slot("_kv_free")] = info.capacity.kv_blocks_total
         for state in ("awake", "weights_offloaded", "discard_all"):
             self.a[self.slot("vllm:engine_sleep_state", state)] = float(state == "awake")
@@ -101,7 +111,7 @@ class EngineStats:
             self.file.end()
 
     def step(self, core: EngineCore, result: StepResult, lag: float, t: float,
-             num_queued: int) -> None:
+             num_queued: int, fetch: tuple[int, int, int]) -> None:
         a, slot, sched = self.a, self.slot, core.scheduler
         cost, n = result.cost, result.micro_batches  # `cost` is one micro-batch's
         busy = max(0.0, result.seconds - result.stall_s)
@@ -110,7 +120,7 @@ class EngineStats:
         # find a stale lag, nor the idle-power extrapolation waiting for the loop's next turn)
         idle = not core.has_unfinished()
         self.file.begin()
-        self._gauges(core, num_queued, 0.0 if idle else lag, t)
+        self._gauges(core, num_queued, fetch, 0.0 if idle else lag, t)
         a[slot("_idle")] = int(idle)
         a[slot("_steps")] += 1
         a[slot("_generated")] += sum(len(t) for t in result.new_tokens.values())
@@ -167,11 +177,12 @@ class EngineStats:
         self._base_joules = self.a[self.slot("doppelchip_energy_joules")]
         self._base_dollars = self.a[self.slot("doppelchip_cost_dollars")]
 
-    def idle(self, core: EngineCore, num_queued: int, t: float) -> None:
+    def idle(self, core: EngineCore, num_queued: int, fetch: tuple[int, int, int],
+             t: float) -> None:
         """Nothing runs: lag 0 (the EmulationLagging alert must clear), energy accounted up to
         `t`, from where the reader extrapolates idle power until it scrapes."""
         self.file.begin()
-        self._gauges(core, num_queued, 0.0, t)
+        self._gauges(core, num_queued, fetch, 0.0, t)
         self.a[self.slot("_idle")] = 1
         self.a[self.slot("doppelchip_energy_joules")] = core.stats.joules + self._base_joules
         self.a[self.slot("doppelchip_cost_dollars")] = core.stats.dollars + self._base_dollars
@@ -255,11 +266,17 @@ class EngineStats:
                 now[3 + pos] - before[3 + pos])
         self._spec_seen = now
 
-    def _gauges(self, core: EngineCore, num_queued: int, lag: float, t: float) -> None:
+    def _gauges(self, core: EngineCore, num_queued: int, fetch: tuple[int, int, int],
+                lag: float, t: float) -> None:
+        """`fetch`: the async KV loads by stage (KV_FETCH_STAGES; `EngineLoop.kv_fetch`)."""
         a, slot, sched = self.a, self.slot, core.scheduler
         a[slot("vllm:num_requests_running")] = sched.num_running
-        # deferred: skipped for max_loras, or loading from the CPU tier (vLLM's blocked status)
-        self._waiting(num_queued, sched.stats.num_lora_deferred + sched.num_loading)
+        # deferred: skipped for max_loras, or a KV load started and the request not yet running
+        # (vLLM's deferred_waiting holds it from the load's start until it is scheduled)
+        self._waiting(num_queued, sched.stats.num_lora_deferred + fetch[1] + fetch[2])
+        if self._fetch_slots:  # (only where vLLM registers the gauge)
+            for i, n in zip(self._fetch_slots, fetch, strict=True):
+                a[i] = n
         a[slot("doppelchip_realtime_lag_seconds")] = lag
         a[slot("_t")] = t
         free = sched.pool.num_free + sched.cache.evictable_blocks

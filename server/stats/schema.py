@@ -35,6 +35,8 @@ from server.stats.schema_trtllm import TRTLLM_REQUEST_METRICS
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 WAITING_REASONS = ("capacity", "deferred")
+# vLLM 0.33.0 vllm/v1/metrics/stats.py KV_FETCH_STAGES: an async KV load's stages
+KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHE_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
@@ -160,6 +162,12 @@ def engine_metrics(info: DeploymentInfo) -> list[MetricDef]:
                   "for scheduling capacity; 'deferred' = deferred by transient constraints "
                   "(LoRA budget, KV transfer, blocked status). Sum of all reasons equals "
                   "vllm:num_requests_waiting.", label="reason", values=WAITING_REASONS),
+        *((MetricDef("vllm:num_requests_kv_fetch_by_stage", "gauge",
+                     "Number of waiting requests by async KV load stage. Stage labels: "
+                     "'waiting_to_start' = needs an async KV load that has not started; "
+                     "'in_progress' = load started and not yet reported finished; "
+                     "'completed_waiting' = load finished, request not running yet.",
+                     label="stage", values=KV_FETCH_STAGES),) if info.kv_consumer else ()),
         MetricDef("vllm:engine_sleep_state", "gauge",
                   "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means "
                   "engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 "

@@ -120,7 +120,7 @@ def test_engine_writes_per_step_not_per_request(tmp_path, monkeypatch, batch):
     core.step()
     calls = Calls(monkeypatch)
     for _ in range(5):
-        stats.step(core, core.step(), 0.0, 1.0, 0)
+        stats.step(core, core.step(), 0.0, 1.0, 0, (0, 0, 0))
     assert calls.prometheus == 0
     assert calls.writes == 5 * 2  # iteration tokens and step seconds
 
@@ -137,7 +137,7 @@ def test_the_step_that_empties_the_deployment_writes_it_idle(tmp_path):
     core.add_request(Request("r", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True)))
     seen = []
     while core.has_unfinished():
-        stats.step(core, core.step(), 5.0, 1.0, 0)
+        stats.step(core, core.step(), 5.0, 1.0, 0, (0, 0, 0))
         seen.append((stats.a[lag], stats.a[idle]))
     assert seen[:-1] == [(5.0, 0)] * (len(seen) - 1) and len(seen) > 1
     assert seen[-1] == (0.0, 1)
