@@ -271,6 +271,11 @@ def pd_sleep_panels() -> list[dict[str, Any]]:
             (rate("doppelchip_kv_transfer_bytes_total"), "pulled {{deployment}}"),
             (f"sum by (deployment) (doppelchip_kv_held_blocks{{{SEL}}})",
              "held blocks {{deployment}}")], "short"),
+        panel("Requests fetching KV, by stage", "vllm:num_requests_kv_fetch_by_stage (KV "
+              "consumers: P/D decode pods, CPU tiers): not started, in progress, arrived and "
+              "not yet running.", [
+            (f"sum by (deployment, stage) (vllm:num_requests_kv_fetch_by_stage{{{SEL}}})",
+             "{{stage}} {{deployment}}")], "short"),
     ]
 
 
