@@ -111,17 +111,19 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         dp_rank=opts.data_parallel_start_rank + rank,
         chat_template=score_template.load(opts.chat_template),
         max_num_batched_tokens=cfg.max_num_batched_tokens,
-        kv_consumer=kv_consumer(opts, core),
+        **connector_info(opts, core),
         **offload_info(core),
     )
 
 
-def kv_consumer(opts: EngineOptions, core: EngineCore) -> bool:
-    """vLLM's `is_kv_consumer`: the pod loads KV through a connector (NIXL as kv_consumer or
-    kv_both; the CPU tier, which `--kv-offloading-size` configures as kv_both)."""
+def connector_info(opts: EngineOptions, core: EngineCore) -> dict[str, bool]:
+    """Which connector metrics vLLM registers: `kv_consumer` (vLLM's `is_kv_consumer`: the
+    pod loads KV through a connector, NIXL as kv_consumer or kv_both, or the CPU tier, which
+    `--kv-offloading-size` configures as kv_both) and `nixl` (a NixlConnector, either role)."""
     transfer = KvTransferConfig.parse(opts.kv_transfer_config)
-    return core.scheduler.offload is not None or (transfer is not None
-                                                   and transfer.is_kv_consumer)
+    return {"kv_consumer": core.scheduler.offload is not None or (
+                transfer is not None and transfer.is_kv_consumer),
+            "nixl": transfer is not None and transfer.nixl is not None}
 
 
 def offload_info(core: EngineCore) -> dict[str, int]:

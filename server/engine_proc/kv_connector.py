@@ -57,6 +57,8 @@ class _Transfer:
     num_tokens: int  # prompt tokens whose KV is pulled
     ready_at: float | None = None  # emulated end of the transfer (None: awaiting the answer)
     failed: bool = False
+    seconds: float = 0.0  # on the link (queueing behind earlier transfers excluded)
+    nbytes: float = 0.0
 
 
 class NixlConnector:
@@ -79,6 +81,16 @@ class NixlConnector:
         self.link_free = 0.0  # emulated time the inbound link is next free
         self.bytes = self.seconds = 0.0
         self.transfers = self.failures = 0
+        # vLLM's NixlKVConnectorStats: one record per worker (TP rank × PP stage) and transfer,
+        # (seconds, bytes, descriptors), drained by the stats; the P side's expiry counts
+        self.xfers: list[tuple[float, float, int]] = []
+        self.expired = self.after_expiry = 0
+        model = catalog.get_model(info.model)
+        self.workers = max(1, info.tensor_parallel) * max(1, info.pipeline_parallel)
+        # a descriptor per block and KV region: a layer of this worker's stage, K and V apart
+        # (FlashAttention's layout; MLA's one latent per layer)
+        self.regions = -(-model.n_layers // max(1, info.pipeline_parallel)) * (
+            1 if model.is_mla else 2)
 
     # ---- producer ------------------------------------------------------------------------
     def prefill_finished(self, key: str, t: float) -> dict[str, Any] | None:
@@ -97,9 +109,9 @@ class NixlConnector:
             if t >= expires:
                 del self.holds[key]
                 self.sched.release_held(key)
+                self.expired += 1
                 log.warning("Releasing expired KV blocks for request %s which were retrieved "
-                            "by 0 decode worker(s) within %g seconds.", key,
-                            self.config.abort_request_timeout_s)
+                            "by 0 remote worker(s) before lease expired.", key)
 
     def release_all(self) -> None:
         """Sleep discards the KV cache: every hold ends now."""
@@ -124,7 +136,8 @@ class NixlConnector:
             elif kind == "read":
                 _, rid, token = msg
                 ok = rid in self.holds
-                if not ok:
+                if not ok:  # (vLLM counts it at the notification; here the read is told)
+                    self.after_expiry += 1
                     log.error("Potentially invalid KV blocks for unrecognized request %s were "
                               "retrieved by a decode worker. They may have expired.", rid)
                 self.listener.send_multipart(
@@ -196,6 +209,7 @@ class NixlConnector:
         nbytes = self.info.kv_bytes_per_token * tr.num_tokens
         seconds = transfer_seconds(nbytes, link, min(self.info.chip_count, meta["chips"]))
         tr.ready_at = max(t, self.link_free) + seconds
+        tr.seconds, tr.nbytes = seconds, nbytes
         self.link_free = tr.ready_at
         self.bytes += nbytes
         self.seconds += seconds
@@ -210,6 +224,9 @@ class NixlConnector:
             del self.pending[tr.key]
             if not tr.failed:
                 self._notify(tr)
+                blocks = -(-tr.num_tokens // self.info.capacity.block_size)
+                self.xfers += [(tr.seconds, tr.nbytes / self.workers, blocks * self.regions)
+                               ] * self.workers
         return done
 
     def abort(self, key: str) -> bool:

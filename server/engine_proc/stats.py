@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from server.engine.core import EngineCore, StepResult
+from server.engine_proc.stats_connectors import ConnectorStats
 from server.ipc.messages import DeploymentInfo
 from server.stats.layout import HistogramWriter, Layout
 from server.stats.schema import (
@@ -24,7 +25,7 @@ from server.stats.schema import (
 from server.stats.shm import StatsFile
 
 
-class EngineStats:
+class EngineStats(ConnectorStats):
     def __init__(self, path: Path, info: DeploymentInfo, epoch: int, pid: int) -> None:
         self.info = info
         self.layout = layout = Layout(engine_metrics(info))
@@ -37,18 +38,7 @@ class EngineStats:
                                ) if info.kv_cache_metrics else ()  # --kv-cache-metrics
         self._tier_slots = {t: layout.slot("doppelchip_tier_bytes", t) for t in info.tiers}
         self._seen = (0, 0, 0)  # scheduler's preemptions, prefix queries, prefix hits
-        self._pd_seen = (0, 0, 0)  # scheduler's external prefix queries, hits, host hits
-        self._offload_seen: tuple[float, ...] = (0,) * 5  # CPU tier: loads B/s, stores B/s,
-        #                                                   allocation failures
-        self._offload_hist = {(name, value): HistogramWriter(self.a, layout, name, value)
-                              for name, value in (
-                                  ("vllm:kv_offload_load_size", None),
-                                  ("vllm:kv_offload_store_size", None),
-                                  ("vllm:kv_offload_size", "CPU_to_GPU"),
-                                  ("vllm:kv_offload_size", "GPU_to_CPU"),
-                                  ("vllm:kv_offload_cpu_allocation_size", None))
-                              } if info.kv_offload_blocks else {}
-        self._conn_seen: tuple[float, ...] = (0.0,) * 5  # wake s, transfers ok/failed, B, s
+        self._init_connectors(info, layout)
         self._spec_seen: tuple[int, ...] = ()
         self._per_gpu = 1.0 / max(1, info.chip_count)
         self._kv_used = -1
@@ -187,68 +177,6 @@ class EngineStats:
         self.a[self.slot("doppelchip_energy_joules")] = core.stats.joules + self._base_joules
         self.a[self.slot("doppelchip_cost_dollars")] = core.stats.dollars + self._base_dollars
         self.file.end()
-
-    # --- P/D and sleep mode (issue 13) ---------------------------------------------------------
-    def pd_sleep(self, core: EngineCore, sleep, connector) -> None:
-        """vllm:engine_sleep_state as vLLM records it, the connector's prefix-cache counters
-        (vllm:external_prefix_cache_*, prompt_tokens_cached_by_source p2p) and transfers."""
-        a, slot, st = self.a, self.slot, core.scheduler.stats
-        self.file.begin()
-        for state, value in sleep.metric().items():
-            a[slot("vllm:engine_sleep_state", state)] = value
-        seen = (st.external_prefix_cache_queries, st.external_prefix_cache_hits,
-                st.host_prefix_cache_hits)
-        before = self._pd_seen
-        a[slot("vllm:external_prefix_cache_queries")] += seen[0] - before[0]
-        a[slot("vllm:external_prefix_cache_hits")] += seen[1] - before[1]
-        host = seen[2] - before[2]  # loaded from the CPU tier; the rest came from a prefill pod
-        a[slot("vllm:prompt_tokens_cached_by_source", "p2p")] += seen[1] - before[1] - host
-        a[slot("vllm:prompt_tokens_cached_by_source", "host")] += host
-        self._pd_seen = seen
-        if self._offload_hist:
-            self._offload(core)
-        a[slot("doppelchip_kv_held_blocks")] = sum(len(b) for b, _ in
-                                                   core.scheduler.held.values())
-        now = (sleep.wake_seconds_total, *((connector.transfers, connector.failures,
-                                            connector.bytes, connector.seconds)
-                                           if connector is not None else (0, 0, 0.0, 0.0)))
-        for (name, value), n, before in zip(
-                (("doppelchip_wake_seconds", None), ("doppelchip_kv_transfers", "ok"),
-                 ("doppelchip_kv_transfers", "failed"), ("doppelchip_kv_transfer_bytes", None),
-                 ("doppelchip_kv_transfer_seconds", None)), now, self._conn_seen, strict=True):
-            a[slot(name, value)] += n - before  # counters continue across engine restarts
-        self._conn_seen = now
-        self.file.end()
-
-    def _offload(self, core: EngineCore) -> None:
-        """vLLM's offloading connector metrics from the CPU tier's counters (deltas; the
-        transfer sizes observed once each, drained from the tier's lists)."""
-        tier = core.scheduler.offload
-        assert tier is not None
-        st, a, slot, hist = tier.stats, self.a, self.slot, self._offload_hist
-        now = (st.load_bytes, st.load_seconds, st.store_bytes, st.store_seconds,
-               st.allocation_failures)
-        d = [x - y for x, y in zip(now, self._offload_seen, strict=True)]
-        self._offload_seen = now
-        for name, i in (("vllm:kv_offload_load_bytes", 0), ("vllm:kv_offload_load_time", 1),
-                        ("vllm:kv_offload_store_bytes", 2), ("vllm:kv_offload_store_time", 3),
-                        ("vllm:kv_offload_allocation_failure", 4)):
-            a[slot(name)] += d[i]
-        for name, i, j in (("vllm:kv_offload_total_bytes", 0, 2),
-                           ("vllm:kv_offload_total_time", 1, 3)):
-            a[slot(name, "CPU_to_GPU")] += d[i]
-            a[slot(name, "GPU_to_CPU")] += d[j]
-        for sizes, name, kind in ((st.load_sizes, "vllm:kv_offload_load_size", "CPU_to_GPU"),
-                                  (st.store_sizes, "vllm:kv_offload_store_size", "GPU_to_CPU")):
-            hist[(name, None)].observe_many(sizes)
-            hist[("vllm:kv_offload_size", kind)].observe_many(sizes)  # (deprecated)
-            sizes.clear()
-        hist[("vllm:kv_offload_cpu_allocation_size", None)].observe_many(st.store_chunks)
-        st.store_chunks.clear()
-        read = tier.loading_blocks / tier.num_blocks  # pinned by loads; stores take no time
-        a[slot("vllm:kv_offload_cpu_cache_read_usage_perc")] = read
-        a[slot("vllm:kv_offload_cpu_cache_write_usage_perc")] = 0.0
-        a[slot("vllm:kv_offload_cpu_cache_usage_perc")] = read
 
     def _spec(self, core: EngineCore) -> None:
         """vLLM's spec-decode counters, from the core's own (deltas: they restart at 0)."""

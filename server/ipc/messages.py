@@ -72,6 +72,7 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     kv_offload_blocks: int = 0  # the CPU offloading tier's blocks (0: no tier; kv_offload.py)
     kv_offload_bytes: int = 0  # its size in bytes, chunk padding included
     kv_consumer: bool = False  # loads KV through a connector (vllm:num_requests_kv_fetch_...)
+    nixl: bool = False  # has vLLM's NIXL connector, either role (its vllm:nixl_* metrics)
     dp_rank: int = 0  # the data-parallel rank clients see (vLLM's `engine` label, its KV
     #                   events' data_parallel_rank): data_parallel_start_rank + `rank`, the
     #                   index of this engine core among the server's

@@ -27,6 +27,7 @@ from server.stats.layout import MetricDef
 from server.stats.schema_features import (
     FAULT_ENGINE_METRICS,
     FAULT_REQUEST_METRICS,
+    NIXL_METRICS,
     OFFLOAD_METRICS,
     pd_sleep_metrics,
 )
@@ -244,6 +245,7 @@ def engine_metrics(info: DeploymentInfo) -> list[MetricDef]:
         *pd_sleep_metrics(),
         *(FAULT_ENGINE_METRICS if info.faults else ()),
         *(OFFLOAD_METRICS if info.kv_offload_blocks else ()),
+        *(NIXL_METRICS if info.nixl else ()),
     ]
 
 

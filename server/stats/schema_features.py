@@ -1,5 +1,6 @@
 """The metrics of optional features, part of `schema.py`'s set: P/D's KV transfers and held
-blocks, sleep mode's wake-up time (docs/PD.md), the failure injection's counters and gauges
+blocks, sleep mode's wake-up time, vLLM's NIXL connector's (docs/PD.md), registered only on a
+pod with that connector, the failure injection's counters and gauges
 (docs/FAULTS.md), registered only on a deployment with faults configured, and vLLM's CPU
 offloading connector's (docs/KV_OFFLOAD.md), registered only with a CPU tier.
 
@@ -32,6 +33,42 @@ def pd_sleep_metrics() -> list[MetricDef]:
         MetricDef("doppelchip_wake_seconds", "counter",
                   "Emulated seconds spent bringing weights back on wake-up (sleep mode)."),
     ]
+
+
+# --- vLLM's NIXL connector (P/D): docs/PD.md --------------------------------------------------
+# vLLM 0.33.0: vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py (NixlPromMetrics),
+# registered on every pod with a NixlConnector (either role, or a MultiConnector's part)
+_NIXL_TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0,
+                      5.0)
+NIXL_METRICS = (
+    MetricDef("vllm:nixl_xfer_time_seconds", "histogram",
+              "Histogram of transfer duration for NIXL KV Cache transfers.",
+              _NIXL_TIME_BUCKETS[1:]),
+    MetricDef("vllm:nixl_post_time_seconds", "histogram",
+              "Histogram of transfer post time for NIXL KV Cache transfers.",
+              _NIXL_TIME_BUCKETS),
+    MetricDef("vllm:nixl_bytes_transferred", "histogram",
+              "Histogram of bytes transferred per NIXL KV Cache transfers.",
+              tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))),  # 2 KiB .. 8 GiB
+    MetricDef("vllm:nixl_num_descriptors", "histogram",
+              "Histogram of number of descriptors per NIXL  KV Cache transfers.",
+              (10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000)),
+    MetricDef("vllm:nixl_num_failed_transfers", "counter",
+              "Number of failed NIXL KV Cache transfers, including handshake and notification "
+              "failures. NOTE: KV expiry is tracked separately in "
+              "vllm:nixl_num_kv_expired_reqs."),
+    MetricDef("vllm:nixl_num_failed_notifications", "counter",
+              "Number of failed NIXL KV Cache notifications. Retained for compatibility; these "
+              "failures are also included in vllm:nixl_num_failed_transfers."),
+    MetricDef("vllm:nixl_num_kv_expired_reqs", "counter",
+              "Number of requests that had their KV expire. NOTE: This metric is tracked on "
+              "the P instance."),
+    MetricDef("vllm:nixl_num_notifications_after_expiry", "counter",
+              "Number of completion notifications for requests that were no longer tracked, "
+              "usually because their KV lease expired. The KV blocks may have been reused "
+              "before the transfer finished. Counted per notification (one per remote rank), "
+              "not per request."),
+)
 
 
 # --- failure injection (issue 13): docs/FAULTS.md ---------------------------------------------

@@ -13,7 +13,7 @@ from engine_drive import make, request, step
 from server.engine.build import EngineOptions, build_core
 from server.engine.request import RequestStatus
 from server.engine.tokenizer import get_tokenizer
-from server.engine_proc.info import kv_consumer, placed_info
+from server.engine_proc.info import connector_info, placed_info
 from server.engine_proc.stats import EngineStats
 
 BASE = dict(name="a", model="llama-3.1-8b", quant="bf16", chip="h100-sxm", engine="vllm",
@@ -108,7 +108,7 @@ def test_the_gauge_is_a_kv_consumers_as_vllm_registers_it():
     kv_both, and the CPU tier (`--kv-offloading-size` is an OffloadingConnector, kv_both)."""
     def consumer(**options) -> bool:
         opts = EngineOptions(**BASE, **options)
-        return kv_consumer(opts, build_core(opts))
+        return connector_info(opts, build_core(opts))["kv_consumer"]
 
     def nixl(role: str) -> str:
         return f'{{"kv_connector": "NixlConnector", "kv_role": "{role}"}}'

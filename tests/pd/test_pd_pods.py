@@ -60,6 +60,13 @@ def scraped(server: ServerProcess) -> dict[str, float]:
         "ok": metric(text, "doppelchip_kv_transfers_total", outcome="ok"),
         "failed": metric(text, "doppelchip_kv_transfers_total", outcome="failed"),
         "held": metric(text, "doppelchip_kv_held_blocks"),
+        # vLLM 0.33.0's NIXL connector families (NixlPromMetrics)
+        **{f"{name}_{part}": metric(text, f"vllm:nixl_{name}_{part}")
+           for name in ("xfer_time_seconds", "post_time_seconds", "bytes_transferred",
+                        "num_descriptors") for part in ("count", "sum")},
+        **{name: metric(text, f"vllm:nixl_{name}_total")
+           for name in ("num_failed_transfers", "num_failed_notifications",
+                        "num_kv_expired_reqs", "num_notifications_after_expiry")},
     }
 
 
@@ -104,6 +111,17 @@ def test_decode_pod_charges_the_transfer_and_never_prefills_the_prompt(pods):
     assert after["ttft_n"] - before["ttft_n"] == 1
     agg_ttft = scraped(prefill)["ttft_sum"] / scraped(prefill)["ttft_n"]
     assert transfer <= ttft < transfer + 0.5 * agg_ttft  # the transfer, then one short step
+    # vLLM's NIXL families: one transfer by the pod's one worker, its time on the link, its
+    # bytes, a descriptor per block and region (32 layers, K and V apart); no post time
+    grew = {k: after[k] - before[k] for k in after}
+    assert grew["xfer_time_seconds_count"] == grew["post_time_seconds_count"] == 1
+    assert grew["xfer_time_seconds_sum"] == pytest.approx(transfer)
+    assert grew["post_time_seconds_sum"] == 0
+    assert grew["bytes_transferred_sum"] == pytest.approx(
+        kv_bytes_per_token() * (len(PROMPT) - 1))
+    layers = catalog.get_model(MODEL).n_layers
+    assert grew["num_descriptors_sum"] == -(-(len(PROMPT) - 1) // 16) * layers * 2
+    assert grew["num_failed_transfers"] == grew["num_kv_expired_reqs"] == 0
     assert scraped(prefill)["held"] == 0  # the decode side's notification freed the blocks
 
 
@@ -126,6 +144,10 @@ def test_released_blocks_are_recomputed_as_vllm_does(pods):
         after = scraped(decode)
         assert d["choices"][0]["text"] == ref["choices"][0]["text"]
         assert after["failed"] - before["failed"] == 1
+        assert after["num_failed_transfers"] - before["num_failed_transfers"] == 1
+        assert after["xfer_time_seconds_count"] == before["xfer_time_seconds_count"]
+        told = scraped(prefill)  # the prefill side: the hold expired, then the read came
+        assert told["num_kv_expired_reqs"] == told["num_notifications_after_expiry"] == 1
         assert after["local"] - before["local"] == len(prompt)  # recomputed locally
         assert after["external"] == before["external"]
         assert "Releasing expired KV blocks" in prefill.log
