@@ -1,4 +1,6 @@
-"""Loads from the CPU offloading tier, in the scheduler (vLLM's WAITING_FOR_REMOTE_KVS).
+"""Async KV loads in the scheduler (vLLM's WAITING_FOR_REMOTE_KVS): from the CPU offloading
+tier, and a decode pod's pulls of remotely prefilled KV (P/D, `kv_pulls.RemotePulls`), which
+go through the same steps 2–3 below, started by the expectation the NIXL connector announced.
 
 Why it exists apart from the scheduler: the tier (`kv_offload.HostKvTier`) is an optional
 connector with its own state; the scheduler only triggers it at admission and at the start
@@ -22,7 +24,8 @@ queries = prompt tokens past the device hit, hits = the tokens loaded, source "h
 from __future__ import annotations
 
 from .kv_manager import KVCacheManager
-from .kv_offload import HostKvTier
+from .kv_offload import HostKvTier, Load
+from .kv_pulls import RemotePulls
 from .policy import WaitingQueue
 from .prefix_cache import PrefixMatch
 from .request import Request, RequestStatus
@@ -30,13 +33,15 @@ from .scheduler_config import SchedulerStats
 
 
 class KvLoads:
-    """`attach_offload`, `_land`, `_load` (see the module docstring)."""
+    """`attach_offload`, `attach_pulls`, `_land`, `_load`, `_pull` (see the module
+    docstring)."""
 
     kv: KVCacheManager
     waiting: WaitingQueue
     requests: dict[str, Request]
     stats: SchedulerStats
     offload: HostKvTier | None
+    pulls: RemotePulls | None  # P/D: the NIXL connector's pulls (None without one)
     landed: set[str]  # ids of waiting requests holding the KV a load brought
     load_blocked: str | None  # the head whose load the device could not hold at admission
     received: set[str]  # ids of waiting requests whose KV a remote prefill sent (P/D)
@@ -50,30 +55,41 @@ class KvLoads:
         self.kv.host = tier
         self.has_connector = True
 
+    def attach_pulls(self, pulls: RemotePulls) -> None:
+        """Give the scheduler the NIXL connector's pulls (a decode pod)."""
+        self.pulls = pulls
+        self.has_connector = True
+
+    def _loaders(self) -> list[HostKvTier | RemotePulls]:
+        return [x for x in (self.offload, self.pulls) if x is not None]
+
     @property
     def num_loading(self) -> int:
-        return len(self.offload.loads) if self.offload is not None else 0
+        return sum(len(x.loads) for x in self._loaders())
 
     def kv_fetch_stages(self) -> tuple[int, int, int]:
         """vLLM's async KV loads by stage (KV_FETCH_STAGES), as far as this scheduler sees
-        them: a load the device could not hold yet (waiting_to_start), loads from the CPU tier
-        in flight (in_progress), and waiting requests holding what a load brought or whose
-        KV a remote prefill sent (completed_waiting). The NIXL connector's pulls in flight
-        are the engine loop's (they join the scheduler when their KV has arrived)."""
+        them: a pull not started and a CPU-tier load the device could not hold yet
+        (waiting_to_start), loads in flight (in_progress), and waiting requests holding what a
+        load brought or whose KV a remote prefill sent (completed_waiting). A NIXL pull whose
+        prefill pod has not answered yet is the engine loop's (it joins the scheduler then)."""
         blocked = self.load_blocked
         start = int(blocked is not None and blocked in self.requests)
+        if self.pulls is not None:
+            start += len(self.pulls.expected)
         return start, self.num_loading, len(self.landed) + len(self.received)
 
     def next_load_end(self) -> float | None:
         """When the next load lands (None: none in flight): the engine loops wake the core
         then when nothing else is left to schedule."""
-        return self.offload.next_ready() if self.offload is not None else None
+        return min((t for x in self._loaders() if (t := x.next_ready()) is not None),
+                   default=None)
 
     def _land(self, now: float) -> None:
         """The loads that ended by `now`: their tokens are computed, cached on the device, and
         their requests wait at the front of the queue (first to land, first in line)."""
-        assert self.offload is not None
-        for load in reversed(self.offload.landed(now)):
+        loads: list[Load] = [ld for x in self._loaders() for ld in x.landed(now)]
+        for load in sorted(loads, key=lambda ld: ld.ready_at, reverse=True):
             req = load.req
             req.num_computed_tokens += load.num_tokens
             self.kv.cache_blocks(req)
@@ -102,19 +118,57 @@ class KvLoads:
         self.offload.start(req, hit, match.num_tokens, self.now)
         return True
 
+    def _start_load(self, req: Request, match: PrefixMatch) -> bool | None:
+        """At admission, start `req`'s pull (P/D) or its load from the CPU tier: True (it left
+        the queue), False (none: admit it as usual) or None (the device cannot hold its
+        prompt yet: stop admitting; it stays waiting_to_start)."""
+        if self.pulls is not None and req.request_id in self.pulls.expected:
+            return self._pull(req, match)
+        if self.offload is None or req.num_external_tokens or not self.kv.reads_cache(req):
+            return False
+        loading = self._load(req, match)
+        if loading is None:
+            self.load_blocked = req.request_id
+        return loading
+
+    def _pull(self, req: Request, match: PrefixMatch) -> bool | None:
+        """Start `req`'s expected pull past its device `match`: True (it left the queue),
+        False (the device holds all of it: the prefill pod is told, and it is admitted as
+        usual) or None (the device cannot hold its prompt yet: stop admitting)."""
+        assert self.pulls is not None
+        if self.pulls.expected[req.request_id] <= match.num_tokens:
+            self.pulls.finish(req.request_id)
+            return False
+        if not self.kv.allocate_slots(req, req.num_tokens - match.num_tokens, match):
+            return None
+        self.waiting.pop()
+        req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        load = self.pulls.start(req, match.num_tokens, self.now)
+        req.num_external_tokens = load.num_tokens
+        self._count_admission(req, match.num_tokens, load.num_tokens, 0)
+        return True
+
+    def _end_load(self, request_id: str) -> None:
+        """The request ended: its load or expected pull goes (the connector is told)."""
+        for loader in self._loaders():
+            loader.finish(request_id)
+
     def _check_loads(self, waiting: list[Request]) -> None:
         """The loads' invariants (`Scheduler.check_integrity`): a landed request is waiting,
-        a loading one waits for its load, and the tier's own."""
+        a loading one waits for its load, an expected pull's request waits, and the tier's
+        own."""
         ids = {r.request_id for r in waiting}
         if not self.landed <= ids:
             raise AssertionError("a landed request is not waiting")
         if not self.received <= ids:
             raise AssertionError("a request whose KV arrived over the link is not waiting")
+        if self.pulls is not None and not set(self.pulls.expected) <= ids:
+            raise AssertionError("an expected pull's request is not waiting")
         if self.offload is not None:
             self.offload.check_integrity()
-            if any(ld.req.status != RequestStatus.WAITING_FOR_REMOTE_KVS
-                   for ld in self.offload.loads.values()):
-                raise AssertionError("a load's request is not waiting for it")
+        if any(ld.req.status != RequestStatus.WAITING_FOR_REMOTE_KVS
+               for x in self._loaders() for ld in x.loads.values()):
+            raise AssertionError("a load's request is not waiting for it")
 
     def _count_admission(self, req: Request, device_hit: int, transferred: int,
                          loaded: int) -> None:

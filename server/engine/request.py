@@ -90,6 +90,7 @@ class Request:
         "num_jump_forward_tokens",
         "num_preemptions",
         "num_prompt_tokens",
+        "num_remote_tokens",
         "pooling",
         "priority",
         "request_id",
@@ -141,6 +142,8 @@ class Request:
         self._tree_len = 0  # tokens of this request known to be in the prefix cache
         # --- P/D (issue 13): vLLM's NIXL connector, emulated (server/engine_proc/kv_connector)
         self.num_external_tokens = 0  # decode side: prompt tokens whose KV was transferred in
+        self.num_remote_tokens = 0  # decode side: prompt tokens a prefill pod holds, to be
+        #                             pulled when the request is admitted (kv_pulls.py)
         self.hold_kv = False  # prefill side: keep the KV for the decode side when length-capped
         # a pooling model's request (embeddings): it ends, stopped, in the step that completes
         # its prefill, and samples nothing (vLLM's pooling_params)

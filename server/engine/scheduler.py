@@ -60,6 +60,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         self.paused_new = False  # vLLM's PauseState.PAUSED_NEW: no waiting request is admitted
         # --- the CPU offloading tier (kv_loads.py): None without --kv-offloading-size ---
         self.offload = None
+        self.pulls = None  # P/D: the NIXL connector's pulls (kv_pulls.py), on a decode pod
         self.landed: set[str] = set()
         self.load_blocked: str | None = None  # the last admission's head whose load could not
         #                                       start (no room on the device): waiting_to_start
@@ -104,6 +105,8 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         self.waiting.add(req)
         if req.num_external_tokens:
             self.received.add(req.request_id)
+        if req.num_remote_tokens and self.pulls is not None:
+            self.pulls.expect(req.request_id, req.num_remote_tokens)
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> Request | None:
         """End a waiting, preempted or running request now and free all its KV references.
@@ -114,11 +117,13 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
         elif req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-            self.offload.finish(request_id)  # type: ignore[union-attr]
+            self._end_load(request_id)
         else:
             self.waiting.remove(req)
             self.landed.discard(request_id)
             self.received.discard(request_id)
+            if self.pulls is not None:
+                self.pulls.finish(request_id)  # a pull not started: the prefill pod is told
         self.kv.free(req, cache=False)
         req.status, req.finish_reason = RequestStatus.for_reason(reason), reason
         self.stats.num_aborted += 1
@@ -161,7 +166,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         cfg, kv = self.config, self.kv
         if now is not None:
             self.now = now
-        if self.offload is not None and self.offload.loads:
+        if self.num_loading:
             self._land(self.now)
         budget = cfg.max_num_batched_tokens
         scheduled: dict[str, ScheduledRequest] = {}
@@ -230,15 +235,14 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
                     continue
                 match = kv.match(req)
                 resumed = req.request_id in self.landed  # holds what a load brought
-                if self.offload is not None and not resumed and not req.num_external_tokens \
-                        and kv.reads_cache(req):
-                    loading = self._load(req, match)
+                if not resumed and (self.offload is not None or self.pulls is not None):
+                    loading = self._start_load(req, match)
                     if loading is None:
-                        self.load_blocked = req.request_id
                         break
                     if loading:
                         continue
-                external = max(0, req.num_external_tokens - match.num_tokens)  # P/D
+                # P/D: KV sent before the request came (a landed pull's is computed already)
+                external = 0 if resumed else max(0, req.num_external_tokens - match.num_tokens)
                 remaining = req.num_tokens - req.num_computed_tokens - match.num_tokens - external
                 if not cfg.enable_chunked_prefill and remaining > budget:
                     if cfg.batching != "static":

@@ -18,14 +18,15 @@ nixl_connector.py @ 002a105; docs/PD.md):
   side's read and its completion notification (`"<remote_request_id>:<tp_size>"`), which
   frees the blocks; expired holds are freed with vLLM's warning.
 - decode (consumer): a request with `do_remote_prefill` and the remote fields is held back
-  from the scheduler; the connector handshakes with the prefill pod once per remote engine,
-  asks it for the blocks, and on its answer starts the transfer — the prompt's KV bytes
-  (all but the last prompt token, which vLLM recomputes) over the link between the two
-  deployments' chips, after any transfer already on that link. When it ends the request
-  joins the scheduler with those tokens computed and the prefill pod is notified. A prefill
-  pod that no longer holds the blocks (expired, freed, restarted) makes the load fail, and
-  `kv_load_failure_policy` decides as in vLLM: "recompute" (default) prefills locally,
-  "fail" ends the request with finish reason error.
+  from the scheduler; the connector handshakes with the prefill pod once per remote engine
+  and asks it for the blocks. On its answer the request joins the scheduler expecting the
+  prompt's KV (all but the last prompt token, which vLLM recomputes); the scheduler starts
+  the pull when it admits the request (`server/engine/kv_pulls.py`), and the connector times
+  it — the KV bytes over the link between the two deployments' chips, after any pull already
+  on that link. When it lands (or the request ends first) the prefill pod is notified. A
+  prefill pod that no longer holds the blocks (expired, freed, restarted) makes the load
+  fail, and `kv_load_failure_policy` decides as in vLLM: "recompute" (default) prefills
+  locally, "fail" ends the request with finish reason error.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import zmq
 
 from devices import catalog
 from devices.transfer import kv_link, transfer_seconds
+from server.engine.kv_pulls import RemotePulls
 from server.engine.kv_transfer import KvTransferConfig
 from server.engine.scheduler import Scheduler
 from server.ipc.messages import DeploymentInfo
@@ -54,9 +56,11 @@ class _Transfer:
     live: Any  # the engine loop's record of the request
     key: str  # the scheduler's id of the request
     params: dict[str, Any]
-    num_tokens: int  # prompt tokens whose KV is pulled
-    ready_at: float | None = None  # emulated end of the transfer (None: awaiting the answer)
+    num_tokens: int  # prompt tokens whose KV the prefill pod holds (then: the pull's)
+    answered: bool = False  # the prefill pod answered the read
     failed: bool = False
+    link: Any = None  # devices.transfer's link between the pods, and its lanes
+    lanes: int = 1
     seconds: float = 0.0  # on the link (queueing behind earlier transfers excluded)
     nbytes: float = 0.0
 
@@ -77,7 +81,11 @@ class NixlConnector:
         self.holds: dict[str, float] = {}  # producer: request key -> emulated expiry
         self.peers: dict[tuple[str, int], zmq.Socket] = {}
         self.meta: dict[str, dict[str, Any]] = {}  # remote engine id -> its handshake
-        self.pending: dict[str, _Transfer] = {}  # consumer: request key -> its transfer
+        self.pending: dict[str, _Transfer] = {}  # consumer: reads not answered or not taken
+        self.pulling: dict[str, _Transfer] = {}  # consumer: in the scheduler, pull expected
+        #                                          or under way (RemotePulls)
+        self.pulls = RemotePulls(self._timing, self._ended)
+        scheduler.attach_pulls(self.pulls)
         self.link_free = 0.0  # emulated time the inbound link is next free
         self.bytes = self.seconds = 0.0
         self.transfers = self.failures = 0
@@ -195,39 +203,53 @@ class NixlConnector:
                       tr.params["remote_engine_id"])
             ok = False
         # the side channel's round trip costs nothing on the emulated timeline (the host's
-        # IPC is not the device's): the read starts when the request arrived
-        t = tr.live.req.arrival_time
+        # IPC is not the device's): the request joins the scheduler as if it had come now
+        tr.answered = True
         if not ok:
             self.failures += 1
-            tr.failed, tr.num_tokens, tr.ready_at = True, 0, t
+            tr.failed, tr.num_tokens = True, 0
             log.error("NIXL transfer failed for request %s: the prefill side does not hold "
                       "its blocks (kv_load_failure_policy=%s)", tr.live.rid,
                       self.config.kv_load_failure_policy)
             return
         mine, theirs = catalog.get_chip(self.info.chip), catalog.get_chip(meta["chip"])
-        link = kv_link(theirs, mine, self.config.link)
-        nbytes = self.info.kv_bytes_per_token * tr.num_tokens
-        seconds = transfer_seconds(nbytes, link, min(self.info.chip_count, meta["chips"]))
-        tr.ready_at = max(t, self.link_free) + seconds
-        tr.seconds, tr.nbytes = seconds, nbytes
-        self.link_free = tr.ready_at
-        self.bytes += nbytes
-        self.seconds += seconds
-        self.transfers += 1
+        tr.link = kv_link(theirs, mine, self.config.link)
+        tr.lanes = min(self.info.chip_count, meta["chips"])
 
-    def ready(self, t: float) -> list[_Transfer]:
-        """Transfers over (or failed) by emulated time `t`: their requests may be scheduled
-        (`num_tokens` computed; 0 after a failed load) — or ended, if the policy is fail."""
-        done = [tr for tr in self.pending.values()
-                if tr.ready_at is not None and tr.ready_at <= t]
+    def ready(self) -> list[_Transfer]:
+        """Reads the prefill pod has answered: their requests join the scheduler, expecting
+        their pull (`num_remote_tokens`; it starts when the scheduler admits them) — or,
+        after a failed read, to prefill locally (or to end, if the policy is fail)."""
+        done = [tr for tr in self.pending.values() if tr.answered]
         for tr in done:
             del self.pending[tr.key]
             if not tr.failed:
-                self._notify(tr)
-                blocks = -(-tr.num_tokens // self.info.capacity.block_size)
-                self.xfers += [(tr.seconds, tr.nbytes / self.workers, blocks * self.regions)
-                               ] * self.workers
+                self.pulling[tr.key] = tr
+                tr.live.req.num_remote_tokens = tr.num_tokens
         return done
+
+    def _timing(self, key: str, num_tokens: int, start: float) -> float:
+        """A pull of `num_tokens` tokens' KV starts at emulated `start`, after the pulls
+        before it on the inbound link: when it ends (`RemotePulls.timing`)."""
+        tr = self.pulling[key]
+        tr.num_tokens = num_tokens
+        tr.nbytes = self.info.kv_bytes_per_token * num_tokens
+        tr.seconds = transfer_seconds(tr.nbytes, tr.link, tr.lanes)
+        self.link_free = max(start, self.link_free) + tr.seconds
+        return self.link_free
+
+    def _ended(self, key: str, landed: bool) -> None:
+        """A pull landed, or its request ended first: the prefill pod may free its blocks
+        (`RemotePulls.on_end`). A landed pull is counted and observed per worker."""
+        tr = self.pulling.pop(key)
+        self._notify(tr)
+        if landed:
+            self.bytes += tr.nbytes
+            self.seconds += tr.seconds
+            self.transfers += 1
+            blocks = -(-tr.num_tokens // self.info.capacity.block_size)
+            self.xfers += [(tr.seconds, tr.nbytes / self.workers, blocks * self.regions)
+                           ] * self.workers
 
     def abort(self, key: str) -> bool:
         """A request aborted while its KV was pending: tell the prefill side to free it (as
@@ -253,9 +275,8 @@ class NixlConnector:
                 self._answers(sock)
 
     def next_deadline(self) -> float | None:
-        times = [tr.ready_at for tr in self.pending.values() if tr.ready_at is not None]
-        times += list(self.holds.values())
-        return min(times, default=None)
+        """The next hold's expiry (pulls land on the scheduler's deadlines)."""
+        return min(self.holds.values(), default=None)
 
     def close(self) -> None:
         for sock in (self.listener, *self.peers.values()):

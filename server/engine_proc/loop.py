@@ -180,7 +180,9 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                 self.kv_metrics.now = start
             result = core.step(start)
             if result is None:  # everything waiting is blocked: wait for an abort, an
-                if core.next_deadline() is not None:  # arrival or a CPU-tier load's end
+                # arrival or a KV load's end (the gauges show the loads it started)
+                self.stats.idle(core, self.num_queued(), self.kv_fetch(), self._t)
+                if core.next_deadline() is not None:
                     self._idle()
                 else:
                     self._service(self._idle_timeout_ms())
@@ -212,12 +214,11 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
 
     def kv_fetch(self) -> tuple[int, int, int]:
         """vLLM's async KV loads by stage (waiting_to_start, in_progress, completed_waiting):
-        the scheduler's (the CPU tier; KV that arrived over the link), and the NIXL pulls
-        in flight — one still waiting for the prefill pod's answer has not started."""
+        the scheduler's (the CPU tier's loads, the NIXL pulls), and the reads the prefill pod
+        has not answered yet (their pulls have not started)."""
         start, going, done = self.core.scheduler.kv_fetch_stages()
-        if self.connector is not None and self.connector.pending:
-            asked = sum(tr.ready_at is None for tr in self.connector.pending.values())
-            start, going = start + asked, going + len(self.connector.pending) - asked
+        if self.connector is not None:
+            start += len(self.connector.pending)
         return start, going, done
 
     def _resync(self) -> None:

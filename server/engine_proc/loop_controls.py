@@ -77,20 +77,18 @@ class LoopControls:
         if self.connector is None:
             return
         self.connector.expire(t)
-        for tr in self.connector.ready(t):
+        for tr in self.connector.ready():
             live = tr.live
             if live.req.request_id not in self.live:
                 continue
             if tr.failed and self.connector.config.kv_load_failure_policy == "fail":
                 self._end_now(live, FinishReason.ERROR)
                 continue
-            live.req.num_external_tokens = tr.num_tokens  # 0 after a failed load: recompute
-            self._latest_arrival = max(self._latest_arrival, tr.ready_at or 0.0)
-            self.inbox.append(live)
+            self.inbox.append(live)  # (after a failed read: prefilled here, as vLLM's recompute)
 
     def _idle(self) -> None:
-        """Nothing to step: block for a message, or until the next emulated deadline (a KV
-        transfer's end, a hold's expiry, a wake-up's reply), which the timeline then reaches
+        """Nothing to step: block for a message, or until the next emulated deadline (a hold's
+        expiry, a wake-up's reply; a KV load's end is the core's), which the timeline then reaches
         exactly (not at the wall clock's later reading)."""
         times = [t for t, _, _ in self.timers]
         if self.connector is not None and (d := self.connector.next_deadline()) is not None:
