@@ -17,7 +17,6 @@ Tokens of one step share its interval (`spread_times`).
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Sequence
 
 from clients.conversation import Conversation
@@ -95,6 +94,7 @@ def run_cluster(
     runner.macro = macro and (n == 1 or not runner.follow_ups)
     if dispatch is not None and dispatch.pd:
         runner.feeders = list(dispatch.prefill_cores)
+        runner._attach_pulls()
     return runner.run()
 
 
@@ -120,7 +120,6 @@ class _Runner(SessionSource, PdHops, MacroWindows):
         self.t = 0.0
         # --- fleet (issue 16): the router's dispatch; P/D requests between their two cores ---
         self.dispatch: Dispatch | None = None
-        self.timers: list[tuple[float, int, str]] = []  # (KV transfer end, tie-break, rid)
         self.pd: dict[str, Hop] = {}  # rid -> its P/D hop, from arrival to the decode's start
         # --- speed (issue 16) ---
         self.macro = False
@@ -237,7 +236,7 @@ class _Runner(SessionSource, PdHops, MacroWindows):
                     result = self._window(core, k) if self.macro else None  # speed (issue 16)
                     result = result or core.step(self.t)
                     if result is None:  # blocked until something changes: an arrival, or
-                        d = core.next_deadline()  # a CPU-tier load's end
+                        d = core.next_deadline()  # a KV load's end (CPU tier, P/D pull)
                         if d is not None and (load_end is None or d < load_end):
                             load_end = d
                         continue
@@ -255,8 +254,6 @@ class _Runner(SessionSource, PdHops, MacroWindows):
                 due.append(load_end)
             if arrivals:
                 due.append(arrivals[0][0])
-            if self.timers:  # --- fleet (issue 16): KV transfers ending ---
-                due.append(self.timers[0][0])
             ctl = self.control  # --- autoscale (issue 16): its ticks are events too ---
             if self.held and (expiry := self._hold_expiry()) is not None:
                 due.append(expiry)  # --- autoscale (issue 16): a held turn times out ---
@@ -278,8 +275,6 @@ class _Runner(SessionSource, PdHops, MacroWindows):
                 if ends[k] is not None and ends[k] <= t:
                     self.deliver(results[k])
                     ends[k] = results[k] = None
-            while self.timers and self.timers[0][0] <= self.t:  # --- fleet (issue 16) ---
-                self._decode(self.pd[heapq.heappop(self.timers)[2]])
             if self.held:  # --- autoscale (issue 16) ---
                 self._expire_held()
             if ctl is not None and self.t >= ctl.next_at:  # --- autoscale (issue 16) ---

@@ -64,9 +64,9 @@ class MacroWindows:
         finish can start another turn), and return the last as the step in flight. (An
         admission step the window could not continue comes back as the `StepResult` of
         that one step, already run.)"""
-        # the next event that changes a batch from outside: an arrival, a KV transfer ending
-        # (`timers`), an autoscaler's tick (it reads every replica's queue and KV then)
-        due = [q[0][0] for q in (self.arrivals, self.timers) if q]
+        # the next event that changes a batch from outside: an arrival, an autoscaler's tick
+        # (it reads every replica's queue and KV then); no KV load is in flight in a window
+        due = [self.arrivals[0][0]] if self.arrivals else []
         if self.control is not None:
             due.append(self.control.next_at)
         for j in self.feeders:  # P/D: a prefill core's step end may start a KV transfer here

@@ -1,24 +1,28 @@
 """The fleet's part of the virtual-time event loop (issue 16): the router's `Dispatch`
 protocol and the P/D hop — a request prefilled on one core, its KV moved, decoded on another.
+The decode core pulls the KV as a real-time decode pod does (`server/engine/kv_pulls.py`):
+when its scheduler admits the request, holding its blocks until the pull lands; the prefill
+core frees its held blocks then.
 
 Why it exists apart from `sim.virtual`: the hop is one concern (disaggregated
 serving, Splitwise/DistServe style, as llm-d's sidecar and vLLM's P/D proxy run it; the
 real-time version is `server/engine_proc/kv_connector.py`), and the event loop stays
 readable. `PdHops` is a mixin of `virtual._Runner`: it uses the runner's `cores`,
-`max_waiting`, `sessions`, `outstanding`, `live`, `times`, `t`, `seq`, `dispatch`, and its
-own `pd` (rid -> Hop) and `timers` (transfer ends), which the runner creates. The
-fleet's policies (sim/pools.py) come in through `Dispatch`.
+`max_waiting`, `sessions`, `outstanding`, `live`, `times`, `t`, `dispatch`, and its
+own `pd` (rid -> Hop), which the runner creates. The fleet's policies (sim/pools.py) come in
+through `Dispatch`.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from server.engine.core import EngineCore
 from server.engine.intake import queue_is_full
+from server.engine.kv_pulls import RemotePulls
 from server.engine.request import Request, SamplingParams
 
 if TYPE_CHECKING:
@@ -45,7 +49,7 @@ class Dispatch(Protocol):
 
     def transfer(self, prefill: int, decode: int, num_tokens: int,
                  t: float) -> tuple[float, float]:
-        """A KV transfer of `num_tokens` tokens' KV from core `prefill` to `decode` asked at
+        """A KV transfer of `num_tokens` tokens' KV from core `prefill` to `decode` started at
         emulated time `t`: (when it ends, the seconds it spends on the link)."""
         ...
 
@@ -60,10 +64,25 @@ class PdHops:
     live: dict[str, tuple[Request, int, int, float, int]]
     times: dict[str, list[float]]
     pd: dict[str, Hop]
-    timers: list[tuple[float, int, str]]
     dispatch: Dispatch | None
     t: float
-    seq: int
+
+    def _attach_pulls(self) -> None:
+        """Any core may decode a hop: its scheduler pulls the KV when it admits the request."""
+        for k, core in enumerate(self.cores):
+            core.scheduler.attach_pulls(RemotePulls(partial(self._pull_timing, k),
+                                                    self._pull_end))
+
+    def _pull_timing(self, decode: int, rid: str, num_tokens: int, start: float) -> float:
+        hop = self.pd[rid]
+        assert self.dispatch is not None
+        end, hop.kv_transfer_s = self.dispatch.transfer(hop.prefill, decode, num_tokens, start)
+        return end
+
+    def _pull_end(self, rid: str, landed: bool) -> None:
+        """The pull landed (or its request ended first): the prefill core frees the blocks
+        it held (the decode side's notification)."""
+        self.cores[self.pd[rid].prefill].scheduler.release_held(rid)
 
     def _pd_check(self, k: int, prompt: tuple[int, ...]) -> str | None:
         """What the prefill core would answer at intake (its context length, its queue)."""
@@ -90,27 +109,16 @@ class PdHops:
         self.pd[req.request_id] = Hop(req, si, ti, at, k, decode)
 
     def _prefilled(self, hop: Hop, pre: Request) -> None:
-        """The prefill ended: its KV (all prompt tokens but the last, which the decode side
-        recomputes, as vLLM) goes over the link; a prefill that kept nothing (it stopped on
-        EOS) moves nothing and the decode side prefills the prompt itself."""
+        """The prefill ended: the request joins the decode core, which pulls its KV (all
+        prompt tokens but the last, which the decode side recomputes, as vLLM) when it admits
+        it; a prefill that kept nothing (it stopped on EOS) moves nothing and the decode side
+        prefills the prompt itself."""
         self.outstanding[hop.prefill] -= 1
         hop.prefill_end_s = self.t
-        rid = pre.request_id
-        if rid in self.cores[hop.prefill].scheduler.held:
-            hop.num_tokens = max(0, len(pre.prompt_token_ids) - 1)
-        ready = self.t
-        if hop.num_tokens and self.dispatch is not None:
-            ready, hop.kv_transfer_s = self.dispatch.transfer(hop.prefill, hop.decode,
-                                                              hop.num_tokens, self.t)
-        heapq.heappush(self.timers, (ready, self.seq, rid))
-        self.seq += 1
-
-    def _decode(self, hop: Hop) -> None:
-        """The transfer ended: the prefill core frees its held blocks (the decode side's
-        notification) and the request joins the decode core with that KV computed."""
         req = hop.req
-        self.cores[hop.prefill].scheduler.release_held(req.request_id)
-        req.num_external_tokens = hop.num_tokens
+        if req.request_id in self.cores[hop.prefill].scheduler.held:
+            hop.num_tokens = max(0, len(pre.prompt_token_ids) - 1)
+            req.num_remote_tokens = hop.num_tokens
         self.cores[hop.decode].add_request(req)
         self.live[req.request_id] = (req, hop.si, hop.ti, hop.at, hop.decode)
         self.times[req.request_id] = []

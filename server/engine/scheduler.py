@@ -272,7 +272,8 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
                 self.waiting.add_preempted(req)
             self.stats.num_lora_deferred = len(skipped)
 
-        self.stats.num_steps += 1
+        if scheduled:  # (a pass that only starts KV loads runs no step)
+            self.stats.num_steps += 1
         self.stats.peak_num_running = max(self.stats.peak_num_running, len(self.running))
         return SchedulerOutput(tuple(scheduled.values()), tuple(preempted))
 

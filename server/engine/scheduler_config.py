@@ -161,7 +161,7 @@ class SchedulerOutput:
 class SchedulerStats:
     """Monotone counters since start (prefix-cache counts in tokens, as vLLM's metrics)."""
 
-    num_steps: int = 0
+    num_steps: int = 0  # steps that scheduled something
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up at admission
     prefix_cache_hits: int = 0  # of those, tokens served from the cache

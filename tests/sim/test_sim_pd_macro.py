@@ -1,8 +1,8 @@
 """Macro-stepping a disaggregated P/D fleet gives the very run single-stepping gives: a
 decode replica's window is bounded by the other replicas' steps in flight (a prefill ending
-there starts a KV transfer whose end is an arrival for a decode replica) as well as by the
-arrivals and the transfers already under way. Same records (by request), tokens and counters
-(times to 1e-9 relative), and windows really ran."""
+there hands its request to a decode replica, which pulls the KV when it admits it) as well as
+by the arrivals, and no window runs while a pull is in flight. Same records (by request),
+tokens and counters (times to 1e-9 relative), and windows really ran."""
 
 from __future__ import annotations
 

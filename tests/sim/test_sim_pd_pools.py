@@ -1,7 +1,8 @@
 """Disaggregated P/D pools in virtual time (issue 16; sim/pd.py, the P/D hop of
-sim/virtual.py): each request is prefilled on a prefill replica (max_tokens 1),
-its KV crosses the catalogue link in exactly `devices.transfer.transfer_seconds`, and it is
-decoded on a decode replica without recomputing the prompt. Against the same chips
+sim/virtual_pd.py): each request is prefilled on a prefill replica (max_tokens 1),
+its KV crosses the catalogue link in exactly `devices.transfer.transfer_seconds` once the
+decode replica admits it (a seat taken delays the pull), and it is decoded there without
+recomputing the prompt. Against the same chips
 aggregated, on long prompts, decode is steadier (no prefill chunk in its steps)."""
 
 from __future__ import annotations
@@ -131,3 +132,24 @@ def test_the_terminal_and_the_html_report_show_what_each_replica_did(tmp_path, c
     cells = re.findall(r"<td>([^<]*)</td>", page.split('id="replicas"')[1].split("</table>")[0])
     assert cells[:7] == ["prefill/0", "prefill", "h100-sxm", "0", "0", "4", "0.0%"]
     assert 'id="pools"' in page
+
+
+def test_a_full_decode_replica_pulls_only_when_a_seat_frees():
+    """As a real-time decode pod (vLLM's scheduler): with its one seat taken, the decode
+    replica starts the next request's pull only when the seat frees, so that request's first
+    token comes after the other's end and its own whole transfer; the prefill replica held
+    its blocks meanwhile, and every block is released at the end."""
+    fleet = [pool(H100, "prefill", role="prefill"),
+             pool(H100, "decode", role="decode", max_num_seqs=1)]
+    work = sessions(kind="random", num_requests=2, isl=4096, osl=400, rate=2.0,
+                    ignore_eos=True)
+    cr, _, s = run(fleet, "round-robin", work)
+    assert s["requests"] == 2 and not s["errors"]
+    first, second = sorted(cr.run.records, key=lambda r: r.end_s)
+    # `second`'s prefill ended while `first` held the decode replica's seat
+    assert first.token_times[0] < second.prefill_end_s < first.end_s
+    transfer = expected_transfer(second.prompt_tokens)
+    assert second.kv_transfer_s == pytest.approx(transfer, rel=1e-12)
+    # its pull began when `first` ended, not when its prefill did
+    assert second.token_times[0] > first.end_s + transfer > second.prefill_end_s + transfer
+    assert_all_released(cr)
