@@ -44,7 +44,6 @@ class KvLoads:
     pulls: RemotePulls | None  # P/D: the NIXL connector's pulls (None without one)
     landed: set[str]  # ids of waiting requests holding the KV a load brought
     load_blocked: str | None  # the head whose load the device could not hold at admission
-    received: set[str]  # ids of waiting requests whose KV a remote prefill sent (P/D)
     has_connector: bool  # a KV connector is configured (its counters count every admission)
     now: float  # the start of the step being scheduled (emulated seconds)
 
@@ -71,13 +70,13 @@ class KvLoads:
         """vLLM's async KV loads by stage (KV_FETCH_STAGES), as far as this scheduler sees
         them: a pull not started and a CPU-tier load the device could not hold yet
         (waiting_to_start), loads in flight (in_progress), and waiting requests holding what a
-        load brought or whose KV a remote prefill sent (completed_waiting). A NIXL pull whose
+        load brought (completed_waiting). A NIXL pull whose
         prefill pod has not answered yet is the engine loop's (it joins the scheduler then)."""
         blocked = self.load_blocked
         start = int(blocked is not None and blocked in self.requests)
         if self.pulls is not None:
             start += len(self.pulls.expected)
-        return start, self.num_loading, len(self.landed) + len(self.received)
+        return start, self.num_loading, len(self.landed)
 
     def next_load_end(self) -> float | None:
         """When the next load lands (None: none in flight): the engine loops wake the core
@@ -124,7 +123,7 @@ class KvLoads:
         prompt yet: stop admitting; it stays waiting_to_start)."""
         if self.pulls is not None and req.request_id in self.pulls.expected:
             return self._pull(req, match)
-        if self.offload is None or req.num_external_tokens or not self.kv.reads_cache(req):
+        if self.offload is None or not self.kv.reads_cache(req):
             return False
         loading = self._load(req, match)
         if loading is None:
@@ -160,8 +159,6 @@ class KvLoads:
         ids = {r.request_id for r in waiting}
         if not self.landed <= ids:
             raise AssertionError("a landed request is not waiting")
-        if not self.received <= ids:
-            raise AssertionError("a request whose KV arrived over the link is not waiting")
         if self.pulls is not None and not set(self.pulls.expected) <= ids:
             raise AssertionError("an expected pull's request is not waiting")
         if self.offload is not None:
@@ -173,8 +170,8 @@ class KvLoads:
     def _count_admission(self, req: Request, device_hit: int, transferred: int,
                          loaded: int) -> None:
         """vLLM's prefix-cache counters at a request's admission: the device cache's, and,
-        with a KV connector configured (`has_connector`: NIXL, the CPU tier or both) or a
-        request whose KV a remote prefill sent, the connector's: every admission queries it
+        with a KV connector configured (`has_connector`: NIXL, the CPU tier or both), the
+        connector's: every admission queries it
         for its tokens past the device hit (vLLM's `connector_prefix_cache_queries`); hits
         are the tokens `transferred` over NIXL or `loaded` from the CPU tier. Without the
         prefix cache, or for a request that reads nothing from it (`skip_reading_prefix_cache`),
@@ -184,7 +181,7 @@ class KvLoads:
         if self.kv.reads_cache(req):
             st.prefix_cache_queries += req.num_tokens
             st.prefix_cache_hits += device_hit
-        if self.has_connector or req.num_external_tokens:
+        if self.has_connector:
             st.external_prefix_cache_queries += req.num_tokens - device_hit
             st.external_prefix_cache_hits += transferred + loaded
             st.host_prefix_cache_hits += loaded

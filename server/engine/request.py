@@ -141,7 +141,7 @@ class Request:
         self.kv_cache_report_mode = "incremental"
         self._tree_len = 0  # tokens of this request known to be in the prefix cache
         # --- P/D (issue 13): vLLM's NIXL connector, emulated (server/engine_proc/kv_connector)
-        self.num_external_tokens = 0  # decode side: prompt tokens whose KV was transferred in
+        self.num_external_tokens = 0  # decode side: prompt tokens whose KV its pull brought
         self.num_remote_tokens = 0  # decode side: prompt tokens a prefill pod holds, to be
         #                             pulled when the request is admitted (kv_pulls.py)
         self.hold_kv = False  # prefill side: keep the KV for the decode side when length-capped

@@ -64,8 +64,6 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         self.landed: set[str] = set()
         self.load_blocked: str | None = None  # the last admission's head whose load could not
         #                                       start (no room on the device): waiting_to_start
-        # --- P/D (issue 13): waiting requests whose prompt KV a remote prefill sent ---
-        self.received: set[str] = set()
         self.now = 0.0
         self.has_connector = False  # a KV connector is configured (build_core sets it)
 
@@ -103,8 +101,6 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         req.status = RequestStatus.WAITING
         self.requests[req.request_id] = req
         self.waiting.add(req)
-        if req.num_external_tokens:
-            self.received.add(req.request_id)
         if req.num_remote_tokens and self.pulls is not None:
             self.pulls.expect(req.request_id, req.num_remote_tokens)
 
@@ -121,7 +117,6 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         else:
             self.waiting.remove(req)
             self.landed.discard(request_id)
-            self.received.discard(request_id)
             if self.pulls is not None:
                 self.pulls.finish(request_id)  # a pull not started: the prefill pod is told
         self.kv.free(req, cache=False)
@@ -241,9 +236,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
                         break
                     if loading:
                         continue
-                # P/D: KV sent before the request came (a landed pull's is computed already)
-                external = 0 if resumed else max(0, req.num_external_tokens - match.num_tokens)
-                remaining = req.num_tokens - req.num_computed_tokens - match.num_tokens - external
+                remaining = req.num_tokens - req.num_computed_tokens - match.num_tokens
                 if not cfg.enable_chunked_prefill and remaining > budget:
                     if cfg.batching != "static":
                         break
@@ -251,17 +244,15 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
                 num_new = min(remaining, cap, budget)
                 if num_new == 0 and cfg.batching != "static":
                     break
-                if not kv.allocate_slots(req, num_new + external, match):
+                if not kv.allocate_slots(req, num_new, match):
                     break
-                req.num_computed_tokens += external  # its KV arrived over the link
                 self.waiting.pop()
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
                 if resumed:  # counted when its load started
                     self.landed.discard(req.request_id)
                 else:
-                    self._count_admission(req, match.num_tokens, external, 0)
-                    self.received.discard(req.request_id)
+                    self._count_admission(req, match.num_tokens, 0, 0)
                 if num_new:
                     scheduled[req.request_id] = scheduled_entry(req, num_new)
                     kv.cache_blocks(req, req.num_computed_tokens + num_new)

@@ -1,5 +1,5 @@
-"""P/D in the scheduler: a decode-side request whose prompt KV was transferred in computes only
-its last prompt token (as vLLM's NIXL connector does) and yields the aggregated tokens; a
+"""P/D in the scheduler: a decode-side request whose prompt KV it pulled computes only its last
+prompt token (as vLLM's NIXL connector does) and yields the aggregated tokens; a
 prefill-side request keeps its KV after finishing until released, with the pool's invariants."""
 
 from __future__ import annotations
@@ -7,18 +7,25 @@ from __future__ import annotations
 import pytest
 from engine_drive import make, request, run, step
 
+from server.engine.kv_pulls import RemotePulls
+
 
 @pytest.mark.parametrize("prefix_cache", [True, False])
-def test_transferred_prompt_is_not_prefilled_and_outputs_match(prefix_cache):
+def test_a_pulled_prompt_is_not_prefilled_and_outputs_match(prefix_cache):
     prompt = [(7 * i) % 997 + 1 for i in range(100)]
     agg, model = make(num_blocks=64, block_size=16, enable_prefix_caching=prefix_cache)
     agg.add_request(request("r", prompt, 20, ignore_eos=True))
     expected = run(agg, model)["r"].output_token_ids
 
     dec, model = make(num_blocks=64, block_size=16, enable_prefix_caching=prefix_cache)
+    ended = []
+    dec.attach_pulls(RemotePulls(lambda rid, n, start: start,  # a link that takes no time
+                                 lambda rid, landed: ended.append((rid, landed))))
     req = request("r", prompt, 20, ignore_eos=True)
-    req.num_external_tokens = len(prompt) - 1
+    req.num_remote_tokens = len(prompt) - 1
     dec.add_request(req)
+    assert dec.schedule().scheduled == ()  # the pull starts; it lands at the next step
+    dec.check_integrity()
     out = dec.schedule()
     (first,) = out.scheduled
     assert first.num_new_tokens == 1 and first.start_position == len(prompt) - 1
@@ -29,6 +36,7 @@ def test_transferred_prompt_is_not_prefilled_and_outputs_match(prefix_cache):
     assert agg.stats.num_prefill_tokens == len(prompt)
     assert dec.stats.external_prefix_cache_hits == len(prompt) - 1
     assert done["r"].num_cached_tokens == len(prompt) - 1
+    assert ended == [("r", True)]
 
 
 @pytest.mark.parametrize("prefix_cache", [True, False])

@@ -1,16 +1,17 @@
 """vLLM 0.33.0's async KV loads by stage (`vllm:num_requests_kv_fetch_by_stage`), as far as the
-scheduler sees them: a load the device cannot hold yet is `waiting_to_start`, a load from the
-CPU tier in flight is `in_progress`, and a waiting request holding what a load brought — or
-whose prompt KV a remote prefill sent — is `completed_waiting` until it runs. However the
+scheduler sees them: a pull not started or a load the device cannot hold yet is
+`waiting_to_start`, a load from the CPU tier or a pull in flight is `in_progress`, and a
+waiting request holding what a load brought is `completed_waiting` until it runs. However the
 request ends, it leaves every stage (the scheduler's invariants checked after every step)."""
 
 from __future__ import annotations
 
 import random
 
-from engine_drive import make, request, step
+from engine_drive import make, request
 
 from server.engine.build import EngineOptions, build_core
+from server.engine.kv_pulls import RemotePulls
 from server.engine.request import RequestStatus
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.info import connector_info, placed_info
@@ -28,27 +29,43 @@ def tick(sched, t: float):
     return out
 
 
-def test_a_request_whose_kv_arrived_is_completed_waiting_until_it_runs():
-    sched, model = make(num_blocks=64, block_size=16, max_num_seqs=1)
-    sched.add_request(request("x", list(range(1, 30)), 3, ignore_eos=True))
-    step(sched, model)  # x holds the one seat
-    prompt = [(7 * i) % 997 + 1 for i in range(100)]
-    arrived = request("r", prompt, 4, ignore_eos=True)
-    arrived.num_external_tokens = len(prompt) - 1  # the NIXL connector's pull has ended
-    sched.add_request(arrived)
-    assert sched.kv_fetch_stages() == (0, 0, 1)
-    while arrived.status == RequestStatus.WAITING:
-        assert sched.kv_fetch_stages() == (0, 0, 1)
-        step(sched, model)
-        sched.check_integrity()
-    assert arrived.status == RequestStatus.RUNNING
-    assert sched.kv_fetch_stages() == (0, 0, 0)
+def test_a_pull_that_landed_is_completed_waiting_until_it_runs():
+    """Loads take no seat (as vLLM's): with one seat free, two pulls start together; the
+    first to land runs, the other waits holding its KV until the seat frees. A pull expected
+    while the seat is taken has not started."""
+    sched, _ = make(num_blocks=64, block_size=16, max_num_seqs=1)
+    link = [0.0]
 
-    aborted = request("s", prompt, 4, ignore_eos=True)
-    aborted.num_external_tokens = len(prompt) - 1
-    sched.add_request(aborted)  # the seat is r's: it waits
-    assert sched.kv_fetch_stages() == (0, 0, 1)
-    sched.abort("s")
+    def timing(rid: str, n: int, start: float) -> float:  # one second each, in turn
+        link[0] = max(start, link[0]) + 1.0
+        return link[0]
+
+    sched.attach_pulls(RemotePulls(timing, lambda rid, landed: None))
+    prompt = [(7 * i) % 997 + 1 for i in range(100)]
+
+    def pulled(rid: str) -> None:
+        req = request(rid, prompt, 4, ignore_eos=True)
+        req.num_remote_tokens = len(prompt) - 1
+        sched.add_request(req)
+
+    pulled("a")
+    pulled("b")
+    assert sched.kv_fetch_stages() == (2, 0, 0)
+    tick(sched, 0.0)
+    assert sched.kv_fetch_stages() == (0, 2, 0)
+    tick(sched, 1.0)  # a landed and runs
+    assert sched.kv_fetch_stages() == (0, 1, 0)
+    assert sched.requests["a"].status == RequestStatus.RUNNING
+    pulled("c")  # the seat is a's: its pull waits
+    t = 2.0
+    tick(sched, t)  # b landed: it waits for the seat
+    while sched.requests["b"].status == RequestStatus.WAITING:
+        assert sched.kv_fetch_stages() == (1, 0, 1)
+        t += 0.1
+        tick(sched, t)
+    assert sched.requests["b"].status == RequestStatus.RUNNING
+    assert sched.kv_fetch_stages() == (1, 0, 0)
+    sched.abort("c")
     sched.check_integrity()
     assert sched.kv_fetch_stages() == (0, 0, 0)
 
