@@ -70,8 +70,8 @@ class KvLoads:
         """vLLM's async KV loads by stage (KV_FETCH_STAGES), as far as this scheduler sees
         them: a pull not started and a CPU-tier load the device could not hold yet
         (waiting_to_start), loads in flight (in_progress), and waiting requests holding what a
-        load brought (completed_waiting). A NIXL pull whose
-        prefill pod has not answered yet is the engine loop's (it joins the scheduler then)."""
+        load brought (completed_waiting). A NIXL pull whose prefill pod has not answered yet
+        is the engine loop's (it joins the scheduler then)."""
         blocked = self.load_blocked
         start = int(blocked is not None and blocked in self.requests)
         if self.pulls is not None:
@@ -88,7 +88,7 @@ class KvLoads:
         """The loads that ended by `now`: their tokens are computed, cached on the device, and
         their requests wait at the front of the queue (first to land, first in line)."""
         loads: list[Load] = [ld for x in self._loaders() for ld in x.landed(now)]
-        for load in sorted(loads, key=lambda ld: ld.ready_at, reverse=True):
+        for load in reversed(sorted(loads, key=lambda ld: ld.ready_at)):  # (ties: in order)
             req = load.req
             req.num_computed_tokens += load.num_tokens
             self.kv.cache_blocks(req)
@@ -171,11 +171,11 @@ class KvLoads:
                          loaded: int) -> None:
         """vLLM's prefix-cache counters at a request's admission: the device cache's, and,
         with a KV connector configured (`has_connector`: NIXL, the CPU tier or both), the
-        connector's: every admission queries it
-        for its tokens past the device hit (vLLM's `connector_prefix_cache_queries`); hits
-        are the tokens `transferred` over NIXL or `loaded` from the CPU tier. Without the
-        prefix cache, or for a request that reads nothing from it (`skip_reading_prefix_cache`),
-        nothing is looked up and the device's counters stay (vLLM 0.33.0
+        connector's: every admission queries it for its tokens past the device hit (vLLM's
+        `connector_prefix_cache_queries`); hits are the tokens `transferred` over NIXL or
+        `loaded` from the CPU tier. Without the prefix cache, or for a request that reads
+        nothing from it (`skip_reading_prefix_cache`), nothing is looked up and the device's
+        counters stay (vLLM 0.33.0
         `KVCacheManager.record_prefix_cache_stats`)."""
         st = self.stats
         if self.kv.reads_cache(req):

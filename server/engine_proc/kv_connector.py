@@ -252,9 +252,14 @@ class NixlConnector:
                            ] * self.workers
 
     def abort(self, key: str) -> bool:
-        """A request aborted while its KV was pending: tell the prefill side to free it (as
-        vLLM's request_finished does for an unscheduled remote prefill)."""
+        """A request aborted before its scheduler took it (its read unanswered, or answered
+        and the request still held back, as while asleep): tell the prefill side to free its
+        blocks (as vLLM's request_finished does for an unscheduled remote prefill). A request
+        the scheduler has is told by its abort (`RemotePulls.finish`)."""
         tr = self.pending.pop(key, None)
+        if tr is None and key in self.pulling and key not in self.pulls.expected \
+                and key not in self.pulls.loads:
+            tr = self.pulling.pop(key)
         if tr is None:
             return False
         self._notify(tr)

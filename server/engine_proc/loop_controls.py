@@ -211,7 +211,7 @@ class LoopControls:
             for live in list(self.live.values()):
                 if live in self.inbox:
                     self.inbox.remove(live)
-                elif self.connector is not None:
+                if self.connector is not None:
                     self.connector.abort(live.req.request_id)
                 sched.abort(live.req.request_id)
                 self._end_now(live, FinishReason.ABORT)

@@ -146,8 +146,8 @@ class LoopInputs:
                 if (live := self.live.get(key)) is not None:
                     if live in self.inbox:  # held while asleep
                         self.inbox.remove(live)
-                    elif self.connector is not None:
-                        self.connector.abort(key)  # its KV was still pending
+                    if self.connector is not None:
+                        self.connector.abort(key)  # its KV not yet the scheduler's
                     self.core.scheduler.abort(live.req.request_id, reason)
                     self._forget(live, reason)
 

@@ -58,14 +58,18 @@ async def until(pod: ServerProcess, want: dict[str, float]) -> dict[str, float]:
         await asyncio.sleep(0.02)
 
 
+def decode_pod(*extra: str, env: dict[str, str] | None = None) -> ServerProcess:
+    """A decode pod with one seat, 100× slower than real time."""
+    return ServerProcess(None, "--deployment", "decode", "--chip", CHIP, "--engine", "vllm",
+                         "--model", MODEL, "--quant", "bf16", "--time-scale", "100",
+                         "--max-num-seqs", "1", "--kv-transfer-config", config("kv_both"),
+                         *extra, env={"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_run(1)),
+                                      **(env or {})})
+
+
 @pytest.fixture(scope="module")
 def decode():
-    """A decode pod with one seat, 100× slower than real time."""
-    port = free_run(1)
-    with ServerProcess(None, "--deployment", "decode", "--chip", CHIP, "--engine", "vllm",
-                       "--model", MODEL, "--quant", "bf16", "--time-scale", "100",
-                       "--max-num-seqs", "1", "--kv-transfer-config", config("kv_both"),
-                       env={"VLLM_NIXL_SIDE_CHANNEL_PORT": str(port)}) as pod:
+    with decode_pod() as pod:
         yield pod
 
 
@@ -177,6 +181,27 @@ async def test_a_full_decode_pod_starts_the_pull_only_when_a_seat_frees(decode):
             await gone(busy, client)
         assert (await side.recv())[1] == ["notif", "cmpl-p-1:1"]
         await until(decode, ZERO)
+    finally:
+        side.close()
+
+
+async def test_a_request_held_back_while_asleep_still_lets_the_prefill_pod_go():
+    """Answered while the pod sleeps, the request waits for the wake-up outside the
+    scheduler; a client that leaves then is released like any other, the prefill side told."""
+    side = PrefillSide("prefill-2")
+    try:
+        with decode_pod("--enable-sleep-mode", env={"VLLM_SERVER_DEV_MODE": "1"}) as pod:
+            async with httpx.AsyncClient(base_url=pod.http_url, timeout=60) as http:
+                assert (await http.post("/sleep?level=1")).status_code == 200
+            client = asyncio.create_task(stream(pod, side.body("cmpl-p-2")))
+            try:
+                ident, key = await side.asked("cmpl-p-2")
+                await side.answer(ident, key)
+                await until(pod, {"waiting": 1})
+            finally:
+                await gone(client)
+            assert (await side.recv())[1] == ["notif", "cmpl-p-2:1"]
+            await until(pod, ZERO)
     finally:
         side.close()
 
