@@ -223,9 +223,13 @@ class NixlConnector:
         done = [tr for tr in self.pending.values() if tr.answered]
         for tr in done:
             del self.pending[tr.key]
-            if not tr.failed:
-                self.pulling[tr.key] = tr
-                tr.live.req.num_remote_tokens = tr.num_tokens
+            if tr.failed:
+                continue
+            if not tr.num_tokens:  # a one-token prompt: nothing to pull, the blocks go now
+                self._notify(tr)
+                continue
+            self.pulling[tr.key] = tr
+            tr.live.req.num_remote_tokens = tr.num_tokens
         return done
 
     def _timing(self, key: str, num_tokens: int, start: float) -> float:

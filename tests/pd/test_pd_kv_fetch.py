@@ -84,13 +84,13 @@ class PrefillSide:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
 
-    def body(self, rid: str) -> dict:
+    def body(self, rid: str, prompt: list[int] = PROMPT) -> dict:
         """A decode request as llm-d's sidecar sends it, for blocks this side holds."""
         params = {"do_remote_prefill": True, "do_remote_decode": False,
                   "remote_block_ids": list(range(250)), "remote_engine_id": self.engine_id,
                   "remote_request_id": rid, "remote_host": "127.0.0.1",
                   "remote_port": self.port, "tp_size": 1}
-        return {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "stream": True,
+        return {"model": MODEL, "prompt": prompt, "max_tokens": 8, "stream": True,
                 "kv_transfer_params": params}
 
     async def recv(self) -> tuple[bytes, list]:
@@ -202,6 +202,23 @@ async def test_a_request_held_back_while_asleep_still_lets_the_prefill_pod_go():
                 await gone(client)
             assert (await side.recv())[1] == ["notif", "cmpl-p-2:1"]
             await until(pod, ZERO)
+    finally:
+        side.close()
+
+
+async def test_a_one_token_prompt_pulls_nothing_and_lets_the_prefill_pod_go(decode):
+    """All but the last prompt token would be pulled: of a one-token prompt, nothing. The
+    prefill side is told at once, before the request has even run."""
+    side = PrefillSide("prefill-3")
+    try:
+        client = asyncio.create_task(stream(decode, side.body("cmpl-p-3", PROMPT[:1])))
+        try:
+            ident, key = await side.asked("cmpl-p-3")
+            await side.answer(ident, key)
+            assert (await side.recv())[1] == ["notif", "cmpl-p-3:1"]
+        finally:
+            await gone(client)
+        await until(decode, ZERO)
     finally:
         side.close()
 

@@ -153,3 +153,14 @@ def test_a_full_decode_replica_pulls_only_when_a_seat_frees():
     # its pull began when `first` ended, not when its prefill did
     assert second.token_times[0] > first.end_s + transfer > second.prefill_end_s + transfer
     assert_all_released(cr)
+
+
+def test_one_token_prompts_move_nothing_and_release_the_prefill_side():
+    """All but the last prompt token cross the link: of a one-token prompt, nothing; the
+    prefill replica's held block goes when its prefill ends."""
+    fleet = [pool(H100, "prefill", role="prefill"), pool(H100, "decode", role="decode")]
+    cr, _, s = run(fleet, "round-robin", sessions(kind="random", num_requests=3, isl=1,
+                                                  osl=5, rate=10.0, ignore_eos=True))
+    assert s["requests"] == 3 and not s["errors"]
+    assert [r.kv_transfer_s for r in cr.run.records] == [0.0] * 3
+    assert_all_released(cr)
