@@ -42,6 +42,7 @@ class KvLoads:
     stats: SchedulerStats
     offload: HostKvTier | None
     pulls: RemotePulls | None  # P/D: the NIXL connector's pulls (None without one)
+    loaders: list[HostKvTier | RemotePulls]  # those of the two attached (read every step)
     landed: set[str]  # ids of waiting requests holding the KV a load brought
     load_blocked: str | None  # the head whose load the device could not hold at admission
     has_connector: bool  # a KV connector is configured (its counters count every admission)
@@ -51,20 +52,19 @@ class KvLoads:
         """Give the scheduler a CPU tier: every full block the device cache is offered is
         stored there too, and admissions look it up."""
         self.offload = tier
+        self.loaders.append(tier)
         self.kv.host = tier
         self.has_connector = True
 
     def attach_pulls(self, pulls: RemotePulls) -> None:
         """Give the scheduler the NIXL connector's pulls (a decode pod)."""
         self.pulls = pulls
+        self.loaders.append(pulls)
         self.has_connector = True
-
-    def _loaders(self) -> list[HostKvTier | RemotePulls]:
-        return [x for x in (self.offload, self.pulls) if x is not None]
 
     @property
     def num_loading(self) -> int:
-        return sum(len(x.loads) for x in self._loaders())
+        return sum(len(x.loads) for x in self.loaders)
 
     def kv_fetch_stages(self) -> tuple[int, int, int]:
         """vLLM's async KV loads by stage (KV_FETCH_STAGES), as far as this scheduler sees
@@ -81,13 +81,13 @@ class KvLoads:
     def next_load_end(self) -> float | None:
         """When the next load lands (None: none in flight): the engine loops wake the core
         then when nothing else is left to schedule."""
-        return min((t for x in self._loaders() if (t := x.next_ready()) is not None),
+        return min((t for x in self.loaders if (t := x.next_ready()) is not None),
                    default=None)
 
     def _land(self, now: float) -> None:
         """The loads that ended by `now`: their tokens are computed, cached on the device, and
         their requests wait at the front of the queue (first to land, first in line)."""
-        loads: list[Load] = [ld for x in self._loaders() for ld in x.landed(now)]
+        loads: list[Load] = [ld for x in self.loaders for ld in x.landed(now)]
         for load in reversed(sorted(loads, key=lambda ld: ld.ready_at)):  # (ties: in order)
             req = load.req
             req.num_computed_tokens += load.num_tokens
@@ -149,7 +149,7 @@ class KvLoads:
 
     def _end_load(self, request_id: str) -> None:
         """The request ended: its load or expected pull goes (the connector is told)."""
-        for loader in self._loaders():
+        for loader in self.loaders:
             loader.finish(request_id)
 
     def _check_loads(self, waiting: list[Request]) -> None:
@@ -164,7 +164,7 @@ class KvLoads:
         if self.offload is not None:
             self.offload.check_integrity()
         if any(ld.req.status != RequestStatus.WAITING_FOR_REMOTE_KVS
-               for x in self._loaders() for ld in x.loads.values()):
+               for x in self.loaders for ld in x.loads.values()):
             raise AssertionError("a load's request is not waiting for it")
 
     def _count_admission(self, req: Request, device_hit: int, transferred: int,

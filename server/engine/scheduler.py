@@ -61,6 +61,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         # --- the CPU offloading tier (kv_loads.py): None without --kv-offloading-size ---
         self.offload = None
         self.pulls = None  # P/D: the NIXL connector's pulls (kv_pulls.py), on a decode pod
+        self.loaders = []  # the attached ones of the two (kv_loads.py)
         self.landed: set[str] = set()
         self.load_blocked: str | None = None  # the last admission's head whose load could not
         #                                       start (no room on the device): waiting_to_start
