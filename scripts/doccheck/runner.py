@@ -17,6 +17,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -36,8 +37,22 @@ SUCCESSIVE = 12  # a pod fleet or gateway uses successive ports after the one it
 # moved ports live in [LOW, HIGH): above the well-known ones, below Linux's ephemeral range
 # (32768-60999), where an outgoing connection's local port could collide with a listener
 LOW, HIGH = 10000, 32700
-_taken: set[int] = set()  # hundreds handed to blocks running now
+_held: dict[int, socket.socket] = {}  # hundreds handed to blocks running now, with their locks
 _lock = threading.Lock()
+
+
+def _hold(base: int) -> socket.socket | None:
+    """An exclusive lock on the hundred `base` for every docs run on this machine (an abstract
+    unix socket, as server.ports.claim: gone when its holder exits); None if another holds it.
+    Two suites at once (two clones' `make test`) would otherwise pick the same hundred, each
+    find it free, and race to bind it."""
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        lock.bind(f"\0doppelchip-doccheck-{base}")
+    except OSError:
+        lock.close()
+        return None
+    return lock
 
 
 @dataclass
@@ -84,22 +99,22 @@ def allocate(documented: set[int], fixed: Moves | None = None) -> Moves:
                        for i in range(SUCCESSIVE)]
             for _ in range(500):
                 base = rng.randrange(LOW // 100, HIGH // 100 - 1) * 100
-                if base in _taken or base in moves.values():
+                if base in _held or base in moves.values():
                     continue
-                if all(_free(base + o) for o in offsets if o < 100):
+                if all(_free(base + o) for o in offsets if o < 100) and (lock := _hold(base)):
                     break
             else:
                 raise RuntimeError("no free ports for the documented commands")
             moves[hundred] = base
-            _taken.add(base)
+            _held[base] = lock
     return moves
 
 
 def release(moves: Moves, keep: Moves | None = None) -> None:
     with _lock:
         for hundred, base in moves.items():
-            if not keep or keep.get(hundred) != base:
-                _taken.discard(base)
+            if (not keep or keep.get(hundred) != base) and (lock := _held.pop(base, None)):
+                lock.close()
 
 
 def scratch(root: Path) -> Path:

@@ -3,6 +3,7 @@ command breaks, and fails (then regenerates) a quoted output that changed."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from scripts.doccheck.blocks import DocError, shell_blocks, split_commands
 from scripts.doccheck.commands import script
 from scripts.doccheck.outputs import json_last_problems, normalise
-from scripts.doccheck.runner import run_block, talks_to_server
+from scripts.doccheck.runner import allocate, release, run_block, talks_to_server
 
 ROOT = Path(__file__).resolve().parents[2]
 FENCE = "```"
@@ -88,6 +89,24 @@ def test_ports_are_moved_defaults_made_explicit_and_servers_probed():
     trtllm = script(["doppelchip trtllm-serve m --grpc &"], moves)
     assert "__dc_server 0 http 12301/health 'doppelchip trtllm-serve --port 12300 --http-port " \
         "12301 m --grpc'" in trtllm
+
+
+MANY = {h * 100 + 51 for h in range(300, 360)}  # 60 documented hundreds of ~227 to move to
+OTHER_SUITE = ("from scripts.doccheck.runner import allocate; "
+               f"print(sorted(allocate({sorted(MANY)!r}).values()))")
+
+
+def test_two_suites_on_one_machine_never_move_to_the_same_hundred():
+    # Each picks hundreds at random and checks nothing listens there yet; both could pick one
+    # before either binds it (about 16 of 60 would collide), so each holds what it picked.
+    ours = allocate(MANY)
+    try:
+        out = subprocess.run([sys.executable, "-c", OTHER_SUITE], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout
+        theirs = set(json.loads(out))
+        assert len(theirs) == len(MANY) and not theirs & set(ours.values())
+    finally:
+        release(ours)
 
 
 def test_wall_outputs_ignore_numbers_and_nothing_else():
