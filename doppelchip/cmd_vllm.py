@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
                            help="serve (the only vLLM command emulated)")
     p = sub.add_parser("serve", usage="vllm serve [model_tag] [options]",
                        help="start a vLLM-shaped pod (OpenAI HTTP, /metrics, gRPC)",
-                       description="vLLM 0.33.0's `vllm serve` flags; docs/VLLM_SERVE.md lists "
+                       description="vLLM 0.34.0's `vllm serve` flags; docs/VLLM_SERVE.md lists "
                        "what each one does here.")
     p.set_defaults(unemulated=add_serve_arguments(p))
     p.set_defaults(func=cmd_vllm_serve)

@@ -54,6 +54,17 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--long-prefill-token-threshold-adaptive", action="store_true",
                    default=None, help="as vLLM's flag: the cap is at least the step budget's "
                    "fair share")
+    g.add_argument("--max-num-inflight-kv-loads", type=int, metavar="N",
+                   help="as vLLM 0.34's flag: at most N requests hold blocks for async KV "
+                   "loads (P/D pulls, the CPU tier), and P/D pulls may start while every "
+                   "seat is taken (default: no cap, pulls wait for a seat)")
+    g.add_argument("--cache-aware-admission-window", type=int, metavar="N",
+                   help="as vLLM 0.34's flag: among the first N waiting requests, those with "
+                   "the deepest cached prefix are admitted first (FCFS with prefix caching; "
+                   "0, the default, is off)")
+    g.add_argument("--cache-aware-admission-threshold", type=float, metavar="F",
+                   help="as vLLM 0.34's flag: the KV usage from which the window applies "
+                   "(default 0.5)")
     g.add_argument("--max-logprobs", type=int, metavar="N",
                    help="as vLLM's flag: the most (prompt) logprobs a request may ask for "
                    "(default 20; -1: the whole vocabulary)")

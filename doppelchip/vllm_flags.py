@@ -1,6 +1,6 @@
 """Every `vllm serve` flag, and what `doppelchip vllm serve` does with each.
 
-vLLM 0.33.0's whole command line is `vllm_serve_flags.json`: each option's strings, whether
+vLLM 0.34.0's whole command line is `vllm_serve_flags.json`: each option's strings, whether
 it takes a value, its choices, dumped from vLLM's own parser by `scripts/vllm_serve_flags.py`
 (nothing of vLLM's code; docs/VLLM_SERVE.md, "Every vLLM flag"). doppelchip/cmd_vllm.py
 translates the flags whose meaning doppelchip emulates; of the rest this module says which
@@ -99,6 +99,9 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--long-prefill-token-threshold", {"type": int}),
     ("--max-logprobs", {"type": int}),
     ("--long-prefill-token-threshold-adaptive", {}),
+    ("--max-num-inflight-kv-loads", {"type": int}),  # (vLLM 0.34.0)
+    ("--cache-aware-admission-window", {"type": int}),
+    ("--cache-aware-admission-threshold", {"type": float}),
     ("--block-size", {"type": int}),
     ("--num-gpu-blocks-override", {"type": int}),
     ("--cpu-offload-gb", {"type": float}),
@@ -149,6 +152,7 @@ ACCEPTED: tuple[str, ...] = (
     "--tokenizer", "--tokenizer-mode", "--tokenizer-revision", "--revision", "--code-revision",
     "--download-dir", "--load-format", "--config-format", "--hf-token", "--hf-config-path",
     "--ignore-patterns", "--max-parallel-loading-workers", "--safetensors-load-strategy",
+    "--checkpoint-prepare-on-startup", "--shuffle-safetensors-files",  # (vLLM 0.34.0)
     "--safetensors-prefetch-block-size", "--safetensors-prefetch-num-threads",
     "--model-loader-extra-config", "--pt-load-map-location", "--model-impl",
     "--trust-remote-code", "--use-tqdm-on-load", "--allow-deprecated-quantization",
@@ -167,6 +171,7 @@ ACCEPTED: tuple[str, ...] = (
     "--cohere-format", "--cohere-is-reasoning-model",
     # where a data-parallel group's leader listens (the ranks of a pod are emulated there)
     "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-backend",
+    "--headless-client-handshake-address",
     "--master-addr", "--master-port",
     "--data-parallel-supervisor-port", "--dp-supervisor-probe-interval-s",
     "--dp-supervisor-probe-timeout-s", "--dp-supervisor-probe-failure-threshold",

@@ -1,4 +1,4 @@
-"""The `vllm serve` parser of `doppelchip vllm serve`: vLLM 0.33.0's every option, with the
+"""The `vllm serve` parser of `doppelchip vllm serve`: vLLM 0.34.0's every option, with the
 strings and value shapes vLLM's own parser gives it (doppelchip/vllm_flags.py), so any
 manifest `vllm serve` starts parses here too — and what vLLM refuses is argparse's error here.
 

@@ -139,12 +139,16 @@ POSITIVE_KEYS = ("count", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_
                  "max_grammar_depth",
                  "max_prompt_bytes", "max_stop_strings", "max_stop_bytes",
                  "max_loras", "max_lora_rank", "max_cpu_loras",  # (LoRA: issue 13)
-                 "replicas")  # (virtual-time clusters: issue 16)
+                 "replicas",  # (virtual-time clusters: issue 16)
+                 "max_num_inflight_kv_loads")  # (vLLM 0.34.0)
 # ... and those that must be in (0, 1] when given (vLLM: Field(gt=0, le=1))
 FRACTION_KEYS = ("gpu_memory_utilization", "kv_cache_metrics_sample")
 # ... and those that must be >= 0 (vLLM: Field(ge=0))
 NON_NEGATIVE_KEYS = ("cpu_offload_gb", "max_num_queued_reqs", "max_num_queued_tokens",
-                     "long_prefill_token_threshold", "data_parallel_start_rank")
+                     "long_prefill_token_threshold", "data_parallel_start_rank",
+                     "cache_aware_admission_window")
+# ... and those that must be in [0, 1] (vLLM: Field(ge=0, le=1))
+UNIT_KEYS = ("cache_aware_admission_threshold",)
 
 
 def range_problem(values: dict[str, Any]) -> tuple[str, str] | None:
@@ -160,6 +164,8 @@ def range_problem(values: dict[str, Any]) -> tuple[str, str] | None:
             return key, f"must be in (0, 1], got {v}"
         if key in NON_NEGATIVE_KEYS and v < 0:
             return key, f"must be >= 0, got {v}"
+        if key in UNIT_KEYS and not 0 <= v <= 1:
+            return key, f"must be in [0, 1], got {v}"
         if key == "max_logprobs" and v < -1:  # vLLM's -1: the whole vocabulary
             return key, f"must be >= 0, or -1 for the whole vocabulary, got {v}"
     return None

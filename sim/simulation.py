@@ -132,6 +132,10 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "long_prefill_token_threshold_adaptive": getattr(
             args, "long_prefill_token_threshold_adaptive", None),
         "max_num_queued_tokens": getattr(args, "max_num_queued_tokens", None),
+        "max_num_inflight_kv_loads": getattr(args, "max_num_inflight_kv_loads", None),
+        "cache_aware_admission_window": getattr(args, "cache_aware_admission_window", None),
+        "cache_aware_admission_threshold": getattr(args, "cache_aware_admission_threshold",
+                                                   None),
         "block_size": getattr(args, "block_size", None),
         "kv_blocks": getattr(args, "kv_blocks", None),
         "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", None),

@@ -81,6 +81,9 @@ class EngineOptions:
     max_num_queued_tokens: int | None = None  # vLLM's: prompt tokens not yet past prefill
     long_prefill_token_threshold: int = 0  # vLLM's: a step's cap per request (SchedulerConfig)
     long_prefill_token_threshold_adaptive: bool = False
+    max_num_inflight_kv_loads: int | None = None  # vLLM 0.34.0's: async KV loads holding blocks
+    cache_aware_admission_window: int = 0  # vLLM 0.34.0's: waiting requests reordered by
+    cache_aware_admission_threshold: float = 0.5  # their cached prefix, from this KV usage on
     max_logprobs: int = 20  # vLLM's --max-logprobs: (prompt) logprobs a request may ask; -1 all
     block_size: int = 16
     kv_blocks: int | None = None  # cap the KV pool (vLLM's num_gpu_blocks_override)

@@ -29,13 +29,14 @@ from .kv_pulls import RemotePulls
 from .policy import WaitingQueue
 from .prefix_cache import PrefixMatch
 from .request import Request, RequestStatus
-from .scheduler_config import SchedulerStats
+from .scheduler_config import SchedulerConfig, SchedulerStats
 
 
 class KvLoads:
     """`attach_offload`, `attach_pulls`, `_land`, `_load`, `_pull` (see the module
     docstring)."""
 
+    config: SchedulerConfig
     kv: KVCacheManager
     waiting: WaitingQueue
     requests: dict[str, Request]
@@ -86,16 +87,17 @@ class KvLoads:
 
     def _land(self, now: float) -> None:
         """The loads that ended by `now`: their tokens are computed, cached on the device, and
-        their requests wait at the front of the queue (first to land, first in line)."""
+        their requests wait at the front of the queue, behind those that landed before them
+        (first to land, first in line)."""
         loads: list[Load] = [ld for x in self.loaders for ld in x.landed(now)]
-        for load in reversed(sorted(loads, key=lambda ld: ld.ready_at)):  # (ties: in order)
+        for load in sorted(loads, key=lambda ld: ld.ready_at):  # (ties: in order)
             req = load.req
             req.num_computed_tokens += load.num_tokens
             self.kv.cache_blocks(req)
             req.status = RequestStatus.PREEMPTED if req.num_preemptions else \
                 RequestStatus.WAITING
+            self.waiting.add_landed(req, self.landed)
             self.landed.add(req.request_id)
-            self.waiting.add_preempted(req)
 
     def _load(self, req: Request, match: PrefixMatch) -> bool | None:
         """Start loading `req`'s prefix past its device `match` from the tier: True (it left
@@ -105,6 +107,8 @@ class KvLoads:
         hit = self.offload.lookup(req, match.num_tokens)
         if hit is None:
             return False
+        if self._load_cap_reached():  # vLLM 0.34.0: it waits at the head of the queue
+            return None
         n = hit.num_tokens - match.num_tokens
         # blocks for the whole prompt, not only the loaded part (vLLM allocates the rest at
         # its admission after the load): requests holding loaded blocks could otherwise fill
@@ -130,22 +134,52 @@ class KvLoads:
             self.load_blocked = req.request_id
         return loading
 
-    def _pull(self, req: Request, match: PrefixMatch) -> bool | None:
+    def _pull(self, req: Request, match: PrefixMatch, at_head: bool = True) -> bool | None:
         """Start `req`'s expected pull past its device `match`: True (it left the queue),
         False (the device holds all of it: the prefill pod is told, and it is admitted as
-        usual) or None (the device cannot hold its prompt yet: stop admitting)."""
+        usual) or None (the device cannot hold its prompt yet: stop admitting). `at_head`:
+        `req` is the queue's head."""
         assert self.pulls is not None
         if self.pulls.expected[req.request_id] <= match.num_tokens:
             self.pulls.finish(req.request_id)
             return False
         if not self.kv.allocate_slots(req, req.num_tokens - match.num_tokens, match):
             return None
-        self.waiting.pop()
+        if at_head:
+            self.waiting.pop()
+        else:
+            self.waiting.remove(req)
         req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         load = self.pulls.start(req, match.num_tokens, self.now)
         req.num_external_tokens = load.num_tokens
         self._count_admission(req, match.num_tokens, load.num_tokens, 0)
         return True
+
+    # -- vLLM 0.34.0's --max-num-inflight-kv-loads ----------------------------------------
+    def _load_cap_reached(self) -> bool:
+        """Whether `max_num_inflight_kv_loads` requests hold blocks for async loads: in flight,
+        or landed and not yet running (an abort ends its load at once here, so none is left
+        finishing)."""
+        cap = self.config.max_num_inflight_kv_loads
+        return cap is not None and self.num_loading + len(self.landed) >= cap
+
+    def _pull_capped(self, req: Request) -> bool:
+        """`req` is an expected pull past the cap: it waits where it is, and the requests
+        after it that need no load may still go (vLLM's separate async_kv_waiting queue)."""
+        return (self.pulls is not None and req.request_id in self.pulls.expected
+                and self._load_cap_reached())
+
+    def _start_pulls(self) -> None:
+        """Once no seat or token budget is left, expected pulls still start, in queue order,
+        while the cap and the device's blocks allow: a load takes neither a seat nor budget
+        until its KV has arrived, so it is ready when a seat frees. The first that cannot
+        start ends it (vLLM 0.34.0's loads-only admission, with the cap set)."""
+        pulls = self.pulls
+        if pulls is None or not pulls.expected:
+            return
+        for req in [r for r in self.waiting if r.request_id in pulls.expected]:
+            if self._load_cap_reached() or not self._pull(req, self.kv.match(req), False):
+                return
 
     def _end_load(self, request_id: str) -> None:
         """The request ended: its load or expected pull goes (the connector is told)."""

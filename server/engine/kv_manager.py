@@ -82,6 +82,13 @@ class KVCacheManager:
         `prefix_cache_lookup_enabled`: prompt logprobs need every prompt token computed)."""
         return self.cache.enabled and not req.sampling_params.skip_reading_prefix_cache
 
+    def num_cached_tokens(self, req: Request) -> int:
+        """Prompt tokens the device cache holds for `req`, the last one always recomputed: a
+        probe that touches nothing (vLLM's `KVCacheManager.get_num_cached_tokens`)."""
+        if not self.reads_cache(req):
+            return 0
+        return self.cache.peek_prefix_len(req.token_ids[: req.num_tokens - 1], req.cache_ns)
+
     def match(self, req: Request) -> PrefixMatch:
         if req.block_ids or not self.reads_cache(req):
             return NO_MATCH
@@ -231,6 +238,9 @@ class NoKVCacheManager(KVCacheManager):
 
     def match(self, req: Request) -> PrefixMatch:
         return NO_MATCH
+
+    def num_cached_tokens(self, req: Request) -> int:
+        return 0
 
     def allocate_slots(
         self, req: Request, num_new_tokens: int, match: PrefixMatch = NO_MATCH

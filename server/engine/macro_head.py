@@ -67,11 +67,19 @@ def plain_decodes(core: EngineCore, running: list[Request]) -> bool:
 
 
 def no_admission_next(core: EngineCore) -> bool:
-    """No waiting request can be admitted at the next step (every seat taken), and the queue
-    is not reordered by its policy."""
+    """No waiting request can be admitted at the next step (every seat taken), no pull can
+    start without a seat (vLLM 0.34.0's max_num_inflight_kv_loads), and the queue is not
+    reordered by its policy nor by cache-aware admission (each step's reorder breaks ties by
+    the last one's order, so skipping one could change a later admission)."""
     sched = core.scheduler
-    return not sched.waiting or (len(sched.running) >= sched.config.max_num_seqs
-                                 and type(sched.waiting).prepare is WaitingQueue.prepare)
+    if not sched.waiting:
+        return True
+    cfg = sched.config
+    return (len(sched.running) >= cfg.max_num_seqs
+            and type(sched.waiting).prepare is WaitingQueue.prepare
+            and not (cfg.cache_aware_admission_window and len(sched.waiting) > 1)
+            and not (cfg.max_num_inflight_kv_loads is not None and sched.pulls is not None
+                     and sched.pulls.expected))
 
 
 def admits_next(core: EngineCore) -> bool:

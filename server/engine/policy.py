@@ -16,7 +16,7 @@ import heapq
 import itertools
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .prefix_cache import PrefixCache
 from .request import Request, RequestStatus
@@ -51,6 +51,17 @@ class WaitingQueue(ABC):
         """The newest running request (the last admitted), as vLLM does under FCFS."""
         return running[-1]
 
+    def add_landed(self, req: Request, landed: set[str]) -> None:
+        """A request whose async KV load landed: it waits ahead of every other request,
+        behind those that landed before it (vLLM's kv_holding_waiting queue, drained first);
+        `landed` holds their ids. A policy with an order of its own places it by that."""
+        self.add_preempted(req)
+
+    def cache_aware_reorder(  # noqa: B027 - FCFS's alone
+            self, window: int, cached: Callable[[Request], int]) -> None:
+        """vLLM's cache-aware admission (FCFS only: see FCFSQueue); other policies keep
+        their order."""
+
 
 class FCFSQueue(WaitingQueue):
     """First come, first served; preempted requests go back to the front."""
@@ -78,6 +89,39 @@ class FCFSQueue(WaitingQueue):
 
     def __iter__(self) -> Iterator[Request]:
         return iter(self._q)
+
+    def add_landed(self, req: Request, landed: set[str]) -> None:
+        i = 0
+        for r in self._q:
+            if r.request_id not in landed:
+                break
+            i += 1
+        self._q.insert(i, req)
+
+    def cache_aware_reorder(self, window: int, cached: Callable[[Request], int]) -> None:
+        """vLLM 0.34.0's cache-aware admission (`_reorder_waiting_by_cached_prefix`): among
+        the first `window` requests, those merely waiting (WAITING, nothing computed) take
+        their own slots again deepest `cached` prefix first, arrival order among equals; a
+        preempted request, or one holding the KV a load brought, keeps its slot and nothing
+        moves past it. Why: a cold prompt admitted first could evict blocks a request with
+        a resident prefix still needs."""
+        if len(self._q) < 2:
+            return
+        head = list(itertools.islice(self._q, window))
+        slots = [i for i, r in enumerate(head)
+                 if r.status == RequestStatus.WAITING and not r.num_computed_tokens]
+        if len(slots) < 2:
+            return
+        depth = {i: cached(head[i]) for i in slots}
+        order = sorted(slots, key=lambda i: (-depth[i], i))
+        if order == slots:
+            return
+        reordered = list(head)
+        for slot, source in zip(slots, order, strict=True):
+            reordered[slot] = head[source]
+        for _ in head:
+            self._q.popleft()
+        self._q.extendleft(reversed(reordered))
 
 
 class PriorityQueue(WaitingQueue):

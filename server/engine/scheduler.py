@@ -31,6 +31,7 @@ from .scheduler_config import (
     SchedulerOutput,
     SchedulerStats,
     draft_tokens,
+    long_prefill_cap,
     scheduled_entry,
 )
 from .scheduler_update import StepUpdate
@@ -144,17 +145,14 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         self.waiting.add_preempted(req)
 
     # -- one step --------------------------------------------------------------------------
-    def _long_prefill_cap(self, budget: int) -> int:
-        """This step's cap on one request's new tokens (the whole `budget`: none): vLLM's
-        long_prefill_token_threshold, off while one request alone runs or waits (nobody to
-        starve), floored at the budget's fair share when adaptive."""
+    def cache_aware(self) -> bool:
+        """Whether this step admits the plain waiting requests of its window deepest cached
+        prefix first (vLLM 0.34.0's cache-aware admission: FCFS, prefix caching, the KV usage
+        at least its threshold)."""
         cfg = self.config
-        eligible = len(self.running) + len(self.waiting)
-        if not cfg.long_prefill_token_threshold or eligible <= 1:
-            return budget
-        if cfg.long_prefill_token_threshold_adaptive:
-            return max(cfg.long_prefill_token_threshold, budget // eligible)
-        return cfg.long_prefill_token_threshold
+        return (cfg.cache_aware_admission_window > 0 and cfg.policy == "fcfs"
+                and self.cache.enabled and len(self.waiting) > 1
+                and self.kv.usage >= cfg.cache_aware_admission_threshold)
 
     def schedule(self, now: float | None = None) -> SchedulerOutput:
         """One step's batch; `now` is the step's start (emulated seconds; default: the last
@@ -173,7 +171,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         bs, paged, speculates = kv.block_size, not kv.contiguous, cfg.num_speculative_tokens > 0
         plain = paged and not speculates  # a decode may take the fast path below
         running = self.running  # the one list: _preempt removes from it in place
-        cap = self._long_prefill_cap(budget)
+        cap = long_prefill_cap(cfg, len(running) + len(self.waiting), budget)
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -220,25 +218,36 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
 
         if not preempted and not static_locked and not self.paused_new:
             self.waiting.prepare(self.cache)
+            if self.cache_aware():
+                self.waiting.cache_aware_reorder(cfg.cache_aware_admission_window,
+                                                 self.kv.num_cached_tokens)
             # --- LoRA (issue 13): vLLM v1's max_loras rule (see lora_budget) ---
             loras = lora_budget(cfg.max_loras, self.running, scheduled)
-            skipped: list[Request] = []
+            skipped: list[Request] = []  # wait where they are; later requests may go
+            lora_skips = 0
             self.load_blocked = None
+            loads_only = True  # whether pulls may still start once the seats or budget run out
             while self.waiting and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting.peek()
                 if loras is not None and not loras.admits(req.lora_id):
-                    skipped.append(self.waiting.pop())  # waits; later requests may go
+                    skipped.append(self.waiting.pop())
+                    lora_skips += 1
+                    continue
+                if self._pull_capped(req):  # past max_num_inflight_kv_loads
+                    skipped.append(self.waiting.pop())
                     continue
                 match = kv.match(req)
                 resumed = req.request_id in self.landed  # holds what a load brought
                 if not resumed and (self.offload is not None or self.pulls is not None):
                     loading = self._start_load(req, match)
                     if loading is None:
+                        loads_only = False
                         break
                     if loading:
                         continue
                 remaining = req.num_tokens - req.num_computed_tokens - match.num_tokens
                 if not cfg.enable_chunked_prefill and remaining > budget:
+                    loads_only = False
                     if cfg.batching != "static":
                         break
                     remaining = 0  # static: admit into the batch now, prefill in a later step
@@ -246,6 +255,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
                 if num_new == 0 and cfg.batching != "static":
                     break
                 if not kv.allocate_slots(req, num_new, match):
+                    loads_only = False
                     break
                 self.waiting.pop()
                 req.status = RequestStatus.RUNNING
@@ -262,7 +272,9 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
                     loras.add(req.lora_id)
             for req in reversed(skipped):  # back at the head, in their order
                 self.waiting.add_preempted(req)
-            self.stats.num_lora_deferred = len(skipped)
+            self.stats.num_lora_deferred = lora_skips
+            if loads_only and cfg.max_num_inflight_kv_loads is not None:
+                self._start_pulls()  # seats or budget ran out: pulls may still start
 
         if scheduled:  # (a pass that only starts KV loads runs no step)
             self.stats.num_steps += 1

@@ -28,7 +28,15 @@ class SchedulerConfig:
     (vLLM's flag; 0 off, its default): while more than one request is running or waiting, no
     request gets more than that many tokens a step, so a long prefill cannot take the whole
     budget from the others; with ``long_prefill_token_threshold_adaptive`` the cap is at least
-    the budget's fair share (budget / requests), as vLLM 0.33.0's scheduler.
+    the budget's fair share (budget / requests), as vLLM's scheduler; only with chunked prefill
+    (vLLM 0.34.0: a whole prompt is never cut). ``max_num_inflight_kv_loads`` (vLLM 0.34.0's
+    flag; None, its default, keeps 0.33.0's scheduling): at most that many requests hold
+    blocks for an async KV load (a P/D pull or a CPU-tier load in flight, or landed and not
+    yet running), and P/D pulls may start while every seat is taken
+    (``Scheduler._start_pulls``). ``cache_aware_admission_window`` N > 0 (vLLM 0.34.0; FCFS
+    with prefix caching only): while the KV usage is at least
+    ``cache_aware_admission_threshold``, the plain waiting requests among the first N are
+    admitted deepest cached prefix first (``policy.cache_aware_reorder``).
     ``kv_cache=False``: the model keeps no KV cache (an encoder): nothing is allocated, and
     the pool is one null block (``kv_manager.NoKVCacheManager``).
     """
@@ -50,6 +58,9 @@ class SchedulerConfig:
     max_loras: int = 0  # distinct LoRA adapters one step may run (0: LoRA off)
     long_prefill_token_threshold: int = 0
     long_prefill_token_threshold_adaptive: bool = False
+    max_num_inflight_kv_loads: int | None = None
+    cache_aware_admission_window: int = 0
+    cache_aware_admission_threshold: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
@@ -59,6 +70,15 @@ class SchedulerConfig:
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0, got "
                              f"{self.long_prefill_token_threshold}")
+        if self.max_num_inflight_kv_loads is not None and self.max_num_inflight_kv_loads < 1:
+            raise ValueError("max_num_inflight_kv_loads must be >= 1, got "
+                             f"{self.max_num_inflight_kv_loads}")
+        if self.cache_aware_admission_window < 0:
+            raise ValueError("cache_aware_admission_window must be >= 0, got "
+                             f"{self.cache_aware_admission_window}")
+        if not 0.0 <= self.cache_aware_admission_threshold <= 1.0:
+            raise ValueError("cache_aware_admission_threshold must be in [0, 1], got "
+                             f"{self.cache_aware_admission_threshold}")
         if self.policy not in ("fcfs", "priority", "lpm"):
             raise ValueError(f"unknown policy {self.policy!r} (fcfs, priority or lpm)")
         if self.kv_layout not in ("paged", "contiguous"):
@@ -71,6 +91,17 @@ class SchedulerConfig:
                 f"max_model_len ({self.max_model_len}). This effectively limits the maximum "
                 "sequence length to max_num_batched_tokens and makes vLLM reject longer "
                 "sequences. Please increase max_num_batched_tokens or decrease max_model_len.")
+
+
+def long_prefill_cap(cfg: SchedulerConfig, eligible: int, budget: int) -> int:
+    """A step's cap on one request's new tokens (the whole `budget`: none): vLLM's
+    long_prefill_token_threshold, off while one request alone runs or waits (nobody to
+    starve) and without chunked prefill, floored at the budget's fair share when adaptive."""
+    if not cfg.long_prefill_token_threshold or eligible <= 1 or not cfg.enable_chunked_prefill:
+        return budget
+    if cfg.long_prefill_token_threshold_adaptive:
+        return max(cfg.long_prefill_token_threshold, budget // eligible)
+    return cfg.long_prefill_token_threshold
 
 
 class ScheduledRequest(NamedTuple):

@@ -95,4 +95,7 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
         max_loras=opts.max_loras if opts.enable_lora else 0,  # --- LoRA (issue 13) ---
         long_prefill_token_threshold=opts.long_prefill_token_threshold,
         long_prefill_token_threshold_adaptive=opts.long_prefill_token_threshold_adaptive,
+        max_num_inflight_kv_loads=opts.max_num_inflight_kv_loads,
+        cache_aware_admission_window=opts.cache_aware_admission_window,
+        cache_aware_admission_threshold=opts.cache_aware_admission_threshold,
     )

@@ -20,6 +20,7 @@ from server.http.generate import encode
 from server.http.messages import FRAMING, error_body, message, to_chat
 from server.http.messages_protocol import CountTokensRequest, MessagesRequest
 from server.http.messages_stream import MessageEvents
+from server.http.render_metrics import rendering
 from server.http.routes import (
     answer,
     counted,
@@ -64,8 +65,9 @@ def add_messages_routes(app: FastAPI, state: HttpState) -> None:
                 raise draining()
             chat_body = to_chat(body)
             client, _ = resolve(state, chat_body.model)
-            ids = await prompts.chat_prompt(chat_body.messages, state.tokenizer, client.limits,
-                                            add_generation_prompt=True)
+            with rendering(client.info.model_name, "chat"):
+                ids = await prompts.chat_prompt(chat_body.messages, state.tokenizer,
+                                                client.limits, add_generation_prompt=True)
         except HttpError as e:
             return error_response(e, None, error_body)
         n = len(ids)

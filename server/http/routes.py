@@ -14,6 +14,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable
+from contextlib import nullcontext
 from importlib.metadata import version
 from typing import Any, TypeVar
 
@@ -45,6 +46,7 @@ from server.http.protocol import (
     forced_usage,
     tokens_as_ids,
 )
+from server.http.render_metrics import rendering
 from server.http.state import VLLM_VERSION, HttpState, InFlight
 
 M = TypeVar("M", bound=BaseModel)
@@ -227,13 +229,14 @@ async def completion(state: HttpState, request: Request, body: CompletionRequest
 
 
 async def start_completion(state: HttpState, client: DeploymentClient, body: CompletionRequest,
-                           response_id: str, rid: str, rank: int | None = None
-                           ) -> tuple[generate.Run, list[list[int]]]:
+                           response_id: str, rid: str, rank: int | None = None,
+                           rendered: bool = True) -> tuple[generate.Run, list[list[int]]]:
     """A completions request admitted to its deployment (or its HttpError): the run and each
     prompt's token ids; the engine sees `<response_id>-<8 hex>`; `rank` as `start_chat`'s.
     `/v1/completions` (and `/invocations`) and `/inference/v1/generate`
-    (`server.http.scale_out`) start here."""
-    ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
+    (`server.http.scale_out`) start here; `rendered`: its render is timed (render_metrics)."""
+    with rendering(client.info.model_name, "completion") if rendered else nullcontext():
+        ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
     reqs, n = completions.engine_requests(body, engine_id(response_id), ids, client.limits)
     reqs = [lora_tag(client, body.model, r) for r in reqs]  # --- LoRA (issue 13) ---
     return await generate.admitted(client, pinned(reqs, rank), n, rid), ids
@@ -262,7 +265,9 @@ async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
     `/v1/chat/completions`, `/v1/messages` and `/v1/responses` start here."""
     client, name = opened(state, rid, body.model)
     plan = tools.plan(body)
-    ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
+    timed = request_type != "responses"  # (vLLM renders a response unobserved)
+    with rendering(client.info.model_name, "chat") if timed else nullcontext():
+        ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
     req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan, client.limits)
     req = lora_tag(client, body.model, req)  # --- LoRA (issue 13) ---
     run = await generate.admitted(client, pinned([req], rank), n, rid)

@@ -18,6 +18,7 @@ SSE. Derendering is 501: decode ids with `/detokenize`.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -28,6 +29,7 @@ from server.http.errors import HttpError, bad_request, draining, error_response
 from server.http.messages_protocol import MessagesRequest
 from server.http.messages_routes import to_chat
 from server.http.protocol import ChatCompletionRequest, CompletionRequest
+from server.http.render_metrics import rendering
 from server.http.responses import new_id
 from server.http.responses import to_chat as to_chat_request
 from server.http.responses_protocol import ResponsesRequest
@@ -60,15 +62,17 @@ def _beam_search(body) -> None:
         raise bad_request("Beam search is not supported by the render endpoint")
 
 
-async def render_chat(state: HttpState, request: Request, body: ChatCompletionRequest
-                      ) -> dict:
-    """One chat request rendered (vLLM's `render_chat_request`)."""
+async def render_chat(state: HttpState, request: Request, body: ChatCompletionRequest,
+                      timed: bool = True) -> dict:
+    """One chat request rendered (vLLM's `render_chat_request`); `timed`: its render is
+    observed (render_metrics: not a Responses request's)."""
     rid = request_id(request, body.request_id)
     checked_id(rid)
     client, _ = resolve(state, body.model)
     _beam_search(body)
     plan = tools.plan(body)
-    ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
+    with rendering(client.info.model_name, "chat") if timed else nullcontext():
+        ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
     req, _ = chat.engine_request(body, rid, ids, plan, client.limits)
     logprobs = body.top_logprobs if body.logprobs else None
     params = sampling_params(body, req.sampling.max_tokens, logprobs, body.prompt_logprobs)
@@ -93,7 +97,7 @@ async def render_responses(state: HttpState, request: Request, body: ResponsesRe
         raise HttpError(400, "previous_response_id is not supported by the stateless render "
                         "endpoint.", "invalid_request_error", "previous_response_id")
     rendered = await render_chat(state, request, to_chat_request(
-        body, client.limits.max_model_len))
+        body, client.limits.max_model_len), timed=False)
     return {**rendered, "request_id": body.request_id or new_id("resp"),
             "return_token_ids": None, "parse_context": None, "stream_options": None}
 
@@ -105,7 +109,8 @@ async def render_completion(state: HttpState, request: Request, body: Completion
     checked_id(rid)
     client, _ = resolve(state, body.model)
     _beam_search(body)
-    ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
+    with rendering(client.info.model_name, "completion"):
+        ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
     reqs, _ = completions.engine_requests(body, rid, ids, client.limits)
     base = f"cmpl-{rid}"
     return [generate_request(base if len(ids) == 1 else f"{base}-{i}", p,
@@ -133,7 +138,7 @@ async def generate_tokens(state: HttpState, request: Request, body: GenerateRequ
         run, ids = await start_completion(state, client,
                                           with_session(completion_body(body), request),
                                           f"generate-tokens-{rid}", rid,
-                                          data_parallel_rank(request))
+                                          data_parallel_rank(request), rendered=False)
     except HttpError as e:
         return error_response(e, rid)
     shapes = GenerateShapes(body, run, f"generate-tokens-{rid}", name, state.tokenizer,

@@ -69,7 +69,7 @@ def given(option: VllmOption, value: str = "1") -> list[str]:
 
 
 def test_the_table_is_vllms_whole_command_line():
-    assert VLLM_VERSION == "0.33.0" and len(VLLM_OPTIONS) > 300
+    assert VLLM_VERSION == "0.34.0" and len(VLLM_OPTIONS) > 300
     # the lists name vLLM's own options, each once (a typo would name nothing)
     named = [*TRANSLATED, *(n for n, _ in PASSTHROUGH), *ACCEPTED, *REFUSED, *POOLING]
     assert len(named) == len(set(named))

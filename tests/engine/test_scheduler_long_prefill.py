@@ -1,7 +1,8 @@
 """vLLM's `--long-prefill-token-threshold`: while other requests run or wait, no request gets
 more than the threshold's tokens a step, so a short request behind a long prompt is not held
 until that prompt's prefill ends; alone a request takes the whole budget; `adaptive` floors
-the cap at the budget's fair share (vLLM 0.33.0's scheduler)."""
+the cap at the budget's fair share; without chunked prefill a prompt is never cut (vLLM
+0.34.0's scheduler)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ def test_alone_a_request_takes_the_whole_budget():
     sched, _ = make(num_blocks=1024, max_num_batched_tokens=512, long_prefill_token_threshold=64)
     sched.add_request(request("long", LONG, 4))
     assert [s.num_new_tokens for s in sched.schedule().scheduled] == [512]
+
+
+def test_without_chunked_prefill_the_threshold_cuts_no_prompt():
+    sched, _ = make(num_blocks=1024, max_num_batched_tokens=1024, max_model_len=1024,
+                    enable_chunked_prefill=False, long_prefill_token_threshold=32)
+    sched.add_request(request("a", list(range(3000, 3060)), 4))
+    sched.add_request(request("b", SHORT, 4))
+    assert {s.request_id: s.num_new_tokens for s in sched.schedule().scheduled} == {
+        "a": 60, "b": 40}  # whole prompts: a cut prompt would be a chunk
 
 
 def first_token_step(**config: object) -> int:

@@ -108,3 +108,27 @@ def test_a_long_prefill_threshold_runs_the_same_macro_or_single_stepped(adaptive
     uncapped = _run(dataclasses.replace(opts, long_prefill_token_threshold=0), spec, True,
                     monkeypatch)
     assert uncapped[0] != macro[0]  # the cap really changed the schedule
+
+
+def test_cache_aware_admission_runs_the_same_macro_or_single_stepped(monkeypatch):
+    """vLLM 0.34.0's cache-aware admission reorders the waiting queue every step (ties keep
+    the last order), so no window runs while two requests wait; the two runs are identical,
+    and the window really changed which request went first."""
+    opts = EngineOptions(name="aware", model="llama-3.1-8b", quant="bf16", chip="h100-sxm",
+                         engine="vllm", max_num_seqs=8, kv_blocks=120,
+                         cache_aware_admission_window=16, cache_aware_admission_threshold=0.0)
+    spec = WorkloadSpec(kind="shared-prefix", num_requests=60, isl=300, osl=80, rate=40,
+                        system_prompt_len=256, num_prefixes=5, users_per_prefix=1,
+                        ignore_eos=True, seed=5,
+                        vocab_size=get_tokenizer().vocab_size)
+    single = _run(opts, spec, False, monkeypatch)
+    macro = _run(opts, spec, True, monkeypatch)
+    assert macro[5] > 0 and single[:3] == macro[:3]
+    assert all(_close(a, b) for a, b in zip(single[3], macro[3], strict=True))
+    for (t1, e1, f1), (t2, e2, f2) in zip(single[4], macro[4], strict=True):
+        assert len(t1) == len(t2) and all(map(_close, t1, t2))
+        assert _close(e1, e2) and _close(f1, f2)
+    plain = _run(dataclasses.replace(opts, cache_aware_admission_window=0), spec, True,
+                 monkeypatch)
+    first = [t[2] for t in macro[4]]  # each request's first-scheduled time
+    assert first != [t[2] for t in plain[4]]  # the window changed the admission order

@@ -21,6 +21,10 @@ FLEETS = {
                  pool(H100, "d", replicas=2, role="decode")],
     "1 h100 + 3 a100": [pool(H100, "p", role="prefill"),
                         pool(A100, "d", replicas=3, role="decode", max_num_seqs=16)],
+    # vLLM 0.34.0's cap: pulls start while every seat is taken
+    "1 h100 + 2 a100, 8 seats, cap 4": [pool(H100, "p", role="prefill"),
+                                        pool(A100, "d", replicas=2, role="decode",
+                                             max_num_seqs=8, max_num_inflight_kv_loads=4)],
 }
 WORKLOADS = {
     "long prompts": dict(kind="random", num_requests=60, isl=2048, osl=96, rate=8.0),

@@ -155,6 +155,24 @@ def test_a_full_decode_replica_pulls_only_when_a_seat_frees():
     assert_all_released(cr)
 
 
+def test_with_the_inflight_cap_a_full_decode_replica_pulls_at_once():
+    """vLLM 0.34.0's --max-num-inflight-kv-loads: the same run as above, but the second
+    request's pull starts when its prefill ends, while the seat is still taken, so its first
+    token comes right after the first request's end rather than a whole transfer later."""
+    fleet = [pool(H100, "prefill", role="prefill"),
+             pool(H100, "decode", role="decode", max_num_seqs=1, max_num_inflight_kv_loads=2)]
+    work = sessions(kind="random", num_requests=2, isl=4096, osl=400, rate=2.0,
+                    ignore_eos=True)
+    cr, _, s = run(fleet, "round-robin", work)
+    assert s["requests"] == 2 and not s["errors"]
+    first, second = sorted(cr.run.records, key=lambda r: r.end_s)
+    assert first.token_times[0] < second.prefill_end_s < first.end_s
+    transfer = expected_transfer(second.prompt_tokens)
+    assert second.prefill_end_s + transfer < first.end_s  # landed while first still ran
+    assert first.end_s < second.token_times[0] < first.end_s + transfer
+    assert_all_released(cr)
+
+
 def test_one_token_prompts_move_nothing_and_release_the_prefill_side():
     """All but the last prompt token cross the link: of a one-token prompt, nothing; the
     prefill replica's held block goes when its prefill ends."""
