@@ -1,11 +1,11 @@
 """Write `doppelchip/vllm_serve_flags.json`: every option of vLLM's own `vllm serve` parser.
 
 Run it with a Python where vLLM is installed (it is not a doppelchip dependency, and nothing
-downloads it at run time); the file it writes is committed. How the 0.33.0 file was made
+downloads it at run time); the file it writes is committed. How the 0.34.0 file was made
 (docs/VLLM_SERVE.md, "Every vLLM flag"):
 
-    python -m venv /tmp/vv && /tmp/vv/bin/pip install vllm==0.33.0 --no-deps
-    /tmp/vv/bin/pip install torch==2.13.0 <vLLM's other requirements>
+    python -m venv /tmp/vv && /tmp/vv/bin/pip install vllm==0.34.0 --no-deps
+    /tmp/vv/bin/pip install torch==2.14.0 <vLLM's other requirements, but the CUDA kernels'>
     VLLM_TARGET_DEVICE=cpu /tmp/vv/bin/python scripts/vllm_serve_flags.py
 
 Only the command line's shape is kept — each option's strings, whether it takes a value and

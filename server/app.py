@@ -135,7 +135,8 @@ class FrontendApp:
                                     tool_parser=ToolParserMetrics(
                                         c.info.model_name for c in self.clients)
                                     if cfg.tool_call_parser else None,
-                                    enable_metrics=cfg.http_api == "vllm" or cfg.enable_metrics)
+                                    enable_metrics=cfg.http_api == "vllm" or cfg.enable_metrics,
+                                    vllm_api=cfg.http_api == "vllm")
         # Always SO_REUSEPORT: the supervisor holds a reserved socket on the HTTP port.
         build = {"sglang": build_sglang_app, "trtllm": build_trtllm_app,  # docs/SGLANG.md,
                  "vllm": build_app}[cfg.http_api]  # docs/TRTLLM.md

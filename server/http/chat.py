@@ -145,10 +145,11 @@ class ChatShapes:
             calls = tools.parse_calls(self.plan, text) if self.plan.mode != "text" else []
             if self.record_tool is not None:
                 self.record_tool(False, bool(calls))
-            # vLLM's ChatMessage.model_dump(): None fields kept, tool_calls only when made
+            # vLLM's ChatMessage.model_dump(): None fields kept but annotations (left out
+            # since vLLM 0.34.0), tool_calls only when made
             message = {"role": self.role,
                        "content": self.echo + ("" if self.plan.mode != "text" else text),
-                       "refusal": None, "annotations": None, "audio": None,
+                       "refusal": None, "audio": None,
                        "function_call": None, **({"tool_calls": calls} if calls else {}),
                        "reasoning": None}
             choices.append({"index": c.index, "message": message,

@@ -106,7 +106,7 @@ async def batch_chat_completion(state: HttpState, request: Request,
                    for s in conversations(body)]
         reqs, shapes_of = [], []
         for i, single in enumerate(singles):
-            with rendering(client.info.model_name, "chat"):
+            with rendering(state.vllm_api, client.info.model_name, "chat"):
                 ids = await prompts.chat_generation_prompt(single, state.tokenizer,
                                                            client.limits)
             plan = tools.plan(single)

@@ -41,7 +41,8 @@ async def classify(state: HttpState, request: Request, body: ClassifyFields) -> 
     data = [{"index": i, "label": f"LABEL_{int(np.argmax(p))}", "probs": p.tolist(),
              "num_classes": len(p)} for i, p in enumerate(probs)]
     return Response(encode({"id": response_id, "object": "list", "created": int(time.time()),
-                            "model": name, "data": data, "usage": pooling.usage(ids)}),
+                            "model": name, "data": data,
+                            "usage": pooling.usage(sum(map(len, ids)))}),
                     media_type="application/json")
 
 

@@ -55,7 +55,8 @@ def _answer(body: EmbedFields, response_id: str, name: str, ids: list[list[int]]
              shape.key: v.tolist() if fmt == "float" else encode_base64(v, dtype, order)}
             for i, v in enumerate(vectors)]
     return Response(encode({"id": response_id, "object": "list", "created": created,
-                            "model": name, "data": data, "usage": pooling.usage(ids)}),
+                            "model": name, "data": data,
+                            "usage": pooling.usage(sum(map(len, ids)))}),
                     media_type="application/json")
 
 

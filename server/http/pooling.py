@@ -197,8 +197,8 @@ def output(ids: list[int], limits: Limits, params: PoolingParams,
     return prompt_vector(ids, limits.embedding_size, params, special)
 
 
-def usage(ids: list[list[int]]) -> dict:
-    """vLLM's `UsageInfo` of a pooling answer: prompt tokens only."""
-    n = sum(map(len, ids))
+def usage(n: int) -> dict:
+    """vLLM's `UsageInfo` of a pooling answer of `n` prompt tokens, prompt tokens only
+    (`prompt_tokens_details`, None here, is left out as vLLM 0.34.0 leaves it out)."""
     return {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0,
-            "prompt_tokens_details": None, "completion_tokens_details": None}
+            "completion_tokens_details": None}

@@ -123,12 +123,15 @@ USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"
 
 
 def _tool_usage(data: dict) -> None:
-    """`check_tool_usage` (its defaulting of `tool_choice` to "auto" is `tools.plan`'s)."""
+    """`check_tool_usage` (its defaulting of `tool_choice` to "auto" is `tools.plan`'s). As
+    vLLM 0.34.0 (and OpenAI), an empty `tools` array is an omitted one, and "auto" or
+    "required" then has nothing to call: "none"; a named tool still finds no match."""
     tools = data.get("tools")
-    if tools == []:
-        raise vllm_invalid("`tools` must not be an empty array. Either provide at least one "
-                           "tool or omit the field entirely.", "tools")
     choice = data.get("tool_choice")
+    if tools == [] and not isinstance(choice, dict):
+        data["tools"] = tools = None
+        if choice in ("auto", "required"):
+            data["tool_choice"] = choice = "none"
     if choice is None or choice == "none":
         return
     if tools is None:
@@ -153,5 +156,5 @@ def _tool_usage(data: dict) -> None:
              if isinstance(t, dict) and isinstance(t.get("function"), dict)] \
         if isinstance(tools, list) else []
     if name not in names:
-        raise vllm_invalid("The tool specified in `tool_choice` does not match any of the "
-                           "specified `tools`", "tool_choice")
+        raise vllm_invalid(f"The tool `{name}` specified in `tool_choice` does not match any "
+                           "of the specified `tools`", "tool_choice")

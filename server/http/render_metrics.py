@@ -10,7 +10,8 @@ not emulated. As in vLLM, the routes that render through the online renderer obs
 `chat` — /v1/chat/completions (and its batch route), /v1/messages and its count_tokens,
 /v1/chat/completions/render; `completion` — /v1/completions, /v1/completions/render. Not
 /tokenize, /v1/responses, the pooling routes nor /inference/v1/generate, which vLLM renders
-elsewhere; only a render that succeeds is observed. The family is created at the first render
+elsewhere; only a render that succeeds is observed; an SGLang or TRT-LLM pod, which has no
+`vllm:` series, observes nothing. The family is created at the first render
 (vLLM registers it lazily), in prometheus_client's multiprocess files with the HTTP series
 (server/http/metrics.py), so `/metrics` shows it from any front end.
 """
@@ -38,9 +39,11 @@ def _duration() -> Histogram:
 
 
 @contextmanager
-def rendering(model_name: str, request_type: str) -> Iterator[None]:
-    """Observe the block's wall time as one `request_type` ("chat" or "completion") render
-    of `model_name`, unless it raises (a refused request is not a render)."""
+def rendering(timed: bool, model_name: str, request_type: str) -> Iterator[None]:
+    """If `timed`, observe the block's wall time as one `request_type` ("chat" or
+    "completion") render of `model_name`, unless it raises (a refused request is not a
+    render)."""
     start = time.perf_counter()
     yield
-    _duration().labels(model_name, request_type).observe(time.perf_counter() - start)
+    if timed:
+        _duration().labels(model_name, request_type).observe(time.perf_counter() - start)

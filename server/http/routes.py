@@ -14,7 +14,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable
-from contextlib import nullcontext
 from importlib.metadata import version
 from typing import Any, TypeVar
 
@@ -235,7 +234,7 @@ async def start_completion(state: HttpState, client: DeploymentClient, body: Com
     prompt's token ids; the engine sees `<response_id>-<8 hex>`; `rank` as `start_chat`'s.
     `/v1/completions` (and `/invocations`) and `/inference/v1/generate`
     (`server.http.scale_out`) start here; `rendered`: its render is timed (render_metrics)."""
-    with rendering(client.info.model_name, "completion") if rendered else nullcontext():
+    with rendering(state.vllm_api and rendered, client.info.model_name, "completion"):
         ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
     reqs, n = completions.engine_requests(body, engine_id(response_id), ids, client.limits)
     reqs = [lora_tag(client, body.model, r) for r in reqs]  # --- LoRA (issue 13) ---
@@ -265,8 +264,8 @@ async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
     `/v1/chat/completions`, `/v1/messages` and `/v1/responses` start here."""
     client, name = opened(state, rid, body.model)
     plan = tools.plan(body)
-    timed = request_type != "responses"  # (vLLM renders a response unobserved)
-    with rendering(client.info.model_name, "chat") if timed else nullcontext():
+    timed = state.vllm_api and request_type != "responses"  # (vLLM's Responses: unobserved)
+    with rendering(timed, client.info.model_name, "chat"):
         ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
     req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan, client.limits)
     req = lora_tag(client, body.model, req)  # --- LoRA (issue 13) ---

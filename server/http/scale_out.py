@@ -18,7 +18,6 @@ SSE. Derendering is 501: decode ids with `/detokenize`.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -71,7 +70,7 @@ async def render_chat(state: HttpState, request: Request, body: ChatCompletionRe
     client, _ = resolve(state, body.model)
     _beam_search(body)
     plan = tools.plan(body)
-    with rendering(client.info.model_name, "chat") if timed else nullcontext():
+    with rendering(state.vllm_api and timed, client.info.model_name, "chat"):
         ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
     req, _ = chat.engine_request(body, rid, ids, plan, client.limits)
     logprobs = body.top_logprobs if body.logprobs else None
@@ -109,7 +108,7 @@ async def render_completion(state: HttpState, request: Request, body: Completion
     checked_id(rid)
     client, _ = resolve(state, body.model)
     _beam_search(body)
-    with rendering(client.info.model_name, "completion"):
+    with rendering(state.vllm_api, client.info.model_name, "completion"):
         ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
     reqs, _ = completions.engine_requests(body, rid, ids, client.limits)
     base = f"cmpl-{rid}"

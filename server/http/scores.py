@@ -95,8 +95,7 @@ async def score(state: HttpState, request: Request, body: ScoreRequest) -> Respo
     return Response(encode({
         "id": response_id, "object": "list", "created": int(time.time()), "model": name,
         "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
-        "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0,
-                  "prompt_tokens_details": None, "completion_tokens_details": None}}),
+        "usage": pooling.usage(n)}),
         media_type="application/json")
 
 

@@ -38,6 +38,7 @@ class HttpState:
     tokens_as_ids: bool = False  # --return-tokens-as-token-ids (vLLM's): requests' default
     tool_parser: ToolParserMetrics | None = None  # --tool-call-parser (vLLM's metric)
     enable_metrics: bool = True  # /metrics mounted (an SGLang pod: its --enable-metrics)
+    vllm_api: bool = True  # the front end speaks vLLM's API (not an SGLang or TRT-LLM pod's)
 
     def load(self) -> InFlight:
         """One request in flight from now (`InFlight.done` ends it)."""

@@ -43,9 +43,8 @@ class ToolPlan:
 def plan(req: ChatCompletionRequest) -> ToolPlan:
     """The request's tool mode and constraint; a 400 for an inconsistent tool_choice."""
     choice = req.tool_choice
-    if req.tools is not None and not req.tools:
-        raise bad_request("`tools` must not be an empty array. Either provide at least one "
-                          "tool or omit the field entirely.", "tools")
+    if req.tools is not None and not req.tools and not isinstance(choice, NamedToolChoice):
+        return ToolPlan("text")  # an empty array is an omitted one (vLLM 0.34.0, as OpenAI)
     if choice is None:
         choice = "auto" if req.tools else "none"
     if choice == "none":
@@ -56,8 +55,8 @@ def plan(req: ChatCompletionRequest) -> ToolPlan:
         tools = {t.function.name: t for t in req.tools}
         tool = tools.get(choice.function.name)
         if tool is None:
-            raise bad_request("The tool specified in `tool_choice` does not match any of the "
-                              "specified `tools`", "tool_choice")
+            raise bad_request(f"The tool `{choice.function.name}` specified in `tool_choice` "
+                              "does not match any of the specified `tools`", "tool_choice")
         params = tool.function.parameters or EMPTY_OBJECT
         return ToolPlan("named", Constraint("json_schema", json.dumps(params)), tool.function.name)
     auto = choice == "auto"

@@ -148,10 +148,29 @@ async def test_streamed_tool_calls_assemble_to_valid_calls(http, client, choice)
 
 
 async def test_bad_tool_choice_is_400(http):
-    r = await http.post("/v1/chat/completions", json={
-        "messages": ASK, "tools": [WEATHER],
-        "tool_choice": {"type": "function", "function": {"name": "nope"}}})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
-    r = await http.post("/v1/chat/completions", json={"messages": ASK, "tools": [],
-                                                      "tool_choice": "auto"})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+    nope = {"type": "function", "function": {"name": "nope"}}
+    for tools in ([WEATHER], []):  # (an empty array keeps a named choice's mismatch)
+        r = await http.post("/v1/chat/completions", json={
+            "messages": ASK, "tools": tools, "tool_choice": nope})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+        assert r.json()["error"]["message"].startswith(
+            "The tool `nope` specified in `tool_choice` does not match any of the specified "
+            "`tools`")
+
+
+@pytest.mark.parametrize("choice", [None, "auto", "required", "none"])
+async def test_an_empty_tools_array_is_an_omitted_one(http, choice):
+    """vLLM 0.34.0, as OpenAI: "auto" and "required" have nothing to call and answer text."""
+    body = {"messages": ASK, "tools": [], "max_tokens": 4,
+            **({"tool_choice": choice} if choice else {})}
+    r = await http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    (c,) = r.json()["choices"]
+    assert not c["message"].get("tool_calls") and c["finish_reason"] == "length"
+
+
+async def test_an_empty_tools_array_is_an_omitted_one_on_the_messages_route(http):
+    r = await http.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "tools": [],
+                                              "messages": ASK})
+    assert r.status_code == 200, r.text
+    assert r.json()["stop_reason"] == "max_tokens"

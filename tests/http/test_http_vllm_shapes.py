@@ -20,7 +20,7 @@ CHAT = ["id", "object", "created", "model", "choices", "service_tier", "system_f
         "ec_transfer_params", "metrics"]
 CHAT_CHOICE = ["index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids",
                "routed_experts", "weight_versions"]
-MESSAGE = ["role", "content", "refusal", "annotations", "audio", "function_call", "reasoning"]
+MESSAGE = ["role", "content", "refusal", "audio", "function_call", "reasoning"]  # (0.34.0)
 USAGE = ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details",
          "completion_tokens_details"]
 PERMISSION = ["id", "object", "created", "allow_create_engine", "allow_sampling",
