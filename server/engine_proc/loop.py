@@ -119,7 +119,8 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                                         self.poller, lambda: max(self._t, self.now()))
                           if nixl is not None and info is not None else None)
         self.sleep = SleepState()
-        self.pending_sleep: tuple[int, int, int] | None = None  # (frontend, seq, level)
+        self.pending_sleep: tuple[int, int, int, bool] | None = None  # (frontend, seq, level,
+        #                                                                   reset_connector)
         self.timers: list[tuple[float, int, int]] = []  # (emulated t, frontend, seq) replies
         self.pause = PauseState()  # vLLM's /pause (server/engine_proc/pause.py)
         self.faults = faults  # device faults (issue 13): server/engine_proc/faults.py
@@ -152,10 +153,10 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
             if not core.has_unfinished():
                 self._publish_kv_events()  # what aborts and finishes stored or evicted
             if self.pending_sleep is not None and not core.has_unfinished():
-                fe, seq, level = self.pending_sleep  # mode "wait": the last one finished
+                fe, seq, level, reset = self.pending_sleep  # mode "wait": the last one ended
                 self.pending_sleep = None
-                self._send(fe, m.encode(m.Admissions(self.deployment, self.rank,
-                                                     [self._fall_asleep(level, "wait", seq)])))
+                self._send(fe, m.encode(m.Admissions(self.deployment, self.rank, [
+                    self._fall_asleep(level, "wait", seq, reset)])))
             if self.pause.waiters and not core.scheduler.running:
                 self._pause_holds()  # mode wait: the last running one finished
             if not core.has_unfinished() or self.sleep.sleeping or self.pause.frozen:

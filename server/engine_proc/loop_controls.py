@@ -125,7 +125,7 @@ class LoopControls:
         """Sleep, wake up, release the KV cache or profile; the answer now, or None when it
         comes later (mode wait, or a wake-up whose weights take emulated time to come back)."""
         if isinstance(msg, m.ReleaseKvCache):
-            return self._release_kv_cache(msg.seq)
+            return self._release_kv_cache(msg.seq, msg.reset_connector)
         if isinstance(msg, m.Profile):
             return self._profile(msg)
         if isinstance(msg, m.WeightVersion):  # vLLM's weight version label (RL)
@@ -152,9 +152,9 @@ class LoopControls:
             log.warning("Executor is already sleeping.")
             return m.Admission(msg.seq)
         if msg.mode == "wait" and self.core.has_unfinished():
-            self.pending_sleep = (msg.frontend, msg.seq, msg.level)
+            self.pending_sleep = (msg.frontend, msg.seq, msg.level, msg.reset_connector)
             return None
-        return self._fall_asleep(msg.level, msg.mode, msg.seq)
+        return self._fall_asleep(msg.level, msg.mode, msg.seq, msg.reset_connector)
 
     def _profile(self, msg: m.Profile) -> m.Admission:
         """vLLM's /start_profile and /stop_profile (server/engine_proc/profiler.py)."""
@@ -170,10 +170,11 @@ class LoopControls:
             return m.Admission(msg.seq, "AlreadyExists", str(e))
         return m.Admission(msg.seq)
 
-    def _release_kv_cache(self, seq: int) -> m.Admission:
-        """vLLM 0.33.0's release_kv_cache_memory: refused unless a pause is complete (no request
-        left, queued ones too) and weights and KV cache are resident; then the prefix cache is
-        emptied and the KV cache sleeps until a wake-up."""
+    def _release_kv_cache(self, seq: int, reset_connector: bool) -> m.Admission:
+        """vLLM's release_kv_cache_memory: refused unless a pause is complete (no request
+        left, queued ones too) and weights and KV cache are resident; then the prefix cache
+        (and with `reset_connector` the CPU tier) is emptied and the KV cache sleeps until a
+        wake-up."""
         paused = self.pause.paused or "scheduling" in self.sleep.asleep_tags
         if not paused or self.pause.waiters or self.core.has_unfinished() or self.inbox:
             return m.Admission(seq, "InvalidRequest",
@@ -181,7 +182,7 @@ class LoopControls:
         if self.sleep.memory_asleep:
             return m.Admission(seq, "InvalidRequest", "release_kv_cache_memory() requires all "
                                "executor memory to be resident")
-        self._clear_cache()
+        self._clear_cache(reset_connector)
         self.sleep.release_kv()
         self.stats.pd_sleep(self.core, self.sleep, self.connector)
         log.info("%s released its KV cache memory", self.name)
@@ -248,14 +249,24 @@ class LoopControls:
                                                  [m.Admission(seq)])))
         state.waiters, state.clear_cache = [], False
 
-    def _clear_cache(self) -> None:
-        reset = getattr(self.core.scheduler.cache, "reset", None)
+    def _clear_cache(self, reset_connector: bool = True) -> None:
+        """A pause's or a release's cache clearing (vLLM's `_reset_caches`): the device's
+        prefix cache, and with `reset_connector` the CPU tier's."""
+        sched = self.core.scheduler
+        reset = getattr(sched.cache, "reset", None)
         if reset is not None and not reset():
             log.info("prefix cache not reset on %s: requests hold blocks", self.name)
+        self._reset_tier(reset_connector)
         self._publish_kv_events()
+
+    def _reset_tier(self, reset_connector: bool) -> None:
+        offload = self.core.scheduler.offload
+        if reset_connector and offload is not None and not offload.reset():
+            log.warning("CPU KV tier not reset on %s: a load is in flight", self.name)
     # --- end pausing generation ---
 
-    def _fall_asleep(self, level: int, mode: str, seq: int) -> m.Admission:
+    def _fall_asleep(self, level: int, mode: str, seq: int,
+                     reset_connector: bool = True) -> m.Admission:
         sched = self.core.scheduler
         if mode == "abort":
             for live in list(self.live.values()):
@@ -272,6 +283,7 @@ class LoopControls:
             if self.connector is not None:
                 self.connector.release_all()
             sched.cache.evict(sched.cache.evictable_blocks)
+            self._reset_tier(reset_connector)  # (vLLM's connector reset)
         self.sleep.sleep(level)
         self.stats.pd_sleep(self.core, self.sleep, self.connector)
         log.info("%s asleep at level %d (mode %s)", self.name, level, mode)

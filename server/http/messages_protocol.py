@@ -5,7 +5,8 @@ Why it exists: Anthropic's clients (the `anthropic` SDK, Claude Code with
 `ANTHROPIC_BASE_URL`) speak this shape, and vLLM answers it by turning it into a chat request
 (`server.http.messages`). The fields and their checks are vLLM's: `max_tokens` required and
 > 0, `model` non-empty, `tool_choice` "tool" needs a `name`, a tool's `input_schema` without
-`type` is an object schema, Claude Code's `ctx`/`msg` roles read as `user`. Unknown fields are
+`type` is an object schema, a tool's `type` is "custom" or absent (vLLM 0.34.0), Claude Code's
+`ctx`/`msg` roles read as `user`. Unknown fields are
 ignored (pydantic's default, as vLLM's models leave it).
 """
 
@@ -48,11 +49,23 @@ class Message(BaseModel):
 
 
 class AnthropicTool(BaseModel):
+    type: Literal["custom"] | None = None
     name: str
     description: str | None = None
     input_schema: dict[str, Any]
     strict: bool | None = None
     defer_loading: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _custom_only(cls, data: Any) -> Any:
+        """vLLM 0.34.0: an Anthropic-defined tool (a versioned `type`: web search, code
+        execution, bash, text editor, ...) is refused by its type, before the missing
+        `input_schema` would be reported instead."""
+        if isinstance(data, dict) and data.get("type") not in (None, "custom"):
+            raise ValueError(f"tool type {data['type']!r} is not supported; only custom tools "
+                             "with an input_schema are supported")
+        return data
 
     @field_validator("input_schema")
     @classmethod

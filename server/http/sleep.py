@@ -94,16 +94,19 @@ def add_sleep_routes(app: FastAPI, state: HttpState) -> None:
 
     @app.post("/sleep")
     async def sleep(level: Annotated[int, Query(ge=0, le=2)] = 1,
-                    mode: Annotated[Literal["abort", "wait", "keep"], Query()] = "abort"
-                    ) -> Response:
-        failed = await run(lambda fe, seq: m.Sleep(fe, seq, level, mode), "sleep")
+                    mode: Annotated[Literal["abort", "wait", "keep"], Query()] = "abort",
+                    reset_connector: Annotated[bool, Query()] = True) -> Response:
+        failed = await run(lambda fe, seq: m.Sleep(fe, seq, level, mode, reset_connector),
+                           "sleep")
         return failed or JSONResponse({"status": "sleeping", "level": level})
 
     @app.post("/release_kv_cache_memory")
-    async def release_kv_cache_memory() -> Response:
-        """vLLM 0.33.0: after a completed pause, the KV cache's memory is discarded until a
-        wake-up; refused otherwise with vLLM's 500 (its engine's RuntimeError)."""
-        failed = await run(lambda fe, seq: m.ReleaseKvCache(fe, seq), "release_kv_cache_memory",
+    async def release_kv_cache_memory(reset_connector: Annotated[bool, Query()] = True
+                                      ) -> Response:
+        """After a completed pause, the KV cache's memory is discarded until a wake-up;
+        refused otherwise with vLLM's 500 (its engine's RuntimeError)."""
+        failed = await run(lambda fe, seq: m.ReleaseKvCache(fe, seq, reset_connector),
+                           "release_kv_cache_memory",
                            lambda e: HttpError(500, "Call to release_kv_cache_memory method "
                                                f"failed: {e}", "InternalServerError"))
         return failed or JSONResponse({"status": "kv_cache_released"})

@@ -150,13 +150,16 @@ class LoraOp(msgspec.Struct, frozen=True, array_like=True, tag="lora_op"):
 
 # --- sleep mode (issue 13): answered with an `Admissions` item for `seq` ---------------------
 class Sleep(msgspec.Struct, frozen=True, array_like=True, tag="sleep"):
-    """vLLM's sleep(level, mode): 0 pauses scheduling, 1 offloads the weights to host memory,
-    2 discards them; both free the KV cache. mode: abort | wait | keep (the in-flight ones)."""
+    """vLLM's sleep(level, mode, reset_connector): 0 pauses scheduling, 1 offloads the weights
+    to host memory, 2 discards them; both free the KV cache, and with `reset_connector` (vLLM
+    0.34.0's query parameter; always so in 0.33.0) empty the CPU tier too. mode: abort | wait
+    | keep (the in-flight ones)."""
 
     frontend: int
     seq: int
     level: int
     mode: str = "abort"
+    reset_connector: bool = True
 
 
 class WakeUp(msgspec.Struct, frozen=True, array_like=True, tag="wake"):
@@ -168,11 +171,13 @@ class WakeUp(msgspec.Struct, frozen=True, array_like=True, tag="wake"):
 
 
 class ReleaseKvCache(msgspec.Struct, frozen=True, array_like=True, tag="release_kv"):
-    """vLLM 0.33.0's release_kv_cache_memory: after a completed pause, empty the prefix cache
-    and discard the KV cache's memory until a wake-up (tag kv_cache) brings it back."""
+    """vLLM's release_kv_cache_memory: after a completed pause, empty the prefix cache (and,
+    with `reset_connector`, the CPU tier) and discard the KV cache's memory until a wake-up
+    (tag kv_cache) brings it back."""
 
     frontend: int
     seq: int
+    reset_connector: bool = True
 
 
 class Profile(msgspec.Struct, frozen=True, array_like=True, tag="profile"):

@@ -98,3 +98,24 @@ async def test_reset_external_empties_the_tier_and_a_plain_reset_keeps_it(pod):
         r = await http.post("/reset_prefix_cache", params={"reset_external": "true"})
         assert r.json() == {"success": True}
         assert await hits_of_a_resend(http) == 0  # prefilled again
+
+
+@pytest.mark.parametrize("reset_connector", [None, "false"])
+async def test_a_sleep_empties_the_tier_unless_told_not_to(pod, reset_connector):
+    """vLLM's sleep resets the KV connector with the device's cache (0.33.0 always, 0.34.0
+    unless `reset_connector=false`): after a wake-up, a prompt the tier held is prefilled
+    again, or, told not to, comes back from host memory."""
+    rng = random.Random(2 if reset_connector is None else 3)
+    prompt = [rng.randrange(1000, 20000) for _ in range(200)]
+    body = {"model": REPO, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}
+    params = {"level": "1", **({"reset_connector": reset_connector} if reset_connector else {})}
+    async with httpx.AsyncClient(base_url=pod.http_url, timeout=60) as http:
+        assert (await http.post("/v1/completions", json=body)).status_code == 200
+        assert (await http.post("/sleep", params=params)).status_code == 200
+        assert (await http.post("/wake_up")).json()["status"] == "awake"
+        before = value(pod.scrape(), "vllm:external_prefix_cache_hits_total")
+        assert (await http.post("/v1/completions", json=body)).status_code == 200
+        hits = value(pod.scrape(), "vllm:external_prefix_cache_hits_total") - before
+    assert hits == (0 if reset_connector is None else 192)  # 12 whole blocks from the host
+    async with AsyncClient(pod.target) as client:
+        await assert_released(client, (await client.list_deployments()).deployments[0].name)
