@@ -2,16 +2,20 @@
 start while every seat is taken (a load takes neither a seat nor budget until its KV has
 arrived), at most the cap of requests hold blocks for loads (in flight, or landed and not yet
 running), a pull past the cap waits where it is while a request that needs no load may still
-be admitted, and without the cap nothing changes (0.33.0's scheduling: tests/engine/
-test_kv_pulls.py). The scheduler's invariants hold after every step; however a request ends,
-its pull is told once."""
+be admitted, a load from the CPU tier past the cap waits at the head of the queue, and without
+the cap nothing changes (0.33.0's scheduling: tests/engine/test_kv_pulls.py). The scheduler's
+invariants hold after every step; however a request ends, its pull is told once."""
 
 from __future__ import annotations
+
+import random
 
 from engine_drive import request
 from test_kv_pulls import PROMPT, decode_pod, pulled, tick
 
+from server.engine.build import EngineOptions, build_core
 from server.engine.request import RequestStatus
+from server.engine.tokenizer import get_tokenizer
 
 
 def busy(rid: str = "busy", n: int = 40):
@@ -119,3 +123,33 @@ def test_the_capped_pulls_tokens_are_the_aggregated_deployments():
     assert [len(done[r].output_token_ids) for r in "ab"] == [6, 6]
     assert all(done[r].num_computed_tokens >= len(PROMPT) for r in "ab")
     assert sorted(link.ended) == [("a", True), ("b", True)]
+
+
+def cpu_tier_reloads(cap: int | None) -> tuple:
+    """Two prompts the device evicted, then both sent again at once: their loads from the
+    CPU tier, under `cap`. The stages after the first step, and each one's status."""
+    opts = EngineOptions(name="a", model="llama-3.1-8b", quant="bf16", chip="h100-sxm",
+                         engine="vllm", kv_blocks=64, max_model_len=2048,  # 1,024 tokens
+                         kv_offloading_size=1.0, max_num_seqs=4,
+                         max_num_inflight_kv_loads=cap)
+    core = build_core(opts, get_tokenizer())
+    sched = core.scheduler
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1000, 20000) for _ in range(420)] for _ in range(4)]
+    t = 0.0
+    for i, p in enumerate(prompts):  # each alone: the device keeps the last two
+        sched.add_request(request(f"w{i}", p, 2, ignore_eos=True))
+        while core.has_unfinished():
+            t += core.step(t).seconds
+    for i in (0, 1):
+        sched.add_request(request(f"again{i}", prompts[i], 2, ignore_eos=True))
+    out = sched.schedule(t)
+    sched.update(out, {s.request_id: [5] for s in out.scheduled if s.samples_token})
+    sched.check_integrity()
+    return sched.kv_fetch_stages(), [sched.requests[f"again{i}"].status for i in (0, 1)]
+
+
+def test_cpu_tier_loads_count_toward_the_cap_and_wait_at_the_head():
+    assert cpu_tier_reloads(None) == ((0, 2, 0), [RequestStatus.WAITING_FOR_REMOTE_KVS] * 2)
+    assert cpu_tier_reloads(1) == ((1, 1, 0), [RequestStatus.WAITING_FOR_REMOTE_KVS,
+                                               RequestStatus.WAITING])
