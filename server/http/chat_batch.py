@@ -36,7 +36,6 @@ from server.http.errors import (
 )
 from server.http.errors import vllm_invalid as invalid
 from server.http.protocol import ChatCompletionRequest, ChatMessage, OpenAIBase, tokens_as_ids
-from server.http.render_metrics import rendering
 from server.http.routes import (
     counted,
     data_parallel_rank,
@@ -106,9 +105,7 @@ async def batch_chat_completion(state: HttpState, request: Request,
                    for s in conversations(body)]
         reqs, shapes_of = [], []
         for i, single in enumerate(singles):
-            with rendering(state.vllm_api, client.info.model_name, "chat"):
-                ids = await prompts.chat_generation_prompt(single, state.tokenizer,
-                                                           client.limits)
+            ids = await prompts.chat_generation_prompt(single, state.tokenizer, client.limits)
             plan = tools.plan(single)
             req, _ = chat.engine_request(single, engine_id(f"chatcmpl-{rid}_{i}"), ids, plan,
                                          client.limits)

@@ -7,13 +7,14 @@ Why it exists: a slow template or a long prompt costs the front end's CPU before
 sees the request, and a dashboard tells that apart from queueing with this family. Rendering
 is real host work here too (the same templates and tokenizer), so its wall time is measured,
 not emulated. As in vLLM, the routes that render through the online renderer observe it:
-`chat` — /v1/chat/completions (and its batch route), /v1/messages and its count_tokens,
+`chat` — /v1/chat/completions, /v1/messages and its count_tokens,
 /v1/chat/completions/render; `completion` — /v1/completions, /v1/completions/render. Not
-/tokenize, /v1/responses, the pooling routes nor /inference/v1/generate, which vLLM renders
-elsewhere; only a render that succeeds is observed; an SGLang or TRT-LLM pod, which has no
-`vllm:` series, observes nothing. The family is created at the first render
-(vLLM registers it lazily), in prometheus_client's multiprocess files with the HTTP series
-(server/http/metrics.py), so `/metrics` shows it from any front end.
+/tokenize, /v1/responses, /v1/chat/completions/batch, the pooling routes nor
+/inference/v1/generate, which vLLM renders without that timing. Only a render that succeeds
+is observed; an SGLang or TRT-LLM pod, which has no `vllm:` series, observes nothing. The
+family is created at the first render (vLLM registers it lazily), in prometheus_client's
+multiprocess files with the HTTP series (server/http/metrics.py), so `/metrics` shows it from
+any front end.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ server: absent until the first render (vLLM registers it lazily), then one obser
 request rendered where vLLM's online renderer observes one — chat completions, /v1/messages and
 its count_tokens, the chat render route as "chat"; completions (one per request, whatever its
 prompts) and the completions render route as "completion" — and none for /tokenize,
-/v1/responses and its render route, /inference/v1/generate, or a request refused while it was
-rendered. Name, type, help, labels and buckets are vLLM's (vllm_reference.json)."""
+/v1/responses and its render route, the batch chat route, /inference/v1/generate, or a request
+refused while it was rendered. Name, type, help, labels and buckets are vLLM's (vllm_reference.json)."""
 
 from __future__ import annotations
 
@@ -60,8 +60,10 @@ async def test_each_rendering_route_observes_once_and_the_others_never(server):
               await h.post("/v1/responses/render", json={"model": MODEL, "input": "Hi"}),
               await h.post("/inference/v1/generate", json={
                   "model": MODEL, "token_ids": [1, 2, 3],
-                  "sampling_params": {"max_tokens": 2}})]
-        assert [r.status_code for r in ok] == [200] * 4, [r.text for r in ok]
+                  "sampling_params": {"max_tokens": 2}}),
+              await h.post("/v1/chat/completions/batch", json={
+                  "model": MODEL, "messages": [MESSAGES, MESSAGES], "max_tokens": 2})]
+        assert [r.status_code for r in ok] == [200] * 5, [r.text for r in ok]
         assert renders(server) is None
         refused = await h.post("/v1/chat/completions", json={
             "model": MODEL, "messages": MESSAGES, "max_tokens": 10_000})  # past the context
