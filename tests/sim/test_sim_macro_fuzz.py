@@ -69,6 +69,15 @@ def _close(a: float | None, b: float | None) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
+def _assert_identical(single: tuple, macro: tuple, *why: object) -> None:
+    """The same records, token ids and counters; figures and times equal to 1e-9."""
+    assert single[:3] == macro[:3], why
+    assert all(_close(a, b) for a, b in zip(single[3], macro[3], strict=True))
+    for (t1, e1, f1), (t2, e2, f2) in zip(single[4], macro[4], strict=True):
+        assert len(t1) == len(t2) and all(map(_close, t1, t2)), why
+        assert _close(e1, e2) and _close(f1, f2)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_random_configurations_run_the_same_macro_or_single_stepped(seed, monkeypatch):
     rng = random.Random(seed)
@@ -79,11 +88,7 @@ def test_random_configurations_run_the_same_macro_or_single_stepped(seed, monkey
         single = _run(opts, spec, False, monkeypatch)
         macro = _run(opts, spec, True, monkeypatch)
         windows += macro[5]
-        assert single[:3] == macro[:3], (opts, spec)
-        assert all(_close(a, b) for a, b in zip(single[3], macro[3], strict=True))
-        for (t1, e1, f1), (t2, e2, f2) in zip(single[4], macro[4], strict=True):
-            assert len(t1) == len(t2) and all(map(_close, t1, t2)), (opts, spec)
-            assert _close(e1, e2) and _close(f1, f2)
+        _assert_identical(single, macro, opts, spec)
     assert windows > 0  # macro-stepping really ran
 
 
@@ -100,11 +105,8 @@ def test_a_long_prefill_threshold_runs_the_same_macro_or_single_stepped(adaptive
                         vocab_size=get_tokenizer().vocab_size)
     single = _run(opts, spec, False, monkeypatch)
     macro = _run(opts, spec, True, monkeypatch)
-    assert macro[5] > 0 and single[:3] == macro[:3]
-    assert all(_close(a, b) for a, b in zip(single[3], macro[3], strict=True))
-    for (t1, e1, f1), (t2, e2, f2) in zip(single[4], macro[4], strict=True):
-        assert len(t1) == len(t2) and all(map(_close, t1, t2))
-        assert _close(e1, e2) and _close(f1, f2)
+    assert macro[5] > 0
+    _assert_identical(single, macro)
     uncapped = _run(dataclasses.replace(opts, long_prefill_token_threshold=0), spec, True,
                     monkeypatch)
     assert uncapped[0] != macro[0]  # the cap really changed the schedule
@@ -123,11 +125,8 @@ def test_cache_aware_admission_runs_the_same_macro_or_single_stepped(monkeypatch
                         vocab_size=get_tokenizer().vocab_size)
     single = _run(opts, spec, False, monkeypatch)
     macro = _run(opts, spec, True, monkeypatch)
-    assert macro[5] > 0 and single[:3] == macro[:3]
-    assert all(_close(a, b) for a, b in zip(single[3], macro[3], strict=True))
-    for (t1, e1, f1), (t2, e2, f2) in zip(single[4], macro[4], strict=True):
-        assert len(t1) == len(t2) and all(map(_close, t1, t2))
-        assert _close(e1, e2) and _close(f1, f2)
+    assert macro[5] > 0
+    _assert_identical(single, macro)
     plain = _run(dataclasses.replace(opts, cache_aware_admission_window=0), spec, True,
                  monkeypatch)
     first = [t[2] for t in macro[4]]  # each request's first-scheduled time

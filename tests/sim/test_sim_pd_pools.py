@@ -134,13 +134,11 @@ def test_the_terminal_and_the_html_report_show_what_each_replica_did(tmp_path, c
     assert 'id="pools"' in page
 
 
-def test_a_full_decode_replica_pulls_only_when_a_seat_frees():
-    """As a real-time decode pod (vLLM's scheduler): with its one seat taken, the decode
-    replica starts the next request's pull only when the seat frees, so that request's first
-    token comes after the other's end and its own whole transfer; the prefill replica held
-    its blocks meanwhile, and every block is released at the end."""
+def _full_decode_replica(**decode: object) -> tuple:
+    """Two long prompts 0.5 s apart through one prefill replica and a decode replica of one
+    seat: the run, its records by end, and the second one's transfer time."""
     fleet = [pool(H100, "prefill", role="prefill"),
-             pool(H100, "decode", role="decode", max_num_seqs=1)]
+             pool(H100, "decode", role="decode", max_num_seqs=1, **decode)]
     work = sessions(kind="random", num_requests=2, isl=4096, osl=400, rate=2.0,
                     ignore_eos=True)
     cr, _, s = run(fleet, "round-robin", work)
@@ -150,24 +148,25 @@ def test_a_full_decode_replica_pulls_only_when_a_seat_frees():
     assert first.token_times[0] < second.prefill_end_s < first.end_s
     transfer = expected_transfer(second.prompt_tokens)
     assert second.kv_transfer_s == pytest.approx(transfer, rel=1e-12)
+    return cr, first, second, transfer
+
+
+def test_a_full_decode_replica_pulls_only_when_a_seat_frees():
+    """As a real-time decode pod (vLLM's scheduler): with its one seat taken, the decode
+    replica starts the next request's pull only when the seat frees, so that request's first
+    token comes after the other's end and its own whole transfer; the prefill replica held
+    its blocks meanwhile, and every block is released at the end."""
+    cr, first, second, transfer = _full_decode_replica()
     # its pull began when `first` ended, not when its prefill did
     assert second.token_times[0] > first.end_s + transfer > second.prefill_end_s + transfer
     assert_all_released(cr)
 
 
 def test_with_the_inflight_cap_a_full_decode_replica_pulls_at_once():
-    """vLLM 0.34.0's --max-num-inflight-kv-loads: the same run as above, but the second
-    request's pull starts when its prefill ends, while the seat is still taken, so its first
-    token comes right after the first request's end rather than a whole transfer later."""
-    fleet = [pool(H100, "prefill", role="prefill"),
-             pool(H100, "decode", role="decode", max_num_seqs=1, max_num_inflight_kv_loads=2)]
-    work = sessions(kind="random", num_requests=2, isl=4096, osl=400, rate=2.0,
-                    ignore_eos=True)
-    cr, _, s = run(fleet, "round-robin", work)
-    assert s["requests"] == 2 and not s["errors"]
-    first, second = sorted(cr.run.records, key=lambda r: r.end_s)
-    assert first.token_times[0] < second.prefill_end_s < first.end_s
-    transfer = expected_transfer(second.prompt_tokens)
+    """vLLM 0.34.0's --max-num-inflight-kv-loads: the same run, but the second request's pull
+    starts when its prefill ends, while the seat is still taken, so its first token comes
+    right after the first request's end rather than a whole transfer later."""
+    cr, first, second, transfer = _full_decode_replica(max_num_inflight_kv_loads=2)
     assert second.prefill_end_s + transfer < first.end_s  # landed while first still ran
     assert first.end_s < second.token_times[0] < first.end_s + transfer
     assert_all_released(cr)
