@@ -20,11 +20,19 @@ from __future__ import annotations
 import time
 
 from fastapi import FastAPI
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from server.http import chat, completions, prompts, tools
-from server.http.errors import HttpError, bad_request, draining, error_response
+from server.http.errors import (
+    HttpError,
+    bad_request,
+    body_errors,
+    draining,
+    error_response,
+    validation_error,
+)
 from server.http.messages_protocol import MessagesRequest
 from server.http.messages_routes import to_chat
 from server.http.protocol import ChatCompletionRequest, CompletionRequest
@@ -45,7 +53,12 @@ from server.http.routes import (
     with_session,
 )
 from server.http.scale_out_generate import GenerateShapes, completion_body
-from server.http.scale_out_protocol import GenerateRequest, generate_request, sampling_params
+from server.http.scale_out_protocol import (
+    AbortRequestsRequest,
+    GenerateRequest,
+    generate_request,
+    sampling_params,
+)
 from server.http.state import HttpState
 
 DISABLED = ("Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to "
@@ -192,16 +205,14 @@ def add_scale_out_routes(app: FastAPI, state: HttpState, enabled: bool) -> None:
 
     @app.post("/inference/v1/abort_requests")
     async def abort_route(request: Request) -> Response:
+        """vLLM 0.34.0: JSON whatever the Content-Type, validated as `AbortRequestsRequest`."""
         try:
-            body = await request.json()
+            raw = await request.json()
         except ValueError as e:
             return error_response(HttpError(400, f"JSON decode error: {e}"))
-        ids = body.get("request_ids") if isinstance(body, dict) else None
-        if ids is None:
-            return error_response(HttpError(400, "Missing 'request_ids' in request body"))
-        ids = [ids] if isinstance(ids, str) else ids
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            return error_response(bad_request("request_ids must be a list of strings",
-                                              "request_ids"))
-        abort_matching(state, ids)  # (vLLM aborts in the background and answers at once)
-        return Response(status_code=200)
+        try:
+            ids = AbortRequestsRequest.model_validate(raw).request_ids
+        except ValidationError as e:
+            raise validation_error(body_errors(e.errors(include_url=False))) from None
+        abort_matching(state, [ids] if isinstance(ids, str) else ids)  # (vLLM aborts in the
+        return Response(status_code=200)  # background and answers at once)

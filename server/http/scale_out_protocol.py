@@ -181,3 +181,10 @@ def generate_request(request_id: str, token_ids: list[int], params: dict[str, An
                 if stream and req.stream_options is not None else None),
             "cache_salt": req.cache_salt, "priority": req.priority,
             "kv_transfer_params": req.kv_transfer_params, "ec_transfer_params": None}
+
+
+class AbortRequestsRequest(BaseModel):
+    """`/inference/v1/abort_requests`'s body (vLLM 0.34.0 validates it as this model, so a
+    missing or mistyped `request_ids` is the validation handler's 400)."""
+
+    request_ids: str | list[str]

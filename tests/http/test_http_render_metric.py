@@ -4,7 +4,8 @@ request rendered where vLLM's online renderer observes one — chat completions,
 its count_tokens, the chat render route as "chat"; completions (one per request, whatever its
 prompts) and the completions render route as "completion" — and none for /tokenize,
 /v1/responses and its render route, the batch chat route, /inference/v1/generate, or a request
-refused while it was rendered. Name, type, help, labels and buckets are vLLM's (vllm_reference.json)."""
+refused while it was rendered. Name, type, help, labels and buckets are vLLM's
+(vllm_reference.json)."""
 
 from __future__ import annotations
 
