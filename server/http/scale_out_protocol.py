@@ -69,9 +69,11 @@ def structured_outputs(req: GenerationFields) -> dict[str, Any] | None:
 
 def sampling_params(req: GenerationFields, max_tokens: int, logprobs: int | None,
                     prompt_logprobs: int | None) -> dict[str, Any]:
-    """The request's vLLM `SamplingParams` as it serializes (`to_sampling_params` with no
-    server defaults — doppelchip loads no generation config — then `__post_init__`), only
-    the fields that differ from their defaults, in declaration order."""
+    """The request's vLLM `SamplingParams` as a render's `GenerateRequest` serializes it
+    (`to_sampling_params` with no server defaults — doppelchip loads no generation config —
+    then `__post_init__`): the fields that differ from their defaults, in declaration order,
+    then `max_tokens` if it equals its default (vLLM 0.34.0 keeps a resolved one, so that it
+    is not read back as not provided)."""
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
 
@@ -106,8 +108,10 @@ def sampling_params(req: GenerationFields, max_tokens: int, logprobs: int | None
         # the client's vllm_xargs (render hoists kv_transfer_params out, to the top level)
         "extra_args": dict(req.vllm_xargs) if req.vllm_xargs else None,
     }
-    return {k: values[k] for k, default in SAMPLING_DEFAULTS.items()
-            if k in values and values[k] != default}
+    params = {k: values[k] for k, default in SAMPLING_DEFAULTS.items()
+              if k in values and values[k] != default}
+    params.setdefault("max_tokens", max_tokens)
+    return params
 
 
 class VllmSamplingParams(BaseModel):

@@ -61,6 +61,10 @@ async def test_render_chat_is_the_prompt_the_chat_route_runs(h):
     params = r.json()["sampling_params"]
     assert params["max_tokens"] == tokens["max_model_len"] - len(tokens["tokens"])
     assert params["temperature"] == 0.0 and "top_p" not in params  # greedy
+    # a max_tokens equal to SamplingParams' default is kept, last (vLLM 0.34.0's
+    # GenerateRequest serializer), so a generate reads it back as provided
+    r = await h.post("/v1/chat/completions/render", json={**body, "max_tokens": 16})
+    assert list(r.json()["sampling_params"].items())[-1] == ("max_tokens", 16)
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     r = await h.post("/v1/chat/completions/render", json={"messages": MESSAGES,
                                                           "tools": [tool]})
