@@ -78,6 +78,16 @@ def _assert_identical(single: tuple, macro: tuple, *why: object) -> None:
         assert _close(e1, e2) and _close(f1, f2)
 
 
+def _macro_is_single(opts: EngineOptions, spec: WorkloadSpec, monkeypatch) -> tuple:
+    """Both runs of one configuration: windows ran and the runs are identical; the macro
+    run's results."""
+    single = _run(opts, spec, False, monkeypatch)
+    macro = _run(opts, spec, True, monkeypatch)
+    assert macro[5] > 0
+    _assert_identical(single, macro)
+    return macro
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_random_configurations_run_the_same_macro_or_single_stepped(seed, monkeypatch):
     rng = random.Random(seed)
@@ -103,10 +113,7 @@ def test_a_long_prefill_threshold_runs_the_same_macro_or_single_stepped(adaptive
     spec = WorkloadSpec(kind="random", num_requests=30, isl=1000, osl=60, rate=20,
                         length_dist="uniform", length_spread=0.9, ignore_eos=False, seed=3,
                         vocab_size=get_tokenizer().vocab_size)
-    single = _run(opts, spec, False, monkeypatch)
-    macro = _run(opts, spec, True, monkeypatch)
-    assert macro[5] > 0
-    _assert_identical(single, macro)
+    macro = _macro_is_single(opts, spec, monkeypatch)
     uncapped = _run(dataclasses.replace(opts, long_prefill_token_threshold=0), spec, True,
                     monkeypatch)
     assert uncapped[0] != macro[0]  # the cap really changed the schedule
@@ -123,10 +130,7 @@ def test_cache_aware_admission_runs_the_same_macro_or_single_stepped(monkeypatch
                         system_prompt_len=256, num_prefixes=5, users_per_prefix=1,
                         ignore_eos=True, seed=5,
                         vocab_size=get_tokenizer().vocab_size)
-    single = _run(opts, spec, False, monkeypatch)
-    macro = _run(opts, spec, True, monkeypatch)
-    assert macro[5] > 0
-    _assert_identical(single, macro)
+    macro = _macro_is_single(opts, spec, monkeypatch)
     plain = _run(dataclasses.replace(opts, cache_aware_admission_window=0), spec, True,
                  monkeypatch)
     first = [t[2] for t in macro[4]]  # each request's first-scheduled time
