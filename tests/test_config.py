@@ -50,6 +50,13 @@ DEP = {"name": "a", "model": "m", "quant": "bf16", "chip": "h100-sxm", "engine":
          "name ranks outside 0..3 (data_parallel_size 4)"),
         ({"deployments": [{**DEP, "data_parallel_start_rank": -1}]},
          "data_parallel_start_rank must be >= 0, got -1"),
+        # vLLM 0.34.0's scheduler keys (Field(ge=1), Field(ge=0), Field(ge=0, le=1))
+        ({"deployments": [{**DEP, "max_num_inflight_kv_loads": 0}]},
+         "max_num_inflight_kv_loads must be >= 1, got 0"),
+        ({"deployments": [{**DEP, "cache_aware_admission_window": -1}]},
+         "cache_aware_admission_window must be >= 0, got -1"),
+        ({"deployments": [{**DEP, "cache_aware_admission_threshold": 1.5}]},
+         "cache_aware_admission_threshold must be in [0, 1], got 1.5"),
     ],
 )
 def test_bad_fleet_files_name_the_problem(doc, message):
