@@ -115,13 +115,13 @@ class PdHops:
         prefills the prompt itself."""
         self.outstanding[hop.prefill] -= 1
         hop.prefill_end_s = self.t
-        req, held = hop.req, self.cores[hop.prefill].scheduler
-        if req.request_id in held.held:
+        req, prefill = hop.req, self.cores[hop.prefill].scheduler
+        if req.request_id in prefill.held:
             hop.num_tokens = max(0, len(pre.prompt_token_ids) - 1)
             if hop.num_tokens:
                 req.num_remote_tokens = hop.num_tokens
             else:  # a one-token prompt: nothing to pull, the blocks go at once
-                held.release_held(req.request_id)
+                prefill.release_held(req.request_id)
         self.cores[hop.decode].add_request(req)
         self.live[req.request_id] = (req, hop.si, hop.ti, hop.at, hop.decode)
         self.times[req.request_id] = []

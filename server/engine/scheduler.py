@@ -160,7 +160,7 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
         cfg, kv = self.config, self.kv
         if now is not None:
             self.now = now
-        if self.num_loading:
+        if self.loaders and self.num_loading:
             self._land(self.now)
         budget = cfg.max_num_batched_tokens
         scheduled: dict[str, ScheduledRequest] = {}

@@ -103,7 +103,13 @@ async def parse_json(request: Request, model: type[M] | TypeAdapter) -> M:
     if not raw:
         raise validation_error([{"type": "missing", "loc": ("body",), "msg": "Field required",
                                  "input": None}])
-    try:  # a model, or a TypeAdapter of a union of them
+    return validated(model, data)
+
+
+def validated(model: type[M] | TypeAdapter, data: object) -> M:
+    """Decoded JSON as `model` (a model, or a TypeAdapter of a union of them), or vLLM's
+    validation error for it, located in the body."""
+    try:
         validate = model.validate_python if isinstance(model, TypeAdapter) else \
             model.model_validate
         return validate(data)

@@ -65,7 +65,7 @@ def add_messages_routes(app: FastAPI, state: HttpState) -> None:
                 raise draining()
             chat_body = to_chat(body)
             client, _ = resolve(state, chat_body.model)
-            with rendering(state.vllm_api, client.info.model_name, "chat"):
+            with rendering(state, client.info.model_name, "chat"):
                 ids = await prompts.chat_prompt(chat_body.messages, state.tokenizer,
                                                 client.limits, add_generation_prompt=True)
         except HttpError as e:

@@ -23,8 +23,12 @@ import functools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram
+
+if TYPE_CHECKING:
+    from server.http.state import HttpState
 
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
            1, 2.5, 5, 10)  # vLLM's
@@ -40,11 +44,12 @@ def _duration() -> Histogram:
 
 
 @contextmanager
-def rendering(timed: bool, model_name: str, request_type: str) -> Iterator[None]:
-    """If `timed`, observe the block's wall time as one `request_type` ("chat" or
-    "completion") render of `model_name`, unless it raises (a refused request is not a
-    render)."""
+def rendering(state: HttpState, model_name: str, request_type: str,
+              timed: bool = True) -> Iterator[None]:
+    """Observe the block's wall time as one `request_type` ("chat" or "completion") render of
+    `model_name`, unless it raises (a refused request is not a render), the front end does
+    not speak vLLM's API, or the route is not `timed` (vLLM renders it unobserved)."""
     start = time.perf_counter()
     yield
-    if timed:
+    if timed and state.vllm_api:
         _duration().labels(model_name, request_type).observe(time.perf_counter() - start)

@@ -234,7 +234,7 @@ async def start_completion(state: HttpState, client: DeploymentClient, body: Com
     prompt's token ids; the engine sees `<response_id>-<8 hex>`; `rank` as `start_chat`'s.
     `/v1/completions` (and `/invocations`) and `/inference/v1/generate`
     (`server.http.scale_out`) start here; `rendered`: its render is timed (render_metrics)."""
-    with rendering(state.vllm_api and rendered, client.info.model_name, "completion"):
+    with rendering(state, client.info.model_name, "completion", rendered):
         ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
     reqs, n = completions.engine_requests(body, engine_id(response_id), ids, client.limits)
     reqs = [lora_tag(client, body.model, r) for r in reqs]  # --- LoRA (issue 13) ---
@@ -264,8 +264,8 @@ async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
     `/v1/chat/completions`, `/v1/messages` and `/v1/responses` start here."""
     client, name = opened(state, rid, body.model)
     plan = tools.plan(body)
-    timed = state.vllm_api and request_type != "responses"  # (vLLM's Responses: unobserved)
-    with rendering(timed, client.info.model_name, "chat"):
+    # (vLLM renders a Responses request unobserved)
+    with rendering(state, client.info.model_name, "chat", request_type != "responses"):
         ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
     req, n = chat.engine_request(body, engine_id(f"chatcmpl-{rid}"), ids, plan, client.limits)
     req = lora_tag(client, body.model, req)  # --- LoRA (issue 13) ---

@@ -20,19 +20,12 @@ from __future__ import annotations
 import time
 
 from fastapi import FastAPI
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from server.http import chat, completions, prompts, tools
-from server.http.errors import (
-    HttpError,
-    bad_request,
-    body_errors,
-    draining,
-    error_response,
-    validation_error,
-)
+from server.http.body import validated
+from server.http.errors import HttpError, bad_request, draining, error_response
 from server.http.messages_protocol import MessagesRequest
 from server.http.messages_routes import to_chat
 from server.http.protocol import ChatCompletionRequest, CompletionRequest
@@ -83,7 +76,7 @@ async def render_chat(state: HttpState, request: Request, body: ChatCompletionRe
     client, _ = resolve(state, body.model)
     _beam_search(body)
     plan = tools.plan(body)
-    with rendering(state.vllm_api and timed, client.info.model_name, "chat"):
+    with rendering(state, client.info.model_name, "chat", timed):
         ids = await prompts.chat_generation_prompt(body, state.tokenizer, client.limits)
     req, _ = chat.engine_request(body, rid, ids, plan, client.limits)
     logprobs = body.top_logprobs if body.logprobs else None
@@ -121,7 +114,7 @@ async def render_completion(state: HttpState, request: Request, body: Completion
     checked_id(rid)
     client, _ = resolve(state, body.model)
     _beam_search(body)
-    with rendering(state.vllm_api, client.info.model_name, "completion"):
+    with rendering(state, client.info.model_name, "completion"):
         ids = await prompts.completion_prompts(body, state.tokenizer, client.limits)
     reqs, _ = completions.engine_requests(body, rid, ids, client.limits)
     base = f"cmpl-{rid}"
@@ -210,9 +203,6 @@ def add_scale_out_routes(app: FastAPI, state: HttpState, enabled: bool) -> None:
             raw = await request.json()
         except ValueError as e:
             return error_response(HttpError(400, f"JSON decode error: {e}"))
-        try:
-            ids = AbortRequestsRequest.model_validate(raw).request_ids
-        except ValidationError as e:
-            raise validation_error(body_errors(e.errors(include_url=False))) from None
+        ids = validated(AbortRequestsRequest, raw).request_ids
         abort_matching(state, [ids] if isinstance(ids, str) else ids)  # (vLLM aborts in the
         return Response(status_code=200)  # background and answers at once)
