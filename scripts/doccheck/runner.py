@@ -33,6 +33,7 @@ from server.ports import check_free
 
 PRELUDE = (Path(__file__).parent / "prelude.sh").read_text()
 BLOCK_TIMEOUT_S = 240.0
+STOP_GRACE_S = 120.0  # a timed-out block's own clean-up: SIGTERM to its servers, 30 s each
 SUCCESSIVE = 12  # a pod fleet or gateway uses successive ports after the one it names
 # moved ports live in [LOW, HIGH): above the well-known ones, below Linux's ephemeral range
 # (32768-60999), where an outgoing connection's local port could collide with a listener
@@ -153,8 +154,7 @@ def _run(block: ShellBlock, root: Path, moves: Moves, timeout: float, start: flo
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        out, _ = proc.communicate()
+        out = _stop(proc, logs / "groups")
         out += f"\ndocs test: the block took more than {timeout:.0f} s"
         proc.returncode = -1
     _kill_leftovers(logs / "groups")
@@ -179,6 +179,20 @@ def run_blocks(blocks: list[ShellBlock], root: Path, shared_moves: Callable[[], 
     order = sorted(blocks, key=lambda b: -len(b.commands) - 10 * starts_server(b))
     with ThreadPoolExecutor(workers) as pool:
         return {r.block.where: r for r in pool.map(one, order)}
+
+
+def _stop(proc: subprocess.Popen, groups: Path) -> str:
+    """A block past its time: SIGTERM (its clean-up stops its servers, 30 s each at most), then
+    SIGKILL for it and its servers' groups; its output so far. Bounded: a server still holding
+    the output pipe would otherwise keep `communicate` waiting for ever."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=STOP_GRACE_S)[0]
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_leftovers(groups)
+        return proc.communicate(timeout=STOP_GRACE_S)[0]
 
 
 def _kill_leftovers(groups: Path) -> None:

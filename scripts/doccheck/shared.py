@@ -1,14 +1,19 @@
 """The shared server: one `doppelchip serve` (the default fleet) for every block that talks to
 a server without starting one (README's `generate "hello"`, docs/HTTP.md's curls, ...).
 
-It listens on the documented ports' moved hundreds (`Moves`); those blocks run with them.
+It listens on the documented ports' moved hundreds (`Moves`); those blocks run with them. Its
+log goes to a file, not a pipe: nobody reads a pipe until the server stops, and at the default
+log level a few hundred requests (a line each) fill one, after which every write blocks and
+the server with it (every later block then hangs until its timeout).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -29,6 +34,7 @@ class SharedServer:
         self.moves: Moves = {}
         self.proc: subprocess.Popen | None = None
         self.log = ""
+        self._log: Path | None = None
         self._lock = threading.Lock()
 
     def ensure(self) -> Moves:
@@ -41,11 +47,13 @@ class SharedServer:
     def _start(self) -> None:
         self.moves = allocate({GRPC, HTTP})
         exe = self.root / ".venv" / "bin" / "doppelchip"
-        self.proc = subprocess.Popen(
-            [str(exe), "serve", "--port", str(move(GRPC, self.moves)),
-             "--http-port", str(move(HTTP, self.moves))],
-            cwd=self.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+        self._log = Path(tempfile.mkdtemp(prefix="doccheck-shared-")) / "server.log"
+        with self._log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [str(exe), "serve", "--port", str(move(GRPC, self.moves)),
+                 "--http-port", str(move(HTTP, self.moves))],
+                cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True)
         url = f"http://127.0.0.1:{move(HTTP, self.moves)}/health"
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
@@ -62,8 +70,8 @@ class SharedServer:
         raise RuntimeError(f"the shared server was not ready in {self.ready_timeout:.0f} s")
 
     def _output(self) -> str:
-        assert self.proc is not None and self.proc.stdout is not None
-        return self.proc.stdout.read().decode(errors="replace")
+        assert self._log is not None
+        return self._log.read_text(errors="replace")
 
     def stop(self) -> int | None:
         """SIGTERM, then its exit status (the server drains and exits 0)."""
@@ -77,6 +85,8 @@ class SharedServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             rc = self.proc.wait()
         self.log = self._output()
+        assert self._log is not None
+        shutil.rmtree(self._log.parent, ignore_errors=True)
         self.proc = None
         release(self.moves)
         return rc

@@ -3,17 +3,23 @@ command breaks, and fails (then regenerates) a quoted output that changed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+import scripts.doccheck.runner as runner
+from clients.client import AsyncClient
 from scripts.doccheck.blocks import DocError, shell_blocks, split_commands
-from scripts.doccheck.commands import script
+from scripts.doccheck.commands import move, script
 from scripts.doccheck.outputs import json_last_problems, normalise
 from scripts.doccheck.runner import allocate, release, run_block, talks_to_server
+from scripts.doccheck.shared import GRPC, HTTP, SharedServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FENCE = "```"
@@ -128,6 +134,46 @@ def test_a_broken_documented_command_fails_the_block(tmp_path):
     for block in (broken, missing):
         result = run_block(block, ROOT)
         assert not result.ok, result.output
+
+
+def test_a_block_past_its_time_is_ended_even_if_it_ignores_sigterm(tmp_path, monkeypatch):
+    # SIGTERM first (the block's clean-up stops its servers), SIGKILL after the grace period:
+    # waiting on its output without a bound hung the whole suite
+    monkeypatch.setattr(runner, "STOP_GRACE_S", 1.0)
+    [block] = shell_blocks(doc(tmp_path, (
+        "'''bash\ntrap '' TERM; while true; do sleep 0.1 || true; done\n'''\n")))
+    done: list[runner.Result] = []
+    thread = threading.Thread(target=lambda: done.append(run_block(block, ROOT, timeout=1)),
+                              daemon=True)
+    thread.start()
+    thread.join(60)
+    assert done, "run_block still waits on a block that ignores SIGTERM"
+    assert done[0].returncode == -1 and "took more than 1 s" in done[0].output
+
+
+async def _finish(target: str, n: int) -> None:
+    async def one(i: int) -> None:
+        async for _ in client.generate(f"r{i}", max_tokens=1):
+            pass
+
+    async with AsyncClient(target) as client:
+        for start in range(0, n, 50):
+            await asyncio.gather(*(one(i) for i in range(start, min(n, start + 50))))
+
+
+def test_the_shared_server_serves_on_past_a_pipes_worth_of_log():
+    # A line per finished request: 700 are more than a pipe holds (64 KiB); had its log gone
+    # to a pipe nobody reads until it stops, the server would block on a write and stall.
+    server = SharedServer(ROOT)
+    moves = server.ensure()
+    try:
+        asyncio.run(asyncio.wait_for(_finish(f"127.0.0.1:{move(GRPC, moves)}", 700), 120))
+        url = f"http://127.0.0.1:{move(HTTP, moves)}/health"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.status == 200
+    finally:
+        rc = server.stop()
+    assert rc == 0 and len(server.log.encode()) > 65536
 
 
 def test_a_block_talking_to_a_server_it_does_not_start_is_told_apart(tmp_path):
