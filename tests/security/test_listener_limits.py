@@ -23,7 +23,8 @@ from clients.client import AsyncClient, build_request
 from doppelchip.v1 import inference_pb2 as pb
 from doppelchip.v1 import inference_pb2_grpc as pb_grpc
 
-HEADER_TIMEOUT_S = 1.0
+HEADER_TIMEOUT_S = 2.0  # a scrape's connection must send its request within it: 1 s, on a
+#                         machine running two suites at once, sometimes cut one off unanswered
 KEEP_ALIVE_S = 1.0
 MAX_HEADER_BYTES = 16384
 MAX_HEADERS = 32
