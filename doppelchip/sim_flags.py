@@ -171,7 +171,13 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
                    "logit_mean and logit_sigma (a classifier's calibration), task "
                    "(docs/EMBEDDINGS.md)")
     g.add_argument("--enable-sleep-mode", action="store_true",
-                   help="accepted for vLLM compatibility: sleep mode is always available")
+                   help="as vLLM's flag: sleep mode is always available; with it, vLLM "
+                   "0.34.0's /checkpoint/prepare, /checkpoint/restore and /checkpoint/status")
+    if verb.startswith("serve"):
+        g.add_argument("--checkpoint-prepare-on-startup", action="store_true",
+                       help="as vLLM 0.34.0's flag (with --enable-sleep-mode): the engine "
+                       "starts prepared for a process checkpoint, paused with its KV cache "
+                       "released, until POST /checkpoint/restore")
     # --- vLLM's observability flags (docs/OBSERVABILITY.md) ---
     g.add_argument("--kv-cache-metrics", action="store_true", default=None,
                    help="as vLLM's flag: export the KV residency histograms "

@@ -119,6 +119,7 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--max-cpu-loras", {"type": int}),
     ("--lora-modules", {}),
     ("--enable-sleep-mode", {}),
+    ("--checkpoint-prepare-on-startup", {}),  # (vLLM 0.34.0)
     ("--kv-cache-metrics", {}),
     ("--kv-cache-metrics-sample", {"type": float}),
     ("--api-key", {}),
@@ -152,7 +153,7 @@ ACCEPTED: tuple[str, ...] = (
     "--tokenizer", "--tokenizer-mode", "--tokenizer-revision", "--revision", "--code-revision",
     "--download-dir", "--load-format", "--config-format", "--hf-token", "--hf-config-path",
     "--ignore-patterns", "--max-parallel-loading-workers", "--safetensors-load-strategy",
-    "--checkpoint-prepare-on-startup", "--shuffle-safetensors-files",  # (vLLM 0.34.0)
+    "--shuffle-safetensors-files",  # (vLLM 0.34.0)
     "--safetensors-prefetch-block-size", "--safetensors-prefetch-num-threads",
     "--model-loader-extra-config", "--pt-load-map-location", "--model-impl",
     "--trust-remote-code", "--use-tqdm-on-load", "--allow-deprecated-quantization",

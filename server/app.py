@@ -129,6 +129,8 @@ class FrontendApp:
                                     responses=ResponseStore.from_env(), now=self.now,
                                     profiler=ProfilerConfig.parse(cfg.profiler_config).enabled,
                                     tokenizer_info=cfg.enable_tokenizer_info_endpoint,
+                                    checkpoint=any(d.enable_sleep_mode
+                                                   for d in config.deployments),
                                     force_include_usage=cfg.enable_force_include_usage,
                                     response_role=cfg.response_role,
                                     tokens_as_ids=cfg.return_tokens_as_token_ids,

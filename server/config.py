@@ -195,6 +195,7 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
         table = {**table, "autoscaling": ",".join(f"{k}={v}" for k, v in auto.items())}
     opts = _build(EngineOptions, table, where)
     try:  # --- LoRA (issue 13): the LoRA options checked as vLLM checks them ---
+        opts.check_checkpoint()
         opts.lora_config()
         opts.conversion()
     except ValueError as e:

@@ -168,6 +168,8 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "chat_template": getattr(args, "chat_template", None),
         "pooler_config": getattr(args, "pooler_config", None),
         "enable_sleep_mode": getattr(args, "enable_sleep_mode", None) or None,
+        "checkpoint_prepare_on_startup": getattr(args, "checkpoint_prepare_on_startup",
+                                                 None) or None,
         # --- vLLM's --kv-cache-metrics (docs/OBSERVABILITY.md) ---
         "kv_cache_metrics": getattr(args, "kv_cache_metrics", None),
         "kv_cache_metrics_sample": getattr(args, "kv_cache_metrics_sample", None),
@@ -185,6 +187,7 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
     try:  # bad LoRA or fault flags are a start-up error, as in vLLM
         options.lora_config()  # --- LoRA (issue 13) ---
         check_fault_options(options)
+        options.check_checkpoint()
     except ValueError as e:
         raise SimulationError(str(e)) from e
     return options

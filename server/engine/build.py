@@ -130,7 +130,10 @@ class EngineOptions:
     # --- vLLM's CPU KV offloading: server/engine/kv_offload.py, docs/KV_OFFLOAD.md ---
     kv_offloading_size: float | None = None  # GiB of host memory for the CPU tier (all chips)
     kv_offloading_backend: str = "native"  # native | lmcache (not emulated)
-    enable_sleep_mode: bool = False  # vLLM's flag, accepted; sleep mode is always available
+    enable_sleep_mode: bool = False  # vLLM's flag: sleep mode is always available; with it,
+    #                                  vLLM 0.34.0's /checkpoint/* routes (server/http/checkpoint)
+    checkpoint_prepare_on_startup: bool = False  # vLLM 0.34.0's: start prepared for a process
+    #                                              checkpoint (needs enable_sleep_mode)
     # vLLM's --hf-overrides JSON, --runner and --convert: Matryoshka embeddings, and a
     # generative checkpoint served as an embedding model or a classifier (server/engine/
     # hf_overrides, docs/EMBEDDINGS.md)
@@ -140,6 +143,11 @@ class EngineOptions:
     chat_template: str | None = None  # vLLM's --chat-template: a cross-encoder's pair prompt
     #                                   (a file or the template; server/engine/score_template)
     pooler_config: str | None = None  # vLLM's --pooler-config JSON (server/engine/pooler_config)
+
+    def check_checkpoint(self) -> None:
+        """vLLM 0.34.0's ModelConfig check (vllm/config/model.py): a start-up error."""
+        if self.checkpoint_prepare_on_startup and not self.enable_sleep_mode:
+            raise ValueError("checkpoint_prepare_on_startup requires enable_sleep_mode")
 
     def pooler(self) -> PoolerOptions:
         """The parsed `--pooler-config` (ValueError, in vLLM's words, when it is wrong)."""

@@ -60,6 +60,11 @@ class Paused(Unavailable):
     RetryableRequestError)."""
 
 
+class CheckpointBlocked(EngineError):
+    """The engine's process-checkpoint state forbids the command (vLLM 0.34.0's engine core
+    raises a RuntimeError, "Cannot sleep while the checkpoint state is prepared": HTTP 500)."""
+
+
 class NotPlaced(EngineError):
     """The deployment could not be placed on its device (FAILED_PRECONDITION)."""
 

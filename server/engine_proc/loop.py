@@ -35,6 +35,7 @@ from server.engine.intake import Limits
 from server.engine.interface import FinishReason
 from server.engine.kv_events_config import KVEventsConfig
 from server.engine.kv_transfer import KvTransferConfig
+from server.engine_proc.checkpoint import CheckpointState
 from server.engine_proc.faults import FaultDriver
 from server.engine_proc.kv_connector import NixlConnector
 from server.engine_proc.loop_controls import Live, LoopControls
@@ -66,7 +67,8 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                  kv_transfer: KvTransferConfig | None = None,
                  info: m.DeploymentInfo | None = None,
                  faults: FaultDriver | None = None,
-                 profiler: StepProfiler | None = None) -> None:
+                 profiler: StepProfiler | None = None,
+                 prepare_on_startup: bool = False) -> None:
         self.deployment, self.rank, self.epoch = deployment, rank, epoch
         self.core, self.limits, self.stats = core, limits, stats
         self.name = limits.name
@@ -127,6 +129,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self.kv_metrics = core.scheduler.pool.metrics  # vLLM's --kv-cache-metrics (or None)
         self.profiler = profiler  # vLLM's /start_profile (--profiler-config), or None
         self.weight_version = "default"  # vLLM's label of the weights (RL), on every output
+        self.prepare_on_startup = prepare_on_startup  # vLLM 0.34.0's (checkpoint.py)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -144,6 +147,8 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self.stats.set_state("ready", "ready", self._t)
         if self.faults is not None:
             self.faults.start(self._t)
+        if self.prepare_on_startup:  # --checkpoint-prepare-on-startup: idle, so PREPARED now
+            self._prepare("wait")
         self._resync()
         while not self.stopping:
             self._tick()
@@ -157,7 +162,8 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                 self.pending_sleep = None
                 self._send(fe, m.encode(m.Admissions(self.deployment, self.rank, [
                     self._fall_asleep(level, "wait", seq, reset)])))
-            if self.pause.waiters and not core.scheduler.running:
+            if ((self.pause.waiters or self.checkpoint == CheckpointState.PREPARING)
+                    and not core.scheduler.running):
                 self._pause_holds()  # mode wait: the last running one finished
             if not core.has_unfinished() or self.sleep.sleeping or self.pause.frozen:
                 if self.faults is not None:

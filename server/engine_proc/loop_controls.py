@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from server.engine.interface import FinishReason
 from server.engine.request import Request
 from server.engine_proc import pause
+from server.engine_proc.checkpoint import CheckpointState, LoopCheckpoint
 from server.engine_proc.profiler import ProfilerAlreadyActive
 from server.engine_proc.sleep import LEVELS, MODES
 from server.ipc import messages as m
@@ -34,7 +35,7 @@ class Live:
     scheduled: bool = False
 
 
-class LoopControls:
+class LoopControls(LoopCheckpoint):
     """EngineLoop's KV-event, sleep-mode and P/D methods (see the module docstring)."""
 
     # --- KV events (issue 13) ---
@@ -134,6 +135,8 @@ class LoopControls:
                 log.info("%s weight version: %s", self.name, msg.version)
             return m.Admission(msg.seq, message=self.weight_version)
         if isinstance(msg, m.WakeUp):
+            if (blocked := self._checkpoint_blocks(msg.seq, "wake_up")) is not None:
+                return blocked
             seconds = self.sleep.wake(msg.tags, self.core.placement)
             if not self.sleep.sleeping and self.pause.paused:
                 self._resume()  # vLLM 0.33.0: fully awake resumes the scheduler (a /pause too)
@@ -145,6 +148,8 @@ class LoopControls:
             log.info("%s waking up: %.3f s (emulated) to bring the weights back", self.name,
                      seconds)
             return None
+        if (blocked := self._checkpoint_blocks(msg.seq, "sleep")) is not None:
+            return blocked
         if msg.level not in LEVELS or msg.mode not in MODES:
             return m.Admission(msg.seq, "InvalidRequest",
                                f"sleep level must be one of {LEVELS} and mode one of {MODES}")
@@ -171,17 +176,22 @@ class LoopControls:
         return m.Admission(msg.seq)
 
     def _release_kv_cache(self, seq: int, reset_connector: bool) -> m.Admission:
-        """vLLM's release_kv_cache_memory: refused unless a pause is complete (no request
-        left, queued ones too) and weights and KV cache are resident; then the prefix cache
-        (and with `reset_connector` the CPU tier) is emptied and the KV cache sleeps until a
-        wake-up."""
+        """vLLM's release_kv_cache_memory: refused unless a pause is complete (mode wait: its
+        running requests finished; requests it keeps queued or frozen do not count, as vLLM's
+        paused scheduler counts none) and weights and KV cache are resident; then the frozen
+        requests are preempted (recomputed after the wake-up: vLLM's reset_running_requests),
+        the prefix cache (and with `reset_connector` the CPU tier) is emptied and the KV cache
+        sleeps until a wake-up."""
+        sched = self.core.scheduler
         paused = self.pause.paused or "scheduling" in self.sleep.asleep_tags
-        if not paused or self.pause.waiters or self.core.has_unfinished() or self.inbox:
+        if not paused or self.pause.waiters or (self.pause.mode == "wait" and sched.running):
             return m.Admission(seq, "InvalidRequest",
                                "release_kv_cache_memory() requires a completed pause first")
         if self.sleep.memory_asleep:
             return m.Admission(seq, "InvalidRequest", "release_kv_cache_memory() requires all "
                                "executor memory to be resident")
+        while sched.running:  # from the back: they return to the queue in their order
+            sched.preempt(sched.running[-1].request_id)
         self._clear_cache(reset_connector)
         self.sleep.release_kv()
         self.stats.pd_sleep(self.core, self.sleep, self.connector)
@@ -194,7 +204,8 @@ class LoopControls:
         or (mode wait) once the running requests finished."""
         commands, self.pause.commands = self.pause.commands, []
         for msg in commands:
-            answer = self._pause(msg)
+            answer = (self._checkpoint(msg) if isinstance(msg, m.Checkpoint)
+                      else self._pause(msg))
             if answer is not None:
                 self._send(msg.frontend, m.encode(m.Admissions(self.deployment, self.rank,
                                                                [answer])))
@@ -202,13 +213,27 @@ class LoopControls:
     def _pause(self, msg: m.Pause | m.Resume) -> m.Admission | None:
         """Pause (mode abort, wait or keep) or resume; the answer now, or None when it comes
         once the running requests finished (mode wait)."""
-        sched, state = self.core.scheduler, self.pause
+        state = self.pause
         if isinstance(msg, m.Resume):
+            if (blocked := self._checkpoint_blocks(msg.seq, "resume_scheduler")) is not None:
+                return blocked
             self._resume()
             return m.Admission(msg.seq)
         if msg.mode not in pause.MODES:
             return m.Admission(msg.seq, "InvalidRequest", f"Invalid pause mode: {msg.mode}")
-        if msg.mode == "abort":  # everything in flight or queued ends now
+        if not self._begin_pause(msg.mode):
+            state.waiters.append((msg.frontend, msg.seq))
+            state.clear_cache |= msg.clear_cache
+            return None
+        if msg.clear_cache and msg.mode != "keep":
+            self._clear_cache()
+        return m.Admission(msg.seq)
+
+    def _begin_pause(self, mode: str) -> bool:
+        """Pause in `mode`; whether it holds now (else, mode wait: once the running requests
+        finished, `_pause_holds`)."""
+        sched, state = self.core.scheduler, self.pause
+        if mode == "abort":  # everything in flight or queued ends now
             for live in list(self.live.values()):
                 if live in self.inbox:
                     self.inbox.remove(live)
@@ -216,16 +241,10 @@ class LoopControls:
                     self.connector.abort(live.req.request_id)
                 sched.abort(live.req.request_id)
                 self._end_now(live, FinishReason.ABORT)
-        state.mode, sched.paused_new = msg.mode, msg.mode != "keep"
+        state.mode, sched.paused_new = mode, mode != "keep"
         self.stats.paused(True)
-        log.info("%s paused generation (mode %s)", self.name, msg.mode)
-        if msg.mode == "wait" and sched.running:
-            state.waiters.append((msg.frontend, msg.seq))
-            state.clear_cache |= msg.clear_cache
-            return None
-        if msg.clear_cache and msg.mode != "keep":
-            self._clear_cache()
-        return m.Admission(msg.seq)
+        log.info("%s paused generation (mode %s)", self.name, mode)
+        return not (mode == "wait" and sched.running)
 
     def _resume(self) -> None:
         """Lift the pause (`/resume`, or a wake-up that left nothing asleep)."""
@@ -234,20 +253,24 @@ class LoopControls:
         if state.frozen or not sched.running:  # the paused time was idle on the timeline
             self._idle_until(self.now())
         state.mode, sched.paused_new = None, False
+        if self.checkpoint == CheckpointState.RESTORING:  # vLLM's resume_scheduler
+            self.checkpoint = CheckpointState.RUNNING
         self.stats.paused(False)
         log.info("%s resumed generation", self.name)
 
     def _pause_holds(self) -> None:
-        """Answer the pauses that waited for the running requests (mode wait)."""
+        """Answer the pauses that waited for the running requests (mode wait), and finish a
+        checkpoint's prepare that waited for them."""
         state = self.pause
-        if not state.waiters:
-            return
-        if state.clear_cache:
-            self._clear_cache()
-        for fe, seq in state.waiters:
-            self._send(fe, m.encode(m.Admissions(self.deployment, self.rank,
-                                                 [m.Admission(seq)])))
-        state.waiters, state.clear_cache = [], False
+        if state.waiters:
+            if state.clear_cache:
+                self._clear_cache()
+            for fe, seq in state.waiters:
+                self._send(fe, m.encode(m.Admissions(self.deployment, self.rank,
+                                                     [m.Admission(seq)])))
+            state.waiters, state.clear_cache = [], False
+        if self.checkpoint == CheckpointState.PREPARING:
+            self._finish_prepare()
 
     def _clear_cache(self, reset_connector: bool = True) -> None:
         """A pause's or a release's cache clearing (vLLM's `_reset_caches`): the device's

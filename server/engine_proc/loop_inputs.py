@@ -89,7 +89,7 @@ class LoopInputs:
                 answer = self._control(msg)
                 if answer is not None:
                     replies.setdefault(msg.frontend, []).append(answer)
-            elif isinstance(msg, m.Pause | m.Resume):  # applied between steps
+            elif isinstance(msg, m.Pause | m.Resume | m.Checkpoint):  # between steps
                 self.pause.commands.append(msg)
         if replies:  # the waiting count a status query reads moves before the client knows
             self.stats.queued(self.num_queued(), rejected)

@@ -113,7 +113,8 @@ def engine_main(spec: EngineSpec) -> None:
                       faults=FaultDriver(schedule_of(opts), core, stats, spec.time_scale,
                                          opts.name) if has_device_faults(opts) else None,
                       profiler=StepProfiler(profiler, info, spec.pod)
-                      if profiler.enabled else None)
+                      if profiler.enabled else None,
+                      prepare_on_startup=opts.checkpoint_prepare_on_startup)
     if loop.kv_pub is not None:  # KV events (issue 13): where subscribers go
         info = msgspec.structs.replace(
             info, kv_events_endpoint=loop.kv_pub.endpoint,

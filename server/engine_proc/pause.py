@@ -37,7 +37,7 @@ class PauseState:
     waits in `commands` until that step's tokens have been sent."""
 
     mode: str | None = None  # None: generating
-    commands: list[m.Pause | m.Resume] = field(default_factory=list)  # not yet applied
+    commands: list[m.Pause | m.Resume | m.Checkpoint] = field(default_factory=list)  # to apply
     waiters: list[tuple[int, int]] = field(default_factory=list)  # wait: (frontend, seq)
     clear_cache: bool = False  # a waiter asked for the cache to be emptied
 
@@ -50,7 +50,10 @@ class PauseState:
         """Modes abort and wait refuse new requests, from the pause's arrival (a request
         behind it in the same step is refused too) until the resume."""
         mode = self.mode
-        for command in self.commands:
+        for command in self.commands:  # (a checkpoint's prepare pauses in its mode)
+            if isinstance(command, m.Checkpoint):
+                mode = command.mode if command.action == "prepare" else mode
+                continue
             mode = command.mode if isinstance(command, m.Pause) else None
         return mode in ("abort", "wait")
 

@@ -16,6 +16,7 @@ import zmq
 
 from server.engine.interface import (
     AlreadyExists,
+    CheckpointBlocked,
     EngineError,
     InvalidRequest,
     MaxQueuedTokens,
@@ -30,7 +31,7 @@ from server.ipc import messages as m
 # an engine's refusal by its error's name (an `Admission.error`) -> the typed error
 ERRORS: dict[str, type[EngineError]] = {
     c.__name__: c for c in (InvalidRequest, AlreadyExists, Overloaded, Unavailable, NotPlaced,
-                            Paused, QueueOverflow, MaxQueuedTokens)}
+                            Paused, QueueOverflow, MaxQueuedTokens, CheckpointBlocked)}
 SEQ = itertools.count(1)  # a front end's numbers for requests and commands, across deployments
 
 
@@ -72,7 +73,8 @@ class DeploymentControls:
 
     # ---- sleep mode (issue 13) and pausing generation ----------------------------------------
     async def control(self, make: Callable[[int, int], m.Sleep | m.WakeUp | m.ReleaseKvCache
-                                           | m.Profile | m.WeightVersion | m.Pause | m.Resume]
+                                           | m.Profile | m.WeightVersion | m.Pause | m.Resume
+                                           | m.Checkpoint]
                       ) -> list[m.Admission]:
         """Send a sleep-mode or pause command to every rank and wait for each engine's answer
         (an `Admissions` item for its seq); raises the engine's typed error if one refused,

@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.auth import ApiKeys
 from server.http.chat_batch import add_chat_batch_routes
+from server.http.checkpoint import add_checkpoint_routes
 from server.http.classify import add_classify_route
 from server.http.cohere_embed import add_cohere_route
 from server.http.embeddings import add_embedding_routes
@@ -150,6 +151,8 @@ def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
         add_profile_routes(app, state)
     if state is None or state.tokenizer_info:  # vLLM's, with --enable-tokenizer-info-endpoint
         add_tokenizer_info_route(app, state)
+    if (state is None or state.checkpoint) and not all_pooling(state):  # vLLM 0.34.0's, with
+        add_checkpoint_routes(app, state)  # --enable-sleep-mode, for a generating model
     if any_pooling(state):  # a pooling model's routes (vLLM's register_pooling_api_routers)
         add_embedding_routes(app, state)
         if any_pooling(state, embeds):

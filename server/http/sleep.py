@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.engine.interface import EngineError, InvalidRequest
+from server.engine.interface import CheckpointBlocked, EngineError, InvalidRequest
 from server.engine_proc.sleep import TAGS
 from server.http.errors import HttpError, error_response
 from server.http.state import HttpState
@@ -88,6 +88,8 @@ def add_sleep_routes(app: FastAPI, state: HttpState) -> None:
                 await state.fleet.control(make)
         except InvalidRequest as e:
             return error_response(refused(e), "")
+        except CheckpointBlocked as e:  # vLLM's engine RuntimeError: its generic 500
+            return error_response(HttpError(500, str(e), "InternalServerError"), "")
         except EngineError as e:
             return error_response(HttpError(503, str(e), "ServiceUnavailableError"), "")
         return None

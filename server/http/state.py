@@ -33,6 +33,7 @@ class HttpState:
     now: Callable[[], float] = time.monotonic  # the emulated timeline (the front end's clock)
     profiler: bool = False  # --profiler-config (vLLM's): /start_profile and /stop_profile
     tokenizer_info: bool = False  # --enable-tokenizer-info-endpoint (vLLM's)
+    checkpoint: bool = False  # --enable-sleep-mode (vLLM 0.34.0's): the /checkpoint/* routes
     force_include_usage: bool = False  # --enable-force-include-usage (vLLM's)
     response_role: str = "assistant"  # --response-role (vLLM's)
     tokens_as_ids: bool = False  # --return-tokens-as-token-ids (vLLM's): requests' default

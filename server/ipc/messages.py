@@ -220,8 +220,20 @@ class Resume(msgspec.Struct, frozen=True, array_like=True, tag="resume"):
     seq: int
 
 
+class Checkpoint(msgspec.Struct, frozen=True, array_like=True, tag="checkpoint"):
+    """vLLM 0.34.0's process-checkpoint lifecycle (`/checkpoint/prepare|restore|status`):
+    `action` prepare (drain with `mode`, then release the KV cache), restore (bring it back and
+    resume) or state (ask). Answered with the engine's state, `state[:error]` in `message`."""
+
+    frontend: int
+    seq: int
+    action: str  # prepare | restore | state
+    mode: str = "wait"
+
+
 ToEngine = (AddRequest | Abort | Ack | Shutdown | FrontendGone | ResetPrefixCache | LoraOp
-            | Sleep | WakeUp | ReleaseKvCache | Profile | WeightVersion | Pause | Resume)
+            | Sleep | WakeUp | ReleaseKvCache | Profile | WeightVersion | Pause | Resume
+            | Checkpoint)
 
 
 # ---- engine / supervisor → front end ---------------------------------------------------------

@@ -169,6 +169,23 @@ async def test_keep_freezes_every_request_and_queues_new_ones(server, client):
     await assert_released(client, "pod")
 
 
+async def test_a_keep_pause_releases_the_kv_cache_preempting_the_frozen_request(server, client):
+    """vLLM's release_kv_cache_memory counts no request of a paused scheduler (PAUSED_ALL):
+    the frozen one is preempted with the release and recomputes after the wake-up."""
+    async with http_client(server) as http:
+        frozen = Stream(http, 60)
+        await frozen.started.wait()
+        assert (await http.post("/pause", params={"mode": "keep"})).status_code == 200
+        r = await http.post("/release_kv_cache_memory")
+        assert r.status_code == 200 and r.json() == {"status": "kv_cache_released"}
+        d = await client.get_deployment("pod")
+        assert d.load.num_running == 0 and d.load.num_waiting == 1
+        assert d.capacity.kv_blocks_free == d.capacity.kv_blocks_total
+        assert (await http.post("/wake_up")).json()["status"] == "awake"
+        assert await frozen.ended() == "length" and frozen.tokens == 60
+    await assert_released(client, "pod")
+
+
 @pytest.mark.parametrize("clear_cache", [False, True])
 async def test_the_prefix_cache_is_emptied_unless_kept(server, client, clear_cache):
     prompt = [(13 * i + clear_cache) % 3000 + 200 for i in range(160)]

@@ -54,8 +54,8 @@ def server(tmp_path_factory):
     doc["server"]["profiler_config"] = {"profiler": "torch", "torch_profiler_dir": str(
         tmp_path_factory.mktemp("traces"))}
     for d in doc["deployments"]:  # LoRA's routes answer 200 on a deployment serving adapters
-        if d["name"] == "slow":
-            d.update(enable_lora=True, max_loras=2)
+        if d["name"] == "slow":  # (and vLLM 0.34.0's /checkpoint/* with sleep mode)
+            d.update(enable_lora=True, max_loras=2, enable_sleep_mode=True)
     doc["deployments"].append(EMBED)  # an embedding model: the pooling routes are mounted
     doc["deployments"].append(RERANK)  # and a classifier: /classify
     with ServerProcess(doc, "--api-key", *KEYS, "--enable-scale-out",
@@ -221,6 +221,9 @@ BODIES = {("GET", "/v1/models"): None,
           ("POST", "/sleep"): None,  # (then woken up: AFTER)
           ("POST", "/wake_up"): None,
           ("POST", "/release_kv_cache_memory"): None,  # (refused: nothing is paused)
+          ("GET", "/checkpoint/status"): None,  # (503: running)
+          ("POST", "/checkpoint/prepare"): None,  # (then restored: AFTER)
+          ("POST", "/checkpoint/restore"): None,
           ("GET", "/tokenizer_info"): None,
           ("POST", "/update_weight_version"): {"new_version": "v1"},
           ("GET", "/weight_info"): None,
@@ -264,10 +267,12 @@ BEFORE = {("POST", "/v1/unload_lora_adapter"): lambda key: (
     {"lora_name": f"unload-{key}", "lora_path": "/a", "deployment": "slow"})}
 AFTER = {("POST", "/sleep"): lambda key: ("POST", "/wake_up", None),
          ("POST", "/start_profile"): lambda key: ("POST", "/stop_profile", None),
-         ("POST", "/pause"): lambda key: ("POST", "/resume", None)}
+         ("POST", "/pause"): lambda key: ("POST", "/resume", None),
+         ("POST", "/checkpoint/prepare"): lambda key: ("POST", "/checkpoint/restore", None)}
 # what a route answers past the key when not 200: no response is ever stored (vLLM's default)
 ANSWERS = {("GET", "/v1/responses/{response_id}"): (404, "not found"),
            ("POST", "/release_kv_cache_memory"): (500, "requires a completed pause first"),
+           ("GET", "/checkpoint/status"): (503, '"running"'),
            ("POST", "/v1/responses/{response_id}/cancel"): (404, "not found"),
            **{("POST", p): (501, "not served by doppelchip") for p in (
                "/v1/chat/completions/derender", "/v1/completions/derender")}}
