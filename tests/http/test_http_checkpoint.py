@@ -18,7 +18,7 @@ import pytest
 from fleets import assert_released, fleet_doc
 from http_helpers import http_client
 from server_proc import ROOT, ServerProcess
-from test_http_pause import POD, PROMPT, Stream, body, queued
+from test_http_pause import POD, PROMPT, Stream, body, running_and_queued
 
 from clients.client import AsyncClient
 from server.engine_proc.pause import PAUSED_MESSAGE
@@ -93,10 +93,7 @@ async def test_an_idle_pod_prepares_refuses_everything_then_restores(server, cli
 
 async def test_mode_wait_drains_the_running_request_and_keeps_the_queued_one(server, client):
     async with http_client(server) as http:
-        running = Stream(http, 60)
-        await running.started.wait()
-        held = asyncio.create_task(http.post("/v1/completions", json=body(8)))
-        await queued(client, 1)
+        running, held = await running_and_queued(http, client, 60, 8)
         r = await http.post("/checkpoint/prepare")  # returns once started
         assert r.status_code == 200 and r.json() == {"state": "preparing"}
         r = await http.post("/checkpoint/restore")

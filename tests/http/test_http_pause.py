@@ -91,6 +91,16 @@ async def queued(client: AsyncClient, n: int) -> None:
     await until(client, "pod", lambda d: d.load.num_waiting == n)
 
 
+async def running_and_queued(http: httpx.AsyncClient, client: AsyncClient, tokens: int,
+                             queued_tokens: int) -> tuple[Stream, asyncio.Task]:
+    """A streamed request running and, behind it (one seat), a plain one queued."""
+    running = Stream(http, tokens)
+    await running.started.wait()
+    held = asyncio.create_task(http.post("/v1/completions", json=body(queued_tokens)))
+    await queued(client, 1)
+    return running, held
+
+
 async def refused_as_paused(http: httpx.AsyncClient) -> None:
     for stream in (False, True):
         r = await http.post("/v1/completions", json=body(4, stream))
@@ -101,10 +111,7 @@ async def refused_as_paused(http: httpx.AsyncClient) -> None:
 
 async def test_abort_ends_everything_and_refuses_until_resumed(server, client):
     async with http_client(server) as http:
-        running = Stream(http, 400)
-        await running.started.wait()
-        waiting = asyncio.create_task(http.post("/v1/completions", json=body(8)))
-        await queued(client, 1)
+        running, waiting = await running_and_queued(http, client, 400, 8)
         r = await http.post("/pause")
         assert r.status_code == 200 and r.json() == {"status": "paused"}
         assert await running.ended() == "abort" and running.tokens < 400
@@ -127,10 +134,7 @@ async def test_abort_ends_everything_and_refuses_until_resumed(server, client):
 
 async def test_wait_lets_the_running_request_finish_and_holds_the_queued_one(server, client):
     async with http_client(server) as http:
-        running = Stream(http, 60)
-        await running.started.wait()
-        held = asyncio.create_task(http.post("/v1/completions", json=body(100)))
-        await queued(client, 1)
+        running, held = await running_and_queued(http, client, 60, 100)
         r = await http.post("/pause", params={"mode": "wait"})
         assert r.status_code == 200 and r.json() == {"status": "paused"}
         # the pause answered once the running request had ended in the engine
