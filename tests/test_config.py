@@ -57,6 +57,8 @@ DEP = {"name": "a", "model": "m", "quant": "bf16", "chip": "h100-sxm", "engine":
          "cache_aware_admission_window must be >= 0, got -1"),
         ({"deployments": [{**DEP, "cache_aware_admission_threshold": 1.5}]},
          "cache_aware_admission_threshold must be in [0, 1], got 1.5"),
+        ({"deployments": [{**DEP, "checkpoint_prepare_on_startup": True}]},  # vLLM 0.34.0's
+         "checkpoint_prepare_on_startup requires enable_sleep_mode"),
     ],
 )
 def test_bad_fleet_files_name_the_problem(doc, message):
