@@ -38,13 +38,10 @@ def _answer(state: CheckpointState, error: str | None, status: HTTPStatus) -> JS
 
 
 def add_checkpoint_routes(app: FastAPI, state: HttpState) -> None:
-    async def send(action: str, mode: str = "wait") -> None:
-        await state.fleet.control(lambda fe, seq: m.Checkpoint(fe, seq, action, mode))
-
-    async def current() -> tuple[CheckpointState, str | None]:
-        answers = []
-        for client in state.fleet.clients.values():
-            answers += await client.control(lambda fe, seq: m.Checkpoint(fe, seq, "state"))
+    async def ask(action: str, mode: str = "wait") -> tuple[CheckpointState, str | None]:
+        """Send `action` to every engine; their states after it, combined (each engine
+        answers a prepare or a restore with its state then: no second round trip)."""
+        answers = await state.fleet.control(lambda fe, seq: m.Checkpoint(fe, seq, action, mode))
         return combined([decode(a.message) for a in answers])
 
     @app.post("/checkpoint/prepare")
@@ -52,13 +49,12 @@ def add_checkpoint_routes(app: FastAPI, state: HttpState) -> None:
             mode: Annotated[Literal["abort", "wait", "keep"], Query()] = "wait") -> JSONResponse:
         """Drain with `mode` and release what a checkpoint must not contain. Returns once
         started; poll /checkpoint/status."""
-        now, error = await current()
+        now, error = await ask("state")
         if now == S.RUNNING:
             try:
-                await send("prepare", mode)
+                now, error = await ask("prepare", mode)
             except EngineError as e:
                 return _answer(now, str(e), HTTPStatus.BAD_REQUEST)
-            now, error = await current()
         elif now in (S.RESTORING, S.FAILED):
             return _answer(now, error, HTTPStatus.BAD_REQUEST)
         return _answer(now, error, HTTPStatus.OK)
@@ -67,17 +63,16 @@ def add_checkpoint_routes(app: FastAPI, state: HttpState) -> None:
     async def checkpoint_restore() -> JSONResponse:
         """Bring back what preparing released and serve; a restore in progress or done
         returns 200 (orchestrators may redeliver)."""
-        now, error = await current()
+        now, error = await ask("state")
         if now in (S.PREPARING, S.FAILED):
             return _answer(now, error, HTTPStatus.BAD_REQUEST)
         if now == S.PREPARED:
-            await send("restore")
-            now, error = await current()
+            now, error = await ask("restore")
         return _answer(now, error, HTTPStatus.OK)
 
     @app.get("/checkpoint/status")
     async def checkpoint_status() -> JSONResponse:
-        now, error = await current()
+        now, error = await ask("state")
         status = {S.PREPARED: HTTPStatus.OK, S.FAILED: HTTPStatus.INTERNAL_SERVER_ERROR}.get(
             now, HTTPStatus.SERVICE_UNAVAILABLE)
         return _answer(now, error, status)
