@@ -10,7 +10,7 @@ The interface the engine calls::
 
     spec = DeploymentSpec(model="llama-3.1-8b", quant="bf16", chip="h100-sxm", engine="vllm")
     placement = place(spec)              # raises devices.errors.PlacementError with the reason
-    placement.kv_blocks(block_size=16)   # KV capacity in blocks
+    placement.kv_blocks()                # KV capacity in blocks (the engine's block size)
     placement.max_context, placement.chips, placement.weight_bytes, placement.max_concurrency()
     compile = make_compile_strategy(placement)
     compile.startup_seconds(cold=False)  # build / load time before serving

@@ -52,15 +52,22 @@ class Placement:
     kv_pool_bytes: float = 0.0  # KV bytes per chip its memory rule left (vLLM's "Available KV
     #                             cache memory"); 0 where no rule sizes it (SRAM, offload)
 
-    def kv_blocks(self, block_size: int = 16) -> int:
-        """KV capacity in blocks of ``block_size`` tokens."""
-        return self.kv_tokens // block_size
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block the engine picks on this chip without a --block-size."""
+        return self.engine.block_size_on(self.chip)
 
-    def max_concurrency(self, context_tokens: int | None = None, block_size: int = 16) -> int:
+    def kv_blocks(self, block_size: int | None = None) -> int:
+        """KV capacity in blocks of ``block_size`` tokens (default: the engine's)."""
+        return self.kv_tokens // (block_size or self.block_size)
+
+    def max_concurrency(self, context_tokens: int | None = None,
+                        block_size: int | None = None) -> int:
         """How many sequences of ``context_tokens`` fit at once, capped by ``max_batch``.
 
         A contiguous layout configured with ``max_context`` reserves all of it per sequence;
         a model without a KV cache (an encoder) holds no tokens between steps."""
+        block_size = block_size or self.block_size
         if not self.model.holds_kv:
             return self.spec.max_batch
         per_seq = context_tokens or self.max_context

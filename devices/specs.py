@@ -303,11 +303,17 @@ class EngineSpec:
     tp_divides_heads: bool = False  # TP shards attention heads: tp must divide their number
     uva_offload: bool = False  # --cpu-offload-gb: weights in pinned host memory, read every step
     memory: MemoryRule | None = None  # how it sizes its KV cache on sharded device memory
+    kv_block_size: int = 16  # tokens per KV block (page) without a --block-size
+    kv_block_size_by_vendor: tuple[tuple[str, int], ...] = ()  # where a vendor's build differs
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def path_for(self, chip_class: str) -> str:
         table = dict(self.compute_path)
         return table.get(chip_class, table.get("default", "bf16"))
+
+    def block_size_on(self, chip: ChipSpec) -> int:
+        """Tokens per KV block the engine picks on ``chip`` when the user names none."""
+        return dict(self.kv_block_size_by_vendor).get(chip.vendor, self.kv_block_size)
 
     def kernel_key(self, chip: ChipSpec, key: str) -> str:
         """The chip compute key this engine's kernels reach for generic ``key`` on ``chip``."""

@@ -74,7 +74,8 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--max-num-queued-tokens", type=int, metavar="N",
                    help="as vLLM's flag: refuse a request (UNAVAILABLE, HTTP 503) while the "
                    "prompts not yet past their prefill hold N tokens (default: no limit)")
-    g.add_argument("--block-size", type=int, help="KV block size in tokens (default 16)")
+    g.add_argument("--block-size", type=int, help="KV block size in tokens (default: the "
+                   "engine's on the chip, engines.toml kv_block_size: vLLM 0.34.0's 64)")
     g.add_argument("--num-gpu-blocks-override", type=int, dest="kv_blocks", metavar="N",
                    help="as vLLM's flag: a KV pool of N blocks, whatever fits")
     g.add_argument("--cpu-offload-gb", type=float, metavar="GIB",

@@ -31,7 +31,8 @@ from clients.workloads import WorkloadSpec, stream_workload
 from server.engine.tokenizer import get_tokenizer
 from sim.plan_space import WorkloadShape, output_mean, prompt_quantiles
 
-BLOCK = 16  # tokens: vLLM's default KV block, the unit a prefix-cache hit comes in
+BLOCK = 16  # tokens: the smallest KV block an engine here takes by default (vLLM's on AMD,
+#              the others'); a larger one rounds a hit down further, so this is the best case
 MAX_SEEN_BLOCKS = 1 << 20  # prefix blocks remembered (~70 MB); later ones are not added
 
 

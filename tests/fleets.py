@@ -14,8 +14,10 @@ TEST_FLEET = {
     "server": {"time_scale": 0.05, "default_deployment": "fast", "drain_grace_s": 5.0},
     "deployments": [
         # Llama 3.1 8B on an H100 with vLLM: ~6 ms per output token (0.3 ms of wall time).
+        # 16-token KV blocks (vLLM 0.34.0's default is 64: test_block_size.py), so that the
+        # prefix-cache, KV-event and offload tests see several blocks in a 256-token context.
         {"name": "fast", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
-         "engine": "vllm", "max_model_len": 256},
+         "engine": "vllm", "max_model_len": 256, "block_size": 16},
         # Llama 3.1 70B Q4 on an RTX 4090 box with llama.cpp offload: ~0.3 s per token (15 ms
         # of wall time), for cancel/deadline/drain tests; one sequence at a time and a
         # two-deep waiting queue for admission control.

@@ -200,6 +200,8 @@ def _engines() -> dict[str, EngineSpec]:
             tp_divides_heads=bool(raw.get("tp_divides_heads", False)),
             uva_offload=bool(raw.get("uva_offload", False)),
             memory=_memory(raw.get("memory")),
+            kv_block_size=int(raw.get("kv_block_size", 16)),
+            kv_block_size_by_vendor=tuple(raw.get("kv_block_size_by_vendor", {}).items()),
             jump_forward=bool(raw["jump_forward"]),
             deterministic=bool(raw["deterministic"]),
             offload=bool(raw["offload"]),

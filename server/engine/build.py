@@ -85,7 +85,8 @@ class EngineOptions:
     cache_aware_admission_window: int = 0  # vLLM 0.34.0's: waiting requests reordered by
     cache_aware_admission_threshold: float = 0.5  # their cached prefix, from this KV usage on
     max_logprobs: int = 20  # vLLM's --max-logprobs: (prompt) logprobs a request may ask; -1 all
-    block_size: int = 16
+    block_size: int | None = None  # tokens per KV block (None: the engine's on this chip,
+    #                                EngineSpec.block_size_on: vLLM 0.34.0's 64, 16 on ROCm)
     kv_blocks: int | None = None  # cap the KV pool (vLLM's num_gpu_blocks_override)
     policy: str | None = None  # fcfs | priority | lpm
     prefix_cache: bool | None = None

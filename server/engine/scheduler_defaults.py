@@ -72,7 +72,8 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
     if prefix and not supported:
         logger.warning(UNSUPPORTED.format("prefix caching"))
         prefix = prefix and holds_kv  # (an encoder has no KV blocks to keep)
-    blocks = placement.kv_blocks(opts.block_size)
+    block_size = opts.block_size or placement.block_size
+    blocks = placement.kv_blocks(block_size)
     if opts.kv_blocks is not None:
         if opts.kv_blocks > blocks:
             raise ValueError(f"kv_blocks={opts.kv_blocks} exceeds the {blocks} blocks the device "
@@ -80,7 +81,7 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
         blocks = opts.kv_blocks
     return SchedulerConfig(
         num_blocks=max(1, blocks) if holds_kv else 1,  # vLLM: a null block, no pool
-        block_size=opts.block_size,
+        block_size=block_size,
         max_num_seqs=active or max_num_seqs,  # the admission cap; max_num_seqs sized memory
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,

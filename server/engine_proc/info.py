@@ -135,13 +135,23 @@ def offload_info(core: EngineCore) -> dict[str, int]:
             "kv_offload_bytes": tier.num_blocks * tier.padded_block_bytes}
 
 
+def _block_size(opts: EngineOptions) -> int:
+    """The block size asked for, else the engine's on the chip (16 if either is unknown)."""
+    if opts.block_size:
+        return opts.block_size
+    try:
+        return catalog.get_engine(opts.engine).block_size_on(catalog.get_chip(opts.chip))
+    except KeyError:
+        return 16
+
+
 def failed_info(opts: EngineOptions, rank: int, why: str, vocab_size: int) -> DeploymentInfo:
     """A deployment that could not be placed: describe what was asked for."""
     return DeploymentInfo(
         name=opts.name, rank=rank, model=opts.model, quant=opts.quant, engine=opts.engine,
         chip=opts.chip, chip_count=opts.count or 0, tensor_parallel=opts.tp or 0,
         pipeline_parallel=opts.pp or 0, placed=False, failure=why,
-        capacity=(capacity := Capacity(0, 0, opts.block_size, 0, 0, 0, opts.max_waiting)),
+        capacity=(capacity := Capacity(0, 0, _block_size(opts), 0, 0, 0, opts.max_waiting)),
         limits=limits_of(opts, vocab_size, capacity),
         enable_prefix_caching=False, gpu_memory_utilisation=0.0, tiers=(),
         weights_resident=(), tier_peaks=(), peak_flops=0.0, idle_watts=0.0, usd_per_s=0.0,

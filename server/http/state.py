@@ -12,7 +12,7 @@ from server.http.parser_metrics import ToolParserMetrics
 from server.http.responses_store import ResponseStore
 from server.metrics import MetricsView
 
-VLLM_VERSION = "0.33.0"  # the vLLM release whose HTTP API this mirrors (docs/HTTP.md)
+VLLM_VERSION = "0.34.0"  # the vLLM release whose HTTP API this mirrors (docs/HTTP.md)
 
 
 @dataclass

@@ -1,11 +1,14 @@
 """The sequence cap a deployment gets without flags is its engine's: vLLM 0.33.0's by GPU
 memory (1,024 on an H100, 256 on an A100 by device name), SGLang 0.5.23's derived from the KV
 pool it was given (``KvSeqs``: pool tokens / context × 512 within 2,048..4,096, at most half
-the pool), TensorRT-LLM's build limit; a flag always wins."""
+the pool), TensorRT-LLM's build limit; a flag always wins. The KV block size is vLLM 0.34.0's
+64 tokens where CUDA's attention backends take it, 16 on ROCm (its ``ROCM_ATTN`` backend's
+preference), and prefix-cache hits come in those blocks; ``--block-size`` wins."""
 
 from __future__ import annotations
 
 import pytest
+from engine_drive import request
 
 from devices import catalog
 from devices.specs import KvSeqs
@@ -51,3 +54,38 @@ def test_sglangs_cap_is_at_most_half_a_small_pool():
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_a_flag_wins(engine):
     assert _seqs(engine, max_num_seqs=7) == 7
+
+
+def _cached_after_a_shared_prefix(chip: str, prefix: int = 150, **kw) -> tuple[int, int]:
+    """(block size, tokens of the second prompt served from the prefix cache) when two prompts
+    share ``prefix`` leading tokens and run one after the other on a vLLM deployment."""
+    core = build_core(EngineOptions(name="d", model="llama-3.1-8b", quant="bf16", chip=chip,
+                                    engine="vllm", **kw))
+    shared, t = list(range(100, 100 + prefix)), 0.0
+    second = None
+    for i in range(2):
+        core.add_request(second := request(f"r{i}", shared + [5000 + i] * 10, 4,
+                                           ignore_eos=True))
+        while core.has_unfinished():
+            result = core.step(t)
+            assert result is not None
+            t += result.seconds
+            core.scheduler.check_integrity()
+    return core.scheduler.config.block_size, second.num_cached_tokens
+
+
+# vLLM 0.34.0: CacheConfig.DEFAULT_BLOCK_SIZE = 64 (vllm/config/cache.py), kept by CUDA's
+# FlashAttention and FlashInfer; ROCm's first backend, ROCM_ATTN, prefers 16
+# (vllm/v1/attention/backends/rocm_attn.py). 150 shared tokens: 2 whole blocks of 64, 9 of 16.
+@pytest.mark.parametrize(("chip", "flags", "block", "cached"), [
+    ("h100-sxm", {}, 64, 128), ("b200", {}, 64, 128), ("mi300x", {}, 16, 144),
+    ("h100-sxm", {"block_size": 16}, 16, 144), ("mi300x", {"block_size": 32}, 32, 128)])
+def test_vllms_kv_block_is_its_releases_and_prefix_hits_come_in_it(chip, flags, block, cached):
+    assert _cached_after_a_shared_prefix(chip, **flags) == (block, cached)
+
+
+def test_other_engines_keep_their_block_size():
+    for engine in ("sglang", "tensorrt-llm"):
+        core = build_core(EngineOptions(name="d", model="llama-3.1-8b", quant="bf16",
+                                        chip="h100-sxm", engine=engine))
+        assert core.scheduler.config.block_size == 16, engine

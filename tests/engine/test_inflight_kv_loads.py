@@ -128,8 +128,10 @@ def test_the_capped_pulls_tokens_are_the_aggregated_deployments():
 def cpu_tier_reloads(cap: int | None) -> tuple:
     """Two prompts the device evicted, then both sent again at once: their loads from the
     CPU tier, under `cap`. The stages after the first step, and each one's status."""
+    # 16-token blocks (vLLM 0.34.0's default is 64): 64 of them hold two 420-token prompts
     opts = EngineOptions(name="a", model="llama-3.1-8b", quant="bf16", chip="h100-sxm",
-                         engine="vllm", kv_blocks=64, max_model_len=2048,  # 1,024 tokens
+                         engine="vllm", kv_blocks=64, block_size=16,  # 1,024 tokens
+                         max_model_len=2048,
                          kv_offloading_size=1.0, max_num_seqs=4,
                          max_num_inflight_kv_loads=cap)
     core = build_core(opts, get_tokenizer())

@@ -17,8 +17,10 @@ from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.info import connector_info, placed_info
 from server.engine_proc.stats import EngineStats
 
+# 16-token blocks (vLLM 0.34.0's default is 64): the 420-token prompts below are sized so that
+# the 64 blocks evict one, and cannot reload it beside a running request
 BASE = dict(name="a", model="llama-3.1-8b", quant="bf16", chip="h100-sxm", engine="vllm",
-            kv_blocks=64, max_model_len=2048)  # a device cache of 1,024 tokens
+            kv_blocks=64, block_size=16, max_model_len=2048)  # a device cache of 1,024 tokens
 
 
 def tick(sched, t: float):

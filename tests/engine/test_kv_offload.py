@@ -20,8 +20,10 @@ from server.engine.kv_offload import GIB, num_host_blocks
 from server.engine.request import RequestStatus
 from sim.virtual import run_virtual
 
+# 16-token blocks (vLLM 0.34.0's default is 64): the prompts, tier sizes and connector
+# configs below are counted in them
 BASE = dict(name="a", model="llama-3.1-8b", quant="bf16", chip="h100-sxm", engine="vllm",
-            kv_blocks=64, max_model_len=2048)  # a device cache of 1,024 tokens
+            kv_blocks=64, block_size=16, max_model_len=2048)  # a device cache of 1,024 tokens
 PREFIX = 400
 
 
@@ -68,7 +70,7 @@ def test_an_evicted_prefix_is_loaded_from_the_host_instead_of_prefilled():
     with_tier = serve_in_turn(tiered, again)
     assert without[4:] == without[:4]  # evicted: prefilled whole again
     assert with_tier[:4] == without[:4]
-    block = 16
+    block = tiered.scheduler.config.block_size
     loaded = PREFIX + 20 - 1 - (PREFIX + 20 - 1) % block  # whole blocks, the last token computed
     assert with_tier[4:] == [PREFIX + 20 - loaded] * 4
     st = tiered.scheduler.stats
@@ -90,7 +92,7 @@ def test_the_request_waits_for_its_load_on_the_host_link_while_others_run():
     assert [s.request_id for s in out.scheduled] == ["busy"]  # it ran meanwhile
     (load,) = tier.loads.values()
     link = host_link(core.placement.chip)
-    seconds = transfer_seconds(load.num_tokens // 16 * tier.block_bytes, link,
+    seconds = transfer_seconds(load.num_tokens // tier.block_size * tier.block_bytes, link,
                                core.placement.chips)
     assert load.ready_at == pytest.approx(10.0 + seconds) and seconds > 0
     assert core.next_deadline() == load.ready_at
@@ -228,6 +230,22 @@ def test_llm_ds_and_vllms_connector_configs_are_taken_as_vllm_takes_them():
 def test_a_connector_config_not_emulated_is_refused_naming_its_key(extra, says):
     with pytest.raises(ValueError, match=says):
         core_with(kv_transfer_config=connector(**extra))
+
+
+def test_at_vllms_default_block_the_tier_counts_and_reloads_64_token_blocks():
+    """Without --block-size (vLLM 0.34.0's 64 on an H100): a host block is one device block of
+    64 tokens, the connector's block size must be a multiple of it, and an evicted 420-token
+    prompt comes back as its whole 64-token blocks."""
+    default = dict(BASE, kv_blocks=16)  # 1,024 tokens again, in blocks of 64
+    del default["block_size"]
+    core = build_core(EngineOptions(**default, kv_offloading_size=1.0))
+    assert core.scheduler.config.block_size == 64
+    assert core.scheduler.offload.num_blocks == (1 << 30) // (64 * 131072)
+    texts = prompts(4)
+    prefilled = serve_in_turn(core, texts + texts)
+    assert prefilled[4:] == [PREFIX + 20 - 384] * 4  # 6 whole blocks of 64 loaded
+    with pytest.raises(ValueError, match=r"multiple of the GPU KV cache block size \(64 tok"):
+        build_core(EngineOptions(**default, kv_transfer_config=connector(block_size=16)))
 
 
 @pytest.mark.parametrize(("options", "says"), [

@@ -42,8 +42,10 @@ DOC = {
         {"name": "slowed", **H100, "fault_slowdown": ["at=0,for=1e9,factor=4"]},
         {"name": "wedged", **SLOW, "fault_hang": [f"at={AT},for=20"]},
         {"name": "crashy", **SLOW, "max_num_seqs": 2, "fault_crash": [f"at={CRASH_AT}"]},
+        # 16-token blocks (vLLM 0.34.0's default is 64): its test's three streams, 16 blocks
+        # each, fill the 48
         {"name": "lossy", "model": "llama-3.1-8b", "quant": "bf16", "chip": "rtx-4090",
-         "engine": "vllm", "tp": 2, "kv_blocks": 48, "max_model_len": 512,
+         "engine": "vllm", "tp": 2, "kv_blocks": 48, "block_size": 16, "max_model_len": 512,
          "fault_lost_chips": [f"at={LOSS_AT},chips=1,for=30"]},
     ],
 }

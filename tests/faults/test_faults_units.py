@@ -144,8 +144,10 @@ class _Stats:
 def test_lost_chips_preempt_to_take_their_share_and_give_every_block_back():
     from server.engine_proc.faults import FaultDriver, schedule_of
 
+    # 16-token blocks (vLLM 0.34.0's default is 64): the three 200-token prompts hold 39 of
+    # the 40, more than the half the lost chip leaves
     opts = EngineOptions(name="d", model="llama-3.1-8b", quant="bf16", chip="h100-sxm",
-                         engine="vllm", tp=2, kv_blocks=40, max_model_len=512,
+                         engine="vllm", tp=2, kv_blocks=40, block_size=16, max_model_len=512,
                          fault_lost_chips=("at=10,chips=1,for=5",))
     core = build_core(opts)
     sched = core.scheduler

@@ -23,6 +23,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from clients.client import AsyncClient
 from server.config import ConfigError
 from server.engine.tokenizer import get_tokenizer
+from server.http.state import VLLM_VERSION
 from server.vllm_servicer import SERVICE_NAME
 
 TOK = get_tokenizer()
@@ -207,7 +208,7 @@ async def test_full_queue_is_resource_exhausted_and_loads_are_real(slow):
     # (the running one's first output found nothing cached), count as uncached work
     assert load.num_waiting_uncached_tokens == 2 * len(TOK.encode(LONG))
     assert load.cache_hit_rate == 0.0 and load.utilization == load.token_usage
-    assert loads.version == "0.33.0"  # the vLLM release whose servicer this is
+    assert loads.version == VLLM_VERSION  # the vLLM release whose servicer this is
     server = await stub.GetServerInfo(vpb.GetServerInfoRequest())
     assert server.active_requests == 3 and server.max_num_seqs == 1
     assert server.last_receive_timestamp > 0

@@ -18,9 +18,12 @@ from server_proc import ServerProcess
 from clients.client import AsyncClient
 
 REPO = "meta-llama/Llama-3.1-8B-Instruct"
-ARGV = ("--kv-offloading-size", "1", "--num-gpu-blocks-override", "64", "--max-model-len", "1k",
-        "--time-scale", "0.05")
+# 16-token blocks pinned (vLLM 0.34.0's default on this chip is 64): the device's 64 blocks
+# hold 1,024 tokens, so the third 420-token prompt evicts the first, and the tier's
+# arithmetic below (2 MiB blocks, whole blocks loaded) is in 16-token blocks
 BLOCK = 16
+ARGV = ("--kv-offloading-size", "1", "--num-gpu-blocks-override", "64", "--max-model-len", "1k",
+        "--block-size", str(BLOCK), "--time-scale", "0.05")
 
 
 @pytest.fixture(scope="module")

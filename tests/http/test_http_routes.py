@@ -12,6 +12,8 @@ from fleets import assert_released
 from http_helpers import TOK, stream_events
 from server_proc import metric
 
+from server.http.state import VLLM_VERSION
+
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 
@@ -28,7 +30,7 @@ async def test_health_ping_version_models(http):
     assert r.status_code == 200 and r.content == b""
     assert (await http.get("/ping")).status_code == 200
     assert (await http.post("/ping")).status_code == 200
-    assert (await http.get("/version")).json()["version"] == "0.33.0"
+    assert (await http.get("/version")).json()["version"] == VLLM_VERSION
     models = (await http.get("/v1/models")).json()
     assert models["object"] == "list"
     ids = {m["id"]: m for m in models["data"]}

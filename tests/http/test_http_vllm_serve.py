@@ -17,10 +17,12 @@ from server_proc import ServerProcess
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
-from devices import DeploymentSpec, place
+from devices import DeploymentSpec, catalog, place
 from doppelchip.v1 import inference_pb2 as pb
 
 REPO = "meta-llama/Llama-3.1-8B-Instruct"
+# the tokens per KV block vLLM picks on the pod's chip when `vllm serve` names no --block-size
+DEFAULT_BLOCK = catalog.get_engine("vllm").block_size_on(catalog.get_chip("h100-sxm"))
 ARGV = (REPO, "-tp", "2", "--gpu-memory-utilization", "0.5", "--max-model-len", "4k",
         "--max-num-seqs", "64", "--no-enable-prefix-caching", "--trust-remote-code",
         "--download-dir", "/models", "--disable-uvicorn-access-log", "--time-scale", "0.01")
@@ -54,7 +56,9 @@ def test_vllms_flags_reach_the_engine(pod):
                                   max_context=4000, max_batch=64))
     default = place(DeploymentSpec(model="llama-3.1-8b", quant="bf16", chip="h100-sxm",
                                    engine="vllm", tp=2, max_context=4000, max_batch=64))
-    assert int(info["num_gpu_blocks"]) == placed.kv_blocks(16) < default.kv_blocks(16)
+    assert info["block_size"] == str(DEFAULT_BLOCK)
+    assert int(info["num_gpu_blocks"]) == placed.kv_blocks(DEFAULT_BLOCK) < default.kv_blocks(
+        DEFAULT_BLOCK)
     assert "doppelchip serve --chip h100-sxm --engine vllm --model llama-3.1-8b" in pod.log
 
 
@@ -91,4 +95,6 @@ def test_a_checkpoint_declaring_an_fp8_kv_cache_reports_it_as_vllm_resolves_it()
     placed = place(vllm_pod_options(repo, "--max-model-len", "4k").spec())
     half = place(vllm_pod_options(repo, "--max-model-len", "4k", "--kv-cache-dtype", "bfloat16")
                  .spec())
-    assert int(info["num_gpu_blocks"]) == placed.kv_blocks(16) > 1.9 * half.kv_blocks(16)
+    assert info["block_size"] == str(DEFAULT_BLOCK)
+    assert int(info["num_gpu_blocks"]) == placed.kv_blocks(DEFAULT_BLOCK) > 1.9 * half.kv_blocks(
+        DEFAULT_BLOCK)

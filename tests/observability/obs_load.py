@@ -31,9 +31,11 @@ from doppelchip.v1 import inference_pb2 as pb
 TIME_SCALE = 0.002
 PREFIX = "You are a careful assistant. Answer briefly and precisely, citing the source: "
 
+# The two vLLM deployments pin 16-token KV blocks (vLLM 0.34.0's default is 64): their pools
+# of 40 blocks are sized in 16-token blocks for the load below.
 DEPLOYMENTS = [
     {"name": "vllm-small-kv", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
-     "engine": "vllm", "max_model_len": 512, "kv_blocks": 40,
+     "engine": "vllm", "max_model_len": 512, "block_size": 16, "kv_blocks": 40,
      "enable_lora": True},  # LoRA on, unused: vllm:lora_requests_info for the dashboard
     {"name": "mlx-m4max", "model": "llama-3.1-8b", "quant": "mlx-4bit", "chip": "m4-max-40",
      "engine": "mlx", "max_model_len": 512, "start": "cold",
@@ -44,7 +46,8 @@ DEPLOYMENTS = [
     {"name": "llamacpp-ssd", "model": "llama-3.1-70b", "quant": "f16", "chip": "rtx-4090",
      "engine": "llama.cpp", "max_model_len": 512, "max_num_seqs": 1},
     {"name": "vllm-offload", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
-     "engine": "vllm", "max_model_len": 512, "kv_blocks": 40, "kv_offloading_size": 1.0},
+     "engine": "vllm", "max_model_len": 512, "block_size": 16, "kv_blocks": 40,
+     "kv_offloading_size": 1.0},
 ]
 
 # deployment -> [(prompt, max_tokens)]

@@ -23,9 +23,11 @@ TTFT_BOUNDS = [0.25, 2.5]
 DOC = {"server": {"time_scale": 0.05,
                   "custom_histogram_buckets": {"kv_cache_residency": KV_BOUNDS,
                                                "time_to_first_token": TTFT_BOUNDS}},
+       # 16-token blocks (vLLM 0.34.0's default is 64): the pool and the block counts below
+       # are in blocks of 16 tokens
        "deployments": [{"name": "small", "model": "llama-3.1-8b", "quant": "fp8",
                         "chip": "h100-sxm", "engine": "vllm", "max_model_len": 512,
-                        "kv_blocks": 48, "kv_cache_metrics": True,
+                        "block_size": 16, "kv_blocks": 48, "kv_cache_metrics": True,
                         "kv_cache_metrics_sample": 1.0}]}
 HOT = [(13 * i) % 2000 + 100 for i in range(160)]  # ten full blocks, hit twice
 

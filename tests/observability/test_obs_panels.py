@@ -118,7 +118,8 @@ def test_load_shows_preemptions_compiles_and_ssd_page_ins(observed):
     assert hits["vllm-small-kv"] > 0
     host = by_deployment(prom, "sum by (deployment) (vllm:external_prefix_cache_hits_total)", t1)
     # the first prompt's blocks the device evicted came back from host memory, whole blocks
-    assert host["vllm-offload"] > 0 and host["vllm-offload"] % 16 == 0
+    block = next(d["block_size"] for d in obs_load.DEPLOYMENTS if d["name"] == "vllm-offload")
+    assert host["vllm-offload"] > 0 and host["vllm-offload"] % block == 0
     loaded = by_deployment(prom, "sum by (deployment) (vllm:kv_offload_load_bytes_total)", t1)
     assert loaded["vllm-offload"] > 0
 

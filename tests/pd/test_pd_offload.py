@@ -17,8 +17,11 @@ from server_proc import ServerProcess, free_run, metric
 from server.engine.kv_transfer import KvTransferConfig
 
 MODEL = "llama-3.1-8b"
+# 16-token blocks (vLLM 0.34.0's default is 64): 64 of them (1,024 tokens) hold two of the
+# 420-token prompts below, so a third evicts the first; and 416 of its tokens are whole blocks
+BLOCK = 16
 POD = ["--chip", "h100-sxm", "--engine", "vllm", "--model", MODEL, "--quant", "bf16",
-       "--time-scale", "0.05", "--num-gpu-blocks-override", "64"]
+       "--time-scale", "0.05", "--num-gpu-blocks-override", "64", "--block-size", str(BLOCK)]
 MULTI = json.dumps({"kv_connector": "MultiConnector", "kv_role": "kv_both",
                     "kv_connector_extra_config": {"connectors": [
                         {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
@@ -52,7 +55,7 @@ def test_every_admission_queries_a_configured_connector_as_vllm_counts_it():
 
     def queries(**options) -> tuple[int, int]:
         core = build_core(EngineOptions(name="a", model=MODEL, quant="bf16", chip="h100-sxm",
-                                        engine="vllm", **options))
+                                        engine="vllm", block_size=BLOCK, **options))
         for rid in ("first", "again"):  # the second hits the device cache: 416 tokens
             core.add_request(Request(rid, PROMPTS[0], SamplingParams(max_tokens=2)))
             while core.has_unfinished():

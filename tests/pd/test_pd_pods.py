@@ -38,6 +38,11 @@ def pod(role: str, port: int, **env: str) -> ServerProcess:
             os.environ.pop(k, None)
 
 
+def block_size() -> int:
+    """Tokens per KV block: the pods name none, so the engine's on the chip (the catalogue's)."""
+    return catalog.get_engine("vllm").block_size_on(catalog.get_chip(CHIP))
+
+
 def kv_bytes_per_token() -> float:
     """K and V, every layer, every KV head, 2 bytes (bf16): from the model's catalogue entry."""
     m = catalog.get_model(MODEL)
@@ -93,7 +98,7 @@ def test_decode_pod_charges_the_transfer_and_never_prefills_the_prompt(pods):
         params = p["kv_transfer_params"]
         assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
         assert params["remote_host"] == "127.0.0.1" and params["tp_size"] == 1
-        assert len(params["remote_block_ids"]) == -(-len(PROMPT) // 16)
+        assert len(params["remote_block_ids"]) == -(-len(PROMPT) // block_size())
         assert scraped(prefill)["held"] == len(params["remote_block_ids"])
         before = scraped(decode)
         d = http.post(f"{decode.http_url}/v1/completions",
@@ -120,7 +125,7 @@ def test_decode_pod_charges_the_transfer_and_never_prefills_the_prompt(pods):
     assert grew["bytes_transferred_sum"] == pytest.approx(
         kv_bytes_per_token() * (len(PROMPT) - 1))
     layers = catalog.get_model(MODEL).n_layers
-    assert grew["num_descriptors_sum"] == -(-(len(PROMPT) - 1) // 16) * layers * 2
+    assert grew["num_descriptors_sum"] == -(-(len(PROMPT) - 1) // block_size()) * layers * 2
     assert grew["num_failed_transfers"] == grew["num_kv_expired_reqs"] == 0
     assert scraped(prefill)["held"] == 0  # the decode side's notification freed the blocks
 

@@ -69,6 +69,10 @@ FIXTURE = json.loads((Path(__file__).parent.parent / "fixtures" / "vllm_kv_hashe
 CASES = {c["name"]: c for c in FIXTURE}
 A, B, C2 = (CASES[n] for n in ("prompt_a_3_blocks_plus_5", "prompt_b_shares_2_blocks_with_a",
                                "prompt_c_unrelated_2_blocks"))
+# the fixture's hashes are of 16-token blocks: the pods pin that block size (vLLM 0.34.0's
+# default on this chip is 64), and the prompts' block arithmetic below is in it
+BLOCK = A["block_size"]
+assert BLOCK == B["block_size"] == C2["block_size"] == 16
 C = C2["token_ids"] + list(range(20032, 20096))  # 6 full blocks, the first two C2's
 EVENTS_CONFIG = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                             "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0",
@@ -80,7 +84,8 @@ def pod():
     doc = {"server": {"time_scale": 0.05},
            "deployments": [{"name": "kv", "model": "llama-3.1-8b", "quant": "bf16",
                             "chip": "h100-sxm", "engine": "vllm", "max_model_len": 256,
-                            "kv_blocks": 8, "kv_events_config": EVENTS_CONFIG}]}
+                            "block_size": BLOCK, "kv_blocks": 8,
+                            "kv_events_config": EVENTS_CONFIG}]}
     with ServerProcess(doc) as s:
         yield s
 
@@ -140,9 +145,9 @@ def test_events_hashes_eviction_reset_and_replay(pod: ServerProcess) -> None:
     complete(pod, A["token_ids"])
     ev = sub.events_until(lambda g: stored(g))
     assert stored(ev) == A["block_hashes_int"] and all(isinstance(e, BlockStored) for e in ev)
-    assert ev[0].parent_block_hash is None and ev[0].block_size == 16
+    assert ev[0].parent_block_hash is None and ev[0].block_size == BLOCK
     assert ev[0].medium == "GPU" and ev[0].group_idx == 0 and ev[0].lora_id is None
-    assert [t for e in ev for t in e.token_ids] == A["token_ids"][:48]
+    assert [t for e in ev for t in e.token_ids] == A["token_ids"][:3 * BLOCK]
 
     complete(pod, B["token_ids"])
     (ev_b,) = sub.events_until(lambda g: stored(g))
@@ -215,8 +220,8 @@ async def test_subscribe_kv_events_relays_the_stream(pod: ServerProcess) -> None
               for blk in e.stored.blocks]
     signed = [h - (1 << 64) if h >= 1 << 63 else h for h in C2["block_hashes_int"]]
     assert [blk.block_hash for blk in blocks] == signed
-    assert [list(blk.token_ids) for blk in blocks] == [C2["token_ids"][:16],
-                                                        C2["token_ids"][16:32]]
+    assert [list(blk.token_ids) for blk in blocks] == [C2["token_ids"][:BLOCK],
+                                                        C2["token_ids"][BLOCK:2 * BLOCK]]
     assert all(e.stored.tier == common_pb2.KV_CACHE_TIER_DEVICE for b in got for e in b.events
                if e.HasField("stored"))
 
@@ -247,7 +252,7 @@ def test_an_xxhash_pod_names_blocks_as_vllm_with_the_same_pythonhashseed(algo: s
     doc = {"server": {"time_scale": 0.05},
            "deployments": [{"name": "kv", "model": "llama-3.1-8b", "quant": "bf16",
                             "chip": "h100-sxm", "engine": "vllm", "max_model_len": 256,
-                            "kv_events_config": EVENTS_CONFIG,
+                            "block_size": BLOCK, "kv_events_config": EVENTS_CONFIG,
                             "prefix_caching_hash_algo": algo}]}
     with ServerProcess(doc, env={"PYTHONHASHSEED": "42"}) as pod:
         sub = Subscriber(httpx.get(f"{pod.http_url}/kv_event_sources").json()["0"]["endpoint"])

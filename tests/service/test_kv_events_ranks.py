@@ -19,9 +19,11 @@ from smg_grpc_proto.generated import common_pb2
 
 EVENTS = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:0",
                      "replay_endpoint": "tcp://*:0"})
+# 16-token blocks pinned (vLLM 0.34.0's default on this chip is 64): a 40-token prompt fills
+# two blocks, whose BlockStored events are what the test waits for from each rank
 POD = ("--chip", "h100-sxm", "--engine", "vllm", "--model", "llama-3.1-8b", "--quant", "bf16",
-       "--max-model-len", "256", "--data-parallel-size", "2", "--time-scale", "0.05",
-       "--kv-events-config", EVENTS)
+       "--max-model-len", "256", "--block-size", "16", "--data-parallel-size", "2",
+       "--time-scale", "0.05", "--kv-events-config", EVENTS)
 
 
 def complete(pod: ServerProcess, rank: int, seed: int) -> None:

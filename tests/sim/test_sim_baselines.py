@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from clients.workloads import WorkloadSpec
+from devices import catalog
 from server.engine.build import EngineOptions
 from sim.simulation import simulate_options
 
@@ -19,7 +20,9 @@ def test_paging_and_continuous_batching_beat_contiguous_static():
     (prompt + max_tokens) up front, paging holds only what each request has written so far.
     Max concurrency rises by about max length ÷ mean length (the vLLM paper's argument)."""
     isl, max_tokens, out = 200, 3896, 56  # max length 4096; actual length 256 (EOS included)
-    pool = 64 * (isl + max_tokens) // 16  # room for 64 maximum-length requests
+    block = H100.block_size or catalog.get_engine(H100.engine).block_size_on(
+        catalog.get_chip(H100.chip))  # the deployment's KV block size
+    pool = 64 * (isl + max_tokens) // block  # room for 64 maximum-length requests
     common = dict(max_model_len=4096, max_num_seqs=4096, prefix_cache=False, kv_blocks=pool,
                   output_len_mean=out, output_len_dist="fixed")
     paged = dataclasses.replace(H100, kv_layout="paged", batching="continuous", **common)

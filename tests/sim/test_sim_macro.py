@@ -109,7 +109,9 @@ def test_macro_with_full_seats_and_a_trace(tmp_path, monkeypatch):
 def test_macro_under_kv_pressure_evicts_and_preempts_as_single_stepping(monkeypatch):
     """A pool small enough that decodes evict cached blocks inside windows and the scheduler
     preempts: windows stop before an allocation the pool cannot cover."""
-    tight = dataclasses.replace(H100, kv_blocks=60, max_num_seqs=16)
+    # 60 blocks of 16 tokens (960) for 16 seats: the pool is short (60 of the default
+    # 64-token blocks would be four times the pool, and nothing would be preempted)
+    tight = dataclasses.replace(H100, block_size=16, kv_blocks=60, max_num_seqs=16)
     spec = WorkloadSpec(kind="shared-prefix", num_requests=30, isl=40, osl=120, rate=40,
                         system_prompt_len=96, num_prefixes=3, ignore_eos=True)
     single, macro = _run(tight, spec, False, monkeypatch), _run(tight, spec, True, monkeypatch)

@@ -1,8 +1,8 @@
 """Macro-stepping against single-stepping over random configurations (a seeded fuzz beside
-the per-kind checks of test_sim_macro.py): chips, engines, seats, KV pool sizes (preemption
-under pressure), context limits, workload kinds, lengths, rates, EOS and think times vary; the
-records, every request's token ids, the counters and the figures must agree (times 1e-9
-relative), and windows must have run."""
+the per-kind checks of test_sim_macro.py): chips, engines, seats, KV block sizes, KV pool
+sizes (preemption under pressure), context limits, workload kinds, lengths, rates, EOS and
+think times vary; the records, every request's token ids, the counters and the figures must
+agree (times 1e-9 relative), and windows must have run."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from macro_helpers import count_window_steps
 
 import sim.virtual as virtual
 from clients.workloads import WorkloadSpec, build_workload
+from devices import catalog
 from server.engine.build import EngineOptions, build_core
 from server.engine.tokenizer import get_tokenizer
 
@@ -24,10 +25,13 @@ SHAPES = [("llama-2-7b", "h100-sxm", "vllm"), ("llama-2-7b", "h100-sxm", "sglang
 
 def _draw(rng: random.Random, vocab: int) -> tuple[EngineOptions, WorkloadSpec]:
     model, chip, engine = rng.choice(SHAPES)
+    # The KV pool is drawn in tokens (None: all the device holds), then cut into blocks of
+    # the drawn block size (None: the engine's on the chip), so that every block size sees
+    # the same pressure, preemption included.
+    kv_tokens = rng.choice([None, None, 4800, 12800, 32000])
     opts = EngineOptions(name="fuzz", model=model, quant="bf16", chip=chip, engine=engine,
                          max_num_seqs=rng.choice([4, 8, 16, 64, None]),
                          max_model_len=rng.choice([None, 2048, 4096]),
-                         kv_blocks=rng.choice([None, None, 300, 800, 2000]),
                          seed=rng.randrange(1000))
     spec = WorkloadSpec(kind=rng.choice(["random", "random", "shared-prefix", "multi-turn"]),
                         num_requests=rng.randrange(5, 50),
@@ -39,6 +43,11 @@ def _draw(rng: random.Random, vocab: int) -> tuple[EngineOptions, WorkloadSpec]:
                         system_prompt_len=rng.choice([64, 300]), num_prefixes=2, turns=2,
                         think_time_s=rng.choice([0.0, 0.3]), seed=rng.randrange(100),
                         vocab_size=vocab)
+    block_size = rng.choice([None, 16, 64])
+    tokens_per_block = block_size or catalog.get_engine(engine).block_size_on(
+        catalog.get_chip(chip))
+    opts = dataclasses.replace(opts, block_size=block_size,
+                               kv_blocks=kv_tokens and kv_tokens // tokens_per_block)
     return opts, spec
 
 
@@ -123,8 +132,10 @@ def test_cache_aware_admission_runs_the_same_macro_or_single_stepped(monkeypatch
     """vLLM 0.34.0's cache-aware admission reorders the waiting queue every step (ties keep
     the last order), so no window runs while two requests wait; the two runs are identical,
     and the window really changed which request went first."""
+    # 120 blocks of 16 tokens (1920): a pool short enough that requests wait on KV and the
+    # window has a queue to reorder
     opts = EngineOptions(name="aware", model="llama-3.1-8b", quant="bf16", chip="h100-sxm",
-                         engine="vllm", max_num_seqs=8, kv_blocks=120,
+                         engine="vllm", max_num_seqs=8, block_size=16, kv_blocks=120,
                          cache_aware_admission_window=16, cache_aware_admission_threshold=0.0)
     spec = WorkloadSpec(kind="shared-prefix", num_requests=60, isl=300, osl=80, rate=40,
                         system_prompt_len=256, num_prefixes=5, users_per_prefix=1,
