@@ -3,7 +3,8 @@ memory (1,024 on an H100, 256 on an A100 by device name), SGLang 0.5.23's derive
 pool it was given (``KvSeqs``: pool tokens / context × 512 within 2,048..4,096, at most half
 the pool), TensorRT-LLM's build limit; a flag always wins. The KV block size is vLLM 0.34.0's
 64 tokens where CUDA's attention backends take it, 16 on ROCm (its ``ROCM_ATTN`` backend's
-preference), and prefix-cache hits come in those blocks; ``--block-size`` wins."""
+preference), and prefix-cache hits come in those blocks; TensorRT-LLM's is 32 tokens;
+``--block-size`` wins."""
 
 from __future__ import annotations
 
@@ -84,8 +85,10 @@ def test_vllms_kv_block_is_its_releases_and_prefix_hits_come_in_it(chip, flags, 
     assert _cached_after_a_shared_prefix(chip, **flags) == (block, cached)
 
 
-def test_other_engines_keep_their_block_size():
-    for engine in ("sglang", "tensorrt-llm"):
-        core = build_core(EngineOptions(name="d", model="llama-3.1-8b", quant="bf16",
-                                        chip="h100-sxm", engine=engine))
-        assert core.scheduler.config.block_size == 16, engine
+# TensorRT-LLM: KvCacheConfig.tokens_per_block = 32 (tensorrt_llm/llmapi/llm_args.py); SGLang's
+# page is 16 here (its own default is 1 token: docs/SGLANG_SERVE.md)
+@pytest.mark.parametrize(("engine", "block"), [("tensorrt-llm", 32), ("sglang", 16)])
+def test_other_engines_take_their_own_block_size(engine, block):
+    core = build_core(EngineOptions(name="d", model="llama-3.1-8b", quant="bf16",
+                                    chip="h100-sxm", engine=engine))
+    assert core.scheduler.config.block_size == block
