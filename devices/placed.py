@@ -55,7 +55,7 @@ class Placement:
     @property
     def block_size(self) -> int:
         """Tokens per KV block the engine picks on this chip without a --block-size."""
-        return self.engine.block_size_on(self.chip)
+        return self.engine.block_size_on(self.chip, mla=self.model.is_mla)
 
     def kv_blocks(self, block_size: int | None = None) -> int:
         """KV capacity in blocks of ``block_size`` tokens (default: the engine's)."""

@@ -304,15 +304,20 @@ class EngineSpec:
     uva_offload: bool = False  # --cpu-offload-gb: weights in pinned host memory, read every step
     memory: MemoryRule | None = None  # how it sizes its KV cache on sharded device memory
     kv_block_size: int = 16  # tokens per KV block (page) without a --block-size
-    kv_block_size_by_vendor: tuple[tuple[str, int], ...] = ()  # where a vendor's build differs
+    kv_block_size_by_vendor: tuple[tuple[str, int], ...] = ()  # a vendor build's first backend
+    #   for standard attention without a KV connector, where its preference differs
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def path_for(self, chip_class: str) -> str:
         table = dict(self.compute_path)
         return table.get(chip_class, table.get("default", "bf16"))
 
-    def block_size_on(self, chip: ChipSpec) -> int:
-        """Tokens per KV block the engine picks on ``chip`` when the user names none."""
+    def block_size_on(self, chip: ChipSpec, mla: bool = False, connector: bool = False) -> int:
+        """Tokens per KV block the engine picks on ``chip`` when the user names none. A
+        vendor's preference belongs to its first backend for standard attention, which a
+        model with latent attention (``mla``) or a pod with a KV ``connector`` does not run."""
+        if mla or connector:
+            return self.kv_block_size
         return dict(self.kv_block_size_by_vendor).get(chip.vendor, self.kv_block_size)
 
     def kernel_key(self, chip: ChipSpec, key: str) -> str:

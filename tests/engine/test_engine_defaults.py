@@ -85,6 +85,20 @@ def test_vllms_kv_block_is_its_releases_and_prefix_hits_come_in_it(chip, flags, 
     assert _cached_after_a_shared_prefix(chip, **flags) == (block, cached)
 
 
+# ROCm's 16 is ROCM_ATTN's, its first backend for standard attention: latent attention goes
+# to TRITON_MLA, and a pod with a KV connector skips ROCM_ATTN for TRITON_ATTN; both keep 64
+# (vllm/platforms/rocm.py _get_backend_priorities)
+@pytest.mark.parametrize(("options", "block"), [
+    (dict(model="deepseek-v3", quant="fp8", chip="mi300x", count=8), 64),
+    (dict(model="llama-3.1-8b", quant="bf16", chip="mi300x", kv_offloading_size=1.0), 64),
+    (dict(model="llama-3.1-8b", quant="bf16", chip="mi300x",
+          kv_transfer_config='{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'), 64),
+    (dict(model="llama-3.1-8b", quant="bf16", chip="mi300x"), 16)])
+def test_rocms_16_is_for_standard_attention_without_a_connector(options, block):
+    core = build_core(EngineOptions(name="d", engine="vllm", **options))
+    assert core.scheduler.config.block_size == block
+
+
 # TensorRT-LLM: KvCacheConfig.tokens_per_block = 32 (tensorrt_llm/llmapi/llm_args.py); SGLang's
 # page is 16 here (its own default is 1 token: docs/SGLANG_SERVE.md)
 @pytest.mark.parametrize(("engine", "block"), [("tensorrt-llm", 32), ("sglang", 16)])
