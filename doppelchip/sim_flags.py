@@ -75,7 +75,8 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
                    help="as vLLM's flag: refuse a request (UNAVAILABLE, HTTP 503) while the "
                    "prompts not yet past their prefill hold N tokens (default: no limit)")
     g.add_argument("--block-size", type=int, help="KV block size in tokens (default: the "
-                   "engine's on the chip, engines.toml kv_block_size: vLLM 0.34.0's 64)")
+                   "engine's on the chip, engines.toml kv_block_size: vLLM 0.34.0's 64, 16 "
+                   "on AMD; TensorRT-LLM's 32; 16 elsewhere)")
     g.add_argument("--num-gpu-blocks-override", type=int, dest="kv_blocks", metavar="N",
                    help="as vLLM's flag: a KV pool of N blocks, whatever fits")
     g.add_argument("--cpu-offload-gb", type=float, metavar="GIB",
