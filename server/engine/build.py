@@ -34,6 +34,7 @@ from devices import (
     place,
 )
 from devices.hf_config import checkpoint_kv_cache_dtype
+from devices.specs import ChipSpec, EngineSpec
 from server.engine import hf_overrides, pooler_config, score_template
 from server.engine.block_hash import BlockHasher, SglangBlockHasher
 from server.engine.constraints import compiler_for
@@ -205,6 +206,13 @@ class EngineOptions:
             return (f"data_parallel_start_rank {first} and data_parallel_size_local {n} name "
                     f"ranks outside 0..{size - 1} (data_parallel_size {size})")
         return ""
+
+    def block_size_on(self, engine: EngineSpec, chip: ChipSpec, mla: bool) -> int:
+        """Tokens per KV block: `block_size` as given, else the engine's on `chip` for a model
+        with latent attention or not (`mla`) and with a KV connector or not (a
+        `kv_transfer_config`, or the offloading one `kv_offloading_size` configures)."""
+        connector = bool(self.kv_transfer_config or self.kv_offloading_size)
+        return self.block_size or engine.block_size_on(chip, mla=mla, connector=connector)
 
     @property
     def cache_dtype(self) -> str:

@@ -72,9 +72,7 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
     if prefix and not supported:
         logger.warning(UNSUPPORTED.format("prefix caching"))
         prefix = prefix and holds_kv  # (an encoder has no KV blocks to keep)
-    block_size = opts.block_size or placement.engine.block_size_on(
-        placement.chip, mla=placement.model.is_mla,
-        connector=bool(opts.kv_transfer_config or opts.kv_offloading_size))
+    block_size = opts.block_size_on(placement.engine, placement.chip, placement.model.is_mla)
     blocks = placement.kv_blocks(block_size)
     if opts.kv_blocks is not None:
         if opts.kv_blocks > blocks:

@@ -136,13 +136,13 @@ def offload_info(core: EngineCore) -> dict[str, int]:
 
 
 def _block_size(opts: EngineOptions) -> int:
-    """The block size asked for, else the engine's on the chip (16 if either is unknown)."""
-    if opts.block_size:
-        return opts.block_size
+    """The block size asked for, else the engine's for the chip and model (16 where the
+    catalogue knows one of them not)."""
     try:
-        return catalog.get_engine(opts.engine).block_size_on(catalog.get_chip(opts.chip))
+        return opts.block_size_on(catalog.get_engine(opts.engine), catalog.get_chip(opts.chip),
+                                  catalog.get_model(opts.model).is_mla)
     except KeyError:
-        return 16
+        return opts.block_size or 16
 
 
 def failed_info(opts: EngineOptions, rank: int, why: str, vocab_size: int) -> DeploymentInfo:

@@ -106,3 +106,15 @@ def test_other_engines_take_their_own_block_size(engine, block):
     core = build_core(EngineOptions(name="d", model="llama-3.1-8b", quant="bf16",
                                     chip="h100-sxm", engine=engine))
     assert core.scheduler.config.block_size == block
+
+
+@pytest.mark.parametrize(("options", "block"), [
+    (dict(model="deepseek-v3", quant="fp8", chip="mi300x"), 64),
+    (dict(model="llama-3.1-8b", quant="bf16", chip="mi300x"), 16),
+    (dict(model="llama-3.1-8b", quant="bf16", chip="mi300x", block_size=32), 32),
+    (dict(model="llama-3.1-8b", quant="bf16", chip="no-such-chip"), 16)])
+def test_a_deployment_that_failed_to_place_reports_the_block_it_would_have_had(options, block):
+    from server.engine_proc.info import failed_info
+
+    info = failed_info(EngineOptions(name="d", engine="vllm", **options), 0, "why", 1000)
+    assert info.capacity.block_size == block
