@@ -242,6 +242,9 @@ def test_after_ctrl_c_a_grpc_threads_exception_does_not_cut_into_the_summary():
     reported: list[str] = []
     hook = threading.excepthook
     threading.excepthook = lambda args: reported.append(args.thread.name)
+    # the handler before: Python's default, or SIG_IGN inherited when the suite was started
+    # in the background of a non-interactive shell (which ignores SIGINT for such jobs)
+    before = signal.getsignal(signal.SIGINT)
     try:
         with _quiet_after_interrupt():
             raise_in_a_thread()  # before the interrupt: reported as ever
@@ -250,6 +253,6 @@ def test_after_ctrl_c_a_grpc_threads_exception_does_not_cut_into_the_summary():
             signal.raise_signal(signal.SIGINT)
         raise_in_a_thread()  # the cancelled call's threads, after it: dropped
         assert reported == ["spin"]
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is before  # restored
     finally:
         threading.excepthook = hook
