@@ -13,7 +13,10 @@ node or per rank under a LeaderWorkerSet) use every mode:
 - external (`--data-parallel-rank R` or `--data-parallel-external-lb`): this pod serves rank R
   alone; a MoE model only, as in vLLM.
 
-`--nnodes`/`--node-rank` infer the rank or the local size as vLLM does. The errors are vLLM's.
+`--nnodes`/`--node-rank` infer the rank or the local size as vLLM does. The errors are vLLM's,
+and so are vLLM 0.34.0's two for `--enable-fault-tolerance` (`EngineArgs.create_engine_config`,
+`ParallelConfig._validate_parallel_config`): it needs external load balancing and one API
+server (the fault-tolerance routes themselves are not emulated).
 """
 
 from __future__ import annotations
@@ -66,6 +69,16 @@ def local_ranks(args: argparse.Namespace, is_moe: bool) -> tuple[int, int | None
             rank = inferred
         elif local is None and not external:
             local = max(world // nnodes // within, 1)
+    if getattr(args, "enable_fault_tolerance", None):  # vLLM 0.34.0's, in this order
+        if not (external or rank is not None):
+            raise ValueError("Fault tolerance requires external load balancer mode "
+                             "(--data-parallel-external-lb or --data-parallel-rank). Internal LB "
+                             "mode is not supported.")
+        if (args.api_server_count or 1) > 1:
+            raise ValueError("Fault tolerance requires a single API server process "
+                             "(--api-server-count=1), but got "
+                             f"{args.api_server_count}. The FT system assumes one AsyncMPClient "
+                             "manages all engines.")
     if external or rank is not None:
         if size > 1 and not is_moe:
             raise ValueError("Non-MoE models do not support external data parallel mode. For "

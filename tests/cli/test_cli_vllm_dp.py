@@ -64,6 +64,13 @@ def test_the_ranks_a_pod_runs_are_vllms(argv, expected):
     (["-dp", "8", "--nnodes", "2", "--node-rank", "2"], "`--node-rank` must be between"),
     (["-dp", "8", "-dpn", "8"], "outside the 8 of --data-parallel-size"),
     (["-dp", "8", "-dpl", "4", "-dph", "--headless"], "not applicable in headless mode"),
+    # vLLM 0.34.0's --enable-fault-tolerance: external load balancing and one API server
+    (["-dp", "8", "--enable-fault-tolerance"], "Fault tolerance requires external load "
+                                               "balancer mode"),
+    (["--enable-fault-tolerance"], "Internal LB mode is not supported"),
+    (["-dp", "8", "--data-parallel-rank", "2", "--api-server-count", "2",
+      "--enable-fault-tolerance"],
+     "Fault tolerance requires a single API server process (--api-server-count=1), but got 2"),
 ])
 def test_launch_modes_vllm_refuses_are_refused_in_its_words(argv, says):
     repo = DENSE if "Non-MoE" in says else MOE
@@ -73,6 +80,14 @@ def test_launch_modes_vllm_refuses_are_refused_in_its_words(argv, says):
 
 def test_a_dense_model_may_still_run_data_parallel_replicas_behind_one_server():
     assert ranks("-dp", "2", repo=DENSE) == (0, 2, 2)
+
+
+def test_fault_tolerance_starts_an_external_rank_without_its_routes():
+    argv = ["-dp", "8", "--data-parallel-rank", "5", "--enable-fault-tolerance"]
+    assert ranks(*argv) == (5, 1, 8)
+    _, warnings = translate(PARSER.parse_args(vllm_argv(["vllm", "serve", MOE, *argv], set())))
+    assert warnings == ["--enable-fault-tolerance is accepted but not emulated: it changes "
+                        "nothing here"]
 
 
 def test_a_headless_worker_idles_until_sigterm_and_exits_cleanly():

@@ -35,7 +35,9 @@ TRANSLATED = {"--model", "--config", "--host", "--port", "--grpc-port", "--grpc"
               # which data-parallel ranks a pod runs: tests/cli/test_cli_vllm_dp.py
               "--data-parallel-rank", "--data-parallel-start-rank", "--data-parallel-size-local",
               "--nnodes", "--node-rank", "--data-parallel-external-lb",
-              "--data-parallel-hybrid-lb", "--headless"}
+              "--data-parallel-hybrid-lb", "--headless",
+              # needs an external rank (vLLM 0.34.0): tests/cli/test_cli_vllm_dp.py
+              "--enable-fault-tolerance"}
 # a value each passed-through option's `doppelchip serve` flag accepts
 PASS_VALUES = {"--kv-cache-dtype": "fp8", "--speculative-config": '{"method": "ngram"}',
                "--kv-events-config": '{"enable_kv_cache_events": true}',
