@@ -51,6 +51,9 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_vllm_serve)
 
 
+SEED_MAX = 2**32 - 1  # vLLM 0.34.0 ModelConfig.seed: Field(ge=0, le=2**32 - 1)
+
+
 def _refuse(args: argparse.Namespace) -> None:
     """ValueError for a flag whose request doppelchip cannot serve (docs/VLLM_SERVE.md)."""
     for name, reason in REFUSED.items():
@@ -62,6 +65,8 @@ def _refuse(args: argparse.Namespace) -> None:
     if args.grpc and args.grpc_port is not None:
         raise ValueError("--grpc and --grpc-port are mutually exclusive. Use --grpc --port for "
                          "the Python gRPC server, or --grpc-port beside the HTTP --port.")
+    if args.seed is not None and not 0 <= args.seed <= SEED_MAX:  # vLLM 0.34.0's range
+        raise ValueError(f"--seed must be in [0, {SEED_MAX}], got {args.seed}")
 
 
 def check_runner(args: argparse.Namespace, spec: ModelSpec) -> str:

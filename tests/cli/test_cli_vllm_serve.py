@@ -149,6 +149,8 @@ def test_loading_flags_are_accepted_and_unemulated_ones_warned():
       "2048"], "max_num_batched_tokens (2048) is smaller than max_model_len (131072)"),
     (["meta-llama/Llama-3.1-8B", "--uds", "/tmp/s"], "TCP only"),
     (["meta-llama/Llama-3.1-8B", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
+    (["meta-llama/Llama-3.1-8B", "--seed", "-1"], "--seed must be in [0, 4294967295], got -1"),
+    (["meta-llama/Llama-3.1-8B", "--seed", str(2**32)], "--seed must be in [0, 4294967295]"),
     (["meta-llama/Llama-3.1-8B", "--kv-cache-memory-bytes", "90G"], "kv_cache_memory_bytes"),
     (["meta-llama/Llama-3.1-405B-Instruct", "--chip", "rtx-4090"], "error: "),
 ])
