@@ -54,7 +54,8 @@ class Placement:
 
     @property
     def block_size(self) -> int:
-        """Tokens per KV block the engine picks on this chip without a --block-size."""
+        """Tokens per KV block the engine picks on this chip for this model without a
+        --block-size and without a KV connector (a pod's own: EngineOptions.block_size_on)."""
         return self.engine.block_size_on(self.chip, mla=self.model.is_mla)
 
     def kv_blocks(self, block_size: int | None = None) -> int:
