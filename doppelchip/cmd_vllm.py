@@ -21,7 +21,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from doppelchip.checkpoint_arg import resolve_checkpoint, weight_format
-from doppelchip.dropin import pod_flags, serve_pod
+from doppelchip.dropin import pod_flags, serve_args, serve_pod, unplaceable
 from doppelchip.vllm_dp import HEADLESS, local_ranks
 from doppelchip.vllm_flags import BY_FLAG, PASSTHROUGH, REFUSED, VLLM_OPTIONS
 from doppelchip.vllm_parser import add_serve_arguments, is_given
@@ -179,13 +179,30 @@ def understood(name: str, args: argparse.Namespace) -> bool:
 
 
 def cmd_vllm_serve(args: argparse.Namespace) -> int:
+    ranks = None
     try:
-        argv, warnings = translate(args)
+        if args.data_parallel_multi_port_external_lb:  # one pod per local rank
+            from doppelchip.vllm_multiport import rank_args
+
+            ranks = rank_args(args)
+            argv, warnings = translate(ranks[0])  # what the ranks would refuse: refused now
+            for rank in ranks[1:]:
+                translate(rank)
+        else:
+            argv, warnings = translate(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.headless:
         return _idle()
+    if ranks is not None:
+        from doppelchip.vllm_multiport import Supervisor
+
+        problem = unplaceable(serve_args(argv), args.max_model_len is None)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+        return Supervisor(args, ranks, cmd_vllm_serve).run()
     return serve_pod("doppelchip vllm serve", argv, warnings,
                      args.model_tag or args.model,  # /v1/models' root, as vLLM's (no flag)
                      fit_model_len=args.max_model_len is None)

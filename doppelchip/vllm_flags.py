@@ -174,8 +174,6 @@ ACCEPTED: tuple[str, ...] = (
     "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-backend",
     "--headless-client-handshake-address",
     "--master-addr", "--master-port",
-    "--data-parallel-supervisor-port", "--dp-supervisor-probe-interval-s",
-    "--dp-supervisor-probe-timeout-s", "--dp-supervisor-probe-failure-threshold",
     # what doppelchip's front end always does (docs/HTTP.md, "Differences from vLLM"):
     # `usage.prompt_tokens_details.cached_tokens` on every answer, `X-Request-Id` echoed
     "--enable-prompt-tokens-details", "--enable-request-id-headers",

@@ -97,6 +97,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> set[str]:
                         "(doppelchip/vllm_dp.py)")
     for name in ("--data-parallel-external-lb", "--data-parallel-hybrid-lb"):
         add_vllm_option(e, name, help="vLLM's load-balancing mode (doppelchip/vllm_dp.py)")
+    add_vllm_option(e, "--data-parallel-multi-port-external-lb",
+                    help="one pod per local rank on --port + i, behind a supervisor's "
+                    "/health, /ready, /readyz (doppelchip/vllm_multiport.py)")
+    for name, kind, default in (("--data-parallel-supervisor-port", int, 9256),
+                                ("--dp-supervisor-probe-interval-s", float, 5.0),
+                                ("--dp-supervisor-probe-timeout-s", float, 5.0),
+                                ("--dp-supervisor-probe-failure-threshold", int, 3)):
+        add_vllm_option(e, name, type=kind, default=default,
+                        help=f"the multi-port supervisor's (vLLM's default {default})")
     add_vllm_option(e, "--headless", help="a worker node's pod: the leader's pod emulates "
                     "every rank, so this one waits for SIGTERM")
     for name, kwargs in PASSTHROUGH:

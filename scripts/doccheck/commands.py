@@ -3,7 +3,7 @@
 The docs write the defaults a reader types (gRPC 50051, HTTP 8000, smg 30000, ...). On a shared
 machine those may be taken, so the runner moves every port a command names (after making the
 defaults explicit: `serve` gets `--port 50051 --http-port 8000`, `vllm serve` `--port 8000
---grpc-port 50051`, `sglang serve` `--port 30000 --grpc-port 50051` (`--port 30000` alone with
+--grpc-port 50051` (with `-dpm` no gRPC port: its ranks take free ones), `sglang serve` `--port 30000 --grpc-port 50051` (`--port 30000` alone with
 `--smg-grpc-mode`), `trtllm-serve` `--port 8000 --grpc-port 50051` (`--port 8000 --http-port
 8001` with `--grpc`), a client without
 `--target` gets `--target 127.0.0.1:50051`, a KV-events
@@ -110,6 +110,11 @@ def _smg_grpc_mode(ws: list[str]) -> bool:
     return "--smg-grpc-mode" in ws or "--grpc-mode" in ws
 
 
+def _multi_port(ws: list[str]) -> bool:
+    """`vllm serve -dpm`: one pod per rank, whose gRPC servers take free ports."""
+    return "-dpm" in ws or "--data-parallel-multi-port-external-lb" in ws
+
+
 def _flag(ws: list[str], *names: str) -> str | None:
     for i, w in enumerate(ws):
         for name in names:
@@ -137,7 +142,7 @@ def explicit_defaults(command: str) -> str:
     if _vllm_serve(ws):
         add = [*(["--port", "8000"] if _flag(ws, "--port") is None else []),
                *(["--grpc-port", "50051"] if _flag(ws, "--grpc-port") is None
-                 and not _smg_grpc_mode(ws) else [])]
+                 and not _smg_grpc_mode(ws) and not _multi_port(ws) else [])]
         return re.sub(r"\b(doppelchip[ -]vllm serve)", lambda m: " ".join([m[1], *add]),
                       command, count=1) if add else command
     if _sglang_serve(ws):

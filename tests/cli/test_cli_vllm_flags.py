@@ -37,7 +37,11 @@ TRANSLATED = {"--model", "--config", "--host", "--port", "--grpc-port", "--grpc"
               "--nnodes", "--node-rank", "--data-parallel-external-lb",
               "--data-parallel-hybrid-lb", "--headless",
               # needs an external rank (vLLM 0.34.0): tests/cli/test_cli_vllm_dp.py
-              "--enable-fault-tolerance"}
+              "--enable-fault-tolerance",
+              # one pod per local rank behind a supervisor: tests/cli/test_cli_vllm_multiport.py
+              "--data-parallel-multi-port-external-lb", "--data-parallel-supervisor-port",
+              "--dp-supervisor-probe-interval-s", "--dp-supervisor-probe-timeout-s",
+              "--dp-supervisor-probe-failure-threshold"}
 # a value each passed-through option's `doppelchip serve` flag accepts
 PASS_VALUES = {"--kv-cache-dtype": "fp8", "--speculative-config": '{"method": "ngram"}',
                "--kv-events-config": '{"enable_kv_cache_events": true}',
