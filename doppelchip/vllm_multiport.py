@@ -14,7 +14,8 @@ supervisor probes each rank's `/health` (a connection error is retried up to
 `--dp-supervisor-probe-failure-threshold` times once ready, a non-200 answer is final);
 3. when all answer 200 it is ready and starts its own HTTP server; 4. a rank that exits, or
 any failed probe once ready, or SIGTERM/SIGINT, ends it: it forwards the signal (SIGTERM for a
-failure) to the ranks still running, waits for them, and kills what is left.
+failure) to the ranks still running, waits for them, and kills what is left. A rank whose
+supervisor died (SIGKILL) stops itself as if it got SIGTERM.
 
 Where doppelchip differs (docs/VLLM_SERVE.md): the ranks' gRPC servers take free ports (vLLM's
 have none, and one default port cannot serve two ranks); the supervisor binds `--host` or
@@ -30,10 +31,12 @@ import asyncio
 import contextlib
 import copy
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import ssl
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -115,7 +118,15 @@ def rank_args(args: argparse.Namespace) -> list[argparse.Namespace]:
 
 
 def _run_rank(serve: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> None:
+    """A rank's process: its pod, stopped (SIGTERM: it drains) if the supervisor dies."""
     os.setpgrp()  # the supervisor forwards Ctrl-C: a terminal's SIGINT reaches it alone
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        def orphaned() -> None:
+            multiprocessing.connection.wait([parent.sentinel])
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=orphaned, daemon=True, name="supervisor-watch").start()
     sys.exit(serve(args))
 
 

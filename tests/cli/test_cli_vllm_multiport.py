@@ -7,21 +7,17 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
-import subprocess
-import sys
-import threading
 
 import httpx
 import psutil
 import pytest
+from multiport_pod import MOE, MultiPortPod
 
 from doppelchip.cli import build_parser
 from doppelchip.cmd_vllm import cmd_vllm_serve, translate
 from doppelchip.vllm_argv import vllm_argv
 from doppelchip.vllm_multiport import rank_args
 
-MOE = "Qwen/Qwen3-30B-A3B"
 DENSE = "meta-llama/Llama-3.1-8B-Instruct"
 PARSER = build_parser("vllm")
 
@@ -90,57 +86,6 @@ def test_the_supervisors_flags_have_vllms_types_and_defaults():
         parse("-dpm", "--data-parallel-supervisor-port", "x")
 
 
-def _free_ports() -> tuple[int, int]:
-    """(P, S): P and P + 1 free for the two ranks, S free for the supervisor."""
-    for _ in range(50):
-        with socket.socket() as a, socket.socket() as b, socket.socket() as s:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            s.bind(("127.0.0.1", 0))
-            return port, s.getsockname()[1]
-    raise RuntimeError("no two consecutive free ports")
-
-
-class MultiPortPod:
-    """`doppelchip vllm serve MOE -dp 2 -dpl 2 -dpm` on loopback, its stderr collected."""
-
-    def __init__(self) -> None:
-        self.port, self.supervisor = _free_ports()
-        cmd = [sys.executable, "-m", "doppelchip.cli", "vllm", "serve", MOE, "-dp", "2",
-               "-dpl", "2", "-dpm", "--port", str(self.port), "--data-parallel-supervisor-port",
-               str(self.supervisor), "--dp-supervisor-probe-interval-s", "0.2",
-               "--time-scale", "0.05", "--max-model-len", "4096"]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        self.started = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            if "Started DPSupervisor on" in line:
-                self.started.set()
-        self.started.set()
-
-    def wait_ready(self) -> None:
-        assert self.started.wait(120), "".join(self.lines[-20:])
-        assert self.proc.poll() is None, "".join(self.lines[-20:])
-
-    def ranks(self) -> list[psutil.Process]:
-        return [p for p in psutil.Process(self.proc.pid).children()
-                if "spawn_main" in " ".join(p.cmdline())]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
 def _family(rank_port: int) -> psutil.Process | None:
     """The rank pod's process listening on `rank_port` (None when none does)."""
     for c in psutil.net_connections("tcp"):
@@ -203,3 +148,14 @@ def test_a_rank_that_dies_takes_the_pod_down_with_status_1(pod):
     assert _family(pod.port) is None
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{pod.supervisor}/health")
+
+
+def test_ranks_whose_supervisor_was_killed_stop_themselves(pod):
+    pod.wait_ready()
+    tree = psutil.Process(pod.proc.pid).children(recursive=True)
+    assert len(pod.ranks()) == 2
+    pod.proc.kill()  # no signal forwarded: each rank sees its parent gone
+    pod.proc.wait()
+    _, alive = psutil.wait_procs(tree, timeout=60)
+    assert not alive
+    assert _family(pod.port) is None and _family(pod.port + 1) is None
