@@ -227,6 +227,10 @@ def add_security_args(p: argparse.ArgumentParser) -> None:
                    dest="http_timeout_keep_alive_s",
                    help="an idle kept-alive HTTP connection closes after this (default 5, "
                    "vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE)")
+    g.add_argument("--sse-keep-alive-interval", type=int, metavar="SECONDS",
+                   help="as vLLM's flag: a streamed completion or chat answer idle this long "
+                   "(queued, prefilling, between tokens) sends the SSE comment ': keep-alive', "
+                   "so a proxy's read timeout does not close it (default 0: never)")
     g.add_argument("--grpc-max-receive-message-length", type=int, metavar="BYTES",
                    help="largest gRPC request message (default 4194304, grpc's); larger: "
                    "RESOURCE_EXHAUSTED")
@@ -237,7 +241,7 @@ def add_security_args(p: argparse.ArgumentParser) -> None:
 
 SECURITY = ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs",
             "h11_max_incomplete_event_size", "h11_max_header_count",
-            "http_header_timeout_s", "http_timeout_keep_alive_s",
+            "http_header_timeout_s", "http_timeout_keep_alive_s", "sse_keep_alive_interval",
             "grpc_max_receive_message_length", "grpc_max_concurrent_streams")
 
 

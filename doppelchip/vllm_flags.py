@@ -143,6 +143,7 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--show-hidden-metrics-for-version", {}),
     ("--h11-max-incomplete-event-size", {"type": int}),
     ("--h11-max-header-count", {"type": int}),
+    ("--sse-keep-alive-interval", {"type": int}),  # (vLLM 0.34.0)
     ("--chat-template", {}),  # a cross-encoder's pair prompt (server/engine/score_template)
 )
 

@@ -132,6 +132,7 @@ class FrontendApp:
                                     checkpoint=any(d.enable_sleep_mode
                                                    for d in config.deployments),
                                     force_include_usage=cfg.enable_force_include_usage,
+                                    sse_keep_alive_s=float(cfg.sse_keep_alive_interval),
                                     response_role=cfg.response_role,
                                     tokens_as_ids=cfg.return_tokens_as_token_ids,
                                     tool_parser=ToolParserMetrics(

@@ -93,6 +93,9 @@ class ServerConfig:
     http_header_timeout_s: float = 10.0  # request line + headers must arrive within this
     h11_max_incomplete_event_size: int = 4 * 1024 * 1024  # request line + headers, bytes
     h11_max_header_count: int = 256  # headers per request (vLLM's flag and default)
+    # vLLM's --sse-keep-alive-interval (0.34.0): a streamed completion or chat answer idle
+    # this many wall seconds sends ": keep-alive" (server/http/sse_keep_alive.py); 0: never
+    sse_keep_alive_interval: int = 0
 
     @property
     def tls(self) -> bool:
@@ -128,6 +131,9 @@ def server_problem(s: ServerConfig) -> str:
         return "ssl_ca_certs and ssl_cert_reqs need TLS (ssl_keyfile and ssl_certfile)"
     if s.ssl_cert_reqs and not s.ssl_ca_certs:
         return "ssl_cert_reqs 1 or 2 needs ssl_ca_certs (the CA client certificates chain to)"
+    if s.sse_keep_alive_interval < 0:  # vLLM's words (validate_parsed_serve_args)
+        return ("Error: --sse-keep-alive-interval must be a non-negative integer (0 disables "
+                "keep-alive comments).")
     for key in ("grpc_max_receive_message_length", "h11_max_incomplete_event_size",
                 "h11_max_header_count"):
         if getattr(s, key) < 1:

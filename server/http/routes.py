@@ -46,6 +46,7 @@ from server.http.protocol import (
     tokens_as_ids,
 )
 from server.http.render_metrics import rendering
+from server.http.sse_keep_alive import with_sse_keep_alive
 from server.http.state import VLLM_VERSION, HttpState, InFlight
 
 M = TypeVar("M", bound=BaseModel)
@@ -224,7 +225,7 @@ async def completion(state: HttpState, request: Request, body: CompletionRequest
         return error_response(e, rid)
     shapes = completions.CompletionShapes(body, run, f"cmpl-{rid}", name, state.tokenizer, ids)
     return await answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
-                        [], shapes.tail, rid)
+                        [], shapes.tail, rid, keep_alive_s=state.sse_keep_alive_s)
 
 
 async def start_completion(state: HttpState, client: DeploymentClient, body: CompletionRequest,
@@ -253,7 +254,7 @@ async def chat_completion(state: HttpState, request: Request, body: ChatCompleti
         return error_response(e, rid)
     head = shapes.head() if body.stream else []
     return await answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
-                        head, shapes.tail, rid)
+                        head, shapes.tail, rid, keep_alive_s=state.sse_keep_alive_s)
 
 
 async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
@@ -307,12 +308,16 @@ class Counted(Response):
 
 async def answer(request: Request, run: generate.Run, stream: bool, response, chunks,
                  head: list[dict], tail, rid: str,
-                 framing: generate.Framing = generate.OPENAI) -> Response:
-    """The run's answer: streamed (`framing` writes the events) or collected into `response()`
-    (an error in `framing`'s error shape)."""
+                 framing: generate.Framing = generate.OPENAI,
+                 keep_alive_s: float = 0.0) -> Response:
+    """The run's answer: streamed (`framing` writes the events; with `keep_alive_s`, a
+    comment after that many idle seconds, as vLLM's completions and chat) or collected into
+    `response()` (an error in `framing`'s error shape)."""
     headers = {"X-Request-Id": request_ids.metadata_value(rid)}
     if stream:
-        return StreamingResponse(generate.sse(run, chunks, head, tail, framing),
+        events = with_sse_keep_alive(generate.sse(run, chunks, head, tail, framing),
+                                     keep_alive_s)
+        return StreamingResponse(events,
                                  media_type="text/event-stream",
                                  headers={**SSE_HEADERS, **headers})
     try:

@@ -35,6 +35,7 @@ class HttpState:
     tokenizer_info: bool = False  # --enable-tokenizer-info-endpoint (vLLM's)
     checkpoint: bool = False  # --enable-sleep-mode (vLLM 0.34.0's): the /checkpoint/* routes
     force_include_usage: bool = False  # --enable-force-include-usage (vLLM's)
+    sse_keep_alive_s: float = 0.0  # --sse-keep-alive-interval (vLLM's): 0 sends none
     response_role: str = "assistant"  # --response-role (vLLM's)
     tokens_as_ids: bool = False  # --return-tokens-as-token-ids (vLLM's): requests' default
     tool_parser: ToolParserMetrics | None = None  # --tool-call-parser (vLLM's metric)
