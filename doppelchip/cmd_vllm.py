@@ -120,7 +120,8 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
                   args.enable_prefix_caching),
               "chunked_prefill": {True: "on", False: "off"}.get(args.enable_chunked_prefill),
               "data_parallel_start_rank": start or None, "data_parallel_size_local": local,
-              "hf_overrides": args.hf_overrides, "runner": args.runner, "convert": args.convert}
+              "hf_overrides": args.hf_overrides, "runner": args.runner, "convert": args.convert,
+              "speculative_config": speculative_config(args)}
     for name, _ in PASSTHROUGH:
         dest = BY_FLAG[name].dest
         if dest not in values:
@@ -144,6 +145,31 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
                         f"{', '.join(hf_overrides.EMULATED)} change anything here)")
     warnings += pooler_config.problems(args.pooler_config, task)
     return out, warnings
+
+
+SPEC_FLAGS = (("--spec-method", "spec_method", "method"), ("--spec-model", "spec_model", "model"),
+              ("--spec-tokens", "spec_tokens", "num_speculative_tokens"))
+
+
+def speculative_config(args: argparse.Namespace) -> str | None:
+    """`--speculative-config` with vLLM 0.34.0's shorthands merged in (`EngineArgs.
+    create_speculative_config`): `--spec-method`, `--spec-model`, `--spec-tokens` set
+    `method`, `model`, `num_speculative_tokens`; one given both ways is vLLM's ValueError."""
+    given = [(flag, key, getattr(args, dest)) for flag, dest, key in SPEC_FLAGS
+             if getattr(args, dest) is not None]
+    if not given:
+        return args.speculative_config
+    try:
+        config = json.loads(args.speculative_config) if args.speculative_config else {}
+    except ValueError:
+        return args.speculative_config  # (the pod's own parser names what is wrong)
+    if not isinstance(config, dict):
+        return args.speculative_config
+    for flag, key, value in given:
+        if key in config:
+            raise ValueError(f"{flag} and --speculative-config['{key}'] are mutually exclusive")
+        config[key] = value
+    return json.dumps({k.replace("-", "_"): v for k, v in config.items()})
 
 
 def _compilation(args: argparse.Namespace) -> dict[str, Any]:

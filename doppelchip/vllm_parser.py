@@ -110,6 +110,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> set[str]:
                     "every rank, so this one waits for SIGTERM")
     for name, kwargs in PASSTHROUGH:
         add_vllm_option(e, name, **kwargs, help="as `doppelchip serve`'s flag of this name")
+    for name, kind in (("--spec-method", str), ("--spec-model", str), ("--spec-tokens", int)):
+        add_vllm_option(e, name, type=kind, help="a key of --speculative-config (vLLM 0.34.0's "
+                        "shorthand: method, model, num_speculative_tokens)")
     d = add_doppelchip_arguments(p, "vLLM")
     d.add_argument("--check-integrity", action="store_true",
                    help="engines check their KV pool and queues when idle (tests)")

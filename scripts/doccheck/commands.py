@@ -3,14 +3,14 @@
 The docs write the defaults a reader types (gRPC 50051, HTTP 8000, smg 30000, ...). On a shared
 machine those may be taken, so the runner moves every port a command names (after making the
 defaults explicit: `serve` gets `--port 50051 --http-port 8000`, `vllm serve` `--port 8000
---grpc-port 50051` (with `-dpm` no gRPC port: its ranks take free ones), `sglang serve` `--port 30000 --grpc-port 50051` (`--port 30000` alone with
-`--smg-grpc-mode`), `trtllm-serve` `--port 8000 --grpc-port 50051` (`--port 8000 --http-port
-8001` with `--grpc`), a client without
-`--target` gets `--target 127.0.0.1:50051`, a KV-events
-config without an endpoint gets vLLM's `tcp://*:5557`). `Moves` maps each hundred of
-documented ports (50000-50099, 8000-8099, ...) to a free hundred below the kernel's ephemeral
-range, so successive ports (pods, replicas) stay successive and no outgoing connection's local
-port collides with a listener.
+--grpc-port 50051` (with `-dpm` no gRPC port: its ranks take free ones), `sglang serve`
+`--port 30000 --grpc-port 50051` (`--port 30000` alone with `--smg-grpc-mode`),
+`trtllm-serve` `--port 8000 --grpc-port 50051` (`--port 8000 --http-port 8001` with
+`--grpc`), a client without `--target` gets `--target 127.0.0.1:50051`, a KV-events config
+without an endpoint gets vLLM's `tcp://*:5557`). `Moves` maps each hundred of documented
+ports (50000-50099, 8000-8099, ...) to a free hundred below the kernel's ephemeral range, so
+successive ports (pods, replicas) stay successive and no outgoing connection's local port
+collides with a listener.
 A server command becomes `__dc_server N KIND TARGET 'CMD'` (scripts/doccheck/prelude.sh): started
 in its own process group, probed until ready, stopped with SIGTERM at the end of the block or
 when the next foreground server command starts (a reader stops one and tries the next).

@@ -41,7 +41,9 @@ TRANSLATED = {"--model", "--config", "--host", "--port", "--grpc-port", "--grpc"
               # one pod per local rank behind a supervisor: tests/cli/test_cli_vllm_multiport.py
               "--data-parallel-multi-port-external-lb", "--data-parallel-supervisor-port",
               "--dp-supervisor-probe-interval-s", "--dp-supervisor-probe-timeout-s",
-              "--dp-supervisor-probe-failure-threshold"}
+              "--dp-supervisor-probe-failure-threshold",
+              # --speculative-config's shorthands: test_the_spec_shorthands_fill_the_config
+              "--spec-method", "--spec-model", "--spec-tokens"}
 # a value each passed-through option's `doppelchip serve` flag accepts
 PASS_VALUES = {"--kv-cache-dtype": "fp8", "--speculative-config": '{"method": "ngram"}',
                "--kv-events-config": '{"enable_kv_cache_events": true}',

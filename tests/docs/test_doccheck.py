@@ -77,6 +77,10 @@ def test_ports_are_moved_defaults_made_explicit_and_servers_probed():
     vllm = script(["doppelchip vllm serve meta-llama/Llama-3.1-8B-Instruct -tp 2 &"], moves)
     assert ("__dc_server 0 http 12300/health 'doppelchip vllm serve --port 12300 --grpc-port "
             "23451 meta-llama/Llama-3.1-8B-Instruct -tp 2'") in vllm
+    # with -dpm the ranks' gRPC servers take free ports: no --grpc-port (vLLM refuses one)
+    dpm = script(["doppelchip vllm serve Qwen/Qwen3-30B-A3B -dp 2 -dpl 2 -dpm &"], moves)
+    assert ("__dc_server 0 http 12300/health 'doppelchip vllm serve --port 12300 "
+            "Qwen/Qwen3-30B-A3B -dp 2 -dpl 2 -dpm'") in dpm
     # SGLang's: --port is HTTP (30000 by default), gRPC has doppelchip's own flag
     sglang = script(["doppelchip sglang serve --model-path meta-llama/Llama-3.1-8B-Instruct &"],
                     {**moves, 30000: 14500})
