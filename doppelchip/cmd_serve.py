@@ -79,6 +79,9 @@ def register(subparsers: Any) -> None:
                    help="as vLLM's flag: every streamed completion and chat answer carries its "
                    "usage so far on each chunk and a usage chunk at its end, whatever its "
                    "stream_options")
+    p.add_argument("--enable-per-request-metrics", action="store_true", default=None,
+                   help="as vLLM's flag: a completions or chat answer (one prompt, n = 1) "
+                   "carries `metrics`: its queue time, TTFT, ITL on the emulated timeline")
     p.add_argument("--response-role", metavar="ROLE",
                    help="as vLLM's flag: a chat answer's role when the request adds a "
                    "generation prompt (default assistant)")
@@ -159,6 +162,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             profiler_config=args.profiler_config,
             enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
             enable_force_include_usage=args.enable_force_include_usage,
+            enable_per_request_metrics=args.enable_per_request_metrics,
             disable_log_stats=args.disable_log_stats, response_role=args.response_role,
             return_tokens_as_token_ids=args.return_tokens_as_token_ids,
             enable_auto_tool_choice=args.enable_auto_tool_choice,

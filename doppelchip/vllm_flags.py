@@ -133,6 +133,7 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--enable-scale-out", {}),
     ("--enable-tokenizer-info-endpoint", {}),
     ("--enable-force-include-usage", {}),
+    ("--enable-per-request-metrics", {}),
     ("--disable-log-stats", {}),
     ("--response-role", {}),
     ("--return-tokens-as-token-ids", {}),

@@ -133,6 +133,7 @@ class FrontendApp:
                                                    for d in config.deployments),
                                     force_include_usage=cfg.enable_force_include_usage,
                                     sse_keep_alive_s=float(cfg.sse_keep_alive_interval),
+                                    per_request_metrics=cfg.enable_per_request_metrics,
                                     response_role=cfg.response_role,
                                     tokens_as_ids=cfg.return_tokens_as_token_ids,
                                     tool_parser=ToolParserMetrics(

@@ -50,6 +50,9 @@ class ServerConfig:
     # vLLM's --disable-log-stats: no stat loggers, so /metrics has none of the engine's and
     # requests' vllm: series (doppelchip's own, the HTTP and process series stay)
     disable_log_stats: bool = False
+    # vLLM's --enable-per-request-metrics: completions and chat answers (one prompt, n = 1)
+    # carry their emulated timings as `metrics` (server/http/per_request_metrics.py)
+    enable_per_request_metrics: bool = False
     # vLLM's --response-role: a chat answer's role when the request adds a generation prompt
     response_role: str = "assistant"
     # vLLM's --return-tokens-as-token-ids: logprobs name tokens "token_id:N" unless a request
@@ -131,6 +134,9 @@ def server_problem(s: ServerConfig) -> str:
         return "ssl_ca_certs and ssl_cert_reqs need TLS (ssl_keyfile and ssl_certfile)"
     if s.ssl_cert_reqs and not s.ssl_ca_certs:
         return "ssl_cert_reqs 1 or 2 needs ssl_ca_certs (the CA client certificates chain to)"
+    if s.enable_per_request_metrics and s.disable_log_stats:  # vLLM's words
+        return ("Error: --enable-per-request-metrics requires engine statistics logging; remove "
+                "--disable-log-stats to enable per-request metrics.")
     if s.sse_keep_alive_interval < 0:  # vLLM's words (validate_parsed_serve_args)
         return ("Error: --sse-keep-alive-interval must be a non-negative integer (0 disables "
                 "keep-alive comments).")

@@ -23,6 +23,7 @@ from server.http.completions import stop_reason, weight_versions
 from server.http.errors import bad_request
 from server.http.generate import Choice, Run
 from server.http.parser_metrics import Recorder
+from server.http.per_request_metrics import per_request_metrics
 from server.http.protocol import ChatCompletionRequest, ChatMessage, passed_on
 
 
@@ -106,10 +107,13 @@ class ChatShapes:
 
     def __init__(self, req: ChatCompletionRequest, run: Run, rid: str, model: str,
                  tok: Tokenizer, plan: tools.ToolPlan, prompt: list[int],
-                 record_tool: Recorder | None = None, role: str = "assistant") -> None:
+                 record_tool: Recorder | None = None, role: str = "assistant",
+                 timing: bool = False) -> None:
         """`role`: the answer's when the request adds a generation prompt (vLLM's
-        --response-role); otherwise its last message's."""
+        --response-role); otherwise its last message's. `timing`: the answer carries its
+        `metrics` (vLLM's --enable-per-request-metrics)."""
         self.req, self.run, self.rid, self.model, self.plan = req, run, rid, model, plan
+        self.timing = timing
         self.record_tool = record_tool  # vLLM's tool parser metric (tool_choice "auto")
         self.prompt = prompt if req.return_token_ids else None  # (vLLM's return_token_ids)
         self.created = int(time.time())
@@ -164,7 +168,8 @@ class ChatShapes:
                 "prompt_logprobs": self.prompt_lp, "prompt_token_ids": self.prompt,
                 "prompt_text": None,
                 "kv_transfer_params": self.run.kv_transfer_params(),
-                "ec_transfer_params": None, "metrics": None}
+                "ec_transfer_params": None,
+                "metrics": per_request_metrics(self.run, dump=True) if self.timing else None}
 
     def head(self) -> list[dict]:
         """The role chunk of each choice (with continuous usage stats, its usage: no
@@ -214,5 +219,7 @@ class ChatShapes:
         opts = self.req.stream_options
         if opts is None or not opts.include_usage:
             return []
-        return [{**self._base("chat.completion.chunk"), "choices": [],
-                 "usage": self.run.usage()}]
+        last = {**self._base("chat.completion.chunk"), "choices": [], "usage": self.run.usage()}
+        if self.timing and (metrics := per_request_metrics(self.run, dump=False)) is not None:
+            last["metrics"] = metrics  # (on the usage chunk, as vLLM's)
+        return [last]

@@ -20,6 +20,7 @@ from server.frontend.logprobs import Logprobs, completion_logprobs, echo_logprob
 from server.http import lengths, sampling
 from server.http.errors import bad_request, vllm_invalid
 from server.http.generate import Choice, Run
+from server.http.per_request_metrics import per_request_metrics
 from server.http.protocol import CompletionRequest, passed_on
 
 
@@ -88,8 +89,10 @@ class CompletionShapes:
     """Builds one request's response bodies and stream events."""
 
     def __init__(self, req: CompletionRequest, run: Run, rid: str, model: str,
-                 tok: Tokenizer, prompts: list[list[int]]) -> None:
+                 tok: Tokenizer, prompts: list[list[int]], timing: bool = False) -> None:
+        """`timing`: the answer carries its `metrics` (vLLM's --enable-per-request-metrics)."""
         self.req, self.run, self.rid, self.model, self.tok = req, run, rid, model, tok
+        self.timing = timing
         self.created = int(time.time())
         # echo: a text prompt's text; a token-id prompt decoded as vLLM's renderer decodes it
         # (`tokenizer.decode`: special tokens written out, BOS included)
@@ -150,7 +153,8 @@ class CompletionShapes:
         return {**self._base(), "choices": choices, "service_tier": None,
                 "system_fingerprint": None, "usage": self.run.usage_dump(),
                 "kv_transfer_params": self.run.kv_transfer_params(),
-                "ec_transfer_params": None, "metrics": None}
+                "ec_transfer_params": None,
+                "metrics": per_request_metrics(self.run, dump=True) if self.timing else None}
 
     def chunks(self, c: Choice, chunk: TokenChunk) -> list[dict]:
         text, ids = ("", []) if self.hidden else (chunk.text, chunk.token_ids)
@@ -173,7 +177,10 @@ class CompletionShapes:
         opts = self.req.stream_options
         if opts is None or not opts.include_usage:
             return []
-        return [{**self._base(), "choices": [], "usage": self.run.usage()}]
+        last = {**self._base(), "choices": [], "usage": self.run.usage()}
+        if self.timing and (metrics := per_request_metrics(self.run, dump=False)) is not None:
+            last["metrics"] = metrics  # (on the usage chunk, as vLLM's)
+        return [last]
 
 
 def _end(lps: dict) -> int:

@@ -223,8 +223,11 @@ def response(req: ResponsesRequest, chat: dict[str, Any], max_model_len: int) ->
                          c["function"]["arguments"]) for c in msg.get("tool_calls") or ()]
     status = "incomplete" if choice["finish_reason"] == "length" else "completed"
     u = chat["usage"]
-    return shell(req, chat["model"], int(time.time()),
-                 budget(req, u["prompt_tokens"], max_model_len), output, status, usage(u))
+    out = shell(req, chat["model"], int(time.time()),
+                budget(req, u["prompt_tokens"], max_model_len), output, status, usage(u))
+    if chat.get("metrics") is not None:  # --enable-per-request-metrics (else omitted, as vLLM)
+        out["metrics"] = chat["metrics"]
+    return out
 
 
 def budget(req: ResponsesRequest, prompt_tokens: int, max_model_len: int) -> int:

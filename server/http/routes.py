@@ -223,7 +223,8 @@ async def completion(state: HttpState, request: Request, body: CompletionRequest
                                           data_parallel_rank(request))
     except HttpError as e:
         return error_response(e, rid)
-    shapes = completions.CompletionShapes(body, run, f"cmpl-{rid}", name, state.tokenizer, ids)
+    shapes = completions.CompletionShapes(body, run, f"cmpl-{rid}", name, state.tokenizer, ids,
+                                          timing=state.per_request_metrics)
     return await answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
                         [], shapes.tail, rid, keep_alive_s=state.sse_keep_alive_s)
 
@@ -274,7 +275,8 @@ async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
     record = (state.tool_parser.recorder(client.info.model_name, request_type)
               if state.tool_parser is not None and plan.auto else None)
     return run, chat.ChatShapes(body, run, f"chatcmpl-{rid}", name, state.tokenizer, plan,
-                                list(req.prompt_token_ids or ()), record, state.response_role)
+                                list(req.prompt_token_ids or ()), record, state.response_role,
+                                timing=state.per_request_metrics)
 
 
 async def counted(load: InFlight, answering: Awaitable[Response]) -> Response:

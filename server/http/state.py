@@ -36,6 +36,7 @@ class HttpState:
     checkpoint: bool = False  # --enable-sleep-mode (vLLM 0.34.0's): the /checkpoint/* routes
     force_include_usage: bool = False  # --enable-force-include-usage (vLLM's)
     sse_keep_alive_s: float = 0.0  # --sse-keep-alive-interval (vLLM's): 0 sends none
+    per_request_metrics: bool = False  # --enable-per-request-metrics (vLLM's): `metrics`
     response_role: str = "assistant"  # --response-role (vLLM's)
     tokens_as_ids: bool = False  # --return-tokens-as-token-ids (vLLM's): requests' default
     tool_parser: ToolParserMetrics | None = None  # --tool-call-parser (vLLM's metric)
