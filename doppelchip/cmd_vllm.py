@@ -191,12 +191,15 @@ def understood(name: str, args: argparse.Namespace) -> bool:
     """An option whose whole effect is emulated: -O0/-O2/-O3 (O2 is vLLM's default, O3 the
     same as O2 in vLLM 0.33.0), a compilation config of cudagraph_mode alone, and
     `--async-scheduling` (vLLM 0.33.0 turns it on by default: `VllmConfig`, unless an option
-    it does not support is given; the emulated steps are the default's), and `--hf-overrides`
-    (`translate` names the keys it ignores)."""
+    it does not support is given; the emulated steps are the default's), `--hf-overrides`
+    (`translate` names the keys it ignores) and `--enable-mfu-metrics` (its counters are
+    always exported)."""
     if name == "--async-scheduling":
         return args.async_scheduling is True
     if name == "--hf-overrides":  # its keys are checked in `translate`
         return True
+    if name == "--enable-mfu-metrics":  # the vllm:estimated_* counters it turns on in vLLM
+        return True  # are always exported here (docs/OBSERVABILITY.md)
     if name == "--optimization-level":
         return args.optimization_level in ("0", "2", "3")
     if name == "--compilation-config":

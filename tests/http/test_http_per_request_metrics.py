@@ -88,7 +88,8 @@ async def test_a_stream_carries_them_on_its_usage_chunk_without_none_fields(pod)
         assert set(last["metrics"]) == {"time_to_first_token_ms", "generation_time_ms",
                                         "queue_time_ms", "tokens_per_second"}
         _, plain = await stream_events(http, "/v1/completions", completion(2, stream=True))
-        assert not any(isinstance(e, dict) and "metrics" in e for e in plain)  # no usage chunk, no metrics
+        # no usage chunk, no metrics
+        assert not any(isinstance(e, dict) and "metrics" in e for e in plain)
 
 
 async def test_several_choices_or_prompts_get_none(pod):
