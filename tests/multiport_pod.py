@@ -32,12 +32,13 @@ def _free_ports() -> tuple[int, int]:
 class MultiPortPod:
     """The pod; `wait_ready()` returns once the supervisor serves (both ranks healthy)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *extra: str) -> None:
+        """`extra`: more `vllm serve` arguments."""
         self.port, self.supervisor = _free_ports()
         cmd = [sys.executable, "-m", "doppelchip.cli", "vllm", "serve", MOE, "-dp", "2",
                "-dpl", "2", "-dpm", "--port", str(self.port), "--data-parallel-supervisor-port",
                str(self.supervisor), "--dp-supervisor-probe-interval-s", "0.2",
-               "--time-scale", "0.05", "--max-model-len", "4096"]
+               "--time-scale", "0.05", "--max-model-len", "4096", *extra]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.started = threading.Event()

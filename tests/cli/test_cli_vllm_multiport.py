@@ -5,6 +5,7 @@ others down; SIGTERM is forwarded; what vLLM refuses is refused in its words."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 
@@ -95,8 +96,12 @@ def _family(rank_port: int) -> psutil.Process | None:
 
 
 @pytest.fixture
-def pod():
-    p = MultiPortPod()
+def pod(tmp_path):
+    """The pod, publishing KV events on an ipc:// endpoint (each rank on its own: vLLM's)."""
+    endpoint = f"ipc://{tmp_path}/kv"
+    p = MultiPortPod("--kv-events-config", json.dumps(
+        {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}))
+    p.endpoint = endpoint
     yield p
     p.stop()
 
@@ -122,6 +127,9 @@ def test_each_rank_serves_on_its_port_and_sigterm_stops_them_all(pod):
                        json={"model": MOE, "prompt": "hi", "max_tokens": 2, "ignore_eos": True})
         assert r.status_code == 200, r.text
         assert _engine_label(httpx.get(url + "/metrics").text) == {str(rank)}
+        sources = httpx.get(url + "/kv_event_sources").json()  # offset by the global rank
+        assert list(sources) == [str(rank)]
+        assert sources[str(rank)]["endpoint"] == pod.endpoint + ("_dp1" if rank else "")
     pod.proc.send_signal(signal.SIGTERM)
     assert pod.proc.wait(timeout=60) == 0
     text = "".join(pod.lines)
