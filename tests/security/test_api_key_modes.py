@@ -17,7 +17,7 @@ from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 from starlette.testclient import TestClient
 
 from clients.client import AsyncClient
-from doppelchip.cmd_serve import with_env_api_key
+from doppelchip.serve_security import with_env_api_key
 from server.auth import ApiKeys
 from server.config import parse_fleet
 from server.engine.tokenizer import get_tokenizer

@@ -140,7 +140,7 @@ def test_pod_flags_set_the_limits():
 
 
 def test_serve_flags_set_the_listener_limits():
-    from doppelchip.cmd_serve import security_overrides
+    from doppelchip.serve_security import security_overrides
 
     flags = {"--grpc-max-receive-message-length": ("grpc_max_receive_message_length", 1024),
              "--grpc-max-concurrent-streams": ("grpc_max_concurrent_streams", 8),
