@@ -28,6 +28,7 @@ from starlette.responses import Response
 from server.frontend import request_ids
 from server.frontend.lora import tag as lora_tag
 from server.http import chat, generate, prompts, tools
+from server.http.answering import counted
 from server.http.errors import (
     HttpError,
     body_errors,
@@ -37,7 +38,6 @@ from server.http.errors import (
 from server.http.errors import vllm_invalid as invalid
 from server.http.protocol import ChatCompletionRequest, ChatMessage, OpenAIBase, tokens_as_ids
 from server.http.routes import (
-    counted,
     data_parallel_rank,
     engine_id,
     opened,

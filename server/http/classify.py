@@ -20,10 +20,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.http import pooling
+from server.http.answering import counted
 from server.http.errors import HttpError, error_response
 from server.http.generate import encode
 from server.http.pooling_protocol import ClassificationRequest, ClassifyFields
-from server.http.routes import counted, parse
+from server.http.routes import parse
 from server.http.state import HttpState
 
 

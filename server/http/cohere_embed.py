@@ -27,11 +27,12 @@ from starlette.responses import Response
 from server.frontend.deployment import DeploymentClient
 from server.frontend.pooled import encode_base64
 from server.http import lengths, pooling, prompts
+from server.http.answering import counted
 from server.http.errors import HttpError, error_response, vllm_invalid
 from server.http.generate import encode
 from server.http.pooling_protocol import CohereEmbedRequest
 from server.http.protocol import ChatMessage
-from server.http.routes import counted, parse
+from server.http.routes import parse
 from server.http.state import HttpState
 
 

@@ -21,6 +21,7 @@ from starlette.responses import Response
 from server.engine.intake import Limits
 from server.frontend.pooled import binary, encode_base64
 from server.http import pooling
+from server.http.answering import counted
 from server.http.errors import HttpError, error_response, vllm_invalid
 from server.http.generate import encode
 from server.http.pooling_protocol import (
@@ -28,7 +29,7 @@ from server.http.pooling_protocol import (
     EmbedFields,
     PoolingRequest,
 )
-from server.http.routes import counted, parse
+from server.http.routes import parse
 from server.http.state import HttpState
 
 # vLLM's supported tasks of an embedding model's and a classifier's pooler

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.http import prompts
+from server.http.answering import answer, counted
 from server.http.errors import HttpError, draining, error_response
 from server.http.generate import encode
 from server.http.messages import FRAMING, error_body, message, to_chat
@@ -22,8 +23,6 @@ from server.http.messages_protocol import CountTokensRequest, MessagesRequest
 from server.http.messages_stream import MessageEvents
 from server.http.render_metrics import rendering
 from server.http.routes import (
-    answer,
-    counted,
     data_parallel_rank,
     parse,
     request_id,

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from server.http import responses_background as background
+from server.http.answering import SSE_HEADERS, answer, counted
 from server.http.chat import ChatShapes
 from server.http.errors import HttpError, draining, error_response
 from server.http.generate import Run, named_event
@@ -30,9 +31,6 @@ from server.http.responses_protocol import ResponsesRequest
 from server.http.responses_store import ResponseStore
 from server.http.responses_stream import ResponseEvents
 from server.http.routes import (
-    SSE_HEADERS,
-    answer,
-    counted,
     data_parallel_rank,
     parse,
     request_id,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable
 from importlib.metadata import version
 from typing import Any, TypeVar
 
@@ -21,8 +20,7 @@ import msgspec
 from fastapi import FastAPI
 from pydantic import BaseModel, TypeAdapter
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 
 from server import metrics as exposition
 from server.engine.interface import DeploymentState, EngineRequest, InvalidRequest
@@ -32,6 +30,7 @@ from server.frontend.deployment import DeploymentClient
 from server.frontend.lora import tag as lora_tag
 from server.http import chat, completions, generate, prompts, tools
 from server.http import lora as lora_routes
+from server.http.answering import answer, counted
 from server.http.body import parse_json
 from server.http.errors import HttpError, draining, error_response, unknown_model
 from server.http.models import model_card
@@ -46,11 +45,9 @@ from server.http.protocol import (
     tokens_as_ids,
 )
 from server.http.render_metrics import rendering
-from server.http.sse_keep_alive import with_sse_keep_alive
-from server.http.state import VLLM_VERSION, HttpState, InFlight
+from server.http.state import VLLM_VERSION, HttpState
 
 M = TypeVar("M", bound=BaseModel)
-SSE_HEADERS = {"Cache-Control": "no-cache"}
 
 
 async def parse(request: Request, model: type[M] | TypeAdapter) -> M:
@@ -277,54 +274,3 @@ async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
     return run, chat.ChatShapes(body, run, f"chatcmpl-{rid}", name, state.tokenizer, plan,
                                 list(req.prompt_token_ids or ()), record, state.response_role,
                                 timing=state.per_request_metrics)
-
-
-async def counted(load: InFlight, answering: Awaitable[Response]) -> Response:
-    """vLLM's `load_aware_call` (--enable-server-load-tracking): the request counts in
-    `server_load` until its response has been sent — a stream's last event, a JSON answer's
-    bytes — or abandoned (the client gone, before or during the body)."""
-    try:
-        response = await answering
-    except BaseException:
-        load.done()
-        raise
-    return Counted(response, load)
-
-
-class Counted(Response):
-    """`response`, sent as it is, whose `InFlight` ends when the sending ends however it ends
-    (a stream's body is not even started when its client left first: no generator `finally`
-    or background task would run then)."""
-
-    def __init__(self, response: Response, load: InFlight) -> None:  # (no body of its own)
-        self.response, self.load, self.background = response, load, None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await self.response(scope, receive, send)
-        finally:
-            self.load.done()
-        if self.background is not None:  # FastAPI's, had the route any
-            await self.background()
-
-
-async def answer(request: Request, run: generate.Run, stream: bool, response, chunks,
-                 head: list[dict], tail, rid: str,
-                 framing: generate.Framing = generate.OPENAI,
-                 keep_alive_s: float = 0.0) -> Response:
-    """The run's answer: streamed (`framing` writes the events; with `keep_alive_s`, a
-    comment after that many idle seconds, as vLLM's completions and chat) or collected into
-    `response()` (an error in `framing`'s error shape)."""
-    headers = {"X-Request-Id": request_ids.metadata_value(rid)}
-    if stream:
-        events = with_sse_keep_alive(generate.sse(run, chunks, head, tail, framing),
-                                     keep_alive_s)
-        return StreamingResponse(events,
-                                 media_type="text/event-stream",
-                                 headers={**SSE_HEADERS, **headers})
-    try:
-        await generate.collect(run, request)
-    except HttpError as e:
-        return error_response(e, rid, framing.error_body)
-    return Response(generate.encode(response()), media_type="application/json",
-                    headers=headers)

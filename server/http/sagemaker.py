@@ -24,6 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from server.http.answering import counted
 from server.http.body import UNSUPPORTED_MEDIA, media_type_ok, unicode_checked
 from server.http.classify import classify
 from server.http.embeddings import embeddings, pooled
@@ -37,7 +38,7 @@ from server.http.pooling_protocol import (
     ScoreRequest,
 )
 from server.http.protocol import ChatCompletionRequest, CompletionRequest
-from server.http.routes import chat_completion, completion, counted
+from server.http.routes import chat_completion, completion
 from server.http.scores import rerank, score
 from server.http.state import HttpState
 

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from server.http import chat, completions, prompts, tools
+from server.http.answering import answer, counted
 from server.http.body import validated
 from server.http.errors import HttpError, bad_request, draining, error_response
 from server.http.messages_protocol import MessagesRequest
@@ -35,9 +36,7 @@ from server.http.responses import to_chat as to_chat_request
 from server.http.responses_protocol import ResponsesRequest
 from server.http.rl import abort_matching
 from server.http.routes import (
-    answer,
     checked_id,
-    counted,
     data_parallel_rank,
     parse,
     request_id,

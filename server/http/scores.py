@@ -20,11 +20,12 @@ from starlette.responses import Response
 
 from server.frontend.pooled import cosine
 from server.http import pooling
+from server.http.answering import counted
 from server.http.cross_encoder import cross_scores
 from server.http.errors import HttpError, error_response, vllm_invalid
 from server.http.generate import encode
 from server.http.pooling_protocol import RerankRequest, ScoreRequest, ScoringFields
-from server.http.routes import counted, parse
+from server.http.routes import parse
 from server.http.state import HttpState
 
 

@@ -26,10 +26,11 @@ from starlette.responses import Response
 from server.engine.interface import FinishReason, TokenChunk
 from server.frontend.logprobs import Logprobs
 from server.http import prompts
+from server.http.answering import answer
 from server.http.errors import HttpError, draining
 from server.http.generate import Choice, Run
 from server.http.pod_app import pod_client
-from server.http.routes import answer, data_parallel_rank, start_completion
+from server.http.routes import data_parallel_rank, start_completion
 from server.http.sglang.errors import FRAMING, sglang_error
 from server.http.sglang.protocol import (
     MAX_NEW_TOKENS,
