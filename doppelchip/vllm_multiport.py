@@ -40,10 +40,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
-import uvicorn
+from server.http.server import HttpServer, ListenerOptions
 
 EXIT_GRACE_S = 15.0
 PREFIX = "doppelchip vllm serve: "
@@ -130,16 +130,6 @@ def _run_rank(serve: Callable[[argparse.Namespace], int], args: argparse.Namespa
     sys.exit(serve(args))
 
 
-class _QuietServer(uvicorn.Server):
-    """uvicorn's server without its own signal handling (the supervisor owns SIGTERM/SIGINT)."""
-
-    task: asyncio.Task[None]
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 def _say(text: str) -> None:
     print(PREFIX + text, file=sys.stderr, flush=True)
 
@@ -182,8 +172,7 @@ class Supervisor:
             self.ready = False
             await asyncio.to_thread(self._stop_ranks)
             if server is not None:
-                server.should_exit = True
-                await server.task
+                await server.stop()
         return 1 if self.failed else 0
 
     def _on_signal(self, sig: int) -> None:
@@ -243,9 +232,8 @@ class Supervisor:
         probe interval apart; any HTTP answer is final (vLLM answers 503 for a dead engine)."""
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
         tls = bool(self.args.ssl_keyfile and self.args.ssl_certfile)
-        url = f"{'https' if tls else 'http'}://{host}:{port}/health"
-        if ":" in host:
-            url = url.replace(f"//{host}:", f"//[{host}]:")
+        netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        url = f"{'https' if tls else 'http'}://{netloc}/health"
         context = ssl._create_unverified_context() if tls else None  # loopback: no SAN check
         timeout = self.args.dp_supervisor_probe_timeout_s
 
@@ -264,9 +252,10 @@ class Supervisor:
                     await asyncio.sleep(self.interval)
         return False
 
-    async def _start_server(self) -> _QuietServer:
-        """The aggregated health endpoint (uvicorn, started once every rank is ready, so an
-        external probe never sees it while the ranks start): 200 while ready, else 503."""
+    async def _start_server(self) -> HttpServer:
+        """The aggregated health endpoint, started once every rank is ready (so an external
+        probe never sees it while the ranks start) on the project's listener (TLS as the
+        ranks'): 200 while ready, else 503."""
         from fastapi import FastAPI, Response
 
         app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
@@ -278,17 +267,10 @@ class Supervisor:
         for path in ("/health", "/ready", "/readyz"):
             app.add_api_route(path, health, methods=["GET"], include_in_schema=False)
         a, port = self.args, self.args.data_parallel_supervisor_port
-        tls = ({"ssl_keyfile": a.ssl_keyfile, "ssl_certfile": a.ssl_certfile,
-                "ssl_ca_certs": a.ssl_ca_certs} if a.ssl_keyfile and a.ssl_certfile else {})
-        server = _QuietServer(uvicorn.Config(app, host=self.host, port=port, log_level="warning",
-                                             **tls))
-        server.task = asyncio.create_task(server.serve())
-        server.task.add_done_callback(lambda _: self.stopping.set())
-        while not server.started:
-            if server.task.done():
-                server.task.result()
-                raise RuntimeError("DPSupervisor exited before startup.")
-            await asyncio.sleep(0.05)
+        server = HttpServer(app, self.host, port, reuse_port=False, options=ListenerOptions(
+            ssl_keyfile=a.ssl_keyfile or "", ssl_certfile=a.ssl_certfile or "",
+            ssl_ca_certs=a.ssl_ca_certs or ""))
+        await server.start()
         _say(f"Started DPSupervisor on {self.host}:{port}")
         return server
 
