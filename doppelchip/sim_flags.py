@@ -188,6 +188,10 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--kv-cache-metrics-sample", type=float, metavar="FRACTION",
                    help="share of the KV blocks --kv-cache-metrics follows, (0, 1] (default "
                    "0.01, vLLM's)")
+    g.add_argument("--per-request-spec-decode-metrics", choices=("none", "summary", "detailed"),
+                   help="as vLLM's flag (with --speculative-config): each answer's "
+                   "metrics.speculative_decoding, the request's acceptance histogram; detailed "
+                   "adds each verification step's counts (default none)")
     add_fault_args(p)
 
 

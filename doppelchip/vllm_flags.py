@@ -122,6 +122,7 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--checkpoint-prepare-on-startup", {}),  # (vLLM 0.34.0)
     ("--kv-cache-metrics", {}),
     ("--kv-cache-metrics-sample", {"type": float}),
+    ("--per-request-spec-decode-metrics", {}),
     ("--api-key", {}),
     ("--ssl-keyfile", {}),
     ("--ssl-certfile", {}),

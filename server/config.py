@@ -126,6 +126,7 @@ _CHOICES = {
     "role": ("prefill", "decode", "both"),  # (virtual-time P/D pools: issue 16)
     "runner": ("auto", "generate", "pooling", "draft"),  # vLLM's (docs/EMBEDDINGS.md)
     "convert": ("auto", "none", "embed", "classify"),
+    "per_request_spec_decode_metrics": ("none", "summary", "detailed"),  # vLLM's
 }
 
 
@@ -195,7 +196,7 @@ def _deployment(table: dict[str, Any], where: str) -> EngineOptions:
         table = {**table, "autoscaling": ",".join(f"{k}={v}" for k, v in auto.items())}
     opts = _build(EngineOptions, table, where)
     try:  # --- LoRA (issue 13): the LoRA options checked as vLLM checks them ---
-        opts.check_checkpoint()
+        opts.check_vllm_config()
         opts.lora_config()
         opts.conversion()
     except ValueError as e:

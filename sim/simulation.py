@@ -173,6 +173,8 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         # --- vLLM's --kv-cache-metrics (docs/OBSERVABILITY.md) ---
         "kv_cache_metrics": getattr(args, "kv_cache_metrics", None),
         "kv_cache_metrics_sample": getattr(args, "kv_cache_metrics_sample", None),
+        "per_request_spec_decode_metrics": getattr(args, "per_request_spec_decode_metrics",
+                                                   None),
         # ---- request limits (issue 14) ----
         **{k: getattr(args, k, None) for k in REQUEST_LIMITS},
         # ---- end request limits ----
@@ -187,7 +189,7 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
     try:  # bad LoRA or fault flags are a start-up error, as in vLLM
         options.lora_config()  # --- LoRA (issue 13) ---
         check_fault_options(options)
-        options.check_checkpoint()
+        options.check_vllm_config()
     except ValueError as e:
         raise SimulationError(str(e)) from e
     return options

@@ -146,10 +146,14 @@ class EngineOptions:
     #                                   (a file or the template; server/engine/score_template)
     pooler_config: str | None = None  # vLLM's --pooler-config JSON (server/engine/pooler_config)
 
-    def check_checkpoint(self) -> None:
-        """vLLM 0.34.0's ModelConfig check (vllm/config/model.py): a start-up error."""
+    def check_vllm_config(self) -> None:
+        """vLLM 0.34.0's start-up checks of options that need another (ModelConfig,
+        VllmConfig; their words): a ValueError."""
         if self.checkpoint_prepare_on_startup and not self.enable_sleep_mode:
             raise ValueError("checkpoint_prepare_on_startup requires enable_sleep_mode")
+        if self.per_request_spec_decode_metrics != "none" and not self.speculative_config:
+            raise ValueError("--per-request-spec-decode-metrics requires speculative decoding "
+                             "to be enabled (via --speculative-config).")
 
     def pooler(self) -> PoolerOptions:
         """The parsed `--pooler-config` (ValueError, in vLLM's words, when it is wrong)."""
@@ -187,6 +191,8 @@ class EngineOptions:
     # --- vLLM's --kv-cache-metrics: server/engine/kv_metrics.py, docs/OBSERVABILITY.md ---
     kv_cache_metrics: bool = False  # the KV residency histograms (vllm:kv_block_*_seconds)
     kv_cache_metrics_sample: float = 0.01  # share of the blocks handed out that are followed
+    per_request_spec_decode_metrics: str = "none"  # none | summary | detailed: each answer's
+    #                                    metrics.speculative_decoding (server/engine/spec_metrics)
     # --- vLLM's --gpu-memory-utilization and --enforce-eager (docs/VLLM_SERVE.md) ---
     gpu_memory_utilization: float | None = None  # the engine's memory share (None: its default)
     kv_cache_memory_bytes: int | None = None  # KV bytes per chip, whatever the share (vLLM's)
@@ -276,6 +282,8 @@ def build_core(opts: EngineOptions, tokenizer: Tokenizer | None = None) -> Engin
         else None,
     )
     core.startup_s = core.compiler.startup_seconds(opts.start == "cold")
+    opts.check_vllm_config()
+    core.spec_metrics_level = opts.per_request_spec_decode_metrics
     core.queue_limits = QueueLimits(opts.max_num_queued_reqs, opts.max_num_queued_tokens)
     # --- KV events (issue 13) ---
     events = KVEventsConfig.parse(opts.kv_events_config)

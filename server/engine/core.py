@@ -20,18 +20,13 @@ One step (`step()`):
 5. `scheduler.update()` appends the tokens, applies stop rules, finishes requests and frees
    their KV (into the prefix cache).
 
-Speculative decoding (`speculative`, vLLM's speculative_config + acceptance_rate): each decode
-verifies `num_speculative_tokens` drafts (the device prices the draft passes and the wider
-verification). Draft k is accepted with probability `acceptance_rate` given the ones before it,
-drawn from a hash of (model seed, request context, position): deterministic under the seed.
-The accepted tokens ARE the model's own next tokens (exact-match verification), so outputs
-are identical to a run without speculation; only the timing changes. `stats` counts drafts as
-vLLM's spec-decode metrics do (SpecDecodingStats, vllm/v1/spec_decode/metrics.py @ 016a858).
+Speculative decoding (`speculative`): each decode verifies `num_speculative_tokens` drafts,
+the device prices the draft passes and the wider verification, and `speculate.verify` draws
+what is accepted (see there).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 from devices import BatchShape, CompileStrategy, Jitter, Placement, SpeculativeConfig, StepCost
@@ -45,6 +40,8 @@ from server.engine.mock_model import MockModel
 from server.engine.request import Request
 from server.engine.scheduler import Scheduler
 from server.engine.scheduler_config import SchedulerOutput
+from server.engine.spec_metrics import RequestSpecDecodeMetrics
+from server.engine.speculate import verify
 
 
 @dataclass(frozen=True)
@@ -124,8 +121,13 @@ class EngineCore:
         self.lora_cost = LoraCostModel(placement) if self.lora is not None else None
         if speculative is not None:
             self.stats.spec_num_accepted_tokens_per_pos = [0] * speculative.num_speculative_tokens
+        # vLLM's --per-request-spec-decode-metrics (spec_metrics.LEVELS; build_core sets it)
+        self.spec_metrics_level = "none"
 
     def add_request(self, req: Request) -> None:
+        if self.spec_metrics_level != "none" and self.speculative is not None:
+            req.spec_decode_metrics = RequestSpecDecodeMetrics.new(
+                self.speculative.num_speculative_tokens)
         self.scheduler.add_request(req)
 
     def has_unfinished(self) -> bool:
@@ -205,40 +207,6 @@ class EngineCore:
                           decode=tuple(s.start_position + 1 for s in dec if s.num_draft_tokens),
                           spec_tokens=k)
 
-    def _accepted(self, req: Request, k: int) -> int:
-        """How many of `k` drafts verification accepts: a deterministic draw per position."""
-        assert self.speculative is not None
-        rate, h = self.speculative.acceptance_rate, self.model.context_hash(req)
-        n = 0
-        while n < k:
-            key = f"{self.model.seed}:{req.sampling_params.seed}:{h}:{n}".encode()
-            u = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
-            if u >= rate:
-                break
-            n += 1
-        return n
-
-    def _speculate(self, output: SchedulerOutput, new_tokens: dict[str, list[int]],
-                   by_id: dict[str, Request]) -> set[str]:
-        """Append each verified decode's accepted drafts: the model's own next tokens."""
-        spec: set[str] = set()
-        for s in output.scheduled:
-            if not s.num_draft_tokens or s.request_id not in new_tokens:
-                continue
-            req, tokens = by_id[s.request_id], new_tokens[s.request_id]
-            accepted = self._accepted(req, s.num_draft_tokens)
-            for _ in range(accepted):
-                with req.lookahead(tokens) as ahead:
-                    tokens.append(self.model.next_token(ahead))
-            st = self.stats
-            st.spec_num_drafts += 1
-            st.spec_num_draft_tokens += s.num_draft_tokens
-            st.spec_num_accepted_tokens += accepted
-            for i in range(accepted):
-                st.spec_num_accepted_tokens_per_pos[i] += 1
-            spec.add(s.request_id)
-        return spec
-
     def _sample(self, output: SchedulerOutput):
         """The model's tokens, each followed by its grammar's forced run under jump-forward
         (or the accepted drafts under speculative decoding); the requests and their lengths
@@ -249,7 +217,7 @@ class EngineCore:
             return new_tokens, {}, {}, set()
         by_id = {rid: requests[rid] for rid in new_tokens}
         before = {rid: req.num_tokens for rid, req in by_id.items()}
-        spec = self._speculate(output, new_tokens, by_id) if self.speculative else set()
+        spec = verify(self, output, new_tokens, by_id) if self.speculative else set()
         if self.jump_forward:
             for rid, tokens in new_tokens.items():
                 if by_id[rid].constraint is not None:

@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from server.engine.spec_metrics import RequestSpecDecodeMetrics
+
 
 class EngineError(Exception):
     """Base of the errors admission raises; each maps to one gRPC status in the service."""
@@ -274,6 +276,9 @@ class Finish(msgspec.Struct, frozen=True):
     # vLLM's WeightVersionSpan list, (version, start, end) over output-token indexes, when the
     # request asked (EngineRequest.return_weight_versions)
     weight_versions: tuple[tuple[str, int, int], ...] | None = None
+    # vLLM's --per-request-spec-decode-metrics: the request's verification steps (None: off,
+    # not speculating, or not ended by the engine)
+    spec_decode_metrics: RequestSpecDecodeMetrics | None = None
 
 
 class TokenChunk(msgspec.Struct, frozen=True):

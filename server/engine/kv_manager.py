@@ -178,10 +178,13 @@ class KVCacheManager:
         self.pool.free(req.block_ids)
         req.block_ids = []
 
-    def check_integrity(self, live: list[Request], held: list[list[int]] = ()) -> None:
+    def check_integrity(self, live: list[Request], held: list[list[int]] = (),
+                        lookahead: int = 0) -> None:
         """Pool and cache invariants, plus: every pool reference is accounted for by the live
         requests' block tables, the cache and the `held` blocks (P/D: a finished prefill's
-        KV kept for its decode side) — no leaked block, no dangling reference."""
+        KV kept for its decode side) — no leaked block, no dangling reference. A request
+        holds no more blocks than its tokens and `lookahead` more need (speculative decoding:
+        the slots of drafts verification rejected stay allocated, as vLLM's)."""
         self.pool.check_integrity()
         self.cache.check_integrity()
         expected = [0] * self.pool.num_blocks
@@ -193,7 +196,8 @@ class KVCacheManager:
                 expected[b] += 1
             if len(req.block_ids) * self.block_size < req.num_computed_tokens:
                 raise AssertionError(f"{req} computed more tokens than its blocks hold")
-            if not self.contiguous and len(req.block_ids) > cdiv(req.num_tokens, self.block_size):
+            if not self.contiguous and len(req.block_ids) > cdiv(req.num_tokens + lookahead,
+                                                                  self.block_size):
                 raise AssertionError(f"{req} holds more blocks than its tokens need")
             if req.cache_node is not None:
                 path = self.cache.path_blocks(req.cache_node)
@@ -250,7 +254,8 @@ class NoKVCacheManager(KVCacheManager):
     def cache_blocks(self, req: Request, num_tokens: int | None = None) -> None:
         return None
 
-    def check_integrity(self, live: list[Request], held: list[list[int]] = ()) -> None:
+    def check_integrity(self, live: list[Request], held: list[list[int]] = (),
+                        lookahead: int = 0) -> None:
         """The pool is whole and free, and no request holds a block or a cache node."""
         self.pool.check_integrity()
         if self.pool.num_free != self.pool.num_blocks:

@@ -24,6 +24,7 @@ from typing import Any
 
 from .interface import FinishReason, SamplingParams  # shared with the service
 from .prefix_cache import Namespace
+from .spec_metrics import RequestSpecDecodeMetrics
 
 
 class RequestStatus(enum.IntEnum):
@@ -96,6 +97,7 @@ class Request:
         "request_id",
         "sampling_params",
         "session_id",
+        "spec_decode_metrics",
         "status",
         "token_ids",
     )
@@ -132,6 +134,9 @@ class Request:
         self.cache_node: Any = None  # the radix node this request holds locked, if any
         self.constraint: Any = None  # ConstraintState of a structured-output request
         self.num_jump_forward_tokens = 0
+        # vLLM's --per-request-spec-decode-metrics: its verification steps (spec_metrics.py),
+        # set by the engine core when the deployment reports them
+        self.spec_decode_metrics: RequestSpecDecodeMetrics | None = None
         self.lora_id = 0  # the LoRA adapter it runs with (0: the base model; server/engine/lora.py)
         self.cache_salt: str | None = None  # vLLM's cache_salt (see cache_ns)
         # vLLM's session_id (the body's, the X-Session-ID header's): named by its KV events

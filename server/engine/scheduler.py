@@ -285,7 +285,8 @@ class Scheduler(KvHold, KvLoads, StepUpdate):
     def check_integrity(self) -> None:
         """Pool, cache and bookkeeping invariants (AssertionError if any is broken)."""
         self.kv.check_integrity(list(self.requests.values()),
-                                held=[b for b, _ in self.held.values()])
+                                held=[b for b, _ in self.held.values()],
+                                lookahead=self.config.num_speculative_tokens)
         waiting = list(self.waiting)
         if len(waiting) + len(self.running) + self.num_loading != len(self.requests):
             raise AssertionError("a request is lost or in two places")

@@ -82,7 +82,8 @@ class LoopOutputs:
                                      and out[-1] in sp.stop_token_ids) else None
             kvp = (self.connector.prefill_finished(req.request_id, self._t)
                    if self.connector is not None and req.hold_kv else None)
-            finished[live.frontend].append(m.Finished(live.seq, reason.value, stop_token, kvp))
+            finished[live.frontend].append(m.Finished(live.seq, reason.value, stop_token, kvp,
+                                                      req.spec_decode_metrics))
             self._forget(live, reason)
         self.step_no += 1
         for fe in range(n):

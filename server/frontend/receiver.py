@@ -158,6 +158,6 @@ class Receiver:
                         cached += st.cached
                         external += st.external
                 client.finished(st, reason)
-                st.finish(reason, f.stop_token_id, f.kv_transfer_params)
+                st.finish(reason, f.stop_token_id, f.kv_transfer_params, f.spec_decode_metrics)
         client.blocks[msg.rank].step(generation, prompt, cached, ttfts, itl, itl_n, external,
                                      streaming)

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 
 from server.engine.interface import EngineRequest, Finish, FinishReason, TokenChunk, Usage
 from server.engine.output import RequestOutput, request_timings, spread_times
+from server.engine.spec_metrics import RequestSpecDecodeMetrics
 from server.frontend.pacing import UNPACED, LoopPacer
 
 
@@ -65,6 +66,7 @@ class RequestStream:
         "request_id",
         "sent",
         "seq",
+        "spec_decode_metrics",
         "versions",
         "want_times",
     )
@@ -88,6 +90,7 @@ class RequestStream:
         self.cached = 0  # prompt tokens served from the prefix cache (at first scheduling)
         self.external = 0  # P/D: of those, prompt tokens whose KV a prefill pod sent
         self.kv_transfer_params: dict | None = None  # P/D: what a prefill returns
+        self.spec_decode_metrics: RequestSpecDecodeMetrics | None = None  # as the engine ended it
         self.jumped = 0  # output tokens appended by jump-forward
         self.preemptions = 0  # times the engine preempted it
         self.first_token: float | None = None
@@ -148,11 +151,13 @@ class RequestStream:
                      if min(s, n) < min(e, n))
 
     def finish(self, reason: FinishReason, stop_token_id: int | None = None,
-               kv_transfer_params: dict | None = None) -> None:
+               kv_transfer_params: dict | None = None,
+               spec_decode_metrics: RequestSpecDecodeMetrics | None = None) -> None:
         """The request ended: by the engine (EOS, stop token, length) or, with reason abort,
         by the front end (drain)."""
         if self._finish is None:
             self.kv_transfer_params = kv_transfer_params
+            self.spec_decode_metrics = spec_decode_metrics
             self._finish = (reason, stop_token_id)
             self._event.set()
 
@@ -211,7 +216,8 @@ class RequestStream:
         usage = Usage(len(self.out.prompt_ids), self.cached, self.out.num_tokens, self.jumped)
         finish = Finish(reason, usage, timings, self.out.stop_str,
                         stop_token if self.out.stop_str is None else None,
-                        self.kv_transfer_params, self.weight_version_spans())
+                        self.kv_transfer_params, self.weight_version_spans(),
+                        self.spec_decode_metrics)
         chunk = self._chunk(ids, text, times, index)
         return TokenChunk(chunk.token_ids, chunk.text, chunk.token_times, chunk.index,
                           chunk.prompt_token_ids, finish)

@@ -169,7 +169,7 @@ class ChatShapes:
                 "prompt_text": None,
                 "kv_transfer_params": self.run.kv_transfer_params(),
                 "ec_transfer_params": None,
-                "metrics": per_request_metrics(self.run, dump=True) if self.timing else None}
+                "metrics": per_request_metrics(self.run, dump=True, timing=self.timing)}
 
     def head(self) -> list[dict]:
         """The role chunk of each choice (with continuous usage stats, its usage: no
@@ -220,6 +220,7 @@ class ChatShapes:
         if opts is None or not opts.include_usage:
             return []
         last = {**self._base("chat.completion.chunk"), "choices": [], "usage": self.run.usage()}
-        if self.timing and (metrics := per_request_metrics(self.run, dump=False)) is not None:
+        if (metrics := per_request_metrics(self.run, dump=False, timing=self.timing)) \
+                is not None:
             last["metrics"] = metrics  # (on the usage chunk, as vLLM's)
         return [last]

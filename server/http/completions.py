@@ -154,7 +154,7 @@ class CompletionShapes:
                 "system_fingerprint": None, "usage": self.run.usage_dump(),
                 "kv_transfer_params": self.run.kv_transfer_params(),
                 "ec_transfer_params": None,
-                "metrics": per_request_metrics(self.run, dump=True) if self.timing else None}
+                "metrics": per_request_metrics(self.run, dump=True, timing=self.timing)}
 
     def chunks(self, c: Choice, chunk: TokenChunk) -> list[dict]:
         text, ids = ("", []) if self.hidden else (chunk.text, chunk.token_ids)
@@ -178,7 +178,8 @@ class CompletionShapes:
         if opts is None or not opts.include_usage:
             return []
         last = {**self._base(), "choices": [], "usage": self.run.usage()}
-        if self.timing and (metrics := per_request_metrics(self.run, dump=False)) is not None:
+        if (metrics := per_request_metrics(self.run, dump=False, timing=self.timing)) \
+                is not None:
             last["metrics"] = metrics  # (on the usage chunk, as vLLM's)
         return [last]
 

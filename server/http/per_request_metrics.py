@@ -15,8 +15,11 @@ first scheduled, first and last token):
 
 Only an answer to one prompt with n = 1 gets them (vLLM: timings of several sequences cannot be
 attributed to the request); the non-streamed answer writes every field (None included, as
-`model_dump()`), the last usage chunk of a stream leaves the None ones out. No
-`speculative_decoding` block: it needs `--per-request-spec-decode-metrics`, not emulated.
+`model_dump()`), the last usage chunk of a stream leaves the None ones out.
+
+`speculative_decoding` is vLLM's `--per-request-spec-decode-metrics` (independent of this flag:
+either one gives the answer its `metrics`): the acceptance tally the engine sent with the
+request's finish (server/engine/spec_metrics.py).
 """
 
 from __future__ import annotations
@@ -26,16 +29,21 @@ from typing import Any
 from server.http.generate import Run
 
 
-def per_request_metrics(run: Run, dump: bool) -> dict[str, Any] | None:
-    """The run's `metrics` (None when it is not one prompt with n = 1). `dump`: every field,
-    as a non-streamed answer writes them; otherwise the None ones are left out."""
+def per_request_metrics(run: Run, dump: bool, timing: bool) -> dict[str, Any] | None:
+    """The run's `metrics`: its timings when `timing` (`--enable-per-request-metrics`), its
+    `speculative_decoding` when the engine sent one; None when it is not one prompt with n = 1
+    or there is neither. `dump`: every field, as a non-streamed answer writes them; otherwise
+    the None ones are left out."""
     if len(run.prompt_lens) != 1 or run.n != 1 or not run.choices:
         return None
     choice = run.choices[0]
-    tokens = len(choice.ids)
+    spec = choice.finish.spec_decode_metrics if choice.finish is not None else None
+    if not timing and spec is None:
+        return None
     out: dict[str, Any] = dict.fromkeys(("time_to_first_token_ms", "generation_time_ms",
                                          "queue_time_ms", "mean_itl_ms", "tokens_per_second"))
-    if choice.finish is not None:
+    if timing and choice.finish is not None:
+        tokens = len(choice.ids)
         t = choice.finish.timings
         out["queue_time_ms"] = t.queue_s * 1000
         if tokens:  # the timestamps of a first and a last token exist
@@ -46,5 +54,12 @@ def per_request_metrics(run: Run, dump: bool) -> dict[str, Any] | None:
             inference = t.prefill_s + t.decode_s
             if inference > 0:
                 out["tokens_per_second"] = tokens / inference
-    out["speculative_decoding"] = None
-    return out if dump else {k: v for k, v in out.items() if v is not None}
+    out["speculative_decoding"] = spec.to_dict() if spec is not None else None
+    return out if dump else _without_none(out)
+
+
+def _without_none(value: Any) -> Any:
+    """`exclude_none`, as vLLM's stream chunks are written: at every depth."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    return value

@@ -225,8 +225,11 @@ def response(req: ResponsesRequest, chat: dict[str, Any], max_model_len: int) ->
     u = chat["usage"]
     out = shell(req, chat["model"], int(time.time()),
                 budget(req, u["prompt_tokens"], max_model_len), output, status, usage(u))
-    if chat.get("metrics") is not None:  # --enable-per-request-metrics (else omitted, as vLLM)
-        out["metrics"] = chat["metrics"]
+    # --enable-per-request-metrics's timings (else omitted, as vLLM); vLLM's Responses answer
+    # has no speculative_decoding block
+    metrics = {**(chat.get("metrics") or {}), "speculative_decoding": None}
+    if any(v is not None for v in metrics.values()):
+        out["metrics"] = metrics
     return out
 
 

@@ -18,6 +18,7 @@ from server.engine.tokenizer import Tokenizer
 from server.frontend.logprobs import Logprobs, chat_logprobs, prompt_logprobs
 from server.http.completions import stop_reason, weight_versions
 from server.http.generate import Choice, Run
+from server.http.per_request_metrics import per_request_metrics
 from server.http.protocol import CompletionRequest
 from server.http.scale_out_protocol import GenerateRequest
 
@@ -103,7 +104,7 @@ class GenerateShapes:
         return {"request_id": self.rid, "model": self.model, "created": self.created,
                 "usage": self.run.usage_dump(), "prompt_logprobs": self.prompt_lp,
                 "prompt_token_id_logprobs": None, "prompt_token_ids": self.prompt,
-                "mm_placeholders": None, "metrics": None,
+                "mm_placeholders": None, "metrics": self._metrics(dump=True),
                 "kv_transfer_params": self.run.kv_transfer_params(),
                 "ec_transfer_params": None,
                 "output_mode": "text" if self.text else "tokens", "choices": choices}
@@ -125,5 +126,13 @@ class GenerateShapes:
     def tail(self) -> list[dict]:
         if not self.include_usage:
             return []
-        return [{"request_id": self.rid, "usage": self.run.usage(),
-                 "output_mode": "text" if self.text else "tokens", "choices": []}]
+        last = {"request_id": self.rid, "usage": self.run.usage(),
+                "output_mode": "text" if self.text else "tokens", "choices": []}
+        if (metrics := self._metrics(dump=False)) is not None:
+            last["metrics"] = metrics
+        return [last]
+
+    def _metrics(self, dump: bool) -> dict | None:
+        """vLLM 0.34.0's: only `speculative_decoding` (--per-request-spec-decode-metrics),
+        for n = 1; never the timings."""
+        return per_request_metrics(self.run, dump, timing=False)

@@ -25,6 +25,7 @@ import msgspec
 
 from server.engine.intake import Limits
 from server.engine.interface import Capacity, EngineRequest
+from server.engine.spec_metrics import RequestSpecDecodeMetrics
 
 
 class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
@@ -256,6 +257,8 @@ class Finished(msgspec.Struct, frozen=True, array_like=True):
     reason: str
     stop_token_id: int | None = None
     kv_transfer_params: dict | None = None  # P/D (issue 13): a prefill's, for its decode side
+    # --per-request-spec-decode-metrics: its verification steps (server/engine/spec_metrics.py)
+    spec_decode_metrics: RequestSpecDecodeMetrics | None = None
 
 
 class StepOutputs(msgspec.Struct, frozen=True, array_like=True, tag="step"):
