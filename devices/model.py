@@ -49,6 +49,8 @@ class ModelSpec:
     sliding_window: int = 0  # tokens a sliding-window (or chunked) layer attends to
     sliding_layers: int = 0  # how many layers use the window
     mtp_layers: int = 0  # multi-token-prediction layers shipped beside the model (DeepSeek)
+    architecture: str = ""  # config.json's `architectures[0]` (SGLang keys speculative defaults
+    #                         on it: sglang_spec.py); "" where the catalogue does not say
     # --- encoders (BERT, XLM-RoBERTa): what their config.json says differently from a decoder
     encoder_only: bool = False  # bidirectional attention (vLLM's attn_type "encoder_only")
     gated_mlp: bool = True  # False: an up and a down projection around GELU (BERT), no gate

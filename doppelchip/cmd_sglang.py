@@ -22,6 +22,7 @@ import os
 import sys
 from typing import Any
 
+from doppelchip import sglang_spec
 from doppelchip.checkpoint_arg import resolve_checkpoint, weight_format
 from doppelchip.dropin import pod_flags, serve_pod
 from doppelchip.sglang_flags import BY_FLAG, REFUSED, SGLANG_OPTIONS, SGLANG_VERSION
@@ -186,6 +187,9 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         raise ValueError(f"--is-embedding: {tag} is a generative checkpoint ({model}); "
                          "serving it as an embedding model is not emulated on an SGLang pod")
     chunk = args.chunked_prefill_size
+    # SGLang's speculative decoding; the engine tallies each request's verification steps,
+    # which /generate's meta_info reports (doppelchip/sglang_spec.py)
+    speculative, spec_warnings = sglang_spec.speculative_config(args, catalog.get_model(model))
     out = ["--chip", args.chip, "--engine", "sglang", "--http-api", "sglang",
            "--model", model, "--quant", quant, "--served-model-name",
            args.served_model_name or tag,
@@ -195,7 +199,10 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     values: dict[str, Any] = {
         **parallel(args), "max_model_len": args.context_length,
         "gpu_memory_utilization": args.mem_fraction_static,
-        "max_num_seqs": args.max_running_requests,
+        "max_num_seqs": args.max_running_requests or (sglang_spec.MAX_RUNNING if speculative
+                                                       else None),
+        "speculative_config": speculative,
+        "per_request_spec_decode_metrics": "summary" if speculative else None,
         "max_num_batched_tokens": chunk if chunk is not None and chunk > 0 else None,
         "chunked_prefill": "off" if chunk is not None and chunk <= 0 else None,
         "block_size": args.page_size,
@@ -209,7 +216,7 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         "stream_interval": args.stream_interval,
         "log_level": LOG_LEVELS.get((args.log_level or "").lower()),
         "time_scale": args.time_scale, "cold": args.cold}
-    return out + pod_flags(values), _warnings(args)
+    return out + pod_flags(values), _warnings(args) + spec_warnings
 
 
 def _warnings(args: argparse.Namespace) -> list[str]:

@@ -77,6 +77,12 @@ TRANSLATED: dict[str, str] = {
     "--is-embedding": "an embedding checkpoint only",
     "--enable-lora": "refused: LoRA adapters are not emulated on an SGLang pod",
     "--lora-paths": "refused: LoRA adapters are not emulated on an SGLang pod",
+    "--speculative-algorithm": "EAGLE, EAGLE3 or NEXTN (the model's MTP layer); the "
+                               "acceptance from SGLANG_SIMULATE_ACC_LEN (docs/SGLANG_SERVE.md)",
+    "--speculative-draft-model-path": "the draft head's checkpoint (EAGLE, EAGLE3)",
+    "--speculative-num-steps": "drafts per verification (default: SGLang's by architecture)",
+    "--speculative-eagle-topk": "1 only (a chain); tree drafts are not emulated",
+    "--speculative-num-draft-tokens": "with topk 1: steps + 1, as SGLang sets it",
     "--disaggregation-mode": "null only: SGLang's prefill/decode disaggregation is not emulated",
     "--config": "flags from a YAML file, as SGLang reads it (doppelchip/sglang_argv.py)",
 }

@@ -143,10 +143,19 @@ def to_chunk(ids: Sequence[int], counts: Counts, index: int,
 
 def to_complete(chunk: TokenChunk, ids: Sequence[int], counts: Counts, index: int, eos: int,
                 logprobs: spb.OutputLogProbs | None) -> spb.GenerateComplete:
+    """The finish; on a speculating pod with the request's accepted and proposed drafts, as
+    smg-grpc-servicer takes them from SGLang's meta_info (`spec_num_correct_drafts`,
+    `spec_num_proposed_drafts`)."""
+    f = chunk.finish
+    spec = (f.spec_decode_metrics.sglang_meta(counts.completion_tokens)
+            if f is not None and f.spec_decode_metrics is not None else {})
     return spb.GenerateComplete(
         output_ids=ids, prompt_tokens=counts.prompt_tokens,
         completion_tokens=counts.completion_tokens, cached_tokens=counts.cached_tokens,
-        output_logprobs=logprobs, index=index, **finish_fields(chunk, eos, "abort"))
+        output_logprobs=logprobs, index=index,
+        spec_accepted_tokens=spec.get("spec_num_correct_drafts", 0),
+        spec_draft_tokens=spec.get("spec_num_proposed_drafts", 0),
+        **finish_fields(chunk, eos, "abort"))
 
 
 def to_scheduler_load(snapshot: dict) -> spb.SchedulerLoad:

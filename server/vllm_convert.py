@@ -110,6 +110,9 @@ def to_complete(chunk: TokenChunk, output_ids: tuple[int, ...]) -> vpb.GenerateR
         prompt_tokens=f.usage.prompt_tokens, completion_tokens=len(output_ids),
         cached_tokens=f.usage.cached_prompt_tokens,
     )
+    if (spec := f.spec_decode_metrics) is not None:  # --per-request-spec-decode-metrics
+        msg.spec_accepted_tokens = spec.num_accepted_draft_tokens
+        msg.spec_draft_tokens = spec.num_draft_tokens
     if f.stop_str is not None:
         msg.matched_stop_str = f.stop_str
     elif f.stop_token_id is not None:

@@ -6,7 +6,8 @@ Why it exists: the aggregate `vllm:spec_decode_*` counters say how drafts fare o
 pod; a client tuning a draft model or a prompt style wants its own request's acceptance. The
 engine core observes each verification step of the request (`speculate.verify`), the
 finish message carries the tally to the front end (`Finished.spec_decode_metrics`), and the
-HTTP answer writes `to_dict()`.
+HTTP answer writes `to_dict()` (a vLLM pod's) or `sglang_meta()` (an SGLang pod's `/generate`
+meta_info, SGLang's view of the same counts).
 
 Levels: `none` (off), `summary` (the histogram of accepted drafts per step and the drafted
 total), `detailed` (also each step's accepted and drafted counts, in order). Only a request
@@ -46,12 +47,17 @@ class RequestSpecDecodeMetrics(msgspec.Struct, array_like=True):
             self.per_step_accepted.append(num_accepted)
             self.per_step_drafted.append(num_draft_tokens)
 
+    @property
+    def num_accepted_draft_tokens(self) -> int:
+        """The drafts accepted over all steps (the bonus tokens not counted)."""
+        return sum(j * count for j, count in enumerate(self.histogram))
+
     def to_dict(self) -> dict[str, Any]:
         """vLLM's `SpeculativeDecodingMetrics` fields: the mean acceptance length counts the
         bonus token (1 + accepted per step), the acceptance rate does not; the per-step lists
         only when they were recorded."""
         steps = sum(self.histogram)
-        accepted = sum(j * count for j, count in enumerate(self.histogram))
+        accepted = self.num_accepted_draft_tokens
         out: dict[str, Any] = {
             "mean_acceptance_length": 1.0 + accepted / steps if steps else 1.0,
             "draft_acceptance_rate": (accepted / self.num_draft_tokens
@@ -68,3 +74,20 @@ class RequestSpecDecodeMetrics(msgspec.Struct, array_like=True):
             out["per_step_accepted"] = list(self.per_step_accepted)
             out["per_step_drafted"] = list(self.per_step_drafted)
         return out
+
+    def sglang_meta(self, completion_tokens: int) -> dict[str, Any]:
+        """SGLang 0.5.23's meta_info fields for the same tally
+        (`TokenizerManager._calculate_spec_decoding_metrics`): proposed drafts are the
+        verification steps times the chain's drafts, the acceptance length the completion
+        tokens (the prefill's first one included) per step, the histogram as long as its last
+        non-zero count; nothing before a first verification step."""
+        steps = sum(self.histogram)
+        if not steps:
+            return {}
+        accepted, proposed = self.num_accepted_draft_tokens, steps * self.num_spec_tokens
+        last = max(j for j, count in enumerate(self.histogram) if count)
+        return {"spec_accept_rate": accepted / proposed,
+                "spec_accept_length": completion_tokens / steps,
+                "spec_num_correct_drafts": accepted, "spec_num_proposed_drafts": proposed,
+                "spec_verify_ct": steps,
+                "spec_correct_drafts_histogram": list(self.histogram[:last + 1])}

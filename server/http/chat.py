@@ -108,12 +108,13 @@ class ChatShapes:
     def __init__(self, req: ChatCompletionRequest, run: Run, rid: str, model: str,
                  tok: Tokenizer, plan: tools.ToolPlan, prompt: list[int],
                  record_tool: Recorder | None = None, role: str = "assistant",
-                 timing: bool = False) -> None:
+                 timing: bool = False, spec: bool = False) -> None:
         """`role`: the answer's when the request adds a generation prompt (vLLM's
         --response-role); otherwise its last message's. `timing`: the answer carries its
-        `metrics` (vLLM's --enable-per-request-metrics)."""
+        `metrics` (vLLM's --enable-per-request-metrics); `spec`: and the engine's
+        speculative-decoding tally (a vLLM pod's answer)."""
         self.req, self.run, self.rid, self.model, self.plan = req, run, rid, model, plan
-        self.timing = timing
+        self.timing, self.spec = timing, spec
         self.record_tool = record_tool  # vLLM's tool parser metric (tool_choice "auto")
         self.prompt = prompt if req.return_token_ids else None  # (vLLM's return_token_ids)
         self.created = int(time.time())
@@ -169,7 +170,7 @@ class ChatShapes:
                 "prompt_text": None,
                 "kv_transfer_params": self.run.kv_transfer_params(),
                 "ec_transfer_params": None,
-                "metrics": per_request_metrics(self.run, dump=True, timing=self.timing)}
+                "metrics": per_request_metrics(self.run, True, self.timing, self.spec)}
 
     def head(self) -> list[dict]:
         """The role chunk of each choice (with continuous usage stats, its usage: no
@@ -220,7 +221,7 @@ class ChatShapes:
         if opts is None or not opts.include_usage:
             return []
         last = {**self._base("chat.completion.chunk"), "choices": [], "usage": self.run.usage()}
-        if (metrics := per_request_metrics(self.run, dump=False, timing=self.timing)) \
+        if (metrics := per_request_metrics(self.run, False, self.timing, self.spec)) \
                 is not None:
             last["metrics"] = metrics  # (on the usage chunk, as vLLM's)
         return [last]

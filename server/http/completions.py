@@ -89,10 +89,12 @@ class CompletionShapes:
     """Builds one request's response bodies and stream events."""
 
     def __init__(self, req: CompletionRequest, run: Run, rid: str, model: str,
-                 tok: Tokenizer, prompts: list[list[int]], timing: bool = False) -> None:
-        """`timing`: the answer carries its `metrics` (vLLM's --enable-per-request-metrics)."""
+                 tok: Tokenizer, prompts: list[list[int]], timing: bool = False,
+                 spec: bool = False) -> None:
+        """`timing`: the answer carries its `metrics` (vLLM's --enable-per-request-metrics);
+        `spec`: and the engine's speculative-decoding tally (a vLLM pod's answer)."""
         self.req, self.run, self.rid, self.model, self.tok = req, run, rid, model, tok
-        self.timing = timing
+        self.timing, self.spec = timing, spec
         self.created = int(time.time())
         # echo: a text prompt's text; a token-id prompt decoded as vLLM's renderer decodes it
         # (`tokenizer.decode`: special tokens written out, BOS included)
@@ -154,7 +156,7 @@ class CompletionShapes:
                 "system_fingerprint": None, "usage": self.run.usage_dump(),
                 "kv_transfer_params": self.run.kv_transfer_params(),
                 "ec_transfer_params": None,
-                "metrics": per_request_metrics(self.run, dump=True, timing=self.timing)}
+                "metrics": per_request_metrics(self.run, True, self.timing, self.spec)}
 
     def chunks(self, c: Choice, chunk: TokenChunk) -> list[dict]:
         text, ids = ("", []) if self.hidden else (chunk.text, chunk.token_ids)
@@ -178,7 +180,7 @@ class CompletionShapes:
         if opts is None or not opts.include_usage:
             return []
         last = {**self._base(), "choices": [], "usage": self.run.usage()}
-        if (metrics := per_request_metrics(self.run, dump=False, timing=self.timing)) \
+        if (metrics := per_request_metrics(self.run, False, self.timing, self.spec)) \
                 is not None:
             last["metrics"] = metrics  # (on the usage chunk, as vLLM's)
         return [last]

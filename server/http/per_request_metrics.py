@@ -29,16 +29,17 @@ from typing import Any
 from server.http.generate import Run
 
 
-def per_request_metrics(run: Run, dump: bool, timing: bool) -> dict[str, Any] | None:
+def per_request_metrics(run: Run, dump: bool, timing: bool, spec: bool = True
+                        ) -> dict[str, Any] | None:
     """The run's `metrics`: its timings when `timing` (`--enable-per-request-metrics`), its
-    `speculative_decoding` when the engine sent one; None when it is not one prompt with n = 1
-    or there is neither. `dump`: every field, as a non-streamed answer writes them; otherwise
-    the None ones are left out."""
+    `speculative_decoding` when `spec` and the engine sent one; None when it is not one
+    prompt with n = 1 or there is neither. `dump`: every field, as a non-streamed answer
+    writes them; otherwise the None ones are left out."""
     if len(run.prompt_lens) != 1 or run.n != 1 or not run.choices:
         return None
     choice = run.choices[0]
-    spec = choice.finish.spec_decode_metrics if choice.finish is not None else None
-    if not timing and spec is None:
+    tally = choice.finish.spec_decode_metrics if spec and choice.finish is not None else None
+    if not timing and tally is None:
         return None
     out: dict[str, Any] = dict.fromkeys(("time_to_first_token_ms", "generation_time_ms",
                                          "queue_time_ms", "mean_itl_ms", "tokens_per_second"))
@@ -54,7 +55,7 @@ def per_request_metrics(run: Run, dump: bool, timing: bool) -> dict[str, Any] | 
             inference = t.prefill_s + t.decode_s
             if inference > 0:
                 out["tokens_per_second"] = tokens / inference
-    out["speculative_decoding"] = spec.to_dict() if spec is not None else None
+    out["speculative_decoding"] = tally.to_dict() if tally is not None else None
     return out if dump else _without_none(out)
 
 

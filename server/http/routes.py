@@ -221,7 +221,7 @@ async def completion(state: HttpState, request: Request, body: CompletionRequest
     except HttpError as e:
         return error_response(e, rid)
     shapes = completions.CompletionShapes(body, run, f"cmpl-{rid}", name, state.tokenizer, ids,
-                                          timing=state.per_request_metrics)
+                                          state.per_request_metrics, state.vllm_api)
     return await answer(request, run, bool(body.stream), shapes.response, shapes.chunks,
                         [], shapes.tail, rid, keep_alive_s=state.sse_keep_alive_s)
 
@@ -273,4 +273,4 @@ async def start_chat(state: HttpState, rid: str, body: ChatCompletionRequest,
               if state.tool_parser is not None and plan.auto else None)
     return run, chat.ChatShapes(body, run, f"chatcmpl-{rid}", name, state.tokenizer, plan,
                                 list(req.prompt_token_ids or ()), record, state.response_role,
-                                timing=state.per_request_metrics)
+                                state.per_request_metrics, state.vllm_api)

@@ -4,7 +4,9 @@ acceptance tally. The engine counts it where the pod's `vllm:spec_decode_*` coun
 so the requests' tallies add up to the counters' increase; `detailed` adds each verification
 step in order; a stream carries it on its usage chunk without None fields; completions, chat
 and `/inference/v1/generate` carry it, a Responses answer does not (as vLLM 0.34.0); without
-speculative decoding the flag is vLLM's start-up error."""
+speculative decoding the flag is vLLM's start-up error. Over gRPC, VllmEngine's `complete`
+message carries the accepted and drafted counts (smg-grpc-servicer's `spec_accepted_tokens`,
+`spec_draft_tokens`)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,13 @@ import subprocess
 import sys
 from collections import Counter
 
+import grpc
 import pytest
 from fleets import TEST_FLEET, fleet_doc
 from http_helpers import http_client, stream_events
 from server_proc import ServerProcess, metric
+from smg_grpc_proto import vllm_engine_pb2 as vpb
+from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
 from server.config import ConfigError, parse_fleet
 
@@ -126,6 +131,23 @@ async def test_chat_and_generate_carry_it_responses_and_several_choices_do_not(p
     consistent(gen.json()["metrics"]["speculative_decoding"])
     assert resp.status_code == 200 and "metrics" not in resp.json()
     assert n2.json()["metrics"] is None
+
+
+async def test_the_vllm_engine_complete_message_carries_the_counts(pod):
+    """The pod's VllmEngine fronts its default deployment, `detailed`."""
+    before = counters(pod.scrape(), "detailed")
+    async with grpc.aio.insecure_channel(pod.target) as channel:
+        stub = vpb_grpc.VllmEngineStub(channel)
+        req = vpb.GenerateRequest(
+            request_id="spec-1", tokenized=vpb.TokenizedInput(input_ids=list(range(300, 340))),
+            sampling_params=vpb.SamplingParams(max_tokens=40, ignore_eos=True), stream=False)
+        done = [r async for r in stub.Generate(req)][-1].complete
+    drafts, drafted, accepted = (b - a for a, b in zip(before, counters(pod.scrape(),
+                                                                        "detailed"),
+                                                       strict=True))
+    assert done.completion_tokens == 40 and drafts > 0
+    assert (done.spec_accepted_tokens, done.spec_draft_tokens) == (accepted, drafted)
+    assert 0 < done.spec_accepted_tokens < done.spec_draft_tokens
 
 
 async def test_a_pod_without_the_flag_sends_none(server):

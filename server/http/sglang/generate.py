@@ -11,7 +11,8 @@
   `{"type": "abort", ...}`), `prompt_tokens`, `weight_version`, `num_retractions` (the
   request's preemptions), `reasoning_tokens`, `completion_tokens`, `cached_tokens`,
   `cached_tokens_details` when some prompt tokens were cached, and `e2e_latency` at the
-  finish — on the emulated timeline, as every time this server reports;
+  finish — on the emulated timeline, as every time this server reports — followed, on a
+  speculating pod, by SGLang's `spec_*` counts of the request's verification steps;
 - `return_logprob`: `output_token_logprobs` `[[logprob, token id, None], ...]` (and
   `output_top_logprobs` with `top_logprobs_num`), the emulated distribution
   (`server.frontend.logprobs`); `input_token_logprobs` is empty (SGLang's default
@@ -93,6 +94,8 @@ class Shapes:
             out["cached_tokens_details"] = {"device": cached, "host": 0}
         if f is not None:
             out["e2e_latency"] = f.timings.e2e_s
+            if f.spec_decode_metrics is not None:  # a speculating pod (doppelchip/sglang_spec)
+                out.update(f.spec_decode_metrics.sglang_meta(len(c.ids)))
         return out
 
     def one(self, c: Choice) -> dict:

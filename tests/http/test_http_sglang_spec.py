@@ -1,0 +1,111 @@
+"""Speculative decoding on an SGLang pod (`sglang serve --speculative-algorithm EAGLE3 ...`,
+doppelchip/sglang_spec.py): the pod speculates with the acceptance SGLang's own simulation knob
+asks for (`SGLANG_SIMULATE_ACC_LEN`), `/generate`'s final meta_info carries SGLang's `spec_*`
+counts of the request's verification steps, the scheduler service's `complete` carries the
+accepted and proposed drafts, the OpenAI answers carry no vLLM `speculative_decoding` block,
+and running requests are capped at SGLang's 48."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from unittest import mock
+
+import grpc
+import pytest
+from http_helpers import http_client, sse_events
+from server_proc import ServerProcess
+from smg_grpc_proto import sglang_scheduler_pb2 as spb
+from smg_grpc_proto import sglang_scheduler_pb2_grpc as spb_grpc
+
+from doppelchip.cli import build_parser
+from doppelchip.cmd_sglang import translate
+from doppelchip.sglang_argv import sglang_argv
+
+REPO = "meta-llama/Llama-3.1-8B-Instruct"
+
+ACC_LEN = 2.2  # SGLang's simulated acceptance length: tokens per verification, bonus included
+STEPS = 3
+LAUNCH = ("--model-path", REPO, "--speculative-algorithm", "EAGLE3",
+          "--speculative-draft-model-path", "jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B",
+          "--speculative-num-steps", str(STEPS), "--speculative-eagle-topk", "1",
+          "--speculative-num-draft-tokens", str(STEPS + 1), "--port", "0", "--grpc-port", "0",
+          "--context-length", "1024", "--time-scale", "0.05", "--enable-metrics")
+
+
+@pytest.fixture(scope="module")
+def pod():
+    with mock.patch.dict(os.environ, {"SGLANG_SIMULATE_ACC_LEN": str(ACC_LEN)}):
+        args = build_parser("sglang").parse_args(sglang_argv(["sglang", "serve", *LAUNCH]))
+        argv, _ = translate(args)
+    with ServerProcess(None, *argv) as s:
+        yield s
+
+
+def prompt(seed: int) -> list[int]:
+    return [(17 * i + seed) % 3000 + 200 for i in range(30)]
+
+
+def check(meta: dict) -> None:
+    """SGLang's formulas over one request's counts."""
+    steps, correct = meta["spec_verify_ct"], meta["spec_num_correct_drafts"]
+    hist = meta["spec_correct_drafts_histogram"]
+    assert steps > 0 and meta["spec_num_proposed_drafts"] == STEPS * steps
+    assert sum(hist) == steps and sum(j * c for j, c in enumerate(hist)) == correct
+    assert len(hist) <= STEPS + 1 and hist[-1] > 0  # as long as its last non-zero count
+    assert meta["spec_accept_rate"] == pytest.approx(correct / (STEPS * steps))
+    assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / steps)
+    # each step yields its accepted drafts and one token of its own, after the prefill's
+    assert steps < meta["completion_tokens"] <= 1 + steps + correct
+
+
+async def test_generate_reports_sglangs_counts_at_the_acceptance_asked_for(pod):
+    async with http_client(pod) as http:
+        answers = await asyncio.gather(*(http.post("/generate", json={
+            "input_ids": prompt(i), "sampling_params": {"max_new_tokens": 80,
+                                                        "ignore_eos": True}})
+            for i in range(8)))
+        info = (await http.get("/server_info")).json()
+    metas = [a.json()["meta_info"] for a in answers]
+    for meta in metas:
+        check(meta)
+    # the chain's acceptance rate was solved for SGLANG_SIMULATE_ACC_LEN: over 8 requests
+    # (~300 verification steps, each a deterministic draw) the mean accepted length is near it
+    steps = sum(m["spec_verify_ct"] for m in metas)
+    mean = 1 + sum(m["spec_num_correct_drafts"] for m in metas) / steps
+    assert mean == pytest.approx(ACC_LEN, rel=0.08)  # (2.21 here; r = 0.5 would give 1.88)
+    assert info["max_running_requests"] == 48  # SGLang's cap under speculative decoding
+
+
+async def test_only_the_final_event_of_a_stream_carries_them(pod):
+    async with http_client(pod) as http:
+        async with http.stream("POST", "/generate", json={
+                "input_ids": prompt(9), "stream": True,
+                "sampling_params": {"max_new_tokens": 30, "ignore_eos": True}}) as r:
+            events = [e for e in sse_events([line async for line in r.aiter_lines()])
+                      if isinstance(e, dict)]
+        chat = await http.post("/v1/chat/completions", json={
+            "model": REPO, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12,
+            "ignore_eos": True})
+        plain = await http.post("/v1/completions", json={
+            "model": REPO, "prompt": prompt(4), "max_tokens": 12, "ignore_eos": True})
+    assert len(events) > 2
+    assert not any("spec_verify_ct" in e["meta_info"] for e in events[:-1])
+    check(events[-1]["meta_info"])
+    # an SGLang pod's OpenAI answers have no vLLM speculative_decoding block
+    assert chat.status_code == 200 and chat.json().get("metrics") is None
+    assert plain.status_code == 200 and plain.json().get("metrics") is None
+
+
+async def test_the_scheduler_services_complete_carries_the_drafts(pod):
+    async with grpc.aio.insecure_channel(pod.target) as channel:
+        stub = spb_grpc.SglangSchedulerStub(channel)
+        msgs = [m async for m in stub.Generate(spb.GenerateRequest(
+            request_id="g-1", tokenized=spb.TokenizedInput(input_ids=prompt(3)),
+            sampling_params=spb.SamplingParams(max_new_tokens=40, ignore_eos=True,
+                                               temperature=1.0),
+            stream=False, logprob_start_len=-1))]
+    done = msgs[-1].complete
+    assert done.completion_tokens == 40 and done.spec_draft_tokens > 0
+    assert done.spec_draft_tokens % STEPS == 0  # SGLang's: steps x drafts per step
+    assert 0 < done.spec_accepted_tokens < done.spec_draft_tokens
