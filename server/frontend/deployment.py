@@ -241,7 +241,8 @@ class DeploymentClient(DeploymentStatusView, DeploymentControls):
             reason.value, tm.e2e_s, tm.queue_s, tm.prefill_s, tm.decode_s,
             len(stream.out.prompt_ids), stream.n_out, stream.request.sampling.max_tokens,
             stream.cached, stream.preemptions, stream=stream.request.stream,
-            structured=stream.request.constraint is not None)
+            structured=stream.request.constraint is not None,
+            verify_calls=sum(spec.histogram) if (spec := stream.spec_decode_metrics) else 0)
         self.stats.end()
 
     def fail_rank(self, rank: int, message: str) -> None:

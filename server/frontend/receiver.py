@@ -157,7 +157,7 @@ class Receiver:
                         prompt += len(st.out.prompt_ids)
                         cached += st.cached
                         external += st.external
-                client.finished(st, reason)
                 st.finish(reason, f.stop_token_id, f.kv_transfer_params, f.spec_decode_metrics)
+                client.finished(st, reason)  # (after: its stats read the tally)
         client.blocks[msg.rank].step(generation, prompt, cached, ttfts, itl, itl_n, external,
                                      streaming)

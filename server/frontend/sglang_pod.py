@@ -32,7 +32,7 @@ from server.frontend import parallel
 from server.frontend.deployment import DeploymentClient
 from server.frontend.stream import StreamFailed
 from server.ipc import messages as m
-from server.stats.collector_sglang import HitRate, Throughput
+from server.stats.collector_sglang import Throughput, WindowRatio
 
 SGLANG_VERSION = "0.5.23"  # the SGLang release whose server this mirrors (docs/SGLANG.md)
 SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
@@ -161,10 +161,10 @@ class Windows:
     scrapes): generated tokens per emulated second, prefix-cache hit rate. One per door."""
 
     def __init__(self) -> None:
-        self.rates: dict[int, tuple[Throughput, HitRate]] = {}
+        self.rates: dict[int, tuple[Throughput, WindowRatio]] = {}
 
-    def of(self, rank: int) -> tuple[Throughput, HitRate]:
-        return self.rates.setdefault(rank, (Throughput(), HitRate()))
+    def of(self, rank: int) -> tuple[Throughput, WindowRatio]:
+        return self.rates.setdefault(rank, (Throughput(), WindowRatio()))
 
 
 def load_snapshot(client: DeploymentClient, rank: int, windows: Windows, now: float,

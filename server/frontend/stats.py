@@ -76,10 +76,11 @@ class RequestStatsBlock:
     def finished(self, reason: str, e2e: float, queue: float, prefill: float, decode: float,
                  prompt_tokens: int, generation_tokens: int, max_tokens: int | None,
                  cached: int = 0, preemptions: int = 0, n: int = 1, stream: bool = False,
-                 structured: bool = False) -> None:
+                 structured: bool = False, verify_calls: int = 0) -> None:
         """A request ended: vLLM's per-request histograms (with n = 1 the parent's maximum
         generation length is this request's; time per output token is the decode time over
-        the tokens after the first, 0 with one token or none)."""
+        the tokens after the first, 0 with one token or none); `verify_calls`: its speculative
+        verification steps (SGLang's counter)."""
         self.a[self.success[reason]] += 1
         tpot = decode / (generation_tokens - 1) if generation_tokens > 1 else 0.0
         values = (e2e, queue, prefill, decode, prefill + decode, prompt_tokens,
@@ -91,7 +92,7 @@ class RequestStatsBlock:
             self.finish[-1].observe(max_tokens)
         if self.sglang is not None:
             self.sglang.finished(reason, e2e, queue, decode, prompt_tokens, generation_tokens,
-                                 cached, stream, structured)
+                                 cached, stream, structured, verify_calls)
         if self.trtllm is not None:
             self.trtllm.finished(reason, queue, prefill, decode, prompt_tokens,
                                  generation_tokens, cached, n)

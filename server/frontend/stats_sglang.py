@@ -7,7 +7,8 @@ records them (`TokenizerManager.collect_metrics`, sglang 0.5.23):
 - its finish (`observe_one_finished_request`): prompt, generation and request counts and the
   end-to-end latency by `is_streaming`, the time per output token when it stopped or hit its
   length (not when aborted), the length histograms, cached tokens by source, structured
-  output requests; an abort also counts in `num_aborted_requests`.
+  output requests, its speculative verification steps (`spec_verify_calls`, when it had
+  any); an abort also counts in `num_aborted_requests`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class SglangRequestStats:
         self.cached_device = layout.slot("sglang:cached_tokens", "device")
         self.structured = layout.slot("sglang:num_so_requests")
         self.aborted = layout.slot("sglang:num_aborted_requests")
+        self.verify_calls = layout.slot("sglang:spec_verify_calls")
         self.ttft = hists("sglang:time_to_first_token_seconds")
         self.tpot = hists("sglang:request_time_per_output_token_seconds")
         self.e2e = hists("sglang:e2e_request_latency_seconds")
@@ -57,8 +59,9 @@ class SglangRequestStats:
 
     def finished(self, reason: str, e2e: float, queue: float, decode: float,
                  prompt_tokens: int, generation_tokens: int, cached: int, stream: bool,
-                 structured: bool) -> None:
+                 structured: bool, verify_calls: int = 0) -> None:
         a, s = self.a, int(stream)
+        a[self.verify_calls] += verify_calls
         a[self.prompt[s]] += prompt_tokens
         a[self.generation[s]] += generation_tokens
         a[self.requests[s]] += 1

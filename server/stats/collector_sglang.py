@@ -10,9 +10,12 @@ rank. doppelchip's own device series stay (`doppelchip_*`, no clash with any SGL
 
 Two scheduler gauges are windows in SGLang (its last prefill batch, its last decode log
 interval); here both are over the window since the previous scrape this front end rendered
-(`HitRate`, `Throughput`): `sglang:cache_hit_rate` the rank's prefix-cache hits over lookups
+(`WindowRatio`, `Throughput`): `sglang:cache_hit_rate` the rank's prefix-cache hits over lookups
 then, held while nothing was looked up (SGLang's gauge keeps its last prefill's value), and
-`sglang:gen_throughput` its tokens per emulated second, 0 when idle (docs/SGLANG.md).
+`sglang:gen_throughput` its tokens per emulated second, 0 when idle (docs/SGLANG.md). The
+speculative gauges are windows of the same kind (SGLang's decode log interval): the accepted
+length, (accepted drafts + steps) / steps, and the acceptance rate, accepted over steps x drafts
+per step; 0 on a pod that does not speculate, as SGLang's.
 """
 
 from __future__ import annotations
@@ -54,9 +57,10 @@ class Throughput:
         return (generated - prev[0]) / (t - prev[1])
 
 
-class HitRate:
-    """Prefix-cache hits over lookups of one rank between two reads; the last value while
-    nothing was looked up (SGLang's gauge holds its last prefill batch's rate)."""
+class WindowRatio:
+    """One counter's increase over another's between two reads of one rank (prefix-cache hits
+    over lookups; accepted drafts over verification steps); the last value while the second
+    did not move (SGLang's gauges hold their last batch's or log interval's value)."""
 
     def __init__(self) -> None:
         self.last, self.value = (0.0, 0.0), 0.0
@@ -107,7 +111,11 @@ def _scheduler(plan: Exposition, key: tuple[int, int], info: DeploymentInfo,
     used, generated, t = slot("_kv_used"), slot("_generated"), slot("_t")
     queries, hits = slot("vllm:prefix_cache_queries"), slot("vllm:prefix_cache_hits")
     preemptions = slot("vllm:num_preemptions")
-    rate, hit_rate = Throughput(), HitRate()
+    rate, hit_rate = Throughput(), WindowRatio()
+    k = info.num_speculative_tokens  # (its counters exist only when it speculates)
+    drafts = slot("vllm:spec_decode_num_drafts") if k else 0
+    accepted = slot("vllm:spec_decode_num_accepted_tokens") if k else 0
+    length, acceptance = WindowRatio(), WindowRatio()
 
     def value(fn: Callable[[np.ndarray], float]) -> Source:
         def source(s: Scrape) -> np.ndarray | None:
@@ -128,6 +136,10 @@ def _scheduler(plan: Exposition, key: tuple[int, int], info: DeploymentInfo,
         "sglang:page_size": value(lambda a: bs),
         "sglang:num_pages": value(lambda a: total),
         "sglang:context_len": value(lambda a: cap.max_model_len),
+        "sglang:spec_accept_length": value(
+            lambda a: length(a[accepted] + a[drafts], a[drafts]) if k else 0.0),
+        "sglang:spec_accept_rate": value(
+            lambda a: acceptance(a[accepted], a[drafts] * k) if k else 0.0),
     }
     labels = scheduler_labels(info)
     for name, (kind, doc) in SCHEDULER_SERIES.items():

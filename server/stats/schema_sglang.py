@@ -6,7 +6,8 @@ labels and default buckets, transcribed into `tests/observability/sglang_referen
 Who writes what here, as there: the front end counts a request when it finishes (SGLang's
 tokenizer manager, `observe_one_finished_request`: tokens, requests, end-to-end latency and
 time per output token split by `is_streaming`, the length histograms, cached tokens by
-`cache_source`) and its first token when it arrives (time to first token, by `is_streaming`);
+`cache_source`, its speculative verification steps) and its first token when it arrives
+(time to first token, by `is_streaming`);
 inter-token latency per streamed step (interval / new tokens, as SGLang's
 `observe_inter_token_latency`). The scheduler's gauges are read from the engine's vLLM-named
 slots at scrape time (`server.stats.collector_sglang`).
@@ -51,6 +52,8 @@ SGLANG_REQUEST_METRICS = (
     MetricDef("sglang:num_so_requests", "counter",
               "Number of structured output requests processed."),
     MetricDef("sglang:num_aborted_requests", "counter", "Number of requests aborted."),
+    MetricDef("sglang:spec_verify_calls", "counter",
+              "Number of speculative decoding verification calls."),
     _streaming("sglang:time_to_first_token_seconds", "histogram",
                "Histogram of time to first token in seconds.", TTFT_BUCKETS),
     MetricDef("sglang:inter_token_latency_seconds", "histogram",
@@ -88,6 +91,10 @@ SCHEDULER_SERIES: dict[str, tuple[str, str]] = {
     "sglang:page_size": ("gauge", "KV cache page size in tokens."),
     "sglang:num_pages": ("gauge", "Number of KV cache pages."),
     "sglang:context_len": ("gauge", "Maximum context length."),
+    "sglang:spec_accept_length": ("gauge", "Mean acceptance length of speculative decoding "
+                                  "(accepted drafts + bonus token per forward)."),
+    "sglang:spec_accept_rate": ("gauge", "Speculative acceptance rate (`accepted drafts / "
+                                "proposed drafts` in batch)."),
 }
 # families SGLang's scheduler owns (their labels add tp_rank, pp_rank, moe_ep_rank, dp_rank)
 SCHEDULER_FAMILIES = frozenset({*SCHEDULER_SERIES, "sglang:queue_time_seconds"})

@@ -2,8 +2,9 @@
 doppelchip/sglang_spec.py): the pod speculates with the acceptance SGLang's own simulation knob
 asks for (`SGLANG_SIMULATE_ACC_LEN`), `/generate`'s final meta_info carries SGLang's `spec_*`
 counts of the request's verification steps, the scheduler service's `complete` carries the
-accepted and proposed drafts, the OpenAI answers carry no vLLM `speculative_decoding` block,
-and running requests are capped at SGLang's 48."""
+accepted and proposed drafts, SGLang's `sglang:spec_*` series count and average the same steps,
+the OpenAI answers carry no vLLM `speculative_decoding` block, and running requests are capped
+at SGLang's 48."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from unittest import mock
 import grpc
 import pytest
 from http_helpers import http_client, sse_events
-from server_proc import ServerProcess
+from server_proc import ServerProcess, metric
 from smg_grpc_proto import sglang_scheduler_pb2 as spb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as spb_grpc
 
@@ -59,7 +60,16 @@ def check(meta: dict) -> None:
     assert steps < meta["completion_tokens"] <= 1 + steps + correct
 
 
+def series(pod) -> tuple[float, float, float]:
+    """The pod's sglang:spec_verify_calls_total, spec_accept_length and spec_accept_rate."""
+    text = pod.scrape()
+    return tuple(metric(text, name) for name in (
+        "sglang:spec_verify_calls_total", "sglang:spec_accept_length",
+        "sglang:spec_accept_rate"))
+
+
 async def test_generate_reports_sglangs_counts_at_the_acceptance_asked_for(pod):
+    calls = series(pod)[0]  # (a render: the gauges' window starts here)
     async with http_client(pod) as http:
         answers = await asyncio.gather(*(http.post("/generate", json={
             "input_ids": prompt(i), "sampling_params": {"max_new_tokens": 80,
@@ -74,6 +84,13 @@ async def test_generate_reports_sglangs_counts_at_the_acceptance_asked_for(pod):
     steps = sum(m["spec_verify_ct"] for m in metas)
     mean = 1 + sum(m["spec_num_correct_drafts"] for m in metas) / steps
     assert mean == pytest.approx(ACC_LEN, rel=0.08)  # (2.21 here; r = 0.5 would give 1.88)
+    # the metrics SGLang's collectors export: verification calls counted at each finish, the
+    # gauges over the window since the last render (these 8 requests)
+    after, length, rate = series(pod)
+    assert after - calls == steps
+    assert length == pytest.approx(mean, rel=1e-12)
+    assert rate == pytest.approx(sum(m["spec_num_correct_drafts"] for m in metas)
+                                 / sum(m["spec_num_proposed_drafts"] for m in metas), rel=1e-12)
     assert info["max_running_requests"] == 48  # SGLang's cap under speculative decoding
 
 

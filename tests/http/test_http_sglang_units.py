@@ -12,7 +12,7 @@ from server.http.errors import HttpError
 from server.http.sglang.native import prometheus_loads
 from server.http.sglang.protocol import completion_body, parse
 from server.server_config import ServerConfig, server_problem
-from server.stats.collector_sglang import HitRate, Throughput
+from server.stats.collector_sglang import Throughput, WindowRatio
 
 
 def test_sglang_api_needs_a_pod():
@@ -81,7 +81,7 @@ def test_throughput_is_per_emulated_second_between_renders():
 
 
 def test_hit_rate_is_the_window_since_the_last_read_held_while_idle():
-    rate = HitRate()
+    rate = WindowRatio()
     assert rate(30, 100) == 0.3  # since start
     assert rate(130, 200) == 1.0  # the last window's: 100 of 100
     assert rate(130, 200) == 1.0  # nothing looked up since: held, as SGLang's gauge
