@@ -160,7 +160,7 @@ def to_complete(chunk: TokenChunk, ids: Sequence[int], counts: Counts, index: in
 
 def to_scheduler_load(snapshot: dict) -> spb.SchedulerLoad:
     """One rank's LoadSnapshot dict (`sglang_pod.load_snapshot`) as GetLoads carries it,
-    its `memory` and `queues` sections when they were included."""
+    its `memory`, `speculative` and `queues` sections when they were included."""
     load = spb.SchedulerLoad(**{key: snapshot[key] for key in (
         "dp_rank", "num_running_reqs", "num_waiting_reqs", "num_used_tokens",
         "max_total_num_tokens", "token_usage", "gen_throughput", "cache_hit_rate",
@@ -168,6 +168,8 @@ def to_scheduler_load(snapshot: dict) -> spb.SchedulerLoad:
         num_total_reqs=snapshot["num_running_reqs"] + snapshot["num_waiting_reqs"])
     if "memory" in snapshot:
         load.memory.CopyFrom(spb.MemoryMetrics(**snapshot["memory"]))
+    if "speculative" in snapshot:
+        load.speculative.CopyFrom(spb.SpeculativeMetrics(**snapshot["speculative"]))
     if "queues" in snapshot:
         q = snapshot["queues"]
         load.queues.CopyFrom(spb.QueueMetrics(waiting=q["waiting"], grammar=q["grammar"],

@@ -161,16 +161,17 @@ class Windows:
     scrapes): generated tokens per emulated second, prefix-cache hit rate. One per door."""
 
     def __init__(self) -> None:
-        self.rates: dict[int, tuple[Throughput, WindowRatio]] = {}
+        self.rates: dict[int, tuple[Throughput, WindowRatio, WindowRatio]] = {}
 
-    def of(self, rank: int) -> tuple[Throughput, WindowRatio]:
-        return self.rates.setdefault(rank, (Throughput(), WindowRatio()))
+    def of(self, rank: int) -> tuple[Throughput, WindowRatio, WindowRatio]:
+        """Its throughput, prefix-cache hit rate and speculative acceptance rate windows."""
+        return self.rates.setdefault(rank, (Throughput(), WindowRatio(), WindowRatio()))
 
 
 def load_snapshot(client: DeploymentClient, rank: int, windows: Windows, now: float,
                   include: set[str] | None) -> dict:
     """One rank's `LoadSnapshot.to_dict(include)`."""
-    rate, hit_rate = windows.of(rank)
+    rate, hit_rate, acceptance = windows.of(rank)
     view = client.views[rank]
     values, _ = view.read()
     status = client.status([rank])
@@ -198,6 +199,14 @@ def load_snapshot(client: DeploymentClient, rank: int, windows: Windows, now: fl
         out["memory"] = {"weight_gb": round(sum(info.weights_resident) / 1e9, 3),
                          "kv_cache_gb": round(total * info.kv_bytes_per_token / 1e9, 3),
                          "graph_gb": 0.0, "token_capacity": total}
+    k = view.info.num_speculative_tokens
+    drafts = view.value(values, "vllm:spec_decode_num_drafts") if k else 0.0
+    if drafts and (include is None or "all" in include or "spec" in include):
+        # SGLang's: the mean accepted length since it started, the acceptance rate of its last
+        # decode log (here: since the previous poll), once a verification step ran
+        accepted = view.value(values, "vllm:spec_decode_num_accepted_tokens")
+        out["speculative"] = {"accept_length": (accepted + drafts) / drafts,
+                              "accept_rate": acceptance(accepted, drafts * k)}
     if include is None or "all" in include or "queues" in include:
         out["queues"] = {"waiting": status.num_waiting, "grammar": 0, "paused": 0,
                          "retracted": 0, "prealloc_ready": 0}

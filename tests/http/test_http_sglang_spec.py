@@ -27,11 +27,12 @@ REPO = "meta-llama/Llama-3.1-8B-Instruct"
 
 ACC_LEN = 2.2  # SGLang's simulated acceptance length: tokens per verification, bonus included
 STEPS = 3
+# real time (--time-scale 1): a stream's steps reach the client apart, as separate events
 LAUNCH = ("--model-path", REPO, "--speculative-algorithm", "EAGLE3",
           "--speculative-draft-model-path", "jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B",
           "--speculative-num-steps", str(STEPS), "--speculative-eagle-topk", "1",
           "--speculative-num-draft-tokens", str(STEPS + 1), "--port", "0", "--grpc-port", "0",
-          "--context-length", "1024", "--time-scale", "0.05", "--enable-metrics")
+          "--context-length", "1024", "--time-scale", "1", "--enable-metrics")
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +72,14 @@ def series(pod) -> tuple[float, float, float]:
 async def test_generate_reports_sglangs_counts_at_the_acceptance_asked_for(pod):
     calls = series(pod)[0]  # (a render: the gauges' window starts here)
     async with http_client(pod) as http:
+        await http.get("/v1/loads")  # (a poll: its acceptance window starts here)
         answers = await asyncio.gather(*(http.post("/generate", json={
             "input_ids": prompt(i), "sampling_params": {"max_new_tokens": 80,
                                                         "ignore_eos": True}})
             for i in range(8)))
         info = (await http.get("/server_info")).json()
+        (load,) = (await http.get("/v1/loads")).json()["loads"]
+        (core,) = (await http.get("/v1/loads", params={"include": "core"})).json()["loads"]
     metas = [a.json()["meta_info"] for a in answers]
     for meta in metas:
         check(meta)
@@ -87,10 +91,15 @@ async def test_generate_reports_sglangs_counts_at_the_acceptance_asked_for(pod):
     # the metrics SGLang's collectors export: verification calls counted at each finish, the
     # gauges over the window since the last render (these 8 requests)
     after, length, rate = series(pod)
+    window_rate = (sum(m["spec_num_correct_drafts"] for m in metas)
+                   / sum(m["spec_num_proposed_drafts"] for m in metas))
     assert after - calls == steps
     assert length == pytest.approx(mean, rel=1e-12)
-    assert rate == pytest.approx(sum(m["spec_num_correct_drafts"] for m in metas)
-                                 / sum(m["spec_num_proposed_drafts"] for m in metas), rel=1e-12)
+    assert rate == pytest.approx(window_rate, rel=1e-12)
+    # /v1/loads' speculative section: the rate over the poll window, the length since start
+    assert load["speculative"]["accept_rate"] == pytest.approx(window_rate, rel=1e-12)
+    assert 1 < load["speculative"]["accept_length"] < STEPS + 1
+    assert "speculative" not in core
     assert info["max_running_requests"] == 48  # SGLang's cap under speculative decoding
 
 
@@ -98,7 +107,7 @@ async def test_only_the_final_event_of_a_stream_carries_them(pod):
     async with http_client(pod) as http:
         async with http.stream("POST", "/generate", json={
                 "input_ids": prompt(9), "stream": True,
-                "sampling_params": {"max_new_tokens": 30, "ignore_eos": True}}) as r:
+                "sampling_params": {"max_new_tokens": 60, "ignore_eos": True}}) as r:
             events = [e for e in sse_events([line async for line in r.aiter_lines()])
                       if isinstance(e, dict)]
         chat = await http.post("/v1/chat/completions", json={
@@ -122,7 +131,10 @@ async def test_the_scheduler_services_complete_carries_the_drafts(pod):
             sampling_params=spb.SamplingParams(max_new_tokens=40, ignore_eos=True,
                                                temperature=1.0),
             stream=False, logprob_start_len=-1))]
+        (load,) = (await stub.GetLoads(spb.GetLoadsRequest(include=["spec"]))).loads
     done = msgs[-1].complete
+    assert load.HasField("speculative") and 1 < load.speculative.accept_length < STEPS + 1
+    assert 0 < load.speculative.accept_rate < 1
     assert done.completion_tokens == 40 and done.spec_draft_tokens > 0
     assert done.spec_draft_tokens % STEPS == 0  # SGLang's: steps x drafts per step
     assert 0 < done.spec_accepted_tokens < done.spec_draft_tokens

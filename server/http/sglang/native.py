@@ -10,7 +10,8 @@
   emulates, the scheduler's capacity, `internal_states` per data-parallel rank, `version`.
 - `GET /v1/loads` (`?include=`, `?dp_rank=`, `?format=prometheus`): each rank's
   `LoadSnapshot` (running and waiting requests, tokens used of the pool, usage, throughput,
-  cache hit rate, utilization; `memory` and `queues` sections) — what smg's load monitor polls.
+  cache hit rate, utilization; `memory`, `speculative` (a speculating pod's, once it
+  verified) and `queues` sections) — what smg's load monitor polls.
 - `GET|POST /flush_cache`: empties the prefix cache ("Cache flushed." 200), or 400 while
   requests run, as SGLang refuses then.
 - `POST /abort_request` `{"rid"}` or `{"abort_all": true}`: aborts by request id, 200.
