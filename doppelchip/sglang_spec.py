@@ -37,8 +37,8 @@ MAX_RUNNING = 48  # SGLang's cap on running requests under speculative decoding
 ENV = "SGLANG_SIMULATE_ACC_LEN"
 
 
-def speculative_config(args: argparse.Namespace, model: ModelSpec,
-                       env: dict[str, str] | None = None) -> tuple[str | None, list[str]]:
+def speculative_config(args: argparse.Namespace, model: ModelSpec
+                       ) -> tuple[str | None, list[str]]:
     """The deployment's `speculative_config` JSON (None: no speculation) and SGLang's start-up
     warnings; ValueError says what cannot be served."""
     if args.speculative_algorithm is None:
@@ -81,7 +81,7 @@ def speculative_config(args: argparse.Namespace, model: ModelSpec,
     if args.max_running_requests is None:
         warnings.append("Max running requests is reset to 48 for speculative decoding. You can "
                         "override this by explicitly setting --max-running-requests.")
-    rate = acceptance_rate(steps, (os.environ if env is None else env).get(ENV))
+    rate = acceptance_rate(steps, os.environ.get(ENV))
     config = {"method": method, "num_speculative_tokens": steps, "acceptance_rate": rate}
     if draft is not None and method != "mtp":
         config["model"] = draft

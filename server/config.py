@@ -39,6 +39,7 @@ from server.engine.block_hash import hash_function
 from server.engine.build import EngineOptions
 from server.engine.faults import check_options as check_fault_options
 from server.engine.kv_events_config import KVEventsConfig, endpoint_problem
+from server.engine.spec_metrics import LEVELS as SPEC_METRICS_LEVELS
 from server.server_config import ServerConfig, server_problem
 
 DeploymentConfig = EngineOptions  # a [[deployments]] table is exactly the engine's options
@@ -126,7 +127,7 @@ _CHOICES = {
     "role": ("prefill", "decode", "both"),  # (virtual-time P/D pools: issue 16)
     "runner": ("auto", "generate", "pooling", "draft"),  # vLLM's (docs/EMBEDDINGS.md)
     "convert": ("auto", "none", "embed", "classify"),
-    "per_request_spec_decode_metrics": ("none", "summary", "detailed"),  # vLLM's
+    "per_request_spec_decode_metrics": SPEC_METRICS_LEVELS,  # vLLM's
 }
 
 

@@ -48,6 +48,11 @@ class RequestSpecDecodeMetrics(msgspec.Struct, array_like=True):
             self.per_step_drafted.append(num_draft_tokens)
 
     @property
+    def num_spec_steps(self) -> int:
+        """The verification steps observed."""
+        return sum(self.histogram)
+
+    @property
     def num_accepted_draft_tokens(self) -> int:
         """The drafts accepted over all steps (the bonus tokens not counted)."""
         return sum(j * count for j, count in enumerate(self.histogram))
@@ -56,8 +61,7 @@ class RequestSpecDecodeMetrics(msgspec.Struct, array_like=True):
         """vLLM's `SpeculativeDecodingMetrics` fields: the mean acceptance length counts the
         bonus token (1 + accepted per step), the acceptance rate does not; the per-step lists
         only when they were recorded."""
-        steps = sum(self.histogram)
-        accepted = self.num_accepted_draft_tokens
+        steps, accepted = self.num_spec_steps, self.num_accepted_draft_tokens
         out: dict[str, Any] = {
             "mean_acceptance_length": 1.0 + accepted / steps if steps else 1.0,
             "draft_acceptance_rate": (accepted / self.num_draft_tokens
@@ -81,7 +85,7 @@ class RequestSpecDecodeMetrics(msgspec.Struct, array_like=True):
         verification steps times the chain's drafts, the acceptance length the completion
         tokens (the prefill's first one included) per step, the histogram as long as its last
         non-zero count; nothing before a first verification step."""
-        steps = sum(self.histogram)
+        steps = self.num_spec_steps
         if not steps:
             return {}
         accepted, proposed = self.num_accepted_draft_tokens, steps * self.num_spec_tokens

@@ -242,7 +242,7 @@ class DeploymentClient(DeploymentStatusView, DeploymentControls):
             len(stream.out.prompt_ids), stream.n_out, stream.request.sampling.max_tokens,
             stream.cached, stream.preemptions, stream=stream.request.stream,
             structured=stream.request.constraint is not None,
-            verify_calls=sum(spec.histogram) if (spec := stream.spec_decode_metrics) else 0)
+            verify_calls=spec.num_spec_steps if (spec := stream.spec_decode_metrics) else 0)
         self.stats.end()
 
     def fail_rank(self, rank: int, message: str) -> None:
