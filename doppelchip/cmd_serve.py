@@ -207,7 +207,8 @@ POD_ONLY = ("served_model_name", "http_api", "grpc_api", "enable_metrics", "data
             # --- failure injection (issue 13): in a fleet, per deployment in the file ---
             "failure_injection_rate", "failure_types", "failure_injection_seed",
             "fault_slowdown", "fault_hang", "fault_crash", "fault_lost_chips",
-            "fault_stream_cut")
+            "fault_stream_cut",
+            "per_request_spec_decode_metrics")  # (in a fleet: the deployment's key in the file)
 
 
 def pod_fleet(args: argparse.Namespace, fleet):

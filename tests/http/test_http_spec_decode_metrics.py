@@ -170,3 +170,8 @@ def test_without_speculative_decoding_it_is_vllms_start_up_error():
            "--port", "0", "--per-request-spec-decode-metrics", "summary"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and words in done.stderr
+    # a fleet sets it per deployment, in the file: on serve's command line it needs pod mode
+    fleet = subprocess.run([sys.executable, "-m", "doppelchip.cli", "serve", "--port", "0",
+                            "--http-port", "0", "--per-request-spec-decode-metrics", "summary"],
+                           capture_output=True, text=True, timeout=60)
+    assert fleet.returncode == 2 and "need pod mode" in fleet.stderr
