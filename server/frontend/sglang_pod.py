@@ -100,10 +100,13 @@ def server_info(client: DeploymentClient, enable_metrics: bool) -> dict:
         lim.priority_scheduling else "priority", "enable_metrics": enable_metrics,
         "device": "cuda", "chip": info.chip, "max_total_num_tokens": c.kv_blocks_total *
         c.block_size, "max_req_input_len": request_limits(client)[1], "status": "ready",
+        **speculative_args(info),
         "internal_states": [{"world_size": info.tensor_parallel * info.pipeline_parallel,
                              "effective_max_running_requests_per_dp": c.max_num_seqs,
-                             "last_gen_throughput": 0.0}
-                            for _ in client.views],
+                             "last_gen_throughput": 0.0,
+                             **({"avg_spec_accept_length": length}
+                                if (length := accept_length(view)) is not None else {})}
+                            for view in client.views],
         "version": SGLANG_VERSION, "frontend": "python",
         "kv_events_config": kv_events_config(info),
         "kv_events": kv_events_block(client),
@@ -199,18 +202,46 @@ def load_snapshot(client: DeploymentClient, rank: int, windows: Windows, now: fl
         out["memory"] = {"weight_gb": round(sum(info.weights_resident) / 1e9, 3),
                          "kv_cache_gb": round(total * info.kv_bytes_per_token / 1e9, 3),
                          "graph_gb": 0.0, "token_capacity": total}
-    k = view.info.num_speculative_tokens
-    drafts = view.value(values, "vllm:spec_decode_num_drafts") if k else 0.0
-    if drafts and (include is None or "all" in include or "spec" in include):
+    length = accept_length(view, values)
+    if length is not None and (include is None or "all" in include or "spec" in include):
         # SGLang's: the mean accepted length since it started, the acceptance rate of its last
         # decode log (here: since the previous poll), once a verification step ran
-        accepted = view.value(values, "vllm:spec_decode_num_accepted_tokens")
-        out["speculative"] = {"accept_length": (accepted + drafts) / drafts,
-                              "accept_rate": acceptance(accepted, drafts * k)}
+        k = view.info.num_speculative_tokens
+        out["speculative"] = {"accept_length": length, "accept_rate": acceptance(
+            view.value(values, "vllm:spec_decode_num_accepted_tokens"),
+            view.value(values, "vllm:spec_decode_num_drafts") * k)}
     if include is None or "all" in include or "queues" in include:
         out["queues"] = {"waiting": status.num_waiting, "grammar": 0, "paused": 0,
                          "retracted": 0, "prealloc_ready": 0}
     return out
+
+
+def speculative_args(info: m.DeploymentInfo) -> dict:
+    """SGLang's resolved speculative server arguments (None without speculation): NEXTN
+    resolves to EAGLE, and an MTP draft is the model itself; a chain of k drafts is k steps,
+    topk 1, k + 1 draft tokens (doppelchip/sglang_spec.py)."""
+    k = info.num_speculative_tokens
+    draft = (info.model_path or info.model) if info.speculative_method == "mtp" \
+        else info.speculative_model or None
+    return {"speculative_algorithm": {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "EAGLE"}.get(
+                info.speculative_method),
+            "speculative_draft_model_path": draft if k else None,
+            "speculative_draft_model_revision": "main" if k and draft else None,
+            "speculative_num_steps": k or None, "speculative_eagle_topk": 1 if k else None,
+            "speculative_num_draft_tokens": k + 1 if k else None}
+
+
+def accept_length(view, values=None) -> float | None:
+    """A speculating rank's tokens per verification step since it started (accepted drafts +
+    the bonus: SGLang's total accept tokens over forward passes); None before its first."""
+    if not view.info.num_speculative_tokens:
+        return None
+    if values is None:
+        values, _ = view.read()
+    drafts = view.value(values, "vllm:spec_decode_num_drafts")
+    if not drafts:
+        return None
+    return (view.value(values, "vllm:spec_decode_num_accepted_tokens") + drafts) / drafts
 
 
 async def probe(client: DeploymentClient) -> bool:

@@ -55,6 +55,8 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     usd_per_s: float
     kv_bytes_per_token: float = 0.0  # all chips together (vllm:estimated_write_bytes_per_gpu)
     num_speculative_tokens: int = 0  # speculative decoding: drafts per decode (0: off)
+    speculative_method: str = ""  # its method (eagle, eagle3, mtp) and draft checkpoint, when
+    speculative_model: str = ""  # given (an SGLang pod's /server_info names them)
     served_model_names: tuple[str, ...] = ()  # what clients may send as `model`
     model_path: str = ""  # what vLLM's --model named, /v1/models' `root` ("": `model`)
     # --- KV events (issue 13) --- where this rank publishes ("" when it does not)

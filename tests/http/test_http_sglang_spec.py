@@ -72,7 +72,11 @@ def series(pod) -> tuple[float, float, float]:
 async def test_generate_reports_sglangs_counts_at_the_acceptance_asked_for(pod):
     calls = series(pod)[0]  # (a render: the gauges' window starts here)
     async with http_client(pod) as http:
-        await http.get("/v1/loads")  # (a poll: its acceptance window starts here)
+        # a poll: its acceptance window starts here; the tokens per step so far, times the
+        # steps so far (the verification calls of the requests finished before), is their tokens
+        (first,) = (await http.get("/v1/loads")).json()["loads"]
+        tokens_before = first["speculative"]["accept_length"] * calls \
+            if "speculative" in first else 0.0
         answers = await asyncio.gather(*(http.post("/generate", json={
             "input_ids": prompt(i), "sampling_params": {"max_new_tokens": 80,
                                                         "ignore_eos": True}})
@@ -98,9 +102,18 @@ async def test_generate_reports_sglangs_counts_at_the_acceptance_asked_for(pod):
     assert rate == pytest.approx(window_rate, rel=1e-12)
     # /v1/loads' speculative section: the rate over the poll window, the length since start
     assert load["speculative"]["accept_rate"] == pytest.approx(window_rate, rel=1e-12)
-    assert 1 < load["speculative"]["accept_length"] < STEPS + 1
+    tokens = tokens_before + steps + sum(m["spec_num_correct_drafts"] for m in metas)
+    assert load["speculative"]["accept_length"] == pytest.approx(tokens / (calls + steps),
+                                                                 rel=1e-9)
     assert "speculative" not in core
     assert info["max_running_requests"] == 48  # SGLang's cap under speculative decoding
+    # SGLang's resolved server arguments, and the rank's mean accepted length since it started
+    assert {k: info[k] for k in info if k.startswith("speculative_")} == {
+        "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": LAUNCH[5],
+        "speculative_draft_model_revision": "main", "speculative_num_steps": STEPS,
+        "speculative_eagle_topk": 1, "speculative_num_draft_tokens": STEPS + 1}
+    assert info["internal_states"][0]["avg_spec_accept_length"] == \
+        load["speculative"]["accept_length"]
 
 
 async def test_only_the_final_event_of_a_stream_carries_them(pod):
