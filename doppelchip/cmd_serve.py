@@ -99,7 +99,8 @@ def register(subparsers: Any) -> None:
     add_security_args(p)  # (doppelchip/serve_security.py)
     from doppelchip.sim_flags import add_deployment_args
 
-    add_deployment_args(p, verb="serve alone, as a vLLM pod", with_config=False)
+    shaping = add_deployment_args(p, verb="serve alone, as a vLLM pod", with_config=False)
+    first = len(p._actions)
     pod = p.add_argument_group("pod mode (with --deployment or --chip/--engine/--model/--quant)")
     pod.add_argument("--served-model-name", nargs="+", metavar="NAME",
                      help="the model name(s) clients send, as vLLM's flag; the first is the "
@@ -136,7 +137,8 @@ def register(subparsers: Any) -> None:
     pod.add_argument("--enable-expert-parallel", action="store_true",
                      help="as vLLM's flag: experts spread over every chip of a stage "
                      "(--ep = --count / --pp, or --tp without --count)")
-    p.set_defaults(func=cmd_serve)
+    pod_only = shaping + tuple((a.dest, a.option_strings[0]) for a in p._actions[first:])
+    p.set_defaults(func=cmd_serve, pod_only=pod_only)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -201,29 +203,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                      check_integrity=args.check_integrity))
 
 
-POD_ONLY = ("served_model_name", "http_api", "grpc_api", "enable_metrics", "data_parallel_size",
-            "data_parallel_size_local", "data_parallel_start_rank", "enable_expert_parallel",
-            "enable_lora", "lora_modules",  # (LoRA: issue 13; in fleet mode: the fleet keys)
-            # --- failure injection (issue 13): in a fleet, per deployment in the file ---
-            "failure_injection_rate", "failure_types", "failure_injection_seed",
-            "fault_slowdown", "fault_hang", "fault_crash", "fault_lost_chips",
-            "fault_stream_cut",
-            "per_request_spec_decode_metrics")  # (in a fleet: the deployment's key in the file)
-
-
 def pod_fleet(args: argparse.Namespace, fleet):
     """The fleet to serve: as configured, or (pod mode) the one deployment `--deployment` or
-    the catalogue flags name, with the pod's served names and data-parallel size."""
+    the catalogue flags name, with the pod's served names and data-parallel size. Without pod
+    mode a flag that shapes one deployment (`args.pod_only`: every deployment, fault and pod
+    flag) is refused, not ignored: a fleet file sets it per deployment."""
     import dataclasses
 
     from sim.simulation import SimulationError, options_from_args
 
     catalogue = (args.chip, args.engine, args.model, args.quant)
     if not args.deployment and not any(catalogue):
-        used = [f"--{k.replace('_', '-')}" for k in POD_ONLY if getattr(args, k)]
+        used = [flag for dest, flag in args.pod_only
+                if getattr(args, dest) is not None and getattr(args, dest) is not False]
         if used:
-            raise ValueError(f"{', '.join(used)} need pod mode (--deployment NAME, or --chip "
-                             "--engine --model --quant)")
+            raise ValueError(f"{', '.join(used)} {'needs' if len(used) == 1 else 'need'} pod "
+                             "mode (--deployment NAME, or --chip --engine --model --quant)")
         return fleet
     try:
         options = options_from_args(args)

@@ -12,11 +12,15 @@ from __future__ import annotations
 import argparse
 import math
 
+SELECTING = ("config", "deployment", "chip", "engine", "model", "quant")
+
 
 def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
-                        with_config: bool = True) -> None:
+                        with_config: bool = True) -> tuple[tuple[str, str], ...]:
     """The deployment flags shared by simulate, serve's pod mode (and the load generator's
-    sim: target)."""
+    sim: target). Returns (dest, flag) of each one that shapes the deployment rather than
+    selects it (SELECTING): `serve` refuses those without pod mode instead of ignoring them."""
+    first = len(p._actions)
     g = p.add_argument_group("deployment (a fleet file's deployment, or flags as in estimate)")
     if with_config:
         g.add_argument("--config", metavar="FILE",
@@ -193,6 +197,8 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
                    "metrics.speculative_decoding, the request's acceptance histogram; detailed "
                    "adds each verification step's counts (default none)")
     add_fault_args(p)
+    return tuple((a.dest, a.option_strings[0]) for a in p._actions[first:]
+                 if a.dest not in SELECTING)
 
 
 def add_fault_args(p: argparse.ArgumentParser) -> None:

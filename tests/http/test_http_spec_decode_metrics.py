@@ -174,4 +174,4 @@ def test_without_speculative_decoding_it_is_vllms_start_up_error():
     fleet = subprocess.run([sys.executable, "-m", "doppelchip.cli", "serve", "--port", "0",
                             "--http-port", "0", "--per-request-spec-decode-metrics", "summary"],
                            capture_output=True, text=True, timeout=60)
-    assert fleet.returncode == 2 and "need pod mode" in fleet.stderr
+    assert fleet.returncode == 2 and "needs pod mode" in fleet.stderr

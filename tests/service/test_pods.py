@@ -74,7 +74,37 @@ def test_pod_flags_need_pod_mode():
     out = subprocess.run([sys.executable, "-m", "doppelchip.cli", "serve",
                           "--served-model-name", "x"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
-    assert out.returncode == 2 and "need pod mode" in out.stderr
+    assert out.returncode == 2 and "--served-model-name needs pod mode" in out.stderr
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--max-num-seqs", "8"], "--max-num-seqs"),  # the deployment group
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
+     "--speculative-config"),
+    (["--num-gpu-blocks-override", "64"], "--num-gpu-blocks-override"),  # dest kv_blocks
+    (["--tp", "0"], "--tp"),  # a falsy value is still given
+    (["--enable-sleep-mode"], "--enable-sleep-mode"),
+    (["--fault-crash", "at=1"], "--fault-crash"),  # the failure-injection group
+    (["--enable-lora", "--data-parallel-size", "2"], "--enable-lora, --data-parallel-size"),
+])
+def test_deployment_flags_without_pod_mode_are_refused_not_ignored(flags, named):
+    """In fleet mode `serve` used to serve the fleet and ignore these: a user asking for
+    --max-num-seqs 8 got the file's cap with no word. Each flag that shapes one deployment
+    is refused there, by the name the user typed; pod mode takes it."""
+    from doppelchip.cli import build_parser
+    from doppelchip.cmd_serve import pod_fleet
+    from server.config import load_fleet
+
+    parser = build_parser("serve")
+    with pytest.raises(ValueError, match=f"^{re.escape(named)} needs? pod mode"):
+        pod_fleet(parser.parse_args(["serve", *flags]), load_fleet(None))
+    server_level = parser.parse_args(["serve", "--stream-interval", "2", "--enable-scale-out"])
+    assert pod_fleet(server_level, load_fleet(None)).deployments == load_fleet(None).deployments
+    if "--tp" in flags:
+        return  # (tp 0 is refused in pod mode too, for its own reason)
+    pod = parser.parse_args(["serve", "--deployment", "vllm-h100", *flags])
+    (deployment,) = pod_fleet(pod, load_fleet(None)).deployments
+    assert deployment.name == "vllm-h100"
 
 
 def test_pods_starts_one_pod_per_deployment(tmp_path):
