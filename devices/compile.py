@@ -21,7 +21,7 @@ seconds, an autoscaled replica's boot); it is not charged again at the first ste
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from devices.deployment import BatchShape
 from devices.errors import ShapeError
@@ -149,7 +149,7 @@ class PerShape(CompileStrategy):
         dec = batch.decode
         if dec:
             dec = dec + (max(dec),) * (_bucket(len(dec)) - len(dec))
-        return BatchShape(prefill=pre, decode=dec, spec_tokens=batch.spec_tokens)
+        return replace(batch, prefill=pre, decode=dec)
 
     def _keys(self, batch: BatchShape) -> list[tuple[str, int]]:
         if self.bucketed:
@@ -199,7 +199,7 @@ class Static(CompileStrategy):
             return batch
         missing = self.shape[0] - batch.num_seqs
         dec = batch.decode + (max(batch.decode, default=0),) * missing
-        return BatchShape(prefill=batch.prefill, decode=dec, spec_tokens=batch.spec_tokens)
+        return replace(batch, decode=dec)
 
     def before_step(self, batch: BatchShape) -> Stall:
         b, ctx = self.shape_of(batch)

@@ -10,7 +10,8 @@ virtual time. Per segment::
     segment  = max(device, host launch time)          (eager engines: launch-bound if tiny)
 
 Sliding-window layers read and attend over at most the window; a speculative step adds its
-draft passes (``batch.spec_tokens`` passes of the draft plan over the decodes). A plan of
+draft passes (``batch.spec_tokens`` passes of the draft plan over the decodes; a tree's after
+the first over ``spec_topk`` rows per decode). A plan of
 ``ranks`` data-parallel engine cores (``Placement.rank_view``) costs the group's step, every
 rank carrying a batch like this one, and reports one rank's share of its FLOPs, bytes, energy
 and dollars.
@@ -79,13 +80,20 @@ def step_cost(placement: Placement, batch: BatchShape) -> StepCost:
     plan = placement.plan
     cost = plan_cost(plan, batch)
     if batch.spec_tokens and batch.decode and plan.draft is not None:
-        draft = plan_cost(plan.draft, BatchShape(decode=batch.decode))
-        cost = _with_draft(cost, draft, batch.spec_tokens)
+        dec, k, topk = batch.decode, batch.spec_tokens, batch.spec_topk
+        if topk == 1:  # a chain: every pass drafts one token per decode
+            return _with_draft(cost, plan_cost(plan.draft, BatchShape(decode=dec)), k)
+        # a tree: the first pass one row per decode, the others topk rows per decode, each
+        # attending to its whole context (SGLang's draft decode: bs × topk rows)
+        cost = _with_draft(cost, plan_cost(plan.draft, BatchShape(decode=dec)), 1)
+        if k > 1:
+            wide = BatchShape(decode=tuple(c for c in dec for _ in range(topk)))
+            cost = _with_draft(cost, plan_cost(plan.draft, wide), k - 1)
     return cost
 
 
 def _with_draft(cost: StepCost, draft: StepCost, k: int) -> StepCost:
-    """The verification step preceded by ``k`` sequential passes of the draft model."""
+    """The verification step preceded by ``k`` more sequential passes of the draft model."""
     tiers = dict(cost.bytes_by_tier)
     for t, b in draft.bytes_by_tier:
         tiers[t] = tiers.get(t, 0.0) + k * b
@@ -97,14 +105,15 @@ def _with_draft(cost: StepCost, draft: StepCost, k: int) -> StepCost:
         overhead_s=cost.overhead_s + k * draft.overhead_s, link_s=cost.link_s + k * draft.link_s,
         bound=cost.bound, bytes_by_tier=tuple(tiers.items()), flops=cost.flops + k * draft.flops,
         joules=cost.joules + k * draft.joules, dollars=cost.dollars + k * draft.dollars,
-        tokens=cost.tokens, kernels=cost.kernels + k * draft.kernels, draft_s=extra,
+        tokens=cost.tokens, kernels=cost.kernels + k * draft.kernels,
+        draft_s=cost.draft_s + extra,
     )
 
 
 def plan_cost(plan: Plan, batch: BatchShape) -> StepCost:
     """``step_cost`` for one plan (the target model, or a speculative draft pass)."""
     w = plan.window
-    q = 1 + batch.spec_tokens  # query tokens per decode (verification of the drafts)
+    q = batch.query_tokens  # per decode: its token and the drafts it verifies
     n_pre = 0
     ctx_read = ctx_swa = attn = attn_swa = 0.0
     both_ways = plan.bidirectional

@@ -73,16 +73,32 @@ class BatchShape:
     ``decode`` holds, for each sequence generating one token this step, the number of tokens
     already in its KV cache (the context the new token attends to). ``spec_tokens`` > 0: each
     decode is a speculative verification of 1 + spec_tokens tokens, after spec_tokens passes
-    of the draft model (its cost is part of the step).
+    of the draft model (its cost is part of the step). A tree (SGLang's EAGLE, ``spec_topk``
+    > 1) verifies 1 + ``spec_verify`` tokens per decode, and its draft passes after the first
+    run ``spec_topk`` branches per decode (``SpeculativeConfig``, ``speculating``).
     """
 
     prefill: tuple[tuple[int, int], ...] = ()
     decode: tuple[int, ...] = ()
     spec_tokens: int = 0
+    spec_verify: int = 0  # (0: spec_tokens, a chain's)
+    spec_topk: int = 1
+
+    @classmethod
+    def speculating(cls, prefill: tuple[tuple[int, int], ...], decode: tuple[int, ...],
+                    spec: SpeculativeConfig) -> BatchShape:
+        """A step whose decodes verify `spec`'s drafts."""
+        return cls(prefill, decode, spec.num_speculative_tokens, spec.drafts_per_step,
+                   spec.eagle_topk)
+
+    @property
+    def query_tokens(self) -> int:
+        """Tokens each decode runs through the model: its own and the drafts it verifies."""
+        return 1 + (self.spec_verify or self.spec_tokens)
 
     @property
     def num_tokens(self) -> int:
-        return sum(n for n, _ in self.prefill) + len(self.decode) * (1 + self.spec_tokens)
+        return sum(n for n, _ in self.prefill) + len(self.decode) * self.query_tokens
 
     @property
     def num_seqs(self) -> int:

@@ -107,9 +107,9 @@ def pipelined_prefill(placement: Placement, shape: BatchShape) -> tuple[float, f
 def decode_cycle(placement: Placement, ctx: int, batch: int) -> tuple[float, StepCost, int]:
     """Seconds until every one of ``batch`` sequences has one more step, at context ``ctx``
     (pipelined over the deployment's stages: see ``devices.pipeline``)."""
-    sp = placement.spec.speculative
-    k = sp.num_speculative_tokens if sp else 0
-    cycle = cycle_cost(placement, BatchShape(decode=(ctx,) * batch, spec_tokens=k))
+    sp, decode = placement.spec.speculative, (ctx,) * batch
+    shape = BatchShape.speculating((), decode, sp) if sp else BatchShape(decode=decode)
+    cycle = cycle_cost(placement, shape)
     return cycle.seconds, cycle.micro, cycle.micro_batches
 
 

@@ -11,7 +11,7 @@ micro-batch), and the stages serve all ``m`` micro-batches one after another, so
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from devices.cost import StepCost, step_cost
 from devices.deployment import BatchShape
@@ -43,10 +43,10 @@ def micro_batch(batch: BatchShape, m: int) -> BatchShape:
     """The first (largest) of ``m`` micro-batches when sequences are dealt round robin."""
     seqs = [(True, p) for p in batch.prefill] + [(False, d) for d in batch.decode]
     first = seqs[::m]
-    return BatchShape(
+    return replace(
+        batch,
         prefill=tuple(p for is_prefill, p in first if is_prefill),  # type: ignore[misc]
         decode=tuple(d for is_prefill, d in first if not is_prefill),  # type: ignore[misc]
-        spec_tokens=batch.spec_tokens,
     )
 
 

@@ -58,7 +58,9 @@ def register(subparsers: Any) -> None:
     e.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's speculative_config JSON plus acceptance_rate, e.g. "
                    '\'{"method": "eagle3", "num_speculative_tokens": 3, '
-                   '"acceptance_rate": 0.7}\'')
+                   '"acceptance_rate": 0.7}\' (or SGLang\'s simulated acceptance_length, '
+                   "acceptance_method, and an EAGLE tree's eagle_topk, num_draft_tokens: "
+                   "devices/speculative.py)")
     e.add_argument("--convert", default=None, choices=("auto", "none", "embed", "classify"),
                    help="vLLM's --convert: a generative checkpoint priced as an embedding "
                    "model or a classifier (without its LM head; docs/EMBEDDINGS.md)")

@@ -11,15 +11,19 @@ What SGLang does, and what is emulated:
   architecture (`_auto_choose_speculative_params`: Llama and Grok (5, 4, 8), others (3, 1, 4));
   giving topk or draft tokens without steps is its assertion error.
 - With topk 1, SGLang sets the draft tokens to steps + 1 (a chain: `steps` drafts verified per
-  step), warning when they differed; no topk is a chain too (NEXTN's). A tree (topk > 1:
-  `num_draft_tokens` candidates in a tree verified at once) is refused: the cost model prices
-  chains only (pass `--speculative-eagle-topk 1`).
+  step), warning when they differed; no topk is a chain too (NEXTN's). With topk > 1 the draft
+  is a tree: each draft step after the first runs topk branches per request and verification
+  checks the `--speculative-num-draft-tokens` - 1 best candidates at once (tree attention); a
+  tree without draft tokens, or with more than its draft steps score
+  (`organize_draft_results`: topk + (steps - 1) × topk² candidates), is refused.
 - Without `--max-running-requests`, SGLang caps running requests at 48, with its warning.
-- How often a draft is accepted comes from SGLang's own simulation knob,
-  `SGLANG_SIMULATE_ACC_LEN` (the mean accepted length per verification, bonus token included,
-  in [1, steps + 1]): doppelchip runs no draft model. The per-position acceptance rate r is the
-  one whose chain gives that mean (1 + r + ... + r^steps = L). Without it the pod refuses to
-  start, saying so.
+- How many drafts are accepted comes from SGLang's own simulation knobs
+  (`sglang/srt/speculative/spec_utils.py`): `SGLANG_SIMULATE_ACC_LEN` L, the mean accepted
+  length per verification (bonus token included, clamped to [1, steps + 1]), and
+  `SGLANG_SIMULATE_ACC_METHOD` (match-expected, its default: every verification step's batch
+  accepts ⌊L⌋ or ⌊L⌋ + 1 tokens with mean L; multinomial: round(N(L, 1))). doppelchip runs no
+  draft model, so without L the pod refuses to start, saying so. They become the deployment's
+  `acceptance_length` and `acceptance_method` (devices/speculative.py).
 """
 
 from __future__ import annotations
@@ -27,14 +31,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Mapping
 
 from devices.model import ModelSpec
+from devices.speculative import ACCEPTANCE_METHODS, SpeculativeConfig, SpeculativeConfigError
 
 EMULATED = ("EAGLE", "EAGLE3", "NEXTN")
 # _auto_choose_speculative_params: these architectures get (5, 4, 8), the rest (3, 1, 4)
 WIDE_DEFAULTS = ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM")
 MAX_RUNNING = 48  # SGLang's cap on running requests under speculative decoding
 ENV = "SGLANG_SIMULATE_ACC_LEN"
+METHOD_ENV = "SGLANG_SIMULATE_ACC_METHOD"
 
 
 def speculative_config(args: argparse.Namespace, model: ModelSpec
@@ -68,12 +75,10 @@ def speculative_config(args: argparse.Namespace, model: ModelSpec
         steps, topk, tokens = (5, 4, 8) if model.architecture in WIDE_DEFAULTS else (3, 1, 4)
         chosen = f" (SGLang's default for {model.architecture or model.name}: {steps} steps, " \
                  f"topk {topk}, {tokens} draft tokens)"
-    if topk is not None and topk > 1:
-        raise ValueError(
-            f"--speculative-eagle-topk {topk}{chosen}: tree drafts are not emulated (chains "
-            "only); pass --speculative-num-steps N --speculative-eagle-topk 1")
     if steps < 1:
         raise ValueError(f"--speculative-num-steps {steps}: at least one draft step")
+    if topk is not None and topk < 1:
+        raise ValueError(f"--speculative-eagle-topk {topk}: at least one branch")
     warnings = []
     if topk == 1 and tokens != steps + 1:  # (topk None: a chain too, left as given)
         warnings.append("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
@@ -81,17 +86,26 @@ def speculative_config(args: argparse.Namespace, model: ModelSpec
     if args.max_running_requests is None:
         warnings.append("Max running requests is reset to 48 for speculative decoding. You can "
                         "override this by explicitly setting --max-running-requests.")
-    rate = acceptance_rate(steps, os.environ.get(ENV))
-    config = {"method": method, "num_speculative_tokens": steps, "acceptance_rate": rate}
+    config = {"method": method, "num_speculative_tokens": steps, **acceptance(os.environ)}
+    if topk is not None and topk > 1:  # a tree
+        if tokens is None:
+            raise ValueError(f"--speculative-eagle-topk {topk}{chosen}: a tree needs "
+                             "--speculative-num-draft-tokens (the tokens verified per step)")
+        config.update(eagle_topk=topk, num_draft_tokens=tokens)
     if draft is not None and method != "mtp":
         config["model"] = draft
+    try:
+        SpeculativeConfig.parse(dict(config))  # (a tree's draft tokens checked)
+    except SpeculativeConfigError as e:
+        raise ValueError(f"--speculative-num-draft-tokens {tokens}{chosen}: {e}") from None
     return json.dumps(config), warnings
 
 
-def acceptance_rate(steps: int, simulated: str | None) -> float:
-    """The per-position acceptance rate whose chain of `steps` drafts accepts
-    `SGLANG_SIMULATE_ACC_LEN` tokens per verification on average (clamped to [1, steps + 1],
-    as SGLang clamps it)."""
+def acceptance(env: Mapping[str, str]) -> dict[str, float | str]:
+    """`acceptance_length` and `acceptance_method` from SGLANG_SIMULATE_ACC_LEN and
+    SGLANG_SIMULATE_ACC_METHOD (ValueError when the length is missing or not positive:
+    SGLang's "off" needs a real draft model)."""
+    simulated = env.get(ENV)
     try:
         length = float(simulated) if simulated is not None else -1.0
     except ValueError:
@@ -100,11 +114,7 @@ def acceptance_rate(steps: int, simulated: str | None) -> float:
         raise ValueError(f"speculative decoding needs {ENV}=L (SGLang's simulated acceptance "
                          "length: tokens per verification step, bonus included): doppelchip "
                          "runs no draft model")
-    lo, hi = 0.0, 1.0  # (a length past [1, steps + 1] ends at a bound: SGLang's clamp)
-    for _ in range(60):  # 1 + r + ... + r^steps rises with r: bisect
-        mid = (lo + hi) / 2
-        if sum(mid**i for i in range(steps + 1)) < length:
-            lo = mid
-        else:
-            hi = mid
-    return round((lo + hi) / 2, 12)
+    method = env.get(METHOD_ENV, "match-expected")
+    if method not in ACCEPTANCE_METHODS:
+        raise ValueError(f"Invalid simulate_acc_method: {method}")  # (SGLang's words)
+    return {"acceptance_length": length, "acceptance_method": method}

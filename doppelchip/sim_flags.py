@@ -43,7 +43,9 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     g.add_argument("--speculative-config", metavar="JSON",
                    help="vLLM's speculative_config JSON plus acceptance_rate, e.g. "
                    '\'{"method": "eagle3", "num_speculative_tokens": 3, '
-                   '"acceptance_rate": 0.7}\'')
+                   '"acceptance_rate": 0.7}\' (or SGLang\'s simulated acceptance_length, '
+                   "acceptance_method, and an EAGLE tree's eagle_topk, num_draft_tokens: "
+                   "devices/speculative.py)")
     g.add_argument("--n-gpu-layers", type=int, help="llama.cpp: layers on the GPU")
     g.add_argument("--built-for", help="TensorRT-LLM: GPU architecture the engine was built for")
     g.add_argument("--max-model-len", type=int, help="context length (default: model's, capped)")

@@ -20,9 +20,9 @@ One step (`step()`):
 5. `scheduler.update()` appends the tokens, applies stop rules, finishes requests and frees
    their KV (into the prefix cache).
 
-Speculative decoding (`speculative`): each decode verifies `num_speculative_tokens` drafts,
-the device prices the draft passes and the wider verification, and `speculate.verify` draws
-what is accepted (see there).
+Speculative decoding (`speculative`): each decode verifies `drafts_per_step` drafts (a
+chain's `num_speculative_tokens`, a tree's width), the device prices the draft passes and the
+wider verification, and `speculate.verify` draws what is accepted (see there).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class EngineCore:
     def add_request(self, req: Request) -> None:
         if self.spec_metrics_level != "none" and self.speculative is not None:
             req.spec_decode_metrics = RequestSpecDecodeMetrics.new(
-                self.speculative.num_speculative_tokens)
+                self.speculative.drafts_per_step)
         self.scheduler.add_request(req)
 
     def has_unfinished(self) -> bool:
@@ -197,15 +197,14 @@ class EngineCore:
     def _shape(self, output: SchedulerOutput) -> BatchShape:
         """The step as the device sees it; a decode verifying drafts is priced with them (a
         decode left without drafts by the budget is priced as a one-token chunk)."""
-        k = self.speculative.num_speculative_tokens if self.speculative else 0
-        if not k:
+        if self.speculative is None:
             return BatchShape(prefill=tuple(output.prefill_segments),
                               decode=tuple(output.decode_context_lengths))
         dec = [s for s in output.scheduled if not s.is_prefill]
         plain = tuple((1, s.start_position) for s in dec if not s.num_draft_tokens)
-        return BatchShape(prefill=tuple(output.prefill_segments) + plain,
-                          decode=tuple(s.start_position + 1 for s in dec if s.num_draft_tokens),
-                          spec_tokens=k)
+        return BatchShape.speculating(
+            tuple(output.prefill_segments) + plain,
+            tuple(s.start_position + 1 for s in dec if s.num_draft_tokens), self.speculative)
 
     def _sample(self, output: SchedulerOutput):
         """The model's tokens, each followed by its grammar's forced run under jump-forward

@@ -23,8 +23,9 @@ class SchedulerConfig:
     ``batching="static"`` (a batch is admitted only when nothing runs, and runs until all of
     its requests end). ``lpm_fcfs_threshold``: the longest-prefix-match policy falls back to
     FCFS when more requests than this wait (SGLang uses 128). ``num_speculative_tokens`` > 0:
-    every decode also verifies that many draft tokens (speculative decoding): they take KV
-    slots (lookahead) and token budget, as in vLLM. ``long_prefill_token_threshold`` > 0
+    every decode also verifies that many draft tokens (speculative decoding; a tree's width,
+    ``SpeculativeConfig.drafts_per_step``): they take KV slots (lookahead) and token budget,
+    as in vLLM. ``long_prefill_token_threshold`` > 0
     (vLLM's flag; 0 off, its default): while more than one request is running or waiting, no
     request gets more than that many tokens a step, so a long prefill cannot take the whole
     budget from the others; with ``long_prefill_token_threshold_adaptive`` the cap is at least

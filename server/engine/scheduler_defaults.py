@@ -91,7 +91,7 @@ def scheduler_config(opts: EngineOptions, placement: Placement) -> SchedulerConf
         kv_cache=holds_kv,
         kv_layout=opts.kv_layout or engine.kv_layout,  # type: ignore[arg-type]
         batching=opts.batching or engine.batching,  # type: ignore[arg-type]
-        num_speculative_tokens=(placement.spec.speculative.num_speculative_tokens
+        num_speculative_tokens=(placement.spec.speculative.drafts_per_step  # (a tree's width)
                                 if placement.spec.speculative else 0),
         max_loras=opts.max_loras if opts.enable_lora else 0,  # --- LoRA (issue 13) ---
         long_prefill_token_threshold=opts.long_prefill_token_threshold,

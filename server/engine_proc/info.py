@@ -103,6 +103,8 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         kv_bytes_per_token=p.kv_bytes_per_token,
         num_speculative_tokens=core.speculative.num_speculative_tokens
         if core.speculative else 0,
+        drafts_per_step=core.speculative.drafts_per_step if core.speculative else 0,
+        speculative_topk=core.speculative.eagle_topk if core.speculative else 0,
         speculative_method=core.speculative.method if core.speculative else "",
         speculative_model=(core.speculative.model or "") if core.speculative else "",
         served_model_names=opts.served_model_name, model_path=opts.model_path,

@@ -206,10 +206,10 @@ def load_snapshot(client: DeploymentClient, rank: int, windows: Windows, now: fl
     if length is not None and (include is None or "all" in include or "spec" in include):
         # SGLang's: the mean accepted length since it started, the acceptance rate of its last
         # decode log (here: since the previous poll), once a verification step ran
-        k = view.info.num_speculative_tokens
+        width = view.info.drafts_per_step  # SGLang's draft tokens - 1 per verification
         out["speculative"] = {"accept_length": length, "accept_rate": acceptance(
             view.value(values, "vllm:spec_decode_num_accepted_tokens"),
-            view.value(values, "vllm:spec_decode_num_drafts") * k)}
+            view.value(values, "vllm:spec_decode_num_drafts") * width)}
     if include is None or "all" in include or "queues" in include:
         out["queues"] = {"waiting": status.num_waiting, "grammar": 0, "paused": 0,
                          "retracted": 0, "prealloc_ready": 0}
@@ -218,8 +218,8 @@ def load_snapshot(client: DeploymentClient, rank: int, windows: Windows, now: fl
 
 def speculative_args(info: m.DeploymentInfo) -> dict:
     """SGLang's resolved speculative server arguments (None without speculation): NEXTN
-    resolves to EAGLE, and an MTP draft is the model itself; a chain of k drafts is k steps,
-    topk 1, k + 1 draft tokens (doppelchip/sglang_spec.py)."""
+    resolves to EAGLE, and an MTP draft is the model itself; the draft steps, topk and draft
+    tokens as resolved (doppelchip/sglang_spec.py)."""
     k = info.num_speculative_tokens
     draft = (info.model_path or info.model) if info.speculative_method == "mtp" \
         else info.speculative_model or None
@@ -227,8 +227,9 @@ def speculative_args(info: m.DeploymentInfo) -> dict:
                 info.speculative_method),
             "speculative_draft_model_path": draft if k else None,
             "speculative_draft_model_revision": "main" if k and draft else None,
-            "speculative_num_steps": k or None, "speculative_eagle_topk": 1 if k else None,
-            "speculative_num_draft_tokens": k + 1 if k else None}
+            "speculative_num_steps": k or None,
+            "speculative_eagle_topk": info.speculative_topk or None,
+            "speculative_num_draft_tokens": info.drafts_per_step + 1 if k else None}
 
 
 def accept_length(view, values=None) -> float | None:

@@ -54,7 +54,9 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     idle_watts: float
     usd_per_s: float
     kv_bytes_per_token: float = 0.0  # all chips together (vllm:estimated_write_bytes_per_gpu)
-    num_speculative_tokens: int = 0  # speculative decoding: drafts per decode (0: off)
+    num_speculative_tokens: int = 0  # speculative decoding: draft steps (0: off), and the
+    drafts_per_step: int = 0  # drafts each verification checks (a tree's width; a chain's:
+    speculative_topk: int = 0  # num_speculative_tokens), the draft's branches (1: a chain)
     speculative_method: str = ""  # its method (eagle, eagle3, mtp) and draft checkpoint, when
     speculative_model: str = ""  # given (an SGLang pod's /server_info names them)
     served_model_names: tuple[str, ...] = ()  # what clients may send as `model`

@@ -113,6 +113,7 @@ def _scheduler(plan: Exposition, key: tuple[int, int], info: DeploymentInfo,
     preemptions = slot("vllm:num_preemptions")
     rate, hit_rate = Throughput(), WindowRatio()
     k = info.num_speculative_tokens  # (its counters exist only when it speculates)
+    width = info.drafts_per_step  # drafts per verification (SGLang's draft tokens - 1)
     drafts = slot("vllm:spec_decode_num_drafts") if k else 0
     accepted = slot("vllm:spec_decode_num_accepted_tokens") if k else 0
     length, acceptance = WindowRatio(), WindowRatio()
@@ -139,7 +140,7 @@ def _scheduler(plan: Exposition, key: tuple[int, int], info: DeploymentInfo,
         "sglang:spec_accept_length": value(
             lambda a: length(a[accepted] + a[drafts], a[drafts]) if k else 0.0),
         "sglang:spec_accept_rate": value(
-            lambda a: acceptance(a[accepted], a[drafts] * k) if k else 0.0),
+            lambda a: acceptance(a[accepted], a[drafts] * width) if k else 0.0),
     }
     labels = scheduler_labels(info)
     for name, (kind, doc) in SCHEDULER_SERIES.items():
