@@ -72,7 +72,7 @@ def vidur(n: int) -> dict:
 
 def in_process(scale: float) -> dict:
     from clients.workloads import WorkloadSpec
-    from server.engine.build import EngineOptions
+    from server.engine.options import EngineOptions
     from sim.simulation import simulate_options
 
     # every request queued (the default intake limit, 1,024 waiting, would refuse most of an

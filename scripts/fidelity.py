@@ -76,7 +76,7 @@ def _deployment(r: dict) -> str:
 
 def _sim(r: dict) -> tuple[float, float]:
     from clients.workloads import WorkloadSpec
-    from server.engine.build import EngineOptions
+    from server.engine.options import EngineOptions
     from sim.simulation import simulate_conversations
 
     opts = EngineOptions(name=r["id"], model=r["model"], quant=r["quant"], chip=r["chip"],
@@ -228,7 +228,7 @@ SHARE_CHIPS = ("rtx-4090", "h100-sxm", "b200")
 def memory_rules() -> list[str]:
     """Each engine's KV sizing rule (engines.toml `memory`), with its default share and the KV
     pool of Llama 3.1 8B bf16 per chip: what a capacity planner compares across engines."""
-    from server.engine.build import EngineOptions
+    from server.engine.options import EngineOptions
     from server.engine.scheduler_defaults import scheduler_config
 
     lines = ["", "## How each engine sizes its KV cache", "",

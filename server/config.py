@@ -21,7 +21,7 @@ model = "llama-3.1-8b"
 quant = "bf16"
 chip = "h100-sxm"
 engine = "vllm"
-count = 1                     # optional; every field of server.engine.build.EngineOptions
+count = 1                     # optional; every field of server.engine.options.EngineOptions
 ```
 Unknown keys are errors (a typo never silently falls back to a default).
 """
@@ -36,9 +36,9 @@ from typing import Any
 
 from devices.errors import UnknownId
 from server.engine.block_hash import hash_function
-from server.engine.build import EngineOptions
 from server.engine.faults import check_options as check_fault_options
 from server.engine.kv_events_config import KVEventsConfig, endpoint_problem
+from server.engine.options import EngineOptions
 from server.engine.spec_metrics import LEVELS as SPEC_METRICS_LEVELS
 from server.server_config import ServerConfig, server_problem
 

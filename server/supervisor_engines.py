@@ -12,7 +12,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from server.ipc import messages as m
 from server.ipc.paths import RunDir
 from server.stats.layout import Layout

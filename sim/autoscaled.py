@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from clients.conversation import Conversation
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from sim.admission import Admission
 from sim.autoscale import Autoscaler, Group, boot_seconds
 from sim.autoscale_pd import ScaledDispatch

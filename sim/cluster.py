@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from clients.conversation import Conversation
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
 from server.engine.core import EngineCore
+from server.engine.options import EngineOptions
 from sim.admission import Admission
 from sim.pools import FleetDispatch
 from sim.reports import FleetStream, offload_report

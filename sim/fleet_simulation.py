@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from clients.workloads import stream_workload
 from server.config import ConfigError, load_fleet
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.simulation import (
     FAULT_KEYS,

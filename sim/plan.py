@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from clients.workloads import WorkloadSpec
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from sim.plan_exec import Simulate, Task
 from sim.plan_fleet import fleet_text, pd_names, simulate_argv
 from sim.plan_slo import PlanSlo, check

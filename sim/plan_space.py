@@ -53,9 +53,9 @@ from typing import Any
 from devices import DeploymentSpec, DeviceError, catalog, estimate, place
 from devices.place_sram import chips_needed
 from devices.placement import served_model
-from server.engine.build import EngineOptions
 from server.engine.kv_offload import host_tier
 from server.engine.kv_offload_config import OffloadConfig
+from server.engine.options import EngineOptions
 from server.engine.scheduler_defaults import engine_defaults, scheduler_config
 from sim.plan_slo import PlanSlo
 

@@ -11,8 +11,9 @@ from typing import Any
 from clients.report import RequestResult, SummaryStream, parse_slo
 from clients.workloads import WorkloadSpec, stream_workload
 from server.config import ConfigError, load_fleet, range_problem
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
 from server.engine.faults import check_options as check_fault_options
+from server.engine.options import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.reports import offload_report, pooling_report
 from sim.virtual import run_virtual

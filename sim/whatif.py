@@ -25,7 +25,7 @@ from typing import Any
 from clients.workloads import WorkloadSpec
 from devices import DeviceError, catalog, place
 from devices.place_sram import chips_needed
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from sim.simulation import SimulationError, simulate_conversations
 
 # One deployment per chip family of the design notes (HBM GPUs, TPU, Apple, SRAM chips).

@@ -38,7 +38,7 @@ from trtllm_serve import example as trtllm_serve_example  # noqa: E402
 
 from devices import make_compile_strategy, place  # noqa: E402
 from server.config import FleetConfig, load_fleet  # noqa: E402
-from server.engine.build import EngineOptions  # noqa: E402
+from server.engine.options import EngineOptions  # noqa: E402
 from server.server_config import ServerConfig  # noqa: E402
 
 IMAGE = "doppelchip:latest"  # built by deploy/Dockerfile; load it into the cluster (README.md)

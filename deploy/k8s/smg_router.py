@@ -37,7 +37,7 @@ from typing import Protocol
 from emit import Comments, Doc, dump
 
 from server.config import FleetConfig
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from server.server_config import ServerConfig
 
 WORKER = "doppelchip-sglang-grpc"

@@ -43,7 +43,7 @@ from gaie import EPP_IMAGE, epp_objects, gateway_doc, pool_doc, route_doc
 from smg_router import PodBuilder, image_environment
 
 from server.config import FleetConfig
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from server.server_config import ServerConfig
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the HF name doppelchip resolves to llama-3.1-8b

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from server.engine.build import EngineOptions
+    from server.engine.options import EngineOptions
 
 DEVICE_FAULTS = ("slowdown", "hang", "crash", "lost_chips")
 _KEYS = {

@@ -20,7 +20,7 @@ from devices import Placement, catalog
 from server.engine.scheduler_config import SchedulerConfig
 
 if TYPE_CHECKING:
-    from server.engine.build import EngineOptions
+    from server.engine.options import EngineOptions
 
 logger = logging.getLogger("doppelchip.engine")
 

@@ -26,9 +26,9 @@ import math
 import os
 from collections.abc import Callable, Iterable
 
-from server.engine.build import EngineOptions
 from server.engine.core import EngineCore, StepResult
 from server.engine.faults import Schedule, Window, parse_specs
+from server.engine.options import EngineOptions
 from server.engine_proc.stats import EngineStats
 
 log = logging.getLogger("doppelchip.engine")

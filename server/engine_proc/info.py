@@ -7,13 +7,13 @@ from __future__ import annotations
 from devices import Placement, catalog
 from devices.model import ModelSpec
 from server.engine import score_template
-from server.engine.build import EngineOptions
 from server.engine.core import EngineCore
 from server.engine.faults import has_faults
 from server.engine.hf_overrides import matryoshka, use_sep_token
 from server.engine.intake import Limits
 from server.engine.interface import Capacity
 from server.engine.kv_transfer import KvTransferConfig
+from server.engine.options import EngineOptions
 from server.engine.tokenizer import Tokenizer
 from server.ipc.messages import DeploymentInfo
 

@@ -21,11 +21,12 @@ import msgspec
 import zmq
 
 from devices import DeviceError
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
 from server.engine.clock import Timeline
 from server.engine.faults import has_device_faults
 from server.engine.kv_events_config import KVEventsConfig
 from server.engine.kv_transfer import KvTransferConfig
+from server.engine.options import EngineOptions
 from server.engine.profiler_config import ProfilerConfig
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.faults import FaultDriver, schedule_of

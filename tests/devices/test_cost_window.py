@@ -10,7 +10,8 @@ import pytest
 from devices import BatchShape
 from devices.cost import step_cost
 from devices.cost_window import BOUNDS, closed_form, decode_costs
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 
 CASES = [
     EngineOptions(name="a", model="llama-2-7b", quant="bf16", chip="h100-sxm", engine="vllm"),

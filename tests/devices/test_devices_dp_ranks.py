@@ -15,7 +15,8 @@ import pytest
 
 from devices import BatchShape, DeploymentSpec, PlacementError, place, step_cost
 from devices.parallel import Parallelism
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 
 MOE = DeploymentSpec(model="qwen3-30b-a3b", quant="bf16", chip="h100-sxm", engine="vllm")
 

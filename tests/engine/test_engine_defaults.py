@@ -13,7 +13,8 @@ from engine_drive import request
 
 from devices import catalog
 from devices.specs import KvSeqs
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 
 
 def _seqs(engine: str, chip: str = "h100-sxm", model: str = "llama-3.1-8b", **kw) -> int:

@@ -12,7 +12,8 @@ import logging
 import pytest
 from engine_drive import drive, make, pooling_request, request
 
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from server.engine.request import RequestStatus
 
 RERANKER = dict(name="r", model="bge-reranker-v2-m3", quant="f16", chip="h100-sxm",

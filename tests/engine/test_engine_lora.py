@@ -9,8 +9,9 @@ import pytest
 
 from devices import DeploymentSpec, place
 from devices.lora import LoraCostModel, adapter_bytes
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
 from server.engine.lora import LoraConfig, LoraError, LoraRegistry, parse_module
+from server.engine.options import EngineOptions
 from server.engine.request import Request, SamplingParams
 from tests.engine.engine_drive import make, request, run
 

@@ -12,9 +12,10 @@ import pytest
 from engine_drive import drive, make, pooling_request, request
 
 from devices import catalog
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
 from server.engine.intake import Limits, check_request
 from server.engine.interface import EngineRequest, FinishReason, InvalidRequest, PoolingParams
+from server.engine.options import EngineOptions
 from server.engine.request import RequestStatus
 
 EMBED = dict(name="e", model="qwen3-embedding-8b", quant="bf16", chip="h100-sxm", engine="vllm")

@@ -13,7 +13,8 @@ import random
 from engine_drive import request
 from test_kv_pulls import PROMPT, decode_pod, pulled, tick
 
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from server.engine.request import RequestStatus
 from server.engine.tokenizer import get_tokenizer
 

@@ -10,8 +10,9 @@ import random
 
 from engine_drive import make, request
 
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
 from server.engine.kv_pulls import RemotePulls
+from server.engine.options import EngineOptions
 from server.engine.request import RequestStatus
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.info import connector_info, placed_info

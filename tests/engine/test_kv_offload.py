@@ -14,9 +14,10 @@ from engine_drive import request
 
 from clients.conversation import Conversation, Turn
 from devices.transfer import host_link, transfer_seconds
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
 from server.engine.kv_events import BlockRemoved, BlockStored
 from server.engine.kv_offload import GIB, num_host_blocks
+from server.engine.options import EngineOptions
 from server.engine.request import RequestStatus
 from sim.virtual import run_virtual
 

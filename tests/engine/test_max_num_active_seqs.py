@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 from engine_drive import request
 
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 
 BASE = dict(name="a", model="llama-3.1-8b", quant="bf16", chip="h100-sxm", engine="vllm",
             max_model_len=4096)

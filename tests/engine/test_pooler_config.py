@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from server.engine.pooler_config import PoolerOptions, parse
 
 EMBED = dict(name="e", model="qwen3-embedding-0.6b", quant="bf16", chip="h100-sxm",

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from server.engine.request import Request, SamplingParams
 from server.engine.spec_metrics import RequestSpecDecodeMetrics
 

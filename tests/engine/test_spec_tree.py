@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from devices import BatchShape, DeploymentSpec, SpeculativeConfig, place, step_cost
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from server.engine.request import Request, SamplingParams
 
 BASE = dict(name="x", model="llama-3.1-8b", quant="bf16", chip="h100-sxm", engine="sglang",

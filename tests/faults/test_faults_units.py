@@ -11,9 +11,10 @@ import tomllib
 import pytest
 
 from server.config import ConfigError, parse_fleet
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
 from server.engine.faults import Schedule, check_options, parse_spec, windows
 from server.engine.interface import SamplingParams
+from server.engine.options import EngineOptions
 from server.engine.request import Request
 from server.frontend.faults import KINDS, InjectedFailure, RequestFaults
 from server.frontend.stats import FrontendStats

@@ -10,8 +10,9 @@ import prometheus_client.metrics as prom_metrics
 import pytest
 import zmq
 
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
 from server.engine.interface import EngineRequest
+from server.engine.options import EngineOptions
 from server.engine.request import Request, SamplingParams
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.info import placed_info

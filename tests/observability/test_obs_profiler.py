@@ -160,7 +160,7 @@ def test_a_bad_profiler_config_stops_the_server(config, message):
 
 
 def _profiler(name: str, directory: Path, pod: bool):
-    from server.engine.build import EngineOptions
+    from server.engine.options import EngineOptions
     from server.engine.profiler_config import ProfilerConfig
     from server.engine_proc.info import failed_info
     from server.engine_proc.profiler import StepProfiler

@@ -50,7 +50,8 @@ def test_a_multi_connector_is_its_parts():
 def test_every_admission_queries_a_configured_connector_as_vllm_counts_it():
     """vLLM's `connector_prefix_cache_queries`: with any KV connector, each admitted request
     queries it for its tokens past the device hit (hits: what the connector supplied)."""
-    from server.engine.build import EngineOptions, build_core
+    from server.engine.build import build_core
+    from server.engine.options import EngineOptions
     from server.engine.request import Request, SamplingParams
 
     def queries(**options) -> tuple[int, int]:

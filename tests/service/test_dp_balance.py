@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.info import placed_info
 from server.frontend.deployment import DeploymentClient

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import zmq
 
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
 from server.engine.clock import Timeline
 from server.engine.interface import EngineRequest, SamplingParams
+from server.engine.options import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from server.engine_proc.info import placed_info
 from server.engine_proc.loop import EngineLoop

@@ -6,7 +6,7 @@ import dataclasses
 
 from clients.report import summarize
 from clients.workloads import WorkloadSpec, build_workload
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.cluster import build_replicas, run_replicas
 

@@ -12,7 +12,8 @@ import pytest
 
 from clients.workloads import WorkloadSpec, build_workload
 from doppelchip.cli import main
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.admission import Admission
 from sim.autoscale_hpa import hpa_recommendation, stabilised

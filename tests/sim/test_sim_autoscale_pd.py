@@ -10,7 +10,7 @@ import json
 
 from clients.workloads import WorkloadSpec, build_workload
 from doppelchip.cli import main
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.autoscale import DRAINING, READY, Autoscaler, Group
 from sim.autoscale_policy import AutoscalePolicy

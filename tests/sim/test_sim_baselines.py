@@ -8,7 +8,7 @@ import pytest
 
 from clients.workloads import WorkloadSpec
 from devices import catalog
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from sim.simulation import simulate_options
 
 H100 = EngineOptions(name="h100", model="llama-3.1-8b", quant="bf16", chip="h100-sxm",

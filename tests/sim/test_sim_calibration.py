@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from clients.workloads import WorkloadSpec
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from sim.simulation import simulate_options
 
 TRT = EngineOptions(name="trt", model="llama-3.1-8b", quant="fp8", chip="h100-sxm",

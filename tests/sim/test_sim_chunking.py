@@ -10,7 +10,8 @@ import pytest
 
 from devices import catalog
 from devices.estimate import prefill_steps
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from server.engine.request import Request, SamplingParams
 from server.engine.scheduler_defaults import scheduler_config
 

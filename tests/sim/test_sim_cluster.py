@@ -12,7 +12,7 @@ import pytest
 from clients.report import summarize
 from clients.workloads import WorkloadSpec, build_workload
 from doppelchip.cli import main
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.cluster import build_replicas, fleet_counters, replica_reports, run_replicas
 from sim.routers import ROUTERS, make_router

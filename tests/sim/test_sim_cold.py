@@ -10,7 +10,8 @@ import math
 
 from clients.workloads import WorkloadSpec
 from doppelchip.cli import main
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from sim.simulation import simulate_conversations
 
 TRT = EngineOptions(name="trt", model="llama-3.1-8b", quant="fp8", chip="h100-sxm",

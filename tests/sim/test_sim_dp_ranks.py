@@ -9,7 +9,7 @@ import json
 from types import SimpleNamespace
 
 from doppelchip.cli import main
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from sim.cluster import build_replicas
 from sim.routers import VllmDp
 

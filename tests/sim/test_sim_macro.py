@@ -16,8 +16,9 @@ import pytest
 import sim.virtual as virtual
 import sim.virtual_macro as virtual_macro
 from clients.workloads import WorkloadSpec, build_workload
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
 from server.engine.macro import Window
+from server.engine.options import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 
 H100 = EngineOptions(name="h100", model="llama-2-7b", quant="bf16", chip="h100-sxm",

@@ -16,7 +16,8 @@ from macro_helpers import count_window_steps
 import sim.virtual as virtual
 from clients.workloads import WorkloadSpec, build_workload
 from devices import catalog
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 
 SHAPES = [("llama-2-7b", "h100-sxm", "vllm"), ("llama-2-7b", "h100-sxm", "sglang"),

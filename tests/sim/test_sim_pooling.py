@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from clients.workloads import WorkloadSpec
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from sim.simulation import simulate_conversations
 
 EMBED = EngineOptions(name="e", model="qwen3-embedding-8b", quant="bf16", chip="h100-sxm",

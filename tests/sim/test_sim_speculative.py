@@ -9,7 +9,8 @@ import pytest
 
 from clients.workloads import WorkloadSpec
 from devices import BatchShape, DeploymentSpec, SpeculativeConfig, estimate, place, step_cost
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from server.engine.request import Request, SamplingParams
 from sim.simulation import simulate_conversations
 

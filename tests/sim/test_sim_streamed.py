@@ -13,7 +13,8 @@ import clients.workloads as workloads
 import sim.virtual as virtual
 from clients.report import SummaryStream, summarize
 from clients.workloads import WorkloadSpec, build_workload, stream_workload
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
+from server.engine.options import EngineOptions
 from server.engine.tokenizer import get_tokenizer
 from sim.cluster import build_replicas, replica_reports, run_replicas
 from sim.pools import pools_of

@@ -7,9 +7,10 @@ import json
 from dataclasses import dataclass
 
 from clients.structured import ORDER_SCHEMA
-from server.engine.build import EngineOptions, build_core
+from server.engine.build import build_core
 from server.engine.core import EngineCore
 from server.engine.interface import Constraint
+from server.engine.options import EngineOptions
 from server.engine.request import Request, SamplingParams
 from server.engine.tokenizer import get_tokenizer
 

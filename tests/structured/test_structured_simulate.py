@@ -7,7 +7,7 @@ import json
 from clients.structured import ORDER_SCHEMA_TEXT
 from clients.workloads import WorkloadSpec, build_workload
 from doppelchip.cli import main
-from server.engine.build import EngineOptions
+from server.engine.options import EngineOptions
 from sim.simulation import simulate_options
 
 SGLANG = EngineOptions(name="sglang-h100", model="llama-3.1-8b", quant="bf16",
