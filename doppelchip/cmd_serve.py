@@ -146,6 +146,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     forkserver.start_early()  # it preloads on the other core while the lines below run
     from server.config import ConfigError, kv_events_problem, load_fleet
+    from server.engine_proc.sentinel import fault_tolerance_problem
     from server.server_config import server_problem
     from server.stats.buckets import parse_custom_histogram_buckets
     from server.supervisor import ServeOptions, serve
@@ -175,7 +176,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             **security_overrides(args),
         )
         fleet = with_env_api_key(fleet, os.environ)
-        problem = server_problem(fleet.server) or kv_events_problem(fleet)  # --host applied
+        problem = (server_problem(fleet.server) or kv_events_problem(fleet)  # --host applied
+                   or fault_tolerance_problem(fleet))
         if problem:
             raise ConfigError(problem)
         parse_custom_histogram_buckets(fleet.server.custom_histogram_buckets)

@@ -133,6 +133,9 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     if args.chat_template and task != "classify":
         warnings.append("--chat-template renders a cross-encoder's /score and /rerank pairs "
                         "only; chat requests render with the packaged tokenizer's template")
+    if args.fault_tolerance_config is not None and not args.enable_fault_tolerance:
+        warnings.append("--fault-tolerance-config was passed. Fault tolerance is being "
+                        "automatically enabled.")  # (vLLM 0.34.0's EngineArgs)
     if args.async_scheduling is False:  # turns off what vLLM 0.33.0 does by default
         warnings.append("--no-async-scheduling is accepted but not emulated: the steps here "
                         "cost what vLLM's default asynchronous scheduling costs")

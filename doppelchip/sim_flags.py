@@ -186,6 +186,14 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
                        help="as vLLM 0.34.0's flag (with --enable-sleep-mode): the engine "
                        "starts prepared for a process checkpoint, paused with its KV cache "
                        "released, until POST /checkpoint/restore")
+        g.add_argument("--enable-fault-tolerance", action="store_true", default=None,
+                       help="as vLLM 0.34.0's flag (a pod of one engine): an engine fault "
+                       "(--fault-crash) aborts the requests and waits for POST "
+                       "/v1/fault_tolerance/apply (retry, scale_down) instead of ending the "
+                       "engine; GET /v1/fault_tolerance/status")
+        g.add_argument("--fault-tolerance-config", metavar="JSON",
+                       help="as vLLM's: '{\"engine_recovery_timeout_sec\": 120}' (emulated "
+                       "seconds; enables fault tolerance)")
     # --- vLLM's observability flags (docs/OBSERVABILITY.md) ---
     g.add_argument("--kv-cache-metrics", action="store_true", default=None,
                    help="as vLLM's flag: export the KV residency histograms "

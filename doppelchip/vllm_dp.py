@@ -16,7 +16,7 @@ node or per rank under a LeaderWorkerSet) use every mode:
 `--nnodes`/`--node-rank` infer the rank or the local size as vLLM does. The errors are vLLM's,
 and so are vLLM 0.34.0's two for `--enable-fault-tolerance` (`EngineArgs.create_engine_config`,
 `ParallelConfig._validate_parallel_config`): it needs external load balancing and one API
-server (the fault-tolerance routes themselves are not emulated).
+server (its routes and engine side: server/engine_proc/sentinel.py).
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def local_ranks(args: argparse.Namespace, is_moe: bool) -> tuple[int, int | None
             rank = inferred
         elif local is None and not external:
             local = max(world // nnodes // within, 1)
-    if getattr(args, "enable_fault_tolerance", None):  # vLLM 0.34.0's, in this order
+    if (getattr(args, "enable_fault_tolerance", None)  # vLLM 0.34.0's, in this order (a
+            or getattr(args, "fault_tolerance_config", None) is not None):  # config enables it
         if not (external or rank is not None):
             raise ValueError("Fault tolerance requires external load balancer mode "
                              "(--data-parallel-external-lb or --data-parallel-rank). Internal LB "

@@ -120,6 +120,8 @@ PASSTHROUGH: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--lora-modules", {}),
     ("--enable-sleep-mode", {}),
     ("--checkpoint-prepare-on-startup", {}),  # (vLLM 0.34.0)
+    ("--enable-fault-tolerance", {}),  # (vLLM 0.34.0)
+    ("--fault-tolerance-config", {}),
     ("--kv-cache-metrics", {}),
     ("--kv-cache-metrics-sample", {"type": float}),
     ("--per-request-spec-decode-metrics", {}),

@@ -131,6 +131,8 @@ class FrontendApp:
                                     tokenizer_info=cfg.enable_tokenizer_info_endpoint,
                                     checkpoint=any(d.enable_sleep_mode
                                                    for d in config.deployments),
+                                    fault_tolerance=any(d.recovery_timeout_s() is not None
+                                                        for d in config.deployments),
                                     force_include_usage=cfg.enable_force_include_usage,
                                     sse_keep_alive_s=float(cfg.sse_keep_alive_interval),
                                     per_request_metrics=cfg.enable_per_request_metrics,

@@ -72,7 +72,8 @@ class Supervisor:
     def __init__(self, config: FleetConfig, options: ServeOptions) -> None:
         self.config, self.options = config, options
         cfg = config.server
-        self.num_frontends = cfg.api_server_count or default_api_server_count()
+        ft = any(d.recovery_timeout_s() is not None for d in config.deployments)
+        self.num_frontends = cfg.api_server_count or (1 if ft else default_api_server_count())
         self.run_dir = RunDir.create()
         self.wall0 = time.monotonic()
         self.mp = forkserver.context()

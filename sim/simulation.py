@@ -171,6 +171,8 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         "enable_sleep_mode": getattr(args, "enable_sleep_mode", None) or None,
         "checkpoint_prepare_on_startup": getattr(args, "checkpoint_prepare_on_startup",
                                                  None) or None,
+        "enable_fault_tolerance": getattr(args, "enable_fault_tolerance", None) or None,
+        "fault_tolerance_config": getattr(args, "fault_tolerance_config", None),
         # --- vLLM's --kv-cache-metrics (docs/OBSERVABILITY.md) ---
         "kv_cache_metrics": getattr(args, "kv_cache_metrics", None),
         "kv_cache_metrics_sample": getattr(args, "kv_cache_metrics_sample", None),

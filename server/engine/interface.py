@@ -62,6 +62,16 @@ class Paused(Unavailable):
     RetryableRequestError)."""
 
 
+class EngineFaulted(Unavailable):
+    """vLLM 0.34.0's EngineFaultedError: with fault tolerance, the engine faulted and awaits
+    a recovery instruction (server/engine_proc/sentinel.py). UNAVAILABLE; HTTP 503, so that
+    load balancers and clients retry on another instance."""
+
+
+ENGINE_FAULTED = ("The engine has faulted and cannot accept new requests. Please try again "
+                  "later or on a different instance.")
+
+
 class CheckpointBlocked(EngineError):
     """The engine's process-checkpoint state forbids the command (vLLM 0.34.0's engine core
     raises a RuntimeError, "Cannot sleep while the checkpoint state is prepared": HTTP 500)."""

@@ -9,6 +9,7 @@ that assembles a core from them.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from devices import DeploymentSpec, SpeculativeConfig, catalog
@@ -100,6 +101,10 @@ class EngineOptions:
     #                                  vLLM 0.34.0's /checkpoint/* routes (server/http/checkpoint)
     checkpoint_prepare_on_startup: bool = False  # vLLM 0.34.0's: start prepared for a process
     #                                              checkpoint (needs enable_sleep_mode)
+    # vLLM 0.34.0's fault tolerance (server/engine_proc/sentinel.py): a fault waits for an
+    # instruction instead of ending the engine; its config JSON (engine_recovery_timeout_sec)
+    enable_fault_tolerance: bool = False
+    fault_tolerance_config: str | None = None
     # vLLM's --hf-overrides JSON, --runner and --convert: Matryoshka embeddings, and a
     # generative checkpoint served as an embedding model or a classifier (server/engine/
     # hf_overrides, docs/EMBEDDINGS.md)
@@ -115,9 +120,31 @@ class EngineOptions:
         VllmConfig; their words): a ValueError."""
         if self.checkpoint_prepare_on_startup and not self.enable_sleep_mode:
             raise ValueError("checkpoint_prepare_on_startup requires enable_sleep_mode")
+        if self.recovery_timeout_s() is not None and self.local_ranks != 1:
+            raise ValueError("Fault tolerance requires external load balancer mode "
+                             "(--data-parallel-external-lb or --data-parallel-rank). Internal LB "
+                             "mode is not supported.")
         if self.per_request_spec_decode_metrics != "none" and not self.speculative_config:
             raise ValueError("--per-request-spec-decode-metrics requires speculative decoding "
                              "to be enabled (via --speculative-config).")
+
+    def recovery_timeout_s(self) -> float | None:
+        """Fault tolerance's `engine_recovery_timeout_sec` (vLLM's FaultToleranceConfig, 120
+        by default), or None when it is off; a config turns it on, as vLLM's EngineArgs does.
+        ValueError when the config is not what vLLM accepts."""
+        text = self.fault_tolerance_config
+        if text is None:
+            return 120.0 if self.enable_fault_tolerance else None
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"fault_tolerance_config is not JSON: {e}") from None
+        if not isinstance(config, dict) or set(config) - {"engine_recovery_timeout_sec"}:
+            raise ValueError("fault_tolerance_config takes one key, engine_recovery_timeout_sec")
+        timeout = config.get("engine_recovery_timeout_sec", 120)
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
+            raise ValueError("engine_recovery_timeout_sec must be a whole number of seconds")
+        return float(timeout)
 
     def pooler(self) -> PoolerOptions:
         """The parsed `--pooler-config` (ValueError, in vLLM's words, when it is wrong)."""

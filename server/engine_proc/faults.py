@@ -10,7 +10,10 @@ boundaries on the emulated timeline:
   process alive and answering (health stays SERVING, admissions are answered and queue), as a
   wedged GPU; the stall is counted live in `doppelchip_hang_seconds_total`;
 - crash: the engine process exits (`os._exit`), for real: the supervisor ends its requests
-  (UNAVAILABLE / HTTP 500) and restarts it after the back-off plus the cold start;
+  (UNAVAILABLE / HTTP 500) and restarts it after the back-off plus the cold start; with vLLM's
+  fault tolerance (a `Sentinel`) the busy loop's error is caught instead: every request is
+  aborted and the engine waits for a recovery instruction, exiting as above only when none
+  came within its timeout (server/engine_proc/sentinel.py);
 - lost chips: the pool loses `chips / chip_count` of its KV blocks (each chip holds that
   share of every layer's KV: TP shards heads, PP layers), held here like retired memory until
   the chips come back; running requests are preempted (recompute) to make the room, so
@@ -29,6 +32,7 @@ from collections.abc import Callable, Iterable
 from server.engine.core import EngineCore, StepResult
 from server.engine.faults import Schedule, Window, parse_specs
 from server.engine.options import EngineOptions
+from server.engine_proc.sentinel import FAULT_INFO, Sentinel
 from server.engine_proc.stats import EngineStats
 
 log = logging.getLogger("doppelchip.engine")
@@ -49,9 +53,11 @@ def schedule_of(opts: EngineOptions) -> Schedule:
 
 class FaultDriver:
     def __init__(self, schedule: Schedule, core: EngineCore, stats: EngineStats,
-                 time_scale: float, name: str) -> None:
+                 time_scale: float, name: str, sentinel: Sentinel | None = None) -> None:
         self.schedule, self.core, self.stats = schedule, core, stats
         self.scale, self.name = time_scale, name
+        self.sentinel = sentinel  # vLLM's fault tolerance, or None (a crash exits)
+        self.abort_all: Callable[[], None] = lambda: None  # the loop's: end every request
         self.active: list[Window] = []  # slowdown, hang and lost_chips occurrences running
         self.held: list[int] = []  # KV blocks lost with the chips
         self.preempted: list[str] = []  # requests preempted to make room (published next step)
@@ -73,9 +79,24 @@ class FaultDriver:
                      self.name, t, "none" if nxt is None else f"t={nxt:.3f} s")
 
     def advance(self, t: float) -> None:
-        """Open what is due at `t`, close what ended; a due crash ends the process here."""
+        """Open what is due at `t`, close what ended; a due crash ends the process here (with
+        fault tolerance: the engine faults, and ends here once its recovery timed out)."""
+        ft = self.sentinel
+        if ft is not None and ft.expired(t):  # vLLM re-raises the busy loop's error
+            log.error("[FT] No recovery within %ds timeout.", ft.timeout_s)
+            logging.shutdown()
+            os._exit(CRASH_EXIT_STATUS)
         opened: list[str] = []
         for w in self.schedule.due(t):
+            if w.kind == "crash" and ft is not None:
+                self._count(w.kind)
+                log.warning("fault injection: %s crashes at t=%.3f s (emulated). [FT] Busy "
+                            "loop raised %s. Waiting for recovery.", self.name, w.start,
+                            FAULT_INFO)
+                self.abort_all()
+                ft.on_fault(t)
+                ft.publish(self.stats)
+                continue
             if w.kind == "crash":
                 self._count(w.kind)
                 log.error("fault injection: %s crashes (engine process exits) at t=%.3f s "
@@ -104,6 +125,8 @@ class FaultDriver:
         times = [w.end for w in self.active if not math.isinf(w.end)]
         if (s := self.schedule.next_start()) is not None:
             times.append(s)
+        if self.sentinel is not None and self.sentinel.deadline is not None:
+            times.append(self.sentinel.deadline)
         return min(times) if times else None
 
     # ---- effects ----------------------------------------------------------------------------

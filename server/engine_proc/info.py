@@ -111,6 +111,7 @@ def placed_info(opts: EngineOptions, rank: int, core: EngineCore,
         max_loras=opts.max_loras if opts.enable_lora else 0,  # --- LoRA (issue 13) ---
         faults=has_faults(opts),
         kv_cache_metrics=opts.kv_cache_metrics, cache_dtype=opts.cache_dtype,
+        fault_tolerance=opts.recovery_timeout_s() is not None,
         data_parallel_size=opts.data_parallel_size,
         dp_rank=opts.data_parallel_start_rank + rank,
         chat_template=score_template.load(opts.chat_template),

@@ -44,6 +44,7 @@ from server.engine_proc.loop_outputs import LoopOutputs
 from server.engine_proc.lora import LoraPublisher, lora_file
 from server.engine_proc.pause import PauseState
 from server.engine_proc.profiler import StepProfiler
+from server.engine_proc.sentinel import Sentinel
 from server.engine_proc.sleep import SleepState
 from server.engine_proc.stats import EngineStats
 from server.ipc import messages as m
@@ -68,7 +69,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                  info: m.DeploymentInfo | None = None,
                  faults: FaultDriver | None = None,
                  profiler: StepProfiler | None = None,
-                 prepare_on_startup: bool = False) -> None:
+                 prepare_on_startup: bool = False, sentinel: Sentinel | None = None) -> None:
         self.deployment, self.rank, self.epoch = deployment, rank, epoch
         self.core, self.limits, self.stats = core, limits, stats
         self.name = limits.name
@@ -126,6 +127,9 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
         self.timers: list[tuple[float, int, int]] = []  # (emulated t, frontend, seq) replies
         self.pause = PauseState()  # vLLM's /pause (server/engine_proc/pause.py)
         self.faults = faults  # device faults (issue 13): server/engine_proc/faults.py
+        self.sentinel = sentinel  # vLLM's fault tolerance (sentinel.py), or None
+        if faults is not None:
+            faults.abort_all = self._abort_all
         self.kv_metrics = core.scheduler.pool.metrics  # vLLM's --kv-cache-metrics (or None)
         self.profiler = profiler  # vLLM's /start_profile (--profiler-config), or None
         self.weight_version = "default"  # vLLM's label of the weights (RL), on every output

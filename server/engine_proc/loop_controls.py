@@ -121,12 +121,29 @@ class LoopControls(LoopPause, LoopCheckpoint):
             [], [], [m.Finished(live.seq, reason.value)], weight_version=self.weight_version)))
         self._forget(live, reason)
 
+    def _fault_tolerance(self, msg: m.FaultTolerance) -> m.Admission:
+        """vLLM's fault-tolerance instruction: applied (the status pushed before the answer, as
+        vLLM's engine pushes it before its result), or refused with vLLM's reason."""
+        ft = self.sentinel
+        if ft is None:
+            return m.Admission(msg.seq, "InvalidRequest", "fault tolerance is not enabled")
+        reason = ft.handle(msg.instruction, msg.params)
+        if reason is not None:
+            log.warning("%s", reason)
+            return m.Admission(msg.seq, "InvalidRequest", reason)
+        ft.publish(self.stats)
+        log.info("[FT] Engine %d status -> HEALTHY (%s, round %s)", ft.engine_index,
+                 msg.instruction, msg.request_id)
+        return m.Admission(msg.seq)
+
     def _control(self, msg: m.Sleep | m.WakeUp | m.ReleaseKvCache | m.Profile | m.WeightVersion
-                 ) -> m.Admission | None:
+                 | m.FaultTolerance) -> m.Admission | None:
         """Sleep, wake up, release the KV cache or profile; the answer now, or None when it
         comes later (mode wait, or a wake-up whose weights take emulated time to come back)."""
         if isinstance(msg, m.ReleaseKvCache):
             return self._release_kv_cache(msg.seq, msg.reset_connector)
+        if isinstance(msg, m.FaultTolerance):
+            return self._fault_tolerance(msg)
         if isinstance(msg, m.Profile):
             return self._profile(msg)
         if isinstance(msg, m.WeightVersion):  # vLLM's weight version label (RL)

@@ -17,7 +17,14 @@ import logging
 import zmq
 
 from server.engine.intake import admit
-from server.engine.interface import EngineError, FinishReason, Paused, Unavailable
+from server.engine.interface import (
+    ENGINE_FAULTED,
+    EngineError,
+    EngineFaulted,
+    FinishReason,
+    Paused,
+    Unavailable,
+)
 from server.engine.logs import request_log
 from server.engine_proc.loop_controls import Live
 from server.engine_proc.pause import PAUSED_MESSAGE
@@ -85,7 +92,7 @@ class LoopInputs:
                                        f"{self.name!r} (--enable-lora)"))
                 self._send(msg.frontend, m.encode(answer))
             elif isinstance(msg, m.Sleep | m.WakeUp | m.ReleaseKvCache | m.Profile
-                            | m.WeightVersion):
+                            | m.WeightVersion | m.FaultTolerance):
                 answer = self._control(msg)
                 if answer is not None:
                     replies.setdefault(msg.frontend, []).append(answer)
@@ -103,6 +110,8 @@ class LoopInputs:
                 raise Unavailable(f"deployment {self.name!r} restarted; retry")
             if self.pause.rejects_new:  # vLLM's _reject_add_while_paused
                 raise Paused(PAUSED_MESSAGE)
+            if self.sentinel is not None and self.sentinel.status != "healthy":
+                raise EngineFaulted(ENGINE_FAULTED)  # vLLM 0.34.0's fault tolerance
             if self.state != "ready":
                 raise Unavailable(f"deployment {self.name!r} is {self.state}: "
                                   f"{'building its engine' if self.state == 'compiling' else ''}")

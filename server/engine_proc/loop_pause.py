@@ -59,17 +59,22 @@ class LoopPause:
         finished, `_pause_holds`)."""
         sched, state = self.core.scheduler, self.pause
         if mode == "abort":  # everything in flight or queued ends now
-            for live in list(self.live.values()):
-                if live in self.inbox:
-                    self.inbox.remove(live)
-                if self.connector is not None:
-                    self.connector.abort(live.req.request_id)
-                sched.abort(live.req.request_id)
-                self._end_now(live, FinishReason.ABORT)
+            self._abort_all()
         state.mode, sched.paused_new = mode, mode != "keep"
         self.stats.paused(True)
         log.info("%s paused generation (mode %s)", self.name, mode)
         return not (mode == "wait" and sched.running)
+
+    def _abort_all(self) -> None:
+        """End every request in flight or queued now, aborted (a pause in mode abort; a
+        fault under fault tolerance, as vLLM's sentinel aborts them)."""
+        for live in list(self.live.values()):
+            if live in self.inbox:
+                self.inbox.remove(live)
+            if self.connector is not None:
+                self.connector.abort(live.req.request_id)
+            self.core.scheduler.abort(live.req.request_id)
+            self._end_now(live, FinishReason.ABORT)
 
     def _resume(self) -> None:
         """Lift the pause (`/resume`, or a wake-up that left nothing asleep)."""

@@ -33,6 +33,7 @@ from server.engine_proc.faults import FaultDriver, schedule_of
 from server.engine_proc.info import failed_info, placed_info
 from server.engine_proc.loop import EngineLoop
 from server.engine_proc.profiler import StepProfiler
+from server.engine_proc.sentinel import Sentinel
 from server.engine_proc.stats import EngineStats
 from server.ipc import lifeline
 from server.ipc import messages as m
@@ -102,6 +103,9 @@ def engine_main(spec: EngineSpec) -> None:
                         os.getpid())
     stats.set_state("compiling", "starting")
     profiler = ProfilerConfig.parse(spec.profiler_config)  # checked by `serve` already
+    timeout = opts.recovery_timeout_s()  # vLLM's fault tolerance (None: off)
+    sentinel = (Sentinel(info.dp_rank, opts.data_parallel_size, timeout)
+                if timeout is not None else None)
     loop = EngineLoop(deployment=spec.deployment, rank=spec.rank, epoch=spec.epoch, core=core,
                       limits=info.limits, stats=stats, run_dir=run,
                       num_frontends=spec.num_frontends,
@@ -112,7 +116,8 @@ def engine_main(spec: EngineSpec) -> None:
                       kv_pinned=spec.kv_events_pinned, kv_wire=opts.kv_events_wire,
                       kv_transfer=KvTransferConfig.parse(opts.kv_transfer_config), info=info,
                       faults=FaultDriver(schedule_of(opts), core, stats, spec.time_scale,
-                                         opts.name) if has_device_faults(opts) else None,
+                                         opts.name, sentinel)
+                      if has_device_faults(opts) else None, sentinel=sentinel,
                       profiler=StepProfiler(profiler, info, spec.pod)
                       if profiler.enabled else None,
                       prepare_on_startup=opts.checkpoint_prepare_on_startup)

@@ -50,7 +50,7 @@ class EngineStats(ConnectorStats):
         self.a[self.slot("_pid")] = pid
         for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                      "doppelchip_realtime_lag_seconds", "_kv_used",
-                     "_paused"):
+                     "_paused", "_ft_status", "_ft_pushes"):
             self.a[self.slot(name)] = 0
         for i in self._fetch_slots:
             self.a[i] = 0
@@ -74,6 +74,14 @@ class EngineStats(ConnectorStats):
         vLLM exports no pause metric, and every scrape would carry one more series)."""
         self.file.begin()
         self.a[self.slot("_paused")] = float(paused)
+        self.file.end()
+
+    def fault_status(self, status: int, pushes: int) -> None:
+        """Fault tolerance's status (an index of `sentinel.STATUSES`) and how many times it
+        was pushed (internal slots: `/v1/fault_tolerance/status` reads them)."""
+        self.file.begin()
+        self.a[self.slot("_ft_status")] = status
+        self.a[self.slot("_ft_pushes")] = pushes
         self.file.end()
 
     def queued(self, num_queued: int, rejected: dict[str, int] | None = None) -> None:

@@ -18,6 +18,7 @@ from server.engine.interface import (
     AlreadyExists,
     CheckpointBlocked,
     EngineError,
+    EngineFaulted,
     InvalidRequest,
     MaxQueuedTokens,
     NotPlaced,
@@ -31,7 +32,8 @@ from server.ipc import messages as m
 # an engine's refusal by its error's name (an `Admission.error`) -> the typed error
 ERRORS: dict[str, type[EngineError]] = {
     c.__name__: c for c in (InvalidRequest, AlreadyExists, Overloaded, Unavailable, NotPlaced,
-                            Paused, QueueOverflow, MaxQueuedTokens, CheckpointBlocked)}
+                            Paused, QueueOverflow, MaxQueuedTokens, CheckpointBlocked,
+                            EngineFaulted)}
 SEQ = itertools.count(1)  # a front end's numbers for requests and commands, across deployments
 
 

@@ -37,6 +37,7 @@ from server.http.classify import add_classify_route
 from server.http.cohere_embed import add_cohere_route
 from server.http.embeddings import add_embedding_routes
 from server.http.errors import HttpError, error_response, validation_error
+from server.http.fault_tolerance import add_fault_tolerance_routes
 from server.http.kv_events import add_kv_event_routes
 from server.http.messages_routes import add_messages_routes
 from server.http.metrics import instrument
@@ -153,6 +154,8 @@ def build_app(state: HttpState, keys: ApiKeys | None = None) -> FastAPI:
         add_tokenizer_info_route(app, state)
     if (state is None or state.checkpoint) and not all_pooling(state):  # vLLM 0.34.0's, with
         add_checkpoint_routes(app, state)  # --enable-sleep-mode, for a generating model
+    if state is not None and state.fault_tolerance:  # vLLM 0.34.0's, with
+        add_fault_tolerance_routes(app, state)  # --enable-fault-tolerance (a pod)
     if any_pooling(state):  # a pooling model's routes (vLLM's register_pooling_api_routers)
         add_embedding_routes(app, state)
         if any_pooling(state, embeds):

@@ -34,6 +34,7 @@ class HttpState:
     profiler: bool = False  # --profiler-config (vLLM's): /start_profile and /stop_profile
     tokenizer_info: bool = False  # --enable-tokenizer-info-endpoint (vLLM's)
     checkpoint: bool = False  # --enable-sleep-mode (vLLM 0.34.0's): the /checkpoint/* routes
+    fault_tolerance: bool = False  # --enable-fault-tolerance (vLLM 0.34.0's): its two routes
     force_include_usage: bool = False  # --enable-force-include-usage (vLLM's)
     sse_keep_alive_s: float = 0.0  # --sse-keep-alive-interval (vLLM's): 0 sends none
     per_request_metrics: bool = False  # --enable-per-request-metrics (vLLM's): `metrics`

@@ -59,6 +59,7 @@ class DeploymentInfo(msgspec.Struct, frozen=True, array_like=True):
     speculative_topk: int = 0  # num_speculative_tokens), the draft's branches (1: a chain)
     speculative_method: str = ""  # its method (eagle, eagle3, mtp) and draft checkpoint, when
     speculative_model: str = ""  # given (an SGLang pod's /server_info names them)
+    fault_tolerance: bool = False  # vLLM 0.34.0's --enable-fault-tolerance (its routes)
     served_model_names: tuple[str, ...] = ()  # what clients may send as `model`
     model_path: str = ""  # what vLLM's --model named, /v1/models' `root` ("": `model`)
     # --- KV events (issue 13) --- where this rank publishes ("" when it does not)
@@ -236,9 +237,21 @@ class Checkpoint(msgspec.Struct, frozen=True, array_like=True, tag="checkpoint")
     mode: str = "wait"
 
 
+class FaultTolerance(msgspec.Struct, frozen=True, array_like=True, tag="ft"):
+    """vLLM 0.34.0's fault-tolerance instruction (`POST /v1/fault_tolerance/apply`): retry or
+    scale_down, its params as JSON, the recovery round's id. Answered once applied: accepted,
+    or refused with vLLM's reason (server/engine_proc/sentinel.py)."""
+
+    frontend: int
+    seq: int
+    instruction: str
+    params: str = "{}"
+    request_id: str = ""
+
+
 ToEngine = (AddRequest | Abort | Ack | Shutdown | FrontendGone | ResetPrefixCache | LoraOp
             | Sleep | WakeUp | ReleaseKvCache | Profile | WeightVersion | Pause | Resume
-            | Checkpoint)
+            | Checkpoint | FaultTolerance)
 
 
 # ---- engine / supervisor → front end ---------------------------------------------------------

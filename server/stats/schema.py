@@ -153,7 +153,7 @@ def engine_metrics(info: DeploymentInfo) -> list[MetricDef]:
     return [
         *(MetricDef(n, "gauge", "internal") for n in (
             "_state", "_epoch", "_pid", "_idle", "_t", "_kv_free", "_kv_used", "_steps",
-            "_generated", "_paused")),
+            "_generated", "_paused", "_ft_status", "_ft_pushes")),
         MetricDef("vllm:num_requests_running", "gauge",
                   "Number of requests in model execution batches."),
         MetricDef("vllm:num_requests_waiting", "gauge",

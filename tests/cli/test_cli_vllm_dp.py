@@ -82,12 +82,21 @@ def test_a_dense_model_may_still_run_data_parallel_replicas_behind_one_server():
     assert ranks("-dp", "2", repo=DENSE) == (0, 2, 2)
 
 
-def test_fault_tolerance_starts_an_external_rank_without_its_routes():
+def test_fault_tolerance_starts_an_external_rank_and_passes_its_flags_through():
     argv = ["-dp", "8", "--data-parallel-rank", "5", "--enable-fault-tolerance"]
     assert ranks(*argv) == (5, 1, 8)
-    _, warnings = translate(PARSER.parse_args(vllm_argv(["vllm", "serve", MOE, *argv], set())))
-    assert warnings == ["--enable-fault-tolerance is accepted but not emulated: it changes "
-                        "nothing here"]
+    out, warnings = translate(PARSER.parse_args(vllm_argv(["vllm", "serve", MOE, *argv],
+                                                          set())))
+    assert "--enable-fault-tolerance" in out and warnings == []
+    # a config alone turns fault tolerance on (vLLM's EngineArgs), with its refusals
+    config = ["--fault-tolerance-config", '{"engine_recovery_timeout_sec": 30}']
+    with pytest.raises(ValueError, match="Internal LB mode is not supported"):
+        ranks(*config)
+    out, warnings = translate(PARSER.parse_args(vllm_argv(
+        ["vllm", "serve", MOE, *config, "--data-parallel-rank", "0"], set())))
+    assert out[out.index("--fault-tolerance-config") + 1] == config[1]
+    assert warnings == ["--fault-tolerance-config was passed. Fault tolerance is being "
+                        "automatically enabled."]
 
 
 def test_a_headless_worker_idles_until_sigterm_and_exits_cleanly():

@@ -36,16 +36,17 @@ TRANSLATED = {"--model", "--config", "--host", "--port", "--grpc-port", "--grpc"
               "--data-parallel-rank", "--data-parallel-start-rank", "--data-parallel-size-local",
               "--nnodes", "--node-rank", "--data-parallel-external-lb",
               "--data-parallel-hybrid-lb", "--headless",
-              # needs an external rank (vLLM 0.34.0): tests/cli/test_cli_vllm_dp.py
-              "--enable-fault-tolerance",
               # one pod per local rank behind a supervisor: tests/cli/test_cli_vllm_multiport.py
               "--data-parallel-multi-port-external-lb", "--data-parallel-supervisor-port",
               "--dp-supervisor-probe-interval-s", "--dp-supervisor-probe-timeout-s",
               "--dp-supervisor-probe-failure-threshold",
               # --speculative-config's shorthands: test_the_spec_shorthands_fill_the_config
               "--spec-method", "--spec-model", "--spec-tokens"}
+# passed through, on an external data-parallel rank only (vLLM 0.34.0's fault tolerance)
+EXTERNAL_RANK = {"--enable-fault-tolerance", "--fault-tolerance-config"}
 # a value each passed-through option's `doppelchip serve` flag accepts
-PASS_VALUES = {"--kv-cache-dtype": "fp8", "--speculative-config": '{"method": "ngram"}',
+PASS_VALUES = {"--fault-tolerance-config": '{"engine_recovery_timeout_sec": 60}',
+               "--kv-cache-dtype": "fp8", "--speculative-config": '{"method": "ngram"}',
                "--kv-events-config": '{"enable_kv_cache_events": true}',
                "--lora-modules": "a=b", "--prefix-caching-hash-algo": "xxhash",
                "--max-lora-rank": "16", "--kv-transfer-config": '{"kv_role": "kv_both"}',
@@ -104,6 +105,8 @@ def test_each_option_is_translated_passed_accepted_refused_or_warned():
         if option.name in TRANSLATED:
             continue
         argv = given(option, PASS_VALUES.get(option.name, "1"))
+        if option.name in EXTERNAL_RANK:  # (refused without one: test_cli_vllm_dp.py)
+            argv = [*argv, "--data-parallel-rank", "0"]
         if option.name in REFUSED:
             with pytest.raises(ValueError, match=option.name):
                 translate(parse(REPO, *argv))
@@ -118,7 +121,10 @@ def test_each_option_is_translated_passed_accepted_refused_or_warned():
             assert warned == ["--pooler-config is ignored: the model is served by the generate "
                               "runner"] and option.name in serve
         elif option.name in dict(PASSTHROUGH):
-            assert not warned and option.name in serve, option.name
+            assert option.name in serve, option.name
+            assert not warned or warned == [  # (vLLM's own warning: a config enables it)
+                "--fault-tolerance-config was passed. Fault tolerance is being "
+                "automatically enabled."], option.name
         elif option.name in ACCEPTED:
             assert not warned and option.name not in serve, option.name
         elif understood(option.name, parse(REPO, *argv)):  # its whole effect is emulated
