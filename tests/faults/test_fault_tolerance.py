@@ -20,7 +20,7 @@ import httpx
 import pytest
 from server_proc import ServerProcess, metric
 
-CRASH_AT = 90.0  # emulated s: ~3.8 wall s after a warm pod is ready (t≈13)
+CRASH_AT = 120.0  # emulated s: ~5 wall s after a warm pod is ready (t≈13)
 POD = ("--deployment", "vllm-h100", "--time-scale", "0.05", "--engine-restart-backoff", "0.2",
        "--enable-fault-tolerance", "--fault-crash", f"at={CRASH_AT}")
 FAULTED = ("The engine has faulted and cannot accept new requests. Please try again later or "
@@ -92,19 +92,22 @@ async def test_a_fault_aborts_the_requests_and_waits_for_a_recovery(pod):
                           "last_ft_request_id": "round-0",
                           "ft_error": "[FT] Rejecting retry on engine 0: status is HEALTHY"}
 
+        text = (await http.get("/metrics")).text  # the test starts before the crash
+        assert metric(text, "doppelchip_fault_events_total", fault="crash") == 0
         ended: list[tuple[int, str | None, int]] = []
 
         async def worker(n: int) -> None:
-            """Streams back to back until one is cut or refused (two workers of unlike
-            lengths: whichever step the crash ends, one of them is mid-stream)."""
-            for _ in range(2000):
+            """Long streams back to back until one is cut or refused: each lasts ~20 emulated
+            seconds and the gap between two ~1, so at the crash one of the two workers (of
+            unlike lengths) is mid-stream."""
+            for _ in range(100):
                 result = await stream(http, n)
                 if result[1] != "length":
                     ended.append(result)
                     return
             raise AssertionError("the crash never came")
 
-        await asyncio.gather(worker(160), worker(247))
+        await asyncio.gather(worker(2900), worker(3700))
         # the requests in flight were aborted (vLLM's sentinel finishes them FINISHED_ABORTED)
         assert any(chunks > 0 and reason == "abort" for chunks, reason, _ in ended), ended
         assert all(reason == "abort" or code == 503 for _, reason, code in ended), ended
