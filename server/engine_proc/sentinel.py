@@ -1,6 +1,7 @@
 """vLLM 0.34.0's fault tolerance in the engine-core process (`--enable-fault-tolerance`): the
 state of vLLM's `EngineCoreSentinel` (`vllm/v1/fault_tolerance/engine_core_sentinel.py`, read,
-not copied), as the engine loop (`loop_fault.py`) drives it.
+not copied), as the engine loop drives it: the fault from `faults.py` (an injected crash), the
+instructions from `loop_controls.py`; `fault_tolerance_problem` is what `serve` refuses.
 
 What vLLM does, and what is emulated:
 - A fault in the engine's busy loop (here: an injected crash, `--fault-crash`) does not end the
