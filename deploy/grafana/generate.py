@@ -133,6 +133,16 @@ def serving() -> dict:
              "{{finished_reason}} {{deployment}}")], "reqps", stack=True),
         panel("Preemptions", "Requests preempted (KV recomputed) per second.", [
             (rate("vllm:num_preemptions_total"), "{{deployment}}")], "short"),
+        panel("Speculative decoding", "Drafts accepted per draft verified (vllm:spec_decode_"
+              "num_accepted_tokens_total / _num_draft_tokens_total), and tokens per "
+              "verification step, the bonus token included (1 + accepted / steps: vLLM's mean "
+              "acceptance length); no series for a deployment that does not speculate.", [
+            (f"{rate('vllm:spec_decode_num_accepted_tokens_total')} / "
+             f"({rate('vllm:spec_decode_num_draft_tokens_total')} > 0)",
+             "acceptance rate {{deployment}}"),
+            (f"1 + {rate('vllm:spec_decode_num_accepted_tokens_total')} / "
+             f"({rate('vllm:spec_decode_num_drafts_total')} > 0)",
+             "tokens per step {{deployment}}")], "short"),
         panel("Queue, prefill and decode time (p90)", "Per-request phases: queue = arrival → "
               "scheduled, prefill = scheduled → first token, decode = first → last token.", [
             (quantile(0.9, "vllm:request_queue_time_seconds"), "queue {{deployment}}"),

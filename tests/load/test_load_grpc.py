@@ -16,6 +16,7 @@ from server.engine.tokenizer import get_tokenizer
 from sim.simulation import simulate_conversations
 
 VOCAB = get_tokenizer().vocab_size
+HOST_S = 0.015  # wall seconds a busy 2-core host may add to one request (see below)
 
 
 def slow_options(fleet):
@@ -57,7 +58,13 @@ async def test_real_server_and_sim_agree_at_light_load_and_near_capacity():
             assert run.max_send_lag_s < 0.25 / spec.rate
             assert real["output_tokens_per_s"] == pytest.approx(sim["output_tokens_per_s"],
                                                                 rel=tolerance)
-            assert real["e2e_s"]["p50"] == pytest.approx(sim["e2e_s"]["p50"], rel=tolerance)
+            # the host only adds to a request's wall time (gRPC's send and first chunk, ~5 ms
+            # on an idle core; a clean clone's parallel suite on the 2-core machine once made
+            # it 13.5 ms: +10.9% of E2E): faster than virtual time by more than the tolerance
+            # fails, slower only beyond it plus HOST_S of wall time
+            expected = sim["e2e_s"]["p50"]
+            assert expected * (1 - tolerance) <= real["e2e_s"]["p50"] \
+                <= expected * (1 + tolerance) + HOST_S / scale, (real["e2e_s"], expected)
 
 
 async def test_closed_loop_never_exceeds_its_concurrency(server):

@@ -12,6 +12,8 @@
 - `vllm-offload`: the same H100 with 40 KV blocks and a CPU tier (`kv_offloading_size`):
   three 300-token prompts in turn evict the first from the device, and the first again comes
   back from host memory (CPU KV tier stores, loads and hits).
+- `vllm-spec`: the same H100 speculating with an EAGLE-3 head (3 drafts, 60 % acceptance):
+  the spec-decode counters.
 `mlx-m4max` also has a hang scheduled far beyond the test, so the failure-injection series
 (docs/FAULTS.md) are exported, at zero.
 time_scale 0.002: an emulated second takes 2 ms of wall time, so the slowest deployment
@@ -48,6 +50,10 @@ DEPLOYMENTS = [
     {"name": "vllm-offload", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
      "engine": "vllm", "max_model_len": 512, "block_size": 16, "kv_blocks": 40,
      "kv_offloading_size": 1.0},
+    {"name": "vllm-spec", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-sxm",
+     "engine": "vllm", "max_model_len": 512,
+     "speculative_config": '{"method": "eagle3", "num_speculative_tokens": 3, '
+                           '"acceptance_rate": 0.6}'},
 ]
 
 # deployment -> [(prompt, max_tokens)]
@@ -61,6 +67,7 @@ LOAD: dict[str, list[tuple[str, int]]] = {
     "llamacpp-ssd": [("page in", 3), ("page in again", 3)],
     # one after another: the third evicts the first from the device; the first comes back
     "vllm-offload": [(word * 300, 4) for word in (" apple", " banana", " green", " apple")],
+    "vllm-spec": [("draft and verify", 48), ("draft, then verify again", 48)],
 }
 SEQUENTIAL = ("vllm-offload",)
 
