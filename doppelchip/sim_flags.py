@@ -1,6 +1,6 @@
 """The deployment and workload flags shared by several commands: `add_deployment_args`
-(simulate; serve's pod mode; load's `sim:` target), its failure-injection group
-`add_fault_args`, `add_workload_args` (simulate, load, plan) and `add_traffic_args`
+(simulate; serve's pod mode; load's `sim:` target), with its failure-injection group
+(`fault_flags.py`), `add_workload_args` (simulate, load, plan) and `add_traffic_args`
 (simulate, plan: traffic over time).
 
 Why it exists apart from `cmd_simulate`: these groups are parsing only, used by four commands;
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import math
+
+from doppelchip.fault_flags import add_fault_args
 
 SELECTING = ("config", "deployment", "chip", "engine", "model", "quant")
 
@@ -209,36 +211,6 @@ def add_deployment_args(p: argparse.ArgumentParser, verb: str = "simulate",
     add_fault_args(p)
     return tuple((a.dest, a.option_strings[0]) for a in p._actions[first:]
                  if a.dest not in SELECTING)
-
-
-def add_fault_args(p: argparse.ArgumentParser) -> None:
-    """Failure injection (issue 13; docs/FAULTS.md): llm-d-inference-sim's request-level flags
-    and doppelchip's device faults. Each SPEC is key=value pairs, e.g. "at=30,for=10,factor=3";
-    times are emulated seconds since the server started."""
-    g = p.add_argument_group("failure injection (docs/FAULTS.md)")
-    g.add_argument("--failure-injection-rate", type=float, metavar="PERCENT",
-                   help="percent (0-100) of generation requests refused with an injected "
-                   "error, as llm-d-inference-sim")
-    g.add_argument("--failure-types", nargs="+", metavar="TYPE",
-                   help="the injected errors: rate_limit invalid_api_key context_length "
-                   "server_error invalid_request model_not_found (default: all)")
-    g.add_argument("--failure-injection-seed", type=int, metavar="N",
-                   help="seed of every fault draw (default: the deployment's seed)")
-    g.add_argument("--fault-slowdown", nargs="+", metavar="SPEC",
-                   help="steps cost FACTOR times more: at=T,for=D,factor=F or rate=R,for=D,"
-                   "factor=F (R: events per emulated second)")
-    g.add_argument("--fault-hang", nargs="+", metavar="SPEC",
-                   help="no step for D seconds (health stays SERVING): at=T,for=D or "
-                   "rate=R,for=D")
-    g.add_argument("--fault-crash", nargs="+", metavar="SPEC",
-                   help="the engine process dies (restarted after the back-off and its cold "
-                   "start): at=T or rate=R")
-    g.add_argument("--fault-lost-chips", nargs="+", metavar="SPEC",
-                   help="K chips' share of the KV pool is lost (preemptions follow): "
-                   "at=T,chips=K[,for=D] or rate=R,chips=K,for=D")
-    g.add_argument("--fault-stream-cut", nargs="+", metavar="SPEC",
-                   help="streams cut after K tokens (gRPC UNAVAILABLE, HTTP closed without "
-                   "[DONE]): after=K,at=T,for=D or after=K,percent=P")
 
 
 class _GivenRate(argparse.Action):
