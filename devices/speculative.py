@@ -100,6 +100,13 @@ class SpeculativeConfig:
         return self.num_draft_tokens - 1  # type: ignore[operator]
 
     @property
+    def simulated_length(self) -> float:
+        """`acceptance_length` clamped to what the steps can accept, [1, K + 1] (SGLang's
+        clamp); the mean of a "match-expected" draw."""
+        assert self.acceptance_length is not None
+        return max(1.0, min(self.num_speculative_tokens + 1.0, self.acceptance_length))
+
+    @property
     def expected_tokens_per_step(self) -> float:
         """The bonus token plus the expected accepted drafts: 1 + Σ_{k=1..K} rateᵏ, or
         SGLang's simulated length's mean (its clamp and rounding included)."""
@@ -108,7 +115,7 @@ class SpeculativeConfig:
             r = self.acceptance_rate
             return 1.0 + sum(r**i for i in range(1, k + 1))  # type: ignore[operator]
         if self.acceptance_method == "match-expected":
-            return max(1.0, min(k + 1.0, length))
+            return self.simulated_length
         cdf = [0.5 * (1.0 + math.erf((j + 0.5 - length) / math.sqrt(2.0))) for j in range(k + 1)]
         # round(clamp(N(L, 1), 1, K + 1)) = j with Φ(j + ½ - L) - Φ(j - ½ - L), the ends taking
         # the tails

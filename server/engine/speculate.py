@@ -58,7 +58,7 @@ def step_length(core: EngineCore) -> int:
     if spec.acceptance_method == "multinomial":
         draw = spec.acceptance_length + NormalDist().inv_cdf(min(max(u, 1e-12), 1 - 1e-12))
         return round(max(1.0, min(top, draw)))
-    length = max(1.0, min(top, spec.acceptance_length))
+    length = spec.simulated_length
     lower = int(length)
     return lower + 1 if lower < top and u < length - lower else lower
 

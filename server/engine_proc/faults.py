@@ -88,17 +88,16 @@ class FaultDriver:
             os._exit(CRASH_EXIT_STATUS)
         opened: list[str] = []
         for w in self.schedule.due(t):
-            if w.kind == "crash" and ft is not None:
-                self._count(w.kind)
-                log.warning("fault injection: %s crashes at t=%.3f s (emulated). [FT] Busy "
-                            "loop raised %s. Waiting for recovery.", self.name, w.start,
-                            FAULT_INFO)
-                self.abort_all()
-                ft.on_fault(t)
-                ft.publish(self.stats)
-                continue
             if w.kind == "crash":
                 self._count(w.kind)
+                if ft is not None:
+                    log.warning("fault injection: %s crashes at t=%.3f s (emulated). [FT] "
+                                "Busy loop raised %s. Waiting for recovery.", self.name,
+                                w.start, FAULT_INFO)
+                    self.abort_all()
+                    ft.on_fault(t)
+                    ft.publish(self.stats)
+                    continue
                 log.error("fault injection: %s crashes (engine process exits) at t=%.3f s "
                           "(emulated)", self.name, w.start)
                 logging.shutdown()
