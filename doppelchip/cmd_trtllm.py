@@ -46,6 +46,7 @@ from doppelchip.trtllm_flags import (
     WARNED,
     add_arguments,
 )
+from doppelchip.trtllm_spec import speculative_config
 from doppelchip.vllm_parser import is_given
 
 PROG = "doppelchip trtllm-serve"
@@ -199,6 +200,8 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     length, budget = f["max_seq_len"] or spec.max_context, f["max_num_tokens"]
     unchunked = not f["enable_chunked_prefill"] and budget >= length
     fraction = kv["free_gpu_memory_fraction"]
+    speculative, spec_warnings = speculative_config(
+        s.speculative, s.label("speculative_config"), spec)
     api = "--grpc-api" if args.grpc else "--http-api"  # (an HTTP pod's gRPC API follows it)
     out = ["--chip", args.chip, "--engine", "tensorrt-llm", api, "trtllm",
            "--model", model, "--quant", weight_format(checkpoint_quant, f["dtype"], None),
@@ -213,12 +216,12 @@ def translate(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         "gpu_memory_utilization": fraction if fraction != 0.9 else None,
         "prefix_cache": None if kv["enable_block_reuse"] else "off",
         "kv_cache_dtype": "fp8" if kv["dtype"] == "fp8" else None,
-        "kv_events_config": kv_events(kv),
+        "kv_events_config": kv_events(kv), "speculative_config": speculative,
         "enable_metrics": not args.grpc and any(f[k] for k in METRICS),
         "log_level": LOG_LEVELS.get(args.log_level or ""),
         "time_scale": args.time_scale, "cold": args.cold}
     out += pod_flags(values)
-    warnings = _warnings(args, s)
+    warnings = _warnings(args, s) + spec_warnings
     if not f["enable_chunked_prefill"] and not unchunked:
         warnings.append(f"without --enable_chunked_prefill TensorRT-LLM refuses prompts longer "
                         f"than max_num_tokens ({budget}); this pod prefills them in chunks")

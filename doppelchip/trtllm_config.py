@@ -9,7 +9,8 @@ typed on the command line wins (TensorRT-LLM warns when the two differ), and
 `kv_cache_config` is merged key by key into the one the flags built. Of the fields, those
 doppelchip emulates are kept (DEFAULTS, KV_DEFAULTS: TensorRT-LLM's own defaults), among them
 the two that turn on trtllm-serve's HTTP metrics (`return_perf_metrics`: /prometheus/metrics;
-`enable_iter_perf_stats`: the iteration stats of /metrics); loading and logging fields change
+`enable_iter_perf_stats`: the iteration stats of /metrics) and `speculative_config` (kept as
+given: trtllm_spec.py reads it); loading and logging fields change
 nothing (SILENT); every other key is named in a warning.
 
 Why a module of its own: merging and checking settings from two sources is apart from
@@ -81,6 +82,7 @@ class Settings:
         self.kv: dict[str, Any] = dict(KV_DEFAULTS)
         self.origin: dict[str, str] = {}
         self.warnings: list[str] = []
+        self.speculative: Any = None  # the file's speculative_config (trtllm_spec.py reads it)
 
     def label(self, key: str) -> str:
         """How to name setting `key` ('kv_cache_config.X' for a KV one) in a message."""
@@ -136,6 +138,8 @@ def _merge_file(s: Settings, path: str, doc: dict[Any, Any], explicit: set[str],
                     take(s.kv, sub, f"kv_cache_config.{sub}", v)
                 else:
                     unknown.append(f"kv_cache_config.{sub}")
+        elif key == "speculative_config":
+            s.speculative, s.origin[key] = value, f"--config {path}: {key}"
         elif key == "disagg_cluster":
             said = ("Argument 'disagg_cluster_config' is not supported when running in gRPC "
                     "mode (TensorRT-LLM's words); " if grpc else "")

@@ -137,6 +137,8 @@ class EngineStats(ConnectorStats):
             result.output.num_batched_tokens * self.info.kv_bytes_per_token * per_gpu)
         if self.info.num_speculative_tokens:
             self._spec(core)
+            if cost.seconds > 0:  # the draft passes' share of the step (TensorRT-LLM's overhead)
+                a[slot("_draft_seconds")] += busy * cost.draft_s / cost.seconds
         self.step_seconds.observe(result.seconds)
         if self.residency:
             self._residency(core)

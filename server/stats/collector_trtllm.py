@@ -21,7 +21,9 @@ As trtllm-serve exports them (`prometheus_client` in multiprocess mode, TensorRT
   prompt tokens / block size (rounded), hit rate = reused / (reused + missed); iteration
   latency = the mean step of the engine since the previous refresh (emulated seconds);
   `gpuMemUsage` = the weights and the KV pool of one GPU; CPU and pinned memory 0 (the PyTorch
-  backend does not measure them).
+  backend does not measure them);
+- a pod that speculates adds `specDecodingStats` and the `trtllm_spec_decode_*` series, read at
+  the same refreshes (server.stats.collector_trtllm_spec).
 
 doppelchip's own device series stay (`doppelchip_*`, no clash with any trtllm_ name).
 """
@@ -34,6 +36,8 @@ from collections.abc import Callable
 import numpy as np
 
 from server.ipc.messages import DeploymentInfo
+from server.stats.collector_trtllm_spec import SpecWindow, add_series
+from server.stats.collector_trtllm_spec import config_info as spec_config_info
 from server.stats.exposition import Exposition, Scrape
 from server.stats.layout import Layout
 from server.stats.schema_trtllm import CONFIG_INFO, FINISHED_REASONS, ITERATION_SERIES
@@ -78,6 +82,7 @@ class Iteration:
         self.values = np.array([0.0, 0.0, 0.0, self.total, 0.0, 0.0, 0.0, 0.0])
         self.refreshes = 1
         self.last_steps, self.last_seconds, self.latency = 0.0, 0.0, 0.0
+        self.spec = SpecWindow(info, layout) if info.num_speculative_tokens else None
 
     def read(self, s: Scrape) -> np.ndarray | None:
         """The values scrape `s` shows (None while the engine is not up)."""
@@ -96,6 +101,8 @@ class Iteration:
         steps, seconds = arr[self.steps], arr[self.step_sum]
         if steps > self.last_steps:
             self.latency = (seconds - self.last_seconds) / (steps - self.last_steps)
+            if self.spec is not None:
+                self.spec.refresh(arr, steps - self.last_steps, seconds - self.last_seconds)
             self.last_steps, self.last_seconds = steps, seconds
         hits, queries = arr[self.hits], arr[self.queries]
         reused = float(np.floor(hits / self.bs + 0.5))
@@ -109,6 +116,7 @@ class Iteration:
         v = dict(zip(_VALUES, values.tolist(), strict=True))
         reused, missed = int(v["reused"]), int(v["missed"])
         cap = info.capacity
+        spec = {"specDecodingStats": self.spec.stat()} if self.spec is not None else {}
         return {
             "cpuMemUsage": 0, "gpuMemUsage": int(gpu_memory_bytes(info)),
             "iter": int(self.last_steps), "iterLatencyMS": v["latency"] * 1000.0,
@@ -122,7 +130,7 @@ class Iteration:
             "maxNumActiveRequests": cap.max_num_seqs,
             "maxNumTokensRuntime": info.max_num_batched_tokens,
             "numActiveRequests": int(v["running"]), "numCompletedRequests": completed,
-            "numQueuedRequests": int(v["waiting"]), "pinnedMemUsage": 0,
+            "numQueuedRequests": int(v["waiting"]), "pinnedMemUsage": 0, **spec,
             "timestamp": time.strftime("%m-%d-%Y %H:%M:%S"),
         }
 
@@ -154,8 +162,11 @@ def finished_total(request_layout: Layout, rows: list[int]) -> Callable[[Scrape]
 
 
 def config_info(info: DeploymentInfo) -> dict[str, list[tuple[str, str]]]:
-    """`_log_config_info_metrics`' labels: model, parallelism, KV cache (no speculation)."""
+    """`_log_config_info_metrics`' labels: model, parallelism, speculation (a pod that
+    speculates), KV cache."""
     tp, pp = info.tensor_parallel, info.pipeline_parallel
+    spec = {"trtllm_speculative_config_info": spec_config_info(info)
+            } if info.num_speculative_tokens else {}
     return {
         "trtllm_model_config_info": [
             ("model", info.model_path or info.model), ("served_model_name", info.model_name),
@@ -164,6 +175,7 @@ def config_info(info: DeploymentInfo) -> dict[str, list[tuple[str, str]]]:
         "trtllm_parallel_config_info": [
             ("tensor_parallel_size", str(tp)), ("pipeline_parallel_size", str(pp)),
             ("context_parallel_size", "1"), ("gpu_count", str(tp * pp))],
+        **spec,
         "trtllm_kv_cache_config_info": [
             ("enable_block_reuse", str(info.enable_prefix_caching)),
             ("enable_partial_reuse", "True"),
@@ -252,5 +264,7 @@ def _iteration(plan: Exposition, key: tuple[int, int], info: DeploymentInfo,
     base = labels(info)
     for name, (kind, doc) in ITERATION_SERIES.items():
         plan.add_value(name, kind, doc, base if kind == "counter" else base + pid, values[name])
+    if iteration.spec is not None:
+        add_series(plan, key, iteration.spec, iteration.read, base, pid)
     for name, settings in config_info(info).items():
         plan.add_value(name, "gauge", CONFIG_INFO[name], base + settings + pid, constant(1))

@@ -261,6 +261,7 @@ def _spec_decode(k: int) -> list[MetricDef]:
         MetricDef("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
                   "Accepted tokens per draft position.", label="position",
                   values=tuple(str(i) for i in range(k))),
+        MetricDef("_draft_seconds", "gauge", "internal"),  # of the busy time, the draft passes
     ]
 
 

@@ -84,9 +84,29 @@ ITERATION_SERIES: dict[str, tuple[str, str]] = {
     "trtllm_kv_cache_tokens_per_block": ("gauge", "Number of tokens per KV cache block"),
 }
 
-# The configuration, logged once at start-up as info gauges (value 1, the settings as labels).
+# A speculating pod's series (name -> (type, help, extra label)): the iteration counters and
+# gauges (`specDecodingStats`), and the per-request counters by draft position
+SPEC_SERIES: dict[str, tuple[str, str, str | None]] = {
+    "trtllm_spec_decode_num_draft_tokens": (
+        "counter", "Total number of draft tokens in speculative decoding", None),
+    "trtllm_spec_decode_num_accepted_tokens": (
+        "counter", "Total number of accepted tokens in speculative decoding", None),
+    "trtllm_spec_decode_acceptance_length": (
+        "gauge", "Acceptance length in speculative decoding", None),
+    "trtllm_spec_decode_draft_overhead": (
+        "gauge", "Draft overhead in speculative decoding", None),
+    "trtllm_spec_decode_drafted_tokens": (
+        "counter", "Total drafted tokens per speculative decoding position.", "token_position"),
+    "trtllm_spec_decode_accepted_tokens": (
+        "counter", "Total accepted tokens per speculative decoding position.",
+        "token_position"),
+}
+
+# The configuration, logged once at start-up as info gauges (value 1, the settings as labels),
+# in TensorRT-LLM's order; the speculative one only for a pod that speculates.
 CONFIG_INFO: dict[str, str] = {
     "trtllm_model_config_info": "Model configuration info",
     "trtllm_parallel_config_info": "Parallelism configuration info",
+    "trtllm_speculative_config_info": "Speculative decoding configuration info",
     "trtllm_kv_cache_config_info": "KV cache configuration info",
 }

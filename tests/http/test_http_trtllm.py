@@ -121,6 +121,7 @@ async def test_prometheus_series_follow_requests_and_carry_the_pickers_labels(h,
                for s in after["trtllm_request_success"].samples}
     assert success["length"] >= 2
     assert not any(n.startswith("vllm:") for n in after)  # TensorRT-LLM's names, not vLLM's
+    assert not any("spec" in n for n in after)  # it does not speculate (test_http_trtllm_spec)
     await pod_released(pod)
 
 
@@ -136,6 +137,7 @@ async def test_metrics_is_the_iteration_stats_json(h, pod):
     assert kv["tokensPerBlock"] == 32 and kv["freeNumBlocks"] + kv["usedNumBlocks"] == \
         kv["maxNumBlocks"]
     assert stat["maxNumTokensRuntime"] > 0 and stat["gpuMemUsage"] > 0
+    assert "specDecodingStats" not in stat  # only a speculating pod's
     assert (await h.get("/metrics")).json() == []  # drained: TensorRT-LLM forgets it
     await pod_released(pod)
 
