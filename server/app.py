@@ -45,7 +45,7 @@ from server.http.server import HttpServer, ListenerOptions
 from server.http.sglang.app import build_sglang_app
 from server.http.state import HttpState
 from server.http.trtllm.app import build_trtllm_app
-from server.ipc.messages import DeploymentInfo
+from server.ipc.deployment import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.metrics import MetricsView
 from server.mlx_servicer import MLX_SERVICE, MlxEngineServicer

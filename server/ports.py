@@ -68,3 +68,30 @@ def reserve(host: str, port: int, what: str) -> socket.socket:
             raise PortInUse(f"{what} port {host}:{port} is already in use") from None
         raise
     return sock
+
+
+def claim_server_ports(host: str, port: int, http_port: int, num_frontends: int
+                       ) -> tuple[list[socket.socket], int, int]:
+    """The supervisor's ports before any child starts: (the sockets held for the server's
+    life, the gRPC port, the HTTP port). A given port is claimed (PortInUse when taken);
+    several front ends share a reserved gRPC port; the HTTP port is always reserved, so port
+    0 becomes one concrete port every front end binds."""
+    locks: list[socket.socket] = []
+    if port:
+        locks.append(claim(host, port, "gRPC"))
+    if num_frontends > 1:
+        held = reserve(host, port, "gRPC")
+        locks.append(held)
+        if not port:
+            port = held.getsockname()[1]
+            locks.append(claim(host, port, "gRPC"))
+    elif port:
+        check_free(host, port, "gRPC")
+    if http_port:
+        locks.append(claim(host, http_port, "HTTP"))
+    held = reserve(host, http_port, "HTTP")
+    locks.append(held)
+    if not http_port:
+        http_port = held.getsockname()[1]
+        locks.append(claim(host, http_port, "HTTP"))
+    return locks, port, http_port

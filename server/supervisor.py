@@ -44,8 +44,9 @@ from server.engine_proc.main import EngineSpec, engine_main
 from server.fleet import choose_default
 from server.frontend.main import FrontendSpec, frontend_main
 from server.ipc import messages as m
+from server.ipc.deployment import DeploymentInfo
 from server.ipc.paths import RunDir
-from server.ports import PortInUse, check_free, claim, reserve
+from server.ports import PortInUse, claim, claim_server_ports
 from server.stats.buckets import parse_custom_histogram_buckets
 from server.supervisor_engines import EngineSlot, crash_message
 from server.supervisor_stop import stop_children
@@ -79,7 +80,7 @@ class Supervisor:
         self.mp = forkserver.context()
         self.engines: dict[tuple[int, int], EngineSlot] = {}
         self.frontends: dict[int, mp.process.BaseProcess] = {}
-        self.infos: list[list[m.DeploymentInfo | None]] = [
+        self.infos: list[list[DeploymentInfo | None]] = [
             [None] * d.local_ranks for d in config.deployments]
         self.stopping = False
         self._locks: list = []
@@ -91,7 +92,8 @@ class Supervisor:
         cfg = self.config.server
         loop = asyncio.get_running_loop()
         try:
-            self._claim_ports()
+            self._locks, self.port, self.http_port = claim_server_ports(
+                cfg.host, cfg.port, cfg.http_port, self.num_frontends)
         except PortInUse as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             return 1
@@ -148,7 +150,7 @@ class Supervisor:
             signal.signal(sig, signal.SIG_IGN)
         return 0
 
-    def _choose_default(self, infos: list[list[m.DeploymentInfo]]) -> None:
+    def _choose_default(self, infos: list[list[DeploymentInfo]]) -> None:
         """Never a FAILED default (server.fleet.choose_default); the log says which and why.
         The front ends get the config with the chosen name."""
         configured = self.config.default_deployment
@@ -162,27 +164,6 @@ class Supervisor:
             log.warning("default deployment: %s (%s)", name, why)
         else:
             log.info("default deployment: %s (%s)", name, why)
-
-    def _claim_ports(self) -> None:
-        cfg = self.config.server
-        if cfg.port:
-            self._locks.append(claim(cfg.host, cfg.port, "gRPC"))
-        if self.num_frontends > 1:
-            held = reserve(cfg.host, cfg.port, "gRPC")
-            self._locks.append(held)
-            self.port = held.getsockname()[1]
-            if not cfg.port:
-                self._locks.append(claim(cfg.host, self.port, "gRPC"))
-        elif cfg.port:
-            check_free(cfg.host, cfg.port, "gRPC")
-        # HTTP: always reserved, so port 0 is one concrete port for every front end.
-        if cfg.http_port:
-            self._locks.append(claim(cfg.host, cfg.http_port, "HTTP"))
-        held = reserve(cfg.host, cfg.http_port, "HTTP")
-        self._locks.append(held)
-        self.http_port = held.getsockname()[1]
-        if not cfg.http_port:
-            self._locks.append(claim(cfg.host, self.http_port, "HTTP"))
 
     def _engine_spec(self, slot: EngineSlot, cold: bool) -> EngineSpec:
         cfg = self.config.server

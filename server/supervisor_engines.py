@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from server.engine.options import EngineOptions
 from server.ipc import messages as m
+from server.ipc.deployment import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.stats.layout import Layout
 from server.stats.schema import STATE_CODES, engine_metrics
@@ -41,7 +42,7 @@ class EngineSlot:
     options: EngineOptions
     epoch: int = 0
     process: object | None = None
-    info: m.DeploymentInfo | None = None
+    info: DeploymentInfo | None = None
     pid: int = 0
     crashes: list[float] = field(default_factory=list)
 
@@ -58,7 +59,7 @@ class EngineSlot:
         self.crashes = [t for t in self.crashes if now - t < CRASH_WINDOW_S] + [now]
         return min(MAX_BACKOFF_S, base_s * 2 ** (len(self.crashes) - 1))
 
-    def mark_failed(self, run_dir: RunDir, info: m.DeploymentInfo, message: str) -> None:
+    def mark_failed(self, run_dir: RunDir, info: DeploymentInfo, message: str) -> None:
         """Write FAILED and `message` where the front ends read the deployment's state (the
         engine process is gone, so nothing else writes this file now)."""
         layout = Layout(engine_metrics(info))

@@ -15,7 +15,7 @@ from server.engine.interface import Capacity
 from server.engine.kv_transfer import KvTransferConfig
 from server.engine.options import EngineOptions
 from server.engine.tokenizer import Tokenizer
-from server.ipc.messages import DeploymentInfo
+from server.ipc.deployment import DeploymentInfo
 
 
 def tier_peaks(p: Placement) -> dict[str, float]:

@@ -44,7 +44,7 @@ from devices.transfer import kv_link, transfer_seconds
 from server.engine.kv_pulls import RemotePulls
 from server.engine.kv_transfer import KvTransferConfig
 from server.engine.scheduler import Scheduler
-from server.ipc.messages import DeploymentInfo
+from server.ipc.deployment import DeploymentInfo
 
 log = logging.getLogger("doppelchip.engine")
 GET_META_MSG = "get_meta_msg"

@@ -48,6 +48,7 @@ from server.engine_proc.sentinel import Sentinel
 from server.engine_proc.sleep import SleepState
 from server.engine_proc.stats import EngineStats
 from server.ipc import messages as m
+from server.ipc.deployment import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.kv_events.publisher import KvEventPublisher
 
@@ -66,7 +67,7 @@ class EngineLoop(LoopInputs, LoopControls, LoopOutputs):
                  kv_exposed: bool = False, kv_pinned: tuple[str, str] = ("", ""),
                  kv_wire: str = "vllm",
                  kv_transfer: KvTransferConfig | None = None,
-                 info: m.DeploymentInfo | None = None,
+                 info: DeploymentInfo | None = None,
                  faults: FaultDriver | None = None,
                  profiler: StepProfiler | None = None,
                  prepare_on_startup: bool = False, sentinel: Sentinel | None = None) -> None:

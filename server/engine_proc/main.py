@@ -37,6 +37,7 @@ from server.engine_proc.sentinel import Sentinel
 from server.engine_proc.stats import EngineStats
 from server.ipc import lifeline
 from server.ipc import messages as m
+from server.ipc.deployment import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.logsetup import configure_logging
 
@@ -137,7 +138,7 @@ def engine_main(spec: EngineSpec) -> None:
         sys.exit(1)
 
 
-def _hello(run: RunDir, spec: EngineSpec, info: m.DeploymentInfo) -> None:
+def _hello(run: RunDir, spec: EngineSpec, info: DeploymentInfo) -> None:
     ctx = zmq.Context()  # its own: term() below waits until the hello is out of the process
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 2000)

@@ -36,7 +36,7 @@ from typing import Any
 
 from server.engine.core import EngineCore, StepResult
 from server.engine.profiler_config import ProfilerConfig
-from server.ipc.messages import DeploymentInfo
+from server.ipc.deployment import DeploymentInfo
 
 log = logging.getLogger("doppelchip.engine")
 MAX_STEPS = 500_000

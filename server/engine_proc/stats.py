@@ -13,7 +13,7 @@ from pathlib import Path
 
 from server.engine.core import EngineCore, StepResult
 from server.engine_proc.stats_connectors import ConnectorStats
-from server.ipc.messages import DeploymentInfo
+from server.ipc.deployment import DeploymentInfo
 from server.stats.layout import HistogramWriter, Layout
 from server.stats.schema import (
     KV_FETCH_STAGES,

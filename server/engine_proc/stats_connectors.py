@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from server.engine.core import EngineCore
-from server.ipc.messages import DeploymentInfo
+from server.ipc.deployment import DeploymentInfo
 from server.stats.layout import HistogramWriter, Layout
 from server.stats.schema_features import NIXL_METRICS
 from server.stats.shm import StatsFile

@@ -38,13 +38,14 @@ from server.frontend.pacing import UNPACED, LoopPacer
 from server.frontend.stats import FrontendStats
 from server.frontend.stream import RequestStream
 from server.ipc import messages as m
+from server.ipc.deployment import DeploymentInfo
 from server.ipc.paths import RunDir
 
 INLINE_TOKENIZE_CHARS = 8192  # longer prompts are tokenized in a thread, off the event loop
 
 
 class DeploymentClient(DeploymentStatusView, DeploymentControls):
-    def __init__(self, index: int, infos: list[m.DeploymentInfo], *, frontend: int,
+    def __init__(self, index: int, infos: list[DeploymentInfo], *, frontend: int,
                  run_dir: RunDir, ctx: zmq.Context, tokenizer: Tokenizer, stream_interval: int,
                  clock: Callable[[], float], stats: FrontendStats,
                  pacer: LoopPacer = UNPACED) -> None:

@@ -14,7 +14,7 @@ from server.engine.interface import (
     LoraAdapterStatus,
 )
 from server.frontend.lora import LoraView
-from server.ipc import messages as m
+from server.ipc.deployment import DeploymentInfo
 from server.stats.layout import Layout
 from server.stats.schema import STATE_CODES, engine_metrics
 from server.stats.shm import StatsFile
@@ -23,7 +23,7 @@ from server.stats.shm import StatsFile
 class EngineView:
     """Read side of one engine's stats file: state, epoch, load, KV."""
 
-    def __init__(self, path, info: m.DeploymentInfo) -> None:
+    def __init__(self, path, info: DeploymentInfo) -> None:
         self.path, self.info = path, info
         self.layout = Layout(engine_metrics(info))
         self._file: StatsFile | None = None
@@ -41,7 +41,7 @@ class DeploymentStatusView:
     """DeploymentClient's status methods (see the module docstring)."""
 
     views: list[EngineView]
-    info: m.DeploymentInfo
+    info: DeploymentInfo
     lora: LoraView
 
     def rank_state(self, rank: int) -> tuple[DeploymentState, str, int, float]:

@@ -14,6 +14,7 @@ import zmq
 from server.config import FleetConfig
 from server.ipc import lifeline
 from server.ipc import messages as m
+from server.ipc.deployment import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.logsetup import configure_logging
 
@@ -26,7 +27,7 @@ class FrontendSpec:
 
     frontend: int
     config: FleetConfig
-    infos: list[list[m.DeploymentInfo]]  # per deployment, per rank
+    infos: list[list[DeploymentInfo]]  # per deployment, per rank
     run_dir: str
     wall0: float
     port: int  # the gRPC port (0: any free port, with one front end only)

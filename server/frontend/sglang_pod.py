@@ -31,7 +31,7 @@ from server.engine.interface import (
 from server.frontend import parallel
 from server.frontend.deployment import DeploymentClient
 from server.frontend.stream import StreamFailed
-from server.ipc import messages as m
+from server.ipc.deployment import DeploymentInfo
 from server.stats.collector_sglang import Throughput, WindowRatio
 
 SGLANG_VERSION = "0.5.23"  # the SGLang release whose server this mirrors (docs/SGLANG.md)
@@ -128,7 +128,7 @@ def kv_events_block(client: DeploymentClient) -> dict | None:
             "dp_size": len(ranks)}
 
 
-def kv_events_config(info: m.DeploymentInfo) -> str | None:
+def kv_events_config(info: DeploymentInfo) -> str | None:
     """SGLang's `kv_events_config` server argument (its JSON, or null without events), with the
     endpoints the pod bound (a port 0 resolved), where a router subscribes."""
     if not info.kv_events_endpoint:
@@ -216,7 +216,7 @@ def load_snapshot(client: DeploymentClient, rank: int, windows: Windows, now: fl
     return out
 
 
-def speculative_args(info: m.DeploymentInfo) -> dict:
+def speculative_args(info: DeploymentInfo) -> dict:
     """SGLang's resolved speculative server arguments (None without speculation): NEXTN
     resolves to EAGLE, and an MTP draft is the model itself; the draft steps, topk and draft
     tokens as resolved (doppelchip/sglang_spec.py)."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from server.ipc.messages import DeploymentInfo
+from server.ipc.deployment import DeploymentInfo
 from server.ipc.paths import RunDir
 from server.stats.buckets import Overrides
 from server.stats.collector_sglang import compile_sglang

@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from server.ipc.messages import DeploymentInfo
+from server.ipc.deployment import DeploymentInfo
 from server.stats.collector_trtllm_spec import SpecWindow, add_series
 from server.stats.collector_trtllm_spec import config_info as spec_config_info
 from server.stats.exposition import Exposition, Scrape

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from server.ipc.messages import DeploymentInfo
+from server.ipc.deployment import DeploymentInfo
 from server.stats.exposition import Exposition, Scrape
 from server.stats.layout import Layout
 from server.stats.schema_trtllm import SPEC_SERIES

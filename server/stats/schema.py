@@ -21,7 +21,7 @@ and `deployment`; device metrics use `deployment` and `chip`.
 
 from __future__ import annotations
 
-from server.ipc.messages import DeploymentInfo
+from server.ipc.deployment import DeploymentInfo
 from server.stats.buckets import Overrides, family_buckets
 from server.stats.layout import MetricDef
 from server.stats.schema_features import (

@@ -22,7 +22,7 @@ import zmq.asyncio
 
 from server.engine.interface import DeploymentState
 from server.frontend.deployment import DeploymentClient
-from server.ipc.messages import DeploymentInfo
+from server.ipc.deployment import DeploymentInfo
 from server.kv_events.relay import decoder, replay
 from server.kv_events.trtllm_events import TrtllmEvents
 
