@@ -5,20 +5,22 @@ from __future__ import annotations
 import grpc
 
 from doppelchip.v1 import inference_pb2 as pb
-from server.engine.interface import (
+from server.engine.errors import (
     AlreadyExists,
-    Constraint,
-    DeploymentState,
-    DeploymentStatus,
     EngineError,
-    EngineRequest,
-    FinishReason,
     InvalidRequest,
     NotPlaced,
     Overloaded,
+    Unavailable,
+)
+from server.engine.interface import (
+    Constraint,
+    DeploymentState,
+    DeploymentStatus,
+    EngineRequest,
+    FinishReason,
     SamplingParams,
     TokenChunk,
-    Unavailable,
 )
 from server.frontend.faults import InjectedFailure
 from server.frontend.parallel import MAX_N

@@ -32,7 +32,8 @@ from smg_grpc_proto.generated import common_pb2
 
 from server import convert, wire
 from server.auth import ApiKeys, has_api_key
-from server.engine.interface import EngineError, EngineRequest
+from server.engine.errors import EngineError
+from server.engine.interface import EngineRequest
 from server.engine.logs import request_log
 from server.engine.tokenizer import TOKENIZER_DIR
 from server.frontend import parallel, request_ids

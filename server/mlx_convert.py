@@ -30,7 +30,8 @@ from collections.abc import Sequence
 
 from smg_grpc_proto import mlx_engine_pb2 as mpb
 
-from server.engine.interface import EngineRequest, InvalidRequest, SamplingParams, TokenChunk
+from server.engine.errors import InvalidRequest
+from server.engine.interface import EngineRequest, SamplingParams, TokenChunk
 from server.frontend.outputs import Counts, finish_fields
 
 NEEDS_TOKENS = "MLX servicer requires tokenized input"

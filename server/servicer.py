@@ -19,7 +19,7 @@ import grpc
 from doppelchip.v1 import inference_pb2 as pb
 from doppelchip.v1 import inference_pb2_grpc as pb_grpc
 from server import convert, wire
-from server.engine.interface import EngineError
+from server.engine.errors import EngineError
 from server.engine.logs import request_log
 from server.fleet import Fleet, UnknownDeployment
 from server.frontend import lora, parallel, request_ids

@@ -23,13 +23,8 @@ from collections.abc import Sequence
 
 from smg_grpc_proto import sglang_scheduler_pb2 as spb
 
-from server.engine.interface import (
-    Constraint,
-    EngineRequest,
-    InvalidRequest,
-    SamplingParams,
-    TokenChunk,
-)
+from server.engine.errors import InvalidRequest
+from server.engine.interface import Constraint, EngineRequest, SamplingParams, TokenChunk
 from server.frontend.outputs import Counts, finish_fields
 from server.frontend.parallel import MAX_N, child_requests
 from server.frontend.sglang_pod import check_sampling

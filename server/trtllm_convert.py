@@ -30,11 +30,11 @@ from collections.abc import Sequence
 
 from smg_grpc_proto import trtllm_service_pb2 as tpb
 
+from server.engine.errors import InvalidRequest
 from server.engine.interface import (
     JSON_OBJECT,
     Constraint,
     EngineRequest,
-    InvalidRequest,
     SamplingParams,
     TokenChunk,
 )

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 
+from server.engine.errors import InvalidRequest
 from server.engine.interface import (
     JSON_OBJECT,
     Constraint,
     DeploymentStatus,
     EngineRequest,
-    InvalidRequest,
     SamplingParams,
     TokenChunk,
 )

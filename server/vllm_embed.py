@@ -19,7 +19,8 @@ import grpc
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 
 from server import convert, wire
-from server.engine.interface import EngineError, EngineRequest, FinishReason, PoolingParams
+from server.engine.errors import EngineError
+from server.engine.interface import EngineRequest, FinishReason, PoolingParams
 from server.engine.logs import request_log
 from server.frontend import parallel, request_ids
 from server.frontend.deployment import DeploymentClient

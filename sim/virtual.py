@@ -21,8 +21,9 @@ from collections.abc import Iterable, Sequence
 
 from clients.conversation import Conversation
 from server.engine.core import EngineCore, StepResult
+from server.engine.errors import InvalidRequest
 from server.engine.intake import queue_is_full
-from server.engine.interface import Constraint, InvalidRequest
+from server.engine.interface import Constraint
 from server.engine.output import spread_times
 from server.engine.request import Request, SamplingParams
 from sim.virtual_macro import LastStep, MacroWindows

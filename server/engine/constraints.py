@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from server.engine.interface import Constraint, InvalidRequest
+from server.engine.errors import InvalidRequest
+from server.engine.interface import Constraint
 from server.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # imported where a constraint is first compiled: most runs have none

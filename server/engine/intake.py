@@ -18,15 +18,15 @@ from dataclasses import dataclass
 import msgspec
 
 from server.engine.constraints import ConstraintCompiler
-from server.engine.interface import (
+from server.engine.errors import (
     AlreadyExists,
     EngineError,
-    EngineRequest,
     InvalidRequest,
     MaxQueuedTokens,
     Overloaded,
     QueueOverflow,
 )
+from server.engine.interface import EngineRequest
 from server.engine.lora import LoraRegistry
 from server.engine.request import Request
 

@@ -16,15 +16,9 @@ import logging
 
 import zmq
 
+from server.engine.errors import ENGINE_FAULTED, EngineError, EngineFaulted, Paused, Unavailable
 from server.engine.intake import admit
-from server.engine.interface import (
-    ENGINE_FAULTED,
-    EngineError,
-    EngineFaulted,
-    FinishReason,
-    Paused,
-    Unavailable,
-)
+from server.engine.interface import FinishReason
 from server.engine.logs import request_log
 from server.engine_proc.loop_controls import Live
 from server.engine_proc.pause import PAUSED_MESSAGE

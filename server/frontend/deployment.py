@@ -19,16 +19,9 @@ from typing import NoReturn
 import msgspec
 import zmq
 
+from server.engine.errors import AlreadyExists, InvalidRequest, NotPlaced, Unavailable
 from server.engine.intake import check_request, check_sizes
-from server.engine.interface import (
-    AlreadyExists,
-    DeploymentState,
-    EngineRequest,
-    FinishReason,
-    InvalidRequest,
-    NotPlaced,
-    Unavailable,
-)
+from server.engine.interface import DeploymentState, EngineRequest, FinishReason
 from server.engine.output import RequestOutput, request_timings
 from server.engine.tokenizer import Tokenizer
 from server.frontend.deployment_controls import ERRORS, SEQ, DeploymentControls

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import zmq
 
-from server.engine.interface import (
+from server.engine.errors import (
     AlreadyExists,
     CheckpointBlocked,
     EngineError,

@@ -7,12 +7,7 @@ joins the ranks into the deployment's state, capacity and load.
 from __future__ import annotations
 
 from server.engine.intake import dp_score
-from server.engine.interface import (
-    Capacity,
-    DeploymentState,
-    DeploymentStatus,
-    LoraAdapterStatus,
-)
+from server.engine.interface import Capacity, DeploymentState, DeploymentStatus, LoraAdapterStatus
 from server.frontend.lora import LoraView
 from server.ipc.deployment import DeploymentInfo
 from server.stats.layout import Layout

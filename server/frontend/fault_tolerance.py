@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from server.engine.interface import EngineError
+from server.engine.errors import EngineError
 from server.engine_proc.sentinel import FAULT_INFO, STATUSES
 from server.frontend.deployment import DeploymentClient
 from server.ipc import messages as m

@@ -27,8 +27,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from server.engine.errors import EngineError
 from server.engine.faults import FAILURE_TYPES, FaultSpec, parse_specs, unit
-from server.engine.interface import EngineError
 from server.engine.options import EngineOptions
 from server.frontend.stats import FrontendStats
 from server.frontend.stream import RequestStream, StreamCut

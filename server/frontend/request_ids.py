@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import quote
 
-from server.engine.interface import InvalidRequest
+from server.engine.errors import InvalidRequest
 
 MAX_ID_BYTES = 256
 REMEMBER_S = 30.0

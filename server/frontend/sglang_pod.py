@@ -20,14 +20,8 @@ import math
 import time
 from typing import Any
 
-from server.engine.interface import (
-    EngineError,
-    EngineRequest,
-    FinishReason,
-    InvalidRequest,
-    PoolingParams,
-    SamplingParams,
-)
+from server.engine.errors import EngineError, InvalidRequest
+from server.engine.interface import EngineRequest, FinishReason, PoolingParams, SamplingParams
 from server.frontend import parallel
 from server.frontend.deployment import DeploymentClient
 from server.frontend.stream import StreamFailed

@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 from fastapi import FastAPI, Query
 from starlette.responses import JSONResponse
 
-from server.engine.interface import EngineError
+from server.engine.errors import EngineError
 from server.engine_proc.checkpoint import CheckpointState, combined, decode
 from server.http.state import HttpState
 from server.ipc import messages as m

@@ -17,7 +17,7 @@ from http import HTTPStatus
 import msgspec
 from starlette.responses import Response
 
-from server.engine.interface import (
+from server.engine.errors import (
     AlreadyExists,
     EngineError,
     InvalidRequest,

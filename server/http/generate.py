@@ -21,7 +21,8 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 
-from server.engine.interface import EngineError, EngineRequest, Finish, TokenChunk
+from server.engine.errors import EngineError
+from server.engine.interface import EngineRequest, Finish, TokenChunk
 from server.frontend import parallel
 from server.frontend.deployment import DeploymentClient
 from server.frontend.stream import RequestStream, StreamCut, StreamFailed

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
-from server.engine.interface import AlreadyExists, EngineError, InvalidRequest
+from server.engine.errors import AlreadyExists, EngineError, InvalidRequest
 from server.engine.profiler_config import (
     validate_profile_iteration_bounds,
     validate_profile_prefix,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import functools
 
+from server.engine.errors import InvalidRequest
 from server.engine.intake import Limits, check_prompt_bytes
-from server.engine.interface import InvalidRequest
 from server.engine.tokenizer import Tokenizer
 from server.frontend.deployment import INLINE_TOKENIZE_CHARS
 from server.http import chat, completions, lengths

@@ -25,7 +25,7 @@ from fastapi import Body, FastAPI, Query
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.engine.interface import EngineError, InvalidRequest
+from server.engine.errors import EngineError, InvalidRequest
 from server.frontend.stream import RequestStream
 from server.http.errors import HttpError, error_response
 from server.http.state import HttpState

@@ -23,7 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server import metrics as exposition
-from server.engine.interface import DeploymentState, EngineRequest, InvalidRequest
+from server.engine.errors import InvalidRequest
+from server.engine.interface import DeploymentState, EngineRequest
 from server.fleet import UnknownDeployment
 from server.frontend import request_ids
 from server.frontend.deployment import DeploymentClient

@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.engine.interface import CheckpointBlocked, EngineError, InvalidRequest
+from server.engine.errors import CheckpointBlocked, EngineError, InvalidRequest
 from server.engine_proc.sleep import TAGS
 from server.http.errors import HttpError, error_response
 from server.http.state import HttpState

@@ -13,8 +13,9 @@ from engine_drive import drive, make, pooling_request, request
 
 from devices import catalog
 from server.engine.build import build_core
+from server.engine.errors import InvalidRequest
 from server.engine.intake import Limits, check_request
-from server.engine.interface import EngineRequest, FinishReason, InvalidRequest, PoolingParams
+from server.engine.interface import EngineRequest, FinishReason, PoolingParams
 from server.engine.options import EngineOptions
 from server.engine.request import RequestStatus
 

@@ -10,13 +10,13 @@ from fleets import TEST_FLEET, fleet_doc
 from clients.conversation import Conversation, Turn
 from server.config import parse_fleet
 from server.engine.build import build_core
+from server.engine.errors import MaxQueuedTokens, QueueOverflow
 from server.engine.intake import (
     MAX_QUEUED_TOKENS,
     QUEUE_OVERFLOW,
     QueueLimits,
     queue_is_full,
 )
-from server.engine.interface import MaxQueuedTokens, QueueOverflow
 from server.engine.request import Request
 from server.engine.tokenizer import get_tokenizer
 from sim.virtual import run_virtual

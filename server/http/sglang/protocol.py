@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.engine.interface import InvalidRequest
+from server.engine.errors import InvalidRequest
 from server.frontend import sglang_pod
 from server.frontend.sglang_pod import MAX_NEW_TOKENS
 from server.http.errors import HttpError
