@@ -61,7 +61,8 @@ def run_load_command(args: argparse.Namespace) -> tuple[dict[str, Any], list]:
     """One run, or a sweep over rates or concurrencies: (summary, every request's result)."""
     from clients.report import parse_slo
     from doppelchip.loadrun import LoadError, check_target_flags, run_once
-    from sim.simulation import SimulationError, workload_from_args
+    from sim.sim_args import workload_from_args
+    from sim.simulation import SimulationError
 
     check_target_flags(args)
     try:

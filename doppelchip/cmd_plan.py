@@ -142,7 +142,8 @@ def build_inputs(args: argparse.Namespace):
     from sim.plan import PlanInputs
     from sim.plan_slo import parse_plan_slo
     from sim.plan_space import MODES, PD_AVAILABLE, SearchSpace, check_ids, check_not_empty
-    from sim.simulation import SimulationError, workload_from_args
+    from sim.sim_args import workload_from_args
+    from sim.simulation import SimulationError
 
     if args.workload != "trace" and not args.rate_shape and (  # (their own arrivals)
             not math.isfinite(args.rate) or args.rate <= 0):

@@ -212,7 +212,8 @@ def pod_fleet(args: argparse.Namespace, fleet):
     flag) is refused, not ignored: a fleet file sets it per deployment."""
     import dataclasses
 
-    from sim.simulation import SimulationError, options_from_args
+    from sim.sim_args import options_from_args
+    from sim.simulation import SimulationError
 
     catalogue = (args.chip, args.engine, args.model, args.quant)
     if not args.deployment and not any(catalogue):

@@ -97,7 +97,8 @@ def add_autoscale_args(p: argparse.ArgumentParser) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from doppelchip.outpaths import unwritable
     from sim.fleet_simulation import simulate_fleet, wants_cluster
-    from sim.simulation import SimulationError, simulate
+    from sim.sim_args import simulate
+    from sim.simulation import SimulationError
 
     if not getattr(args, "macro_steps", True):  # --- speed (issue 16) ---
         from sim.virtual import MACRO_STEPS

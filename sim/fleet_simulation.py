@@ -13,13 +13,8 @@ from clients.workloads import stream_workload
 from server.config import ConfigError, load_fleet
 from server.engine.options import EngineOptions
 from server.engine.tokenizer import get_tokenizer
-from sim.simulation import (
-    FAULT_KEYS,
-    SimulationError,
-    options_from_args,
-    slo_from_args,
-    workload_from_args,
-)
+from sim.sim_args import options_from_args, slo_from_args, workload_from_args
+from sim.simulation import FAULT_KEYS, SimulationError
 
 if TYPE_CHECKING:  # the cluster modules load with a cluster run, not with every simulate
     from sim.autoscale_policy import AutoscalePolicy

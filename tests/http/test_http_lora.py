@@ -18,6 +18,12 @@ LORA = {"name": "lora", "model": "llama-3.1-8b", "quant": "bf16", "chip": "h100-
         "lora_modules": ["a=/adapters/a", '{"name": "b", "path": "/adapters/b", "rank": 8}']}
 
 
+# a1's length: ~4 s of the emulated (here wall) timeline, so that the polls that follow it and
+# the requests sent while it runs fit inside its life on a loaded 2-core host (150 tokens, ~1 s,
+# once did not)
+A1_TOKENS = 600
+
+
 def lora_info(text: str) -> list[tuple[float, dict[str, str]]]:
     """The vllm:lora_requests_info samples: (value, labels)."""
     out = []
@@ -85,7 +91,7 @@ async def test_two_adapters_serialize_with_max_loras_1_and_show_in_lora_info():
     info gauge's newest sample says running a, waiting b."""
     with ServerProcess(fleet_doc({"time_scale": 1.0}, [LORA])) as server:
         async with AsyncClient(server.target) as client:
-            a1 = asyncio.create_task(final(client, "a", 150))
+            a1 = asyncio.create_task(final(client, "a", A1_TOKENS))
             await until(client, "lora", lambda d: d.load.num_running == 1)
             b1 = asyncio.create_task(final(client, "b", 4))
             await until(client, "lora", lambda d: d.load.num_waiting == 1)
@@ -116,7 +122,7 @@ async def test_max_loras_2_runs_both_adapters_at_once():
     doc = fleet_doc({"time_scale": 1.0}, [{**LORA, "max_loras": 2}])
     with ServerProcess(doc) as server:
         async with AsyncClient(server.target) as client:
-            a1 = asyncio.create_task(final(client, "a", 150))
+            a1 = asyncio.create_task(final(client, "a", A1_TOKENS))
             await until(client, "lora", lambda d: d.load.num_running == 1)
             f_b1 = await final(client, "b", 4)
             assert not a1.done()
