@@ -30,8 +30,6 @@ def to_sampling(sp: vpb.SamplingParams) -> SamplingParams:
     """The engine's sampling options; raises InvalidRequest for what the engine cannot do."""
     if sp.n > 1:
         raise InvalidRequest(f"n={sp.n} is not supported: one sequence per request (n=1)")
-    if sp.HasField("logprobs") or sp.HasField("prompt_logprobs"):
-        raise InvalidRequest("logprobs are not supported (the emulated model has no logits)")
     if sp.logit_bias:
         raise InvalidRequest("logit_bias is not supported")
     options = SamplingParams(

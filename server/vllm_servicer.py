@@ -35,7 +35,7 @@ from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_servicer.vllm.loads import LoadTracker, load_record, scheduler_load_fields
 
-from server import vllm_convert, vllm_embed, wire
+from server import vllm_convert, vllm_embed, vllm_logprobs, wire
 from server.engine.interface import (
     DeploymentState,
     Finish,
@@ -46,6 +46,7 @@ from server.engine.interface import (
 )
 from server.engine_servicer import EngineServicer
 from server.frontend.deployment import DeploymentClient
+from server.frontend.logprobs import Logprobs
 from server.frontend.stream import StreamFailed
 from server.http.state import VLLM_VERSION
 from server.wire import Undecodable
@@ -73,8 +74,15 @@ class VllmEngineServicer(EngineServicer):
         if type(request) is Undecodable:
             await wire.reject(request, context)
         rid = request.request_id or f"req-{uuid.uuid4().hex}"
-        call = await self.open_call(
-            context, rid, lambda: [vllm_convert.to_engine_request(request, rid)])
+        tok = self.client.tokenizer
+        asked: list[tuple[int | None, int | None]] = []
+
+        def build() -> list:  # (a refusal, checks' included, ends the RPC with its status)
+            asked.append(vllm_logprobs.asked(request.sampling_params,
+                                             self.client.limits.max_logprobs, tok.vocab_size))
+            return [vllm_convert.to_engine_request(request, rid)]
+
+        call = await self.open_call(context, rid, build)
         if call.streams is None:  # its Abort overtook it: it ends at once, having run nothing
             yield vllm_convert.to_complete(ABORTED, ())
             wire.end_stream(context)
@@ -85,20 +93,31 @@ class VllmEngineServicer(EngineServicer):
         self.loads.submitted(rid, prompt_tokens, rank=rank)
         output_ids: list[int] = []
         finished = False
+        k, k_prompt = asked[0]
+        lp = Logprobs(tok, stream.request.sampling.seed or 0)
+        prompt_lp = (vllm_logprobs.prompt(Logprobs(tok, 0), stream.out.prompt_ids, k_prompt)
+                     if k_prompt is not None else None)
         try:  # from here on every way out frees what the engine holds
             await self.send_headers(context, rid)
             async for chunk in stream.outputs():
-                if not output_ids:  # its first output: started, with what the cache held
+                first = not output_ids
+                if first:  # its first output: started, with what the cache held
                     self.loads.first_output(rid, prompt_tokens, stream.cached, rank=rank)
                 self.loads.generated(len(chunk.token_ids), rank=rank)
+                start = len(output_ids)
                 output_ids.extend(chunk.token_ids)
                 finished = chunk.finish is not None
                 if request.stream and (chunk.token_ids or finished):
                     cached = chunk.finish.usage.cached_prompt_tokens if finished else 0
-                    yield vllm_convert.to_chunk(chunk, prompt_tokens, cached)
+                    msg = vllm_convert.to_chunk(chunk, prompt_tokens, cached)
+                    _attach(msg.chunk, lp, chunk.token_ids, start, k,
+                            prompt_lp if first else None)
+                    yield msg
                 if finished:
                     ids = chunk.token_ids if request.stream else tuple(output_ids)
-                    yield vllm_convert.to_complete(chunk, ids)
+                    msg = vllm_convert.to_complete(chunk, ids)
+                    _attach(msg.complete, lp, ids, len(output_ids) - len(ids), k, prompt_lp)
+                    yield msg
             wire.end_stream(context)
         except StreamFailed as e:
             await wire.abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
@@ -194,6 +213,17 @@ class VllmEngineServicer(EngineServicer):
             args, kw = self._rank_load(r)
             return load_record(*args, **kw)
         return record
+
+
+def _attach(msg: vpb.GenerateStreamChunk | vpb.GenerateComplete, lp: Logprobs,
+            ids: Sequence[int], start: int, k: int | None,
+            prompt: vpb.InputLogProbs | None) -> None:
+    """A chunk's or a complete's logprobs: of its tokens at output positions `start`… when
+    `logprobs` was asked (k), the prompt's when given (vllm_logprobs.py)."""
+    if k is not None and (out := vllm_logprobs.output(lp, ids, start, k)) is not None:
+        msg.output_logprobs.CopyFrom(out)
+    if prompt is not None:
+        msg.input_logprobs.CopyFrom(prompt)
 
 
 def _now_iso() -> str:

@@ -122,7 +122,9 @@ async def test_invalid_requests_are_invalid_argument(stub):
         vpb.GenerateRequest(sampling_params=vpb.SamplingParams(max_tokens=2)),  # no input
         gen([], max_tokens=2),
         gen(ids, max_tokens=2, n=2),
-        gen(ids, max_tokens=2, logprobs=1),
+        gen(ids, max_tokens=2, logprobs=21),  # past --max-logprobs (20)
+        gen(ids, max_tokens=2, prompt_logprobs=21),
+        gen(ids, max_tokens=2, logprobs=-2),
         gen(ids, max_tokens=1000),  # beyond the 256-token context
         gen(ids, max_tokens=2, temperature=-1.0),
         gen([TOK.vocab_size + 5], max_tokens=2),

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
+import httpx
 import pytest
 from fleets import assert_released
 from gateway_harness import SMG, Gateway, gateway, gateway_fleet
@@ -100,6 +101,31 @@ async def test_completions_and_chat_with_usage_streaming_and_not(replicas):
         assert float(line.rsplit(" ", 1)[1]) > 0
         async with AsyncClient(replica.target) as client:
             await assert_released(client, "fast")
+
+
+async def test_logprobs_pass_through_smg(replicas):
+    """An OpenAI client's logprobs through smg: it asks the vLLM engine service for them and
+    writes the emulated values a pod's own HTTP route gives the same request."""
+    gw = replicas
+    chat = {"model": gw.model, "messages": MESSAGES, "max_tokens": 5, "ignore_eos": True,
+            "seed": 5, "logprobs": True, "top_logprobs": 2}
+    status, done = await gw.call("POST", "/v1/chat/completions", chat)
+    assert status == 200, done
+    content = done["choices"][0]["logprobs"]["content"]
+    assert len(content) == 5
+    for entry in content:
+        tops = entry["top_logprobs"]
+        assert len(tops) == 2 and tops[0]["logprob"] == entry["logprob"] >= tops[1]["logprob"]
+    # the same request on one replica's own HTTP route: the same numbers
+    own = await asyncio.to_thread(_post, gw.replicas[0].http_url + "/v1/chat/completions",
+                                  {**chat, "model": "llama-3.1-8b"})
+    direct = own["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in content] == [e["token"] for e in direct]
+    assert [round(e["logprob"], 5) for e in content] == [round(e["logprob"], 5) for e in direct]
+
+
+def _post(url: str, body: dict) -> dict:
+    return httpx.post(url, json=body, timeout=30).json()
 
 
 async def test_client_disconnect_aborts_and_frees_kv(slow_gateway):

@@ -1,0 +1,86 @@
+"""Logprobs on the vLLM engine gRPC service (what smg forwards for `logprobs`, `top_logprobs`
+and `prompt_logprobs`): the shapes smg-grpc-servicer builds from vLLM's outputs, and the same
+emulated numbers the pod's own HTTP routes give the same request (server/vllm_logprobs.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import httpx
+import pytest
+from fleets import assert_released
+from smg_grpc_proto import vllm_engine_pb2 as vpb
+from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
+
+from clients.client import AsyncClient
+from server.engine.tokenizer import get_tokenizer
+
+TOK = get_tokenizer()
+PROMPT = TOK.encode("The quick brown fox jumps over the lazy dog")
+SAMPLING = {"max_tokens": 6, "ignore_eos": True, "seed": 11, "temperature": 0.8}
+
+
+@pytest.fixture
+async def stub(server) -> AsyncIterator[vpb_grpc.VllmEngineStub]:
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        yield vpb_grpc.VllmEngineStub(channel)
+
+
+async def generate(stub, stream: bool, **sampling) -> list[vpb.GenerateResponse]:
+    request = vpb.GenerateRequest(tokenized=vpb.TokenizedInput(input_ids=PROMPT),
+                                  sampling_params=vpb.SamplingParams(**SAMPLING, **sampling),
+                                  stream=stream)
+    return [m async for m in stub.Generate(request)]
+
+
+async def test_the_numbers_are_the_http_routes(stub, server):
+    (done,) = await generate(stub, False, logprobs=3, prompt_logprobs=2)
+    out, inp = done.complete.output_logprobs, done.complete.input_logprobs
+    with httpx.Client(base_url=server.http_url, timeout=30) as http:
+        body = http.post("/v1/completions", json={
+            "model": "llama-3.1-8b", "prompt": PROMPT, "logprobs": 3, "prompt_logprobs": 2,
+            **SAMPLING}).json()
+    choice = body["choices"][0]
+    assert list(done.complete.output_ids) == TOK.encode(choice["text"])  # the same tokens
+    # every output token: its id, its logprob, and its 3 most likely (itself first)
+    assert list(out.token_ids) == list(done.complete.output_ids)
+    assert list(out.token_logprobs) == pytest.approx(choice["logprobs"]["token_logprobs"],
+                                                     rel=1e-6)  # (the proto's are float32)
+    assert [len(t.token_ids) for t in out.top_logprobs] == [3] * 6
+    assert [t.token_ids[0] for t in out.top_logprobs] == list(out.token_ids)
+    for top, http_top in zip(out.top_logprobs, choice["logprobs"]["top_logprobs"], strict=True):
+        assert list(top.values) == pytest.approx(list(http_top.values()), rel=1e-6)
+        assert list(top.values) == sorted(top.values, reverse=True)
+    # the prompt: the first token has no logprob and an empty top, the others vLLM's
+    assert list(inp.token_ids) == PROMPT
+    assert not inp.token_logprobs[0].HasField("value") and not inp.top_logprobs[0].values
+    http_prompt = choice["prompt_logprobs"]
+    for i, t in enumerate(PROMPT[1:], 1):
+        assert inp.token_logprobs[i].value == pytest.approx(http_prompt[i][str(t)]["logprob"],
+                                                            rel=1e-6)
+        top = inp.top_logprobs[i]
+        assert top.token_ids[0] == t and len(top.values) == 2
+
+
+async def test_a_stream_carries_each_chunks_own_and_the_prompts_once(stub, server):
+    (whole,) = await generate(stub, False, logprobs=0, prompt_logprobs=0)
+    msgs = await generate(stub, True, logprobs=0, prompt_logprobs=0)
+    chunks = [m.chunk for m in msgs if m.HasField("chunk")]
+    (last,) = [m.complete for m in msgs if m.HasField("complete")]
+    streamed = [v for c in chunks for v in c.output_logprobs.token_logprobs]
+    assert streamed == list(whole.complete.output_logprobs.token_logprobs)
+    assert not any(c.output_logprobs.top_logprobs for c in chunks)  # logprobs 0: no top
+    assert [c.HasField("input_logprobs") for c in chunks] == [True] + [False] * (len(chunks) - 1)
+    assert chunks[0].input_logprobs == whole.complete.input_logprobs
+    # the complete repeats the last delta's, as vLLM's servicer does
+    assert list(last.output_logprobs.token_ids) == list(last.output_ids) == list(
+        chunks[-1].token_ids)
+    assert list(last.output_logprobs.token_logprobs) == list(
+        chunks[-1].output_logprobs.token_logprobs)
+    # without logprobs asked, nothing is attached
+    (plain,) = await generate(stub, False)
+    assert not plain.complete.HasField("output_logprobs")
+    assert not plain.complete.HasField("input_logprobs")
+    async with AsyncClient(server.target) as client:
+        await assert_released(client, "fast")
