@@ -5,12 +5,15 @@ vLLM's gRPC servicer sends (smg-grpc-servicer), which is what the smg gateway re
 - streaming: one `chunk` per engine chunk (delta token ids; `completion_tokens` is the delta
   count, the gateway accumulates), and when the request finishes a `complete` carrying the
   last delta, the finish reason, the matched stop and the prompt / cached token counts;
-- not streaming: one `complete` with every output token id.
+- not streaming: one `complete` with every output token id;
+- n > 1: each message names its sequence (`index`), each sequence ends with its own complete.
 Proto3 leaves "unset" as zero for most sampling fields; zero means the vLLM default here as in
 vLLM's servicer (top_p 0 -> 1, top_k 0 -> off, repetition_penalty 0 -> 1).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 
@@ -28,8 +31,6 @@ from server.engine.tokenizer import ARCHITECTURES, MODEL_TYPE
 
 def to_sampling(sp: vpb.SamplingParams) -> SamplingParams:
     """The engine's sampling options; raises InvalidRequest for what the engine cannot do."""
-    if sp.n > 1:
-        raise InvalidRequest(f"n={sp.n} is not supported: one sequence per request (n=1)")
     if sp.logit_bias:
         raise InvalidRequest("logit_bias is not supported")
     options = SamplingParams(
@@ -91,22 +92,25 @@ def to_engine_request(req: vpb.GenerateRequest, request_id: str) -> EngineReques
                          data_parallel_rank=rank)
 
 
-def to_chunk(chunk: TokenChunk, prompt_tokens: int, cached: int) -> vpb.GenerateResponse:
+def to_chunk(chunk: TokenChunk, prompt_tokens: int, cached: int, index: int = 0
+             ) -> vpb.GenerateResponse:
+    """A streamed chunk of sequence `index` (of a request's n)."""
     return vpb.GenerateResponse(chunk=vpb.GenerateStreamChunk(
         token_ids=chunk.token_ids, prompt_tokens=prompt_tokens,
-        completion_tokens=len(chunk.token_ids), cached_tokens=cached,
+        completion_tokens=len(chunk.token_ids), cached_tokens=cached, index=index,
     ))
 
 
-def to_complete(chunk: TokenChunk, output_ids: tuple[int, ...]) -> vpb.GenerateResponse:
-    """The `complete` message of a finished request: `output_ids` are the last delta when
-    streaming, every output token otherwise."""
+def to_complete(chunk: TokenChunk, output_ids: Sequence[int], index: int = 0
+                ) -> vpb.GenerateResponse:
+    """The `complete` message of a finished sequence `index`: `output_ids` are the last delta
+    when streaming, every output token otherwise."""
     f = chunk.finish
     assert f is not None
     msg = vpb.GenerateComplete(
         output_ids=output_ids, finish_reason=f.reason.value,
         prompt_tokens=f.usage.prompt_tokens, completion_tokens=len(output_ids),
-        cached_tokens=f.usage.cached_prompt_tokens,
+        cached_tokens=f.usage.cached_prompt_tokens, index=index,
     )
     if (spec := f.spec_decode_metrics) is not None:  # --per-request-spec-decode-metrics
         msg.spec_accepted_tokens = spec.num_accepted_draft_tokens

@@ -10,6 +10,8 @@ to the engine (`submit`, `outputs`, `abort`, `status`), convert back. What smg r
   the zip on the last chunk, so the gateway tokenizes and applies the chat template offline;
 - `Generate` sends initial metadata at once (the gateway times TTFT from it), then chunks;
   stop strings are enforced by the engine; a stream that ends early aborts the request;
+  `n` > 1 runs its sequences as vLLM's parallel sampling does (server/frontend/parallel.py);
+  logprobs are the front end's emulated ones (server/vllm_logprobs.py);
 - `Abort` (the gateway's only cancellation) frees the request's KV on the loop's next turn;
 - `GetLoads` reports each rank's own counts (running, waiting, KV usage) with smg-grpc-servicer
   0.14.1's own bookkeeping of the requests this service forwards (`LoadTracker`: queued
@@ -36,6 +38,7 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_servicer.vllm.loads import LoadTracker, load_record, scheduler_load_fields
 
 from server import vllm_convert, vllm_embed, vllm_logprobs, wire
+from server.engine.errors import InvalidRequest
 from server.engine.interface import (
     DeploymentState,
     Finish,
@@ -45,6 +48,7 @@ from server.engine.interface import (
     Usage,
 )
 from server.engine_servicer import EngineServicer
+from server.frontend import parallel
 from server.frontend.deployment import DeploymentClient
 from server.frontend.logprobs import Logprobs
 from server.frontend.stream import StreamFailed
@@ -80,50 +84,59 @@ class VllmEngineServicer(EngineServicer):
         def build() -> list:  # (a refusal, checks' included, ends the RPC with its status)
             asked.append(vllm_logprobs.asked(request.sampling_params,
                                              self.client.limits.max_logprobs, tok.vocab_size))
-            return [vllm_convert.to_engine_request(request, rid)]
+            n = request.sampling_params.n or 1  # (proto3's unset 0: vLLM's default, 1)
+            if not 1 <= n <= parallel.MAX_N:
+                raise InvalidRequest(f"n must be in [1, {parallel.MAX_N}], got {n}")
+            return parallel.child_requests(vllm_convert.to_engine_request(request, rid), n)
 
         call = await self.open_call(context, rid, build)
         if call.streams is None:  # its Abort overtook it: it ends at once, having run nothing
             yield vllm_convert.to_complete(ABORTED, ())
             wire.end_stream(context)
             return
-        (stream,) = call.streams
-        prompt_tokens = len(stream.out.prompt_ids)
-        rank = self.client.views[stream.rank].info.dp_rank
-        self.loads.submitted(rid, prompt_tokens, rank=rank)
-        output_ids: list[int] = []
-        finished = False
+        streams = call.streams
+        prompt_ids = streams[0].out.prompt_ids
+        rank = self.client.views[streams[0].rank].info.dp_rank
+        self.loads.submitted(rid, len(prompt_ids), rank=rank)
         k, k_prompt = asked[0]
-        lp = Logprobs(tok, stream.request.sampling.seed or 0)
-        prompt_lp = (vllm_logprobs.prompt(Logprobs(tok, 0), stream.out.prompt_ids, k_prompt)
+        prompt_lp = (vllm_logprobs.prompt(Logprobs(tok, 0), prompt_ids, k_prompt)
                      if k_prompt is not None else None)
+        seqs = [_Sequence(Logprobs(tok, s.request.sampling.seed or 0)) for s in streams]
+        ended: list[vpb.GenerateResponse] = []  # a request not streamed: its completes
         try:  # from here on every way out frees what the engine holds
             await self.send_headers(context, rid)
-            async for chunk in stream.outputs():
-                first = not output_ids
-                if first:  # its first output: started, with what the cache held
-                    self.loads.first_output(rid, prompt_tokens, stream.cached, rank=rank)
+            started = False
+            async for i, chunk in parallel.merged(streams):
+                if not started:  # its first output: started, with what the cache held
+                    self.loads.first_output(rid, len(prompt_ids), streams[i].cached, rank=rank)
+                    started = True
                 self.loads.generated(len(chunk.token_ids), rank=rank)
-                start = len(output_ids)
-                output_ids.extend(chunk.token_ids)
-                finished = chunk.finish is not None
+                seq, finished = seqs[i], chunk.finish is not None
+                first, start = not seq.ids, len(seq.ids)
+                seq.ids.extend(chunk.token_ids)
+                seq.finished = finished
                 if request.stream and (chunk.token_ids or finished):
                     cached = chunk.finish.usage.cached_prompt_tokens if finished else 0
-                    msg = vllm_convert.to_chunk(chunk, prompt_tokens, cached)
-                    _attach(msg.chunk, lp, chunk.token_ids, start, k,
+                    msg = vllm_convert.to_chunk(chunk, len(prompt_ids), cached, i)
+                    _attach(msg.chunk, seq.lp, chunk.token_ids, start, k,
                             prompt_lp if first else None)
                     yield msg
                 if finished:
-                    ids = chunk.token_ids if request.stream else tuple(output_ids)
-                    msg = vllm_convert.to_complete(chunk, ids)
-                    _attach(msg.complete, lp, ids, len(output_ids) - len(ids), k, prompt_lp)
-                    yield msg
+                    ids = chunk.token_ids if request.stream else tuple(seq.ids)
+                    msg = vllm_convert.to_complete(chunk, ids, i)
+                    _attach(msg.complete, seq.lp, ids, len(seq.ids) - len(ids), k, prompt_lp)
+                    if request.stream:
+                        yield msg
+                    else:
+                        ended.append(msg)
+            for msg in sorted(ended, key=lambda m: m.complete.index):  # once all have ended
+                yield msg
             wire.end_stream(context)
         except StreamFailed as e:
             await wire.abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
         finally:
             self.loads.finished(rid)  # (a request that never started leaves the queue)
-            self.close_call(call, finished)
+            self.close_call(call, all(seq.finished for seq in seqs))
 
     async def Embed(self, request: vpb.EmbedRequest, context: grpc.aio.ServicerContext
                     ) -> vpb.EmbedResponse:
@@ -213,6 +226,13 @@ class VllmEngineServicer(EngineServicer):
             args, kw = self._rank_load(r)
             return load_record(*args, **kw)
         return record
+
+
+class _Sequence:
+    """One of the request's n sequences, as the stream reads it."""
+
+    def __init__(self, lp: Logprobs) -> None:
+        self.lp, self.ids, self.finished = lp, list[int](), False
 
 
 def _attach(msg: vpb.GenerateStreamChunk | vpb.GenerateComplete, lp: Logprobs,

@@ -121,7 +121,7 @@ async def test_invalid_requests_are_invalid_argument(stub):
     bad = [
         vpb.GenerateRequest(sampling_params=vpb.SamplingParams(max_tokens=2)),  # no input
         gen([], max_tokens=2),
-        gen(ids, max_tokens=2, n=2),
+        gen(ids, max_tokens=2, n=129),
         gen(ids, max_tokens=2, logprobs=21),  # past --max-logprobs (20)
         gen(ids, max_tokens=2, prompt_logprobs=21),
         gen(ids, max_tokens=2, logprobs=-2),

@@ -103,9 +103,9 @@ async def test_completions_and_chat_with_usage_streaming_and_not(replicas):
             await assert_released(client, "fast")
 
 
-async def test_logprobs_pass_through_smg(replicas):
-    """An OpenAI client's logprobs through smg: it asks the vLLM engine service for them and
-    writes the emulated values a pod's own HTTP route gives the same request."""
+async def test_logprobs_and_n_pass_through_smg(replicas):
+    """An OpenAI client's logprobs and n through smg: it asks the vLLM engine service for them
+    and writes the emulated values and sequences a pod's own HTTP route gives the request."""
     gw = replicas
     chat = {"model": gw.model, "messages": MESSAGES, "max_tokens": 5, "ignore_eos": True,
             "seed": 5, "logprobs": True, "top_logprobs": 2}
@@ -122,6 +122,20 @@ async def test_logprobs_pass_through_smg(replicas):
     direct = own["choices"][0]["logprobs"]["content"]
     assert [e["token"] for e in content] == [e["token"] for e in direct]
     assert [round(e["logprob"], 5) for e in content] == [round(e["logprob"], 5) for e in direct]
+    # n = 2: two sequences, the replica's own two choices
+    body = {"model": gw.model, "messages": MESSAGES, "max_tokens": 6, "ignore_eos": True,
+            "seed": 3, "n": 2}
+    status, done = await gw.call("POST", "/v1/chat/completions", body)
+    assert status == 200, done
+    own = await asyncio.to_thread(_post, gw.replicas[0].http_url + "/v1/chat/completions",
+                                  {**body, "model": "llama-3.1-8b"})
+
+    def texts(answer: dict) -> list[str]:
+        return [c["message"]["content"]
+                for c in sorted(answer["choices"], key=lambda c: c["index"])]
+
+    assert texts(done) == texts(own) and texts(own)[0] != texts(own)[1]
+    assert done["usage"]["completion_tokens"] == 12
 
 
 def _post(url: str, body: dict) -> dict:
@@ -148,9 +162,6 @@ async def test_errors_map_to_http_status(slow_gateway):
     status, body = await gw.call("POST", "/v1/completions", {
         "model": gw.model, "prompt": "hi", "max_tokens": 100_000})
     assert status == 400 and "context" in body["error"]["message"]
-    status, body = await gw.call("POST", "/v1/completions", {
-        "model": gw.model, "prompt": "hi", "max_tokens": 2, "logprobs": 1})
-    assert status == 400 and "logprobs" in body["error"]["message"]
     # 429: one running and two waiting (sent straight to the replica) fill `slow`; the next
     # request through smg is RESOURCE_EXHAUSTED there
     ids = TOK.encode(PROMPT)

@@ -1,6 +1,7 @@
-"""Logprobs on the vLLM engine gRPC service (what smg forwards for `logprobs`, `top_logprobs`
-and `prompt_logprobs`): the shapes smg-grpc-servicer builds from vLLM's outputs, and the same
-emulated numbers the pod's own HTTP routes give the same request (server/vllm_logprobs.py)."""
+"""Logprobs and n > 1 on the vLLM engine gRPC service (what smg forwards for `logprobs`,
+`top_logprobs`, `prompt_logprobs` and `n`): the shapes smg-grpc-servicer builds from vLLM's
+outputs, and the same emulated numbers and sequences the pod's own HTTP routes give the same
+request (server/vllm_logprobs.py, server/frontend/parallel.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ async def stub(server) -> AsyncIterator[vpb_grpc.VllmEngineStub]:
 
 async def generate(stub, stream: bool, **sampling) -> list[vpb.GenerateResponse]:
     request = vpb.GenerateRequest(tokenized=vpb.TokenizedInput(input_ids=PROMPT),
-                                  sampling_params=vpb.SamplingParams(**SAMPLING, **sampling),
+                                  sampling_params=vpb.SamplingParams(**{**SAMPLING, **sampling}),
                                   stream=stream)
     return [m async for m in stub.Generate(request)]
 
@@ -82,5 +83,40 @@ async def test_a_stream_carries_each_chunks_own_and_the_prompts_once(stub, serve
     (plain,) = await generate(stub, False)
     assert not plain.complete.HasField("output_logprobs")
     assert not plain.complete.HasField("input_logprobs")
+    async with AsyncClient(server.target) as client:
+        await assert_released(client, "fast")
+
+
+async def test_n_sequences_are_the_http_routes_choices(stub, server):
+    """n = 3: three sequences, each its own seed (vLLM's seed + i), as the HTTP route's choices;
+    streamed, each chunk names its sequence and each sequence ends with its own complete."""
+    with httpx.Client(base_url=server.http_url, timeout=30) as http:
+        body = http.post("/v1/completions", json={
+            "model": "llama-3.1-8b", "prompt": PROMPT, "n": 3, "logprobs": 1,
+            **SAMPLING}).json()
+    texts = [c["text"] for c in sorted(body["choices"], key=lambda c: c["index"])]
+    assert len(set(texts)) == 3  # (different seeds: different sequences)
+    whole = await generate(stub, False, n=3, logprobs=1)
+    assert [m.complete.index for m in whole] == [0, 1, 2]
+    assert [TOK.decode(list(m.complete.output_ids)) for m in whole] == texts
+    for m, choice in zip(whole, sorted(body["choices"], key=lambda c: c["index"]), strict=True):
+        assert list(m.complete.output_logprobs.token_logprobs) == pytest.approx(
+            choice["logprobs"]["token_logprobs"], rel=1e-6)
+    msgs = await generate(stub, True, n=3)
+    for i, text in enumerate(texts):
+        chunks = [m.chunk for m in msgs if m.HasField("chunk") and m.chunk.index == i]
+        (done,) = [m.complete for m in msgs if m.HasField("complete") and m.complete.index == i]
+        assert TOK.decode([t for c in chunks for t in c.token_ids]) == text
+        assert list(done.output_ids) == list(chunks[-1].token_ids)  # the last delta
+    # sequences that end at different steps (a stop token among half the words each step):
+    # the completes of a request not streamed come together, in sequence order, as vLLM's
+    stops = TOK.free_text_token_ids[::2]
+    ended = await generate(stub, False, n=4, stop_token_ids=stops, ignore_eos=False)
+    assert [m.complete.index for m in ended] == [0, 1, 2, 3]
+    assert len({m.complete.completion_tokens for m in ended}) > 1
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await generate(stub, False, n=129)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "n must be in [1, 128]" in err.value.details()
     async with AsyncClient(server.target) as client:
         await assert_released(client, "fast")
