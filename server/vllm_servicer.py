@@ -99,44 +99,34 @@ class VllmEngineServicer(EngineServicer):
         rank = self.client.views[streams[0].rank].info.dp_rank
         self.loads.submitted(rid, len(prompt_ids), rank=rank)
         k, k_prompt = asked[0]
+        lps = [Logprobs(tok, s.request.sampling.seed or 0) if k is not None else None
+               for s in streams]  # (each sequence its own seed)
         prompt_lp = (vllm_logprobs.prompt(Logprobs(tok, 0), prompt_ids, k_prompt)
                      if k_prompt is not None else None)
-        seqs = [_Sequence(Logprobs(tok, s.request.sampling.seed or 0)) for s in streams]
-        ended: list[vpb.GenerateResponse] = []  # a request not streamed: its completes
+        out = GenerateMessages(request.stream, len(prompt_ids), k, lps, prompt_lp)
+        loads = self.loads
         try:  # from here on every way out frees what the engine holds
             await self.send_headers(context, rid)
-            started = False
-            async for i, chunk in parallel.merged(streams):
-                if not started:  # its first output: started, with what the cache held
-                    self.loads.first_output(rid, len(prompt_ids), streams[i].cached, rank=rank)
-                    started = True
-                self.loads.generated(len(chunk.token_ids), rank=rank)
-                seq, finished = seqs[i], chunk.finish is not None
-                first, start = not seq.ids, len(seq.ids)
-                seq.ids.extend(chunk.token_ids)
-                seq.finished = finished
-                if request.stream and (chunk.token_ids or finished):
-                    cached = chunk.finish.usage.cached_prompt_tokens if finished else 0
-                    msg = vllm_convert.to_chunk(chunk, len(prompt_ids), cached, i)
-                    _attach(msg.chunk, seq.lp, chunk.token_ids, start, k,
-                            prompt_lp if first else None)
+            # one sequence (most requests): its stream read directly, no merging layer on the
+            # per-token path; n > 1: (sequence, chunk) pairs as they come
+            n = len(streams)
+            chunks = streams[0].outputs() if n == 1 else parallel.merged(streams)
+            async for item in chunks:
+                i, chunk = (0, item) if n == 1 else item
+                if out.started is None:  # its first output: started, with what the cache held
+                    out.started = i
+                    loads.first_output(rid, len(prompt_ids), streams[i].cached, rank=rank)
+                loads.generated(len(chunk.token_ids), rank=rank)
+                for msg in out.of(i, chunk):
                     yield msg
-                if finished:
-                    ids = chunk.token_ids if request.stream else tuple(seq.ids)
-                    msg = vllm_convert.to_complete(chunk, ids, i)
-                    _attach(msg.complete, seq.lp, ids, len(seq.ids) - len(ids), k, prompt_lp)
-                    if request.stream:
-                        yield msg
-                    else:
-                        ended.append(msg)
-            for msg in sorted(ended, key=lambda m: m.complete.index):  # once all have ended
+            for msg in out.ended():  # a request not streamed: its completes, once all ended
                 yield msg
             wire.end_stream(context)
         except StreamFailed as e:
             await wire.abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
         finally:
-            self.loads.finished(rid)  # (a request that never started leaves the queue)
-            self.close_call(call, all(seq.finished for seq in seqs))
+            loads.finished(rid)  # (a request that never started leaves the queue)
+            self.close_call(call, out.all_finished)
 
     async def Embed(self, request: vpb.EmbedRequest, context: grpc.aio.ServicerContext
                     ) -> vpb.EmbedResponse:
@@ -228,22 +218,59 @@ class VllmEngineServicer(EngineServicer):
         return record
 
 
-class _Sequence:
-    """One of the request's n sequences, as the stream reads it."""
+class GenerateMessages:
+    """The GenerateResponses of one request's chunks: n sequences, their token ids so far,
+    their logprobs (`lps`, None when not asked) and the prompt's (`prompt`)."""
 
-    def __init__(self, lp: Logprobs) -> None:
-        self.lp, self.ids, self.finished = lp, list[int](), False
+    def __init__(self, stream: bool, prompt_tokens: int, k: int | None,
+                 lps: list[Logprobs | None], prompt: vpb.InputLogProbs | None) -> None:
+        self.stream, self.prompt_tokens, self.k, self.lps = stream, prompt_tokens, k, lps
+        self.prompt = prompt
+        self.ids: list[list[int]] = [[] for _ in lps]
+        self.finished = [False] * len(lps)
+        self.completes: list[vpb.GenerateResponse] = []
+        self.started: int | None = None  # the sequence that output first
 
+    def of(self, i: int, chunk: TokenChunk) -> list[vpb.GenerateResponse]:
+        """What sequence `i`'s chunk sends now: a chunk when streaming, a complete when the
+        sequence ended streamed (not streamed: kept for `ended`)."""
+        ids, finished = self.ids[i], chunk.finish is not None
+        start = len(ids)
+        ids.extend(chunk.token_ids)
+        out = []
+        if self.stream and (chunk.token_ids or finished):
+            cached = chunk.finish.usage.cached_prompt_tokens if finished else 0
+            msg = vllm_convert.to_chunk(chunk, self.prompt_tokens, cached, i)
+            if self.k is not None or (self.prompt is not None and not start):
+                self._attach(msg.chunk, i, chunk.token_ids, start,
+                             self.prompt if not start else None)
+            out.append(msg)
+        if finished:
+            self.finished[i] = True
+            delta = chunk.token_ids if self.stream else tuple(ids)
+            msg = vllm_convert.to_complete(chunk, delta, i)
+            if self.k is not None or self.prompt is not None:
+                self._attach(msg.complete, i, delta, len(ids) - len(delta), self.prompt)
+            (out if self.stream else self.completes).append(msg)
+        return out
 
-def _attach(msg: vpb.GenerateStreamChunk | vpb.GenerateComplete, lp: Logprobs,
-            ids: Sequence[int], start: int, k: int | None,
-            prompt: vpb.InputLogProbs | None) -> None:
-    """A chunk's or a complete's logprobs: of its tokens at output positions `start`… when
-    `logprobs` was asked (k), the prompt's when given (vllm_logprobs.py)."""
-    if k is not None and (out := vllm_logprobs.output(lp, ids, start, k)) is not None:
-        msg.output_logprobs.CopyFrom(out)
-    if prompt is not None:
-        msg.input_logprobs.CopyFrom(prompt)
+    def ended(self) -> list[vpb.GenerateResponse]:
+        """A request not streamed: every sequence's complete, in order (vLLM's outputs)."""
+        return sorted(self.completes, key=lambda m: m.complete.index)
+
+    @property
+    def all_finished(self) -> bool:
+        return all(self.finished)
+
+    def _attach(self, msg: vpb.GenerateStreamChunk | vpb.GenerateComplete, i: int,
+                ids: Sequence[int], start: int, prompt: vpb.InputLogProbs | None) -> None:
+        """The logprobs of tokens `ids` at output positions `start`… when asked, and the
+        prompt's when given (vllm_logprobs.py)."""
+        lp = self.lps[i]
+        if lp is not None and (o := vllm_logprobs.output(lp, ids, start, self.k or 0)):
+            msg.output_logprobs.CopyFrom(o)
+        if prompt is not None:
+            msg.input_logprobs.CopyFrom(prompt)
 
 
 def _now_iso() -> str:

@@ -15,7 +15,9 @@ from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 
 from clients.client import AsyncClient
+from server.engine.interface import Finish, FinishReason, Timings, TokenChunk, Usage
 from server.engine.tokenizer import get_tokenizer
+from server.vllm_servicer import GenerateMessages
 
 TOK = get_tokenizer()
 PROMPT = TOK.encode("The quick brown fox jumps over the lazy dog")
@@ -120,3 +122,17 @@ async def test_n_sequences_are_the_http_routes_choices(stub, server):
     assert "n must be in [1, 128]" in err.value.details()
     async with AsyncClient(server.target) as client:
         await assert_released(client, "fast")
+
+
+def test_a_request_not_streamed_answers_its_sequences_in_order_whatever_ends_first():
+    """vLLM's servicer answers a finished request's outputs in sequence order; the service's
+    messages keep every complete until all ended (timing-free: the chunks given in the order
+    a second sequence finishing first would bring them)."""
+    out = GenerateMessages(False, 3, None, [None, None], None)
+    end = Finish(FinishReason.LENGTH, Usage(prompt_tokens=3), Timings())
+    assert out.of(1, TokenChunk(token_ids=(7,), finish=end)) == []  # kept, nothing sent
+    assert out.of(0, TokenChunk(token_ids=(5,))) == [] and not out.all_finished
+    assert out.of(0, TokenChunk(token_ids=(6,), finish=end)) == []
+    ended = out.ended()
+    assert [m.complete.index for m in ended] == [0, 1] and out.all_finished
+    assert [list(m.complete.output_ids) for m in ended] == [[5, 6], [7]]
