@@ -95,8 +95,8 @@ def _acceptance(value: dict[str, Any], where: str) -> dict[str, Any]:
     return given
 
 
-def _draft_len(value: dict[str, Any], where: str, name: str) -> int | None:
-    n = value.get("max_draft_len")
+def _draft_len(n: Any, where: str, name: str) -> int | None:
+    """A draft length as given (None: not given); ValueError unless a positive integer."""
     if n is None:
         return None
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
@@ -106,7 +106,7 @@ def _draft_len(value: dict[str, Any], where: str, name: str) -> int | None:
 
 def _eagle(value: dict[str, Any], where: str) -> dict[str, Any]:
     """An EAGLE chain or dynamic tree: TensorRT-LLM's `validate_eagle_config` checks."""
-    steps = _draft_len(value, where, "Eagle")
+    steps = _draft_len(value.get("max_draft_len"), where, "Eagle")
     if steps is None:
         raise ValueError(f"{where}: max_draft_len must be > 0 for Eagle")
     if value.get("speculative_model", value.get("speculative_model_dir")) is None:
@@ -122,9 +122,8 @@ def _mtp(value: dict[str, Any], where: str, model: ModelSpec) -> dict[str, Any]:
     """MTP's draft length: max_draft_len, else the deprecated num_nextn_predict_layers, else
     the checkpoint's MTP layers (TensorRT-LLM reads them from the model's config); a chain, or
     a dynamic tree as EAGLE's."""
-    steps = _draft_len(value, where, "MTP")
-    if steps is None and "num_nextn_predict_layers" in value:
-        steps = _draft_len({"max_draft_len": value["num_nextn_predict_layers"]}, where, "MTP")
+    steps = _draft_len(value.get("max_draft_len", value.get("num_nextn_predict_layers")),
+                       where, "MTP")
     if steps is None and value.get("use_dynamic_tree"):
         raise ValueError(f"{where}: max_draft_len must be set when use_dynamic_tree is True")
     if steps is None:

@@ -32,6 +32,7 @@ from smg_grpc_proto import mlx_engine_pb2 as mpb
 
 from server.engine.errors import InvalidRequest
 from server.engine.interface import EngineRequest, SamplingParams, TokenChunk
+from server.frontend.logprobs import too_many
 from server.frontend.outputs import Counts, finish_fields
 
 NEEDS_TOKENS = "MLX servicer requires tokenized input"
@@ -68,9 +69,8 @@ def to_engine_request(req: mpb.GenerateRequest, rid: str, context: int,
     if len(sp.logit_bias):
         raise InvalidRequest("logit_bias is not emulated")
     k = logprobs_asked(sp)
-    if k > max_logprobs >= 0:
-        raise InvalidRequest(f"Requested sample logprobs of {k}, which is greater than max "
-                             f"allowed: {max_logprobs}")
+    if max_logprobs >= 0 and (refusal := too_many(k, max_logprobs)):
+        raise InvalidRequest(refusal)
     sampling = SamplingParams(
         max_tokens=max_new_tokens(sp, len(ids), context),
         temperature=sp.temperature if sp.HasField("temperature") else 1.0,

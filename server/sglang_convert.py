@@ -25,6 +25,7 @@ from smg_grpc_proto import sglang_scheduler_pb2 as spb
 
 from server.engine.errors import InvalidRequest
 from server.engine.interface import Constraint, EngineRequest, SamplingParams, TokenChunk
+from server.frontend.logprobs import too_many
 from server.frontend.outputs import Counts, finish_fields
 from server.frontend.parallel import MAX_N, child_requests
 from server.frontend.sglang_pod import check_sampling
@@ -81,9 +82,9 @@ def to_engine_requests(req: spb.GenerateRequest, rid: str, max_req_len: int,
     if not req.HasField("tokenized"):
         raise InvalidRequest("Tokenized input must be provided")
     _refuse_unserved(req)
-    if req.return_logprob and req.top_logprobs_num > max_logprobs >= 0:
-        raise InvalidRequest(f"Requested sample logprobs of {req.top_logprobs_num}, which is "
-                             f"greater than max allowed: {max_logprobs}")
+    if req.return_logprob and max_logprobs >= 0 and (
+            refusal := too_many(req.top_logprobs_num, max_logprobs)):
+        raise InvalidRequest(refusal)
     sp = req.sampling_params
     values = sampling_dict(sp)
     check_sampling(values)

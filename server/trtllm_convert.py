@@ -38,6 +38,7 @@ from server.engine.interface import (
     SamplingParams,
     TokenChunk,
 )
+from server.frontend.logprobs import too_many
 from server.frontend.outputs import Counts, finish_fields
 from server.frontend.parallel import MAX_N, child_requests
 
@@ -109,9 +110,8 @@ def to_engine_requests(req: tpb.GenerateRequest, rid: str, max_seq_len: int,
     _refuse_unserved(req)
     sc = req.sampling_config
     k = req.output_config.logprobs if req.output_config.HasField("logprobs") else 0
-    if k > max_logprobs >= 0:
-        raise InvalidRequest(f"Requested sample logprobs of {k}, which is greater than max "
-                             f"allowed: {max_logprobs}")
+    if max_logprobs >= 0 and (refusal := too_many(k, max_logprobs)):
+        raise InvalidRequest(refusal)
     n = sc.num_return_sequences or 1
     if n > MAX_N:
         raise InvalidRequest(f"n must be in [1, {MAX_N}], got {n}")

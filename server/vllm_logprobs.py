@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 
 from server.engine.errors import InvalidRequest
-from server.frontend.logprobs import PROMPT, Logprobs
+from server.frontend.logprobs import PROMPT, Logprobs, too_many
 
 
 def asked(sp: vpb.SamplingParams, max_logprobs: int, vocab_size: int
@@ -43,9 +43,8 @@ def asked(sp: vpb.SamplingParams, max_logprobs: int, vocab_size: int
             raise InvalidRequest(f"{field} must be non-negative or -1, got {k}.")
         k = vocab_size if k == -1 else k
         allowed = vocab_size if max_logprobs == -1 else max_logprobs
-        if k > allowed:
-            raise InvalidRequest(f"Requested {what} logprobs of {k}, which is greater than max "
-                                 f"allowed: {allowed}")
+        if refusal := too_many(k, allowed, what):
+            raise InvalidRequest(refusal)
         out.append(k)
     return out[0], out[1]
 

@@ -40,6 +40,8 @@ class EngineStats(ConnectorStats):
         self._seen = (0, 0, 0)  # scheduler's preemptions, prefix queries, prefix hits
         self._init_connectors(info, layout)
         self._spec_seen: tuple[int, ...] = ()
+        # the draft passes' share of the busy time (TensorRT-LLM's draft overhead)
+        self._draft_slot = layout.slot("_draft_seconds") if info.num_speculative_tokens else -1
         self._per_gpu = 1.0 / max(1, info.chip_count)
         self._kv_used = -1
         self._fetch_slots = tuple(layout.slot("vllm:num_requests_kv_fetch_by_stage", stage)
@@ -137,8 +139,8 @@ class EngineStats(ConnectorStats):
             result.output.num_batched_tokens * self.info.kv_bytes_per_token * per_gpu)
         if self.info.num_speculative_tokens:
             self._spec(core)
-            if cost.seconds > 0:  # the draft passes' share of the step (TensorRT-LLM's overhead)
-                a[slot("_draft_seconds")] += busy * cost.draft_s / cost.seconds
+            if cost.seconds > 0:
+                a[self._draft_slot] += busy * cost.draft_s / cost.seconds
         self.step_seconds.observe(result.seconds)
         if self.residency:
             self._residency(core)

@@ -70,6 +70,16 @@ class Logprobs:
         return self.tok.decode_with_special([token]) if special else self.tok.decode([token])
 
 
+def too_many(asked: int, allowed: int, what: str = "sample") -> str | None:
+    """vLLM's refusal (`SamplingParams._validate_logprobs`) when `asked` logprobs exceed
+    `allowed` (the deployment's --max-logprobs, -1 already resolved by the caller); `what`:
+    "sample" or "prompt". None when within it. One wording for every protocol."""
+    if asked <= allowed:
+        return None
+    return (f"Requested {what} logprobs of {asked}, which is greater than max allowed: "
+            f"{allowed}")
+
+
 PROMPT = -(1 << 32)  # prompt position i is PROMPT + i: a stream of its own (outputs are >= 0)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from server.engine.interface import JSON_OBJECT, Constraint, SamplingParams
 from server.engine.tokenizer import get_tokenizer
+from server.frontend.logprobs import too_many
 from server.frontend.parallel import MAX_N
 from server.http.errors import bad_request, vllm_invalid
 from server.http.protocol import (
@@ -97,9 +98,8 @@ def check_logprobs(value: int | None, name: str, cap: int = MAX_LOGPROBS) -> int
     if value < 0 and value != -1:
         raise vllm_invalid(f"`{name}` must be a positive value or -1.", name, value)
     asked = get_tokenizer().vocab_size if value == -1 else value
-    if asked > _allowed(cap):
-        raise vllm_invalid(f"Requested sample logprobs of {asked}, which is greater than max "
-                           f"allowed: {_allowed(cap)}", "logprobs", asked)
+    if refusal := too_many(asked, _allowed(cap)):
+        raise vllm_invalid(refusal, "logprobs", asked)
     return value
 
 
@@ -108,9 +108,8 @@ def check_prompt_logprobs(value: int | None, cap: int = MAX_LOGPROBS) -> None:
     `prechecks`): -1 is the whole vocabulary, more than `--max-logprobs` (`cap`) allows
     unless it is -1 too."""
     asked = get_tokenizer().vocab_size if value == -1 else value
-    if asked and asked > _allowed(cap):
-        raise vllm_invalid(f"Requested prompt logprobs of {asked}, which is greater than max "
-                           f"allowed: {_allowed(cap)}", "prompt_logprobs", asked)
+    if asked and (refusal := too_many(asked, _allowed(cap), "prompt")):
+        raise vllm_invalid(refusal, "prompt_logprobs", asked)
 
 
 def prompt_logprobs_asked(req: GenerationFields) -> int | None:
